@@ -1,0 +1,126 @@
+//! Job options set with `SET 'key' = 'value'`, under Flink's key names.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use weir_catalog::{OptionKind, OptionSpec, Options};
+
+use crate::error::{ExecError, Result};
+
+pub const PARALLELISM: &str = "parallelism.default";
+pub const MAX_PARALLELISM: &str = "pipeline.max-parallelism";
+pub const PIPELINE_NAME: &str = "pipeline.name";
+pub const AUTO_WATERMARK_INTERVAL: &str = "pipeline.auto-watermark-interval";
+pub const SOURCE_IDLE_TIMEOUT: &str = "table.exec.source.idle-timeout";
+pub const STATE_BACKEND: &str = "state.backend.type";
+
+/// Every key `SET` accepts. Unknown keys are rejected so a typo never
+/// silently does nothing.
+pub const JOB_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        PARALLELISM,
+        OptionKind::Int { min: 1, max: 1024 },
+        "subtasks per operator (default: number of cores)",
+    ),
+    OptionSpec::new(
+        MAX_PARALLELISM,
+        OptionKind::Int { min: 1, max: 32768 },
+        "number of key groups: the upper bound for rescaling keyed state",
+    )
+    .with_default("128"),
+    OptionSpec::new(
+        PIPELINE_NAME,
+        OptionKind::String,
+        "the job's name and identity (default: derived from the file or statement)",
+    ),
+    OptionSpec::new(
+        AUTO_WATERMARK_INTERVAL,
+        OptionKind::Duration,
+        "how often sources emit watermarks",
+    )
+    .with_default("200 ms"),
+    OptionSpec::new(
+        SOURCE_IDLE_TIMEOUT,
+        OptionKind::Duration,
+        "a source split without input for this long is idle (0 = never)",
+    )
+    .with_default("0 ms"),
+    OptionSpec::new(
+        STATE_BACKEND,
+        OptionKind::Enum(&["rocksdb", "hashmap"]),
+        "where keyed state lives",
+    )
+    .with_default("rocksdb"),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBackendKind {
+    RocksDb,
+    Heap,
+}
+
+/// Resolved options of one job.
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    pub name: String,
+    pub parallelism: usize,
+    pub max_parallelism: u16,
+    pub auto_watermark_interval: Duration,
+    pub source_idle_timeout: Option<Duration>,
+    pub state_backend: StateBackendKind,
+    /// Where this job keeps its state (`<data-dir>/jobs/<name>`).
+    pub job_dir: PathBuf,
+}
+
+impl JobConfig {
+    /// Checks one `SET` pair.
+    pub fn validate_pair(key: &str, value: &str) -> Result<()> {
+        let mut m = BTreeMap::new();
+        m.insert(key.to_string(), value.to_string());
+        Options::validate(&m, JOB_OPTIONS, "SET")?;
+        Ok(())
+    }
+
+    pub fn from_settings(
+        settings: &BTreeMap<String, String>,
+        default_name: &str,
+        data_dir: &std::path::Path,
+    ) -> Result<Self> {
+        let o = Options::validate(settings, JOB_OPTIONS, "SET")?;
+        let parallelism = match o.i64(PARALLELISM)? {
+            Some(p) => p as usize,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let max_parallelism = o.i64(MAX_PARALLELISM)?.unwrap_or(128) as u16;
+        if parallelism > usize::from(max_parallelism) {
+            return Err(ExecError::Config(format!(
+                "'{PARALLELISM}' = {parallelism} exceeds '{MAX_PARALLELISM}' = {max_parallelism}"
+            )));
+        }
+        let name = o.get(PIPELINE_NAME).unwrap_or(default_name).to_string();
+        let idle = o.duration(SOURCE_IDLE_TIMEOUT)?.filter(|d| !d.is_zero());
+        let state_backend = match o.enum_value(STATE_BACKEND).as_deref() {
+            Some("hashmap") => StateBackendKind::Heap,
+            _ => StateBackendKind::RocksDb,
+        };
+        Ok(Self {
+            job_dir: data_dir.join("jobs").join(sanitize(&name)),
+            name,
+            parallelism,
+            max_parallelism,
+            auto_watermark_interval: o
+                .duration(AUTO_WATERMARK_INTERVAL)?
+                .unwrap_or(Duration::from_millis(200)),
+            source_idle_timeout: idle,
+            state_backend,
+        })
+    }
+}
+
+/// A job name as a directory name.
+pub fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect()
+}

@@ -1,0 +1,33 @@
+//! `blackhole`: discards every row (for benchmarks: measures everything
+//! but the sink).
+
+use arrow::record_batch::RecordBatch;
+
+use super::SinkFactory;
+use crate::error::Result;
+use crate::operators::{Collector, Operator};
+
+#[derive(Debug)]
+pub struct BlackholeSink;
+
+impl SinkFactory for BlackholeSink {
+    fn name(&self) -> &str {
+        "blackhole"
+    }
+
+    fn create_writer(&self, _subtask: usize, _parallelism: usize) -> Result<Box<dyn Operator>> {
+        Ok(Box::new(BlackholeWriter))
+    }
+}
+
+struct BlackholeWriter;
+
+impl Operator for BlackholeWriter {
+    fn name(&self) -> &str {
+        "Sink: blackhole"
+    }
+
+    fn process_batch(&mut self, _batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+}

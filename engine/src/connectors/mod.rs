@@ -1,0 +1,166 @@
+//! Connectors: split-based sources and sinks, looked up by the table's
+//! `'connector'` option.
+//!
+//! A source is a [`SourceFactory`] (the enumerator: it lists splits, and
+//! the runtime assigns split `i` to reader `i % parallelism`) and its
+//! [`SourceSplit`]s, each read independently with its own offset, so a
+//! reader can interleave, pause (alignment) or checkpoint them one by one.
+//!
+//! - [`nexmark`]: the Nexmark benchmark generator (person/auction/bid).
+//! - [`datagen`]: Flink's datagen (random and sequence fields).
+//! - [`filesystem`]: files as splits; json, csv, parquet; source and sink.
+//! - [`print`], [`blackhole`]: sinks.
+
+pub mod blackhole;
+pub mod datagen;
+pub mod filesystem;
+pub mod nexmark;
+pub mod print;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use weir_catalog::{OptionKind, OptionSpec, Options, TableDef};
+
+use crate::error::{ConnectorError, Result};
+use crate::operators::Operator;
+
+/// Rows per batch a source produces when it can go as fast as it likes.
+pub const DEFAULT_BATCH_ROWS: usize = 8192;
+
+pub enum SplitPoll {
+    Batch(RecordBatch),
+    /// Nothing before this instant (rate limited or waiting for data).
+    Wait(tokio::time::Instant),
+    Finished,
+}
+
+/// One independently readable part of a source (a file, a generator
+/// partition). Batches have the table's physical schema.
+pub trait SourceSplit: Send {
+    fn id(&self) -> String;
+
+    fn poll_batch(&mut self) -> Result<SplitPoll>;
+
+    /// Rows consumed so far (the offset a checkpoint would store).
+    fn offset(&self) -> u64;
+
+    /// Whether this split can be paused on its own (watermark alignment).
+    fn supports_pause(&self) -> bool {
+        true
+    }
+}
+
+pub trait SourceFactory: Debug + Send + Sync {
+    fn name(&self) -> &str;
+
+    /// True when the source ends by itself.
+    fn is_bounded(&self) -> bool;
+
+    /// Every split of the source. `parallelism` is the number of readers,
+    /// for connectors whose split count defaults to it.
+    fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
+}
+
+pub trait SinkFactory: Debug + Send + Sync {
+    fn name(&self) -> &str;
+
+    /// The writer of one sink subtask (the last operator of its chain).
+    fn create_writer(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Operator>>;
+}
+
+/// Table options every connector accepts.
+const COMMON_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new("connector", OptionKind::String, "the connector"),
+    OptionSpec::new(
+        "scan.watermark.idle-timeout",
+        OptionKind::Duration,
+        "a split without input for this long is idle (overrides table.exec.source.idle-timeout)",
+    ),
+    OptionSpec::new(
+        "scan.watermark.emit.strategy",
+        OptionKind::Enum(&["on-periodic", "on-event"]),
+        "emit watermarks periodically or after every row",
+    )
+    .with_default("on-periodic"),
+];
+
+const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];
+
+fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
+    let own: &[OptionSpec] = match connector {
+        "nexmark" => nexmark::OPTIONS,
+        "datagen" => datagen::OPTIONS,
+        "filesystem" => filesystem::OPTIONS,
+        "print" => print::OPTIONS,
+        "blackhole" => &[],
+        _ => return None,
+    };
+    Some(COMMON_OPTIONS.iter().chain(own).copied().collect())
+}
+
+fn config_error(connector: &str, message: impl Into<String>) -> ConnectorError {
+    ConnectorError::Config {
+        connector: connector.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Validates a table's `WITH` options; returns the connector name.
+pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
+    let connector = table.connector().ok_or_else(|| {
+        config_error("?", format!("table '{}' needs a 'connector' option; accepted: {}", table.name, CONNECTORS.join(", ")))
+    })?;
+    let specs = specs_of(connector).ok_or_else(|| {
+        config_error(
+            connector,
+            format!("unknown connector; accepted: {}", CONNECTORS.join(", ")),
+        )
+    })?;
+    let options = Options::validate(&table.options, &specs, &format!("connector '{connector}'"))?;
+    if connector == "filesystem" {
+        filesystem::validate(&options, &table.physical_schema())?;
+    }
+    if connector == "datagen" {
+        datagen::validate(&options, &table.physical_schema())?;
+    }
+    Ok((connector.to_string(), options))
+}
+
+/// The columns a connector supplies when the table declares none
+/// (`CREATE TABLE bid WITH ('connector' = 'nexmark', ...)`).
+pub fn default_schema(table: &TableDef) -> Result<Option<SchemaRef>> {
+    let (connector, options) = validate_table(table)?;
+    Ok(match connector.as_str() {
+        "nexmark" => Some(nexmark::table_schema(&options)?),
+        _ => None,
+    })
+}
+
+pub fn create_source(table: &TableDef) -> Result<Arc<dyn SourceFactory>> {
+    let (connector, options) = validate_table(table)?;
+    let schema = table.physical_schema();
+    Ok(match connector.as_str() {
+        "nexmark" => Arc::new(nexmark::NexmarkSource::new(&options, schema)?),
+        "datagen" => Arc::new(datagen::DatagenSource::new(&options, schema)?),
+        "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema)?),
+        other => {
+            return Err(config_error(other, "can only be used as a sink (INSERT INTO), not read from").into());
+        }
+    })
+}
+
+pub fn create_sink(table: &TableDef) -> Result<Arc<dyn SinkFactory>> {
+    let (connector, options) = validate_table(table)?;
+    let schema = table.physical_schema();
+    Ok(match connector.as_str() {
+        "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
+        "blackhole" => Arc::new(blackhole::BlackholeSink),
+        "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema)?),
+        other => {
+            return Err(config_error(other, "is a source only; it cannot be written to").into());
+        }
+    })
+}

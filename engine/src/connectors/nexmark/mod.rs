@@ -1,0 +1,389 @@
+//! `nexmark`: the Nexmark benchmark's event generator as a source.
+//!
+//! ```sql
+//! CREATE TABLE bid (
+//!   auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+//!   dateTime TIMESTAMP(3), extra STRING,
+//!   WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND
+//! ) WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events' = '1000000');
+//! ```
+//! Columns may be omitted (all of the table's are used) or be any subset of
+//! the generator's, by name. Event `n` goes to split `n % splits`.
+
+pub mod generator;
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use tokio::time::{Duration, Instant};
+use weir_catalog::{OptionKind, OptionSpec, Options};
+
+use self::generator::{EventKind, EventTime, Rng, kind_of};
+use super::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
+use crate::error::Result;
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new("nexmark.table", OptionKind::Enum(&["person", "auction", "bid"]), "which events the table holds")
+        .with_default("bid"),
+    OptionSpec::new(
+        "nexmark.events",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "total events of all kinds to generate (bounded); absent = unbounded",
+    ),
+    OptionSpec::new(
+        "nexmark.events-per-second",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "wall-clock rate over all splits; 0 = as fast as possible",
+    )
+    .with_default("0"),
+    OptionSpec::new(
+        "nexmark.first-event-rate",
+        OptionKind::Int { min: 1, max: i64::MAX },
+        "event-time rate: events per second of event time",
+    )
+    .with_default("10000"),
+    OptionSpec::new("nexmark.seed", OptionKind::Int { min: 0, max: i64::MAX }, "random seed")
+        .with_default("0"),
+    OptionSpec::new(
+        "nexmark.base-time",
+        OptionKind::String,
+        "event time of event 0, 'yyyy-MM-dd HH:mm:ss[.SSS]' (UTC)",
+    )
+    .with_default("2015-07-15 00:00:00.000"),
+    OptionSpec::new(
+        "splits",
+        OptionKind::Int { min: 1, max: 65536 },
+        "number of splits (default: the source's parallelism)",
+    ),
+];
+
+fn ts() -> DataType {
+    DataType::Timestamp(TimeUnit::Millisecond, None)
+}
+
+/// The generator's columns for `nexmark.table`, in Nexmark's DDL order.
+pub fn table_schema(options: &Options) -> Result<SchemaRef> {
+    let s = |n: &str| Field::new(n, DataType::Utf8, true);
+    let i = |n: &str| Field::new(n, DataType::Int64, true);
+    let t = |n: &str| Field::new(n, ts(), true);
+    let fields = match options.enum_value("nexmark.table").as_deref() {
+        Some("person") => vec![
+            i("id"), s("name"), s("emailAddress"), s("creditCard"), s("city"), s("state"),
+            t("dateTime"), s("extra"),
+        ],
+        Some("auction") => vec![
+            i("id"), s("itemName"), s("description"), i("initialBid"), i("reserve"),
+            t("dateTime"), t("expires"), i("seller"), i("category"), s("extra"),
+        ],
+        _ => vec![
+            i("auction"), i("bidder"), i("price"), s("channel"), s("url"), t("dateTime"), s("extra"),
+        ],
+    };
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+#[derive(Debug, Clone)]
+struct Config {
+    kind: EventKind,
+    events: Option<u64>,
+    rate: u64,
+    time: EventTime,
+    seed: u64,
+    splits: Option<usize>,
+}
+
+#[derive(Debug)]
+pub struct NexmarkSource {
+    config: Config,
+    /// The table's physical schema (what we produce).
+    schema: SchemaRef,
+    /// For each output column, the generator column it is.
+    columns: Vec<usize>,
+}
+
+impl NexmarkSource {
+    pub fn new(options: &Options, schema: SchemaRef) -> Result<Self> {
+        let full = table_schema(options)?;
+        let mut columns = vec![];
+        for f in schema.fields() {
+            let idx = full.index_of(f.name()).map_err(|_| {
+                let names: Vec<&str> = full.fields().iter().map(|f| f.name().as_str()).collect();
+                config_error(
+                    "nexmark",
+                    format!(
+                        "column '{}' is not a field of nexmark table '{}'; fields: {}",
+                        f.name(),
+                        options.get("nexmark.table").unwrap_or("bid"),
+                        names.join(", ")
+                    ),
+                )
+            })?;
+            let from = full.field(idx).data_type();
+            if !arrow::compute::can_cast_types(from, f.data_type()) {
+                return Err(config_error(
+                    "nexmark",
+                    format!("column '{}' is declared {} but the generator produces {from}", f.name(), f.data_type()),
+                )
+                .into());
+            }
+            columns.push(idx);
+        }
+        let base = options.get("nexmark.base-time").unwrap_or("2015-07-15 00:00:00.000");
+        let base_time_ms = parse_timestamp(base).ok_or_else(|| weir_catalog::CatalogError::InvalidOption {
+            key: "nexmark.base-time".into(),
+            message: format!("invalid value '{base}', expected 'yyyy-MM-dd HH:mm:ss[.SSS]'"),
+        })?;
+        let kind = match options.enum_value("nexmark.table").as_deref() {
+            Some("person") => EventKind::Person,
+            Some("auction") => EventKind::Auction,
+            _ => EventKind::Bid,
+        };
+        Ok(Self {
+            config: Config {
+                kind,
+                events: options.i64("nexmark.events")?.map(|v| v as u64),
+                rate: options.i64("nexmark.events-per-second")?.unwrap_or(0) as u64,
+                time: EventTime {
+                    base_time_ms,
+                    first_event_rate: options.i64("nexmark.first-event-rate")?.unwrap_or(10_000) as u64,
+                },
+                seed: options.i64("nexmark.seed")?.unwrap_or(0) as u64,
+                splits: options.i64("splits")?.map(|v| v as usize),
+            },
+            schema,
+            columns,
+        })
+    }
+}
+
+/// Parses `yyyy-MM-dd HH:mm:ss[.SSS]` (UTC) to epoch milliseconds.
+pub fn parse_timestamp(s: &str) -> Option<i64> {
+    let s = s.trim();
+    chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f")
+        .or_else(|_| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f"))
+        .ok()
+        .map(|t| t.and_utc().timestamp_millis())
+}
+
+impl SourceFactory for NexmarkSource {
+    fn name(&self) -> &str {
+        "nexmark"
+    }
+
+    fn is_bounded(&self) -> bool {
+        self.config.events.is_some()
+    }
+
+    fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let n = self.config.splits.unwrap_or(parallelism).max(1);
+        Ok((0..n)
+            .map(|i| {
+                Box::new(NexmarkSplit {
+                    config: self.config.clone(),
+                    schema: self.schema.clone(),
+                    columns: self.columns.clone(),
+                    index: i as u64,
+                    splits: n as u64,
+                    next_event: i as u64,
+                    events_read: 0,
+                    started: None,
+                }) as Box<dyn SourceSplit>
+            })
+            .collect())
+    }
+}
+
+pub struct NexmarkSplit {
+    config: Config,
+    schema: SchemaRef,
+    columns: Vec<usize>,
+    index: u64,
+    splits: u64,
+    /// The next event number this split generates.
+    next_event: u64,
+    events_read: u64,
+    started: Option<Instant>,
+}
+
+enum Col {
+    I(Int64Builder),
+    S(StringBuilder),
+    T(TimestampMillisecondBuilder),
+}
+
+impl NexmarkSplit {
+    fn builders(&self, cap: usize) -> Vec<Col> {
+        let full_kinds: &[u8] = match self.config.kind {
+            EventKind::Person => b"ISSSSSTS",
+            EventKind::Auction => b"ISSIITTIIS",
+            EventKind::Bid => b"IIISSTS",
+        };
+        self.columns
+            .iter()
+            .map(|&c| match full_kinds[c] {
+                b'I' => Col::I(Int64Builder::with_capacity(cap)),
+                b'T' => Col::T(TimestampMillisecondBuilder::with_capacity(cap)),
+                _ => Col::S(StringBuilder::with_capacity(cap, cap * 16)),
+            })
+            .collect()
+    }
+
+    fn wants(&self, column: usize) -> bool {
+        self.columns.contains(&column)
+    }
+
+    /// Appends the event `n` if it is of our kind.
+    fn append(&self, n: u64, cols: &mut [Col], scratch: &mut String) -> bool {
+        if kind_of(n) != self.config.kind {
+            return false;
+        }
+        let mut rng = Rng::new(self.config.seed, n);
+        let t = &self.config.time;
+        let (avg_p, avg_a, avg_b) = generator::AVG_BYTES;
+        scratch.clear();
+        // Values in generator column order; `extra` is drawn last so that
+        // skipping it never changes the other fields.
+        match self.config.kind {
+            EventKind::Person => {
+                let p = generator::person(n, &mut rng, t);
+                let extra_col = 7;
+                if self.wants(extra_col) {
+                    rng.push_extra(scratch, generator::person_size(&p), avg_p);
+                }
+                for (c, &src) in cols.iter_mut().zip(&self.columns) {
+                    match (c, src) {
+                        (Col::I(b), 0) => b.append_value(p.id),
+                        (Col::S(b), 1) => b.append_value(&p.name),
+                        (Col::S(b), 2) => b.append_value(&p.email),
+                        (Col::S(b), 3) => b.append_value(&p.credit_card),
+                        (Col::S(b), 4) => b.append_value(p.city),
+                        (Col::S(b), 5) => b.append_value(p.state),
+                        (Col::T(b), 6) => b.append_value(p.date_time),
+                        (Col::S(b), _) => b.append_value(scratch.as_str()),
+                        _ => {}
+                    }
+                }
+            }
+            EventKind::Auction => {
+                let a = generator::auction(n, &mut rng, t);
+                if self.wants(9) {
+                    rng.push_extra(scratch, generator::auction_size(&a), avg_a);
+                }
+                for (c, &src) in cols.iter_mut().zip(&self.columns) {
+                    match (c, src) {
+                        (Col::I(b), 0) => b.append_value(a.id),
+                        (Col::S(b), 1) => b.append_value(&a.item_name),
+                        (Col::S(b), 2) => b.append_value(&a.description),
+                        (Col::I(b), 3) => b.append_value(a.initial_bid),
+                        (Col::I(b), 4) => b.append_value(a.reserve),
+                        (Col::T(b), 5) => b.append_value(a.date_time),
+                        (Col::T(b), 6) => b.append_value(a.expires),
+                        (Col::I(b), 7) => b.append_value(a.seller),
+                        (Col::I(b), 8) => b.append_value(a.category),
+                        (Col::S(b), _) => b.append_value(scratch.as_str()),
+                        _ => {}
+                    }
+                }
+            }
+            EventKind::Bid => {
+                let bid = generator::bid(n, &mut rng, t);
+                let needs_channel = self.wants(3) || self.wants(4);
+                let (channel, url) = if needs_channel {
+                    generator::channel_and_url(bid.channel)
+                } else {
+                    (String::new(), String::new())
+                };
+                if self.wants(6) {
+                    let size = generator::BID_FIXED_BYTES + channel.len() + url.len();
+                    rng.push_extra(scratch, size, avg_b);
+                }
+                for (c, &src) in cols.iter_mut().zip(&self.columns) {
+                    match (c, src) {
+                        (Col::I(b), 0) => b.append_value(bid.auction),
+                        (Col::I(b), 1) => b.append_value(bid.bidder),
+                        (Col::I(b), 2) => b.append_value(bid.price),
+                        (Col::S(b), 3) => b.append_value(&channel),
+                        (Col::S(b), 4) => b.append_value(&url),
+                        (Col::T(b), 5) => b.append_value(bid.date_time),
+                        (Col::S(b), _) => b.append_value(scratch.as_str()),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+impl SourceSplit for NexmarkSplit {
+    fn id(&self) -> String {
+        format!("nexmark-{}-of-{}", self.index, self.splits)
+    }
+
+    fn offset(&self) -> u64 {
+        self.events_read
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        let end = self.config.events.unwrap_or(u64::MAX);
+        if self.next_event >= end {
+            return Ok(SplitPoll::Finished);
+        }
+        // How many events (of every kind) this split may generate now.
+        let mut budget = DEFAULT_BATCH_ROWS as u64;
+        if self.config.rate > 0 {
+            let started = *self.started.get_or_insert_with(Instant::now);
+            let per_split = self.config.rate as f64 / self.splits as f64;
+            let due = (started.elapsed().as_secs_f64() * per_split) as u64;
+            if due <= self.events_read {
+                let next = started + Duration::from_secs_f64((self.events_read + 1) as f64 / per_split);
+                return Ok(SplitPoll::Wait(next));
+            }
+            budget = budget.min(due - self.events_read);
+        }
+        let mut cols = self.builders(budget as usize);
+        let mut scratch = String::with_capacity(128);
+        let mut rows = 0;
+        let mut generated = 0;
+        while generated < budget && self.next_event < end {
+            if self.append(self.next_event, &mut cols, &mut scratch) {
+                rows += 1;
+            }
+            self.next_event += self.splits;
+            generated += 1;
+        }
+        self.events_read += generated;
+        if rows == 0 {
+            return self.poll_batch_or_finished(end);
+        }
+        let arrays: Vec<ArrayRef> = cols
+            .into_iter()
+            .map(|c| -> ArrayRef {
+                match c {
+                    Col::I(mut b) => Arc::new(b.finish()),
+                    Col::S(mut b) => Arc::new(b.finish()),
+                    Col::T(mut b) => Arc::new(b.finish()),
+                }
+            })
+            .collect();
+        let arrays = arrays
+            .into_iter()
+            .zip(self.schema.fields())
+            .map(|(a, f)| if a.data_type() == f.data_type() { Ok(a) } else { cast(&a, f.data_type()) })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SplitPoll::Batch(RecordBatch::try_new(self.schema.clone(), arrays)?))
+    }
+}
+
+impl NexmarkSplit {
+    fn poll_batch_or_finished(&mut self, end: u64) -> Result<SplitPoll> {
+        if self.next_event >= end {
+            Ok(SplitPoll::Finished)
+        } else {
+            self.poll_batch()
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! `print`: writes rows to stdout in Flink's format, `+I[v1, v2]`, with a
+//! `subtask>` prefix when the sink runs with more than one subtask, and the
+//! optional `print-identifier` before it.
+
+use std::io::Write;
+
+use arrow::array::Array;
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use weir_catalog::{OptionKind, OptionSpec, Options};
+
+use super::SinkFactory;
+use crate::error::{ConnectorError, Result};
+use crate::operators::{Collector, Operator};
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new("print-identifier", OptionKind::String, "prefix of every printed line"),
+    OptionSpec::new("standard-error", OptionKind::Bool, "print to stderr instead of stdout")
+        .with_default("false"),
+];
+
+#[derive(Debug)]
+pub struct PrintSink {
+    identifier: Option<String>,
+    stderr: bool,
+}
+
+impl PrintSink {
+    pub fn new(options: &Options, _table: &str) -> Self {
+        Self {
+            identifier: options.get("print-identifier").map(str::to_string),
+            stderr: options.bool("standard-error").ok().flatten().unwrap_or(false),
+        }
+    }
+}
+
+impl SinkFactory for PrintSink {
+    fn name(&self) -> &str {
+        "print"
+    }
+
+    fn create_writer(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Operator>> {
+        let mut prefix = String::new();
+        if let Some(id) = &self.identifier {
+            prefix.push_str(id);
+            prefix.push(':');
+        }
+        if parallelism > 1 {
+            prefix.push_str(&format!("{}> ", subtask + 1));
+        } else if self.identifier.is_some() {
+            prefix.push(' ');
+        }
+        Ok(Box::new(PrintWriter {
+            prefix,
+            stderr: self.stderr,
+        }))
+    }
+}
+
+struct PrintWriter {
+    prefix: String,
+    stderr: bool,
+}
+
+/// Flink's SQL rendering of values: timestamps `yyyy-MM-dd HH:mm:ss.SSS`,
+/// NULL as `<NULL>` in print output.
+pub fn format_options() -> FormatOptions<'static> {
+    FormatOptions::default()
+        .with_null("<NULL>")
+        .with_timestamp_format(Some("%Y-%m-%d %H:%M:%S%.3f"))
+        .with_timestamp_tz_format(Some("%Y-%m-%d %H:%M:%S%.3f"))
+}
+
+/// Renders each row of `batch` as `+I[v1, v2, ...]`.
+pub fn format_rows(batch: &RecordBatch) -> Result<Vec<String>> {
+    let opts = format_options();
+    let formatters = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref() as &dyn Array, &opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((0..batch.num_rows())
+        .map(|row| {
+            let vals: Vec<String> = formatters.iter().map(|f| f.value(row).to_string()).collect();
+            format!("+I[{}]", vals.join(", "))
+        })
+        .collect())
+}
+
+impl Operator for PrintWriter {
+    fn name(&self) -> &str {
+        "Sink: print"
+    }
+
+    fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+        let mut text = String::new();
+        for line in format_rows(&batch)? {
+            text.push_str(&self.prefix);
+            text.push_str(&line);
+            text.push('\n');
+        }
+        let res = if self.stderr {
+            std::io::stderr().lock().write_all(text.as_bytes())
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|_| out.flush())
+        };
+        res.map_err(|source| ConnectorError::Io {
+            path: if self.stderr { "stderr" } else { "stdout" }.into(),
+            source,
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,67 @@
+//! Errors of the engine, each saying whose fault it is.
+
+use std::path::PathBuf;
+
+use datafusion::error::DataFusionError;
+
+/// Errors of a state backend: the outside world's (disk, RocksDB) or ours
+/// (a value that does not decode).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("RocksDB at {path}: {message}")]
+    RocksDb { path: PathBuf, message: String },
+    #[error("state directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("internal error: corrupt state value in '{state}': {message}")]
+    Corrupt { state: String, message: String },
+}
+
+/// Errors raised by connectors. `Config` is the user's fault (bad option),
+/// `Data` is a bad record (the file and offset are in `location`), `Io` is
+/// the outside world's.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectorError {
+    #[error("connector '{connector}': {message}")]
+    Config { connector: String, message: String },
+    #[error("{location}: {message}")]
+    Data { location: String, message: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Connector(#[from] ConnectorError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error(transparent)]
+    Catalog(#[from] weir_catalog::CatalogError),
+    #[error("{0}")]
+    DataFusion(#[from] DataFusionError),
+    #[error("{0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// A job option or plan the user gave that cannot run.
+    #[error("{0}")]
+    Config(String),
+    /// The job was cancelled (by the user or because another task failed).
+    #[error("job cancelled")]
+    Cancelled,
+    /// An invariant of ours broke: a bug, never the user's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ExecError {
+    pub fn internal(msg: impl Into<String>) -> Self {
+        ExecError::Internal(msg.into())
+    }
+}
+
+pub type Result<T, E = ExecError> = std::result::Result<T, E>;

@@ -1,0 +1,32 @@
+//! # weir-engine
+//!
+//! Runs streaming plans: a [`plan::StreamGraph`] becomes subtasks (tokio
+//! tasks) joined by bounded channels that carry Arrow batches, watermarks and
+//! barriers in-band.
+//!
+//! # Layout
+//! - [`message`]: what flows on a channel ([`message::StreamMessage`]).
+//! - [`plan`]: immutable plan descriptions (`...Node`) and `EXPLAIN` text.
+//! - [`config`]: job options (`parallelism.default`, `state.backend.type`, ...).
+//! - [`keygroup`]: stable key hashing and key-group → subtask assignment.
+//! - [`runtime`]: deployment, the subtask loop, input gates (watermark
+//!   valve), partitioned outputs, job handles and metrics.
+//! - [`operators`]: one operator per file (calc, window aggregate, limit,
+//!   sinks) behind the [`operators::Operator`] trait.
+//! - [`connectors`]: split-based sources (nexmark, datagen, filesystem) with
+//!   per-split watermark generation, and sinks (print, blackhole,
+//!   filesystem, collect).
+//! - [`state`]: the [`state::StateBackend`] trait, RocksDB and heap backends.
+//! - [`error`]: [`error::ExecError`] and friends.
+
+pub mod config;
+pub mod connectors;
+pub mod error;
+pub mod keygroup;
+pub mod message;
+pub mod operators;
+pub mod plan;
+pub mod runtime;
+pub mod state;
+
+pub use error::ExecError;

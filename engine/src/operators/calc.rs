@@ -1,0 +1,83 @@
+//! Filter and projection over whole batches with DataFusion physical
+//! expressions (`WHERE` and the `SELECT` list of a stateless query part).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, BooleanArray};
+use arrow::compute::filter_record_batch;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::physical_expr::PhysicalExpr;
+
+use super::{Collector, Operator};
+use crate::error::{ExecError, Result};
+use crate::plan::CalcNode;
+
+pub struct CalcOperator {
+    name: String,
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    schema: SchemaRef,
+}
+
+impl CalcOperator {
+    pub fn new(node: &CalcNode, schema: SchemaRef) -> Self {
+        Self {
+            name: node.describe(),
+            filter: node.filter.clone(),
+            projection: node.projection.clone(),
+            schema,
+        }
+    }
+}
+
+/// Evaluates `exprs` on `batch` into a batch of `schema`.
+pub fn project(
+    batch: &RecordBatch,
+    exprs: &[Arc<dyn PhysicalExpr>],
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    let columns = exprs
+        .iter()
+        .map(|e| e.evaluate(batch).and_then(|v| v.into_array(batch.num_rows())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(schema.clone(), columns, &options)?)
+}
+
+/// Rows of `batch` for which `predicate` is true (null counts as false).
+pub fn filter(batch: &RecordBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
+    let mask = predicate
+        .evaluate(batch)?
+        .into_array(batch.num_rows())?;
+    let mask = mask
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| ExecError::internal("filter predicate is not boolean"))?;
+    if mask.true_count() == batch.num_rows() && mask.null_count() == 0 {
+        return Ok(batch.clone());
+    }
+    Ok(filter_record_batch(batch, mask)?)
+}
+
+impl Operator for CalcOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()> {
+        let batch = match &self.filter {
+            Some(f) => filter(&batch, f)?,
+            None => batch,
+        };
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let batch = match &self.projection {
+            Some(p) => project(&batch, p, &self.schema)?,
+            None => batch,
+        };
+        out.emit(batch);
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! Operators: one per file. An operator is a synchronous function of its
+//! input messages; the subtask loop (runtime) owns channels and async I/O.
+//!
+//! Contract for implementers:
+//! - `process_batch` may emit any number of batches through `out`.
+//! - `on_watermark(w)` is called when the input watermark advances to `w`
+//!   (watermarks are non-decreasing). Fire event-time timers here; the
+//!   runtime forwards `w` downstream *after* this returns, so results of
+//!   fired windows always precede the watermark that fired them.
+//! - `on_end_of_input` is called once, after the final watermark.
+
+pub mod calc;
+pub mod limit;
+pub mod window;
+
+use arrow::record_batch::RecordBatch;
+
+use crate::error::Result;
+use crate::message::Timestamp;
+
+/// Where an operator puts its output. Batches only: watermarks, barriers and
+/// statuses are forwarded by the runtime so an operator cannot lose them.
+#[derive(Default)]
+pub struct Collector {
+    batches: Vec<RecordBatch>,
+    /// Set by an operator that needs no more input (e.g. `LIMIT` reached).
+    finished: bool,
+}
+
+impl Collector {
+    pub fn emit(&mut self, batch: RecordBatch) {
+        if batch.num_rows() > 0 {
+            self.batches.push(batch);
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<RecordBatch> {
+        std::mem::take(&mut self.batches)
+    }
+
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+}
+
+pub trait Operator: Send {
+    fn name(&self) -> &str;
+
+    fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()>;
+
+    /// The input watermark advanced to `watermark`.
+    fn on_watermark(&mut self, _watermark: Timestamp, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+
+    /// No more input will arrive. Sinks flush and close here.
+    fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+}

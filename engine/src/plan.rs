@@ -1,0 +1,295 @@
+//! Streaming plans: immutable descriptions of what a job runs. `...Node`
+//! types describe; operators in [`crate::operators`] run.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use weir_catalog::TableDef;
+
+use crate::config::{JobConfig, StateBackendKind};
+use crate::connectors::{SinkFactory, SourceFactory};
+
+pub type NodeId = usize;
+
+#[derive(Debug)]
+pub struct StreamGraph {
+    pub nodes: Vec<StreamNode>,
+    pub edges: Vec<StreamEdge>,
+}
+
+#[derive(Debug)]
+pub struct StreamNode {
+    pub id: NodeId,
+    pub parallelism: usize,
+    pub schema: SchemaRef,
+    pub kind: NodeKind,
+}
+
+#[derive(Debug)]
+pub enum NodeKind {
+    Source(SourceNode),
+    Calc(CalcNode),
+    WindowAggregate(WindowAggregateNode),
+    Limit(LimitNode),
+    Sink(SinkNode),
+}
+
+/// How rows move from one node's subtasks to the next node's.
+#[derive(Debug, Clone)]
+pub enum Exchange {
+    /// Subtask i → subtask i (same parallelism); chained into one task.
+    Forward,
+    /// By key group of the key expressions.
+    Hash(Vec<Arc<dyn PhysicalExpr>>),
+    /// Round-robin.
+    Rebalance,
+    /// Every subtask → the single downstream subtask.
+    Global,
+}
+
+#[derive(Debug)]
+pub struct StreamEdge {
+    pub from: NodeId,
+    pub to: NodeId,
+    pub exchange: Exchange,
+}
+
+/// Per-split watermark generation from a table's `WATERMARK` clause.
+#[derive(Debug, Clone)]
+pub struct WatermarkNode {
+    pub column: String,
+    /// The expression as written, for EXPLAIN.
+    pub sql: String,
+    /// Evaluated on each batch of the table's full schema.
+    pub expr: Arc<dyn PhysicalExpr>,
+    pub idle_timeout: Option<Duration>,
+}
+
+#[derive(Debug)]
+pub struct SourceNode {
+    pub table: TableDef,
+    pub factory: Arc<dyn SourceFactory>,
+    /// Maps a batch of the physical schema to the table's full schema
+    /// (computed columns evaluated). `None` when there are none.
+    pub computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    pub watermark: Option<WatermarkNode>,
+}
+
+#[derive(Debug)]
+pub struct CalcNode {
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+    pub projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
+}
+
+impl CalcNode {
+    pub fn describe(&self) -> String {
+        let mut parts = vec![];
+        if let Some(f) = &self.filter {
+            parts.push(format!("filter {f}"));
+        }
+        if let Some(p) = &self.projection {
+            let cols: Vec<String> = p.iter().map(|e| e.to_string()).collect();
+            parts.push(format!("project [{}]", cols.join(", ")));
+        }
+        format!("Calc: {}", parts.join(", "))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumble,
+    Hop,
+    Cumulate,
+}
+
+/// A window assigner's parameters, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub kind: WindowKind,
+    pub size: i64,
+    /// HOP: slide; CUMULATE: step; TUMBLE: equal to size.
+    pub slide: i64,
+    pub offset: i64,
+}
+
+impl std::fmt::Display for WindowSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |v: i64| {
+            if v % 1000 == 0 {
+                format!("{} s", v / 1000)
+            } else {
+                format!("{v} ms")
+            }
+        };
+        match self.kind {
+            WindowKind::Tumble => write!(f, "TUMBLE(size {})", ms(self.size))?,
+            WindowKind::Hop => write!(f, "HOP(size {}, slide {})", ms(self.size), ms(self.slide))?,
+            WindowKind::Cumulate => {
+                write!(f, "CUMULATE(size {}, step {})", ms(self.size), ms(self.slide))?
+            }
+        }
+        if self.offset != 0 {
+            write!(f, " offset {}", ms(self.offset))?;
+        }
+        Ok(())
+    }
+}
+
+/// One output column of a window aggregate, before the aggregate values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupOutput {
+    WindowStart,
+    WindowEnd,
+    WindowTime,
+    /// The i-th grouping key.
+    Key(usize),
+}
+
+#[derive(Debug)]
+pub struct WindowAggregateNode {
+    pub window: WindowSpec,
+    /// Input column holding a timestamp inside the row's window(s).
+    pub time_column: usize,
+    pub keys: Vec<Arc<dyn PhysicalExpr>>,
+    pub group_outputs: Vec<GroupOutput>,
+    pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
+}
+
+#[derive(Debug)]
+pub struct LimitNode {
+    pub skip: usize,
+    pub fetch: usize,
+}
+
+#[derive(Debug)]
+pub struct SinkNode {
+    pub name: String,
+    pub factory: Arc<dyn SinkFactory>,
+}
+
+impl StreamGraph {
+    pub fn node(&self, id: NodeId) -> &StreamNode {
+        &self.nodes[id]
+    }
+
+    pub fn inputs(&self, id: NodeId) -> impl Iterator<Item = &StreamEdge> {
+        self.edges.iter().filter(move |e| e.to == id)
+    }
+
+    pub fn outputs(&self, id: NodeId) -> impl Iterator<Item = &StreamEdge> {
+        self.edges.iter().filter(move |e| e.from == id)
+    }
+
+    /// True when every source is bounded: the job ends by itself.
+    pub fn is_bounded(&self) -> bool {
+        self.nodes.iter().all(|n| match &n.kind {
+            NodeKind::Source(s) => s.factory.is_bounded(),
+            _ => true,
+        })
+    }
+
+    /// Whether `edge` joins its ends into one task (same parallelism,
+    /// forward, and the downstream node has no other input).
+    pub fn is_chained(&self, edge: &StreamEdge) -> bool {
+        matches!(edge.exchange, Exchange::Forward)
+            && self.nodes[edge.from].parallelism == self.nodes[edge.to].parallelism
+            && self.inputs(edge.to).count() == 1
+            && self.outputs(edge.from).count() == 1
+    }
+
+    /// `EXPLAIN` text: operators, parallelism, exchanges, state, watermarks.
+    pub fn explain(&self, config: &JobConfig) -> String {
+        let mut s = String::new();
+        let backend = match config.state_backend {
+            StateBackendKind::RocksDb => "rocksdb",
+            StateBackendKind::Heap => "hashmap",
+        };
+        let _ = writeln!(
+            s,
+            "Job '{}': max-parallelism {}, state backend {}",
+            config.name, config.max_parallelism, backend
+        );
+        for node in &self.nodes {
+            let chained = self
+                .inputs(node.id)
+                .any(|e| self.is_chained(e))
+                .then(|| " (chained)")
+                .unwrap_or("");
+            let _ = writeln!(
+                s,
+                "[{}] {}  parallelism={}{}",
+                node.id,
+                node.describe(),
+                node.parallelism,
+                chained
+            );
+            match &node.kind {
+                NodeKind::Source(src) => {
+                    if let Some(w) = &src.watermark {
+                        let idle = w
+                            .idle_timeout
+                            .map(|d| format!(", idle after {} ms", d.as_millis()))
+                            .unwrap_or_default();
+                        let _ = writeln!(
+                            s,
+                            "      watermark: {} AS {} per split; reader = min over active splits{}",
+                            w.column, w.sql, idle
+                        );
+                    } else {
+                        let _ = writeln!(s, "      watermark: none (no WATERMARK clause)");
+                    }
+                }
+                NodeKind::WindowAggregate(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
+                    );
+                }
+                _ => {}
+            }
+            for e in self.outputs(node.id) {
+                let how = match &e.exchange {
+                    Exchange::Forward => "forward".to_string(),
+                    Exchange::Hash(k) => format!(
+                        "hash [{}] by key group",
+                        k.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
+                    ),
+                    Exchange::Rebalance => "rebalance".to_string(),
+                    Exchange::Global => "global (to one subtask)".to_string(),
+                };
+                let _ = writeln!(s, "      -> [{}] {}", e.to, how);
+            }
+        }
+        s
+    }
+}
+
+impl StreamNode {
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            NodeKind::Source(src) => format!(
+                "Source: {} (connector '{}'{})",
+                src.table.name,
+                src.factory.name(),
+                if src.factory.is_bounded() { ", bounded" } else { ", unbounded" }
+            ),
+            NodeKind::Calc(c) => c.describe(),
+            NodeKind::WindowAggregate(w) => {
+                let keys: Vec<String> = w.keys.iter().map(|k| k.to_string()).collect();
+                let aggs: Vec<String> = w.aggregates.iter().map(|a| a.name().to_string()).collect();
+                format!(
+                    "WindowAggregate: {} keys [{}] aggregates [{}]",
+                    w.window,
+                    keys.join(", "),
+                    aggs.join(", ")
+                )
+            }
+            NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
+            NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
+        }
+    }
+}

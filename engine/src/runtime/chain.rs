@@ -1,0 +1,88 @@
+//! A chain of forward-connected operators running in one task. Batches go
+//! through synchronously; what leaves the last operator is collected for
+//! the task to send. Watermarks visit every operator in order, each firing
+//! its timers before the watermark moves on (results precede the watermark
+//! that produced them).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::record_batch::RecordBatch;
+
+use crate::error::Result;
+use crate::message::{StreamMessage, Timestamp};
+use crate::operators::{Collector, Operator};
+use crate::runtime::metrics::NodeMetrics;
+
+pub struct Chain {
+    ops: Vec<Box<dyn Operator>>,
+    metrics: Vec<Arc<NodeMetrics>>,
+    /// Set when an operator needs no more input (LIMIT reached).
+    finished: bool,
+}
+
+impl Chain {
+    pub fn new(ops: Vec<Box<dyn Operator>>, metrics: Vec<Arc<NodeMetrics>>) -> Self {
+        debug_assert_eq!(ops.len(), metrics.len());
+        Self {
+            ops,
+            metrics,
+            finished: false,
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    pub fn process_batch(&mut self, batch: RecordBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+        self.push(0, batch, out)
+    }
+
+    fn push(&mut self, idx: usize, batch: RecordBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+        if idx == self.ops.len() {
+            out.push(StreamMessage::Batch(batch));
+            return Ok(());
+        }
+        self.metrics[idx]
+            .rows_in
+            .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+        let mut c = Collector::default();
+        self.ops[idx].process_batch(batch, &mut c)?;
+        self.forward(idx, c, out)
+    }
+
+    fn forward(&mut self, idx: usize, mut c: Collector, out: &mut Vec<StreamMessage>) -> Result<()> {
+        if c.is_finished() {
+            self.finished = true;
+        }
+        for b in c.take() {
+            self.metrics[idx]
+                .rows_out
+                .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+            self.push(idx + 1, b, out)?;
+        }
+        Ok(())
+    }
+
+    pub fn process_watermark(&mut self, wm: Timestamp, out: &mut Vec<StreamMessage>) -> Result<()> {
+        for idx in 0..self.ops.len() {
+            let mut c = Collector::default();
+            self.ops[idx].on_watermark(wm, &mut c)?;
+            self.metrics[idx].watermark.fetch_max(wm, Ordering::Relaxed);
+            self.forward(idx, c, out)?;
+        }
+        out.push(StreamMessage::Watermark(wm));
+        Ok(())
+    }
+
+    pub fn end_of_input(&mut self, out: &mut Vec<StreamMessage>) -> Result<()> {
+        for idx in 0..self.ops.len() {
+            let mut c = Collector::default();
+            self.ops[idx].on_end_of_input(&mut c)?;
+            self.forward(idx, c, out)?;
+        }
+        out.push(StreamMessage::EndOfInput);
+        Ok(())
+    }
+}

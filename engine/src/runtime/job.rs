@@ -1,0 +1,302 @@
+//! Turning a plan into running subtasks.
+//!
+//! Nodes joined by chainable forward edges form one chain; each chain runs
+//! as `parallelism` subtasks. Between chains, every upstream subtask has a
+//! bounded channel to every downstream subtask it can send to, so a slow
+//! consumer back-pressures its producers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::DataType;
+use arrow::record_batch::RecordBatch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::config::JobConfig;
+use crate::error::{ExecError, Result};
+use crate::keygroup::KeyEncoder;
+use crate::message::StreamMessage;
+use crate::operators::Operator;
+use crate::operators::calc::CalcOperator;
+use crate::operators::limit::LimitOperator;
+use crate::operators::window::aggregate::{STATE_NAMES, WindowAggregateOperator};
+use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
+use crate::runtime::chain::Chain;
+use crate::runtime::gate::InputGate;
+use crate::runtime::metrics::{JobMetrics, NodeMetrics};
+use crate::runtime::output::{Output, Partitioner};
+use crate::runtime::source_task::{EmitStrategy, SourceTask};
+use crate::runtime::task::OperatorTask;
+use crate::state::open_backend;
+
+/// Messages buffered per channel before the sender waits.
+const CHANNEL_CAPACITY: usize = 8;
+
+#[derive(Debug)]
+pub struct JobOutcome {
+    pub elapsed: std::time::Duration,
+    pub metrics: Arc<JobMetrics>,
+}
+
+/// A running job. Dropping it does not stop the job; call `stop` or
+/// `cancel`.
+pub struct JobHandle {
+    pub name: String,
+    pub metrics: Arc<JobMetrics>,
+    stop: watch::Sender<bool>,
+    done: tokio::task::JoinHandle<Result<JobOutcome>>,
+}
+
+impl JobHandle {
+    /// Asks sources to stop reading; the job then drains and ends without
+    /// firing windows on partial input.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    pub fn cancel(&self) {
+        self.done.abort();
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.done.is_finished()
+    }
+
+    pub async fn wait(self) -> Result<JobOutcome> {
+        match self.done.await {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Err(ExecError::Cancelled),
+            Err(e) => Err(ExecError::internal(format!("job task panicked: {e}"))),
+        }
+    }
+}
+
+/// Builds the chains: for each chain head, the node ids in chain order.
+fn chains(graph: &StreamGraph) -> Vec<Vec<NodeId>> {
+    let mut out = vec![];
+    for node in &graph.nodes {
+        let chained_in = graph.inputs(node.id).any(|e| graph.is_chained(e));
+        if chained_in {
+            continue;
+        }
+        let mut chain = vec![node.id];
+        let mut cur = node.id;
+        while let Some(e) = graph.outputs(cur).find(|e| graph.is_chained(e)) {
+            chain.push(e.to);
+            cur = e.to;
+        }
+        out.push(chain);
+    }
+    out
+}
+
+/// Starts every subtask of `graph`. `results` receives the rows of a bare
+/// `SELECT` (a graph whose last node has no sink).
+pub fn deploy(
+    graph: StreamGraph,
+    config: &JobConfig,
+    results: Option<mpsc::Sender<RecordBatch>>,
+) -> Result<JobHandle> {
+    let metrics = Arc::new(JobMetrics {
+        nodes: graph
+            .nodes
+            .iter()
+            .map(|n| Arc::new(NodeMetrics::new(format!("[{}] {}", n.id, n.describe()))))
+            .collect(),
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let chains = chains(&graph);
+    let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
+
+    // Channels: for every non-chained edge, senders[from subtask][to subtask].
+    let mut inputs: Vec<Vec<Vec<mpsc::Receiver<StreamMessage>>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
+    let mut outputs: Vec<Vec<Option<Output>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| None).collect())
+        .collect();
+    for edge in graph.edges.iter().filter(|e| !graph.is_chained(e)) {
+        let (Some(from_chain), Some(to_chain)) = (chain_of(edge.from), chain_of(edge.to)) else {
+            return Err(ExecError::internal("edge between unknown nodes"));
+        };
+        let p_from = graph.node(edge.from).parallelism;
+        let p_to = graph.node(edge.to).parallelism;
+        for i in 0..p_from {
+            let targets: Vec<usize> = match edge.exchange {
+                Exchange::Forward if p_from == p_to => vec![i],
+                Exchange::Global => vec![0],
+                _ => (0..p_to).collect(),
+            };
+            let mut senders = vec![];
+            for t in targets {
+                let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+                senders.push(tx);
+                inputs[to_chain][t].push(rx);
+            }
+            let partitioner = match &edge.exchange {
+                Exchange::Hash(keys) => {
+                    let input_schema = &graph.node(edge.from).schema;
+                    let types = keys
+                        .iter()
+                        .map(|k| k.data_type(input_schema))
+                        .collect::<Result<Vec<DataType>, _>>()?;
+                    if types.is_empty() {
+                        Partitioner::Forward
+                    } else {
+                        Partitioner::Hash {
+                            keys: keys.clone(),
+                            encoder: KeyEncoder::new(&types)?,
+                            max_parallelism: config.max_parallelism,
+                        }
+                    }
+                }
+                _ if senders.len() == 1 => Partitioner::Forward,
+                _ => Partitioner::Rebalance { next: i },
+            };
+            if outputs[from_chain][i].is_some() {
+                return Err(ExecError::internal("a node with two outputs is not supported"));
+            }
+            outputs[from_chain][i] = Some(Output::channels(senders, partitioner));
+        }
+    }
+
+    let mut tasks = JoinSet::new();
+    for (ci, chain) in chains.iter().enumerate() {
+        let head = graph.node(chain[0]);
+        for subtask in 0..head.parallelism {
+            let first_op = usize::from(matches!(head.kind, NodeKind::Source(_)));
+            let mut ops: Vec<Box<dyn Operator>> = vec![];
+            let mut op_metrics = vec![];
+            for &id in &chain[first_op..] {
+                ops.push(create_operator(&graph, id, subtask, config, &metrics)?);
+                op_metrics.push(metrics.nodes[id].clone());
+            }
+            let tail = graph.node(*chain.last().unwrap_or(&chain[0]));
+            let output = match outputs[ci][subtask].take() {
+                Some(o) => o,
+                None if matches!(tail.kind, NodeKind::Sink(_)) => Output::None,
+                None => match &results {
+                    Some(tx) => Output::Results(tx.clone()),
+                    None => Output::None,
+                },
+            };
+            let chain_ops = Chain::new(ops, op_metrics);
+            match &head.kind {
+                NodeKind::Source(src) => {
+                    let splits = src.factory.create_splits(head.parallelism)?;
+                    let mine = splits
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(i, _)| i % head.parallelism == subtask)
+                        .map(|(_, s)| s)
+                        .collect();
+                    let emit = match src.table.options.get("scan.watermark.emit.strategy") {
+                        Some(v) if v.eq_ignore_ascii_case("on-event") => EmitStrategy::OnEvent,
+                        _ => EmitStrategy::OnPeriodic,
+                    };
+                    let rowtime_index = src
+                        .watermark
+                        .as_ref()
+                        .and_then(|w| head.schema.index_of(&w.column).ok());
+                    let task = SourceTask {
+                        splits: mine,
+                        bounded: src.factory.is_bounded(),
+                        computed: src.computed.clone(),
+                        schema: head.schema.clone(),
+                        watermark: src.watermark.clone(),
+                        rowtime_index,
+                        emit,
+                        interval: config.auto_watermark_interval,
+                        chain: chain_ops,
+                        output,
+                        stop: stop_rx.clone(),
+                        metrics: metrics.nodes[head.id].clone(),
+                    };
+                    tasks.spawn(task.run());
+                }
+                _ => {
+                    let receivers = std::mem::take(&mut inputs[ci][subtask]);
+                    let task = OperatorTask {
+                        gate: InputGate::new(receivers),
+                        chain: chain_ops,
+                        output,
+                    };
+                    tasks.spawn(task.run());
+                }
+            }
+        }
+    }
+
+    let job_metrics = metrics.clone();
+    let started = Instant::now();
+    let done = tokio::spawn(async move {
+        let mut first_error = None;
+        while let Some(res) = tasks.join_next().await {
+            let err = match res {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e,
+                Err(e) if e.is_cancelled() => continue,
+                Err(e) => ExecError::internal(format!("subtask panicked: {e}")),
+            };
+            if first_error.is_none() {
+                first_error = Some(err);
+                // One failed subtask fails the job (no restart strategy yet).
+                tasks.abort_all();
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(JobOutcome {
+                elapsed: started.elapsed(),
+                metrics: job_metrics,
+            }),
+        }
+    });
+    Ok(JobHandle {
+        name: config.name.clone(),
+        metrics,
+        stop: stop_tx,
+        done,
+    })
+}
+
+fn create_operator(
+    graph: &StreamGraph,
+    id: NodeId,
+    subtask: usize,
+    config: &JobConfig,
+    metrics: &Arc<JobMetrics>,
+) -> Result<Box<dyn Operator>> {
+    let node = graph.node(id);
+    let input_schema = || {
+        graph
+            .inputs(id)
+            .next()
+            .map(|e| graph.node(e.from).schema.clone())
+            .ok_or_else(|| ExecError::internal(format!("node {id} has no input")))
+    };
+    Ok(match &node.kind {
+        NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
+        NodeKind::Calc(c) => Box::new(CalcOperator::new(c, node.schema.clone())),
+        NodeKind::Limit(l) => Box::new(LimitOperator::new(l.skip, l.fetch)),
+        NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism)?,
+        NodeKind::WindowAggregate(w) => {
+            let dir = config
+                .job_dir
+                .join("state")
+                .join(format!("node-{id}-subtask-{subtask}"));
+            let state = open_backend(config.state_backend, &dir, STATE_NAMES)?;
+            Box::new(WindowAggregateOperator::new(
+                w,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
+    })
+}

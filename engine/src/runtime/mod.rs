@@ -1,0 +1,19 @@
+//! Deploys a [`crate::plan::StreamGraph`] as tokio tasks and runs it.
+//!
+//! - [`job`]: chaining, channels, subtask creation, the [`job::JobHandle`].
+//! - [`source_task`]: source readers (splits, watermarks, idleness).
+//! - [`task`]: the loop of every other subtask.
+//! - [`chain`]: forward-connected operators in one task.
+//! - [`gate`]: input gate and watermark valve.
+//! - [`output`]: partitioning to downstream subtasks.
+//! - [`metrics`]: counters.
+
+pub mod chain;
+pub mod gate;
+pub mod job;
+pub mod metrics;
+pub mod output;
+pub mod source_task;
+pub mod task;
+
+pub use job::{JobHandle, JobOutcome, deploy};

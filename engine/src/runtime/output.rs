@@ -1,0 +1,139 @@
+//! The output side of a subtask: partitions batches to downstream subtasks
+//! (forward, hash by key group, rebalance, global) and broadcasts control
+//! messages (watermarks, statuses, barriers, end of input) to all of them.
+
+use std::sync::Arc;
+
+use arrow::array::UInt32Array;
+use arrow::compute::take_record_batch;
+use arrow::record_batch::RecordBatch;
+use datafusion::physical_expr::PhysicalExpr;
+use tokio::sync::mpsc::Sender;
+
+use crate::error::Result;
+use crate::keygroup::{KeyEncoder, key_group, subtask_for_group};
+use crate::message::StreamMessage;
+
+pub enum Partitioner {
+    /// Exactly one downstream channel.
+    Forward,
+    Hash {
+        keys: Vec<Arc<dyn PhysicalExpr>>,
+        encoder: KeyEncoder,
+        max_parallelism: u16,
+    },
+    Rebalance { next: usize },
+}
+
+/// Where the last operator of a chain sends its output.
+pub enum Output {
+    /// To the subtasks of the next node.
+    Channels {
+        senders: Vec<Sender<StreamMessage>>,
+        partitioner: Partitioner,
+        /// Senders whose receiver is gone (downstream finished early).
+        closed: Vec<bool>,
+    },
+    /// The rows of a bare `SELECT`, to the session that asked.
+    Results(Sender<RecordBatch>),
+    /// A sink chain: nothing leaves the task.
+    None,
+}
+
+impl Output {
+    pub fn channels(senders: Vec<Sender<StreamMessage>>, partitioner: Partitioner) -> Self {
+        let closed = vec![false; senders.len()];
+        Output::Channels {
+            senders,
+            partitioner,
+            closed,
+        }
+    }
+
+    /// True when nobody downstream will read anything more.
+    pub fn is_closed(&self) -> bool {
+        match self {
+            Output::Channels { closed, .. } => closed.iter().all(|c| *c),
+            Output::Results(tx) => tx.is_closed(),
+            Output::None => false,
+        }
+    }
+
+    pub async fn send_batch(&mut self, batch: RecordBatch) -> Result<()> {
+        match self {
+            Output::None => Ok(()),
+            Output::Results(tx) => {
+                // A closed result channel means the client stopped reading
+                // (Ctrl-C or LIMIT on its side): not an error.
+                let _ = tx.send(batch).await;
+                Ok(())
+            }
+            Output::Channels {
+                senders,
+                partitioner,
+                closed,
+            } => match partitioner {
+                Partitioner::Forward => send(&senders[0], &mut closed[0], StreamMessage::Batch(batch)).await,
+                Partitioner::Rebalance { next } => {
+                    let i = *next % senders.len();
+                    *next = next.wrapping_add(1);
+                    send(&senders[i], &mut closed[i], StreamMessage::Batch(batch)).await
+                }
+                Partitioner::Hash {
+                    keys,
+                    encoder,
+                    max_parallelism,
+                } => {
+                    let n = senders.len();
+                    if n == 1 {
+                        return send(&senders[0], &mut closed[0], StreamMessage::Batch(batch)).await;
+                    }
+                    let arrays = keys
+                        .iter()
+                        .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows())))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let rows = encoder.encode(&arrays)?;
+                    let mut per_target: Vec<Vec<u32>> = vec![vec![]; n];
+                    for (i, row) in rows.iter().enumerate() {
+                        let g = key_group(row.as_ref(), *max_parallelism);
+                        per_target[subtask_for_group(g, *max_parallelism, n)].push(i as u32);
+                    }
+                    for (t, idx) in per_target.into_iter().enumerate() {
+                        if idx.is_empty() {
+                            continue;
+                        }
+                        let part = if idx.len() == batch.num_rows() {
+                            batch.clone()
+                        } else {
+                            take_record_batch(&batch, &UInt32Array::from(idx))?
+                        };
+                        send(&senders[t], &mut closed[t], StreamMessage::Batch(part)).await?;
+                    }
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// Sends a control message to every downstream subtask.
+    pub async fn broadcast(&mut self, msg: StreamMessage) -> Result<()> {
+        if let Output::Channels { senders, closed, .. } = self {
+            for (tx, c) in senders.iter().zip(closed.iter_mut()) {
+                send(tx, c, msg.clone()).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn send(tx: &Sender<StreamMessage>, closed: &mut bool, msg: StreamMessage) -> Result<()> {
+    if *closed {
+        return Ok(());
+    }
+    if tx.send(msg).await.is_err() {
+        // The receiver is gone: it finished early (LIMIT) or failed; the
+        // job reports a failure from the task that failed.
+        *closed = true;
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The `rocksdb` backend (default): one RocksDB instance per stateful
+//! subtask, one column family per named state. The WAL is off: durability
+//! comes from checkpoints, not from RocksDB's log (as in Flink).
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteOptions};
+
+use super::{StateBackend, StateId, WriteBatch};
+use crate::error::StateError;
+
+pub struct RocksDbBackend {
+    db: DB,
+    path: PathBuf,
+    names: Vec<String>,
+    write_options: WriteOptions,
+}
+
+impl RocksDbBackend {
+    /// Opens an empty database at `path`, removing whatever was there.
+    pub fn open_fresh(path: &Path, states: &[&str]) -> Result<Self, StateError> {
+        let io = |source| StateError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        std::fs::create_dir_all(path).map_err(io)?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cfs = states
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, opts.clone()));
+        let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| StateError::RocksDb {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let mut write_options = WriteOptions::default();
+        write_options.disable_wal(true);
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+            names: states.iter().map(|s| s.to_string()).collect(),
+            write_options,
+        })
+    }
+
+    fn cf(&self, id: StateId) -> Result<&rocksdb::ColumnFamily, StateError> {
+        self.names
+            .get(id)
+            .and_then(|n| self.db.cf_handle(n))
+            .ok_or_else(|| StateError::Corrupt {
+                state: id.to_string(),
+                message: "undeclared state".into(),
+            })
+    }
+
+    fn err(&self, e: rocksdb::Error) -> StateError {
+        StateError::RocksDb {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl StateBackend for RocksDbBackend {
+    fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
+        let cf = self.cf(state)?;
+        self.db
+            .batched_multi_get_cf(cf, keys.iter(), false)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(|s| s.to_vec())).map_err(|e| self.err(e)))
+            .collect()
+    }
+
+    fn write(&mut self, batch: WriteBatch) -> Result<(), StateError> {
+        let mut wb = rocksdb::WriteBatch::default();
+        for (id, key, value) in &batch.ops {
+            let cf = self.cf(*id)?;
+            match value {
+                Some(v) => wb.put_cf(cf, key, v),
+                None => wb.delete_cf(cf, key),
+            }
+        }
+        self.db.write_opt(wb, &self.write_options).map_err(|e| self.err(e))
+    }
+
+    fn scan(
+        &self,
+        state: StateId,
+        start: &[u8],
+        end: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StateError> {
+        let cf = self.cf(state)?;
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_iterate_upper_bound(end.to_vec());
+        let iter = self
+            .db
+            .iterator_cf_opt(cf, ro, IteratorMode::From(start, Direction::Forward));
+        for item in iter {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !visit(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! `CREATE TABLE` → a catalog [`TableDef`], validated: column types, computed
+//! columns planned (so their types are known), the `WATERMARK` column and
+//! expression checked, connector options validated.
+
+use std::collections::{BTreeMap, HashSet};
+
+use datafusion::common::DFSchema;
+use weir_catalog::{ColumnDef, TableDef, WatermarkSpec};
+
+use crate::error::{Result, SqlError};
+use crate::parser::CreateTable;
+use crate::planner::Planner;
+use crate::types::{flink_name, is_rowtime_type, to_arrow};
+
+pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
+    let mut options = BTreeMap::new();
+    for (k, v, at) in &stmt.options {
+        if options.insert(k.clone(), v.clone()).is_some() {
+            return Err(SqlError::plan(format!("option '{k}' is given twice")).at(*at));
+        }
+    }
+    let mut def = TableDef {
+        name: stmt.name.clone(),
+        columns: vec![],
+        watermark: None,
+        options,
+    };
+    let mut seen = HashSet::new();
+    for c in &stmt.columns {
+        if !seen.insert(c.name.value.clone()) {
+            return Err(SqlError::plan(format!("column '{}' is declared twice", c.name.value)).at(c.location));
+        }
+        if let Some(t) = &c.data_type {
+            let (data_type, type_name) = to_arrow(t).map_err(|e| e.at(c.location))?;
+            def.columns.push(ColumnDef { name: c.name.value.clone(), type_name, data_type, nullable: c.nullable, computed: None });
+        }
+    }
+    if stmt.columns.is_empty() {
+        // `CREATE TABLE bid WITH ('connector' = 'nexmark')`: the connector's columns.
+        match weir_engine::connectors::default_schema(&def)? {
+            Some(schema) => {
+                for f in schema.fields() {
+                    def.columns.push(ColumnDef {
+                        name: f.name().clone(),
+                        type_name: flink_name(f.data_type()),
+                        data_type: f.data_type().clone(),
+                        nullable: f.is_nullable(),
+                        computed: None,
+                    });
+                }
+            }
+            None => {
+                return Err(SqlError::plan(format!(
+                    "table '{}' declares no columns, and its connector has no fixed schema",
+                    def.name
+                )));
+            }
+        }
+    }
+    // Computed columns see the physical columns (Flink's rule).
+    let physical = DFSchema::try_from(def.physical_schema().as_ref().clone())?;
+    let mut position = 0;
+    for c in &stmt.columns {
+        if c.computed.is_none() {
+            position += 1;
+        }
+        if let Some(expr) = &c.computed {
+            let (_, phys) = planner.plan_expr(expr, &physical).map_err(|e| e.at(c.location))?;
+            let data_type = phys.data_type(physical.as_arrow())?;
+            def.columns.insert(
+                position,
+                ColumnDef {
+                    name: c.name.value.clone(),
+                    type_name: flink_name(&data_type),
+                    data_type,
+                    nullable: true,
+                    computed: Some(expr.to_string()),
+                },
+            );
+            position += 1;
+        }
+    }
+    if let Some(w) = &stmt.watermark {
+        let col = def.column(&w.column.value).ok_or_else(|| {
+            SqlError::plan(format!("WATERMARK FOR '{}': no such column in table '{}'", w.column.value, def.name)).at(w.location)
+        })?;
+        if !is_rowtime_type(&col.data_type) {
+            return Err(SqlError::plan(format!(
+                "WATERMARK FOR '{}': the rowtime column must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), but it is {}",
+                col.name, col.type_name
+            ))
+            .at(w.location));
+        }
+        let full = DFSchema::try_from(def.schema().as_ref().clone())?;
+        let (_, phys) = planner.plan_expr(&w.expr, &full).map_err(|e| e.at(w.location))?;
+        let t = phys.data_type(full.as_arrow())?;
+        if !is_rowtime_type(&t) {
+            return Err(SqlError::plan(format!(
+                "the WATERMARK expression must return TIMESTAMP(3) or TIMESTAMP_LTZ(3), but '{}' returns {}",
+                w.expr,
+                flink_name(&t)
+            ))
+            .at(w.location));
+        }
+        def.watermark = Some(WatermarkSpec { column: col.name.clone(), expr: w.expr.to_string(), alignment: None });
+    }
+    weir_engine::connectors::validate_table(&def)?;
+    Ok(def)
+}

@@ -1,0 +1,139 @@
+//! SQL errors: the user's fault unless `Internal`, with a position when the
+//! parser or planner knows one.
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub line: u64,
+    pub column: u64,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Not valid SQL.
+    Parse,
+    /// Valid SQL that refers to something missing or mistyped.
+    Plan,
+    /// Valid SQL that Weir cannot run (yet).
+    Unsupported,
+    /// A bad option or catalog operation.
+    Catalog,
+    /// A bug of ours.
+    Internal,
+}
+
+#[derive(Debug, Clone)]
+pub struct SqlError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub location: Option<Location>,
+}
+
+impl SqlError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), location: None }
+    }
+
+    pub fn plan(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Plan, message)
+    }
+
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unsupported, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+
+    /// Sets the location unless a more precise one is already known.
+    pub fn at(mut self, location: Location) -> Self {
+        if self.location.is_none() {
+            self.location = Some(location);
+        }
+        self
+    }
+}
+
+impl fmt::Display for SqlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(l) = self.location {
+            write!(f, "{l}: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SqlError {}
+
+/// sqlparser messages end with "at Line: L, Column: C"; lift that out.
+impl From<sqlparser::parser::ParserError> for SqlError {
+    fn from(e: sqlparser::parser::ParserError) -> Self {
+        let text = match &e {
+            sqlparser::parser::ParserError::TokenizerError(s)
+            | sqlparser::parser::ParserError::ParserError(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let mut err = SqlError::new(ErrorKind::Parse, text.clone());
+        if let Some(i) = text.rfind(" at Line: ") {
+            let tail = &text[i + " at Line: ".len()..];
+            let mut parts = tail.split(", Column: ");
+            if let (Some(l), Some(c)) = (parts.next(), parts.next()) {
+                if let (Ok(line), Ok(column)) = (l.trim().parse(), c.trim().parse()) {
+                    err.location = Some(Location { line, column });
+                    err.message = text[..i].to_string();
+                }
+            }
+        }
+        err
+    }
+}
+
+impl From<datafusion::error::DataFusionError> for SqlError {
+    fn from(e: datafusion::error::DataFusionError) -> Self {
+        let location = e.diagnostic().and_then(|d| d.span).map(|s| Location {
+            line: s.start.line,
+            column: s.start.column,
+        });
+        let kind = match e.find_root() {
+            datafusion::error::DataFusionError::Plan(_)
+            | datafusion::error::DataFusionError::SchemaError(_, _)
+            | datafusion::error::DataFusionError::SQL(_, _) => ErrorKind::Plan,
+            datafusion::error::DataFusionError::NotImplemented(_) => ErrorKind::Unsupported,
+            _ => ErrorKind::Plan,
+        };
+        let message = e.find_root().message().to_string();
+        SqlError { kind, message, location }
+    }
+}
+
+impl From<arrow::error::ArrowError> for SqlError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        SqlError::plan(e.to_string())
+    }
+}
+
+impl From<weir_catalog::CatalogError> for SqlError {
+    fn from(e: weir_catalog::CatalogError) -> Self {
+        SqlError::new(ErrorKind::Catalog, e.to_string())
+    }
+}
+
+impl From<weir_engine::ExecError> for SqlError {
+    fn from(e: weir_engine::ExecError) -> Self {
+        let kind = match e {
+            weir_engine::ExecError::Internal(_) => ErrorKind::Internal,
+            _ => ErrorKind::Catalog,
+        };
+        SqlError::new(kind, e.to_string())
+    }
+}
+
+pub type Result<T, E = SqlError> = std::result::Result<T, E>;

@@ -1,0 +1,28 @@
+//! # weir-sql
+//!
+//! Flink-style SQL in, streaming plans out.
+//!
+//! # Layout
+//! - [`parser`]: splits a script into statements and parses them with
+//!   sqlparser, extended for Weir's statements (`CREATE TABLE` with
+//!   `WATERMARK FOR`, `SET`, `RESET`, `SHOW TABLES`, `DESCRIBE`, `EXPLAIN`).
+//! - [`rewrite`]: AST rewrites before planning: window TVFs and legacy
+//!   group windows into one internal form, views inlined, function names
+//!   case-folded (Flink's functions are case-insensitive, identifiers not).
+//! - [`types`]: Flink SQL types ↔ Arrow types.
+//! - [`ddl`]: `CREATE TABLE` → catalog [`weir_catalog::TableDef`].
+//! - [`planner`]: DataFusion logical plans → [`weir_engine::plan::StreamGraph`].
+//! - [`udf`]: the internal window marker function.
+//! - [`error`]: [`SqlError`] with the position of the problem.
+
+pub mod ddl;
+pub mod error;
+pub mod parser;
+pub mod planner;
+pub mod rewrite;
+pub mod types;
+pub mod udf;
+
+pub use error::{Location, SqlError};
+pub use parser::{ParsedStatement, Statement, parse};
+pub use planner::{Planner, QueryPlan};

@@ -1,0 +1,602 @@
+//! From SQL to a [`StreamGraph`]: DataFusion plans the query (after our
+//! AST rewrites), then each logical node becomes a streaming node:
+//!
+//! | logical | streaming |
+//! |---|---|
+//! | `TableScan` | source (+ a projection when the scan selects columns) |
+//! | `Projection`, `Filter` | calc (chained to its input) |
+//! | `Aggregate` grouped by a window | hash exchange by key → window aggregate |
+//! | `Limit` | global exchange → limit (one subtask) |
+//! | `SubqueryAlias` | nothing (names only) |
+//!
+//! Queries without any table (`SELECT 1 + 1`) run as DataFusion batch plans.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, SchemaRef};
+use datafusion::common::{DFSchema, TableReference};
+use datafusion::config::ConfigOptions;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::registry::FunctionRegistry;
+use datafusion::logical_expr::logical_plan::builder::LogicalTableSource;
+use datafusion::logical_expr::planner::ContextProvider;
+use datafusion::logical_expr::{
+    AggregateUDF, Expr, FetchType, HigherOrderUDF, LogicalPlan, ScalarUDF,
+    SkipType, TableSource, WindowUDF,
+};
+use datafusion::optimizer::optimize_projections::OptimizeProjections;
+use datafusion::optimizer::simplify_expressions::SimplifyExpressions;
+use datafusion::optimizer::{Optimizer, OptimizerContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::LoweredAggregateBuilder;
+use datafusion::physical_expr::expressions::{Column, cast};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::planner::{ParserOptions, PlannerContext, SqlToRel};
+use sqlparser::ast;
+use weir_catalog::{Catalog, TableDef};
+use weir_engine::config::JobConfig;
+use weir_engine::plan::{
+    CalcNode, Exchange, GroupOutput, LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge,
+    StreamGraph, StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+};
+
+use crate::error::{Result, SqlError};
+use crate::parser::dialect;
+use crate::rewrite::rewrite_query;
+use crate::udf::{WINDOW_FN, WindowMarker};
+
+pub enum QueryPlan {
+    /// Reads at least one table: runs as a streaming job.
+    Stream(StreamGraph),
+    /// No table: DataFusion computes it at once.
+    Batch(LogicalPlan),
+}
+
+pub struct Planner {
+    state: SessionState,
+}
+
+impl Default for Planner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Provider<'a> {
+    state: &'a SessionState,
+    catalog: &'a Catalog,
+}
+
+impl ContextProvider for Provider<'_> {
+    fn get_table_source(&self, name: TableReference) -> datafusion::common::Result<Arc<dyn TableSource>> {
+        let key = name.table();
+        match self.catalog.table(key) {
+            Some(t) => Ok(Arc::new(LogicalTableSource::new(t.schema()))),
+            None => datafusion::common::plan_err!("table '{name}' does not exist"),
+        }
+    }
+
+    fn get_function_meta(&self, name: &str) -> Option<Arc<ScalarUDF>> {
+        self.state.scalar_functions().get(name).cloned()
+    }
+
+    fn get_higher_order_meta(&self, name: &str) -> Option<Arc<HigherOrderUDF>> {
+        self.state.higher_order_functions().get(name).cloned()
+    }
+
+    fn get_aggregate_meta(&self, name: &str) -> Option<Arc<AggregateUDF>> {
+        self.state.aggregate_functions().get(name).cloned()
+    }
+
+    fn get_window_meta(&self, name: &str) -> Option<Arc<WindowUDF>> {
+        self.state.window_functions().get(name).cloned()
+    }
+
+    fn get_variable_type(&self, _variable_names: &[String]) -> Option<DataType> {
+        None
+    }
+
+    fn get_expr_planners(&self) -> &[Arc<dyn datafusion::logical_expr::planner::ExprPlanner>] {
+        self.state.expr_planners()
+    }
+
+    fn options(&self) -> &ConfigOptions {
+        self.state.config_options()
+    }
+
+    fn udf_names(&self) -> Vec<String> {
+        self.state.scalar_functions().keys().cloned().collect()
+    }
+
+    fn higher_order_function_names(&self) -> Vec<String> {
+        self.state.higher_order_functions().keys().cloned().collect()
+    }
+
+    fn udaf_names(&self) -> Vec<String> {
+        self.state.aggregate_functions().keys().cloned().collect()
+    }
+
+    fn udwf_names(&self) -> Vec<String> {
+        self.state.window_functions().keys().cloned().collect()
+    }
+}
+
+fn parser_options() -> ParserOptions {
+    ParserOptions {
+        enable_ident_normalization: false,
+        collect_spans: true,
+        ..ParserOptions::default()
+    }
+}
+
+impl Planner {
+    pub fn new() -> Self {
+        let mut config = datafusion::prelude::SessionConfig::new();
+        config.options_mut().sql_parser.enable_ident_normalization = false;
+        config.options_mut().sql_parser.collect_spans = true;
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .build();
+        // Registering a fresh UDF into a fresh state cannot clash.
+        let _ = state.register_udf(Arc::new(WindowMarker::udf()));
+        Self { state }
+    }
+
+    fn provider<'a>(&'a self, catalog: &'a Catalog) -> Provider<'a> {
+        Provider { state: &self.state, catalog }
+    }
+
+    /// Plans a scalar expression against `schema`: (logical, physical).
+    pub fn plan_expr(&self, expr: &ast::Expr, schema: &DFSchema) -> Result<(Expr, Arc<dyn PhysicalExpr>)> {
+        let catalog = Catalog::in_memory();
+        let provider = self.provider(&catalog);
+        let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
+        let mut expr = expr.clone();
+        lowercase_functions(&mut expr);
+        let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
+        let physical = self.state.create_physical_expr(logical.clone(), schema)?;
+        Ok((logical, physical))
+    }
+
+    /// Parses and plans a stored expression text (computed columns,
+    /// watermarks).
+    fn plan_expr_text(&self, text: &str, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
+        let d = dialect();
+        let expr = sqlparser::parser::Parser::new(&d).try_with_sql(text)?.parse_expr()?;
+        Ok(self.plan_expr(&expr, schema)?.1)
+    }
+
+    /// The logical plan of a query, views inlined and windows rewritten.
+    pub fn logical_plan(&self, query: &ast::Query, catalog: &Catalog) -> Result<LogicalPlan> {
+        let mut query = query.clone();
+        rewrite_query(&mut query, catalog)?;
+        let provider = self.provider(catalog);
+        let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
+        let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
+        let plan = self
+            .state
+            .analyzer()
+            .execute_and_check(plan, self.state.config_options(), |_, _| {})?;
+        // Only rules that keep the plan's shape: column pruning (so sources
+        // generate only what is used) and expression simplification.
+        let optimizer = Optimizer::with_rules(vec![
+            Arc::new(SimplifyExpressions::new()),
+            Arc::new(OptimizeProjections::new()),
+        ]);
+        let plan = optimizer.optimize(plan, &OptimizerContext::new(), |_, _| {})?;
+        Ok(plan)
+    }
+
+    /// Plans a `SELECT`.
+    pub fn plan_query(&self, query: &ast::Query, catalog: &Catalog, config: &JobConfig) -> Result<QueryPlan> {
+        let plan = self.logical_plan(query, catalog)?;
+        if !reads_a_table(&plan) {
+            return Ok(QueryPlan::Batch(plan));
+        }
+        let mut b = GraphBuilder::new(self, catalog, config);
+        b.convert(&plan)?;
+        Ok(QueryPlan::Stream(b.finish()))
+    }
+
+    /// Plans `INSERT INTO sink <query>`.
+    pub fn plan_insert(&self, sink: &TableDef, query: &ast::Query, catalog: &Catalog, config: &JobConfig) -> Result<StreamGraph> {
+        let plan = self.logical_plan(query, catalog)?;
+        if !reads_a_table(&plan) {
+            return Err(SqlError::unsupported("INSERT of a query that reads no table is not supported"));
+        }
+        let mut b = GraphBuilder::new(self, catalog, config);
+        let last = b.convert(&plan)?;
+        b.add_sink(last, sink)?;
+        Ok(b.finish())
+    }
+
+    /// Runs a table-less query with DataFusion.
+    pub async fn execute_batch(&self, plan: LogicalPlan) -> Result<Vec<arrow::record_batch::RecordBatch>> {
+        let ctx = SessionContext::new_with_state(self.state.clone());
+        Ok(ctx.execute_logical_plan(plan).await?.collect().await?)
+    }
+}
+
+fn lowercase_functions(expr: &mut ast::Expr) {
+    let _ = ast::visit_expressions_mut(expr, |e| {
+        if let ast::Expr::Function(f) = e {
+            if let [part] = f.name.0.as_mut_slice() {
+                if let Some(ident) = part.as_ident() {
+                    if ident.quote_style.is_none() {
+                        *part = ast::ObjectNamePart::Identifier(ast::Ident::new(ident.value.to_ascii_lowercase()));
+                    }
+                }
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+}
+
+fn reads_a_table(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::TableScan(_)) || plan.inputs().iter().any(|p| reads_a_table(p))
+}
+
+/// A window marker call found by tracing a column down the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Marker {
+    spec: WindowSpec,
+    part: GroupOutput,
+}
+
+fn marker_of(expr: &Expr) -> Option<Marker> {
+    let Expr::ScalarFunction(ScalarFunction { func, args }) = expr.clone().unalias() else { return None };
+    if func.name() != WINDOW_FN || args.len() != 6 {
+        return None;
+    }
+    let lit_i = |e: &Expr| match e {
+        Expr::Literal(datafusion::common::ScalarValue::Int64(Some(v)), _) => Some(*v),
+        _ => None,
+    };
+    let lit_s = |e: &Expr| match e {
+        Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(v)), _) => Some(v.clone()),
+        _ => None,
+    };
+    let kind = match lit_s(&args[1])?.as_str() {
+        "TUMBLE" => WindowKind::Tumble,
+        "HOP" => WindowKind::Hop,
+        _ => WindowKind::Cumulate,
+    };
+    let part = match lit_s(&args[5])?.as_str() {
+        "start" => GroupOutput::WindowStart,
+        "end" => GroupOutput::WindowEnd,
+        _ => GroupOutput::WindowTime,
+    };
+    Some(Marker {
+        spec: WindowSpec { kind, size: lit_i(&args[2])?, slide: lit_i(&args[3])?, offset: lit_i(&args[4])? },
+        part,
+    })
+}
+
+/// Follows output column `idx` of `plan` down to a window marker.
+fn trace_marker(plan: &LogicalPlan, idx: usize) -> Option<Marker> {
+    match plan {
+        LogicalPlan::Projection(p) => {
+            let e = p.expr.get(idx)?;
+            if let Some(m) = marker_of(e) {
+                return Some(m);
+            }
+            match e.clone().unalias() {
+                Expr::Column(c) => trace_marker(&p.input, p.input.schema().index_of_column(&c).ok()?),
+                _ => None,
+            }
+        }
+        LogicalPlan::Filter(f) => trace_marker(&f.input, idx),
+        LogicalPlan::SubqueryAlias(a) => trace_marker(&a.input, idx),
+        _ => None,
+    }
+}
+
+fn contains_multi_window_marker(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = e.apply(|x| {
+        if let Some(m) = marker_of(x) {
+            if m.spec.kind != WindowKind::Tumble {
+                found = true;
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    found
+}
+
+use datafusion::common::tree_node::TreeNode;
+
+struct GraphBuilder<'a> {
+    planner: &'a Planner,
+    catalog: &'a Catalog,
+    config: &'a JobConfig,
+    nodes: Vec<StreamNode>,
+    edges: Vec<StreamEdge>,
+    /// Inside the input of a window aggregate, HOP/CUMULATE markers are
+    /// allowed (the aggregate assigns their windows).
+    under_window_aggregate: bool,
+}
+
+impl<'a> GraphBuilder<'a> {
+    fn new(planner: &'a Planner, catalog: &'a Catalog, config: &'a JobConfig) -> Self {
+        Self { planner, catalog, config, nodes: vec![], edges: vec![], under_window_aggregate: false }
+    }
+
+    fn finish(self) -> StreamGraph {
+        StreamGraph { nodes: self.nodes, edges: self.edges }
+    }
+
+    fn add(&mut self, parallelism: usize, schema: SchemaRef, kind: NodeKind, input: Option<(NodeId, Exchange)>) -> NodeId {
+        let id = self.nodes.len();
+        self.nodes.push(StreamNode { id, parallelism, schema, kind });
+        if let Some((from, exchange)) = input {
+            self.edges.push(StreamEdge { from, to: id, exchange });
+        }
+        id
+    }
+
+    fn calc(&mut self, input: NodeId, schema: SchemaRef, filter: Option<Arc<dyn PhysicalExpr>>, projection: Option<Vec<Arc<dyn PhysicalExpr>>>) -> NodeId {
+        let p = self.nodes[input].parallelism;
+        self.add(p, schema, NodeKind::Calc(CalcNode { filter, projection }), Some((input, Exchange::Forward)))
+    }
+
+    fn physical(&self, e: &Expr, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
+        Ok(self.planner.state.create_physical_expr(e.clone(), schema)?)
+    }
+
+    fn convert(&mut self, plan: &LogicalPlan) -> Result<NodeId> {
+        match plan {
+            LogicalPlan::TableScan(scan) => self.source(scan),
+            LogicalPlan::SubqueryAlias(a) => self.convert(&a.input),
+            LogicalPlan::Projection(p) => {
+                if !self.under_window_aggregate && p.expr.iter().any(contains_multi_window_marker) {
+                    return Err(SqlError::unsupported(
+                        "HOP and CUMULATE window TVFs are supported only under GROUP BY window_start, window_end",
+                    ));
+                }
+                let input = self.convert(&p.input)?;
+                let exprs = p.expr.iter().map(|e| self.physical(e, p.input.schema())).collect::<Result<Vec<_>>>()?;
+                Ok(self.calc(input, Arc::new(p.schema.as_arrow().clone()), None, Some(exprs)))
+            }
+            LogicalPlan::Filter(f) => {
+                let input = self.convert(&f.input)?;
+                let pred = self.physical(&f.predicate, f.input.schema())?;
+                Ok(self.calc(input, Arc::new(f.input.schema().as_arrow().clone()), Some(pred), None))
+            }
+            LogicalPlan::Aggregate(agg) => self.window_aggregate(agg),
+            LogicalPlan::Limit(l) => {
+                let fetch = match l.get_fetch_type()? {
+                    FetchType::Literal(Some(n)) => n,
+                    _ => return Err(SqlError::unsupported("LIMIT needs a constant row count")),
+                };
+                let skip = match l.get_skip_type()? {
+                    SkipType::Literal(n) => n,
+                    _ => return Err(SqlError::unsupported("OFFSET needs a constant row count")),
+                };
+                let input = self.convert(&l.input)?;
+                let schema = self.nodes[input].schema.clone();
+                Ok(self.add(1, schema, NodeKind::Limit(LimitNode { skip, fetch }), Some((input, Exchange::Global))))
+            }
+            LogicalPlan::Sort(_) => Err(SqlError::unsupported("ORDER BY on a stream is not supported")),
+            LogicalPlan::Join(_) => Err(SqlError::unsupported("joins are not supported yet")),
+            LogicalPlan::Union(_) => Err(SqlError::unsupported("UNION is not supported yet")),
+            LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT on a stream is not supported yet")),
+            LogicalPlan::Window(_) => Err(SqlError::unsupported("OVER windows are not supported yet")),
+            other => Err(SqlError::unsupported(format!("{} is not supported in a streaming query", other.display()))),
+        }
+    }
+
+    fn source(&mut self, scan: &datafusion::logical_expr::TableScan) -> Result<NodeId> {
+        let name = scan.table_name.table();
+        let def = self
+            .catalog
+            .table(name)
+            .ok_or_else(|| SqlError::plan(format!("table '{name}' does not exist")))?;
+        let projected: Vec<String> = match &scan.projection {
+            Some(p) => p.iter().map(|i| def.columns[*i].name.clone()).collect(),
+            None => def.columns.iter().map(|c| c.name.clone()).collect(),
+        };
+        // Columns the source must produce: the projection, plus what the
+        // watermark and the used computed columns need.
+        let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
+        if let Some(w) = &def.watermark {
+            needed.insert(w.column.clone());
+            needed.extend(identifiers(&w.expr));
+        }
+        for c in &def.columns {
+            if let Some(expr) = &c.computed {
+                if needed.contains(&c.name) {
+                    needed.extend(identifiers(expr));
+                }
+            }
+        }
+        let mut narrowed = def.clone();
+        narrowed.columns.retain(|c| needed.contains(&c.name));
+        let factory = weir_engine::connectors::create_source(&narrowed)?;
+        let full_schema = narrowed.schema();
+        let physical_schema = narrowed.physical_schema();
+        let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;
+        let computed = if narrowed.columns.iter().any(|c| c.computed.is_some()) {
+            let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
+            for c in &narrowed.columns {
+                exprs.push(match &c.computed {
+                    Some(text) => self.planner.plan_expr_text(text, &physical_df)?,
+                    None => Arc::new(Column::new(&c.name, physical_schema.index_of(&c.name)?)),
+                });
+            }
+            Some(exprs)
+        } else {
+            None
+        };
+        let table_idle = def.options.get("scan.watermark.idle-timeout").and_then(|v| weir_catalog::options::parse_duration(v));
+        let idle_timeout = table_idle.or(self.config.source_idle_timeout).filter(|d| !d.is_zero());
+        let watermark = match &def.watermark {
+            Some(w) => {
+                let full_df = DFSchema::try_from(full_schema.as_ref().clone())?;
+                Some(WatermarkNode {
+                    column: w.column.clone(),
+                    sql: w.expr.clone(),
+                    expr: self.planner.plan_expr_text(&w.expr, &full_df)?,
+                    idle_timeout,
+                })
+            }
+            None => None,
+        };
+        let source = self.add(
+            self.config.parallelism,
+            full_schema.clone(),
+            NodeKind::Source(SourceNode { table: narrowed.clone(), factory, computed, watermark }),
+            None,
+        );
+        let natural: Vec<&String> = narrowed.columns.iter().map(|c| &c.name).collect();
+        if natural.iter().map(|s| s.as_str()).eq(projected.iter().map(|s| s.as_str())) {
+            return Ok(source);
+        }
+        let exprs = projected
+            .iter()
+            .map(|n| Ok(Arc::new(Column::new(n, full_schema.index_of(n)?)) as Arc<dyn PhysicalExpr>))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.calc(source, Arc::new(scan.projected_schema.as_arrow().clone()), None, Some(exprs)))
+    }
+
+    fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
+        let input_schema = agg.input.schema();
+        let mut group_outputs = vec![];
+        let mut keys = vec![];
+        let mut spec: Option<WindowSpec> = None;
+        let mut time_column = None;
+        for g in &agg.group_expr {
+            let marker = match g {
+                Expr::Column(c) => input_schema.index_of_column(c).ok().and_then(|i| trace_marker(&agg.input, i).map(|m| (i, m))),
+                _ => None,
+            };
+            match marker {
+                Some((i, m)) => {
+                    if spec.is_some_and(|s| s != m.spec) {
+                        return Err(SqlError::plan("GROUP BY mixes columns of two different windows"));
+                    }
+                    spec = Some(m.spec);
+                    if m.part == GroupOutput::WindowStart {
+                        time_column = Some(i);
+                    }
+                    group_outputs.push(m.part);
+                }
+                None => {
+                    group_outputs.push(GroupOutput::Key(keys.len()));
+                    keys.push(self.physical(g, input_schema)?);
+                }
+            }
+        }
+        let Some(spec) = spec else {
+            return Err(SqlError::unsupported(
+                "GROUP BY without a window is not supported yet; group by window_start, window_end of a TUMBLE/HOP/CUMULATE window TVF",
+            ));
+        };
+        if !group_outputs.contains(&GroupOutput::WindowEnd) {
+            return Err(SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"));
+        }
+        let time_column = time_column.ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
+        let physical_input = input_schema.as_arrow();
+        let mut aggregates = vec![];
+        for e in &agg.aggr_expr {
+            let lowered = LoweredAggregateBuilder::new(
+                e,
+                input_schema,
+                physical_input,
+                self.planner.state.execution_props(),
+                &PhysicalPlanningContext::default(),
+            )
+            .build()?;
+            if lowered.filter.is_some() {
+                return Err(SqlError::unsupported("aggregate FILTER (WHERE ...) is not supported yet"));
+            }
+            aggregates.push(lowered.aggregate);
+        }
+        let was = std::mem::replace(&mut self.under_window_aggregate, true);
+        let input = self.convert(&agg.input);
+        self.under_window_aggregate = was;
+        let input = input?;
+        let (parallelism, exchange) = if keys.is_empty() {
+            (1, Exchange::Global)
+        } else {
+            (self.config.parallelism, Exchange::Hash(keys.clone()))
+        };
+        Ok(self.add(
+            parallelism,
+            Arc::new(agg.schema.as_arrow().clone()),
+            NodeKind::WindowAggregate(WindowAggregateNode { window: spec, time_column, keys, group_outputs, aggregates }),
+            Some((input, exchange)),
+        ))
+    }
+
+    fn add_sink(&mut self, last: NodeId, sink: &TableDef) -> Result<NodeId> {
+        let factory = weir_engine::connectors::create_sink(sink)?;
+        let target = sink.physical_schema();
+        let have = self.nodes[last].schema.clone();
+        if have.fields().len() != target.fields().len() {
+            let cols: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(SqlError::plan(format!(
+                "INSERT INTO {}: the query produces {} columns but the sink has {} ({})",
+                sink.name,
+                have.fields().len(),
+                target.fields().len(),
+                cols.join(", ")
+            )));
+        }
+        let mut input = last;
+        if have.fields().iter().zip(target.fields()).any(|(a, b)| a.data_type() != b.data_type()) {
+            let mut exprs = vec![];
+            for (i, (a, b)) in have.fields().iter().zip(target.fields()).enumerate() {
+                let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(a.name(), i));
+                if a.data_type() == b.data_type() {
+                    exprs.push(col);
+                } else if arrow::compute::can_cast_types(a.data_type(), b.data_type()) {
+                    exprs.push(cast(col, &have, b.data_type().clone())?);
+                } else {
+                    return Err(SqlError::plan(format!(
+                        "INSERT INTO {}: column {} ('{}') is {} but the sink column '{}' is {}",
+                        sink.name,
+                        i + 1,
+                        a.name(),
+                        crate::types::flink_name(a.data_type()),
+                        b.name(),
+                        crate::types::flink_name(b.data_type())
+                    )));
+                }
+            }
+            input = self.calc(input, target.clone(), None, Some(exprs));
+        }
+        let p = self.nodes[input].parallelism;
+        Ok(self.add(
+            p,
+            target,
+            NodeKind::Sink(SinkNode { name: sink.name.clone(), factory }),
+            Some((input, Exchange::Forward)),
+        ))
+    }
+}
+
+/// Identifiers an expression text refers to (columns, approximately: any
+/// identifier; extra names are harmless).
+fn identifiers(text: &str) -> Vec<String> {
+    let d = dialect();
+    let Ok(expr) = sqlparser::parser::Parser::new(&d).try_with_sql(text).and_then(|mut p| p.parse_expr()) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    let _ = ast::visit_expressions(&expr, |e| {
+        match e {
+            ast::Expr::Identifier(i) => out.push(i.value.clone()),
+            ast::Expr::CompoundIdentifier(parts) => out.extend(parts.last().map(|i| i.value.clone())),
+            _ => {}
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    out
+}
+

@@ -1,0 +1,353 @@
+//! AST rewrites applied to every query before DataFusion plans it.
+//!
+//! - Window TVFs `TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), size [, offset]))`
+//!   (and HOP, CUMULATE) become a derived table
+//!   `(SELECT *, __weir_window(ts, ...) AS window_start, ... AS window_end,
+//!   ... AS window_time FROM t) AS t`.
+//! - Legacy group windows `GROUP BY TUMBLE(ts, size)` with
+//!   `TUMBLE_START(...)`/`TUMBLE_END(...)`/`TUMBLE_ROWTIME(...)` become the
+//!   same derived table, grouped by `window_start, window_end`.
+//! - Views are inlined as derived tables.
+//! - Function names are lower-cased: Flink's functions are case-insensitive
+//!   while identifiers are case-sensitive (ident normalization is off).
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{
+    self, DateTimeField, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
+    ObjectName, Query, Select, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
+};
+use sqlparser::parser::Parser;
+use weir_catalog::Catalog;
+use weir_catalog::store::Entry;
+
+use crate::error::{Result, SqlError};
+use crate::parser::dialect;
+use crate::udf::WINDOW_FN;
+
+const MAX_VIEW_DEPTH: usize = 32;
+
+/// Rewrites `query` in place.
+pub fn rewrite_query(query: &mut Query, catalog: &Catalog) -> Result<()> {
+    rewrite_at_depth(query, catalog, 0)
+}
+
+fn rewrite_at_depth(query: &mut Query, catalog: &Catalog, depth: usize) -> Result<()> {
+    if depth > MAX_VIEW_DEPTH {
+        return Err(SqlError::plan("views nested too deeply (a view that refers to itself?)"));
+    }
+    let mut v = Rewriter { catalog, depth };
+    match query.visit(&mut v) {
+        ControlFlow::Break(e) => Err(e),
+        ControlFlow::Continue(()) => Ok(()),
+    }
+}
+
+struct Rewriter<'a> {
+    catalog: &'a Catalog,
+    depth: usize,
+}
+
+/// Milliseconds of an `INTERVAL 'n' UNIT` literal.
+pub fn interval_ms(expr: &Expr) -> Result<i64> {
+    let bad = || SqlError::plan(format!("expected an interval literal such as INTERVAL '10' SECOND, found {expr}"));
+    let Expr::Interval(iv) = expr else { return Err(bad()) };
+    let text = match iv.value.as_ref() {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => s.clone(),
+            Value::Number(n, _) => n.clone(),
+            _ => return Err(bad()),
+        },
+        _ => return Err(bad()),
+    };
+    let mut parts = text.split_whitespace();
+    let number: f64 = parts.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+    let unit_from_text = parts.next().map(|u| u.to_ascii_uppercase());
+    let unit_ms = |u: &str| -> Option<f64> {
+        Some(match u.trim_end_matches('S') {
+            "MILLISECOND" => 1.0,
+            "SECOND" => 1_000.0,
+            "MINUTE" => 60_000.0,
+            "HOUR" => 3_600_000.0,
+            "DAY" => 86_400_000.0,
+            _ => return None,
+        })
+    };
+    let per = match (&iv.leading_field, unit_from_text) {
+        (Some(DateTimeField::Millisecond | DateTimeField::Milliseconds), _) => 1.0,
+        (Some(DateTimeField::Second | DateTimeField::Seconds), _) => 1_000.0,
+        (Some(DateTimeField::Minute | DateTimeField::Minutes), _) => 60_000.0,
+        (Some(DateTimeField::Hour | DateTimeField::Hours), _) => 3_600_000.0,
+        (Some(DateTimeField::Day | DateTimeField::Days), _) => 86_400_000.0,
+        (None, Some(u)) => unit_ms(&u).ok_or_else(bad)?,
+        _ => return Err(SqlError::unsupported(format!("interval {expr}: only MILLISECOND, SECOND, MINUTE, HOUR and DAY are supported for windows"))),
+    };
+    let ms = (number * per).round();
+    if !(ms >= 1.0 && ms < i64::MAX as f64) {
+        return Err(SqlError::plan(format!("window interval {expr} must be positive")));
+    }
+    Ok(ms as i64)
+}
+
+fn args_of(f: &ast::Function) -> Vec<&Expr> {
+    match &f.args {
+        FunctionArguments::List(l) => l
+            .args
+            .iter()
+            .filter_map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                FunctionArg::Named { arg: FunctionArgExpr::Expr(e), .. } => Some(e),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+fn fn_name(name: &ObjectName) -> String {
+    name.to_string().to_ascii_uppercase()
+}
+
+/// The select list that adds the window columns.
+fn window_columns(ts: &str, kind: &str, size: i64, slide: i64, offset: i64) -> String {
+    ["start", "end", "time"]
+        .iter()
+        .map(|part| format!("{WINDOW_FN}({ts}, '{kind}', {size}, {slide}, {offset}, '{part}') AS window_{part}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_query_text(sql: &str) -> Result<Box<Query>> {
+    let d = dialect();
+    Ok(Parser::new(&d).try_with_sql(sql)?.parse_query()?)
+}
+
+/// `(<query>) AS alias` as a table factor.
+fn derived(query_sql: &str, alias: &Ident) -> Result<TableFactor> {
+    let q = parse_query_text(&format!("SELECT * FROM ({query_sql}) AS {alias}"))?;
+    match *q.body {
+        SetExpr::Select(mut s) if !s.from.is_empty() => Ok(s.from.swap_remove(0).relation),
+        _ => Err(SqlError::internal("derived table did not parse as expected")),
+    }
+}
+
+struct WindowCall {
+    kind: &'static str,
+    size: i64,
+    slide: i64,
+    offset: i64,
+}
+
+/// Parses the size arguments of TUMBLE/HOP/CUMULATE (after the table and
+/// time column).
+fn window_call(name: &str, sizes: &[&Expr], legacy: bool) -> Result<WindowCall> {
+    let ms = |i: usize| sizes.get(i).map(|e| interval_ms(e)).transpose();
+    let arity = |min: usize, max: usize| {
+        if sizes.len() < min || sizes.len() > max {
+            Err(SqlError::plan(format!("{name} takes {min}{} interval argument(s), got {}", if max > min { format!(" or {max}") } else { String::new() }, sizes.len())))
+        } else {
+            Ok(())
+        }
+    };
+    let call = match name {
+        "TUMBLE" => {
+            arity(1, 2)?;
+            let size = ms(0)?.unwrap_or(1);
+            WindowCall { kind: "TUMBLE", size, slide: size, offset: ms(1)?.unwrap_or(0) }
+        }
+        "HOP" => {
+            arity(2, 3)?;
+            // Both forms take (slide, size).
+            let (slide, size) = (ms(0)?.unwrap_or(1), ms(1)?.unwrap_or(1));
+            if size % slide != 0 {
+                return Err(SqlError::plan(format!("HOP window size ({size} ms) must be an integral multiple of the slide ({slide} ms)")));
+            }
+            WindowCall { kind: "HOP", size, slide, offset: ms(2)?.unwrap_or(0) }
+        }
+        "CUMULATE" if !legacy => {
+            arity(2, 3)?;
+            let (step, size) = (ms(0)?.unwrap_or(1), ms(1)?.unwrap_or(1));
+            if size % step != 0 {
+                return Err(SqlError::plan(format!("CUMULATE window size ({size} ms) must be an integral multiple of the step ({step} ms)")));
+            }
+            WindowCall { kind: "CUMULATE", size, slide: step, offset: ms(2)?.unwrap_or(0) }
+        }
+        "SESSION" => return Err(SqlError::unsupported("SESSION windows are not supported yet")),
+        other => return Err(SqlError::unsupported(format!("window function {other} is not supported"))),
+    };
+    Ok(call)
+}
+
+impl Rewriter<'_> {
+    fn tvf(&self, expr: &Expr, alias: &Option<ast::TableAlias>) -> Result<Option<TableFactor>> {
+        let Expr::Function(f) = expr else { return Ok(None) };
+        let name = fn_name(&f.name);
+        if !["TUMBLE", "HOP", "CUMULATE", "SESSION"].contains(&name.as_str()) {
+            return Ok(None);
+        }
+        let args = args_of(f);
+        if args.len() < 3 {
+            return Err(SqlError::plan(format!("{name} expects (TABLE t, DESCRIPTOR(time_column), interval...)")));
+        }
+        let table = match args[0] {
+            Expr::Identifier(i) => ObjectName::from(vec![i.clone()]),
+            Expr::CompoundIdentifier(parts) => ObjectName::from(parts.clone()),
+            other => return Err(SqlError::plan(format!("the first argument of {name} must be TABLE <name>, found {other}"))),
+        };
+        let ts = match args[1] {
+            Expr::Function(d) if fn_name(&d.name) == "DESCRIPTOR" => match args_of(d).as_slice() {
+                [Expr::Identifier(c)] => c.clone(),
+                _ => return Err(SqlError::plan("DESCRIPTOR takes exactly one column name")),
+            },
+            other => return Err(SqlError::plan(format!("the second argument of {name} must be DESCRIPTOR(time_column), found {other}"))),
+        };
+        let call = window_call(&name, &args[2..], false)?;
+        let alias_ident = alias
+            .as_ref()
+            .map(|a| a.name.clone())
+            .unwrap_or_else(|| table.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new("w")));
+        let sql = format!(
+            "SELECT *, {} FROM {table}",
+            window_columns(&ts.to_string(), call.kind, call.size, call.slide, call.offset)
+        );
+        let mut factor = derived(&sql, &alias_ident)?;
+        self.rewrite_factor_subquery(&mut factor)?;
+        Ok(Some(factor))
+    }
+
+    fn view(&self, name: &ObjectName, alias: &Option<ast::TableAlias>) -> Result<Option<TableFactor>> {
+        let key = name
+            .0
+            .iter()
+            .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
+            .collect::<Vec<_>>()
+            .join(".");
+        let Some(Entry::View(v)) = self.catalog.get(&key) else { return Ok(None) };
+        let alias_ident = alias
+            .as_ref()
+            .map(|a| a.name.clone())
+            .unwrap_or_else(|| name.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new(&key)));
+        let mut factor = derived(&v.query, &alias_ident)?;
+        self.rewrite_factor_subquery(&mut factor)?;
+        Ok(Some(factor))
+    }
+
+    fn rewrite_factor_subquery(&self, factor: &mut TableFactor) -> Result<()> {
+        if let TableFactor::Derived { subquery, .. } = factor {
+            rewrite_at_depth(subquery, self.catalog, self.depth + 1)?;
+        }
+        Ok(())
+    }
+
+    /// Legacy `GROUP BY TUMBLE(ts, size)`: wraps FROM in the windowed
+    /// derived table and renames the window property functions.
+    fn group_window(&self, select: &mut Select) -> Result<()> {
+        let GroupByExpr::Expressions(exprs, _) = &mut select.group_by else { return Ok(()) };
+        let Some(pos) = exprs.iter().position(|e| matches!(e, Expr::Function(f) if ["TUMBLE", "HOP", "SESSION"].contains(&fn_name(&f.name).as_str()))) else {
+            return Ok(());
+        };
+        let Expr::Function(f) = exprs[pos].clone() else { return Ok(()) };
+        let name = fn_name(&f.name);
+        let args = args_of(&f);
+        let ts = match args.first() {
+            Some(Expr::Identifier(c)) => c.clone(),
+            Some(Expr::CompoundIdentifier(parts)) => parts.last().cloned().unwrap_or_else(|| Ident::new("?")),
+            _ => return Err(SqlError::plan(format!("the first argument of {name} in GROUP BY must be the time attribute column"))),
+        };
+        let call = window_call(&name, &args[1..], true)?;
+        exprs.splice(pos..=pos, [Expr::Identifier(Ident::new("window_start")), Expr::Identifier(Ident::new("window_end"))]);
+        if select.from.len() != 1 {
+            return Err(SqlError::unsupported("a group window over several tables is not supported"));
+        }
+        let from = &select.from[0];
+        let alias = match (&from.relation, from.joins.is_empty()) {
+            (TableFactor::Table { name, alias, .. }, true) => alias
+                .as_ref()
+                .map(|a| a.name.clone())
+                .or_else(|| name.0.last().and_then(|p| p.as_ident().cloned()))
+                .unwrap_or_else(|| Ident::new("w")),
+            (TableFactor::Derived { alias: Some(a), .. }, true) => a.name.clone(),
+            _ => Ident::new("w"),
+        };
+        let sql = format!(
+            "SELECT *, {} FROM {from}",
+            window_columns(&ts.to_string(), call.kind, call.size, call.slide, call.offset)
+        );
+        let mut factor = derived(&sql, &alias)?;
+        self.rewrite_factor_subquery(&mut factor)?;
+        select.from[0].relation = factor;
+        select.from[0].joins.clear();
+        // TUMBLE_START(...) → window_start, etc.
+        let prefix = format!("{name}_");
+        let mut err = None;
+        let mut rename = |e: &mut Expr| {
+            if let Expr::Function(f) = e {
+                let n = fn_name(&f.name);
+                if let Some(prop) = n.strip_prefix(&prefix) {
+                    let col = match prop {
+                        "START" => "window_start",
+                        "END" => "window_end",
+                        "ROWTIME" => "window_time",
+                        other => {
+                            err = Some(SqlError::unsupported(format!("{name}_{other} is not supported")));
+                            return ControlFlow::<()>::Continue(());
+                        }
+                    };
+                    *e = Expr::Identifier(Ident::new(col));
+                }
+            }
+            ControlFlow::Continue(())
+        };
+        for item in select.projection.iter_mut() {
+            let _ = ast::visit_expressions_mut(item, &mut rename);
+        }
+        if let Some(h) = select.having.as_mut() {
+            let _ = ast::visit_expressions_mut(h, &mut rename);
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl VisitorMut for Rewriter<'_> {
+    type Break = SqlError;
+
+    fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<SqlError> {
+        match self.group_window(select) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(e),
+        }
+    }
+
+    fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<SqlError> {
+        let replaced = match factor {
+            TableFactor::TableFunction { expr, alias } => self.tvf(expr, alias),
+            TableFactor::Table { name, alias, args: None, .. } => self.view(name, alias),
+            _ => Ok(None),
+        };
+        match replaced {
+            Ok(Some(f)) => {
+                *factor = f;
+                ControlFlow::Continue(())
+            }
+            Ok(None) => ControlFlow::Continue(()),
+            Err(e) => ControlFlow::Break(e),
+        }
+    }
+
+    fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<SqlError> {
+        if let Expr::Function(f) = expr {
+            if let [part] = f.name.0.as_mut_slice() {
+                if let Some(ident) = part.as_ident() {
+                    if ident.quote_style.is_none() {
+                        let lower = Ident::new(ident.value.to_ascii_lowercase());
+                        *part = ast::ObjectNamePart::Identifier(lower);
+                    }
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}

@@ -1,0 +1,115 @@
+//! Flink SQL types as Arrow types, and back for `DESCRIBE`.
+
+use arrow::datatypes::{DataType, TimeUnit};
+use sqlparser::ast::{self, ExactNumberInfo, TimezoneInfo};
+
+use crate::error::{Result, SqlError};
+
+fn time_unit(precision: u64) -> TimeUnit {
+    match precision {
+        0..=3 => TimeUnit::Millisecond,
+        4..=6 => TimeUnit::Microsecond,
+        _ => TimeUnit::Nanosecond,
+    }
+}
+
+/// The Arrow type and Flink's name of a declared column type.
+pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
+    use ast::DataType as T;
+    Ok(match t {
+        T::Boolean | T::Bool => (DataType::Boolean, "BOOLEAN".into()),
+        T::TinyInt(_) => (DataType::Int8, "TINYINT".into()),
+        T::SmallInt(_) => (DataType::Int16, "SMALLINT".into()),
+        T::Int(_) | T::Integer(_) => (DataType::Int32, "INT".into()),
+        T::BigInt(_) => (DataType::Int64, "BIGINT".into()),
+        T::Float(_) | T::Real => (DataType::Float32, "FLOAT".into()),
+        T::Double(_) | T::DoublePrecision => (DataType::Float64, "DOUBLE".into()),
+        T::Decimal(info) | T::Numeric(info) | T::Dec(info) => {
+            let (p, s) = match info {
+                ExactNumberInfo::None => (10, 0),
+                ExactNumberInfo::Precision(p) => (*p, 0),
+                ExactNumberInfo::PrecisionAndScale(p, s) => (*p, *s as u64),
+            };
+            if !(1..=38).contains(&p) || s > p {
+                return Err(SqlError::plan(format!("DECIMAL({p}, {s}) is out of range: precision 1..=38, scale 0..=precision")));
+            }
+            (DataType::Decimal128(p as u8, s as i8), format!("DECIMAL({p}, {s})"))
+        }
+        T::String(_) | T::Text => (DataType::Utf8, "STRING".into()),
+        T::Varchar(n) | T::CharacterVarying(n) | T::CharVarying(n) => {
+            let name = match n {
+                Some(ast::CharacterLength::IntegerLength { length, .. }) => format!("VARCHAR({length})"),
+                _ => "STRING".into(),
+            };
+            (DataType::Utf8, name)
+        }
+        T::Char(n) | T::Character(n) => {
+            let len = match n {
+                Some(ast::CharacterLength::IntegerLength { length, .. }) => *length,
+                _ => 1,
+            };
+            (DataType::Utf8, format!("CHAR({len})"))
+        }
+        T::Bytea | T::Binary(_) | T::Varbinary(_) | T::Blob(_) => (DataType::Binary, "BYTES".into()),
+        T::Date => (DataType::Date32, "DATE".into()),
+        T::Timestamp(p, tz) => {
+            let p = p.unwrap_or(6);
+            match tz {
+                TimezoneInfo::None | TimezoneInfo::WithoutTimeZone => {
+                    (DataType::Timestamp(time_unit(p), None), format!("TIMESTAMP({p})"))
+                }
+                _ => (DataType::Timestamp(time_unit(p), Some("UTC".into())), format!("TIMESTAMP_LTZ({p})")),
+            }
+        }
+        T::Custom(name, modifiers) => {
+            let n = name.to_string().to_ascii_uppercase();
+            match n.as_str() {
+                "TIMESTAMP_LTZ" => {
+                    let p: u64 = match modifiers.first() {
+                        Some(m) => m.parse().map_err(|_| SqlError::plan(format!("invalid precision '{m}' for TIMESTAMP_LTZ")))?,
+                        None => 6,
+                    };
+                    (DataType::Timestamp(time_unit(p), Some("UTC".into())), format!("TIMESTAMP_LTZ({p})"))
+                }
+                "BYTES" => (DataType::Binary, "BYTES".into()),
+                "STRING" => (DataType::Utf8, "STRING".into()),
+                _ => return Err(SqlError::unsupported(format!("type {name} is not supported"))),
+            }
+        }
+        other => return Err(SqlError::unsupported(format!("type {other} is not supported"))),
+    })
+}
+
+/// Flink's name for an Arrow type (columns whose type was inferred).
+pub fn flink_name(t: &DataType) -> String {
+    match t {
+        DataType::Boolean => "BOOLEAN".into(),
+        DataType::Int8 => "TINYINT".into(),
+        DataType::Int16 => "SMALLINT".into(),
+        DataType::Int32 => "INT".into(),
+        DataType::Int64 => "BIGINT".into(),
+        DataType::UInt64 => "BIGINT".into(),
+        DataType::Float32 => "FLOAT".into(),
+        DataType::Float64 => "DOUBLE".into(),
+        DataType::Decimal128(p, s) => format!("DECIMAL({p}, {s})"),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "STRING".into(),
+        DataType::Binary | DataType::LargeBinary => "BYTES".into(),
+        DataType::Date32 => "DATE".into(),
+        DataType::Timestamp(u, tz) => {
+            let p = match u {
+                TimeUnit::Second => 0,
+                TimeUnit::Millisecond => 3,
+                TimeUnit::Microsecond => 6,
+                TimeUnit::Nanosecond => 9,
+            };
+            if tz.is_some() { format!("TIMESTAMP_LTZ({p})") } else { format!("TIMESTAMP({p})") }
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether `t` can be a rowtime (event-time) column: TIMESTAMP(3) or
+/// TIMESTAMP_LTZ(3), as in Flink.
+pub fn is_rowtime_type(t: &DataType) -> bool {
+    matches!(t, DataType::Timestamp(TimeUnit::Millisecond, _))
+}

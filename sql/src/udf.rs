@@ -1,0 +1,92 @@
+//! `__weir_window(ts, kind, size_ms, slide_ms, offset_ms, part)`: the
+//! internal form every window (TVF or legacy group window) is rewritten to.
+//!
+//! For TUMBLE it computes the real `window_start` / `window_end` /
+//! `window_time` of the row, so a TUMBLE TVF can also be selected from
+//! without aggregation. For HOP and CUMULATE (a row has several windows) it
+//! returns the row's event time unchanged; the planner only accepts those
+//! under a window aggregation, which assigns the windows itself.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, TimestampMillisecondArray};
+use arrow::datatypes::{DataType, TimeUnit, TimestampMillisecondType};
+use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
+};
+
+pub const WINDOW_FN: &str = "__weir_window";
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct WindowMarker {
+    signature: Signature,
+}
+
+impl WindowMarker {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::new(TypeSignature::Any(6), Volatility::Immutable),
+        })
+    }
+}
+
+fn literal_i64(v: &ColumnarValue) -> Option<i64> {
+    match v {
+        ColumnarValue::Scalar(ScalarValue::Int64(Some(x))) => Some(*x),
+        _ => None,
+    }
+}
+
+fn literal_str(v: &ColumnarValue) -> Option<String> {
+    match v {
+        ColumnarValue::Scalar(ScalarValue::Utf8(Some(s))) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl ScalarUDFImpl for WindowMarker {
+    fn name(&self) -> &str {
+        WINDOW_FN
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match args.first() {
+            Some(DataType::Timestamp(TimeUnit::Millisecond, tz)) => Ok(DataType::Timestamp(TimeUnit::Millisecond, tz.clone())),
+            Some(other) => plan_err!("the time attribute of a window must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), got {other}"),
+            None => plan_err!("window function needs a time attribute"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let a = &args.args;
+        let (Some(kind), Some(size), Some(offset), Some(part)) =
+            (literal_str(&a[1]), literal_i64(&a[2]), literal_i64(&a[4]), literal_str(&a[5]))
+        else {
+            return exec_err!("malformed window marker arguments");
+        };
+        if kind != "TUMBLE" {
+            return Ok(a[0].clone());
+        }
+        let arr = a[0].to_array(args.number_rows)?;
+        let ts = arr.as_primitive::<TimestampMillisecondType>();
+        let f = |t: i64| {
+            let start = t - (t - offset).rem_euclid(size);
+            match part.as_str() {
+                "start" => start,
+                "end" => start + size,
+                _ => start + size - 1,
+            }
+        };
+        let out: TimestampMillisecondArray = ts.unary(f);
+        let out = out.with_timezone_opt(match arr.data_type() {
+            DataType::Timestamp(_, tz) => tz.clone(),
+            _ => None,
+        });
+        Ok(ColumnarValue::Array(Arc::new(out) as Arc<dyn Array>))
+    }
+}
