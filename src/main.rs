@@ -1,1 +1,12 @@
-fn main() {}
+use clap::Parser;
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = weir::cli::Args::parse();
+    std::process::exit(weir::cli::main_with(args));
+}

@@ -14,6 +14,7 @@ pub const PIPELINE_NAME: &str = "pipeline.name";
 pub const AUTO_WATERMARK_INTERVAL: &str = "pipeline.auto-watermark-interval";
 pub const SOURCE_IDLE_TIMEOUT: &str = "table.exec.source.idle-timeout";
 pub const STATE_BACKEND: &str = "state.backend.type";
+pub const DML_SYNC: &str = "table.dml-sync";
 
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
@@ -52,6 +53,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         "where keyed state lives",
     )
     .with_default("rocksdb"),
+    OptionSpec::new(
+        DML_SYNC,
+        OptionKind::Bool,
+        "INSERT waits for its job to finish before the next statement runs",
+    )
+    .with_default("false"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,8 +44,18 @@ pub struct JobOutcome {
 pub struct JobHandle {
     pub name: String,
     pub metrics: Arc<JobMetrics>,
-    stop: watch::Sender<bool>,
+    stop: Arc<watch::Sender<bool>>,
     done: tokio::task::JoinHandle<Result<JobOutcome>>,
+}
+
+/// Asks a job to stop; can be kept while the handle is awaited.
+#[derive(Clone)]
+pub struct JobStopper(Arc<watch::Sender<bool>>);
+
+impl JobStopper {
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
+    }
 }
 
 impl JobHandle {
@@ -53,6 +63,10 @@ impl JobHandle {
     /// firing windows on partial input.
     pub fn stop(&self) {
         let _ = self.stop.send(true);
+    }
+
+    pub fn stopper(&self) -> JobStopper {
+        JobStopper(self.stop.clone())
     }
 
     pub fn cancel(&self) {
@@ -258,7 +272,7 @@ pub fn deploy(
     Ok(JobHandle {
         name: config.name.clone(),
         metrics,
-        stop: stop_tx,
+        stop: Arc::new(stop_tx),
         done,
     })
 }

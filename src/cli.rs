@@ -1,0 +1,302 @@
+//! The `weir` command line: REPL, `weir run FILE.sql`, `weir -c SQL`,
+//! scripts on stdin, and `weir bench`.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use tokio::runtime::Runtime;
+use weir_engine::runtime::JobHandle;
+
+use crate::display::{Tableau, table};
+use crate::session::{ResultStream, Session, SessionError, StatementResult};
+
+#[derive(Parser, Debug)]
+#[command(name = "weir", version, about = "Streaming SQL: Flink semantics on Arrow, DataFusion and RocksDB")]
+pub struct Args {
+    /// Catalog, job state and checkpoints live here.
+    #[arg(long, global = true, default_value = "./weir-data")]
+    pub data_dir: PathBuf,
+
+    /// Execute these statements and exit.
+    #[arg(short = 'c', long = "command")]
+    pub command: Option<String>,
+
+    #[command(subcommand)]
+    pub sub: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Execute a .sql file's statements in order and wait for its jobs.
+    Run { file: PathBuf },
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Nexmark queries over the built-in generator into a blackhole sink.
+    Nexmark(crate::bench::NexmarkArgs),
+}
+
+/// Process exit codes.
+pub const EXIT_OK: i32 = 0;
+pub const EXIT_ERROR: i32 = 1;
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+pub fn main_with(args: Args) -> i32 {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    if let Some(Command::Bench { which: BenchCommand::Nexmark(b) }) = &args.sub {
+        return rt.block_on(crate::bench::run_nexmark(b));
+    }
+    let mut session = match Session::open(&args.data_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    match (&args.sub, &args.command) {
+        (Some(Command::Run { file }), _) => {
+            let text = match std::fs::read_to_string(file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: cannot read {}: {e}", file.display());
+                    return EXIT_ERROR;
+                }
+            };
+            let stem = file.file_stem().map_or("job".into(), |s| s.to_string_lossy().to_string());
+            session.set_default_job_name(stem);
+            rt.block_on(run_script(&mut session, &text, &file.display().to_string()))
+        }
+        (None, Some(sql)) => rt.block_on(run_script(&mut session, sql, "<command>")),
+        (None, None) if !std::io::stdin().is_terminal() => {
+            let mut text = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+                eprintln!("error: cannot read stdin: {e}");
+                return EXIT_ERROR;
+            }
+            rt.block_on(run_script(&mut session, &text, "<stdin>"))
+        }
+        (None, None) => repl(&rt, &mut session),
+        (Some(Command::Bench { .. }), _) => EXIT_ERROR,
+    }
+}
+
+fn print_error(origin: &str, e: &SessionError) {
+    match e.location() {
+        Some(l) => eprintln!("{origin}:{}:{}: error: {}", l.line, l.column, e.message()),
+        None => eprintln!("{origin}: error: {}", e.message()),
+    }
+}
+
+/// Prints a result; streams run until they end or `interrupt` fires.
+async fn show(result: StatementResult) -> Result<(), SessionError> {
+    match result {
+        StatementResult::Done(msg) => println!("[INFO] {msg}"),
+        StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
+        StatementResult::Explain(text) => println!("{text}"),
+        StatementResult::JobStarted { name } => println!("[INFO] job '{name}' submitted"),
+        StatementResult::Stream(rs) => stream(rs).await?,
+    }
+    Ok(())
+}
+
+/// Prints a streaming result as it arrives; Ctrl-C stops the query.
+async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
+    let mut tab = Tableau::new(&rs.schema);
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{}", tab.header(&rs.schema));
+    let mut rows = 0u64;
+    loop {
+        tokio::select! {
+            b = rs.rows.recv() => match b {
+                Some(batch) => {
+                    rows += batch.num_rows() as u64;
+                    let text = tab.rows(&batch).map_err(weir_engine::ExecError::from)?;
+                    let _ = out.write_all(text.as_bytes());
+                    let _ = out.flush();
+                }
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => {
+                rs.job.stop();
+                break;
+            }
+        }
+    }
+    drop(rs.rows);
+    let _ = writeln!(out, "{}", tab.footer(rows));
+    rs.job.wait().await?;
+    Ok(())
+}
+
+/// Runs a script: statements in order, stop at the first error, then wait
+/// for the jobs it started (SIGINT/SIGTERM stop them gracefully).
+pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 {
+    let stmts = match weir_sql::parse(text) {
+        Ok(s) => s,
+        Err(e) => {
+            print_error(origin, &SessionError::Sql(e));
+            return EXIT_ERROR;
+        }
+    };
+    for stmt in &stmts {
+        let result = match session.execute(stmt).await {
+            Ok(r) => r,
+            Err(e) => {
+                print_error(origin, &e);
+                stop_all(session.take_jobs()).await;
+                return EXIT_ERROR;
+            }
+        };
+        if let Err(e) = show(result).await {
+            print_error(origin, &e);
+            stop_all(session.take_jobs()).await;
+            return EXIT_ERROR;
+        }
+    }
+    wait_jobs(session.take_jobs()).await
+}
+
+async fn stop_all(jobs: Vec<JobHandle>) {
+    for j in &jobs {
+        j.stop();
+    }
+    for j in jobs {
+        let _ = j.wait().await;
+    }
+}
+
+#[cfg(unix)]
+async fn terminate_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        Err(_) => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn terminate_signal() {
+    std::future::pending::<()>().await
+}
+
+/// Waits for every job; on SIGINT or SIGTERM asks them to stop and waits
+/// for them to drain.
+async fn wait_jobs(jobs: Vec<JobHandle>) -> i32 {
+    if jobs.is_empty() {
+        return EXIT_OK;
+    }
+    let stops: Vec<_> = jobs.iter().map(|j| j.stopper()).collect();
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let mut all = Box::pin(futures::future::join_all(jobs.into_iter().map(|j| j.wait())));
+    let mut interrupted = false;
+    let results = tokio::select! {
+        r = &mut all => r,
+        _ = tokio::signal::ctrl_c() => { interrupted = true; for s in &stops { s.stop(); } all.await }
+        _ = terminate_signal() => { interrupted = true; for s in &stops { s.stop(); } all.await }
+    };
+    let mut code = if interrupted { EXIT_INTERRUPTED } else { EXIT_OK };
+    for (name, r) in names.iter().zip(results) {
+        match r {
+            Ok(outcome) => {
+                let late = outcome.metrics.late_rows_dropped();
+                eprintln!(
+                    "[INFO] job '{name}' {} after {:.2} s{}",
+                    if interrupted { "stopped" } else { "finished" },
+                    outcome.elapsed.as_secs_f64(),
+                    if late > 0 { format!(", {late} late rows dropped") } else { String::new() }
+                );
+            }
+            Err(e) => {
+                eprintln!("error: job '{name}' failed: {e}");
+                code = EXIT_ERROR;
+            }
+        }
+    }
+    code
+}
+
+fn history_path(data_dir: &Path) -> PathBuf {
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".weir_history"),
+        None => data_dir.join("history"),
+    }
+}
+
+/// The interactive shell: statements end with `;` and may span lines.
+fn repl(rt: &Runtime, session: &mut Session) -> i32 {
+    use rustyline::error::ReadlineError;
+    let mut editor = match rustyline::DefaultEditor::new() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: cannot start the line editor: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let history = history_path(session.data_dir());
+    let _ = editor.load_history(&history);
+    println!("Weir {} — statements end with ';'. Type 'quit;' or Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() { "weir> " } else { "   -> " };
+        match editor.readline(prompt) {
+            Ok(line) => {
+                buffer.push_str(&line);
+                buffer.push('\n');
+                if !buffer.trim_end().ends_with(';') {
+                    continue;
+                }
+                let text = std::mem::take(&mut buffer);
+                let _ = editor.add_history_entry(text.trim());
+                let _ = editor.save_history(&history);
+                let t = text.trim().trim_end_matches(';').trim().to_ascii_lowercase();
+                if t == "quit" || t == "exit" {
+                    break;
+                }
+                rt.block_on(async {
+                    match weir_sql::parse(&text) {
+                        Err(e) => print_error("[ERROR]", &SessionError::Sql(e)),
+                        Ok(stmts) => {
+                            for s in &stmts {
+                                match session.execute(s).await {
+                                    Ok(r) => {
+                                        if let Err(e) = show(r).await {
+                                            print_error("[ERROR]", &e);
+                                            break;
+                                        }
+                                    }
+                                    Err(e) => {
+                                        print_error("[ERROR]", &e);
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            Err(ReadlineError::Interrupted) => buffer.clear(),
+            Err(ReadlineError::Eof) => break,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return EXIT_ERROR;
+            }
+        }
+    }
+    // Jobs submitted from the REPL run until they finish or the shell ends.
+    rt.block_on(stop_all(session.take_jobs()));
+    EXIT_OK
+}

@@ -1,0 +1,82 @@
+//! Results as text: Flink's tableau (for the REPL and `weir run`) and
+//! `+I[...]` rows (for tests and the print sink).
+
+use arrow::array::Array;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use arrow::util::display::ArrayFormatter;
+
+pub use weir_engine::connectors::print::format_rows;
+
+/// Prints streaming rows as a table, header first, one line per row, as
+/// they arrive (column widths fixed by the header, like Flink's tableau).
+pub struct Tableau {
+    widths: Vec<usize>,
+    header_done: bool,
+}
+
+impl Tableau {
+    pub fn new(schema: &SchemaRef) -> Self {
+        let widths = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().len().max(match f.data_type() {
+                arrow::datatypes::DataType::Timestamp(_, _) => 23,
+                _ => 12,
+            }))
+            .collect();
+        Self { widths, header_done: false }
+    }
+
+    fn rule(&self) -> String {
+        let mut s = String::from("+----+");
+        for w in &self.widths {
+            s.push_str(&"-".repeat(w + 2));
+            s.push('+');
+        }
+        s
+    }
+
+    fn line(&self, op: &str, values: &[String]) -> String {
+        let mut s = format!("| {op} |");
+        for (v, w) in values.iter().zip(&self.widths) {
+            s.push_str(&format!(" {v:>w$} |"));
+        }
+        s
+    }
+
+    pub fn header(&mut self, schema: &SchemaRef) -> String {
+        self.header_done = true;
+        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        format!("{}\n{}\n{}", self.rule(), self.line("op", &names), self.rule())
+    }
+
+    pub fn rows(&mut self, batch: &RecordBatch) -> Result<String, arrow::error::ArrowError> {
+        let opts = weir_engine::connectors::print::format_options();
+        let fmts = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref() as &dyn Array, &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut out = String::new();
+        for row in 0..batch.num_rows() {
+            let vals: Vec<String> = fmts.iter().map(|f| f.value(row).to_string()).collect();
+            out.push_str(&self.line("+I", &vals));
+            out.push('\n');
+        }
+        Ok(out)
+    }
+
+    pub fn footer(&self, rows: u64) -> String {
+        format!("{}\nReceived a total of {rows} row{}", self.rule(), if rows == 1 { "" } else { "s" })
+    }
+}
+
+/// A whole result as a table (SHOW TABLES, DESCRIBE, SET).
+pub fn table(batches: &[RecordBatch]) -> String {
+    let opts = weir_engine::connectors::print::format_options();
+    match arrow::util::pretty::pretty_format_batches_with_options(batches, &opts) {
+        Ok(t) => t.to_string(),
+        Err(e) => format!("(cannot display result: {e})"),
+    }
+}

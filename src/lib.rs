@@ -1,0 +1,18 @@
+//! # weir
+//!
+//! The session facade every front end uses, and the front ends.
+//!
+//! # Layout
+//! - [`session`]: [`session::Session`]: executes statements against the
+//!   catalog and starts jobs. The REPL, `weir run` and tests all go
+//!   through `Session::execute`.
+//! - [`display`]: rendering results as text (tableau and `+I[...]` rows).
+//! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts.
+//! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
+
+pub mod bench;
+pub mod cli;
+pub mod display;
+pub mod session;
+
+pub use session::{ResultStream, Session, SessionError, StatementResult};

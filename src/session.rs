@@ -1,0 +1,343 @@
+//! A session: a data dir's catalog, the `SET` options, and the jobs it
+//! started. One statement at a time through [`Session::execute`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use tokio::sync::mpsc;
+use weir_catalog::store::Entry;
+use weir_catalog::{Catalog, ViewDef};
+use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
+use weir_engine::runtime::{JobHandle, deploy};
+use weir_engine::ExecError;
+use weir_sql::error::ErrorKind;
+use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
+
+/// An error of one statement, with where it happened when known.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("{0}")]
+    Sql(#[from] SqlError),
+    #[error("{0}")]
+    Exec(#[from] ExecError),
+    #[error("{0}")]
+    Catalog(#[from] weir_catalog::CatalogError),
+}
+
+impl SessionError {
+    pub fn location(&self) -> Option<Location> {
+        match self {
+            SessionError::Sql(e) => e.location,
+            _ => None,
+        }
+    }
+
+    /// The message without the location prefix.
+    pub fn message(&self) -> String {
+        match self {
+            SessionError::Sql(e) => e.message.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The rows of a streaming `SELECT` as they are produced.
+pub struct ResultStream {
+    pub schema: SchemaRef,
+    pub rows: mpsc::Receiver<RecordBatch>,
+    pub job: JobHandle,
+}
+
+pub enum StatementResult {
+    /// DDL, SET, RESET: a confirmation.
+    Done(String),
+    /// Rows computed at once (SHOW TABLES, DESCRIBE, SET, table-less SELECT).
+    Rows(SchemaRef, Vec<RecordBatch>),
+    Explain(String),
+    /// `INSERT INTO`: a job was started (and, with `table.dml-sync`, has
+    /// finished).
+    JobStarted { name: String },
+    Stream(ResultStream),
+}
+
+pub struct Session {
+    data_dir: PathBuf,
+    catalog: Catalog,
+    settings: BTreeMap<String, String>,
+    planner: Planner,
+    jobs: Vec<JobHandle>,
+    default_job_name: Option<String>,
+    started: usize,
+}
+
+impl Session {
+    /// Opens the data dir (created if missing) and its catalog.
+    pub fn open(data_dir: impl Into<PathBuf>) -> Result<Self, SessionError> {
+        let data_dir = data_dir.into();
+        std::fs::create_dir_all(&data_dir).map_err(|source| weir_catalog::CatalogError::Io {
+            path: data_dir.clone(),
+            source,
+        })?;
+        let catalog = Catalog::open(data_dir.join("catalog.json"))?;
+        Ok(Self {
+            data_dir,
+            catalog,
+            settings: BTreeMap::new(),
+            planner: Planner::new(),
+            jobs: vec![],
+            default_job_name: None,
+            started: 0,
+        })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The job name used when `pipeline.name` is not set (e.g. the name of
+    /// the file being run).
+    pub fn set_default_job_name(&mut self, name: impl Into<String>) {
+        self.default_job_name = Some(name.into());
+    }
+
+    pub fn setting(&self, key: &str) -> Option<&str> {
+        self.settings.get(key).map(String::as_str)
+    }
+
+    /// Jobs started by `INSERT` that are still owned by the session.
+    pub fn take_jobs(&mut self) -> Vec<JobHandle> {
+        std::mem::take(&mut self.jobs)
+    }
+
+    fn job_config(&mut self, fallback: &str) -> Result<JobConfig, SessionError> {
+        // A job's name is its identity (state, checkpoints): the second job
+        // of a script gets a suffix so the two never share a directory.
+        let name = match self.settings.get(PIPELINE_NAME) {
+            Some(n) => n.clone(),
+            None => {
+                self.started += 1;
+                let base = self.default_job_name.as_deref().unwrap_or(fallback);
+                if self.started == 1 { base.to_string() } else { format!("{base}-{}", self.started) }
+            }
+        };
+        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+    }
+
+    /// Parses and executes every statement of `sql`, stopping at the first
+    /// error.
+    pub async fn execute_sql(&mut self, sql: &str) -> Result<Vec<StatementResult>, SessionError> {
+        let mut out = vec![];
+        for stmt in weir_sql::parse(sql)? {
+            out.push(self.execute(&stmt).await.map_err(|e| at(e, stmt.location))?);
+        }
+        Ok(out)
+    }
+
+    pub async fn execute(&mut self, stmt: &ParsedStatement) -> Result<StatementResult, SessionError> {
+        self.execute_statement(&stmt.statement).await.map_err(|e| at(e, stmt.location))
+    }
+
+    async fn execute_statement(&mut self, stmt: &Statement) -> Result<StatementResult, SessionError> {
+        match stmt {
+            Statement::CreateTable(ct) => {
+                let def = weir_sql::ddl::create_table(ct, &self.planner)?;
+                self.catalog.create(Entry::Table(def), ct.if_not_exists)?;
+                Ok(StatementResult::Done("table created".into()))
+            }
+            Statement::CreateView { name, if_not_exists, or_replace, query } => {
+                // Plan it now so a broken view is rejected at CREATE.
+                self.planner.logical_plan(query, &self.catalog)?;
+                if *or_replace {
+                    if let Some(Entry::Table(_)) = self.catalog.get(name) {
+                        return Err(SqlError::plan(format!("'{name}' is a table, not a view")).into());
+                    }
+                    self.catalog.drop(name, true)?;
+                }
+                self.catalog.create(Entry::View(ViewDef { name: name.clone(), query: query.to_string() }), *if_not_exists)?;
+                Ok(StatementResult::Done("view created".into()))
+            }
+            Statement::Drop { name, view, if_exists } => {
+                match (self.catalog.get(name), view) {
+                    (Some(Entry::Table(_)), true) => {
+                        return Err(SqlError::plan(format!("'{name}' is a table; use DROP TABLE")).into());
+                    }
+                    (Some(Entry::View(_)), false) => {
+                        return Err(SqlError::plan(format!("'{name}' is a view; use DROP VIEW")).into());
+                    }
+                    _ => {}
+                }
+                let dropped = self.catalog.drop(name, *if_exists)?;
+                Ok(StatementResult::Done(if dropped { format!("{} dropped", if *view { "view" } else { "table" }) } else { "nothing to drop".into() }))
+            }
+            Statement::ShowTables => {
+                let names: Vec<&str> = self.catalog.entries().map(|(n, _)| n.as_str()).collect();
+                let schema = Arc::new(Schema::new(vec![Field::new("table name", DataType::Utf8, false)]));
+                let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(names)) as ArrayRef])
+                    .map_err(ExecError::from)?;
+                Ok(StatementResult::Rows(schema, vec![batch]))
+            }
+            Statement::Describe(name) => self.describe(name),
+            Statement::Set(None) => {
+                let schema = Arc::new(Schema::new(vec![
+                    Field::new("key", DataType::Utf8, false),
+                    Field::new("value", DataType::Utf8, false),
+                ]));
+                let keys: Vec<&str> = self.settings.keys().map(String::as_str).collect();
+                let values: Vec<&str> = self.settings.values().map(String::as_str).collect();
+                let batch = RecordBatch::try_new(
+                    schema.clone(),
+                    vec![Arc::new(StringArray::from(keys)) as ArrayRef, Arc::new(StringArray::from(values))],
+                )
+                .map_err(ExecError::from)?;
+                Ok(StatementResult::Rows(schema, vec![batch]))
+            }
+            Statement::Set(Some((k, v))) => {
+                JobConfig::validate_pair(k, v)?;
+                self.settings.insert(k.clone(), v.clone());
+                Ok(StatementResult::Done("option set".into()))
+            }
+            Statement::Reset(None) => {
+                self.settings.clear();
+                Ok(StatementResult::Done("all options reset".into()))
+            }
+            Statement::Reset(Some(k)) => {
+                JobConfig::validate_pair(k, "")
+                    .or_else(|e| if e.to_string().contains("unknown option") { Err(e) } else { Ok(()) })?;
+                self.settings.remove(k);
+                Ok(StatementResult::Done("option reset".into()))
+            }
+            Statement::Explain(inner) => self.explain(inner),
+            Statement::Insert { table, query } => {
+                let sink = self.sink_table(table)?;
+                let config = self.job_config(&format!("insert-into-{table}"))?;
+                let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
+                let job = deploy(graph, &config, None)?;
+                let name = job.name.clone();
+                let sync = self.settings.get(DML_SYNC).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                if sync {
+                    job.wait().await?;
+                } else {
+                    self.jobs.push(job);
+                }
+                Ok(StatementResult::JobStarted { name })
+            }
+            Statement::Query(q) => {
+                let config = self.job_config("select")?;
+                match self.planner.plan_query(q, &self.catalog, &config)? {
+                    QueryPlan::Batch(plan) => {
+                        let schema = Arc::new(plan.schema().as_arrow().clone());
+                        let rows = self.planner.execute_batch(plan).await?;
+                        Ok(StatementResult::Rows(schema, rows))
+                    }
+                    QueryPlan::Stream(graph) => {
+                        let schema = graph.nodes.last().map(|n| n.schema.clone()).ok_or_else(|| ExecError::internal("empty plan"))?;
+                        let (tx, rx) = mpsc::channel(16);
+                        let job = deploy(graph, &config, Some(tx))?;
+                        Ok(StatementResult::Stream(ResultStream { schema, rows: rx, job }))
+                    }
+                }
+            }
+        }
+    }
+
+    fn sink_table(&self, name: &str) -> Result<weir_catalog::TableDef, SessionError> {
+        match self.catalog.get(name) {
+            Some(Entry::Table(t)) => Ok(t.clone()),
+            Some(Entry::View(_)) => Err(SqlError::plan(format!("cannot INSERT INTO view '{name}'")).into()),
+            None => Err(SqlError::plan(format!("table '{name}' does not exist")).into()),
+        }
+    }
+
+    fn explain(&mut self, inner: &Statement) -> Result<StatementResult, SessionError> {
+        let graph = match inner {
+            Statement::Insert { table, query } => {
+                let sink = self.sink_table(table)?;
+                let config = self.explain_config(&format!("insert-into-{table}"))?;
+                (self.planner.plan_insert(&sink, query, &self.catalog, &config)?, config)
+            }
+            Statement::Query(q) => {
+                let config = self.explain_config("select")?;
+                match self.planner.plan_query(q, &self.catalog, &config)? {
+                    QueryPlan::Batch(plan) => {
+                        return Ok(StatementResult::Explain(format!("Batch query (no table is read):\n{}", plan.display_indent())));
+                    }
+                    QueryPlan::Stream(g) => (g, config),
+                }
+            }
+            _ => return Err(SqlError::new(ErrorKind::Unsupported, "EXPLAIN works on SELECT and INSERT statements").into()),
+        };
+        Ok(StatementResult::Explain(graph.0.explain(&graph.1)))
+    }
+
+    /// A job config that does not count as a started job.
+    fn explain_config(&self, fallback: &str) -> Result<JobConfig, SessionError> {
+        let name = self.settings.get(PIPELINE_NAME).cloned().unwrap_or_else(|| fallback.to_string());
+        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+    }
+
+    fn describe(&self, name: &str) -> Result<StatementResult, SessionError> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, false),
+            Field::new("type", DataType::Utf8, false),
+            Field::new("null", DataType::Boolean, false),
+            Field::new("extras", DataType::Utf8, true),
+            Field::new("watermark", DataType::Utf8, true),
+        ]));
+        let (names, types, nulls, extras, wms): (Vec<String>, Vec<String>, Vec<bool>, Vec<Option<String>>, Vec<Option<String>>) =
+            match self.catalog.get(name) {
+                Some(Entry::Table(t)) => {
+                    let mut v = (vec![], vec![], vec![], vec![], vec![]);
+                    for c in &t.columns {
+                        let rowtime = t.watermark.as_ref().is_some_and(|w| w.column == c.name);
+                        v.0.push(c.name.clone());
+                        v.1.push(if rowtime { format!("{} *ROWTIME*", c.type_name) } else { c.type_name.clone() });
+                        v.2.push(c.nullable);
+                        v.3.push(c.computed.as_ref().map(|e| format!("AS {e}")));
+                        v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| w.expr.clone()));
+                    }
+                    v
+                }
+                Some(Entry::View(v)) => {
+                    let q = weir_sql::parse(&v.query)?;
+                    let Some(Statement::Query(query)) = q.into_iter().next().map(|s| s.statement) else {
+                        return Err(SqlError::internal(format!("stored view '{name}' is not a query")).into());
+                    };
+                    let plan = self.planner.logical_plan(&query, &self.catalog)?;
+                    let mut out = (vec![], vec![], vec![], vec![], vec![]);
+                    for f in plan.schema().fields() {
+                        out.0.push(f.name().clone());
+                        out.1.push(weir_sql::types::flink_name(f.data_type()));
+                        out.2.push(f.is_nullable());
+                        out.3.push(None);
+                        out.4.push(None);
+                    }
+                    out
+                }
+                None => return Err(SqlError::plan(format!("table or view '{name}' does not exist")).into()),
+            };
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(names)) as ArrayRef,
+                Arc::new(StringArray::from(types)),
+                Arc::new(BooleanArray::from(nulls)),
+                Arc::new(StringArray::from(extras)),
+                Arc::new(StringArray::from(wms)),
+            ],
+        )
+        .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
+    }
+}
+
+/// Gives an error without a position the statement's position.
+fn at(e: SessionError, location: Location) -> SessionError {
+    match e {
+        SessionError::Sql(s) => SessionError::Sql(s.at(location)),
+        other => SessionError::Sql(SqlError { kind: ErrorKind::Catalog, message: other.to_string(), location: Some(location) }),
+    }
+}
