@@ -72,6 +72,7 @@ pub struct Session {
     jobs: Vec<JobHandle>,
     default_job_name: Option<String>,
     started: usize,
+    last_outcome: Option<weir_engine::runtime::JobOutcome>,
 }
 
 impl Session {
@@ -91,6 +92,7 @@ impl Session {
             jobs: vec![],
             default_job_name: None,
             started: 0,
+            last_outcome: None,
         })
     }
 
@@ -106,6 +108,11 @@ impl Session {
 
     pub fn setting(&self, key: &str) -> Option<&str> {
         self.settings.get(key).map(String::as_str)
+    }
+
+    /// What the last job run with `table.dml-sync` did (metrics).
+    pub fn last_outcome(&self) -> Option<&weir_engine::runtime::JobOutcome> {
+        self.last_outcome.as_ref()
     }
 
     /// Jobs started by `INSERT` that are still owned by the session.
@@ -219,7 +226,7 @@ impl Session {
                 let name = job.name.clone();
                 let sync = self.settings.get(DML_SYNC).is_some_and(|v| v.eq_ignore_ascii_case("true"));
                 if sync {
-                    job.wait().await?;
+                    self.last_outcome = Some(job.wait().await?);
                 } else {
                     self.jobs.push(job);
                 }

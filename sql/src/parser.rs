@@ -112,8 +112,14 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
             line: last.span.end.line,
             column: last.span.end.column,
         });
+        let end = Location { line: last.span.end.line, column: last.span.end.column };
         let tokens = rewrite_tvf_tokens(part.to_vec());
-        let statement = parse_one(tokens).map_err(|e| e.at(location))?;
+        let statement = parse_one(tokens).map_err(|e| {
+            // sqlparser gives no position for "found: EOF": it is where the
+            // statement ends.
+            let at = if e.message.ends_with("found: EOF") { end } else { location };
+            e.at(at)
+        })?;
         out.push(ParsedStatement { statement, location, text });
     }
     Ok(out)

@@ -404,6 +404,9 @@ impl<'a> GraphBuilder<'a> {
         // Columns the source must produce: the projection, plus what the
         // watermark and the used computed columns need.
         let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
+        if !weir_engine::connectors::supports_column_pruning(def) {
+            needed.extend(def.physical_columns().map(|c| c.name.clone()));
+        }
         if let Some(w) = &def.watermark {
             needed.insert(w.column.clone());
             needed.extend(identifiers(&w.expr));

@@ -126,7 +126,18 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
     if connector == "datagen" {
         datagen::validate(&options, &table.physical_schema())?;
     }
+    if connector == "nexmark" {
+        nexmark::NexmarkSource::new(&options, table.physical_schema())?;
+    }
     Ok((connector.to_string(), options))
+}
+
+/// Whether a source may be given only the columns a query uses. Not for
+/// positional formats (CSV): every column must be read to find the ones
+/// wanted.
+pub fn supports_column_pruning(table: &TableDef) -> bool {
+    !(table.connector() == Some("filesystem")
+        && table.options.get("format").is_some_and(|f| f.eq_ignore_ascii_case("csv")))
 }
 
 /// The columns a connector supplies when the table declares none

@@ -1,0 +1,191 @@
+//! The SQL regression suite: every `tests/sql/*.slt` file runs in a fresh
+//! session and data dir.
+//!
+//! Format (sqllogictest-like):
+//! ```text
+//! # comment
+//! statement ok
+//! <sql>
+//!
+//! statement error <line>:<column>: <message substring>
+//! <sql>
+//!
+//! query [rowsort]
+//! <sql>
+//! ----
+//! <rows as +I[v1, v2]>
+//! ```
+//! Blocks end at a blank line. Error positions count from the first line
+//! of the block's SQL. `${TMP}` is a per-file temporary directory and
+//! `${DATA}` is `tests/data`. Query rows are sorted with `rowsort`
+//! (needed whenever parallelism > 1). `WEIR_REWRITE=1 cargo test --test
+//! sql_files` rewrites the expectations from the actual results.
+
+use std::path::{Path, PathBuf};
+
+use weir::{Session, StatementResult};
+
+#[derive(Debug)]
+enum Expect {
+    Ok,
+    Error(String),
+    Rows { sort: bool, rows: Vec<String> },
+}
+
+#[derive(Debug)]
+struct Block {
+    header: String,
+    sql: String,
+    expect: Expect,
+}
+
+fn parse_file(text: &str) -> Vec<Block> {
+    let mut blocks = vec![];
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let header = t.to_string();
+        let mut sql = vec![];
+        let mut rows = vec![];
+        let mut in_rows = false;
+        while let Some(l) = lines.peek() {
+            if l.trim().is_empty() {
+                break;
+            }
+            let l = lines.next().unwrap_or_default();
+            if l.trim() == "----" {
+                in_rows = true;
+            } else if in_rows {
+                rows.push(l.to_string());
+            } else {
+                sql.push(l.to_string());
+            }
+        }
+        let expect = if header == "statement ok" {
+            Expect::Ok
+        } else if let Some(msg) = header.strip_prefix("statement error") {
+            Expect::Error(msg.trim().to_string())
+        } else if header.starts_with("query") {
+            Expect::Rows { sort: header.contains("rowsort"), rows }
+        } else {
+            panic!("unknown block header: {header}");
+        };
+        blocks.push(Block { header, sql: sql.join("\n"), expect });
+    }
+    blocks
+}
+
+async fn collect_rows(result: StatementResult) -> Result<Vec<String>, String> {
+    match result {
+        StatementResult::Rows(_, batches) => {
+            let mut out = vec![];
+            for b in &batches {
+                out.extend(weir::display::format_rows(b).map_err(|e| e.to_string())?);
+            }
+            Ok(out)
+        }
+        StatementResult::Stream(mut rs) => {
+            let mut out = vec![];
+            while let Some(b) = rs.rows.recv().await {
+                out.extend(weir::display::format_rows(&b).map_err(|e| e.to_string())?);
+            }
+            rs.job.wait().await.map_err(|e| e.to_string())?;
+            Ok(out)
+        }
+        StatementResult::Explain(text) => Ok(text.lines().map(str::to_string).collect()),
+        StatementResult::Done(_) | StatementResult::JobStarted { .. } => Ok(vec![]),
+    }
+}
+
+async fn run_block(session: &mut Session, sql: &str) -> Result<Vec<String>, String> {
+    let stmts = weir_sql::parse(sql).map_err(|e| e.to_string())?;
+    let mut rows = vec![];
+    for s in &stmts {
+        let r = session.execute(s).await.map_err(|e| e.to_string())?;
+        rows = collect_rows(r).await?;
+    }
+    Ok(rows)
+}
+
+async fn run_file(path: &Path, rewrite: bool) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut session = Session::open(tmp.path().join("weir-data")).map_err(|e| e.to_string())?;
+    run_block(&mut session, "SET 'table.dml-sync' = 'true'").await?;
+    let mut failures = vec![];
+    let mut rewritten = vec![];
+    for block in parse_file(&text) {
+        let sql = block
+            .sql
+            .replace("${TMP}", &tmp.path().display().to_string())
+            .replace("${DATA}", &data.display().to_string());
+        let result = run_block(&mut session, &sql).await;
+        let mut out_block = format!("{}\n{}\n", block.header, block.sql);
+        match (&block.expect, result) {
+            (Expect::Ok, Ok(_)) => {}
+            (Expect::Ok, Err(e)) => failures.push(format!("{}: expected ok, got error: {e}", first_line(&block.sql))),
+            (Expect::Error(msg), Err(e)) => {
+                if !e.contains(msg.as_str()) {
+                    failures.push(format!("{}: expected error containing '{msg}', got: {e}", first_line(&block.sql)));
+                }
+            }
+            (Expect::Error(msg), Ok(_)) => failures.push(format!("{}: expected error '{msg}', but it succeeded", first_line(&block.sql))),
+            (Expect::Rows { sort, rows }, Ok(mut actual)) => {
+                if *sort {
+                    actual.sort();
+                }
+                if &actual != rows {
+                    failures.push(format!(
+                        "{}:\n  expected:\n    {}\n  actual:\n    {}",
+                        first_line(&block.sql),
+                        rows.join("\n    "),
+                        actual.join("\n    ")
+                    ));
+                }
+                out_block = format!("{}\n{}\n----\n{}\n", block.header, block.sql, actual.join("\n"));
+                if actual.is_empty() {
+                    out_block = format!("{}\n{}\n----\n", block.header, block.sql);
+                }
+            }
+            (Expect::Rows { .. }, Err(e)) => failures.push(format!("{}: expected rows, got error: {e}", first_line(&block.sql))),
+        }
+        rewritten.push(out_block);
+    }
+    if rewrite {
+        // Keep the comments at the top of the file.
+        let header: String = text.lines().take_while(|l| l.starts_with('#') || l.trim().is_empty()).map(|l| format!("{l}\n")).collect();
+        std::fs::write(path, format!("{header}{}", rewritten.join("\n"))).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    if failures.is_empty() { Ok(()) } else { Err(failures.join("\n")) }
+}
+
+fn first_line(sql: &str) -> String {
+    sql.lines().next().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sql_files() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sql");
+    let rewrite = std::env::var("WEIR_REWRITE").is_ok_and(|v| v == "1");
+    let filter = std::env::var("WEIR_SQL_FILTER").unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/sql exists")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+        .filter(|p| p.display().to_string().contains(&filter))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no .slt files found");
+    let mut failed = vec![];
+    for f in &files {
+        if let Err(e) = run_file(f, rewrite).await {
+            failed.push(format!("== {}\n{e}", f.display()));
+        }
+    }
+    assert!(failed.is_empty(), "{} of {} SQL files failed:\n{}", failed.len(), files.len(), failed.join("\n"));
+}
