@@ -152,6 +152,20 @@ impl Session {
         match stmt {
             Statement::CreateTable(ct) => {
                 let def = weir_sql::ddl::create_table(ct, &self.planner)?;
+                // The catalog outlives the script: re-running a script that
+                // creates the same table again is not an error.
+                if let Some(Entry::Table(existing)) = self.catalog.get(&def.name) {
+                    if *existing == def {
+                        return Ok(StatementResult::Done("table exists, unchanged".into()));
+                    }
+                    if !ct.if_not_exists {
+                        return Err(SqlError::plan(format!(
+                            "table '{}' already exists with a different definition; DROP TABLE {} first",
+                            def.name, def.name
+                        ))
+                        .into());
+                    }
+                }
                 self.catalog.create(Entry::Table(def), ct.if_not_exists)?;
                 Ok(StatementResult::Done("table created".into()))
             }
@@ -164,7 +178,13 @@ impl Session {
                     }
                     self.catalog.drop(name, true)?;
                 }
-                self.catalog.create(Entry::View(ViewDef { name: name.clone(), query: query.to_string() }), *if_not_exists)?;
+                let view = ViewDef { name: name.clone(), query: query.to_string() };
+                if let Some(Entry::View(existing)) = self.catalog.get(name) {
+                    if *existing == view {
+                        return Ok(StatementResult::Done("view exists, unchanged".into()));
+                    }
+                }
+                self.catalog.create(Entry::View(view), *if_not_exists)?;
                 Ok(StatementResult::Done("view created".into()))
             }
             Statement::Drop { name, view, if_exists } => {

@@ -139,6 +139,9 @@ impl Operator for FileWriter {
     }
 
     fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+        // Columns arrive named as the query named them; files carry the
+        // sink table's column names (types already match: the planner casts).
+        let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())?;
         let format = self.format.clone();
         let text_batch = match format.format {
             Format::Parquet => None,

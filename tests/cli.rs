@@ -1,0 +1,118 @@
+//! The real `weir` binary: `run` with exit codes and error positions, `-c`,
+//! scripts on stdin, the persistent catalog, the print sink, and graceful
+//! stop on SIGINT.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn weir(data_dir: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.arg("--data-dir").arg(data_dir);
+    c
+}
+
+fn example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
+}
+
+#[test]
+fn quickstart_runs_to_completion_and_prints_windows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = weir(dir.path()).arg("run").arg(example("quickstart.sql")).output().expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
+    // 1 000 000 events at 10 000 events/s of event time: 100 s, 10 windows.
+    let windows: Vec<&str> = stdout.lines().filter(|l| l.starts_with("+I[")).collect();
+    assert_eq!(windows.len(), 10, "{stdout}");
+    // 100 000 events per window, 46 of every 50 of them bids.
+    for (i, w) in windows.iter().enumerate() {
+        let start = format!("2015-07-15 00:{:02}:{:02}.000", i / 6, (i % 6) * 10);
+        assert!(w.starts_with(&format!("+I[{start}, ")), "window {i}: {w}");
+        assert!(w.contains(", 92000, "), "window {i}: {w}");
+    }
+    assert!(stderr.contains("job 'quickstart' finished"), "{stderr}");
+    // Running the same script again in the same data dir works.
+    let again = weir(dir.path()).arg("run").arg(example("quickstart.sql")).output().expect("run");
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+}
+
+#[test]
+fn run_stops_at_the_first_error_with_file_line_column() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("broken.sql");
+    std::fs::write(&file, "SET 'parallelism.default' = '1';\n\nSELECT nope\n  FROM missing;\nSELECT 1;\n").expect("write");
+    let out = weir(&dir.path().join("data")).arg("run").arg(&file).output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}:4:8: error: table 'missing' does not exist", file.display())), "{stderr}");
+    // Statements after the error did not run.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("| 1 |"));
+}
+
+#[test]
+fn missing_file_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = weir(dir.path()).arg("run").arg(dir.path().join("nope.sql")).output().expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+}
+
+#[test]
+fn command_flag_and_stdin_scripts_share_the_persistent_catalog() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = weir(dir.path())
+        .arg("-c")
+        .arg("CREATE TABLE t (a BIGINT) WITH ('connector' = 'blackhole'); SELECT 40 + 2 AS answer;")
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("42"));
+    let mut child = weir(dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child.stdin.take().expect("stdin").write_all(b"SHOW TABLES;\n").expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("| t "), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn sigint_stops_an_unbounded_job_gracefully() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("forever.sql");
+    std::fs::write(
+        &file,
+        "CREATE TABLE bid (auction BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'nexmark', 'nexmark.events-per-second' = '1000');
+         CREATE TABLE sink (auction BIGINT) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT auction FROM bid;",
+    )
+    .expect("write");
+    let mut child = weir(&dir.path().join("data"))
+        .arg("run")
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Wait (with a deadline) until the job is submitted.
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "job was never submitted");
+        match lines.next() {
+            Some(Ok(l)) if l.contains("submitted") => break,
+            Some(Ok(_)) => continue,
+            _ => panic!("weir exited before submitting the job"),
+        }
+    }
+    let status = Command::new("kill").arg("-INT").arg(child.id().to_string()).status().expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("job 'forever' stopped"), "{stderr}");
+}

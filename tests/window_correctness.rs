@@ -1,0 +1,140 @@
+//! Window results checked against an independent computation: the same
+//! Nexmark rows are dumped to Parquet by a pass-through job, and DataFusion
+//! batch SQL computes the windows from them with plain arithmetic. Runs at
+//! parallelism 1 and 4, on both state backends; all must agree exactly.
+
+use std::sync::Arc;
+
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use weir::Session;
+
+const EVENTS: u64 = 200_000;
+
+async fn batch_rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
+    let batches = ctx.sql(sql).await.expect("plan").collect().await.expect("run");
+    let mut rows = vec![];
+    for b in &batches {
+        rows.extend(weir::display::format_rows(b).expect("format"));
+    }
+    rows.sort();
+    rows
+}
+
+/// Every visible part file of a sink directory.
+fn read_parquet_dir(dir: &str) -> Vec<arrow::record_batch::RecordBatch> {
+    let mut out = vec![];
+    let mut files: Vec<_> = std::fs::read_dir(dir).expect("sink dir").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    files.sort();
+    for f in files.iter().filter(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))) {
+        let file = std::fs::File::open(f).expect("open part file");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .expect("parquet")
+            .build()
+            .expect("reader");
+        for b in reader {
+            out.push(b.expect("batch"));
+        }
+    }
+    out
+}
+
+/// Runs the streaming jobs; returns the data dir holding raw/ hop/ tumble/.
+async fn run_weir(parallelism: usize, backend: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display().to_string();
+    let sql = format!(
+        "SET 'parallelism.default' = '{parallelism}';
+         SET 'state.backend.type' = '{backend}';
+         SET 'table.dml-sync' = 'true';
+         CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+           WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)
+         WITH ('connector' = 'nexmark', 'nexmark.events' = '{EVENTS}', 'splits' = '4', 'nexmark.seed' = '42');
+         CREATE TABLE raw (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3))
+         WITH ('connector' = 'filesystem', 'path' = '{d}/raw', 'format' = 'parquet');
+         INSERT INTO raw SELECT auction, bidder, price, dateTime FROM bid;
+         CREATE TABLE hop (auction BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), n BIGINT, total BIGINT,
+           mn BIGINT, mx BIGINT, av DOUBLE, bidders BIGINT)
+         WITH ('connector' = 'filesystem', 'path' = '{d}/hop', 'format' = 'parquet');
+         INSERT INTO hop SELECT auction, window_start, window_end, COUNT(*), SUM(price), MIN(price),
+           MAX(price), AVG(price), COUNT(DISTINCT bidder)
+         FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+         GROUP BY auction, window_start, window_end;
+         CREATE TABLE tumble (ws TIMESTAMP(3), we TIMESTAMP(3), bucket BIGINT, n BIGINT, mx BIGINT)
+         WITH ('connector' = 'filesystem', 'path' = '{d}/tumble', 'format' = 'parquet');
+         INSERT INTO tumble SELECT TUMBLE_START(dateTime, INTERVAL '5' SECOND), TUMBLE_END(dateTime, INTERVAL '5' SECOND),
+           bidder % 7, COUNT(*), MAX(price)
+         FROM bid GROUP BY TUMBLE(dateTime, INTERVAL '5' SECOND), bidder % 7;"
+    );
+    let mut session = Session::open(dir.path().join("weir-data")).expect("session");
+    for stmt in weir_sql::parse(&sql).expect("parse") {
+        session.execute(&stmt).await.expect("statement");
+        if let Some(o) = session.last_outcome() {
+            assert_eq!(o.metrics.late_rows_dropped(), 0, "in-order Nexmark input has no late rows");
+        }
+    }
+    dir
+}
+
+async fn check(parallelism: usize, backend: &str) {
+    let dir = run_weir(parallelism, backend).await;
+    let d = dir.path().display().to_string();
+    let ctx = SessionContext::new();
+    for t in ["raw", "hop", "tumble"] {
+        let batches = read_parquet_dir(&format!("{d}/{t}"));
+        let schema = batches.first().expect("a part file").schema();
+        let table = MemTable::try_new(schema, vec![batches]).expect("mem table");
+        ctx.register_table(t, Arc::new(table)).expect("register");
+    }
+    let raw_count = batch_rows(&ctx, "SELECT COUNT(*) FROM raw").await;
+    assert_eq!(raw_count, vec![format!("+I[{}]", EVENTS * 46 / 50)], "every bid of the generator");
+
+    let expected_hop = batch_rows(
+        &ctx,
+        "SELECT auction, ws, ws + 10000, COUNT(*), SUM(price), MIN(price), MAX(price), ROUND(AVG(price), 6), COUNT(DISTINCT bidder)
+         FROM (SELECT auction, bidder, price, t - (t % 2000) - k * 2000 AS ws, t
+               FROM (SELECT *, CAST(\"dateTime\" AS BIGINT) AS t FROM raw)
+               CROSS JOIN (VALUES (0), (1), (2), (3), (4)) AS ks(k))
+         WHERE ws + 10000 > t
+         GROUP BY auction, ws",
+    )
+    .await;
+    let actual_hop = batch_rows(
+        &ctx,
+        "SELECT auction, CAST(ws AS BIGINT), CAST(we AS BIGINT), n, total, mn, mx, ROUND(av, 6), bidders FROM hop",
+    )
+    .await;
+    assert!(expected_hop.len() > 1000, "a meaningful number of windows: {}", expected_hop.len());
+    assert_eq!(actual_hop.len(), expected_hop.len(), "HOP window count, p={parallelism} {backend}");
+    assert_eq!(actual_hop, expected_hop, "HOP results, p={parallelism} {backend}");
+
+    let expected_tumble = batch_rows(
+        &ctx,
+        "SELECT t - (t % 5000), t - (t % 5000) + 5000, bidder % 7, COUNT(*), MAX(price)
+         FROM (SELECT *, CAST(\"dateTime\" AS BIGINT) AS t FROM raw)
+         GROUP BY t - (t % 5000), bidder % 7",
+    )
+    .await;
+    let actual_tumble = batch_rows(&ctx, "SELECT CAST(ws AS BIGINT), CAST(we AS BIGINT), bucket, n, mx FROM tumble").await;
+    assert_eq!(actual_tumble, expected_tumble, "TUMBLE results, p={parallelism} {backend}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn windows_match_batch_sql_p1_rocksdb() {
+    check(1, "rocksdb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn windows_match_batch_sql_p4_rocksdb() {
+    check(4, "rocksdb").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn windows_match_batch_sql_p1_heap() {
+    check(1, "hashmap").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn windows_match_batch_sql_p4_heap() {
+    check(4, "hashmap").await;
+}
