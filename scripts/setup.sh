@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what building Weir needs on Debian/Ubuntu beyond Rust itself:
+# clang and libclang (bindgen for the RocksDB bindings) and a C++ toolchain.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+packages=(clang libclang-dev g++ make pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install Rust from https://rustup.rs first" >&2
+  exit 1
+fi
+echo "setup: ok"
