@@ -34,6 +34,8 @@ enum Expect {
 
 #[derive(Debug)]
 struct Block {
+    /// Comment lines right before the block (kept by rewrite mode).
+    comments: String,
     header: String,
     sql: String,
     expect: Expect,
@@ -42,11 +44,22 @@ struct Block {
 fn parse_file(text: &str) -> Vec<Block> {
     let mut blocks = vec![];
     let mut lines = text.lines().peekable();
+    let mut comments = String::new();
+    let mut seen_block = false;
     while let Some(line) = lines.next() {
         let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
+        if t.is_empty() {
             continue;
         }
+        if t.starts_with('#') {
+            // The file's leading comments are kept separately.
+            if seen_block {
+                comments.push_str(line);
+                comments.push('\n');
+            }
+            continue;
+        }
+        seen_block = true;
         let header = t.to_string();
         let mut sql = vec![];
         let mut rows = vec![];
@@ -73,7 +86,7 @@ fn parse_file(text: &str) -> Vec<Block> {
         } else {
             panic!("unknown block header: {header}");
         };
-        blocks.push(Block { header, sql: sql.join("\n"), expect });
+        blocks.push(Block { comments: std::mem::take(&mut comments), header, sql: sql.join("\n"), expect });
     }
     blocks
 }
@@ -153,7 +166,7 @@ async fn run_file(path: &Path, rewrite: bool) -> Result<(), String> {
             }
             (Expect::Rows { .. }, Err(e)) => failures.push(format!("{}: expected rows, got error: {e}", first_line(&block.sql))),
         }
-        rewritten.push(out_block);
+        rewritten.push(format!("{}{out_block}", block.comments));
     }
     if rewrite {
         // Keep the comments at the top of the file.

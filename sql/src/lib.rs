@@ -13,10 +13,13 @@
 //! - [`ddl`]: `CREATE TABLE` → catalog [`weir_catalog::TableDef`].
 //! - [`planner`]: DataFusion logical plans → [`weir_engine::plan::StreamGraph`].
 //! - [`udf`]: the internal window marker function.
+//! - [`flink_functions`]: functions where Flink's result differs from
+//!   DataFusion's (`AVG` of integers).
 //! - [`error`]: [`SqlError`] with the position of the problem.
 
 pub mod ddl;
 pub mod error;
+pub mod flink_functions;
 pub mod parser;
 pub mod planner;
 pub mod rewrite;

@@ -1,0 +1,195 @@
+//! Functions whose Flink behaviour differs from DataFusion's. Registered
+//! over DataFusion's under the same name.
+//!
+//! - `AVG` of an integer column returns that integer type, truncated toward
+//!   zero (Flink computes `SUM / COUNT` in the input type); DataFusion
+//!   returns DOUBLE. Decimal, float and interval inputs behave as in
+//!   DataFusion.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::types::{NativeType, logical_float64};
+use datafusion::common::{Result, ScalarValue};
+use datafusion::functions_aggregate::average::Avg;
+use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
+use datafusion::logical_expr::{
+    Accumulator, AggregateUDF, AggregateUDFImpl, Coercion, EmitTo, GroupsAccumulator, Signature,
+    TypeSignature, TypeSignatureClass, Volatility,
+};
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkAvg {
+    inner: Avg,
+    signature: Signature,
+}
+
+impl FlinkAvg {
+    pub fn udaf() -> AggregateUDF {
+        AggregateUDF::new_from_impl(Self {
+            inner: Avg::new(),
+            signature: Signature::one_of(
+                vec![
+                    TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Decimal)]),
+                    TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Duration)]),
+                    TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Integer)]),
+                    TypeSignature::Coercible(vec![Coercion::new_implicit(
+                        TypeSignatureClass::Native(logical_float64()),
+                        vec![TypeSignatureClass::Float],
+                        NativeType::Float64,
+                    )]),
+                ],
+                Volatility::Immutable,
+            ),
+        })
+    }
+}
+
+fn float_field(f: &FieldRef) -> FieldRef {
+    Arc::new(Field::new(f.name(), DataType::Float64, true))
+}
+
+impl AggregateUDFImpl for FlinkAvg {
+    fn name(&self) -> &str {
+        "avg"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.first() {
+            Some(t) if t.is_integer() => Ok(t.clone()),
+            _ => self.inner.return_type(arg_types),
+        }
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let out = args.return_field.data_type().clone();
+        if !out.is_integer() {
+            return self.inner.accumulator(args);
+        }
+        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
+        let inner = self.inner.accumulator(AccumulatorArgs {
+            return_field: float_field(&args.return_field),
+            expr_fields: &fields,
+            ..args
+        })?;
+        Ok(Box::new(IntAvg { inner, out }))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        if !args.return_field.data_type().is_integer() {
+            return self.inner.state_fields(args);
+        }
+        let fields: Vec<FieldRef> = args.input_fields.iter().map(float_field).collect();
+        self.inner.state_fields(StateFieldsArgs {
+            return_field: float_field(&args.return_field),
+            input_fields: &fields,
+            ..args
+        })
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        if !args.return_field.data_type().is_integer() {
+            return self.inner.groups_accumulator_supported(args);
+        }
+        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
+        self.inner.groups_accumulator_supported(AccumulatorArgs {
+            return_field: float_field(&args.return_field),
+            expr_fields: &fields,
+            ..args
+        })
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        let out = args.return_field.data_type().clone();
+        if !out.is_integer() {
+            return self.inner.create_groups_accumulator(args);
+        }
+        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
+        let inner = self.inner.create_groups_accumulator(AccumulatorArgs {
+            return_field: float_field(&args.return_field),
+            expr_fields: &fields,
+            ..args
+        })?;
+        Ok(Box::new(IntGroupsAvg { inner, out }))
+    }
+}
+
+fn to_float(values: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
+    Ok(values.iter().map(|v| cast(v, &DataType::Float64)).collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Averages integers in floating point, returns the integer type.
+#[derive(Debug)]
+struct IntAvg {
+    inner: Box<dyn Accumulator>,
+    out: DataType,
+}
+
+impl Accumulator for IntAvg {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.inner.update_batch(&to_float(values)?)
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.inner.evaluate()?.cast_to(&self.out)
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.inner.state()
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.inner.merge_batch(states)
+    }
+}
+
+struct IntGroupsAvg {
+    inner: Box<dyn GroupsAccumulator>,
+    out: DataType,
+}
+
+impl GroupsAccumulator for IntGroupsAvg {
+    fn update_batch(
+        &mut self,
+        values: &[ArrayRef],
+        group_indices: &[usize],
+        opt_filter: Option<&BooleanArray>,
+        total_num_groups: usize,
+    ) -> Result<()> {
+        self.inner.update_batch(&to_float(values)?, group_indices, opt_filter, total_num_groups)
+    }
+
+    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
+        Ok(cast(&self.inner.evaluate(emit_to)?, &self.out)?)
+    }
+
+    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
+        self.inner.state(emit_to)
+    }
+
+    fn merge_batch(&mut self, values: &[ArrayRef], group_indices: &[usize], total_num_groups: usize) -> Result<()> {
+        self.inner.merge_batch(values, group_indices, total_num_groups)
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
+        self.inner.convert_to_state(&to_float(values)?, opt_filter)
+    }
+}
