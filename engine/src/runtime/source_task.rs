@@ -261,13 +261,20 @@ impl SourceTask {
             }
             Some(_) => {}
             None => {
-                // Every split idle (or none assigned): tell downstream not
-                // to wait for us.
-                if !reader.idle && reader.splits.iter().any(|s| !s.finished) || reader.splits.is_empty() {
-                    if !reader.idle {
-                        reader.idle = true;
-                        outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Idle));
-                    }
+                // Every split idle (or none assigned). First flush: emit the
+                // highest watermark any idle split reached (FLINK-38454), so
+                // the order in which splits went idle does not matter; then
+                // tell downstream not to wait for us.
+                let flush = reader.splits.iter().filter(|s| !s.finished).map(|s| s.watermark).max();
+                if let Some(w) = flush.filter(|w| *w > reader.emitted) {
+                    reader.emitted = w;
+                    self.metrics.watermark.fetch_max(w, Ordering::Relaxed);
+                    self.chain.process_watermark(w, outbox)?;
+                }
+                let unfinished = reader.splits.is_empty() || reader.splits.iter().any(|s| !s.finished);
+                if unfinished && !reader.idle {
+                    reader.idle = true;
+                    outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Idle));
                 }
             }
         }
@@ -289,4 +296,146 @@ fn to_millis(array: &arrow::array::ArrayRef) -> Result<Vec<Option<i64>>> {
     };
     let a = a.as_primitive::<TimestampMillisecondType>();
     Ok((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use arrow::array::TimestampMillisecondArray;
+    use arrow::datatypes::{Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::runtime::output::Partitioner;
+
+    /// Emits its batches, then has nothing more for a long time.
+    struct ScriptedSplit {
+        batches: VecDeque<RecordBatch>,
+    }
+
+    impl SourceSplit for ScriptedSplit {
+        fn id(&self) -> String {
+            "scripted".into()
+        }
+
+        fn poll_batch(&mut self) -> Result<SplitPoll> {
+            Ok(match self.batches.pop_front() {
+                Some(b) => SplitPoll::Batch(b),
+                None => SplitPoll::Wait(Instant::now() + Duration::from_secs(3600)),
+            })
+        }
+
+        fn offset(&self) -> u64 {
+            0
+        }
+    }
+
+    /// Always has data: event time climbs to `max` and stays there.
+    struct BusySplit {
+        next: i64,
+        max: i64,
+    }
+
+    impl SourceSplit for BusySplit {
+        fn id(&self) -> String {
+            "busy".into()
+        }
+
+        fn poll_batch(&mut self) -> Result<SplitPoll> {
+            let ts = self.next.min(self.max);
+            self.next += 1_000;
+            Ok(SplitPoll::Batch(batch(&[ts])))
+        }
+
+        fn offset(&self) -> u64 {
+            0
+        }
+    }
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), false)]))
+    }
+
+    fn batch(ts: &[i64]) -> RecordBatch {
+        RecordBatch::try_new(schema(), vec![Arc::new(TimestampMillisecondArray::from(ts.to_vec()))]).expect("batch")
+    }
+
+    fn task(splits: Vec<Box<dyn SourceSplit>>, idle: Option<Duration>, tx: mpsc::Sender<StreamMessage>, stop: watch::Receiver<bool>) -> SourceTask {
+        SourceTask {
+            splits,
+            bounded: false,
+            computed: None,
+            schema: schema(),
+            watermark: Some(WatermarkNode {
+                column: "ts".into(),
+                sql: "ts".into(),
+                expr: Arc::new(Column::new("ts", 0)),
+                idle_timeout: idle,
+            }),
+            rowtime_index: Some(0),
+            emit: EmitStrategy::OnPeriodic,
+            interval: Duration::from_millis(10),
+            chain: Chain::new(vec![], vec![]),
+            output: Output::channels(vec![tx], Partitioner::Forward),
+            stop,
+            metrics: Arc::new(NodeMetrics::new("source".into())),
+        }
+    }
+
+    /// Waits (with a deadline) for a watermark of at least `at_least`.
+    async fn await_watermark(rx: &mut mpsc::Receiver<StreamMessage>, at_least: i64) -> Vec<StreamMessage> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = vec![];
+        loop {
+            let msg = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no watermark >= {at_least} before the deadline; saw {seen:?}"))
+                .expect("source still running");
+            let done = matches!(msg, StreamMessage::Watermark(w) if w >= at_least);
+            seen.push(msg);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_split_does_not_hold_back_the_reader_watermark() {
+        let busy = BusySplit { next: 1_000, max: 5_000 };
+        let silent = ScriptedSplit { batches: VecDeque::new() };
+        let (tx, mut rx) = mpsc::channel(64);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let t = task(vec![Box::new(busy), Box::new(silent)], Some(Duration::from_millis(50)), tx, stop_rx);
+        let handle = tokio::spawn(t.run());
+        // The busy split never idles; the silent one goes idle after 50 ms,
+        // and from then on the reader's watermark is the busy split's.
+        let seen = await_watermark(&mut rx, 5_000).await;
+        assert!(
+            !seen.iter().any(|m| matches!(m, StreamMessage::Watermark(w) if *w > 5_000)),
+            "never beyond the data: {seen:?}"
+        );
+        stop_tx.send(true).expect("stop");
+        handle.await.expect("join").expect("source ends cleanly on stop");
+    }
+
+    #[tokio::test]
+    async fn a_reader_whose_splits_are_all_silent_goes_idle() {
+        let (tx, mut rx) = mpsc::channel(64);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let t = task(vec![Box::new(ScriptedSplit { batches: VecDeque::new() })], Some(Duration::from_millis(20)), tx, stop_rx);
+        let handle = tokio::spawn(t.run());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let msg = tokio::time::timeout_at(deadline, rx.recv()).await.expect("idle status before the deadline").expect("running");
+            match msg {
+                StreamMessage::WatermarkStatus(WatermarkStatus::Idle) => break,
+                StreamMessage::Watermark(w) => panic!("no data, yet watermark {w}"),
+                _ => {}
+            }
+        }
+        stop_tx.send(true).expect("stop");
+        handle.await.expect("join").expect("clean stop");
+    }
 }
