@@ -23,7 +23,8 @@ pub struct NexmarkArgs {
     pub state_backend: String,
 }
 
-const BID_COLUMNS: &str = "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, dateTime TIMESTAMP(3), extra STRING";
+const BID_COLUMNS: &str =
+    "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, dateTime TIMESTAMP(3), extra STRING";
 
 /// (name, sink columns, query).
 pub fn query(name: &str) -> Option<(&'static str, &'static str)> {
@@ -36,7 +37,10 @@ pub fn query(name: &str) -> Option<(&'static str, &'static str)> {
             "auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), dateTime TIMESTAMP(3), extra STRING",
             "SELECT auction, bidder, 0.908 * price AS price, dateTime, extra FROM bid",
         ),
-        "q2" => ("auction BIGINT, price BIGINT", "SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0"),
+        "q2" => (
+            "auction BIGINT, price BIGINT",
+            "SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0",
+        ),
         "q5" => (
             "auction BIGINT, num BIGINT, window_start TIMESTAMP(3), window_end TIMESTAMP(3)",
             "SELECT auction, COUNT(*) AS num, window_start, window_end \

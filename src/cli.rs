@@ -12,7 +12,11 @@ use crate::display::{Tableau, table};
 use crate::session::{ResultStream, Session, SessionError, StatementResult};
 
 #[derive(Parser, Debug)]
-#[command(name = "weir", version, about = "Streaming SQL: Flink semantics on Arrow, DataFusion and RocksDB")]
+#[command(
+    name = "weir",
+    version,
+    about = "Streaming SQL: Flink semantics on Arrow, DataFusion and RocksDB"
+)]
 pub struct Args {
     /// Catalog, job state and checkpoints live here.
     #[arg(long, global = true, default_value = "./weir-data")]
@@ -56,7 +60,10 @@ pub fn main_with(args: Args) -> i32 {
             return EXIT_ERROR;
         }
     };
-    if let Some(Command::Bench { which: BenchCommand::Nexmark(b) }) = &args.sub {
+    if let Some(Command::Bench {
+        which: BenchCommand::Nexmark(b),
+    }) = &args.sub
+    {
         return rt.block_on(crate::bench::run_nexmark(b));
     }
     let mut session = match Session::open(&args.data_dir) {
@@ -75,7 +82,9 @@ pub fn main_with(args: Args) -> i32 {
                     return EXIT_ERROR;
                 }
             };
-            let stem = file.file_stem().map_or("job".into(), |s| s.to_string_lossy().to_string());
+            let stem = file
+                .file_stem()
+                .map_or("job".into(), |s| s.to_string_lossy().to_string());
             session.set_default_job_name(stem);
             rt.block_on(run_script(&mut session, &text, &file.display().to_string()))
         }
@@ -217,7 +226,11 @@ async fn wait_jobs(jobs: Vec<JobHandle>) -> i32 {
                     "[INFO] job '{name}' {} after {:.2} s{}",
                     if interrupted { "stopped" } else { "finished" },
                     outcome.elapsed.as_secs_f64(),
-                    if late > 0 { format!(", {late} late rows dropped") } else { String::new() }
+                    if late > 0 {
+                        format!(", {late} late rows dropped")
+                    } else {
+                        String::new()
+                    }
                 );
             }
             Err(e) => {
@@ -248,7 +261,10 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
     };
     let history = history_path(session.data_dir());
     let _ = editor.load_history(&history);
-    println!("Weir {} — statements end with ';'. Type 'quit;' or Ctrl-D to leave.", env!("CARGO_PKG_VERSION"));
+    println!(
+        "Weir {} — statements end with ';'. Type 'quit;' or Ctrl-D to leave.",
+        env!("CARGO_PKG_VERSION")
+    );
     let mut buffer = String::new();
     loop {
         let prompt = if buffer.is_empty() { "weir> " } else { "   -> " };

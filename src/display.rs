@@ -20,12 +20,17 @@ impl Tableau {
         let widths = schema
             .fields()
             .iter()
-            .map(|f| f.name().len().max(match f.data_type() {
-                arrow::datatypes::DataType::Timestamp(_, _) => 23,
-                _ => 12,
-            }))
+            .map(|f| {
+                f.name().len().max(match f.data_type() {
+                    arrow::datatypes::DataType::Timestamp(_, _) => 23,
+                    _ => 12,
+                })
+            })
             .collect();
-        Self { widths, header_done: false }
+        Self {
+            widths,
+            header_done: false,
+        }
     }
 
     fn rule(&self) -> String {
@@ -68,7 +73,11 @@ impl Tableau {
     }
 
     pub fn footer(&self, rows: u64) -> String {
-        format!("{}\nReceived a total of {rows} row{}", self.rule(), if rows == 1 { "" } else { "s" })
+        format!(
+            "{}\nReceived a total of {rows} row{}",
+            self.rule(),
+            if rows == 1 { "" } else { "s" }
+        )
     }
 }
 

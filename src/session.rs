@@ -11,9 +11,9 @@ use arrow::record_batch::RecordBatch;
 use tokio::sync::mpsc;
 use weir_catalog::store::Entry;
 use weir_catalog::{Catalog, ViewDef};
+use weir_engine::ExecError;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
 use weir_engine::runtime::{JobHandle, deploy};
-use weir_engine::ExecError;
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
 
@@ -60,7 +60,9 @@ pub enum StatementResult {
     Explain(String),
     /// `INSERT INTO`: a job was started (and, with `table.dml-sync`, has
     /// finished).
-    JobStarted { name: String },
+    JobStarted {
+        name: String,
+    },
     Stream(ResultStream),
 }
 
@@ -128,7 +130,11 @@ impl Session {
             None => {
                 self.started += 1;
                 let base = self.default_job_name.as_deref().unwrap_or(fallback);
-                if self.started == 1 { base.to_string() } else { format!("{base}-{}", self.started) }
+                if self.started == 1 {
+                    base.to_string()
+                } else {
+                    format!("{base}-{}", self.started)
+                }
             }
         };
         Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
@@ -145,7 +151,9 @@ impl Session {
     }
 
     pub async fn execute(&mut self, stmt: &ParsedStatement) -> Result<StatementResult, SessionError> {
-        self.execute_statement(&stmt.statement).await.map_err(|e| at(e, stmt.location))
+        self.execute_statement(&stmt.statement)
+            .await
+            .map_err(|e| at(e, stmt.location))
     }
 
     async fn execute_statement(&mut self, stmt: &Statement) -> Result<StatementResult, SessionError> {
@@ -169,7 +177,12 @@ impl Session {
                 self.catalog.create(Entry::Table(def), ct.if_not_exists)?;
                 Ok(StatementResult::Done("table created".into()))
             }
-            Statement::CreateView { name, if_not_exists, or_replace, query } => {
+            Statement::CreateView {
+                name,
+                if_not_exists,
+                or_replace,
+                query,
+            } => {
                 // Plan it now so a broken view is rejected at CREATE.
                 self.planner.logical_plan(query, &self.catalog)?;
                 if *or_replace {
@@ -178,7 +191,10 @@ impl Session {
                     }
                     self.catalog.drop(name, true)?;
                 }
-                let view = ViewDef { name: name.clone(), query: query.to_string() };
+                let view = ViewDef {
+                    name: name.clone(),
+                    query: query.to_string(),
+                };
                 if let Some(Entry::View(existing)) = self.catalog.get(name) {
                     if *existing == view {
                         return Ok(StatementResult::Done("view exists, unchanged".into()));
@@ -198,7 +214,11 @@ impl Session {
                     _ => {}
                 }
                 let dropped = self.catalog.drop(name, *if_exists)?;
-                Ok(StatementResult::Done(if dropped { format!("{} dropped", if *view { "view" } else { "table" }) } else { "nothing to drop".into() }))
+                Ok(StatementResult::Done(if dropped {
+                    format!("{} dropped", if *view { "view" } else { "table" })
+                } else {
+                    "nothing to drop".into()
+                }))
             }
             Statement::ShowTables => {
                 let names: Vec<&str> = self.catalog.entries().map(|(n, _)| n.as_str()).collect();
@@ -217,7 +237,10 @@ impl Session {
                 let values: Vec<&str> = self.settings.values().map(String::as_str).collect();
                 let batch = RecordBatch::try_new(
                     schema.clone(),
-                    vec![Arc::new(StringArray::from(keys)) as ArrayRef, Arc::new(StringArray::from(values))],
+                    vec![
+                        Arc::new(StringArray::from(keys)) as ArrayRef,
+                        Arc::new(StringArray::from(values)),
+                    ],
                 )
                 .map_err(ExecError::from)?;
                 Ok(StatementResult::Rows(schema, vec![batch]))
@@ -232,8 +255,13 @@ impl Session {
                 Ok(StatementResult::Done("all options reset".into()))
             }
             Statement::Reset(Some(k)) => {
-                JobConfig::validate_pair(k, "")
-                    .or_else(|e| if e.to_string().contains("unknown option") { Err(e) } else { Ok(()) })?;
+                JobConfig::validate_pair(k, "").or_else(|e| {
+                    if e.to_string().contains("unknown option") {
+                        Err(e)
+                    } else {
+                        Ok(())
+                    }
+                })?;
                 self.settings.remove(k);
                 Ok(StatementResult::Done("option reset".into()))
             }
@@ -244,7 +272,10 @@ impl Session {
                 let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
                 let job = deploy(graph, &config, None)?;
                 let name = job.name.clone();
-                let sync = self.settings.get(DML_SYNC).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                let sync = self
+                    .settings
+                    .get(DML_SYNC)
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
                 if sync {
                     self.last_outcome = Some(job.wait().await?);
                 } else {
@@ -261,7 +292,11 @@ impl Session {
                         Ok(StatementResult::Rows(schema, rows))
                     }
                     QueryPlan::Stream(graph) => {
-                        let schema = graph.nodes.last().map(|n| n.schema.clone()).ok_or_else(|| ExecError::internal("empty plan"))?;
+                        let schema = graph
+                            .nodes
+                            .last()
+                            .map(|n| n.schema.clone())
+                            .ok_or_else(|| ExecError::internal("empty plan"))?;
                         let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
                         Ok(StatementResult::Stream(ResultStream { schema, rows: rx, job }))
@@ -290,19 +325,30 @@ impl Session {
                 let config = self.explain_config("select")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
                     QueryPlan::Batch(plan) => {
-                        return Ok(StatementResult::Explain(format!("Batch query (no table is read):\n{}", plan.display_indent())));
+                        return Ok(StatementResult::Explain(format!(
+                            "Batch query (no table is read):\n{}",
+                            plan.display_indent()
+                        )));
                     }
                     QueryPlan::Stream(g) => (g, config),
                 }
             }
-            _ => return Err(SqlError::new(ErrorKind::Unsupported, "EXPLAIN works on SELECT and INSERT statements").into()),
+            _ => {
+                return Err(
+                    SqlError::new(ErrorKind::Unsupported, "EXPLAIN works on SELECT and INSERT statements").into(),
+                );
+            }
         };
         Ok(StatementResult::Explain(graph.0.explain(&graph.1)))
     }
 
     /// A job config that does not count as a started job.
     fn explain_config(&self, fallback: &str) -> Result<JobConfig, SessionError> {
-        let name = self.settings.get(PIPELINE_NAME).cloned().unwrap_or_else(|| fallback.to_string());
+        let name = self
+            .settings
+            .get(PIPELINE_NAME)
+            .cloned()
+            .unwrap_or_else(|| fallback.to_string());
         Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
     }
 
@@ -314,38 +360,47 @@ impl Session {
             Field::new("extras", DataType::Utf8, true),
             Field::new("watermark", DataType::Utf8, true),
         ]));
-        let (names, types, nulls, extras, wms): (Vec<String>, Vec<String>, Vec<bool>, Vec<Option<String>>, Vec<Option<String>>) =
-            match self.catalog.get(name) {
-                Some(Entry::Table(t)) => {
-                    let mut v = (vec![], vec![], vec![], vec![], vec![]);
-                    for c in &t.columns {
-                        let rowtime = t.watermark.as_ref().is_some_and(|w| w.column == c.name);
-                        v.0.push(c.name.clone());
-                        v.1.push(if rowtime { format!("{} *ROWTIME*", c.type_name) } else { c.type_name.clone() });
-                        v.2.push(c.nullable);
-                        v.3.push(c.computed.as_ref().map(|e| format!("AS {e}")));
-                        v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| w.expr.clone()));
-                    }
-                    v
+        let (names, types, nulls, extras, wms): (
+            Vec<String>,
+            Vec<String>,
+            Vec<bool>,
+            Vec<Option<String>>,
+            Vec<Option<String>>,
+        ) = match self.catalog.get(name) {
+            Some(Entry::Table(t)) => {
+                let mut v = (vec![], vec![], vec![], vec![], vec![]);
+                for c in &t.columns {
+                    let rowtime = t.watermark.as_ref().is_some_and(|w| w.column == c.name);
+                    v.0.push(c.name.clone());
+                    v.1.push(if rowtime {
+                        format!("{} *ROWTIME*", c.type_name)
+                    } else {
+                        c.type_name.clone()
+                    });
+                    v.2.push(c.nullable);
+                    v.3.push(c.computed.as_ref().map(|e| format!("AS {e}")));
+                    v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| w.expr.clone()));
                 }
-                Some(Entry::View(v)) => {
-                    let q = weir_sql::parse(&v.query)?;
-                    let Some(Statement::Query(query)) = q.into_iter().next().map(|s| s.statement) else {
-                        return Err(SqlError::internal(format!("stored view '{name}' is not a query")).into());
-                    };
-                    let plan = self.planner.logical_plan(&query, &self.catalog)?;
-                    let mut out = (vec![], vec![], vec![], vec![], vec![]);
-                    for f in plan.schema().fields() {
-                        out.0.push(f.name().clone());
-                        out.1.push(weir_sql::types::flink_name(f.data_type()));
-                        out.2.push(f.is_nullable());
-                        out.3.push(None);
-                        out.4.push(None);
-                    }
-                    out
+                v
+            }
+            Some(Entry::View(v)) => {
+                let q = weir_sql::parse(&v.query)?;
+                let Some(Statement::Query(query)) = q.into_iter().next().map(|s| s.statement) else {
+                    return Err(SqlError::internal(format!("stored view '{name}' is not a query")).into());
+                };
+                let plan = self.planner.logical_plan(&query, &self.catalog)?;
+                let mut out = (vec![], vec![], vec![], vec![], vec![]);
+                for f in plan.schema().fields() {
+                    out.0.push(f.name().clone());
+                    out.1.push(weir_sql::types::flink_name(f.data_type()));
+                    out.2.push(f.is_nullable());
+                    out.3.push(None);
+                    out.4.push(None);
                 }
-                None => return Err(SqlError::plan(format!("table or view '{name}' does not exist")).into()),
-            };
+                out
+            }
+            None => return Err(SqlError::plan(format!("table or view '{name}' does not exist")).into()),
+        };
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![
@@ -365,6 +420,10 @@ impl Session {
 fn at(e: SessionError, location: Location) -> SessionError {
     match e {
         SessionError::Sql(s) => SessionError::Sql(s.at(location)),
-        other => SessionError::Sql(SqlError { kind: ErrorKind::Catalog, message: other.to_string(), location: Some(location) }),
+        other => SessionError::Sql(SqlError {
+            kind: ErrorKind::Catalog,
+            message: other.to_string(),
+            location: Some(location),
+        }),
     }
 }

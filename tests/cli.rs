@@ -13,13 +13,19 @@ fn weir(data_dir: &std::path::Path) -> Command {
 }
 
 fn example(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
 }
 
 #[test]
 fn quickstart_runs_to_completion_and_prints_windows() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = weir(dir.path()).arg("run").arg(example("quickstart.sql")).output().expect("run");
+    let out = weir(dir.path())
+        .arg("run")
+        .arg(example("quickstart.sql"))
+        .output()
+        .expect("run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "exit {:?}\n{stderr}", out.status);
@@ -34,7 +40,11 @@ fn quickstart_runs_to_completion_and_prints_windows() {
     }
     assert!(stderr.contains("job 'quickstart' finished"), "{stderr}");
     // Running the same script again in the same data dir works.
-    let again = weir(dir.path()).arg("run").arg(example("quickstart.sql")).output().expect("run");
+    let again = weir(dir.path())
+        .arg("run")
+        .arg(example("quickstart.sql"))
+        .output()
+        .expect("run");
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
 }
 
@@ -42,11 +52,25 @@ fn quickstart_runs_to_completion_and_prints_windows() {
 fn run_stops_at_the_first_error_with_file_line_column() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("broken.sql");
-    std::fs::write(&file, "SET 'parallelism.default' = '1';\n\nSELECT nope\n  FROM missing;\nSELECT 1;\n").expect("write");
-    let out = weir(&dir.path().join("data")).arg("run").arg(&file).output().expect("run");
+    std::fs::write(
+        &file,
+        "SET 'parallelism.default' = '1';\n\nSELECT nope\n  FROM missing;\nSELECT 1;\n",
+    )
+    .expect("write");
+    let out = weir(&dir.path().join("data"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains(&format!("{}:4:8: error: table 'missing' does not exist", file.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:4:8: error: table 'missing' does not exist",
+            file.display()
+        )),
+        "{stderr}"
+    );
     // Statements after the error did not run.
     assert!(!String::from_utf8_lossy(&out.stdout).contains("| 1 |"));
 }
@@ -54,7 +78,11 @@ fn run_stops_at_the_first_error_with_file_line_column() {
 #[test]
 fn missing_file_is_an_error_not_a_panic() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = weir(dir.path()).arg("run").arg(dir.path().join("nope.sql")).output().expect("run");
+    let out = weir(dir.path())
+        .arg("run")
+        .arg(dir.path().join("nope.sql"))
+        .output()
+        .expect("run");
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
 }
@@ -74,10 +102,19 @@ fn command_flag_and_stdin_scripts_share_the_persistent_catalog() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn");
-    child.stdin.take().expect("stdin").write_all(b"SHOW TABLES;\n").expect("write");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"SHOW TABLES;\n")
+        .expect("write");
     let out = child.wait_with_output().expect("wait");
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("| t "), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("| t "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -109,7 +146,11 @@ fn sigint_stops_an_unbounded_job_gracefully() {
             _ => panic!("weir exited before submitting the job"),
         }
     }
-    let status = Command::new("kill").arg("-INT").arg(child.id().to_string()).status().expect("kill");
+    let status = Command::new("kill")
+        .arg("-INT")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
     assert!(status.success());
     let out = child.wait_with_output().expect("wait");
     let stderr = String::from_utf8_lossy(&out.stderr);

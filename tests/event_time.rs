@@ -7,7 +7,9 @@ use weir::{Session, StatementResult};
 
 /// Runs a TUMBLE count/sum over `file`; returns (sorted rows, late rows).
 async fn windows_of(file: &str, parallelism: usize) -> (Vec<String>, u64) {
-    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(file);
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file);
     let dir = tempfile::tempdir().expect("tempdir");
     let mut session = Session::open(dir.path()).expect("session");
     let setup = format!(
@@ -56,7 +58,10 @@ async fn out_of_order_within_bound_equals_sorted() {
     assert_eq!(late_sorted, 0);
     assert_eq!(late_shuffled, 0, "every row is within the 5 s bound");
     assert_eq!(sorted.len(), 7);
-    assert!(sorted.contains(&"+I[2024-01-01 00:00:00.000, a, 2, 15]".to_string()), "{sorted:?}");
+    assert!(
+        sorted.contains(&"+I[2024-01-01 00:00:00.000, a, 2, 15]".to_string()),
+        "{sorted:?}"
+    );
     assert_eq!(sorted, shuffled);
     let (parallel, _) = windows_of("orders_shuffled.json", 3).await;
     assert_eq!(parallel, sorted);
@@ -69,8 +74,20 @@ async fn rows_beyond_the_bound_are_dropped_and_counted() {
     // exactly :20 is not late (SQL watermarks have no -1 ms).
     let (rows, late) = windows_of("orders_late.json", 1).await;
     assert_eq!(late, 2);
-    assert!(rows.contains(&"+I[2024-01-01 00:00:10.000, b, 2, 10]".to_string()), "{rows:?}");
-    assert!(!rows.iter().any(|r| r.contains(", c, ") && r.contains("00:00:10.000")), "late :19 row of c dropped: {rows:?}");
-    assert!(rows.contains(&"+I[2024-01-01 00:00:20.000, b, 1, 1]".to_string()), "row at the watermark kept: {rows:?}");
-    assert!(rows.contains(&"+I[2024-01-01 00:00:10.000, a, 1, 1]".to_string()), "late :14 row of a not added: {rows:?}");
+    assert!(
+        rows.contains(&"+I[2024-01-01 00:00:10.000, b, 2, 10]".to_string()),
+        "{rows:?}"
+    );
+    assert!(
+        !rows.iter().any(|r| r.contains(", c, ") && r.contains("00:00:10.000")),
+        "late :19 row of c dropped: {rows:?}"
+    );
+    assert!(
+        rows.contains(&"+I[2024-01-01 00:00:20.000, b, 1, 1]".to_string()),
+        "row at the watermark kept: {rows:?}"
+    );
+    assert!(
+        rows.contains(&"+I[2024-01-01 00:00:10.000, a, 1, 1]".to_string()),
+        "late :14 row of a not added: {rows:?}"
+    );
 }

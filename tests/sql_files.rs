@@ -82,11 +82,19 @@ fn parse_file(text: &str) -> Vec<Block> {
         } else if let Some(msg) = header.strip_prefix("statement error") {
             Expect::Error(msg.trim().to_string())
         } else if header.starts_with("query") {
-            Expect::Rows { sort: header.contains("rowsort"), rows }
+            Expect::Rows {
+                sort: header.contains("rowsort"),
+                rows,
+            }
         } else {
             panic!("unknown block header: {header}");
         };
-        blocks.push(Block { comments: std::mem::take(&mut comments), header, sql: sql.join("\n"), expect });
+        blocks.push(Block {
+            comments: std::mem::take(&mut comments),
+            header,
+            sql: sql.join("\n"),
+            expect,
+        });
     }
     blocks
 }
@@ -143,10 +151,16 @@ async fn run_file(path: &Path, rewrite: bool) -> Result<(), String> {
             (Expect::Ok, Err(e)) => failures.push(format!("{}: expected ok, got error: {e}", first_line(&block.sql))),
             (Expect::Error(msg), Err(e)) => {
                 if !e.contains(msg.as_str()) {
-                    failures.push(format!("{}: expected error containing '{msg}', got: {e}", first_line(&block.sql)));
+                    failures.push(format!(
+                        "{}: expected error containing '{msg}', got: {e}",
+                        first_line(&block.sql)
+                    ));
                 }
             }
-            (Expect::Error(msg), Ok(_)) => failures.push(format!("{}: expected error '{msg}', but it succeeded", first_line(&block.sql))),
+            (Expect::Error(msg), Ok(_)) => failures.push(format!(
+                "{}: expected error '{msg}', but it succeeded",
+                first_line(&block.sql)
+            )),
             (Expect::Rows { sort, rows }, Ok(mut actual)) => {
                 if *sort {
                     actual.sort();
@@ -164,17 +178,27 @@ async fn run_file(path: &Path, rewrite: bool) -> Result<(), String> {
                     out_block = format!("{}\n{}\n----\n", block.header, block.sql);
                 }
             }
-            (Expect::Rows { .. }, Err(e)) => failures.push(format!("{}: expected rows, got error: {e}", first_line(&block.sql))),
+            (Expect::Rows { .. }, Err(e)) => {
+                failures.push(format!("{}: expected rows, got error: {e}", first_line(&block.sql)))
+            }
         }
         rewritten.push(format!("{}{out_block}", block.comments));
     }
     if rewrite {
         // Keep the comments at the top of the file.
-        let header: String = text.lines().take_while(|l| l.starts_with('#') || l.trim().is_empty()).map(|l| format!("{l}\n")).collect();
+        let header: String = text
+            .lines()
+            .take_while(|l| l.starts_with('#') || l.trim().is_empty())
+            .map(|l| format!("{l}\n"))
+            .collect();
         std::fs::write(path, format!("{header}{}", rewritten.join("\n"))).map_err(|e| e.to_string())?;
         return Ok(());
     }
-    if failures.is_empty() { Ok(()) } else { Err(failures.join("\n")) }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
 }
 
 fn first_line(sql: &str) -> String {
@@ -200,5 +224,11 @@ async fn sql_files() {
             failed.push(format!("== {}\n{e}", f.display()));
         }
     }
-    assert!(failed.is_empty(), "{} of {} SQL files failed:\n{}", failed.len(), files.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} of {} SQL files failed:\n{}",
+        failed.len(),
+        files.len(),
+        failed.join("\n")
+    );
 }

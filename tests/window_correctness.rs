@@ -24,9 +24,15 @@ async fn batch_rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
 /// Every visible part file of a sink directory.
 fn read_parquet_dir(dir: &str) -> Vec<arrow::record_batch::RecordBatch> {
     let mut out = vec![];
-    let mut files: Vec<_> = std::fs::read_dir(dir).expect("sink dir").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("sink dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
     files.sort();
-    for f in files.iter().filter(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))) {
+    for f in files
+        .iter()
+        .filter(|f| !f.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+    {
         let file = std::fs::File::open(f).expect("open part file");
         let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
             .expect("parquet")
@@ -70,7 +76,11 @@ async fn run_weir(parallelism: usize, backend: &str) -> tempfile::TempDir {
     for stmt in weir_sql::parse(&sql).expect("parse") {
         session.execute(&stmt).await.expect("statement");
         if let Some(o) = session.last_outcome() {
-            assert_eq!(o.metrics.late_rows_dropped(), 0, "in-order Nexmark input has no late rows");
+            assert_eq!(
+                o.metrics.late_rows_dropped(),
+                0,
+                "in-order Nexmark input has no late rows"
+            );
         }
     }
     dir
@@ -87,7 +97,11 @@ async fn check(parallelism: usize, backend: &str) {
         ctx.register_table(t, Arc::new(table)).expect("register");
     }
     let raw_count = batch_rows(&ctx, "SELECT COUNT(*) FROM raw").await;
-    assert_eq!(raw_count, vec![format!("+I[{}]", EVENTS * 46 / 50)], "every bid of the generator");
+    assert_eq!(
+        raw_count,
+        vec![format!("+I[{}]", EVENTS * 46 / 50)],
+        "every bid of the generator"
+    );
 
     let expected_hop = batch_rows(
         &ctx,
@@ -104,8 +118,16 @@ async fn check(parallelism: usize, backend: &str) {
         "SELECT auction, CAST(ws AS BIGINT), CAST(we AS BIGINT), n, total, mn, mx, av, bidders FROM hop",
     )
     .await;
-    assert!(expected_hop.len() > 1000, "a meaningful number of windows: {}", expected_hop.len());
-    assert_eq!(actual_hop.len(), expected_hop.len(), "HOP window count, p={parallelism} {backend}");
+    assert!(
+        expected_hop.len() > 1000,
+        "a meaningful number of windows: {}",
+        expected_hop.len()
+    );
+    assert_eq!(
+        actual_hop.len(),
+        expected_hop.len(),
+        "HOP window count, p={parallelism} {backend}"
+    );
     assert_eq!(actual_hop, expected_hop, "HOP results, p={parallelism} {backend}");
 
     let expected_tumble = batch_rows(
@@ -115,8 +137,15 @@ async fn check(parallelism: usize, backend: &str) {
          GROUP BY t - (t % 5000), bidder % 7",
     )
     .await;
-    let actual_tumble = batch_rows(&ctx, "SELECT CAST(ws AS BIGINT), CAST(we AS BIGINT), bucket, n, mx FROM tumble").await;
-    assert_eq!(actual_tumble, expected_tumble, "TUMBLE results, p={parallelism} {backend}");
+    let actual_tumble = batch_rows(
+        &ctx,
+        "SELECT CAST(ws AS BIGINT), CAST(we AS BIGINT), bucket, n, mx FROM tumble",
+    )
+    .await;
+    assert_eq!(
+        actual_tumble, expected_tumble,
+        "TUMBLE results, p={parallelism} {backend}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,10 +19,7 @@ pub enum CatalogError {
     #[error("missing required option '{key}' for {context}")]
     MissingOption { key: String, context: String },
     #[error("catalog file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("catalog file {path} is corrupt: {message}")]
     Corrupt { path: PathBuf, message: String },
 }

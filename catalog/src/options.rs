@@ -13,7 +13,10 @@ use crate::CatalogError;
 pub enum OptionKind {
     String,
     /// A non-negative or bounded integer.
-    Int { min: i64, max: i64 },
+    Int {
+        min: i64,
+        max: i64,
+    },
     Bool,
     Duration,
     MemorySize,
@@ -38,10 +41,7 @@ impl OptionKind {
     pub fn check(&self, value: &str) -> Result<(), String> {
         let ok = match self {
             OptionKind::String => true,
-            OptionKind::Int { min, max } => value
-                .trim()
-                .parse::<i64>()
-                .is_ok_and(|v| v >= *min && v <= *max),
+            OptionKind::Int { min, max } => value.trim().parse::<i64>().is_ok_and(|v| v >= *min && v <= *max),
             OptionKind::Bool => parse_bool(value).is_some(),
             OptionKind::Duration => parse_duration(value).is_some(),
             OptionKind::MemorySize => parse_memory_size(value).is_some(),
@@ -50,10 +50,7 @@ impl OptionKind {
         if ok {
             Ok(())
         } else {
-            Err(format!(
-                "invalid value '{value}', expected {}",
-                self.describe()
-            ))
+            Err(format!("invalid value '{value}', expected {}", self.describe()))
         }
     }
 }
@@ -115,19 +112,18 @@ impl Options {
         context: &str,
     ) -> Result<Self, CatalogError> {
         for (key, value) in values {
-            let spec = specs.iter().find(|s| s.matches(key)).ok_or_else(|| {
-                CatalogError::UnknownOption {
+            let spec = specs
+                .iter()
+                .find(|s| s.matches(key))
+                .ok_or_else(|| CatalogError::UnknownOption {
                     key: key.clone(),
                     context: context.to_string(),
                     accepted: specs.iter().map(|s| s.key).collect::<Vec<_>>().join(", "),
-                }
-            })?;
-            spec.kind
-                .check(value)
-                .map_err(|message| CatalogError::InvalidOption {
-                    key: key.clone(),
-                    message,
                 })?;
+            spec.kind.check(value).map_err(|message| CatalogError::InvalidOption {
+                key: key.clone(),
+                message,
+            })?;
         }
         Ok(Self {
             values: values.clone(),
@@ -142,12 +138,10 @@ impl Options {
 
     /// The value given, or the spec's default.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.values.get(key).map(String::as_str).or_else(|| {
-            self.specs
-                .iter()
-                .find(|s| s.matches(key))
-                .and_then(|s| s.default)
-        })
+        self.values
+            .get(key)
+            .map(String::as_str)
+            .or_else(|| self.specs.iter().find(|s| s.matches(key)).and_then(|s| s.default))
     }
 
     pub fn contains(&self, key: &str) -> bool {
@@ -161,11 +155,7 @@ impl Options {
         })
     }
 
-    fn typed<T>(
-        &self,
-        key: &str,
-        parse: impl Fn(&str) -> Option<T>,
-    ) -> Result<Option<T>, CatalogError> {
+    fn typed<T>(&self, key: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Option<T>, CatalogError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => parse(v).map(Some).ok_or_else(|| CatalogError::InvalidOption {

@@ -43,11 +43,10 @@ impl Catalog {
         let path = path.into();
         let entries = match std::fs::read(&path) {
             Ok(bytes) => {
-                let file: CatalogFile =
-                    serde_json::from_slice(&bytes).map_err(|e| CatalogError::Corrupt {
-                        path: path.clone(),
-                        message: e.to_string(),
-                    })?;
+                let file: CatalogFile = serde_json::from_slice(&bytes).map_err(|e| CatalogError::Corrupt {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
                 if file.version != FORMAT_VERSION {
                     return Err(CatalogError::Corrupt {
                         path,

@@ -11,10 +11,7 @@ pub enum StateError {
     #[error("RocksDB at {path}: {message}")]
     RocksDb { path: PathBuf, message: String },
     #[error("state directory {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("internal error: corrupt state value in '{state}': {message}")]
     Corrupt { state: String, message: String },
 }
@@ -29,10 +26,7 @@ pub enum ConnectorError {
     #[error("{location}: {message}")]
     Data { location: String, message: String },
     #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -66,8 +66,7 @@ pub struct KeyEncoder {
 
 impl KeyEncoder {
     pub fn new(types: &[arrow::datatypes::DataType]) -> Result<Self> {
-        let converter =
-            RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
+        let converter = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
         Ok(Self { converter })
     }
 

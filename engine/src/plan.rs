@@ -128,9 +128,7 @@ impl std::fmt::Display for WindowSpec {
         match self.kind {
             WindowKind::Tumble => write!(f, "TUMBLE(size {})", ms(self.size))?,
             WindowKind::Hop => write!(f, "HOP(size {}, slide {})", ms(self.size), ms(self.slide))?,
-            WindowKind::Cumulate => {
-                write!(f, "CUMULATE(size {}, step {})", ms(self.size), ms(self.slide))?
-            }
+            WindowKind::Cumulate => write!(f, "CUMULATE(size {}, step {})", ms(self.size), ms(self.slide))?,
         }
         if self.offset != 0 {
             write!(f, " offset {}", ms(self.offset))?;
@@ -275,7 +273,11 @@ impl StreamNode {
                 "Source: {} (connector '{}'{})",
                 src.table.name,
                 src.factory.name(),
-                if src.factory.is_bounded() { ", bounded" } else { ", unbounded" }
+                if src.factory.is_bounded() {
+                    ", bounded"
+                } else {
+                    ", unbounded"
+                }
             ),
             NodeKind::Calc(c) => c.describe(),
             NodeKind::WindowAggregate(w) => {

@@ -32,7 +32,13 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         }
         if let Some(t) = &c.data_type {
             let (data_type, type_name) = to_arrow(t).map_err(|e| e.at(c.location))?;
-            def.columns.push(ColumnDef { name: c.name.value.clone(), type_name, data_type, nullable: c.nullable, computed: None });
+            def.columns.push(ColumnDef {
+                name: c.name.value.clone(),
+                type_name,
+                data_type,
+                nullable: c.nullable,
+                computed: None,
+            });
         }
     }
     if stmt.columns.is_empty() {
@@ -82,7 +88,11 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
     }
     if let Some(w) = &stmt.watermark {
         let col = def.column(&w.column.value).ok_or_else(|| {
-            SqlError::plan(format!("WATERMARK FOR '{}': no such column in table '{}'", w.column.value, def.name)).at(w.location)
+            SqlError::plan(format!(
+                "WATERMARK FOR '{}': no such column in table '{}'",
+                w.column.value, def.name
+            ))
+            .at(w.location)
         })?;
         if !is_rowtime_type(&col.data_type) {
             return Err(SqlError::plan(format!(
@@ -102,7 +112,11 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             ))
             .at(w.location));
         }
-        def.watermark = Some(WatermarkSpec { column: col.name.clone(), expr: w.expr.to_string(), alignment: None });
+        def.watermark = Some(WatermarkSpec {
+            column: col.name.clone(),
+            expr: w.expr.to_string(),
+            alignment: None,
+        });
     }
     weir_engine::connectors::validate_table(&def)?;
     Ok(def)

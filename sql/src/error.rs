@@ -38,7 +38,11 @@ pub struct SqlError {
 
 impl SqlError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), location: None }
+        Self {
+            kind,
+            message: message.into(),
+            location: None,
+        }
     }
 
     pub fn plan(message: impl Into<String>) -> Self {
@@ -77,8 +81,9 @@ impl std::error::Error for SqlError {}
 impl From<sqlparser::parser::ParserError> for SqlError {
     fn from(e: sqlparser::parser::ParserError) -> Self {
         let text = match &e {
-            sqlparser::parser::ParserError::TokenizerError(s)
-            | sqlparser::parser::ParserError::ParserError(s) => s.clone(),
+            sqlparser::parser::ParserError::TokenizerError(s) | sqlparser::parser::ParserError::ParserError(s) => {
+                s.clone()
+            }
             other => other.to_string(),
         };
         let mut err = SqlError::new(ErrorKind::Parse, text.clone());
@@ -110,7 +115,11 @@ impl From<datafusion::error::DataFusionError> for SqlError {
             _ => ErrorKind::Plan,
         };
         let message = e.find_root().message().to_string();
-        SqlError { kind, message, location }
+        SqlError {
+            kind,
+            message,
+            location,
+        }
     }
 }
 

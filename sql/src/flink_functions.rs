@@ -16,8 +16,8 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::functions_aggregate::average::Avg;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Coercion, EmitTo, GroupsAccumulator, Signature,
-    TypeSignature, TypeSignatureClass, Volatility,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Coercion, EmitTo, GroupsAccumulator, Signature, TypeSignature,
+    TypeSignatureClass, Volatility,
 };
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -125,7 +125,10 @@ impl AggregateUDFImpl for FlinkAvg {
 }
 
 fn to_float(values: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
-    Ok(values.iter().map(|v| cast(v, &DataType::Float64)).collect::<Result<Vec<_>, _>>()?)
+    Ok(values
+        .iter()
+        .map(|v| cast(v, &DataType::Float64))
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Averages integers in floating point, returns the integer type.
@@ -170,7 +173,8 @@ impl GroupsAccumulator for IntGroupsAvg {
         opt_filter: Option<&BooleanArray>,
         total_num_groups: usize,
     ) -> Result<()> {
-        self.inner.update_batch(&to_float(values)?, group_indices, opt_filter, total_num_groups)
+        self.inner
+            .update_batch(&to_float(values)?, group_indices, opt_filter, total_num_groups)
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {

@@ -91,16 +91,14 @@ fn is_blank(t: &Token) -> bool {
 /// Parses every statement of `sql`.
 pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
     let dialect = dialect();
-    let tokens = Tokenizer::new(&dialect, sql)
-        .tokenize_with_location()
-        .map_err(|e| {
-            let mut err = SqlError::new(ErrorKind::Parse, e.message.clone());
-            err.location = Some(Location {
-                line: e.location.line,
-                column: e.location.column,
-            });
-            err
-        })?;
+    let tokens = Tokenizer::new(&dialect, sql).tokenize_with_location().map_err(|e| {
+        let mut err = SqlError::new(ErrorKind::Parse, e.message.clone());
+        err.location = Some(Location {
+            line: e.location.line,
+            column: e.location.column,
+        });
+        err
+    })?;
     let mut out = vec![];
     for part in tokens.split(|t| t.token == Token::SemiColon) {
         let Some(first) = part.iter().find(|t| !is_blank(&t.token)) else {
@@ -108,19 +106,34 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         let last = part.iter().rev().find(|t| !is_blank(&t.token)).unwrap_or(first);
         let location = loc(first);
-        let text = slice_text(sql, location, Location {
+        let text = slice_text(
+            sql,
+            location,
+            Location {
+                line: last.span.end.line,
+                column: last.span.end.column,
+            },
+        );
+        let end = Location {
             line: last.span.end.line,
             column: last.span.end.column,
-        });
-        let end = Location { line: last.span.end.line, column: last.span.end.column };
+        };
         let tokens = rewrite_tvf_tokens(part.to_vec());
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
-            let at = if e.message.ends_with("found: EOF") { end } else { location };
+            let at = if e.message.ends_with("found: EOF") {
+                end
+            } else {
+                location
+            };
             e.at(at)
         })?;
-        out.push(ParsedStatement { statement, location, text });
+        out.push(ParsedStatement {
+            statement,
+            location,
+            text,
+        });
     }
     Ok(out)
 }
@@ -153,7 +166,9 @@ fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
     let word = |t: &Token, kw: &str| matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw));
     for w in idx.windows(5) {
         let [a, b, c, d, e] = [w[0], w[1], w[2], w[3], w[4]];
-        let is_tvf = ["TUMBLE", "HOP", "CUMULATE", "SESSION"].iter().any(|k| word(&tokens[c].token, k));
+        let is_tvf = ["TUMBLE", "HOP", "CUMULATE", "SESSION"]
+            .iter()
+            .any(|k| word(&tokens[c].token, k));
         if word(&tokens[a].token, "TABLE")
             && tokens[b].token == Token::LParen
             && is_tvf
@@ -181,7 +196,11 @@ fn parse_one(tokens: Vec<TokenWithSpan>) -> Result<Statement> {
     // Anything left over is a syntax error at its position.
     let next = p.peek_token();
     if next.token != Token::EOF {
-        return Err(SqlError::new(ErrorKind::Parse, format!("unexpected '{}' after the end of the statement", next.token)).at(loc(&next)));
+        return Err(SqlError::new(
+            ErrorKind::Parse,
+            format!("unexpected '{}' after the end of the statement", next.token),
+        )
+        .at(loc(&next)));
     }
     Ok(stmt)
 }
@@ -198,7 +217,10 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         let _ = p.parse_keyword(Keyword::TEMPORARY);
         if p.parse_keyword(Keyword::TABLE) {
             if or_replace {
-                return Err(SqlError::unsupported("CREATE OR REPLACE TABLE is not supported; DROP the table first").at(loc(&start)));
+                return Err(
+                    SqlError::unsupported("CREATE OR REPLACE TABLE is not supported; DROP the table first")
+                        .at(loc(&start)),
+                );
             }
             return Ok(Statement::CreateTable(parse_create_table(p)?));
         }
@@ -207,10 +229,19 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
             let name = object_name(&p.parse_object_name(false)?);
             p.expect_keyword(Keyword::AS)?;
             let query = p.parse_query()?;
-            return Ok(Statement::CreateView { name, if_not_exists, or_replace, query });
+            return Ok(Statement::CreateView {
+                name,
+                if_not_exists,
+                or_replace,
+                query,
+            });
         }
         let t = p.peek_token();
-        return Err(SqlError::unsupported(format!("CREATE {} is not supported; expected CREATE TABLE or CREATE VIEW", t.token)).at(loc(&t)));
+        return Err(SqlError::unsupported(format!(
+            "CREATE {} is not supported; expected CREATE TABLE or CREATE VIEW",
+            t.token
+        ))
+        .at(loc(&t)));
     }
     if p.parse_keyword(Keyword::DROP) {
         let _ = p.parse_keyword(Keyword::TEMPORARY);
@@ -254,10 +285,15 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         ast::Statement::Insert(insert) => {
             let table = match &insert.table {
                 ast::TableObject::TableName(n) => object_name(n),
-                other => return Err(SqlError::unsupported(format!("INSERT INTO {other} is not supported")).at(loc(&start))),
+                other => {
+                    return Err(SqlError::unsupported(format!("INSERT INTO {other} is not supported")).at(loc(&start)));
+                }
             };
             if !insert.columns.is_empty() {
-                return Err(SqlError::unsupported("INSERT INTO with a column list is not supported yet; select the sink's columns in order").at(loc(&start)));
+                return Err(SqlError::unsupported(
+                    "INSERT INTO with a column list is not supported yet; select the sink's columns in order",
+                )
+                .at(loc(&start)));
             }
             let query = insert
                 .source
@@ -265,7 +301,12 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
             Ok(Statement::Insert { table, query })
         }
         other => {
-            let kind = other.to_string().split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            let kind = other
+                .to_string()
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ");
             Err(SqlError::unsupported(format!("statement '{kind} ...' is not supported")).at(loc(&start)))
         }
     }
@@ -290,7 +331,11 @@ fn parse_option_text(p: &mut Parser, key: bool) -> Result<String> {
             Token::EOF | Token::Eq if !text.is_empty() => return Ok(text),
             other => {
                 let what = if key { "an option key" } else { "an option value" };
-                return Err(SqlError::new(ErrorKind::Parse, format!("expected {what} such as 'parallelism.default', found {other}")).at(loc(&t)));
+                return Err(SqlError::new(
+                    ErrorKind::Parse,
+                    format!("expected {what} such as 'parallelism.default', found {other}"),
+                )
+                .at(loc(&t)));
             }
         }
         p.next_token();
@@ -315,19 +360,32 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                 let expr = p.parse_expr()?;
                 let next = p.peek_token();
                 if matches!(&next.token, Token::Word(w) if w.value.eq_ignore_ascii_case("ALIGNMENT")) {
-                    return Err(SqlError::unsupported("ALIGNMENT GROUP (watermark alignment) is not supported yet").at(loc(&next)));
+                    return Err(
+                        SqlError::unsupported("ALIGNMENT GROUP (watermark alignment) is not supported yet")
+                            .at(loc(&next)),
+                    );
                 }
                 if watermark.is_some() {
                     return Err(SqlError::plan("a table can have only one WATERMARK clause").at(loc(&start)));
                 }
-                watermark = Some(WatermarkClause { column, expr, location: loc(&start) });
+                watermark = Some(WatermarkClause {
+                    column,
+                    expr,
+                    location: loc(&start),
+                });
             } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
                 return Err(SqlError::unsupported("PRIMARY KEY is not supported yet").at(loc(&start)));
             } else {
                 let name = p.parse_identifier()?;
                 if p.parse_keyword(Keyword::AS) {
                     let expr = p.parse_expr()?;
-                    columns.push(ColumnSpec { name, data_type: None, nullable: true, computed: Some(expr), location: loc(&start) });
+                    columns.push(ColumnSpec {
+                        name,
+                        data_type: None,
+                        nullable: true,
+                        computed: Some(expr),
+                        location: loc(&start),
+                    });
                 } else {
                     let data_type = p.parse_data_type()?;
                     let mut nullable = true;
@@ -342,7 +400,13 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                     if p.parse_keyword(Keyword::COMMENT) {
                         p.parse_literal_string()?;
                     }
-                    columns.push(ColumnSpec { name, data_type: Some(data_type), nullable, computed: None, location: loc(&start) });
+                    columns.push(ColumnSpec {
+                        name,
+                        data_type: Some(data_type),
+                        nullable,
+                        computed: None,
+                        location: loc(&start),
+                    });
                 }
             }
             if p.consume_token(&Token::Comma) {
@@ -375,14 +439,24 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
             break;
         }
     }
-    Ok(CreateTable { name, if_not_exists, columns, watermark, options })
+    Ok(CreateTable {
+        name,
+        if_not_exists,
+        columns,
+        watermark,
+        options,
+    })
 }
 
 fn parse_string_literal(p: &mut Parser) -> Result<String> {
     let t = p.next_token();
     match &t.token {
         Token::SingleQuotedString(s) => Ok(s.clone()),
-        other => Err(SqlError::new(ErrorKind::Parse, format!("expected a quoted string like 'connector', found {other}")).at(loc(&t))),
+        other => Err(SqlError::new(
+            ErrorKind::Parse,
+            format!("expected a quoted string like 'connector', found {other}"),
+        )
+        .at(loc(&t))),
     }
 }
 
@@ -414,7 +488,9 @@ mod tests {
     fn create_table_with_watermark_and_options() {
         let sql = "CREATE TABLE t (a BIGINT, `ts` TIMESTAMP(3), b AS a + 1,\n WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) WITH ('connector' = 'nexmark')";
         let s = parse(sql).expect("parse");
-        let Statement::CreateTable(ct) = &s[0].statement else { panic!("not create table") };
+        let Statement::CreateTable(ct) = &s[0].statement else {
+            panic!("not create table")
+        };
         assert_eq!(ct.columns.len(), 3);
         assert!(ct.watermark.is_some());
         assert_eq!(ct.options[0].0, "connector");
@@ -428,7 +504,8 @@ mod tests {
 
     #[test]
     fn window_tvf_parses() {
-        let s = parse("SELECT * FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND))").expect("parse");
+        let s =
+            parse("SELECT * FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND))").expect("parse");
         assert!(matches!(s[0].statement, Statement::Query(_)));
     }
 }

@@ -20,13 +20,12 @@ use datafusion::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
-use datafusion::logical_expr::registry::FunctionRegistry;
 use datafusion::logical_expr::logical_plan::builder::LogicalTableSource;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::planner::ContextProvider;
+use datafusion::logical_expr::registry::FunctionRegistry;
 use datafusion::logical_expr::{
-    AggregateUDF, Expr, FetchType, HigherOrderUDF, LogicalPlan, ScalarUDF,
-    SkipType, TableSource, WindowUDF,
+    AggregateUDF, Expr, FetchType, HigherOrderUDF, LogicalPlan, ScalarUDF, SkipType, TableSource, WindowUDF,
 };
 use datafusion::optimizer::optimize_projections::OptimizeProjections;
 use datafusion::optimizer::simplify_expressions::SimplifyExpressions;
@@ -40,8 +39,8 @@ use sqlparser::ast;
 use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
-    CalcNode, Exchange, GroupOutput, LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge,
-    StreamGraph, StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    CalcNode, Exchange, GroupOutput, LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge, StreamGraph,
+    StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -149,7 +148,10 @@ impl Planner {
     }
 
     fn provider<'a>(&'a self, catalog: &'a Catalog) -> Provider<'a> {
-        Provider { state: &self.state, catalog }
+        Provider {
+            state: &self.state,
+            catalog,
+        }
     }
 
     /// Plans a scalar expression against `schema`: (logical, physical).
@@ -205,10 +207,18 @@ impl Planner {
     }
 
     /// Plans `INSERT INTO sink <query>`.
-    pub fn plan_insert(&self, sink: &TableDef, query: &ast::Query, catalog: &Catalog, config: &JobConfig) -> Result<StreamGraph> {
+    pub fn plan_insert(
+        &self,
+        sink: &TableDef,
+        query: &ast::Query,
+        catalog: &Catalog,
+        config: &JobConfig,
+    ) -> Result<StreamGraph> {
         let plan = self.logical_plan(query, catalog)?;
         if !reads_a_table(&plan) {
-            return Err(SqlError::unsupported("INSERT of a query that reads no table is not supported"));
+            return Err(SqlError::unsupported(
+                "INSERT of a query that reads no table is not supported",
+            ));
         }
         let mut b = GraphBuilder::new(self, catalog, config);
         let last = b.convert(&plan)?;
@@ -250,7 +260,9 @@ struct Marker {
 }
 
 fn marker_of(expr: &Expr) -> Option<Marker> {
-    let Expr::ScalarFunction(ScalarFunction { func, args }) = expr.clone().unalias() else { return None };
+    let Expr::ScalarFunction(ScalarFunction { func, args }) = expr.clone().unalias() else {
+        return None;
+    };
     if func.name() != WINDOW_FN || args.len() != 6 {
         return None;
     }
@@ -273,7 +285,12 @@ fn marker_of(expr: &Expr) -> Option<Marker> {
         _ => GroupOutput::WindowTime,
     };
     Some(Marker {
-        spec: WindowSpec { kind, size: lit_i(&args[2])?, slide: lit_i(&args[3])?, offset: lit_i(&args[4])? },
+        spec: WindowSpec {
+            kind,
+            size: lit_i(&args[2])?,
+            slide: lit_i(&args[3])?,
+            offset: lit_i(&args[4])?,
+        },
         part,
     })
 }
@@ -325,25 +342,57 @@ struct GraphBuilder<'a> {
 
 impl<'a> GraphBuilder<'a> {
     fn new(planner: &'a Planner, catalog: &'a Catalog, config: &'a JobConfig) -> Self {
-        Self { planner, catalog, config, nodes: vec![], edges: vec![], under_window_aggregate: false }
+        Self {
+            planner,
+            catalog,
+            config,
+            nodes: vec![],
+            edges: vec![],
+            under_window_aggregate: false,
+        }
     }
 
     fn finish(self) -> StreamGraph {
-        StreamGraph { nodes: self.nodes, edges: self.edges }
+        StreamGraph {
+            nodes: self.nodes,
+            edges: self.edges,
+        }
     }
 
-    fn add(&mut self, parallelism: usize, schema: SchemaRef, kind: NodeKind, input: Option<(NodeId, Exchange)>) -> NodeId {
+    fn add(
+        &mut self,
+        parallelism: usize,
+        schema: SchemaRef,
+        kind: NodeKind,
+        input: Option<(NodeId, Exchange)>,
+    ) -> NodeId {
         let id = self.nodes.len();
-        self.nodes.push(StreamNode { id, parallelism, schema, kind });
+        self.nodes.push(StreamNode {
+            id,
+            parallelism,
+            schema,
+            kind,
+        });
         if let Some((from, exchange)) = input {
             self.edges.push(StreamEdge { from, to: id, exchange });
         }
         id
     }
 
-    fn calc(&mut self, input: NodeId, schema: SchemaRef, filter: Option<Arc<dyn PhysicalExpr>>, projection: Option<Vec<Arc<dyn PhysicalExpr>>>) -> NodeId {
+    fn calc(
+        &mut self,
+        input: NodeId,
+        schema: SchemaRef,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+        projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    ) -> NodeId {
         let p = self.nodes[input].parallelism;
-        self.add(p, schema, NodeKind::Calc(CalcNode { filter, projection }), Some((input, Exchange::Forward)))
+        self.add(
+            p,
+            schema,
+            NodeKind::Calc(CalcNode { filter, projection }),
+            Some((input, Exchange::Forward)),
+        )
     }
 
     fn physical(&self, e: &Expr, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
@@ -361,7 +410,11 @@ impl<'a> GraphBuilder<'a> {
                     ));
                 }
                 let input = self.convert(&p.input)?;
-                let exprs = p.expr.iter().map(|e| self.physical(e, p.input.schema())).collect::<Result<Vec<_>>>()?;
+                let exprs = p
+                    .expr
+                    .iter()
+                    .map(|e| self.physical(e, p.input.schema()))
+                    .collect::<Result<Vec<_>>>()?;
                 Ok(self.calc(input, Arc::new(p.schema.as_arrow().clone()), None, Some(exprs)))
             }
             LogicalPlan::Filter(f) => {
@@ -381,14 +434,24 @@ impl<'a> GraphBuilder<'a> {
                 };
                 let input = self.convert(&l.input)?;
                 let schema = self.nodes[input].schema.clone();
-                Ok(self.add(1, schema, NodeKind::Limit(LimitNode { skip, fetch }), Some((input, Exchange::Global))))
+                Ok(self.add(
+                    1,
+                    schema,
+                    NodeKind::Limit(LimitNode { skip, fetch }),
+                    Some((input, Exchange::Global)),
+                ))
             }
             LogicalPlan::Sort(_) => Err(SqlError::unsupported("ORDER BY on a stream is not supported")),
             LogicalPlan::Join(_) => Err(SqlError::unsupported("joins are not supported yet")),
             LogicalPlan::Union(_) => Err(SqlError::unsupported("UNION is not supported yet")),
-            LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT on a stream is not supported yet")),
+            LogicalPlan::Distinct(_) => Err(SqlError::unsupported(
+                "SELECT DISTINCT on a stream is not supported yet",
+            )),
             LogicalPlan::Window(_) => Err(SqlError::unsupported("OVER windows are not supported yet")),
-            other => Err(SqlError::unsupported(format!("{} is not supported in a streaming query", other.display()))),
+            other => Err(SqlError::unsupported(format!(
+                "{} is not supported in a streaming query",
+                other.display()
+            ))),
         }
     }
 
@@ -437,7 +500,10 @@ impl<'a> GraphBuilder<'a> {
         } else {
             None
         };
-        let table_idle = def.options.get("scan.watermark.idle-timeout").and_then(|v| weir_catalog::options::parse_duration(v));
+        let table_idle = def
+            .options
+            .get("scan.watermark.idle-timeout")
+            .and_then(|v| weir_catalog::options::parse_duration(v));
         let idle_timeout = table_idle.or(self.config.source_idle_timeout).filter(|d| !d.is_zero());
         let watermark = match &def.watermark {
             Some(w) => {
@@ -454,18 +520,32 @@ impl<'a> GraphBuilder<'a> {
         let source = self.add(
             self.config.parallelism,
             full_schema.clone(),
-            NodeKind::Source(SourceNode { table: narrowed.clone(), factory, computed, watermark }),
+            NodeKind::Source(SourceNode {
+                table: narrowed.clone(),
+                factory,
+                computed,
+                watermark,
+            }),
             None,
         );
         let natural: Vec<&String> = narrowed.columns.iter().map(|c| &c.name).collect();
-        if natural.iter().map(|s| s.as_str()).eq(projected.iter().map(|s| s.as_str())) {
+        if natural
+            .iter()
+            .map(|s| s.as_str())
+            .eq(projected.iter().map(|s| s.as_str()))
+        {
             return Ok(source);
         }
         let exprs = projected
             .iter()
             .map(|n| Ok(Arc::new(Column::new(n, full_schema.index_of(n)?)) as Arc<dyn PhysicalExpr>))
             .collect::<Result<Vec<_>>>()?;
-        Ok(self.calc(source, Arc::new(scan.projected_schema.as_arrow().clone()), None, Some(exprs)))
+        Ok(self.calc(
+            source,
+            Arc::new(scan.projected_schema.as_arrow().clone()),
+            None,
+            Some(exprs),
+        ))
     }
 
     fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
@@ -476,7 +556,10 @@ impl<'a> GraphBuilder<'a> {
         let mut time_column = None;
         for g in &agg.group_expr {
             let marker = match g {
-                Expr::Column(c) => input_schema.index_of_column(c).ok().and_then(|i| trace_marker(&agg.input, i).map(|m| (i, m))),
+                Expr::Column(c) => input_schema
+                    .index_of_column(c)
+                    .ok()
+                    .and_then(|i| trace_marker(&agg.input, i).map(|m| (i, m))),
                 _ => None,
             };
             match marker {
@@ -502,9 +585,12 @@ impl<'a> GraphBuilder<'a> {
             ));
         };
         if !group_outputs.contains(&GroupOutput::WindowEnd) {
-            return Err(SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"));
+            return Err(SqlError::plan(
+                "a window aggregation must GROUP BY both window_start and window_end",
+            ));
         }
-        let time_column = time_column.ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
+        let time_column = time_column
+            .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
         let physical_input = input_schema.as_arrow();
         let mut aggregates = vec![];
         for e in &agg.aggr_expr {
@@ -517,7 +603,9 @@ impl<'a> GraphBuilder<'a> {
             )
             .build()?;
             if lowered.filter.is_some() {
-                return Err(SqlError::unsupported("aggregate FILTER (WHERE ...) is not supported yet"));
+                return Err(SqlError::unsupported(
+                    "aggregate FILTER (WHERE ...) is not supported yet",
+                ));
             }
             aggregates.push(lowered.aggregate);
         }
@@ -533,7 +621,13 @@ impl<'a> GraphBuilder<'a> {
         Ok(self.add(
             parallelism,
             Arc::new(agg.schema.as_arrow().clone()),
-            NodeKind::WindowAggregate(WindowAggregateNode { window: spec, time_column, keys, group_outputs, aggregates }),
+            NodeKind::WindowAggregate(WindowAggregateNode {
+                window: spec,
+                time_column,
+                keys,
+                group_outputs,
+                aggregates,
+            }),
             Some((input, exchange)),
         ))
     }
@@ -553,7 +647,12 @@ impl<'a> GraphBuilder<'a> {
             )));
         }
         let mut input = last;
-        if have.fields().iter().zip(target.fields()).any(|(a, b)| a.data_type() != b.data_type()) {
+        if have
+            .fields()
+            .iter()
+            .zip(target.fields())
+            .any(|(a, b)| a.data_type() != b.data_type())
+        {
             let mut exprs = vec![];
             for (i, (a, b)) in have.fields().iter().zip(target.fields()).enumerate() {
                 let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(a.name(), i));
@@ -579,7 +678,10 @@ impl<'a> GraphBuilder<'a> {
         Ok(self.add(
             p,
             target,
-            NodeKind::Sink(SinkNode { name: sink.name.clone(), factory }),
+            NodeKind::Sink(SinkNode {
+                name: sink.name.clone(),
+                factory,
+            }),
             Some((input, Exchange::Forward)),
         ))
     }
@@ -589,7 +691,10 @@ impl<'a> GraphBuilder<'a> {
 /// identifier; extra names are harmless).
 fn identifiers(text: &str) -> Vec<String> {
     let d = dialect();
-    let Ok(expr) = sqlparser::parser::Parser::new(&d).try_with_sql(text).and_then(|mut p| p.parse_expr()) else {
+    let Ok(expr) = sqlparser::parser::Parser::new(&d)
+        .try_with_sql(text)
+        .and_then(|mut p| p.parse_expr())
+    else {
         return vec![];
     };
     let mut out = vec![];
@@ -603,4 +708,3 @@ fn identifiers(text: &str) -> Vec<String> {
     });
     out
 }
-

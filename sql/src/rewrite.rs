@@ -14,8 +14,8 @@
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    self, DateTimeField, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    ObjectName, Query, Select, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
+    self, DateTimeField, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident, ObjectName, Query,
+    Select, SetExpr, TableFactor, Value, VisitMut, VisitorMut,
 };
 use sqlparser::parser::Parser;
 use weir_catalog::Catalog;
@@ -34,7 +34,9 @@ pub fn rewrite_query(query: &mut Query, catalog: &Catalog) -> Result<()> {
 
 fn rewrite_at_depth(query: &mut Query, catalog: &Catalog, depth: usize) -> Result<()> {
     if depth > MAX_VIEW_DEPTH {
-        return Err(SqlError::plan("views nested too deeply (a view that refers to itself?)"));
+        return Err(SqlError::plan(
+            "views nested too deeply (a view that refers to itself?)",
+        ));
     }
     let mut v = Rewriter { catalog, depth };
     match query.visit(&mut v) {
@@ -50,7 +52,11 @@ struct Rewriter<'a> {
 
 /// Milliseconds of an `INTERVAL 'n' UNIT` literal.
 pub fn interval_ms(expr: &Expr) -> Result<i64> {
-    let bad = || SqlError::plan(format!("expected an interval literal such as INTERVAL '10' SECOND, found {expr}"));
+    let bad = || {
+        SqlError::plan(format!(
+            "expected an interval literal such as INTERVAL '10' SECOND, found {expr}"
+        ))
+    };
     let Expr::Interval(iv) = expr else { return Err(bad()) };
     let text = match iv.value.as_ref() {
         Expr::Value(v) => match &v.value {
@@ -80,7 +86,11 @@ pub fn interval_ms(expr: &Expr) -> Result<i64> {
         (Some(DateTimeField::Hour | DateTimeField::Hours), _) => 3_600_000.0,
         (Some(DateTimeField::Day | DateTimeField::Days), _) => 86_400_000.0,
         (None, Some(u)) => unit_ms(&u).ok_or_else(bad)?,
-        _ => return Err(SqlError::unsupported(format!("interval {expr}: only MILLISECOND, SECOND, MINUTE, HOUR and DAY are supported for windows"))),
+        _ => {
+            return Err(SqlError::unsupported(format!(
+                "interval {expr}: only MILLISECOND, SECOND, MINUTE, HOUR and DAY are supported for windows"
+            )));
+        }
     };
     let ms = (number * per).round();
     if !(ms >= 1.0 && ms < i64::MAX as f64) {
@@ -96,7 +106,10 @@ fn args_of(f: &ast::Function) -> Vec<&Expr> {
             .iter()
             .filter_map(|a| match a {
                 FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
-                FunctionArg::Named { arg: FunctionArgExpr::Expr(e), .. } => Some(e),
+                FunctionArg::Named {
+                    arg: FunctionArgExpr::Expr(e),
+                    ..
+                } => Some(e),
                 _ => None,
             })
             .collect(),
@@ -144,7 +157,11 @@ fn window_call(name: &str, sizes: &[&Expr], legacy: bool) -> Result<WindowCall> 
     let ms = |i: usize| sizes.get(i).map(|e| interval_ms(e)).transpose();
     let arity = |min: usize, max: usize| {
         if sizes.len() < min || sizes.len() > max {
-            Err(SqlError::plan(format!("{name} takes {min}{} interval argument(s), got {}", if max > min { format!(" or {max}") } else { String::new() }, sizes.len())))
+            Err(SqlError::plan(format!(
+                "{name} takes {min}{} interval argument(s), got {}",
+                if max > min { format!(" or {max}") } else { String::new() },
+                sizes.len()
+            )))
         } else {
             Ok(())
         }
@@ -153,27 +170,50 @@ fn window_call(name: &str, sizes: &[&Expr], legacy: bool) -> Result<WindowCall> 
         "TUMBLE" => {
             arity(1, 2)?;
             let size = ms(0)?.unwrap_or(1);
-            WindowCall { kind: "TUMBLE", size, slide: size, offset: ms(1)?.unwrap_or(0) }
+            WindowCall {
+                kind: "TUMBLE",
+                size,
+                slide: size,
+                offset: ms(1)?.unwrap_or(0),
+            }
         }
         "HOP" => {
             arity(2, 3)?;
             // Both forms take (slide, size).
             let (slide, size) = (ms(0)?.unwrap_or(1), ms(1)?.unwrap_or(1));
             if size % slide != 0 {
-                return Err(SqlError::plan(format!("HOP window size ({size} ms) must be an integral multiple of the slide ({slide} ms)")));
+                return Err(SqlError::plan(format!(
+                    "HOP window size ({size} ms) must be an integral multiple of the slide ({slide} ms)"
+                )));
             }
-            WindowCall { kind: "HOP", size, slide, offset: ms(2)?.unwrap_or(0) }
+            WindowCall {
+                kind: "HOP",
+                size,
+                slide,
+                offset: ms(2)?.unwrap_or(0),
+            }
         }
         "CUMULATE" if !legacy => {
             arity(2, 3)?;
             let (step, size) = (ms(0)?.unwrap_or(1), ms(1)?.unwrap_or(1));
             if size % step != 0 {
-                return Err(SqlError::plan(format!("CUMULATE window size ({size} ms) must be an integral multiple of the step ({step} ms)")));
+                return Err(SqlError::plan(format!(
+                    "CUMULATE window size ({size} ms) must be an integral multiple of the step ({step} ms)"
+                )));
             }
-            WindowCall { kind: "CUMULATE", size, slide: step, offset: ms(2)?.unwrap_or(0) }
+            WindowCall {
+                kind: "CUMULATE",
+                size,
+                slide: step,
+                offset: ms(2)?.unwrap_or(0),
+            }
         }
         "SESSION" => return Err(SqlError::unsupported("SESSION windows are not supported yet")),
-        other => return Err(SqlError::unsupported(format!("window function {other} is not supported"))),
+        other => {
+            return Err(SqlError::unsupported(format!(
+                "window function {other} is not supported"
+            )));
+        }
     };
     Ok(call)
 }
@@ -187,25 +227,38 @@ impl Rewriter<'_> {
         }
         let args = args_of(f);
         if args.len() < 3 {
-            return Err(SqlError::plan(format!("{name} expects (TABLE t, DESCRIPTOR(time_column), interval...)")));
+            return Err(SqlError::plan(format!(
+                "{name} expects (TABLE t, DESCRIPTOR(time_column), interval...)"
+            )));
         }
         let table = match args[0] {
             Expr::Identifier(i) => ObjectName::from(vec![i.clone()]),
             Expr::CompoundIdentifier(parts) => ObjectName::from(parts.clone()),
-            other => return Err(SqlError::plan(format!("the first argument of {name} must be TABLE <name>, found {other}"))),
+            other => {
+                return Err(SqlError::plan(format!(
+                    "the first argument of {name} must be TABLE <name>, found {other}"
+                )));
+            }
         };
         let ts = match args[1] {
             Expr::Function(d) if fn_name(&d.name) == "DESCRIPTOR" => match args_of(d).as_slice() {
                 [Expr::Identifier(c)] => c.clone(),
                 _ => return Err(SqlError::plan("DESCRIPTOR takes exactly one column name")),
             },
-            other => return Err(SqlError::plan(format!("the second argument of {name} must be DESCRIPTOR(time_column), found {other}"))),
+            other => {
+                return Err(SqlError::plan(format!(
+                    "the second argument of {name} must be DESCRIPTOR(time_column), found {other}"
+                )));
+            }
         };
         let call = window_call(&name, &args[2..], false)?;
-        let alias_ident = alias
-            .as_ref()
-            .map(|a| a.name.clone())
-            .unwrap_or_else(|| table.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new("w")));
+        let alias_ident = alias.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| {
+            table
+                .0
+                .last()
+                .and_then(|p| p.as_ident().cloned())
+                .unwrap_or_else(|| Ident::new("w"))
+        });
         let sql = format!(
             "SELECT *, {} FROM {table}",
             window_columns(&ts.to_string(), call.kind, call.size, call.slide, call.offset)
@@ -222,11 +275,15 @@ impl Rewriter<'_> {
             .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
             .collect::<Vec<_>>()
             .join(".");
-        let Some(Entry::View(v)) = self.catalog.get(&key) else { return Ok(None) };
-        let alias_ident = alias
-            .as_ref()
-            .map(|a| a.name.clone())
-            .unwrap_or_else(|| name.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new(&key)));
+        let Some(Entry::View(v)) = self.catalog.get(&key) else {
+            return Ok(None);
+        };
+        let alias_ident = alias.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| {
+            name.0
+                .last()
+                .and_then(|p| p.as_ident().cloned())
+                .unwrap_or_else(|| Ident::new(&key))
+        });
         let mut factor = derived(&v.query, &alias_ident)?;
         self.rewrite_factor_subquery(&mut factor)?;
         Ok(Some(factor))
@@ -242,22 +299,40 @@ impl Rewriter<'_> {
     /// Legacy `GROUP BY TUMBLE(ts, size)`: wraps FROM in the windowed
     /// derived table and renames the window property functions.
     fn group_window(&self, select: &mut Select) -> Result<()> {
-        let GroupByExpr::Expressions(exprs, _) = &mut select.group_by else { return Ok(()) };
-        let Some(pos) = exprs.iter().position(|e| matches!(e, Expr::Function(f) if ["TUMBLE", "HOP", "SESSION"].contains(&fn_name(&f.name).as_str()))) else {
+        let GroupByExpr::Expressions(exprs, _) = &mut select.group_by else {
             return Ok(());
         };
-        let Expr::Function(f) = exprs[pos].clone() else { return Ok(()) };
+        let Some(pos) = exprs.iter().position(
+            |e| matches!(e, Expr::Function(f) if ["TUMBLE", "HOP", "SESSION"].contains(&fn_name(&f.name).as_str())),
+        ) else {
+            return Ok(());
+        };
+        let Expr::Function(f) = exprs[pos].clone() else {
+            return Ok(());
+        };
         let name = fn_name(&f.name);
         let args = args_of(&f);
         let ts = match args.first() {
             Some(Expr::Identifier(c)) => c.clone(),
             Some(Expr::CompoundIdentifier(parts)) => parts.last().cloned().unwrap_or_else(|| Ident::new("?")),
-            _ => return Err(SqlError::plan(format!("the first argument of {name} in GROUP BY must be the time attribute column"))),
+            _ => {
+                return Err(SqlError::plan(format!(
+                    "the first argument of {name} in GROUP BY must be the time attribute column"
+                )));
+            }
         };
         let call = window_call(&name, &args[1..], true)?;
-        exprs.splice(pos..=pos, [Expr::Identifier(Ident::new("window_start")), Expr::Identifier(Ident::new("window_end"))]);
+        exprs.splice(
+            pos..=pos,
+            [
+                Expr::Identifier(Ident::new("window_start")),
+                Expr::Identifier(Ident::new("window_end")),
+            ],
+        );
         if select.from.len() != 1 {
-            return Err(SqlError::unsupported("a group window over several tables is not supported"));
+            return Err(SqlError::unsupported(
+                "a group window over several tables is not supported",
+            ));
         }
         let from = &select.from[0];
         let alias = match (&from.relation, from.joins.is_empty()) {
@@ -324,7 +399,12 @@ impl VisitorMut for Rewriter<'_> {
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<SqlError> {
         let replaced = match factor {
             TableFactor::TableFunction { expr, alias } => self.tvf(expr, alias),
-            TableFactor::Table { name, alias, args: None, .. } => self.view(name, alias),
+            TableFactor::Table {
+                name,
+                alias,
+                args: None,
+                ..
+            } => self.view(name, alias),
             _ => Ok(None),
         };
         match replaced {

@@ -31,7 +31,9 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
                 ExactNumberInfo::PrecisionAndScale(p, s) => (*p, *s as u64),
             };
             if !(1..=38).contains(&p) || s > p {
-                return Err(SqlError::plan(format!("DECIMAL({p}, {s}) is out of range: precision 1..=38, scale 0..=precision")));
+                return Err(SqlError::plan(format!(
+                    "DECIMAL({p}, {s}) is out of range: precision 1..=38, scale 0..=precision"
+                )));
             }
             (DataType::Decimal128(p as u8, s as i8), format!("DECIMAL({p}, {s})"))
         }
@@ -58,7 +60,10 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
                 TimezoneInfo::None | TimezoneInfo::WithoutTimeZone => {
                     (DataType::Timestamp(time_unit(p), None), format!("TIMESTAMP({p})"))
                 }
-                _ => (DataType::Timestamp(time_unit(p), Some("UTC".into())), format!("TIMESTAMP_LTZ({p})")),
+                _ => (
+                    DataType::Timestamp(time_unit(p), Some("UTC".into())),
+                    format!("TIMESTAMP_LTZ({p})"),
+                ),
             }
         }
         T::Custom(name, modifiers) => {
@@ -66,10 +71,15 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
             match n.as_str() {
                 "TIMESTAMP_LTZ" => {
                     let p: u64 = match modifiers.first() {
-                        Some(m) => m.parse().map_err(|_| SqlError::plan(format!("invalid precision '{m}' for TIMESTAMP_LTZ")))?,
+                        Some(m) => m
+                            .parse()
+                            .map_err(|_| SqlError::plan(format!("invalid precision '{m}' for TIMESTAMP_LTZ")))?,
                         None => 6,
                     };
-                    (DataType::Timestamp(time_unit(p), Some("UTC".into())), format!("TIMESTAMP_LTZ({p})"))
+                    (
+                        DataType::Timestamp(time_unit(p), Some("UTC".into())),
+                        format!("TIMESTAMP_LTZ({p})"),
+                    )
                 }
                 "BYTES" => (DataType::Binary, "BYTES".into()),
                 "STRING" => (DataType::Utf8, "STRING".into()),
@@ -102,7 +112,11 @@ pub fn flink_name(t: &DataType) -> String {
                 TimeUnit::Microsecond => 6,
                 TimeUnit::Nanosecond => 9,
             };
-            if tz.is_some() { format!("TIMESTAMP_LTZ({p})") } else { format!("TIMESTAMP({p})") }
+            if tz.is_some() {
+                format!("TIMESTAMP_LTZ({p})")
+            } else {
+                format!("TIMESTAMP({p})")
+            }
         }
         other => other.to_string(),
     }

@@ -56,17 +56,24 @@ impl ScalarUDFImpl for WindowMarker {
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
         match args.first() {
-            Some(DataType::Timestamp(TimeUnit::Millisecond, tz)) => Ok(DataType::Timestamp(TimeUnit::Millisecond, tz.clone())),
-            Some(other) => plan_err!("the time attribute of a window must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), got {other}"),
+            Some(DataType::Timestamp(TimeUnit::Millisecond, tz)) => {
+                Ok(DataType::Timestamp(TimeUnit::Millisecond, tz.clone()))
+            }
+            Some(other) => {
+                plan_err!("the time attribute of a window must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), got {other}")
+            }
             None => plan_err!("window function needs a time attribute"),
         }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let a = &args.args;
-        let (Some(kind), Some(size), Some(offset), Some(part)) =
-            (literal_str(&a[1]), literal_i64(&a[2]), literal_i64(&a[4]), literal_str(&a[5]))
-        else {
+        let (Some(kind), Some(size), Some(offset), Some(part)) = (
+            literal_str(&a[1]),
+            literal_i64(&a[2]),
+            literal_i64(&a[4]),
+            literal_str(&a[5]),
+        ) else {
             return exec_err!("malformed window marker arguments");
         };
         if kind != "TUMBLE" {

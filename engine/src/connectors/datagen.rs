@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
+use arrow::array::{
+    ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
+};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -19,24 +21,51 @@ use super::nexmark::generator::Rng;
 use super::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::Result;
 
-const ANY_INT: OptionKind = OptionKind::Int { min: i64::MIN, max: i64::MAX };
+const ANY_INT: OptionKind = OptionKind::Int {
+    min: i64::MIN,
+    max: i64::MAX,
+};
 
 pub const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::new("rows-per-second", OptionKind::Int { min: 1, max: i64::MAX }, "rows per second over all splits")
-        .with_default("10000"),
-    OptionSpec::new("number-of-rows", OptionKind::Int { min: 0, max: i64::MAX }, "total rows (bounded); absent = unbounded"),
-    OptionSpec::new("fields.*.kind", OptionKind::Enum(&["random", "sequence"]), "how a field's values are made")
-        .with_default("random"),
+    OptionSpec::new(
+        "rows-per-second",
+        OptionKind::Int { min: 1, max: i64::MAX },
+        "rows per second over all splits",
+    )
+    .with_default("10000"),
+    OptionSpec::new(
+        "number-of-rows",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "total rows (bounded); absent = unbounded",
+    ),
+    OptionSpec::new(
+        "fields.*.kind",
+        OptionKind::Enum(&["random", "sequence"]),
+        "how a field's values are made",
+    )
+    .with_default("random"),
     OptionSpec::new("fields.*.min", ANY_INT, "smallest random value"),
     OptionSpec::new("fields.*.max", ANY_INT, "largest random value"),
-    OptionSpec::new("fields.*.length", OptionKind::Int { min: 0, max: 1 << 20 }, "random string length")
-        .with_default("100"),
+    OptionSpec::new(
+        "fields.*.length",
+        OptionKind::Int { min: 0, max: 1 << 20 },
+        "random string length",
+    )
+    .with_default("100"),
     OptionSpec::new("fields.*.start", ANY_INT, "first sequence value"),
     OptionSpec::new("fields.*.end", ANY_INT, "last sequence value"),
-    OptionSpec::new("fields.*.max-past", OptionKind::Duration, "random timestamps lie up to this far before now")
-        .with_default("0 ms"),
-    OptionSpec::new("fields.*.null-rate", OptionKind::String, "fraction of nulls, 0.0 to 1.0")
-        .with_default("0.0"),
+    OptionSpec::new(
+        "fields.*.max-past",
+        OptionKind::Duration,
+        "random timestamps lie up to this far before now",
+    )
+    .with_default("0 ms"),
+    OptionSpec::new(
+        "fields.*.null-rate",
+        OptionKind::String,
+        "fraction of nulls, 0.0 to 1.0",
+    )
+    .with_default("0.0"),
 ];
 
 #[derive(Debug, Clone)]
@@ -85,7 +114,13 @@ fn build_fields(options: &Options, schema: &SchemaRef, now_ms: i64) -> Result<Ve
         let key = |k: &str| format!("fields.{name}.{k}");
         let kind = options.enum_value(&key("kind")).unwrap_or_else(|| "random".into());
         let ty = base_type(f.data_type()).ok_or_else(|| {
-            config_error("datagen", format!("column '{name}' has type {} which datagen cannot generate", f.data_type()))
+            config_error(
+                "datagen",
+                format!(
+                    "column '{name}' has type {} which datagen cannot generate",
+                    f.data_type()
+                ),
+            )
         })?;
         let null_rate_s = options.get(&key("null-rate")).unwrap_or("0.0");
         let null_rate: f64 = null_rate_s
@@ -99,14 +134,18 @@ fn build_fields(options: &Options, schema: &SchemaRef, now_ms: i64) -> Result<Ve
             })?;
         let generator = if kind == "sequence" {
             if ty != 'i' && ty != 's' {
-                return Err(config_error("datagen", format!("'{}' = 'sequence' needs a numeric or string column", key("kind"))).into());
+                return Err(config_error(
+                    "datagen",
+                    format!("'{}' = 'sequence' needs a numeric or string column", key("kind")),
+                )
+                .into());
             }
-            let start = options.i64(&key("start"))?.ok_or_else(|| {
-                config_error("datagen", format!("'{}' is required for a sequence", key("start")))
-            })?;
-            let end = options.i64(&key("end"))?.ok_or_else(|| {
-                config_error("datagen", format!("'{}' is required for a sequence", key("end")))
-            })?;
+            let start = options
+                .i64(&key("start"))?
+                .ok_or_else(|| config_error("datagen", format!("'{}' is required for a sequence", key("start"))))?;
+            let end = options
+                .i64(&key("end"))?
+                .ok_or_else(|| config_error("datagen", format!("'{}' is required for a sequence", key("end"))))?;
             if end < start {
                 return Err(config_error("datagen", format!("'{}' < '{}'", key("end"), key("start"))).into());
             }
@@ -122,21 +161,30 @@ fn build_fields(options: &Options, schema: &SchemaRef, now_ms: i64) -> Result<Ve
             match ty {
                 'i' => {
                     let (lo, hi) = int_range(f.data_type());
-                    FieldGen::RandomInt { min: min.unwrap_or(lo), max: max.unwrap_or(hi) }
+                    FieldGen::RandomInt {
+                        min: min.unwrap_or(lo),
+                        max: max.unwrap_or(hi),
+                    }
                 }
                 'f' => FieldGen::RandomFloat {
                     min: min.map_or(f64::MIN / 2.0, |v| v as f64),
                     max: max.map_or(f64::MAX / 2.0, |v| v as f64),
                 },
                 'b' => FieldGen::RandomBool,
-                's' => FieldGen::RandomString { length: options.i64(&key("length"))?.unwrap_or(100) as usize },
+                's' => FieldGen::RandomString {
+                    length: options.i64(&key("length"))?.unwrap_or(100) as usize,
+                },
                 _ => FieldGen::RandomTimestamp {
                     max_past_ms: options.duration(&key("max-past"))?.map_or(0, |d| d.as_millis() as i64),
                 },
             }
         };
         let _ = now_ms;
-        fields.push(Field { kind: generator, null_rate, target: f.data_type().clone() });
+        fields.push(Field {
+            kind: generator,
+            null_rate,
+            target: f.data_type().clone(),
+        });
     }
     Ok(fields)
 }
@@ -238,7 +286,9 @@ impl SourceSplit for DatagenSplit {
         let started = *self.started.get_or_insert_with(Instant::now);
         let due = (started.elapsed().as_secs_f64() * self.rate) as u64;
         if due <= self.read {
-            return Ok(SplitPoll::Wait(started + Duration::from_secs_f64((self.read + 1) as f64 / self.rate)));
+            return Ok(SplitPoll::Wait(
+                started + Duration::from_secs_f64((self.read + 1) as f64 / self.rate),
+            ));
         }
         let mut rows = vec![];
         while (rows.len() as u64) < (due - self.read).min(DEFAULT_BATCH_ROWS as u64) && self.next_row < self.end {
@@ -253,7 +303,8 @@ impl SourceSplit for DatagenSplit {
             let a: ArrayRef = match &f.kind {
                 FieldGen::Sequence { start, .. } if matches!(f.target, DataType::Utf8 | DataType::LargeUtf8) => {
                     let mut b = StringBuilder::new();
-                    rows.iter().for_each(|r| b.append_value((start + *r as i64).to_string()));
+                    rows.iter()
+                        .for_each(|r| b.append_value((start + *r as i64).to_string()));
                     Arc::new(b.finish())
                 }
                 FieldGen::Sequence { start, .. } => {
@@ -304,7 +355,11 @@ impl SourceSplit for DatagenSplit {
                     Arc::new(b.finish())
                 }
             };
-            arrays.push(if a.data_type() == &f.target { a } else { cast(&a, &f.target)? });
+            arrays.push(if a.data_type() == &f.target {
+                a
+            } else {
+                cast(&a, &f.target)?
+            });
         }
         Ok(SplitPoll::Batch(RecordBatch::try_new(self.schema.clone(), arrays)?))
     }

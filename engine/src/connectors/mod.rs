@@ -111,7 +111,14 @@ fn config_error(connector: &str, message: impl Into<String>) -> ConnectorError {
 /// Validates a table's `WITH` options; returns the connector name.
 pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
     let connector = table.connector().ok_or_else(|| {
-        config_error("?", format!("table '{}' needs a 'connector' option; accepted: {}", table.name, CONNECTORS.join(", ")))
+        config_error(
+            "?",
+            format!(
+                "table '{}' needs a 'connector' option; accepted: {}",
+                table.name,
+                CONNECTORS.join(", ")
+            ),
+        )
     })?;
     let specs = specs_of(connector).ok_or_else(|| {
         config_error(
@@ -137,7 +144,10 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
 /// wanted.
 pub fn supports_column_pruning(table: &TableDef) -> bool {
     !(table.connector() == Some("filesystem")
-        && table.options.get("format").is_some_and(|f| f.eq_ignore_ascii_case("csv")))
+        && table
+            .options
+            .get("format")
+            .is_some_and(|f| f.eq_ignore_ascii_case("csv")))
 }
 
 /// The columns a connector supplies when the table declares none

@@ -15,8 +15,7 @@ use crate::operators::{Collector, Operator};
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new("print-identifier", OptionKind::String, "prefix of every printed line"),
-    OptionSpec::new("standard-error", OptionKind::Bool, "print to stderr instead of stdout")
-        .with_default("false"),
+    OptionSpec::new("standard-error", OptionKind::Bool, "print to stderr instead of stdout").with_default("false"),
 ];
 
 #[derive(Debug)]

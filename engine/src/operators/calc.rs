@@ -32,11 +32,7 @@ impl CalcOperator {
 }
 
 /// Evaluates `exprs` on `batch` into a batch of `schema`.
-pub fn project(
-    batch: &RecordBatch,
-    exprs: &[Arc<dyn PhysicalExpr>],
-    schema: &SchemaRef,
-) -> Result<RecordBatch> {
+pub fn project(batch: &RecordBatch, exprs: &[Arc<dyn PhysicalExpr>], schema: &SchemaRef) -> Result<RecordBatch> {
     let columns = exprs
         .iter()
         .map(|e| e.evaluate(batch).and_then(|v| v.into_array(batch.num_rows())))
@@ -47,9 +43,7 @@ pub fn project(
 
 /// Rows of `batch` for which `predicate` is true (null counts as false).
 pub fn filter(batch: &RecordBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
-    let mask = predicate
-        .evaluate(batch)?
-        .into_array(batch.num_rows())?;
+    let mask = predicate.evaluate(batch)?.into_array(batch.num_rows())?;
     let mask = mask
         .as_any()
         .downcast_ref::<BooleanArray>()

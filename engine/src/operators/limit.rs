@@ -13,10 +13,7 @@ pub struct LimitOperator {
 
 impl LimitOperator {
     pub fn new(skip: usize, fetch: usize) -> Self {
-        Self {
-            skip,
-            remaining: fetch,
-        }
+        Self { skip, remaining: fetch }
     }
 }
 

@@ -167,7 +167,9 @@ mod tests {
         a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
         b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
         expect_wm(&mut gate, 5).await;
-        b_tx.send(StreamMessage::WatermarkStatus(WatermarkStatus::Idle)).await.expect("send");
+        b_tx.send(StreamMessage::WatermarkStatus(WatermarkStatus::Idle))
+            .await
+            .expect("send");
         // b idle: the min is a's 10.
         expect_wm(&mut gate, 10).await;
         // b comes back below the output: it is unaligned and neither pulls
@@ -178,7 +180,11 @@ mod tests {
         // b catches up past the output: aligned again, and now holds it.
         // (A batch behind it on the same channel proves it was consumed.)
         b_tx.send(StreamMessage::Watermark(25)).await.expect("send");
-        b_tx.send(StreamMessage::Batch(RecordBatch::new_empty(std::sync::Arc::new(arrow::datatypes::Schema::empty())))).await.expect("send");
+        b_tx.send(StreamMessage::Batch(RecordBatch::new_empty(std::sync::Arc::new(
+            arrow::datatypes::Schema::empty(),
+        ))))
+        .await
+        .expect("send");
         assert!(matches!(gate.next().await, GateEvent::Batch(_)));
         a_tx.send(StreamMessage::Watermark(40)).await.expect("send");
         expect_wm(&mut gate, 25).await;

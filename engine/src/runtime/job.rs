@@ -107,11 +107,7 @@ fn chains(graph: &StreamGraph) -> Vec<Vec<NodeId>> {
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
 /// `SELECT` (a graph whose last node has no sink).
-pub fn deploy(
-    graph: StreamGraph,
-    config: &JobConfig,
-    results: Option<mpsc::Sender<RecordBatch>>,
-) -> Result<JobHandle> {
+pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Sender<RecordBatch>>) -> Result<JobHandle> {
     let metrics = Arc::new(JobMetrics {
         nodes: graph
             .nodes

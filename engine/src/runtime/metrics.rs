@@ -49,7 +49,11 @@ impl JobMetrics {
                     n.name,
                     n.rows_in.load(Ordering::Relaxed),
                     n.rows_out.load(Ordering::Relaxed),
-                    if late > 0 { format!(", late dropped {late}") } else { String::new() }
+                    if late > 0 {
+                        format!(", late dropped {late}")
+                    } else {
+                        String::new()
+                    }
                 )
             })
             .collect::<Vec<_>>()

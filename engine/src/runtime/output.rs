@@ -22,7 +22,9 @@ pub enum Partitioner {
         encoder: KeyEncoder,
         max_parallelism: u16,
     },
-    Rebalance { next: usize },
+    Rebalance {
+        next: usize,
+    },
 }
 
 /// Where the last operator of a chain sends its output.

@@ -137,9 +137,7 @@ impl SourceTask {
                             reader.idle = false;
                             outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Active));
                         }
-                        self.metrics
-                            .rows_out
-                            .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+                        self.metrics.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
                         let b = match &self.computed {
                             Some(exprs) => project(&b, exprs, &self.schema)?,
                             None => b,
@@ -355,14 +353,23 @@ mod tests {
     }
 
     fn schema() -> SchemaRef {
-        Arc::new(Schema::new(vec![Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), false)]))
+        Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        )]))
     }
 
     fn batch(ts: &[i64]) -> RecordBatch {
         RecordBatch::try_new(schema(), vec![Arc::new(TimestampMillisecondArray::from(ts.to_vec()))]).expect("batch")
     }
 
-    fn task(splits: Vec<Box<dyn SourceSplit>>, idle: Option<Duration>, tx: mpsc::Sender<StreamMessage>, stop: watch::Receiver<bool>) -> SourceTask {
+    fn task(
+        splits: Vec<Box<dyn SourceSplit>>,
+        idle: Option<Duration>,
+        tx: mpsc::Sender<StreamMessage>,
+        stop: watch::Receiver<bool>,
+    ) -> SourceTask {
         SourceTask {
             splits,
             bounded: false,
@@ -403,17 +410,29 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_split_does_not_hold_back_the_reader_watermark() {
-        let busy = BusySplit { next: 1_000, max: 5_000 };
-        let silent = ScriptedSplit { batches: VecDeque::new() };
+        let busy = BusySplit {
+            next: 1_000,
+            max: 5_000,
+        };
+        let silent = ScriptedSplit {
+            batches: VecDeque::new(),
+        };
         let (tx, mut rx) = mpsc::channel(64);
         let (stop_tx, stop_rx) = watch::channel(false);
-        let t = task(vec![Box::new(busy), Box::new(silent)], Some(Duration::from_millis(50)), tx, stop_rx);
+        let t = task(
+            vec![Box::new(busy), Box::new(silent)],
+            Some(Duration::from_millis(50)),
+            tx,
+            stop_rx,
+        );
         let handle = tokio::spawn(t.run());
         // The busy split never idles; the silent one goes idle after 50 ms,
         // and from then on the reader's watermark is the busy split's.
         let seen = await_watermark(&mut rx, 5_000).await;
         assert!(
-            !seen.iter().any(|m| matches!(m, StreamMessage::Watermark(w) if *w > 5_000)),
+            !seen
+                .iter()
+                .any(|m| matches!(m, StreamMessage::Watermark(w) if *w > 5_000)),
             "never beyond the data: {seen:?}"
         );
         stop_tx.send(true).expect("stop");
@@ -424,11 +443,21 @@ mod tests {
     async fn a_reader_whose_splits_are_all_silent_goes_idle() {
         let (tx, mut rx) = mpsc::channel(64);
         let (stop_tx, stop_rx) = watch::channel(false);
-        let t = task(vec![Box::new(ScriptedSplit { batches: VecDeque::new() })], Some(Duration::from_millis(20)), tx, stop_rx);
+        let t = task(
+            vec![Box::new(ScriptedSplit {
+                batches: VecDeque::new(),
+            })],
+            Some(Duration::from_millis(20)),
+            tx,
+            stop_rx,
+        );
         let handle = tokio::spawn(t.run());
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let msg = tokio::time::timeout_at(deadline, rx.recv()).await.expect("idle status before the deadline").expect("running");
+            let msg = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .expect("idle status before the deadline")
+                .expect("running");
             match msg {
                 StreamMessage::WatermarkStatus(WatermarkStatus::Idle) => break,
                 StreamMessage::Watermark(w) => panic!("no data, yet watermark {w}"),

@@ -60,11 +60,7 @@ pub trait StateBackend: Send {
 /// Opens the configured backend for one stateful subtask. `dir` is only
 /// used by RocksDB; it is wiped first, since a job that is not restoring
 /// starts from empty state.
-pub fn open_backend(
-    kind: StateBackendKind,
-    dir: &Path,
-    states: &[&str],
-) -> Result<Box<dyn StateBackend>, StateError> {
+pub fn open_backend(kind: StateBackendKind, dir: &Path, states: &[&str]) -> Result<Box<dyn StateBackend>, StateError> {
     Ok(match kind {
         StateBackendKind::RocksDb => Box::new(RocksDbBackend::open_fresh(dir, states)?),
         StateBackendKind::Heap => Box::new(HeapBackend::new(states.len())),

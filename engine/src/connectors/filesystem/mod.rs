@@ -18,10 +18,22 @@ use super::config_error;
 use crate::error::Result;
 
 pub const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::new("path", OptionKind::String, "a file or directory; 'file://' prefix allowed"),
-    OptionSpec::new("format", OptionKind::Enum(&["json", "csv", "parquet"]), "the file format"),
-    OptionSpec::new("json.ignore-parse-errors", OptionKind::Bool, "skip lines that do not parse")
-        .with_default("false"),
+    OptionSpec::new(
+        "path",
+        OptionKind::String,
+        "a file or directory; 'file://' prefix allowed",
+    ),
+    OptionSpec::new(
+        "format",
+        OptionKind::Enum(&["json", "csv", "parquet"]),
+        "the file format",
+    ),
+    OptionSpec::new(
+        "json.ignore-parse-errors",
+        OptionKind::Bool,
+        "skip lines that do not parse",
+    )
+    .with_default("false"),
     OptionSpec::new(
         "json.timestamp-format.standard",
         OptionKind::Enum(&["SQL", "ISO-8601"]),
@@ -30,10 +42,13 @@ pub const OPTIONS: &[OptionSpec] = &[
     .with_default("SQL"),
     OptionSpec::new("csv.field-delimiter", OptionKind::String, "one character").with_default(","),
     OptionSpec::new("csv.quote-character", OptionKind::String, "one character").with_default("\""),
-    OptionSpec::new("csv.ignore-parse-errors", OptionKind::Bool, "skip rows that do not parse")
-        .with_default("false"),
-    OptionSpec::new("csv.allow-comments", OptionKind::Bool, "ignore lines starting with '#'")
-        .with_default("false"),
+    OptionSpec::new(
+        "csv.ignore-parse-errors",
+        OptionKind::Bool,
+        "skip rows that do not parse",
+    )
+    .with_default("false"),
+    OptionSpec::new("csv.allow-comments", OptionKind::Bool, "ignore lines starting with '#'").with_default("false"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +117,10 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
         if wrong {
             return Err(config_error(
                 "filesystem",
-                format!("option '{key}' does not apply to format '{}'", options.get("format").unwrap_or_default()),
+                format!(
+                    "option '{key}' does not apply to format '{}'",
+                    options.get("format").unwrap_or_default()
+                ),
             )
             .into());
         }

@@ -94,13 +94,12 @@ impl FileWriter {
         if self.out.is_none() {
             let f = File::create(&self.temp_path).map_err(|e| self.io(e))?;
             self.out = Some(match self.format.format {
-                Format::Parquet => Out::Parquet(
-                    ArrowWriter::try_new(f, self.schema.clone(), None)
-                        .map_err(|e| ConnectorError::Data {
-                            location: self.temp_path.display().to_string(),
-                            message: e.to_string(),
-                        })?,
-                ),
+                Format::Parquet => Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| {
+                    ConnectorError::Data {
+                        location: self.temp_path.display().to_string(),
+                        message: e.to_string(),
+                    }
+                })?),
                 _ => Out::Text(BufWriter::with_capacity(1 << 20, f)),
             });
         }
@@ -111,7 +110,11 @@ impl FileWriter {
 
     /// Timestamps as text the way Flink writes them.
     fn stringify_timestamps(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let format = if self.format.iso_timestamps { "%Y-%m-%dT%H:%M:%S%.3f" } else { "%Y-%m-%d %H:%M:%S%.3f" };
+        let format = if self.format.iso_timestamps {
+            "%Y-%m-%dT%H:%M:%S%.3f"
+        } else {
+            "%Y-%m-%d %H:%M:%S%.3f"
+        };
         let opts = CastOptions {
             safe: false,
             format_options: DisplayOptions::default()

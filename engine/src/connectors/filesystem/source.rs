@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
 use super::{Format, FormatOptions, format_options, path_of};
@@ -128,16 +128,19 @@ impl FileSplit {
         let file = File::open(&self.path).map_err(|e| self.io(e))?;
         self.reader = Some(match self.format.format {
             Format::Parquet => {
-                let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-                    self.data_error(0, format!("not a readable parquet file: {e}"))
-                })?;
+                let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+                    .map_err(|e| self.data_error(0, format!("not a readable parquet file: {e}")))?;
                 let file_schema = builder.schema().clone();
                 let mut indices = vec![];
                 for f in self.schema.fields() {
                     let i = file_schema.index_of(f.name()).map_err(|_| {
                         config_error(
                             "filesystem",
-                            format!("{}: column '{}' is not in the parquet file", self.path.display(), f.name()),
+                            format!(
+                                "{}: column '{}' is not in the parquet file",
+                                self.path.display(),
+                                f.name()
+                            ),
                         )
                     })?;
                     indices.push(i);
@@ -202,7 +205,11 @@ impl FileSplit {
                         Err(le) if self.format.ignore_parse_errors => {
                             tracing::debug!("{}:{}: skipped: {le}", self.path.display(), first + i as u64);
                         }
-                        Err(le) => return Err(self.data_error(first + i as u64, format!("invalid JSON record: {le}")).into()),
+                        Err(le) => {
+                            return Err(self
+                                .data_error(first + i as u64, format!("invalid JSON record: {le}"))
+                                .into());
+                        }
                     }
                 }
                 if !self.format.ignore_parse_errors {
@@ -248,7 +255,9 @@ impl FileSplit {
                         Err(_) if self.format.ignore_parse_errors => {}
                         Err(le) => {
                             let msg = le.to_string().replace(" at line 0", "").replace(" at line 1", "");
-                            return Err(self.data_error(first + *i as u64, format!("invalid CSV record: {msg}")).into());
+                            return Err(self
+                                .data_error(first + *i as u64, format!("invalid CSV record: {msg}"))
+                                .into());
                         }
                     }
                 }
@@ -265,7 +274,13 @@ impl FileSplit {
             .columns()
             .iter()
             .zip(self.schema.fields())
-            .map(|(c, f)| if c.data_type() == f.data_type() { Ok(c.clone()) } else { cast(c, f.data_type()) })
+            .map(|(c, f)| {
+                if c.data_type() == f.data_type() {
+                    Ok(c.clone())
+                } else {
+                    cast(c, f.data_type())
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
     }
@@ -312,7 +327,11 @@ impl SourceSplit for FileSplit {
             };
             if let Some(b) = batch.filter(|b| b.num_rows() > 0) {
                 self.rows += b.num_rows() as u64;
-                let b = if self.format.format == Format::Parquet { self.align(b)? } else { b };
+                let b = if self.format.format == Format::Parquet {
+                    self.align(b)?
+                } else {
+                    b
+                };
                 return Ok(SplitPoll::Batch(b));
             }
         }

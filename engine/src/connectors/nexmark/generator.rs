@@ -41,8 +41,16 @@ const LAST_NAMES: &[&str] = &[
     "Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris",
 ];
 const US_CITIES: &[&str] = &[
-    "Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle",
-    "Kent", "Cheyenne",
+    "Phoenix",
+    "Los Angeles",
+    "San Francisco",
+    "Boise",
+    "Portland",
+    "Bend",
+    "Redmond",
+    "Seattle",
+    "Kent",
+    "Cheyenne",
 ];
 const US_STATES: &[&str] = &["AZ", "CA", "ID", "OR", "WA", "WY"];
 const HOT_CHANNELS: &[&str] = &["Google", "Facebook", "Baidu", "Apple"];
@@ -325,7 +333,10 @@ mod tests {
         assert_eq!(kinds.iter().filter(|k| **k == EventKind::Auction).count(), 3);
         assert_eq!(kinds.iter().filter(|k| **k == EventKind::Bid).count(), 46);
         // Person ids count up from 1000, one per epoch.
-        let t = EventTime { base_time_ms: 0, first_event_rate: 10_000 };
+        let t = EventTime {
+            base_time_ms: 0,
+            first_event_rate: 10_000,
+        };
         assert_eq!(person(0, &mut Rng::new(0, 0), &t).id, 1000);
         assert_eq!(person(50, &mut Rng::new(0, 50), &t).id, 1001);
         assert_eq!(auction(1, &mut Rng::new(0, 1), &t).id, 1000);
@@ -337,7 +348,10 @@ mod tests {
 
     #[test]
     fn bids_refer_to_existing_or_near_future_auctions() {
-        let t = EventTime { base_time_ms: 0, first_event_rate: 10_000 };
+        let t = EventTime {
+            base_time_ms: 0,
+            first_event_rate: 10_000,
+        };
         for n in (0..100_000u64).filter(|n| kind_of(*n) == EventKind::Bid) {
             let b = bid(n, &mut Rng::new(7, n), &t);
             let last = last_base0_auction_id(n) + FIRST_AUCTION_ID;

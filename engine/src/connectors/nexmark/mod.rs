@@ -26,8 +26,12 @@ use super::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_er
 use crate::error::Result;
 
 pub const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::new("nexmark.table", OptionKind::Enum(&["person", "auction", "bid"]), "which events the table holds")
-        .with_default("bid"),
+    OptionSpec::new(
+        "nexmark.table",
+        OptionKind::Enum(&["person", "auction", "bid"]),
+        "which events the table holds",
+    )
+    .with_default("bid"),
     OptionSpec::new(
         "nexmark.events",
         OptionKind::Int { min: 0, max: i64::MAX },
@@ -45,8 +49,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         "event-time rate: events per second of event time",
     )
     .with_default("10000"),
-    OptionSpec::new("nexmark.seed", OptionKind::Int { min: 0, max: i64::MAX }, "random seed")
-        .with_default("0"),
+    OptionSpec::new("nexmark.seed", OptionKind::Int { min: 0, max: i64::MAX }, "random seed").with_default("0"),
     OptionSpec::new(
         "nexmark.base-time",
         OptionKind::String,
@@ -71,15 +74,35 @@ pub fn table_schema(options: &Options) -> Result<SchemaRef> {
     let t = |n: &str| Field::new(n, ts(), true);
     let fields = match options.enum_value("nexmark.table").as_deref() {
         Some("person") => vec![
-            i("id"), s("name"), s("emailAddress"), s("creditCard"), s("city"), s("state"),
-            t("dateTime"), s("extra"),
+            i("id"),
+            s("name"),
+            s("emailAddress"),
+            s("creditCard"),
+            s("city"),
+            s("state"),
+            t("dateTime"),
+            s("extra"),
         ],
         Some("auction") => vec![
-            i("id"), s("itemName"), s("description"), i("initialBid"), i("reserve"),
-            t("dateTime"), t("expires"), i("seller"), i("category"), s("extra"),
+            i("id"),
+            s("itemName"),
+            s("description"),
+            i("initialBid"),
+            i("reserve"),
+            t("dateTime"),
+            t("expires"),
+            i("seller"),
+            i("category"),
+            s("extra"),
         ],
         _ => vec![
-            i("auction"), i("bidder"), i("price"), s("channel"), s("url"), t("dateTime"), s("extra"),
+            i("auction"),
+            i("bidder"),
+            i("price"),
+            s("channel"),
+            s("url"),
+            t("dateTime"),
+            s("extra"),
         ],
     };
     Ok(Arc::new(Schema::new(fields)))
@@ -125,7 +148,11 @@ impl NexmarkSource {
             if !arrow::compute::can_cast_types(from, f.data_type()) {
                 return Err(config_error(
                     "nexmark",
-                    format!("column '{}' is declared {} but the generator produces {from}", f.name(), f.data_type()),
+                    format!(
+                        "column '{}' is declared {} but the generator produces {from}",
+                        f.name(),
+                        f.data_type()
+                    ),
                 )
                 .into());
             }
@@ -372,7 +399,13 @@ impl SourceSplit for NexmarkSplit {
         let arrays = arrays
             .into_iter()
             .zip(self.schema.fields())
-            .map(|(a, f)| if a.data_type() == f.data_type() { Ok(a) } else { cast(&a, f.data_type()) })
+            .map(|(a, f)| {
+                if a.data_type() == f.data_type() {
+                    Ok(a)
+                } else {
+                    cast(&a, f.data_type())
+                }
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(SplitPoll::Batch(RecordBatch::try_new(self.schema.clone(), arrays)?))
     }

@@ -93,14 +93,7 @@ impl WindowAggregateOperator {
                     .map(|fs| fs.iter().map(|f| f.data_type().clone()).collect::<Vec<_>>())
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let state_codec = RowConverter::new(
-            state_types
-                .iter()
-                .flatten()
-                .cloned()
-                .map(SortField::new)
-                .collect(),
-        )?;
+        let state_codec = RowConverter::new(state_types.iter().flatten().cloned().map(SortField::new).collect())?;
         Ok(Self {
             name: format!("WindowAggregate {}", node.window),
             window: node.window,
@@ -233,13 +226,11 @@ impl WindowAggregateOperator {
         let key_columns = match &self.key_encoder {
             Some(enc) => {
                 let parser = enc.converter().parser();
-                enc.converter()
-                    .convert_rows(key_rows.iter().map(|b| parser.parse(b)))?
+                enc.converter().convert_rows(key_rows.iter().map(|b| parser.parse(b)))?
             }
             None => vec![],
         };
-        let starts: TimestampMillisecondArray =
-            ends.iter().map(|e| Some(window_start(&self.window, *e))).collect();
+        let starts: TimestampMillisecondArray = ends.iter().map(|e| Some(window_start(&self.window, *e))).collect();
         let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
         let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e - 1)).collect();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());

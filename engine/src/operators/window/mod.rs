@@ -66,18 +66,38 @@ mod tests {
 
     #[test]
     fn tumble_hop_cumulate() {
-        let t = WindowSpec { kind: WindowKind::Tumble, size: 10, slide: 10, offset: 0 };
+        let t = WindowSpec {
+            kind: WindowKind::Tumble,
+            size: 10,
+            slide: 10,
+            offset: 0,
+        };
         assert_eq!(windows(t, 15), vec![(10, 20)]);
         assert_eq!(windows(t, -1), vec![(-10, 0)]);
-        let h = WindowSpec { kind: WindowKind::Hop, size: 10, slide: 4, offset: 0 };
+        let h = WindowSpec {
+            kind: WindowKind::Hop,
+            size: 10,
+            slide: 4,
+            offset: 0,
+        };
         assert_eq!(windows(h, 9), vec![(0, 10), (4, 14), (8, 18)]);
         assert_eq!(windows(h, 10), vec![(4, 14), (8, 18)]);
-        let c = WindowSpec { kind: WindowKind::Cumulate, size: 10, slide: 5, offset: 0 };
+        let c = WindowSpec {
+            kind: WindowKind::Cumulate,
+            size: 10,
+            slide: 5,
+            offset: 0,
+        };
         assert_eq!(windows(c, 3), vec![(0, 5), (0, 10)]);
         assert_eq!(windows(c, 7), vec![(0, 10)]);
         assert_eq!(window_start(&c, 5), 0);
         assert_eq!(window_start(&c, 10), 0);
-        let off = WindowSpec { kind: WindowKind::Tumble, size: 10, slide: 10, offset: 3 };
+        let off = WindowSpec {
+            kind: WindowKind::Tumble,
+            size: 10,
+            slide: 10,
+            offset: 3,
+        };
         assert_eq!(windows(off, 12), vec![(3, 13)]);
         assert_eq!(windows(off, 2), vec![(-7, 3)]);
     }
