@@ -47,6 +47,9 @@ pub enum BenchCommand {
     Nexmark(crate::bench::NexmarkArgs),
 }
 
+/// Errors in the shell are shown without a file name.
+const REPL: &str = "<repl>";
+
 /// Process exit codes.
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_ERROR: i32 = 1;
@@ -103,6 +106,13 @@ pub fn main_with(args: Args) -> i32 {
 }
 
 fn print_error(origin: &str, e: &SessionError) {
+    if origin == REPL {
+        match e.location() {
+            Some(l) => eprintln!("[ERROR] {}:{}: {}", l.line, l.column, e.message()),
+            None => eprintln!("[ERROR] {}", e.message()),
+        }
+        return;
+    }
     match e.location() {
         Some(l) => eprintln!("{origin}:{}:{}: error: {}", l.line, l.column, e.message()),
         None => eprintln!("{origin}: error: {}", e.message()),
@@ -127,6 +137,10 @@ async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{}", tab.header(&rs.schema));
     let mut rows = 0u64;
+    // One listener for the whole query: a Ctrl-C that arrives while rows
+    // are being printed is not lost.
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
     loop {
         tokio::select! {
             b = rs.rows.recv() => match b {
@@ -138,7 +152,7 @@ async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
                 }
                 None => break,
             },
-            _ = tokio::signal::ctrl_c() => {
+            _ = &mut interrupt => {
                 rs.job.stop();
                 break;
             }
@@ -284,18 +298,18 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
                 }
                 rt.block_on(async {
                     match weir_sql::parse(&text) {
-                        Err(e) => print_error("[ERROR]", &SessionError::Sql(e)),
+                        Err(e) => print_error(REPL, &SessionError::Sql(e)),
                         Ok(stmts) => {
                             for s in &stmts {
                                 match session.execute(s).await {
                                     Ok(r) => {
                                         if let Err(e) = show(r).await {
-                                            print_error("[ERROR]", &e);
+                                            print_error(REPL, &e);
                                             break;
                                         }
                                     }
                                     Err(e) => {
-                                        print_error("[ERROR]", &e);
+                                        print_error(REPL, &e);
                                         break;
                                     }
                                 }

@@ -55,7 +55,9 @@ impl Output {
     /// True when nobody downstream will read anything more.
     pub fn is_closed(&self) -> bool {
         match self {
-            Output::Channels { closed, .. } => closed.iter().all(|c| *c),
+            // Checked on the sender too: a task whose rows are all filtered
+            // out never sends, yet must learn that its consumer is gone.
+            Output::Channels { closed, senders, .. } => closed.iter().zip(senders).all(|(c, tx)| *c || tx.is_closed()),
             Output::Results(tx) => tx.is_closed(),
             Output::None => false,
         }

@@ -8,7 +8,9 @@
 //! ) WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events' = '1000000');
 //! ```
 //! Columns may be omitted (all of the table's are used) or be any subset of
-//! the generator's, by name. Event `n` goes to split `n % splits`.
+//! the generator's, by name. Events are split by epoch (the 50 events
+//! holding 1 person, 3 auctions and 46 bids): epoch `e` goes to split
+//! `e % splits`, so every split sees every kind in the right proportion.
 
 pub mod generator;
 
@@ -214,7 +216,7 @@ impl SourceFactory for NexmarkSource {
                     columns: self.columns.clone(),
                     index: i as u64,
                     splits: n as u64,
-                    next_event: i as u64,
+                    next_epoch: i as u64,
                     events_read: 0,
                     started: None,
                 }) as Box<dyn SourceSplit>
@@ -229,8 +231,9 @@ pub struct NexmarkSplit {
     columns: Vec<usize>,
     index: u64,
     splits: u64,
-    /// The next event number this split generates.
-    next_event: u64,
+    /// The next epoch (of TOTAL_PROPORTION events) this split generates.
+    next_epoch: u64,
+    /// Events of every kind this split has passed (its offset).
     events_read: u64,
     started: Option<Instant>,
 }
@@ -356,35 +359,43 @@ impl SourceSplit for NexmarkSplit {
 
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         let end = self.config.events.unwrap_or(u64::MAX);
-        if self.next_event >= end {
+        let epoch_len = generator::TOTAL_PROPORTION;
+        if self.next_epoch.saturating_mul(epoch_len) >= end {
             return Ok(SplitPoll::Finished);
         }
-        // How many events (of every kind) this split may generate now.
+        // How many events (of every kind) this split may pass now.
         let mut budget = DEFAULT_BATCH_ROWS as u64;
         if self.config.rate > 0 {
             let started = *self.started.get_or_insert_with(Instant::now);
             let per_split = self.config.rate as f64 / self.splits as f64;
             let due = (started.elapsed().as_secs_f64() * per_split) as u64;
-            if due <= self.events_read {
-                let next = started + Duration::from_secs_f64((self.events_read + 1) as f64 / per_split);
+            if due < self.events_read + epoch_len {
+                let next = started + Duration::from_secs_f64((self.events_read + epoch_len) as f64 / per_split);
                 return Ok(SplitPoll::Wait(next));
             }
             budget = budget.min(due - self.events_read);
         }
-        let mut cols = self.builders(budget as usize);
+        let (lo, hi) = match self.config.kind {
+            EventKind::Person => (0, generator::PERSON_PROPORTION),
+            EventKind::Auction => (
+                generator::PERSON_PROPORTION,
+                generator::PERSON_PROPORTION + generator::AUCTION_PROPORTION,
+            ),
+            EventKind::Bid => (generator::PERSON_PROPORTION + generator::AUCTION_PROPORTION, epoch_len),
+        };
+        let epochs = (budget / epoch_len).max(1);
+        let mut cols = self.builders((epochs * (hi - lo)) as usize);
         let mut scratch = String::with_capacity(128);
-        let mut rows = 0;
-        let mut generated = 0;
-        while generated < budget && self.next_event < end {
-            if self.append(self.next_event, &mut cols, &mut scratch) {
-                rows += 1;
+        for _ in 0..epochs {
+            let first = self.next_epoch.saturating_mul(epoch_len);
+            if first >= end {
+                break;
             }
-            self.next_event += self.splits;
-            generated += 1;
-        }
-        self.events_read += generated;
-        if rows == 0 {
-            return self.poll_batch_or_finished(end);
+            for n in (first + lo)..(first + hi).min(end) {
+                self.append(n, &mut cols, &mut scratch);
+            }
+            self.events_read += epoch_len.min(end - first);
+            self.next_epoch += self.splits;
         }
         let arrays: Vec<ArrayRef> = cols
             .into_iter()
@@ -407,16 +418,68 @@ impl SourceSplit for NexmarkSplit {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(SplitPoll::Batch(RecordBatch::try_new(self.schema.clone(), arrays)?))
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays)?;
+        if batch.num_rows() == 0 {
+            // The bounded end fell before this kind's events in the epoch.
+            return Ok(SplitPoll::Finished);
+        }
+        Ok(SplitPoll::Batch(batch))
     }
 }
 
-impl NexmarkSplit {
-    fn poll_batch_or_finished(&mut self, end: u64) -> Result<SplitPoll> {
-        if self.next_event >= end {
-            Ok(SplitPoll::Finished)
-        } else {
-            self.poll_batch()
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn source(table: &str, events: u64, splits: usize) -> NexmarkSource {
+        let mut m = BTreeMap::new();
+        m.insert("nexmark.table".to_string(), table.to_string());
+        m.insert("nexmark.events".to_string(), events.to_string());
+        m.insert("splits".to_string(), splits.to_string());
+        let options = Options::validate(&m, OPTIONS, "test").expect("options");
+        let schema = table_schema(&options).expect("schema");
+        NexmarkSource::new(&options, schema).expect("source")
+    }
+
+    fn ids(table: &str, events: u64, splits: usize) -> Vec<i64> {
+        let src = source(table, events, splits);
+        let mut out = vec![];
+        for mut split in src.create_splits(1).expect("splits") {
+            let mut rows = 0;
+            loop {
+                match split.poll_batch().expect("poll") {
+                    SplitPoll::Batch(b) => {
+                        rows += b.num_rows();
+                        let a = b
+                            .column(0)
+                            .as_any()
+                            .downcast_ref::<arrow::array::Int64Array>()
+                            .expect("ids");
+                        out.extend(a.values().iter().copied());
+                    }
+                    SplitPoll::Finished => break,
+                    SplitPoll::Wait(_) => panic!("unthrottled"),
+                }
+            }
+            // Every split gets every kind (no split starves).
+            assert!(rows > 0, "split {} of {table} produced nothing", split.id());
         }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn every_split_gets_every_kind_and_the_union_does_not_depend_on_splits() {
+        for table in ["person", "auction", "bid"] {
+            let one = ids(table, 10_000, 1);
+            assert_eq!(one, ids(table, 10_000, 3), "{table}");
+            assert_eq!(one, ids(table, 10_000, 4), "{table}");
+        }
+        assert_eq!(ids("person", 10_000, 4).len(), 200);
+        assert_eq!(ids("auction", 10_000, 4).len(), 600);
+        // A bounded end inside an epoch: 60 events = 1 full epoch + 10.
+        assert_eq!(ids("bid", 60, 2).len(), 46 + 6);
     }
 }
