@@ -119,28 +119,50 @@ fn print_error(origin: &str, e: &SessionError) {
     }
 }
 
-/// Prints a result; streams run until they end or `interrupt` fires.
-async fn show(result: StatementResult) -> Result<(), SessionError> {
+/// SIGINT and SIGTERM, listened to from the start of a script or shell, so
+/// a signal that arrives at any moment stops jobs gracefully instead of
+/// killing the process.
+pub struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Waits for either signal.
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
+/// Prints a result; streams run until they end or a signal arrives.
+async fn show(result: StatementResult, signals: &mut Signals) -> Result<(), SessionError> {
     match result {
         StatementResult::Done(msg) => println!("[INFO] {msg}"),
         StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
         StatementResult::Explain(text) => println!("{text}"),
         StatementResult::JobStarted { name } => println!("[INFO] job '{name}' submitted"),
-        StatementResult::Stream(rs) => stream(rs).await?,
+        StatementResult::Stream(rs) => stream(rs, signals).await?,
     }
     Ok(())
 }
 
 /// Prints a streaming result as it arrives; Ctrl-C stops the query.
-async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
+async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
     let mut tab = Tableau::new(&rs.schema);
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{}", tab.header(&rs.schema));
     let mut rows = 0u64;
-    // One listener for the whole query: a Ctrl-C that arrives while rows
-    // are being printed is not lost.
-    let interrupt = tokio::signal::ctrl_c();
-    tokio::pin!(interrupt);
     loop {
         tokio::select! {
             b = rs.rows.recv() => match b {
@@ -152,7 +174,7 @@ async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
                 }
                 None => break,
             },
-            _ = &mut interrupt => {
+            _ = signals.recv() => {
                 rs.job.stop();
                 break;
             }
@@ -167,6 +189,13 @@ async fn stream(mut rs: ResultStream) -> Result<(), SessionError> {
 /// Runs a script: statements in order, stop at the first error, then wait
 /// for the jobs it started (SIGINT/SIGTERM stop them gracefully).
 pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot listen for signals: {e}");
+            return EXIT_ERROR;
+        }
+    };
     let stmts = match weir_sql::parse(text) {
         Ok(s) => s,
         Err(e) => {
@@ -183,13 +212,13 @@ pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 
                 return EXIT_ERROR;
             }
         };
-        if let Err(e) = show(result).await {
+        if let Err(e) = show(result, &mut signals).await {
             print_error(origin, &e);
             stop_all(session.take_jobs()).await;
             return EXIT_ERROR;
         }
     }
-    wait_jobs(session.take_jobs()).await
+    wait_jobs(session.take_jobs(), &mut signals).await
 }
 
 async fn stop_all(jobs: Vec<JobHandle>) {
@@ -201,24 +230,9 @@ async fn stop_all(jobs: Vec<JobHandle>) {
     }
 }
 
-#[cfg(unix)]
-async fn terminate_signal() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut s) => {
-            s.recv().await;
-        }
-        Err(_) => std::future::pending::<()>().await,
-    }
-}
-
-#[cfg(not(unix))]
-async fn terminate_signal() {
-    std::future::pending::<()>().await
-}
-
 /// Waits for every job; on SIGINT or SIGTERM asks them to stop and waits
 /// for them to drain.
-async fn wait_jobs(jobs: Vec<JobHandle>) -> i32 {
+async fn wait_jobs(jobs: Vec<JobHandle>, signals: &mut Signals) -> i32 {
     if jobs.is_empty() {
         return EXIT_OK;
     }
@@ -228,8 +242,7 @@ async fn wait_jobs(jobs: Vec<JobHandle>) -> i32 {
     let mut interrupted = false;
     let results = tokio::select! {
         r = &mut all => r,
-        _ = tokio::signal::ctrl_c() => { interrupted = true; for s in &stops { s.stop(); } all.await }
-        _ = terminate_signal() => { interrupted = true; for s in &stops { s.stop(); } all.await }
+        _ = signals.recv() => { interrupted = true; for s in &stops { s.stop(); } all.await }
     };
     let mut code = if interrupted { EXIT_INTERRUPTED } else { EXIT_OK };
     for (name, r) in names.iter().zip(results) {
@@ -297,13 +310,20 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
                     break;
                 }
                 rt.block_on(async {
+                    let mut signals = match Signals::install() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("[ERROR] cannot listen for signals: {e}");
+                            return;
+                        }
+                    };
                     match weir_sql::parse(&text) {
                         Err(e) => print_error(REPL, &SessionError::Sql(e)),
                         Ok(stmts) => {
                             for s in &stmts {
                                 match session.execute(s).await {
                                     Ok(r) => {
-                                        if let Err(e) = show(r).await {
+                                        if let Err(e) = show(r, &mut signals).await {
                                             print_error(REPL, &e);
                                             break;
                                         }
