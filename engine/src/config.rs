@@ -15,6 +15,8 @@ pub const AUTO_WATERMARK_INTERVAL: &str = "pipeline.auto-watermark-interval";
 pub const SOURCE_IDLE_TIMEOUT: &str = "table.exec.source.idle-timeout";
 pub const STATE_BACKEND: &str = "state.backend.type";
 pub const DML_SYNC: &str = "table.dml-sync";
+pub const ALIGNMENT_BUFFER_SIZE: &str = "pipeline.watermark-alignment.buffer-size";
+pub const ALLOW_UNALIGNED_SPLITS: &str = "pipeline.watermark-alignment.allow-unaligned-source-splits";
 
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
@@ -54,6 +56,18 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("rocksdb"),
     OptionSpec::new(
+        ALIGNMENT_BUFFER_SIZE,
+        OptionKind::Int { min: 0, max: 1000 },
+        "update intervals a split may run past the allowed drift before it is paused (0: pause at once)",
+    )
+    .with_default("3"),
+    OptionSpec::new(
+        ALLOW_UNALIGNED_SPLITS,
+        OptionKind::Bool,
+        "pause a whole source reader when its connector cannot pause single splits (right only with one split per reader)",
+    )
+    .with_default("false"),
+    OptionSpec::new(
         DML_SYNC,
         OptionKind::Bool,
         "INSERT waits for its job to finish before the next statement runs",
@@ -76,6 +90,9 @@ pub struct JobConfig {
     pub auto_watermark_interval: Duration,
     pub source_idle_timeout: Option<Duration>,
     pub state_backend: StateBackendKind,
+    /// Samples a split's watermark ring holds for watermark alignment.
+    pub alignment_buffer_size: usize,
+    pub allow_unaligned_source_splits: bool,
     /// Where this job keeps its state (`<data-dir>/jobs/<name>`).
     pub job_dir: PathBuf,
 }
@@ -121,6 +138,8 @@ impl JobConfig {
                 .unwrap_or(Duration::from_millis(200)),
             source_idle_timeout: idle,
             state_backend,
+            alignment_buffer_size: o.i64(ALIGNMENT_BUFFER_SIZE)?.unwrap_or(3) as usize,
+            allow_unaligned_source_splits: o.bool(ALLOW_UNALIGNED_SPLITS)?.unwrap_or(false),
         })
     }
 }

@@ -67,6 +67,8 @@ pub struct WatermarkNode {
     /// Evaluated on each batch of the table's full schema.
     pub expr: Arc<dyn PhysicalExpr>,
     pub idle_timeout: Option<Duration>,
+    /// The table's watermark alignment group, if any.
+    pub alignment: Option<weir_catalog::AlignmentSpec>,
 }
 
 #[derive(Debug)]
@@ -237,6 +239,13 @@ impl StreamGraph {
                             "      watermark: {} AS {} per split; reader = min over active splits{}",
                             w.column, w.sql, idle
                         );
+                        if let Some(a) = &w.alignment {
+                            let _ = writeln!(
+                                s,
+                                "      alignment group '{}': max drift {} ms, update interval {} ms, buffer {} samples",
+                                a.group, a.max_drift_ms, a.update_interval_ms, config.alignment_buffer_size
+                            );
+                        }
                     } else {
                         let _ = writeln!(s, "      watermark: none (no WATERMARK clause)");
                     }

@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use datafusion::common::DFSchema;
-use weir_catalog::{ColumnDef, TableDef, WatermarkSpec};
+use weir_catalog::{AlignmentSpec, ColumnDef, TableDef, WatermarkSpec};
 
 use crate::error::{Result, SqlError};
 use crate::parser::CreateTable;
 use crate::planner::Planner;
+use crate::rewrite::interval_ms_or_zero;
 use crate::types::{flink_name, is_rowtime_type, to_arrow};
 
 pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
@@ -112,12 +113,98 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             ))
             .at(w.location));
         }
+        let alignment = alignment_spec(w, &def).map_err(|e| e.at(w.location))?;
         def.watermark = Some(WatermarkSpec {
             column: col.name.clone(),
             expr: w.expr.to_string(),
-            alignment: None,
+            alignment,
         });
+    } else if def.options.keys().any(|k| k.starts_with("scan.watermark.alignment.")) {
+        return Err(SqlError::plan(format!(
+            "table '{}' has 'scan.watermark.alignment.*' options but no WATERMARK clause to align",
+            def.name
+        )));
     }
     weir_engine::connectors::validate_table(&def)?;
     Ok(def)
+}
+
+const GROUP_KEY: &str = "scan.watermark.alignment.group";
+const DRIFT_KEY: &str = "scan.watermark.alignment.max-drift";
+const INTERVAL_KEY: &str = "scan.watermark.alignment.update-interval";
+
+fn option_ms(def: &TableDef, key: &str) -> Result<Option<i64>> {
+    match def.options.get(key) {
+        None => Ok(None),
+        Some(v) => weir_catalog::options::parse_duration(v)
+            .map(|d| Some(d.as_millis() as i64))
+            .ok_or_else(|| {
+                SqlError::plan(format!(
+                    "option '{key}': invalid value '{v}', expected a duration such as '30 s'"
+                ))
+            }),
+    }
+}
+
+/// The alignment group from the clause and/or Flink's table options; both
+/// forms may be given, but must agree.
+fn alignment_spec(w: &crate::parser::WatermarkClause, def: &TableDef) -> Result<Option<AlignmentSpec>> {
+    let opt_group = def.options.get(GROUP_KEY).cloned();
+    let opt_drift = option_ms(def, DRIFT_KEY)?;
+    let opt_interval = option_ms(def, INTERVAL_KEY)?;
+    let clause = match &w.alignment {
+        Some(a) => Some((
+            a.group.clone(),
+            interval_ms_or_zero(&a.max_drift).map_err(|e| e.at(a.location))?,
+            a.update_interval
+                .as_ref()
+                .map(interval_ms_or_zero)
+                .transpose()
+                .map_err(|e| e.at(a.location))?,
+        )),
+        None => None,
+    };
+    let disagree = |what: &str, a: String, b: String| {
+        Err(SqlError::plan(format!(
+            "the ALIGNMENT GROUP clause and option '{what}' disagree ({a} vs {b}); give one or make them equal"
+        )))
+    };
+    let (group, drift, interval) = match (clause, opt_group) {
+        (None, None) => {
+            if opt_drift.is_some() {
+                return Err(SqlError::plan(format!("option '{DRIFT_KEY}' needs '{GROUP_KEY}'")));
+            }
+            return Ok(None);
+        }
+        (Some((g, d, i)), og) => {
+            if let Some(og) = og.filter(|og| *og != g) {
+                return disagree(GROUP_KEY, format!("'{g}'"), format!("'{og}'"));
+            }
+            if let Some(od) = opt_drift.filter(|od| *od != d) {
+                return disagree(DRIFT_KEY, format!("{d} ms"), format!("{od} ms"));
+            }
+            if let (Some(ci), Some(oi)) = (i, opt_interval) {
+                if ci != oi {
+                    return disagree(INTERVAL_KEY, format!("{ci} ms"), format!("{oi} ms"));
+                }
+            }
+            (g, d, i.or(opt_interval))
+        }
+        (None, Some(g)) => {
+            let d = opt_drift.ok_or_else(|| SqlError::plan(format!("option '{GROUP_KEY}' needs '{DRIFT_KEY}'")))?;
+            (g, d, opt_interval)
+        }
+    };
+    let interval = interval.unwrap_or(1_000);
+    if interval < 1 {
+        return Err(SqlError::plan("the alignment update interval must be positive"));
+    }
+    if group.is_empty() {
+        return Err(SqlError::plan("the alignment group name must not be empty"));
+    }
+    Ok(Some(AlignmentSpec {
+        group,
+        max_drift_ms: drift,
+        update_interval_ms: interval,
+    }))
 }

@@ -27,9 +27,18 @@ pub struct ColumnSpec {
 }
 
 #[derive(Debug, Clone)]
+pub struct AlignmentClause {
+    pub group: String,
+    pub max_drift: Expr,
+    pub update_interval: Option<Expr>,
+    pub location: Location,
+}
+
+#[derive(Debug, Clone)]
 pub struct WatermarkClause {
     pub column: Ident,
     pub expr: Expr,
+    pub alignment: Option<AlignmentClause>,
     pub location: Location,
 }
 
@@ -358,19 +367,42 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                 let column = p.parse_identifier()?;
                 p.expect_keyword(Keyword::AS)?;
                 let expr = p.parse_expr()?;
-                let next = p.peek_token();
-                if matches!(&next.token, Token::Word(w) if w.value.eq_ignore_ascii_case("ALIGNMENT")) {
-                    return Err(
-                        SqlError::unsupported("ALIGNMENT GROUP (watermark alignment) is not supported yet")
-                            .at(loc(&next)),
-                    );
-                }
+                let at = p.peek_token();
+                let alignment = if parse_word(p, "ALIGNMENT") {
+                    // ALIGNMENT GROUP 'g' MAX DRIFT <interval> [UPDATE <interval>]
+                    p.expect_keyword(Keyword::GROUP)?;
+                    let group = parse_string_literal(p)?;
+                    p.expect_keyword(Keyword::MAX)?;
+                    if !parse_word(p, "DRIFT") {
+                        let t = p.peek_token();
+                        return Err(SqlError::new(
+                            ErrorKind::Parse,
+                            format!("expected DRIFT after MAX, found {}", t.token),
+                        )
+                        .at(loc(&t)));
+                    }
+                    let max_drift = p.parse_expr()?;
+                    let update_interval = if p.parse_keyword(Keyword::UPDATE) {
+                        Some(p.parse_expr()?)
+                    } else {
+                        None
+                    };
+                    Some(AlignmentClause {
+                        group,
+                        max_drift,
+                        update_interval,
+                        location: loc(&at),
+                    })
+                } else {
+                    None
+                };
                 if watermark.is_some() {
                     return Err(SqlError::plan("a table can have only one WATERMARK clause").at(loc(&start)));
                 }
                 watermark = Some(WatermarkClause {
                     column,
                     expr,
+                    alignment,
                     location: loc(&start),
                 });
             } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {

@@ -513,6 +513,7 @@ impl<'a> GraphBuilder<'a> {
                     sql: w.expr.clone(),
                     expr: self.planner.plan_expr_text(&w.expr, &full_df)?,
                     idle_timeout,
+                    alignment: w.alignment.clone(),
                 })
             }
             None => None,

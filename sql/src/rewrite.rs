@@ -52,6 +52,15 @@ struct Rewriter<'a> {
 
 /// Milliseconds of an `INTERVAL 'n' UNIT` literal.
 pub fn interval_ms(expr: &Expr) -> Result<i64> {
+    let ms = interval_ms_or_zero(expr)?;
+    if ms < 1 {
+        return Err(SqlError::plan(format!("window interval {expr} must be positive")));
+    }
+    Ok(ms)
+}
+
+/// Milliseconds of an interval literal, zero allowed (e.g. a drift).
+pub fn interval_ms_or_zero(expr: &Expr) -> Result<i64> {
     let bad = || {
         SqlError::plan(format!(
             "expected an interval literal such as INTERVAL '10' SECOND, found {expr}"
@@ -93,8 +102,8 @@ pub fn interval_ms(expr: &Expr) -> Result<i64> {
         }
     };
     let ms = (number * per).round();
-    if !(ms >= 1.0 && ms < i64::MAX as f64) {
-        return Err(SqlError::plan(format!("window interval {expr} must be positive")));
+    if !(ms >= 0.0 && ms < i64::MAX as f64) {
+        return Err(SqlError::plan(format!("interval {expr} must not be negative")));
     }
     Ok(ms as i64)
 }

@@ -85,6 +85,22 @@ const COMMON_OPTIONS: &[OptionSpec] = &[
         "emit watermarks periodically or after every row",
     )
     .with_default("on-periodic"),
+    OptionSpec::new(
+        "scan.watermark.alignment.group",
+        OptionKind::String,
+        "watermark alignment group (same as ALIGNMENT GROUP in the WATERMARK clause)",
+    ),
+    OptionSpec::new(
+        "scan.watermark.alignment.max-drift",
+        OptionKind::Duration,
+        "how far ahead of the group minimum a split may run",
+    ),
+    OptionSpec::new(
+        "scan.watermark.alignment.update-interval",
+        OptionKind::Duration,
+        "how often readers report and the group announces",
+    )
+    .with_default("1 s"),
 ];
 
 const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];

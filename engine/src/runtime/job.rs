@@ -5,8 +5,9 @@
 //! bounded channel to every downstream subtask it can send to, so a slow
 //! consumer back-pressures its producers.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::DataType;
 use arrow::record_batch::RecordBatch;
@@ -22,11 +23,12 @@ use crate::operators::calc::CalcOperator;
 use crate::operators::limit::LimitOperator;
 use crate::operators::window::aggregate::{STATE_NAMES, WindowAggregateOperator};
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
+use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
 use crate::runtime::gate::InputGate;
-use crate::runtime::metrics::{JobMetrics, NodeMetrics};
+use crate::runtime::metrics::{JobMetrics, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
-use crate::runtime::source_task::{EmitStrategy, SourceTask};
+use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
 use crate::state::open_backend;
 
@@ -108,12 +110,36 @@ fn chains(graph: &StreamGraph) -> Vec<Vec<NodeId>> {
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
 /// `SELECT` (a graph whose last node has no sink).
 pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Sender<RecordBatch>>) -> Result<JobHandle> {
+    let mut sources = vec![];
+    let mut coordinators: HashMap<String, Arc<AlignmentCoordinator>> = HashMap::new();
+    for n in &graph.nodes {
+        if let NodeKind::Source(src) = &n.kind {
+            let group = src.watermark.as_ref().and_then(|w| w.alignment.clone());
+            if let Some(g) = &group {
+                let c = coordinators.entry(g.group.clone()).or_insert_with(|| {
+                    AlignmentCoordinator::new(g.group.clone(), Duration::from_millis(g.update_interval_ms as u64))
+                });
+                // The group announces at the fastest interval any member asked for.
+                if Duration::from_millis(g.update_interval_ms as u64) < c.update_interval {
+                    *c = AlignmentCoordinator::new(g.group.clone(), Duration::from_millis(g.update_interval_ms as u64));
+                }
+            }
+            for subtask in 0..n.parallelism {
+                sources.push(Arc::new(SourceStatus::new(
+                    src.table.name.clone(),
+                    subtask,
+                    group.as_ref().map(|g| g.group.clone()),
+                )));
+            }
+        }
+    }
     let metrics = Arc::new(JobMetrics {
         nodes: graph
             .nodes
             .iter()
             .map(|n| Arc::new(NodeMetrics::new(format!("[{}] {}", n.id, n.describe()))))
             .collect(),
+        sources,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let chains = chains(&graph);
@@ -211,6 +237,26 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                         .watermark
                         .as_ref()
                         .and_then(|w| head.schema.index_of(&w.column).ok());
+                    let alignment = match src.watermark.as_ref().and_then(|w| w.alignment.as_ref()) {
+                        Some(g) => Some(ReaderAlignment {
+                            coordinator: coordinators
+                                .get(&g.group)
+                                .cloned()
+                                .ok_or_else(|| ExecError::internal("alignment group without coordinator"))?,
+                            reader: (head.id, subtask),
+                            max_drift_ms: g.max_drift_ms,
+                            update_interval: Duration::from_millis(g.update_interval_ms as u64),
+                            buffer_size: config.alignment_buffer_size,
+                            allow_unaligned: config.allow_unaligned_source_splits,
+                            connector: src.factory.name().to_string(),
+                        }),
+                        None => None,
+                    };
+                    let status = metrics
+                        .sources
+                        .iter()
+                        .find(|s| s.table == src.table.name && s.subtask == subtask)
+                        .cloned();
                     let task = SourceTask {
                         splits: mine,
                         bounded: src.factory.is_bounded(),
@@ -224,6 +270,8 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                         output,
                         stop: stop_rx.clone(),
                         metrics: metrics.nodes[head.id].clone(),
+                        alignment,
+                        status,
                     };
                     tasks.spawn(task.run());
                 }
@@ -240,6 +288,10 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         }
     }
 
+    for c in coordinators.into_values() {
+        // Ends by itself once every reader of the group is gone.
+        tokio::spawn(c.run());
+    }
     let job_metrics = metrics.clone();
     let started = Instant::now();
     let done = tokio::spawn(async move {

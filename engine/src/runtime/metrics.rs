@@ -28,6 +28,8 @@ impl NodeMetrics {
 #[derive(Debug, Default)]
 pub struct JobMetrics {
     pub nodes: Vec<Arc<NodeMetrics>>,
+    /// One per source subtask.
+    pub sources: Vec<Arc<SourceStatus>>,
 }
 
 impl JobMetrics {
@@ -58,5 +60,65 @@ impl JobMetrics {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitState {
+    Active,
+    Idle,
+    Paused,
+    Finished,
+}
+
+impl SplitState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SplitState::Active => "active",
+            SplitState::Idle => "idle",
+            SplitState::Paused => "paused-by-alignment",
+            SplitState::Finished => "finished",
+        }
+    }
+}
+
+/// One split as its reader last saw it.
+#[derive(Debug, Clone)]
+pub struct SplitStatus {
+    pub split: String,
+    pub watermark: i64,
+    pub state: SplitState,
+    pub paused: std::time::Duration,
+    pub offset: u64,
+}
+
+/// What one source subtask publishes about its splits (SHOW WATERMARKS).
+#[derive(Debug)]
+pub struct SourceStatus {
+    pub table: String,
+    pub subtask: usize,
+    pub group: Option<String>,
+    inner: std::sync::Mutex<(Vec<SplitStatus>, i64)>,
+}
+
+impl SourceStatus {
+    pub fn new(table: String, subtask: usize, group: Option<String>) -> Self {
+        Self {
+            table,
+            subtask,
+            group,
+            inner: std::sync::Mutex::new((vec![], i64::MIN)),
+        }
+    }
+
+    pub fn publish(&self, splits: Vec<SplitStatus>, reader_watermark: i64) {
+        if let Ok(mut g) = self.inner.lock() {
+            *g = (splits, reader_watermark);
+        }
+    }
+
+    /// (splits, the reader's output watermark).
+    pub fn snapshot(&self) -> (Vec<SplitStatus>, i64) {
+        self.inner.lock().map(|g| g.clone()).unwrap_or_default()
     }
 }

@@ -3,11 +3,13 @@
 //! - [`job`]: chaining, channels, subtask creation, the [`job::JobHandle`].
 //! - [`source_task`]: source readers (splits, watermarks, idleness).
 //! - [`task`]: the loop of every other subtask.
+//! - [`alignment`]: watermark alignment groups (coordinator, split pause policy).
 //! - [`chain`]: forward-connected operators in one task.
 //! - [`gate`]: input gate and watermark valve.
 //! - [`output`]: partitioning to downstream subtasks.
 //! - [`metrics`]: counters.
 
+pub mod alignment;
 pub mod chain;
 pub mod gate;
 pub mod job;

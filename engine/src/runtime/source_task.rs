@@ -27,8 +27,10 @@ use crate::error::{ExecError, Result};
 use crate::message::{MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
 use crate::operators::calc::project;
 use crate::plan::WatermarkNode;
+use crate::runtime::alignment::{AlignmentCoordinator, ReaderId, SplitAlignment, max_allowed, reader_report};
 use crate::runtime::chain::Chain;
 use crate::runtime::metrics::NodeMetrics;
+use crate::runtime::metrics::{SourceStatus, SplitState as SplitState_, SplitStatus};
 use crate::runtime::output::Output;
 use crate::runtime::task::flush;
 
@@ -46,6 +48,21 @@ struct SplitState {
     last_activity: Instant,
     /// Not polled again before this instant (rate limit).
     wait_until: Option<Instant>,
+    align: SplitAlignment,
+    paused_since: Option<Instant>,
+    paused_total: Duration,
+}
+
+/// This reader's membership in a watermark alignment group.
+pub struct ReaderAlignment {
+    pub coordinator: Arc<AlignmentCoordinator>,
+    pub reader: ReaderId,
+    pub max_drift_ms: i64,
+    pub update_interval: Duration,
+    pub buffer_size: usize,
+    pub allow_unaligned: bool,
+    /// Connector name, for the error when it cannot pause single splits.
+    pub connector: String,
 }
 
 pub struct SourceTask {
@@ -61,6 +78,9 @@ pub struct SourceTask {
     pub output: Output,
     pub stop: watch::Receiver<bool>,
     pub metrics: Arc<NodeMetrics>,
+    pub alignment: Option<ReaderAlignment>,
+    /// Where the reader publishes its splits' state (SHOW WATERMARKS).
+    pub status: Option<Arc<SourceStatus>>,
 }
 
 struct Reader {
@@ -100,6 +120,9 @@ impl SourceTask {
                     finished: false,
                     last_activity: now,
                     wait_until: None,
+                    align: SplitAlignment::default(),
+                    paused_since: None,
+                    paused_total: Duration::ZERO,
                 })
                 .collect(),
             emitted: MIN_WATERMARK,
@@ -109,6 +132,8 @@ impl SourceTask {
         let mut outbox = Vec::new();
         let mut next_tick = Instant::now() + self.interval;
         let idle_timeout = self.watermark.as_ref().and_then(|w| w.idle_timeout);
+        let mut announcements = self.alignment.as_ref().map(|a| a.coordinator.subscribe());
+        let mut next_align = self.alignment.as_ref().map(|a| Instant::now() + a.update_interval);
         loop {
             if *self.stop.borrow() || self.chain.is_finished() || self.output.is_closed() {
                 // Stopped on purpose: end without a final watermark, so no
@@ -117,6 +142,11 @@ impl SourceTask {
                 return flush(&mut outbox, &mut self.output).await;
             }
             if reader.splits.iter().all(|s| s.finished) && (self.bounded || !reader.splits.is_empty()) {
+                // A finished reader never holds its group back (FLINK-35157).
+                if let Some(a) = &self.alignment {
+                    a.coordinator.report(a.reader, crate::message::MAX_WATERMARK);
+                }
+                self.publish_status(&reader);
                 return self.finish(&mut outbox).await;
             }
             let mut progressed = false;
@@ -125,7 +155,8 @@ impl SourceTask {
             for k in 0..n {
                 let i = (reader.next + k) % n;
                 let s = &mut reader.splits[i];
-                if s.finished || s.wait_until.is_some_and(|t| t > now) {
+                // Paused splits are not polled at all (no busy polling).
+                if s.finished || s.align.paused || s.wait_until.is_some_and(|t| t > now) {
                     continue;
                 }
                 match s.split.poll_batch()? {
@@ -143,6 +174,13 @@ impl SourceTask {
                             None => b,
                         };
                         self.on_split_batch(&mut reader, i, b, &mut outbox)?;
+                        if self.alignment.as_ref().is_some_and(|a| a.buffer_size == 0) {
+                            // Buffer 0 (Flink <= 2.2): a split that passes the
+                            // bound is paused at once, not at the next announcement.
+                            if let Some(min) = announcements.as_ref().and_then(|rx| *rx.borrow()) {
+                                self.align_splits(&mut reader, min)?;
+                            }
+                        }
                         progressed = true;
                         reader.next = (i + 1) % n;
                         break;
@@ -159,10 +197,34 @@ impl SourceTask {
             let now = Instant::now();
             if let Some(timeout) = idle_timeout {
                 for s in reader.splits.iter_mut() {
-                    if !s.finished && !s.idle && now.duration_since(s.last_activity) > timeout {
+                    // Time paused by alignment is not inactivity (FLIP-471).
+                    if !s.finished && !s.idle && !s.align.paused && now.duration_since(s.last_activity) > timeout {
                         s.idle = true;
                     }
                 }
+            }
+            if let (Some(a), Some(at)) = (&self.alignment, next_align) {
+                if now >= at {
+                    next_align = Some(now + a.update_interval);
+                    // Sample every split, report the reader's watermark.
+                    for s in reader.splits.iter_mut().filter(|s| !s.finished) {
+                        s.align.sample(s.watermark, a.buffer_size);
+                    }
+                    let quiet = reader.idle || reader.splits.iter().all(|s| s.finished || s.idle);
+                    let unfinished = reader.splits.iter().any(|s| !s.finished);
+                    let wm = reader.combined(None, MIN_WATERMARK);
+                    if let Some(v) = reader_report(quiet && unfinished, wm) {
+                        a.coordinator.report(a.reader, v);
+                    }
+                    self.publish_status(&reader);
+                }
+            }
+            let announced = match announcements.as_mut() {
+                Some(rx) if rx.has_changed().unwrap_or(false) => *rx.borrow_and_update(),
+                _ => None,
+            };
+            if let Some(min) = announced {
+                self.align_splits(&mut reader, min)?;
             }
             if now >= next_tick || self.emit == EmitStrategy::OnEvent {
                 next_tick = now + self.interval;
@@ -175,19 +237,108 @@ impl SourceTask {
                 let wake = reader
                     .splits
                     .iter()
-                    .filter(|s| !s.finished)
+                    .filter(|s| !s.finished && !s.align.paused)
                     .filter_map(|s| s.wait_until)
                     .min()
                     .map_or(next_tick, |t| t.min(next_tick));
+                let wake = next_align.map_or(wake, |a| a.min(wake));
                 let mut stop = self.stop.clone();
-                tokio::select! {
-                    _ = tokio::time::sleep_until(wake) => {}
-                    _ = stop.changed() => {}
+                match announcements.as_mut() {
+                    Some(rx) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(wake) => {}
+                            _ = stop.changed() => {}
+                            _ = rx.changed() => {}
+                        }
+                    }
+                    None => {
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(wake) => {}
+                            _ = stop.changed() => {}
+                        }
+                    }
                 }
             } else {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// Pauses and resumes splits against the announced group minimum.
+    fn align_splits(&mut self, reader: &mut Reader, group_min: Timestamp) -> Result<()> {
+        let Some(a) = &self.alignment else { return Ok(()) };
+        let bound = max_allowed(group_min, a.max_drift_ms);
+        let now = Instant::now();
+        let several = reader.splits.len() > 1;
+        // Split-level decisions first (FLIP-217).
+        let mut decisions = vec![];
+        for s in reader.splits.iter() {
+            let mut next = s.align.clone();
+            if !s.finished {
+                next.decide(s.watermark, s.idle, bound, a.buffer_size);
+            }
+            decisions.push(next.paused);
+        }
+        let cannot = reader
+            .splits
+            .iter()
+            .zip(&decisions)
+            .any(|(s, pause)| *pause && !s.align.paused && !s.split.supports_pause());
+        if several && cannot {
+            if !a.allow_unaligned {
+                return Err(ExecError::Config(format!(
+                    "watermark alignment must pause a single split, but connector '{}' cannot pause splits one by one; \
+                     set '{}' = 'true' to pause the whole source reader instead (correct only with one split per reader)",
+                    a.connector,
+                    crate::config::ALLOW_UNALIGNED_SPLITS
+                )));
+            }
+        }
+        if several && reader.splits.iter().any(|s| !s.split.supports_pause()) {
+            // Reader-level alignment: the whole reader pauses while its
+            // watermark is beyond the bound.
+            let wm = reader.combined(None, MIN_WATERMARK).unwrap_or(MIN_WATERMARK);
+            let quiet = reader.splits.iter().all(|s| s.idle || s.finished);
+            let mut probe = SplitAlignment::default();
+            probe.paused = reader.splits.iter().any(|s| s.align.paused);
+            probe.decide(wm, quiet, bound, 0);
+            for s in reader.splits.iter_mut() {
+                set_paused(s, probe.paused, now);
+            }
+            return Ok(());
+        }
+        for (s, pause) in reader.splits.iter_mut().zip(decisions) {
+            if !s.finished {
+                set_paused(s, pause, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes each split's state for SHOW WATERMARKS.
+    fn publish_status(&self, reader: &Reader) {
+        let Some(status) = &self.status else { return };
+        let now = Instant::now();
+        let rows = reader
+            .splits
+            .iter()
+            .map(|s| SplitStatus {
+                split: s.split.id(),
+                watermark: s.watermark,
+                state: if s.finished {
+                    SplitState_::Finished
+                } else if s.align.paused {
+                    SplitState_::Paused
+                } else if s.idle {
+                    SplitState_::Idle
+                } else {
+                    SplitState_::Active
+                },
+                paused: s.paused_total + s.paused_since.map_or(Duration::ZERO, |p| now.duration_since(p)),
+                offset: s.split.offset(),
+            })
+            .collect();
+        status.publish(rows, reader.emitted);
     }
 
     async fn finish(&mut self, outbox: &mut Vec<StreamMessage>) -> Result<()> {
@@ -380,6 +531,7 @@ mod tests {
                 sql: "ts".into(),
                 expr: Arc::new(Column::new("ts", 0)),
                 idle_timeout: idle,
+                alignment: None,
             }),
             rowtime_index: Some(0),
             emit: EmitStrategy::OnPeriodic,
@@ -388,6 +540,8 @@ mod tests {
             output: Output::channels(vec![tx], Partitioner::Forward),
             stop,
             metrics: Arc::new(NodeMetrics::new("source".into())),
+            alignment: None,
+            status: None,
         }
     }
 
@@ -466,5 +620,20 @@ mod tests {
         }
         stop_tx.send(true).expect("stop");
         handle.await.expect("join").expect("clean stop");
+    }
+}
+
+/// Pauses or resumes a split, keeping paused time out of its idleness clock.
+fn set_paused(s: &mut SplitState, paused: bool, now: Instant) {
+    if paused == s.align.paused {
+        return;
+    }
+    s.align.paused = paused;
+    if paused {
+        s.paused_since = Some(now);
+    } else if let Some(since) = s.paused_since.take() {
+        let d = now.duration_since(since);
+        s.paused_total += d;
+        s.last_activity += d;
     }
 }
