@@ -379,7 +379,13 @@ impl Session {
                     });
                     v.2.push(c.nullable);
                     v.3.push(c.computed.as_ref().map(|e| format!("AS {e}")));
-                    v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| w.expr.clone()));
+                    v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| match &w.alignment {
+                        Some(a) => format!(
+                            "{} ALIGNMENT GROUP '{}' MAX DRIFT {} ms UPDATE {} ms",
+                            w.expr, a.group, a.max_drift_ms, a.update_interval_ms
+                        ),
+                        None => w.expr.clone(),
+                    }));
                 }
                 v
             }
