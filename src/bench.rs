@@ -112,3 +112,152 @@ pub async fn run_nexmark(args: &NexmarkArgs) -> i32 {
     }
     0
 }
+
+#[derive(Args, Debug, Clone)]
+pub struct AlignmentArgs {
+    /// Events of all kinds.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub events: u64,
+    /// Splits (and source parallelism): one split per reader.
+    #[arg(long, default_value_t = 12)]
+    pub splits: usize,
+    /// How many times faster split 0 reads.
+    #[arg(long, default_value_t = 6)]
+    pub skew: u64,
+    /// Max drift in seconds for the aligned run.
+    #[arg(long, default_value_t = 30)]
+    pub drift: u64,
+    /// pipeline.watermark-alignment.buffer-size for the aligned run.
+    #[arg(long, default_value_t = 3)]
+    pub buffer_size: usize,
+}
+
+/// Figures of one backfill run.
+#[derive(Debug, Default)]
+pub struct BackfillFigures {
+    pub seconds: f64,
+    pub peak_state_bytes: i64,
+    pub peak_spread_ms: i64,
+    pub peak_rss_bytes: u64,
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Runs the seed's backfill: `splits` Nexmark splits, split 0 `skew` times
+/// faster, into a keyed HOP window on RocksDB; samples state size, the
+/// spread between source readers and memory every 50 ms.
+pub async fn backfill(args: &AlignmentArgs, aligned: bool) -> Result<BackfillFigures, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut session = Session::open(dir.path()).map_err(|e| e.to_string())?;
+    let alignment = if aligned {
+        format!(" ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '{}' SECOND", args.drift)
+    } else {
+        String::new()
+    };
+    let sql = format!(
+        "SET 'parallelism.default' = '{splits}';
+         SET 'pipeline.watermark-alignment.buffer-size' = '{buffer}';
+         CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+           WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND{alignment})
+         WITH ('connector' = 'nexmark', 'nexmark.events' = '{events}', 'splits' = '{splits}',
+               'nexmark.split-skew' = '{skew}');
+         CREATE TABLE sink (auction BIGINT, bids BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT auction, COUNT(*), window_end
+         FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+         GROUP BY auction, window_start, window_end;",
+        splits = args.splits,
+        buffer = args.buffer_size,
+        events = args.events,
+        skew = args.skew,
+    );
+    let started = Instant::now();
+    session.execute_sql(&sql).await.map_err(|e| e.to_string())?;
+    let job = session.take_jobs().pop().ok_or("no job started")?;
+    let metrics = job.metrics.clone();
+    let mut figures = BackfillFigures::default();
+    let sample = |f: &mut BackfillFigures| {
+        let state: i64 = metrics
+            .nodes
+            .iter()
+            .map(|n| n.state_bytes.load(std::sync::atomic::Ordering::Relaxed))
+            .sum();
+        f.peak_state_bytes = f.peak_state_bytes.max(state);
+        let wms: Vec<i64> = metrics
+            .sources
+            .iter()
+            .map(|s| s.snapshot())
+            .filter(|(splits, _)| {
+                splits
+                    .iter()
+                    .any(|x| x.state != weir_engine::runtime::metrics::SplitState::Finished)
+            })
+            .map(|(_, w)| w)
+            .filter(|w| *w > i64::MIN && *w < i64::MAX)
+            .collect();
+        if let (Some(min), Some(max)) = (wms.iter().min(), wms.iter().max()) {
+            f.peak_spread_ms = f.peak_spread_ms.max(max - min);
+        }
+        f.peak_rss_bytes = f.peak_rss_bytes.max(rss_bytes());
+        if std::env::var_os("WEIR_BENCH_TRACE").is_some() {
+            let rows = crate::watermarks::rows(&metrics, None, 0);
+            let line: Vec<String> = rows
+                .iter()
+                .filter(|r| r.scope != "state")
+                .map(|r| format!("{}:{}:{}", r.name, r.watermark, r.state))
+                .collect();
+            eprintln!("{}", line.join(" | "));
+        }
+    };
+    let mut done = Box::pin(job.wait());
+    loop {
+        tokio::select! {
+            r = &mut done => {
+                r.map_err(|e| e.to_string())?;
+                break;
+            }
+            // A sampling period, not synchronisation.
+            _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => sample(&mut figures),
+        }
+    }
+    figures.seconds = started.elapsed().as_secs_f64();
+    Ok(figures)
+}
+
+pub async fn run_alignment(args: &AlignmentArgs) -> i32 {
+    println!(
+        "| run | events | splits | skew | seconds | peak state bytes | peak reader spread | peak RSS |\n|---|---|---|---|---|---|---|---|"
+    );
+    for aligned in [false, true] {
+        match backfill(args, aligned).await {
+            Ok(f) => println!(
+                "| {} | {} | {} | {}x | {:.1} | {} | {:.1} s | {} MiB |",
+                if aligned {
+                    format!("MAX DRIFT {} s, buffer {}", args.drift, args.buffer_size)
+                } else {
+                    "no alignment".into()
+                },
+                args.events,
+                args.splits,
+                args.skew,
+                f.seconds,
+                f.peak_state_bytes,
+                f.peak_spread_ms as f64 / 1000.0,
+                f.peak_rss_bytes >> 20
+            ),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 1;
+            }
+        }
+    }
+    0
+}

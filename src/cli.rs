@@ -45,6 +45,8 @@ pub enum Command {
 pub enum BenchCommand {
     /// Nexmark queries over the built-in generator into a blackhole sink.
     Nexmark(crate::bench::NexmarkArgs),
+    /// The seed's skewed backfill, with and without watermark alignment.
+    Alignment(crate::bench::AlignmentArgs),
 }
 
 /// Errors in the shell are shown without a file name.
@@ -63,11 +65,16 @@ pub fn main_with(args: Args) -> i32 {
             return EXIT_ERROR;
         }
     };
-    if let Some(Command::Bench {
-        which: BenchCommand::Nexmark(b),
-    }) = &args.sub
-    {
-        return rt.block_on(crate::bench::run_nexmark(b));
+    match &args.sub {
+        Some(Command::Bench {
+            which: BenchCommand::Nexmark(b),
+        }) => return rt.block_on(crate::bench::run_nexmark(b)),
+        Some(Command::Bench {
+            which: BenchCommand::Alignment(b),
+        }) => {
+            return rt.block_on(crate::bench::run_alignment(b));
+        }
+        _ => {}
     }
     let mut session = match Session::open(&args.data_dir) {
         Ok(s) => s,

@@ -9,10 +9,12 @@
 //! - [`display`]: rendering results as text (tableau and `+I[...]` rows).
 //! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts.
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
+//! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
 
 pub mod bench;
 pub mod cli;
 pub mod display;
 pub mod session;
+pub mod watermarks;
 
 pub use session::{ResultStream, Session, SessionError, StatementResult};

@@ -13,6 +13,7 @@ use weir_catalog::store::Entry;
 use weir_catalog::{Catalog, ViewDef};
 use weir_engine::ExecError;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
+use weir_engine::runtime::metrics::JobMetrics;
 use weir_engine::runtime::{JobHandle, deploy};
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
@@ -75,6 +76,8 @@ pub struct Session {
     default_job_name: Option<String>,
     started: usize,
     last_outcome: Option<weir_engine::runtime::JobOutcome>,
+    /// Every job this session started, by name (for SHOW WATERMARKS).
+    job_metrics: BTreeMap<String, Arc<JobMetrics>>,
 }
 
 impl Session {
@@ -95,6 +98,7 @@ impl Session {
             default_job_name: None,
             started: 0,
             last_outcome: None,
+            job_metrics: BTreeMap::new(),
         })
     }
 
@@ -228,6 +232,7 @@ impl Session {
                 Ok(StatementResult::Rows(schema, vec![batch]))
             }
             Statement::Describe(name) => self.describe(name),
+            Statement::ShowWatermarks(job) => self.show_watermarks(job),
             Statement::Set(None) => {
                 let schema = Arc::new(Schema::new(vec![
                     Field::new("key", DataType::Utf8, false),
@@ -272,6 +277,7 @@ impl Session {
                 let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
                 let job = deploy(graph, &config, None)?;
                 let name = job.name.clone();
+                self.job_metrics.insert(name.clone(), job.metrics.clone());
                 let sync = self
                     .settings
                     .get(DML_SYNC)
@@ -304,6 +310,35 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Per split: watermark, lag, state, time paused; per alignment group:
+    /// minimum, max allowed, spread; per stateful operator: state growth per
+    /// second of event time and the drift a state budget allows.
+    fn show_watermarks(&self, job: &str) -> Result<StatementResult, SessionError> {
+        let metrics = self.job_metrics.get(job).ok_or_else(|| {
+            let known: Vec<&str> = self.job_metrics.keys().map(String::as_str).collect();
+            SqlError::plan(format!(
+                "no job '{job}' in this session; jobs: {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ))
+        })?;
+        let budget = match self.settings.get(weir_engine::config::ALIGNMENT_STATE_BUDGET) {
+            Some(v) => Some(weir_catalog::options::parse_memory_size(v).ok_or_else(|| {
+                SqlError::plan(format!(
+                    "option '{}': invalid value '{v}'",
+                    weir_engine::config::ALIGNMENT_STATE_BUDGET
+                ))
+            })?),
+            None => None,
+        };
+        let rows = crate::watermarks::rows(metrics, budget, chrono::Utc::now().timestamp_millis());
+        let batch = crate::watermarks::to_batch(&rows).map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(batch.schema(), vec![batch]))
     }
 
     fn sink_table(&self, name: &str) -> Result<weir_catalog::TableDef, SessionError> {

@@ -17,6 +17,8 @@ pub const STATE_BACKEND: &str = "state.backend.type";
 pub const DML_SYNC: &str = "table.dml-sync";
 pub const ALIGNMENT_BUFFER_SIZE: &str = "pipeline.watermark-alignment.buffer-size";
 pub const ALLOW_UNALIGNED_SPLITS: &str = "pipeline.watermark-alignment.allow-unaligned-source-splits";
+pub const ALIGNMENT_SPREAD_ALERT: &str = "pipeline.watermark-alignment.spread-alert";
+pub const ALIGNMENT_STATE_BUDGET: &str = "pipeline.watermark-alignment.state-budget";
 
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
@@ -68,6 +70,16 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("false"),
     OptionSpec::new(
+        ALIGNMENT_SPREAD_ALERT,
+        OptionKind::Duration,
+        "log a warning when the watermark spread of an alignment group stays above this (default: twice the max drift)",
+    ),
+    OptionSpec::new(
+        ALIGNMENT_STATE_BUDGET,
+        OptionKind::MemorySize,
+        "state budget SHOW WATERMARKS sizes the max drift for, e.g. '2 gb'",
+    ),
+    OptionSpec::new(
         DML_SYNC,
         OptionKind::Bool,
         "INSERT waits for its job to finish before the next statement runs",
@@ -93,6 +105,8 @@ pub struct JobConfig {
     /// Samples a split's watermark ring holds for watermark alignment.
     pub alignment_buffer_size: usize,
     pub allow_unaligned_source_splits: bool,
+    /// 0: twice the group's max drift.
+    pub alignment_spread_alert_ms: i64,
     /// Where this job keeps its state (`<data-dir>/jobs/<name>`).
     pub job_dir: PathBuf,
 }
@@ -140,6 +154,7 @@ impl JobConfig {
             state_backend,
             alignment_buffer_size: o.i64(ALIGNMENT_BUFFER_SIZE)?.unwrap_or(3) as usize,
             allow_unaligned_source_splits: o.bool(ALLOW_UNALIGNED_SPLITS)?.unwrap_or(false),
+            alignment_spread_alert_ms: o.duration(ALIGNMENT_SPREAD_ALERT)?.map_or(0, |d| d.as_millis() as i64),
         })
     }
 }

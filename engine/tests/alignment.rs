@@ -397,3 +397,44 @@ async fn a_connector_without_split_pause_fails_the_job_unless_allowed() {
         .expect("whole-reader pause keeps the job alive");
     d.await.expect("drain");
 }
+
+/// Regression: a reader whose only split is paused sleeps; the announcement
+/// that wakes it must also resume it (waiting on `changed()` marks the
+/// announcement seen, so it has to be remembered).
+#[tokio::test(start_paused = true)]
+async fn a_fully_paused_reader_resumes_when_the_group_catches_up() {
+    let (stop_tx, stop) = watch::channel(false);
+    let c = AlignmentCoordinator::new("g".into(), Duration::from_secs(1));
+    tokio::spawn(c.clone().run());
+    let fast = reader(0, vec![Paced::new(1, 10_000)], &c, 30_000, 0, false, None, &stop);
+    let slow = reader(1, vec![Paced::new(2, 1_000)], &c, 30_000, 0, false, None, &stop);
+    let s: Seen = Default::default();
+    let d1 = drain(fast.rx, s.clone());
+    let d2 = drain(slow.rx, s.clone());
+    let mut fast_paused_at = None;
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (splits, _) = fast.status.snapshot();
+        if fast_paused_at.is_none() && splits.iter().any(|x| x.state == SplitState::Paused) {
+            fast_paused_at = Some(seen(&s, 1));
+        }
+    }
+    let paused_at = fast_paused_at.expect("the fast reader was paused");
+    // 60 s of clock: the slow reader made ~600 s; the fast one must have
+    // resumed and followed it (within the drift and one round trip).
+    assert!(seen(&s, 2) >= 590_000);
+    assert!(
+        seen(&s, 1) > paused_at + 300_000,
+        "fast reader resumed ({} vs paused at {paused_at})",
+        seen(&s, 1)
+    );
+    assert!(
+        seen(&s, 1) - seen(&s, 2) <= 30_000 + 10_000 + 20_000,
+        "and stays within the drift"
+    );
+    let _ = stop_tx.send(true);
+    fast.handle.await.expect("join").expect("stop");
+    slow.handle.await.expect("join").expect("stop");
+    d1.await.expect("drain");
+    d2.await.expect("drain");
+}

@@ -66,6 +66,8 @@ pub enum Statement {
         if_exists: bool,
     },
     ShowTables,
+    /// `SHOW WATERMARKS FOR JOB 'name'`
+    ShowWatermarks(String),
     Describe(String),
     Set(Option<(String, String)>),
     Reset(Option<String>),
@@ -267,6 +269,14 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
     if p.parse_keyword(Keyword::SHOW) {
         if p.parse_keyword(Keyword::TABLES) || p.parse_keyword(Keyword::VIEWS) {
             return Ok(Statement::ShowTables);
+        }
+        if parse_word(p, "WATERMARKS") {
+            p.expect_keyword(Keyword::FOR)?;
+            if !parse_word(p, "JOB") {
+                let t = p.peek_token();
+                return Err(SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)));
+            }
+            return Ok(Statement::ShowWatermarks(parse_string_literal(p)?));
         }
         let t = p.peek_token();
         return Err(SqlError::unsupported(format!("SHOW {} is not supported; try SHOW TABLES", t.token)).at(loc(&t)));

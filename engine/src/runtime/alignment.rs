@@ -28,9 +28,14 @@ use crate::message::{MAX_WATERMARK, Timestamp};
 /// Which reader reported: (source node, subtask).
 pub type ReaderId = (usize, usize);
 
+#[derive(Debug)]
 pub struct AlignmentCoordinator {
     pub group: String,
     pub update_interval: Duration,
+    /// The largest max drift of the group's members (for SHOW WATERMARKS).
+    pub max_drift_ms: std::sync::atomic::AtomicI64,
+    /// Warn when the spread stays above this (0: twice the max drift).
+    pub spread_alert_ms: std::sync::atomic::AtomicI64,
     reports: Mutex<HashMap<ReaderId, Timestamp>>,
     /// The announced group minimum (`None` before the first announcement).
     announced: watch::Sender<Option<Timestamp>>,
@@ -42,6 +47,8 @@ impl AlignmentCoordinator {
         Arc::new(Self {
             group,
             update_interval,
+            max_drift_ms: std::sync::atomic::AtomicI64::new(0),
+            spread_alert_ms: std::sync::atomic::AtomicI64::new(0),
             reports: Mutex::new(HashMap::new()),
             announced,
         })
@@ -63,6 +70,15 @@ impl AlignmentCoordinator {
         self.reports.lock().ok().and_then(|r| r.values().copied().min())
     }
 
+    /// Highest minus lowest reported watermark of readers that have one
+    /// and are not idle or finished.
+    pub fn spread(&self) -> Option<i64> {
+        let r = self.reports.lock().ok()?;
+        let live: Vec<i64> = r.values().copied().filter(|w| *w != MAX_WATERMARK).collect();
+        let (min, max) = (live.iter().min()?, live.iter().max()?);
+        Some(max.saturating_sub(*min))
+    }
+
     /// Announces the current minimum to every reader (every reader, also
     /// those with no more splits to read: FLINK-37670).
     pub fn announce(&self) {
@@ -76,9 +92,31 @@ impl AlignmentCoordinator {
         let mut tick = tokio::time::interval(self.update_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut had_readers = false;
+        let mut above = 0u32;
         loop {
             tick.tick().await;
             self.announce();
+            // The alert the seed recommends: the spread between source
+            // watermarks stays wide (alignment off, too loose, or stuck).
+            let drift = self.max_drift_ms.load(std::sync::atomic::Ordering::Relaxed);
+            let alert = match self.spread_alert_ms.load(std::sync::atomic::Ordering::Relaxed) {
+                0 => drift.saturating_mul(2).max(1_000),
+                v => v,
+            };
+            match self.spread() {
+                Some(s) if s > alert => {
+                    above += 1;
+                    if above == 3 {
+                        tracing::warn!(
+                            "watermark spread in alignment group '{}' has stayed above {} ms for 3 intervals ({} ms)",
+                            self.group,
+                            alert,
+                            s
+                        );
+                    }
+                }
+                _ => above = 0,
+            }
             // Readers subscribe when they start, which may be after us.
             let readers = self.announced.receiver_count();
             had_readers |= readers > 0;

@@ -121,8 +121,14 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 });
                 // The group announces at the fastest interval any member asked for.
                 if Duration::from_millis(g.update_interval_ms as u64) < c.update_interval {
+                    let drift = c.max_drift_ms.load(std::sync::atomic::Ordering::Relaxed);
                     *c = AlignmentCoordinator::new(g.group.clone(), Duration::from_millis(g.update_interval_ms as u64));
+                    c.max_drift_ms.store(drift, std::sync::atomic::Ordering::Relaxed);
                 }
+                c.max_drift_ms
+                    .fetch_max(g.max_drift_ms, std::sync::atomic::Ordering::Relaxed);
+                c.spread_alert_ms
+                    .store(config.alignment_spread_alert_ms, std::sync::atomic::Ordering::Relaxed);
             }
             for subtask in 0..n.parallelism {
                 sources.push(Arc::new(SourceStatus::new(
@@ -140,6 +146,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             .map(|n| Arc::new(NodeMetrics::new(format!("[{}] {}", n.id, n.describe()))))
             .collect(),
         sources,
+        groups: coordinators.values().cloned().collect(),
     });
     let (stop_tx, stop_rx) = watch::channel(false);
     let chains = chains(&graph);

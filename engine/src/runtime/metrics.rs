@@ -11,6 +11,10 @@ pub struct NodeMetrics {
     pub late_rows_dropped: AtomicU64,
     /// Highest output watermark of any subtask of the node.
     pub watermark: AtomicI64,
+    /// Live keyed state of the node, in bytes (keys + values), all subtasks.
+    pub state_bytes: AtomicI64,
+    /// Highest event time the node has put into state.
+    pub max_event_time: AtomicI64,
 }
 
 impl NodeMetrics {
@@ -21,6 +25,8 @@ impl NodeMetrics {
             rows_out: AtomicU64::new(0),
             late_rows_dropped: AtomicU64::new(0),
             watermark: AtomicI64::new(i64::MIN),
+            state_bytes: AtomicI64::new(0),
+            max_event_time: AtomicI64::new(i64::MIN),
         }
     }
 }
@@ -30,6 +36,8 @@ pub struct JobMetrics {
     pub nodes: Vec<Arc<NodeMetrics>>,
     /// One per source subtask.
     pub sources: Vec<Arc<SourceStatus>>,
+    /// The job's watermark alignment groups.
+    pub groups: Vec<Arc<crate::runtime::alignment::AlignmentCoordinator>>,
 }
 
 impl JobMetrics {

@@ -134,6 +134,9 @@ impl SourceTask {
         let idle_timeout = self.watermark.as_ref().and_then(|w| w.idle_timeout);
         let mut announcements = self.alignment.as_ref().map(|a| a.coordinator.subscribe());
         let mut next_align = self.alignment.as_ref().map(|a| Instant::now() + a.update_interval);
+        // Set when the sleep below was woken by an announcement: waiting on
+        // `changed()` marks it seen, so `has_changed()` would miss it.
+        let mut fresh_announcement = false;
         loop {
             if *self.stop.borrow() || self.chain.is_finished() || self.output.is_closed() {
                 // Stopped on purpose: end without a final watermark, so no
@@ -220,13 +223,19 @@ impl SourceTask {
                 }
             }
             let announced = match announcements.as_mut() {
-                Some(rx) if rx.has_changed().unwrap_or(false) => *rx.borrow_and_update(),
+                Some(rx) if fresh_announcement || rx.has_changed().unwrap_or(false) => {
+                    fresh_announcement = false;
+                    *rx.borrow_and_update()
+                }
                 _ => None,
             };
             if let Some(min) = announced {
                 self.align_splits(&mut reader, min)?;
             }
             if now >= next_tick || self.emit == EmitStrategy::OnEvent {
+                if now >= next_tick {
+                    self.publish_status(&reader);
+                }
                 next_tick = now + self.interval;
                 self.emit_combined(&mut reader, &mut outbox)?;
                 flush(&mut outbox, &mut self.output).await?;
@@ -245,10 +254,18 @@ impl SourceTask {
                 let mut stop = self.stop.clone();
                 match announcements.as_mut() {
                     Some(rx) => {
+                        let mut gone = false;
                         tokio::select! {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
-                            _ = rx.changed() => {}
+                            r = rx.changed() => match r {
+                                Ok(()) => fresh_announcement = true,
+                                // The coordinator ended with the job.
+                                Err(_) => gone = true,
+                            },
+                        }
+                        if gone {
+                            announcements = None;
                         }
                     }
                     None => {

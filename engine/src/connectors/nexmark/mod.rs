@@ -59,6 +59,12 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .with_default("2015-07-15 00:00:00.000"),
     OptionSpec::new(
+        "nexmark.split-skew",
+        OptionKind::Int { min: 1, max: 1_000_000 },
+        "split 0 reads this many times faster than the others (uneven partitions, for backfill tests)",
+    )
+    .with_default("1"),
+    OptionSpec::new(
         "splits",
         OptionKind::Int { min: 1, max: 65536 },
         "number of splits (default: the source's parallelism)",
@@ -118,6 +124,8 @@ struct Config {
     time: EventTime,
     seed: u64,
     splits: Option<usize>,
+    /// Split 0 reads this many times faster than the others.
+    skew: u64,
 }
 
 #[derive(Debug)]
@@ -181,6 +189,7 @@ impl NexmarkSource {
                 },
                 seed: options.i64("nexmark.seed")?.unwrap_or(0) as u64,
                 splits: options.i64("splits")?.map(|v| v as usize),
+                skew: options.i64("nexmark.split-skew")?.unwrap_or(1) as u64,
             },
             schema,
             columns,
@@ -348,6 +357,13 @@ impl NexmarkSplit {
     }
 }
 
+impl NexmarkSplit {
+    /// Relative read speed: `nexmark.split-skew` for split 0, else 1.
+    fn speed(&self) -> u64 {
+        if self.index == 0 { self.config.skew.max(1) } else { 1 }
+    }
+}
+
 impl SourceSplit for NexmarkSplit {
     fn id(&self) -> String {
         format!("nexmark-{}-of-{}", self.index, self.splits)
@@ -367,7 +383,7 @@ impl SourceSplit for NexmarkSplit {
         let mut budget = DEFAULT_BATCH_ROWS as u64;
         if self.config.rate > 0 {
             let started = *self.started.get_or_insert_with(Instant::now);
-            let per_split = self.config.rate as f64 / self.splits as f64;
+            let per_split = self.config.rate as f64 / self.splits as f64 * self.speed() as f64;
             let due = (started.elapsed().as_secs_f64() * per_split) as u64;
             if due < self.events_read + epoch_len {
                 let next = started + Duration::from_secs_f64((self.events_read + epoch_len) as f64 / per_split);
@@ -383,7 +399,7 @@ impl SourceSplit for NexmarkSplit {
             ),
             EventKind::Bid => (generator::PERSON_PROPORTION + generator::AUCTION_PROPORTION, epoch_len),
         };
-        let epochs = (budget / epoch_len).max(1);
+        let epochs = (budget / epoch_len).max(1) * self.speed();
         let mut cols = self.builders((epochs * (hi - lo)) as usize);
         let mut scratch = String::with_capacity(128);
         for _ in 0..epochs {

@@ -210,12 +210,16 @@ impl WindowAggregateOperator {
         let stored = self.state.multi_get(ACC, &refs)?;
         let mut present = vec![];
         let mut groups = vec![];
+        let mut freed: i64 = 0;
         for (i, s) in stored.into_iter().enumerate() {
+            freed += timers[i].len() as i64;
             if let Some(s) = s {
+                freed += (acc_keys[i].len() + s.len()) as i64;
                 present.push(s);
                 groups.push(i);
             }
         }
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
         let n = timers.len();
         let mut accs = self.accumulators()?;
         self.merge_stored(&mut accs, &present, &groups, n)?;
@@ -368,15 +372,20 @@ impl Operator for WindowAggregateOperator {
         let mut present = vec![];
         let mut present_groups = vec![];
         let mut wb = WriteBatch::default();
+        // Live state bytes, for the alignment sizing aid.
+        let mut grown: i64 = 0;
         for (g, s) in stored.into_iter().enumerate() {
             match s {
                 Some(s) => {
+                    grown -= (acc_keys[g].len() + s.len()) as i64;
                     present.push(s);
                     present_groups.push(g);
                 }
                 None => {
                     let (k, end) = group_keys[g];
-                    wb.put(TIMERS, timer_key(&kg_bytes[g], k, end), vec![]);
+                    let t = timer_key(&kg_bytes[g], k, end);
+                    grown += t.len() as i64;
+                    wb.put(TIMERS, t, vec![]);
                 }
             }
         }
@@ -396,9 +405,14 @@ impl Operator for WindowAggregateOperator {
             acc.update_batch(&values, &group_idx, None, total)?;
         }
         for (key, value) in acc_keys.into_iter().zip(self.encode_states(&mut accs)?) {
+            grown += (key.len() + value.len()) as i64;
             wb.put(ACC, key, value);
         }
         self.state.write(wb)?;
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        if let Some(max) = times.iter().flatten().max() {
+            self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
+        }
         Ok(())
     }
 
