@@ -51,7 +51,10 @@ pub fn rows(metrics: &JobMetrics, budget: Option<u64>, now_ms: i64) -> Vec<Row> 
         let (splits, reader_wm) = src.snapshot();
         let drift = src.group.as_ref().and_then(|g| {
             let c = metrics.groups.iter().find(|c| &c.group == g)?;
-            let min = c.group_min()?;
+            let min = c.group_min().filter(|m| *m != MAX_WATERMARK)?;
+            if reader_wm == MIN_WATERMARK || reader_wm == MAX_WATERMARK {
+                return None;
+            }
             Some(reader_wm.saturating_sub(max_allowed(min, c.max_drift_ms.load(Ordering::Relaxed))))
         });
         for s in splits {
@@ -103,11 +106,13 @@ pub fn rows(metrics: &JobMetrics, budget: Option<u64>, now_ms: i64) -> Vec<Row> 
         } else {
             max_ts.saturating_sub(wm)
         };
-        let rate = if span_ms > 0 {
+        let now_rate = if span_ms > 0 {
             bytes as f64 / (span_ms as f64 / 1000.0)
         } else {
             0.0
         };
+        // Size for the worst seen so far, which survives the job's end.
+        let rate = now_rate.max(n.peak_state_rate.load(Ordering::Relaxed) as f64);
         total_rate += rate;
         out.push(Row {
             scope: "state",
@@ -116,7 +121,9 @@ pub fn rows(metrics: &JobMetrics, budget: Option<u64>, now_ms: i64) -> Vec<Row> 
             lag_ms: None,
             state: format!("{bytes} bytes"),
             paused_ms: None,
-            detail: format!("{:.0} bytes per second of event time over {} ms", rate, span_ms),
+            detail: format!(
+                "now {now_rate:.0} bytes per second of event time over {span_ms} ms; peak {rate:.0} bytes/s"
+            ),
         });
     }
     if let Some(b) = budget {

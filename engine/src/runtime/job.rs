@@ -365,6 +365,7 @@ fn create_operator(
                 config.max_parallelism,
                 state,
                 metrics.nodes[id].clone(),
+                node.parallelism,
             )?)
         }
     })

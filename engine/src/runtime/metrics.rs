@@ -15,6 +15,9 @@ pub struct NodeMetrics {
     pub state_bytes: AtomicI64,
     /// Highest event time the node has put into state.
     pub max_event_time: AtomicI64,
+    /// The most state the node held per second of event time (bytes/s,
+    /// estimated over all subtasks), kept after the job ends.
+    pub peak_state_rate: AtomicI64,
 }
 
 impl NodeMetrics {
@@ -27,6 +30,7 @@ impl NodeMetrics {
             watermark: AtomicI64::new(i64::MIN),
             state_bytes: AtomicI64::new(0),
             max_event_time: AtomicI64::new(i64::MIN),
+            peak_state_rate: AtomicI64::new(0),
         }
     }
 }

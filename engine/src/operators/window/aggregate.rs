@@ -64,6 +64,11 @@ pub struct WindowAggregateOperator {
     state: Box<dyn StateBackend>,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
+    /// This subtask's live state bytes and newest event time, for the
+    /// state-per-event-time estimate.
+    live_bytes: i64,
+    max_ts: Timestamp,
+    parallelism: usize,
 }
 
 impl WindowAggregateOperator {
@@ -74,6 +79,7 @@ impl WindowAggregateOperator {
         max_parallelism: u16,
         state: Box<dyn StateBackend>,
         metrics: Arc<NodeMetrics>,
+        parallelism: usize,
     ) -> Result<Self> {
         let key_types = node
             .keys
@@ -109,6 +115,9 @@ impl WindowAggregateOperator {
             state,
             watermark: MIN_WATERMARK,
             metrics,
+            live_bytes: 0,
+            max_ts: MIN_WATERMARK,
+            parallelism,
         })
     }
 
@@ -220,6 +229,7 @@ impl WindowAggregateOperator {
             }
         }
         self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        self.live_bytes -= freed;
         let n = timers.len();
         let mut accs = self.accumulators()?;
         self.merge_stored(&mut accs, &present, &groups, n)?;
@@ -410,8 +420,17 @@ impl Operator for WindowAggregateOperator {
         }
         self.state.write(wb)?;
         self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        self.live_bytes += grown;
         if let Some(max) = times.iter().flatten().max() {
             self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
+            self.max_ts = self.max_ts.max(max);
+        }
+        // State held per second of event time: the live state spans the
+        // event time between the watermark and the newest row.
+        if self.watermark > MIN_WATERMARK && self.max_ts > self.watermark {
+            let span_s = (self.max_ts - self.watermark) as f64 / 1000.0;
+            let rate = (self.live_bytes as f64 / span_s) as i64 * self.parallelism as i64;
+            self.metrics.peak_state_rate.fetch_max(rate, Ordering::Relaxed);
         }
         Ok(())
     }
