@@ -438,3 +438,147 @@ async fn a_fully_paused_reader_resumes_when_the_group_catches_up() {
     d1.await.expect("drain");
     d2.await.expect("drain");
 }
+
+/// A reader with no split reports nothing (FLINK-32414) and a finished
+/// bounded reader reports MAX (FLINK-35157): neither holds the group back.
+#[tokio::test(start_paused = true)]
+async fn readers_without_splits_or_finished_do_not_hold_the_group() {
+    let (stop_tx, stop) = watch::channel(false);
+    let c = AlignmentCoordinator::new("g".into(), Duration::from_secs(1));
+    tokio::spawn(c.clone().run());
+    let busy = reader(0, vec![Paced::new(1, 10_000)], &c, 30_000, 3, false, None, &stop);
+    let empty = reader(1, vec![], &c, 30_000, 3, false, None, &stop);
+    // A bounded reader: the split finishes after 3 batches (at 2 s).
+    let mut short = Paced::new(3, 1_000);
+    short.silent_after = Some(3);
+    let (tx, rx) = mpsc::channel(64);
+    let bounded = SourceTask {
+        splits: vec![Box::new(FinishAfter { inner: short, left: 3 })],
+        bounded: true,
+        computed: None,
+        schema: schema(),
+        watermark: Some(WatermarkNode {
+            column: "ts".into(),
+            sql: "ts".into(),
+            expr: Arc::new(Column::new("ts", 1)),
+            idle_timeout: None,
+            alignment: None,
+        }),
+        rowtime_index: Some(1),
+        emit: EmitStrategy::OnPeriodic,
+        interval: Duration::from_millis(200),
+        chain: Chain::new(vec![], vec![]),
+        output: Output::channels(vec![tx], Partitioner::Forward),
+        stop: stop.clone(),
+        metrics: Arc::new(NodeMetrics::new("bounded".into())),
+        alignment: Some(ReaderAlignment {
+            coordinator: c.clone(),
+            reader: (2, 0),
+            max_drift_ms: 30_000,
+            update_interval: c.update_interval,
+            buffer_size: 3,
+            allow_unaligned: false,
+            connector: "paced-test".into(),
+        }),
+        status: None,
+    };
+    let bounded = tokio::spawn(bounded.run());
+    let s: Seen = Default::default();
+    let d1 = drain(busy.rx, s.clone());
+    let d2 = drain(empty.rx, s.clone());
+    let d3 = drain(rx, s.clone());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    bounded.await.expect("join").expect("the bounded reader finished");
+    assert!(
+        seen(&s, 1) >= 900_000,
+        "busy reader not held by the empty or the finished one: {}",
+        seen(&s, 1)
+    );
+    let _ = stop_tx.send(true);
+    busy.handle.await.expect("join").expect("stop");
+    empty.handle.await.expect("join").expect("stop");
+    d1.await.expect("drain");
+    d2.await.expect("drain");
+    d3.await.expect("drain");
+}
+
+/// Ends after `left` batches.
+struct FinishAfter {
+    inner: Paced,
+    left: u64,
+}
+
+impl SourceSplit for FinishAfter {
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        if self.left == 0 {
+            return Ok(SplitPoll::Finished);
+        }
+        let r = self.inner.poll_batch()?;
+        if matches!(r, SplitPoll::Batch(_)) {
+            self.left -= 1;
+        }
+        Ok(r)
+    }
+
+    fn offset(&self) -> u64 {
+        self.inner.offset()
+    }
+}
+
+/// A split paused by alignment for longer than the idle timeout is not
+/// declared idle (FLIP-471): it stays paused and keeps holding its reader's
+/// watermark, instead of going idle and being released early.
+#[tokio::test(start_paused = true)]
+async fn time_paused_does_not_count_toward_idleness() {
+    let (stop_tx, stop) = watch::channel(false);
+    let c = AlignmentCoordinator::new("g".into(), Duration::from_secs(1));
+    tokio::spawn(c.clone().run());
+    let fast = reader(
+        0,
+        vec![Paced::new(1, 10_000)],
+        &c,
+        30_000,
+        0,
+        false,
+        Some(Duration::from_millis(500)),
+        &stop,
+    );
+    let slow = reader(
+        1,
+        vec![Paced::new(2, 1_000)],
+        &c,
+        30_000,
+        0,
+        false,
+        Some(Duration::from_millis(500)),
+        &stop,
+    );
+    let s: Seen = Default::default();
+    let d1 = drain(fast.rx, s.clone());
+    let d2 = drain(slow.rx, s.clone());
+    let mut paused_long = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (splits, _) = fast.status.snapshot();
+        assert!(
+            !splits.iter().any(|x| x.state == SplitState::Idle),
+            "a paused split never turns idle"
+        );
+        paused_long |= splits
+            .iter()
+            .any(|x| x.state == SplitState::Paused && x.paused > Duration::from_secs(2));
+    }
+    assert!(
+        paused_long,
+        "the fast split was paused for longer than the idle timeout"
+    );
+    let _ = stop_tx.send(true);
+    fast.handle.await.expect("join").expect("stop");
+    slow.handle.await.expect("join").expect("stop");
+    d1.await.expect("drain");
+    d2.await.expect("drain");
+}
