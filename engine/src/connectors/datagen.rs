@@ -11,9 +11,7 @@ use std::sync::Arc;
 use arrow::array::{
     ArrayRef, BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
 };
-use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef};
-use arrow::record_batch::RecordBatch;
 use tokio::time::{Duration, Instant};
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
@@ -355,12 +353,11 @@ impl SourceSplit for DatagenSplit {
                     Arc::new(b.finish())
                 }
             };
-            arrays.push(if a.data_type() == &f.target {
-                a
-            } else {
-                cast(&a, &f.target)?
-            });
+            arrays.push(a);
         }
-        Ok(SplitPoll::Batch(RecordBatch::try_new(self.schema.clone(), arrays)?))
+        Ok(SplitPoll::Batch(crate::operators::calc::batch_with_schema(
+            &self.schema,
+            arrays,
+        )?))
     }
 }

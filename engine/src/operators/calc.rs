@@ -41,6 +41,24 @@ pub fn project(batch: &RecordBatch, exprs: &[Arc<dyn PhysicalExpr>], schema: &Sc
     Ok(RecordBatch::try_new_with_options(schema.clone(), columns, &options)?)
 }
 
+/// A batch of `schema` from `columns`, casting any column whose type
+/// differs (a connector's natural type to the declared one, an aggregate's
+/// result to the planned one).
+pub fn batch_with_schema(schema: &SchemaRef, columns: Vec<arrow::array::ArrayRef>) -> Result<RecordBatch> {
+    let columns = columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                arrow::compute::cast(&c, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
 /// Rows of `batch` for which `predicate` is true (null counts as false).
 pub fn filter(batch: &RecordBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
     let mask = predicate.evaluate(batch)?.into_array(batch.num_rows())?;

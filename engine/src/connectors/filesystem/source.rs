@@ -6,7 +6,6 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 
-use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ProjectionMask;
@@ -270,19 +269,7 @@ impl FileSplit {
     }
 
     fn align(&self, batch: RecordBatch) -> Result<RecordBatch> {
-        let cols = batch
-            .columns()
-            .iter()
-            .zip(self.schema.fields())
-            .map(|(c, f)| {
-                if c.data_type() == f.data_type() {
-                    Ok(c.clone())
-                } else {
-                    cast(c, f.data_type())
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
+        crate::operators::calc::batch_with_schema(&self.schema, batch.columns().to_vec())
     }
 }
 

@@ -17,15 +17,14 @@ pub mod generator;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
-use arrow::compute::cast;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use arrow::record_batch::RecordBatch;
 use tokio::time::{Duration, Instant};
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
 use self::generator::{EventKind, EventTime, Rng, kind_of};
 use super::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::Result;
+use crate::operators::calc::batch_with_schema;
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -423,18 +422,7 @@ impl SourceSplit for NexmarkSplit {
                 }
             })
             .collect();
-        let arrays = arrays
-            .into_iter()
-            .zip(self.schema.fields())
-            .map(|(a, f)| {
-                if a.data_type() == f.data_type() {
-                    Ok(a)
-                } else {
-                    cast(&a, f.data_type())
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let batch = RecordBatch::try_new(self.schema.clone(), arrays)?;
+        let batch = batch_with_schema(&self.schema, arrays)?;
         if batch.num_rows() == 0 {
             // The bounded end fell before this kind's events in the epoch.
             return Ok(SplitPoll::Finished);

@@ -35,6 +35,7 @@ use super::{assign_windows, is_fired, window_start};
 use crate::error::{ExecError, Result};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
+use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
@@ -260,18 +261,7 @@ impl WindowAggregateOperator {
             });
         }
         columns.extend(agg_columns);
-        let columns = columns
-            .into_iter()
-            .zip(self.schema.fields())
-            .map(|(c, f)| {
-                if c.data_type() == f.data_type() {
-                    Ok(c)
-                } else {
-                    cast(&c, f.data_type())
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let batch = RecordBatch::try_new(self.schema.clone(), columns)?;
+        let batch = batch_with_schema(&self.schema, columns)?;
         let mut wb = WriteBatch::default();
         for (t, k) in timers.iter().zip(acc_keys) {
             wb.delete(TIMERS, t.clone());
