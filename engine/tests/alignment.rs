@@ -99,6 +99,7 @@ struct Reader {
     handle: tokio::task::JoinHandle<Result<()>>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn reader(
     node: usize,
     splits: Vec<Paced>,
@@ -109,7 +110,32 @@ fn reader(
     idle: Option<Duration>,
     stop: &watch::Receiver<bool>,
 ) -> Reader {
-    let (tx, rx) = mpsc::channel(1024);
+    reader_with_capacity(
+        1024,
+        node,
+        splits,
+        coordinator,
+        drift_ms,
+        buffer,
+        allow_unaligned,
+        idle,
+        stop,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn reader_with_capacity(
+    capacity: usize,
+    node: usize,
+    splits: Vec<Paced>,
+    coordinator: &Arc<AlignmentCoordinator>,
+    drift_ms: i64,
+    buffer: usize,
+    allow_unaligned: bool,
+    idle: Option<Duration>,
+    stop: &watch::Receiver<bool>,
+) -> Reader {
+    let (tx, rx) = mpsc::channel(capacity);
     let status = Arc::new(SourceStatus::new(
         format!("t{node}"),
         0,
@@ -581,4 +607,24 @@ async fn time_paused_does_not_count_toward_idleness() {
     slow.handle.await.expect("join").expect("stop");
     d1.await.expect("drain");
     d2.await.expect("drain");
+}
+
+/// A reader whose consumer does not keep up shows its splits as
+/// back-pressured (not idle, not paused).
+#[tokio::test(start_paused = true)]
+async fn a_reader_blocked_by_its_consumer_is_back_pressured() {
+    let (stop_tx, stop) = watch::channel(false);
+    let c = AlignmentCoordinator::new("g".into(), Duration::from_secs(1));
+    tokio::spawn(c.clone().run());
+    // Capacity 2 and nobody reading: the reader fills the channel and waits.
+    let r = reader_with_capacity(2, 0, vec![Paced::new(1, 1_000)], &c, 30_000, 3, false, None, &stop);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (splits, _) = r.status.snapshot();
+    assert!(
+        splits.iter().all(|x| x.state == SplitState::BackPressured),
+        "{splits:?}"
+    );
+    let _ = stop_tx.send(true);
+    drop(r.rx);
+    r.handle.await.expect("join").expect("ends once its consumer is gone");
 }

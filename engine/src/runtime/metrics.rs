@@ -80,6 +80,8 @@ pub enum SplitState {
     Active,
     Idle,
     Paused,
+    /// Readable, but the reader waits for downstream to take its output.
+    BackPressured,
     Finished,
 }
 
@@ -89,6 +91,7 @@ impl SplitState {
             SplitState::Active => "active",
             SplitState::Idle => "idle",
             SplitState::Paused => "paused-by-alignment",
+            SplitState::BackPressured => "back-pressured",
             SplitState::Finished => "finished",
         }
     }

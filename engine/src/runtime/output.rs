@@ -63,6 +63,17 @@ impl Output {
         }
     }
 
+    /// True when a downstream channel is full: sending now would wait.
+    pub fn is_back_pressured(&self) -> bool {
+        match self {
+            Output::Channels { senders, closed, .. } => {
+                senders.iter().zip(closed).any(|(tx, c)| !*c && tx.capacity() == 0)
+            }
+            Output::Results(tx) => tx.capacity() == 0,
+            Output::None => false,
+        }
+    }
+
     pub async fn send_batch(&mut self, batch: RecordBatch) -> Result<()> {
         match self {
             Output::None => Ok(()),

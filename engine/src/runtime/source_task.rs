@@ -348,6 +348,8 @@ impl SourceTask {
                     SplitState_::Paused
                 } else if s.idle {
                     SplitState_::Idle
+                } else if self.output.is_back_pressured() {
+                    SplitState_::BackPressured
                 } else {
                     SplitState_::Active
                 },
