@@ -197,3 +197,44 @@ impl GroupsAccumulator for IntGroupsAvg {
         self.inner.convert_to_state(&to_float(values)?, opt_filter)
     }
 }
+
+/// Flink's `MOD(a, b)`: the remainder of integer or floating division
+/// (DataFusion spells it `a % b` only).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkMod {
+    signature: Signature,
+}
+
+impl FlinkMod {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::uniform(2, vec![DataType::Int64, DataType::Float64], Volatility::Immutable),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for FlinkMod {
+    fn name(&self) -> &str {
+        "mod"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        Ok(arg_types.first().cloned().unwrap_or(DataType::Int64))
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        let n = args.number_rows;
+        let [a, b] = args.args.as_slice() else {
+            return datafusion::common::exec_err!("MOD takes two arguments");
+        };
+        let out = arrow::compute::kernels::numeric::rem(&a.to_array(n)?, &b.to_array(n)?)?;
+        Ok(datafusion::logical_expr::ColumnarValue::Array(out))
+    }
+}

@@ -144,6 +144,7 @@ impl Planner {
         // Registering a fresh UDF into a fresh state cannot clash.
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
+        let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
         Self { state }
     }
 
