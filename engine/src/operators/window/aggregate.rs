@@ -70,6 +70,8 @@ pub struct WindowAggregateOperator {
     live_bytes: i64,
     max_ts: Timestamp,
     parallelism: usize,
+    /// Every timer below this key has fired (where timer scans start).
+    fired_below: Vec<u8>,
 }
 
 impl WindowAggregateOperator {
@@ -119,6 +121,7 @@ impl WindowAggregateOperator {
             live_bytes: 0,
             max_ts: MIN_WATERMARK,
             parallelism,
+            fired_below: encode_ts(i64::MIN).to_vec(),
         })
     }
 
@@ -184,20 +187,29 @@ impl WindowAggregateOperator {
     fn fire(&mut self, up_to: Timestamp, out: &mut Collector) -> Result<()> {
         // Windows with end - 1 <= up_to, i.e. end < up_to + 2.
         let bound = up_to.checked_add(2);
-        let start = encode_ts(i64::MIN);
         let end = match bound {
             Some(b) => encode_ts(b).to_vec(),
             None => vec![0xff; 9],
         };
+        // Fired timers are deleted, but RocksDB keeps their tombstones until
+        // compaction: scanning from the beginning every time would walk all
+        // of them (quadratic). Every timer below the last bound has fired,
+        // and a new timer is never below it (its window would be late), so
+        // each scan starts where the previous one ended.
+        let mut start = self.fired_below.clone();
         loop {
             let mut timers: Vec<Vec<u8>> = vec![];
             self.state.scan(TIMERS, &start, &end, &mut |k, _| {
                 timers.push(k.to_vec());
                 timers.len() < FIRE_CHUNK
             })?;
-            if timers.is_empty() {
+            let Some(last) = timers.last() else {
+                self.fired_below = end;
                 return Ok(());
-            }
+            };
+            // The next chunk starts right after this one's last key.
+            start = last.clone();
+            start.push(0);
             self.fire_timers(&timers, out)?;
         }
     }
