@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the recorded benchmarks on a release build and prints markdown tables
+# to paste into docs/benchmarks.md together with the machine and commit.
+#
+#   benches/run.sh [events]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+events="${1:-10000000}"
+cargo build --release --bin weir
+bin="${CARGO_TARGET_DIR:-target}/release/weir"
+echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+"$bin" bench nexmark --events "$events"
+"$bin" bench nexmark --events "$events" --queries q5,q7 --state-backend hashmap | tail -n 2
+"$bin" bench alignment --events "$events"
+"$bin" bench alignment --events "$events" --buffer-size 0 | tail -n 1
