@@ -257,7 +257,10 @@ pub async fn run_alignment(args: &AlignmentArgs) -> i32 {
             Ok(f) => println!(
                 "| {} | {} | {} | {}x | {:.1} | {} | {:.1} s | {:.1} s | {} MiB |",
                 if aligned {
-                    format!("MAX DRIFT {} s, UPDATE {} ms, buffer {}", args.drift, args.update_interval_ms, args.buffer_size)
+                    format!(
+                        "MAX DRIFT {} s, UPDATE {} ms, buffer {}",
+                        args.drift, args.update_interval_ms, args.buffer_size
+                    )
                 } else {
                     "no alignment".into()
                 },

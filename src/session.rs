@@ -199,10 +199,10 @@ impl Session {
                     name: name.clone(),
                     query: query.to_string(),
                 };
-                if let Some(Entry::View(existing)) = self.catalog.get(name) {
-                    if *existing == view {
-                        return Ok(StatementResult::Done("view exists, unchanged".into()));
-                    }
+                if let Some(Entry::View(existing)) = self.catalog.get(name)
+                    && *existing == view
+                {
+                    return Ok(StatementResult::Done("view exists, unchanged".into()));
                 }
                 self.catalog.create(Entry::View(view), *if_not_exists)?;
                 Ok(StatementResult::Done("view created".into()))
@@ -395,13 +395,7 @@ impl Session {
             Field::new("extras", DataType::Utf8, true),
             Field::new("watermark", DataType::Utf8, true),
         ]));
-        let (names, types, nulls, extras, wms): (
-            Vec<String>,
-            Vec<String>,
-            Vec<bool>,
-            Vec<Option<String>>,
-            Vec<Option<String>>,
-        ) = match self.catalog.get(name) {
+        let (names, types, nulls, extras, wms): DescribeColumns = match self.catalog.get(name) {
             Some(Entry::Table(t)) => {
                 let mut v = (vec![], vec![], vec![], vec![], vec![]);
                 for c in &t.columns {
@@ -456,6 +450,15 @@ impl Session {
         Ok(StatementResult::Rows(schema, vec![batch]))
     }
 }
+
+/// DESCRIBE's columns: name, type, nullable, extras, watermark.
+type DescribeColumns = (
+    Vec<String>,
+    Vec<String>,
+    Vec<bool>,
+    Vec<Option<String>>,
+    Vec<Option<String>>,
+);
 
 /// Gives an error without a position the statement's position.
 fn at(e: SessionError, location: Location) -> SessionError {

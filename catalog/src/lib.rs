@@ -10,7 +10,7 @@
 //!   the key and what is accepted.
 //! - [`store`]: the persistent catalog (`catalog.json` in the data dir),
 //!   written atomically.
-//! - [`error`]: [`CatalogError`].
+//! - [`error`] — [`CatalogError`].
 
 pub mod error;
 pub mod options;

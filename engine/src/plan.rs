@@ -29,6 +29,8 @@ pub struct StreamNode {
     pub kind: NodeKind,
 }
 
+// Built once per job: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum NodeKind {
     Source(SourceNode),
@@ -214,11 +216,11 @@ impl StreamGraph {
             config.name, config.max_parallelism, backend
         );
         for node in &self.nodes {
-            let chained = self
-                .inputs(node.id)
-                .any(|e| self.is_chained(e))
-                .then(|| " (chained)")
-                .unwrap_or("");
+            let chained = if self.inputs(node.id).any(|e| self.is_chained(e)) {
+                " (chained)"
+            } else {
+                ""
+            };
             let _ = writeln!(
                 s,
                 "[{}] {}  parallelism={}{}",

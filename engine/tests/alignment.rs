@@ -113,7 +113,11 @@ fn reader(
     reader_with_capacity(
         1024,
         node,
-        splits,
+        splits
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn SourceSplit>)
+            .collect(),
+        false,
         coordinator,
         drift_ms,
         buffer,
@@ -127,7 +131,8 @@ fn reader(
 fn reader_with_capacity(
     capacity: usize,
     node: usize,
-    splits: Vec<Paced>,
+    splits: Vec<Box<dyn SourceSplit>>,
+    bounded: bool,
     coordinator: &Arc<AlignmentCoordinator>,
     drift_ms: i64,
     buffer: usize,
@@ -142,11 +147,8 @@ fn reader_with_capacity(
         Some(coordinator.group.clone()),
     ));
     let task = SourceTask {
-        splits: splits
-            .into_iter()
-            .map(|s| Box::new(s) as Box<dyn SourceSplit>)
-            .collect(),
-        bounded: false,
+        splits,
+        bounded,
         computed: None,
         schema: schema(),
         watermark: Some(WatermarkNode {
@@ -481,44 +483,28 @@ async fn readers_without_splits_or_finished_do_not_hold_the_group() {
     // A bounded reader: the split finishes after 3 batches (at 2 s).
     let mut short = Paced::new(3, 1_000);
     short.silent_after = Some(3);
-    let (tx, rx) = mpsc::channel(64);
-    let bounded = SourceTask {
-        splits: vec![Box::new(FinishAfter { inner: short, left: 3 })],
-        bounded: true,
-        computed: None,
-        schema: schema(),
-        watermark: Some(WatermarkNode {
-            column: "ts".into(),
-            sql: "ts".into(),
-            expr: Arc::new(Column::new("ts", 1)),
-            idle_timeout: None,
-            alignment: None,
-        }),
-        rowtime_index: Some(1),
-        emit: EmitStrategy::OnPeriodic,
-        interval: Duration::from_millis(200),
-        chain: Chain::new(vec![], vec![]),
-        output: Output::channels(vec![tx], Partitioner::Forward),
-        stop: stop.clone(),
-        metrics: Arc::new(NodeMetrics::new("bounded".into())),
-        alignment: Some(ReaderAlignment {
-            coordinator: c.clone(),
-            reader: (2, 0),
-            max_drift_ms: 30_000,
-            update_interval: c.update_interval,
-            buffer_size: 3,
-            allow_unaligned: false,
-            connector: "paced-test".into(),
-        }),
-        status: None,
-    };
-    let bounded = tokio::spawn(bounded.run());
+    let bounded = reader_with_capacity(
+        64,
+        2,
+        vec![Box::new(FinishAfter { inner: short, left: 3 })],
+        true,
+        &c,
+        30_000,
+        3,
+        false,
+        None,
+        &stop,
+    );
     let s: Seen = Default::default();
     let d1 = drain(busy.rx, s.clone());
     let d2 = drain(empty.rx, s.clone());
-    let d3 = drain(rx, s.clone());
+    let d3 = drain(bounded.rx, s.clone());
     tokio::time::sleep(Duration::from_secs(10)).await;
-    bounded.await.expect("join").expect("the bounded reader finished");
+    bounded
+        .handle
+        .await
+        .expect("join")
+        .expect("the bounded reader finished");
     assert!(
         seen(&s, 1) >= 900_000,
         "busy reader not held by the empty or the finished one: {}",
@@ -621,7 +607,18 @@ async fn a_reader_blocked_by_its_consumer_is_back_pressured() {
     let c = AlignmentCoordinator::new("g".into(), Duration::from_secs(1));
     tokio::spawn(c.clone().run());
     // Capacity 2 and nobody reading: the reader fills the channel and waits.
-    let r = reader_with_capacity(2, 0, vec![Paced::new(1, 1_000)], &c, 30_000, 3, false, None, &stop);
+    let r = reader_with_capacity(
+        2,
+        0,
+        vec![Box::new(Paced::new(1, 1_000))],
+        false,
+        &c,
+        30_000,
+        3,
+        false,
+        None,
+        &stop,
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (splits, _) = r.status.snapshot();
     assert!(

@@ -183,10 +183,10 @@ fn alignment_spec(w: &crate::parser::WatermarkClause, def: &TableDef) -> Result<
             if let Some(od) = opt_drift.filter(|od| *od != d) {
                 return disagree(DRIFT_KEY, format!("{d} ms"), format!("{od} ms"));
             }
-            if let (Some(ci), Some(oi)) = (i, opt_interval) {
-                if ci != oi {
-                    return disagree(INTERVAL_KEY, format!("{ci} ms"), format!("{oi} ms"));
-                }
+            if let (Some(ci), Some(oi)) = (i, opt_interval)
+                && ci != oi
+            {
+                return disagree(INTERVAL_KEY, format!("{ci} ms"), format!("{oi} ms"));
             }
             (g, d, i.or(opt_interval))
         }

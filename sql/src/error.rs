@@ -90,11 +90,11 @@ impl From<sqlparser::parser::ParserError> for SqlError {
         if let Some(i) = text.rfind(" at Line: ") {
             let tail = &text[i + " at Line: ".len()..];
             let mut parts = tail.split(", Column: ");
-            if let (Some(l), Some(c)) = (parts.next(), parts.next()) {
-                if let (Ok(line), Ok(column)) = (l.trim().parse(), c.trim().parse()) {
-                    err.location = Some(Location { line, column });
-                    err.message = text[..i].to_string();
-                }
+            if let (Some(l), Some(c)) = (parts.next(), parts.next())
+                && let (Ok(line), Ok(column)) = (l.trim().parse(), c.trim().parse())
+            {
+                err.location = Some(Location { line, column });
+                err.message = text[..i].to_string();
             }
         }
         err

@@ -51,6 +51,8 @@ pub struct CreateTable {
     pub options: Vec<(String, String, Location)>,
 }
 
+// One per statement: variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Statement {
     CreateTable(CreateTable),

@@ -236,14 +236,12 @@ impl Planner {
 
 fn lowercase_functions(expr: &mut ast::Expr) {
     let _ = ast::visit_expressions_mut(expr, |e| {
-        if let ast::Expr::Function(f) = e {
-            if let [part] = f.name.0.as_mut_slice() {
-                if let Some(ident) = part.as_ident() {
-                    if ident.quote_style.is_none() {
-                        *part = ast::ObjectNamePart::Identifier(ast::Ident::new(ident.value.to_ascii_lowercase()));
-                    }
-                }
-            }
+        if let ast::Expr::Function(f) = e
+            && let [part] = f.name.0.as_mut_slice()
+            && let Some(ident) = part.as_ident()
+            && ident.quote_style.is_none()
+        {
+            *part = ast::ObjectNamePart::Identifier(ast::Ident::new(ident.value.to_ascii_lowercase()));
         }
         std::ops::ControlFlow::<()>::Continue(())
     });
@@ -318,10 +316,10 @@ fn trace_marker(plan: &LogicalPlan, idx: usize) -> Option<Marker> {
 fn contains_multi_window_marker(e: &Expr) -> bool {
     let mut found = false;
     let _ = e.apply(|x| {
-        if let Some(m) = marker_of(x) {
-            if m.spec.kind != WindowKind::Tumble {
-                found = true;
-            }
+        if let Some(m) = marker_of(x)
+            && m.spec.kind != WindowKind::Tumble
+        {
+            found = true;
         }
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     });
@@ -477,10 +475,10 @@ impl<'a> GraphBuilder<'a> {
             needed.extend(identifiers(&w.expr));
         }
         for c in &def.columns {
-            if let Some(expr) = &c.computed {
-                if needed.contains(&c.name) {
-                    needed.extend(identifiers(expr));
-                }
+            if let Some(expr) = &c.computed
+                && needed.contains(&c.name)
+            {
+                needed.extend(identifiers(expr));
             }
         }
         let mut narrowed = def.clone();

@@ -427,15 +427,13 @@ impl VisitorMut for Rewriter<'_> {
     }
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<SqlError> {
-        if let Expr::Function(f) = expr {
-            if let [part] = f.name.0.as_mut_slice() {
-                if let Some(ident) = part.as_ident() {
-                    if ident.quote_style.is_none() {
-                        let lower = Ident::new(ident.value.to_ascii_lowercase());
-                        *part = ast::ObjectNamePart::Identifier(lower);
-                    }
-                }
-            }
+        if let Expr::Function(f) = expr
+            && let [part] = f.name.0.as_mut_slice()
+            && let Some(ident) = part.as_ident()
+            && ident.quote_style.is_none()
+        {
+            let lower = Ident::new(ident.value.to_ascii_lowercase());
+            *part = ast::ObjectNamePart::Identifier(lower);
         }
         ControlFlow::Continue(())
     }

@@ -151,10 +151,10 @@ fn build_fields(options: &Options, schema: &SchemaRef, now_ms: i64) -> Result<Ve
         } else {
             let min = options.i64(&key("min"))?;
             let max = options.i64(&key("max"))?;
-            if let (Some(a), Some(b)) = (min, max) {
-                if b < a {
-                    return Err(config_error("datagen", format!("'{}' < '{}'", key("max"), key("min"))).into());
-                }
+            if let (Some(a), Some(b)) = (min, max)
+                && b < a
+            {
+                return Err(config_error("datagen", format!("'{}' < '{}'", key("max"), key("min"))).into());
             }
             match ty {
                 'i' => {

@@ -167,6 +167,8 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         };
         let p_from = graph.node(edge.from).parallelism;
         let p_to = graph.node(edge.to).parallelism;
+        // `i` is the upstream subtask: it picks targets and the slot in `outputs`.
+        #[allow(clippy::needless_range_loop)]
         for i in 0..p_from {
             let targets: Vec<usize> = match edge.exchange {
                 Exchange::Forward if p_from == p_to => vec![i],

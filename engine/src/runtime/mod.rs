@@ -7,7 +7,7 @@
 //! - [`chain`]: forward-connected operators in one task.
 //! - [`gate`]: input gate and watermark valve.
 //! - [`output`]: partitioning to downstream subtasks.
-//! - [`metrics`]: counters.
+//! - [`metrics`] — counters and the state sources publish.
 
 pub mod alignment;
 pub mod chain;

@@ -206,21 +206,21 @@ impl SourceTask {
                     }
                 }
             }
-            if let (Some(a), Some(at)) = (&self.alignment, next_align) {
-                if now >= at {
-                    next_align = Some(now + a.update_interval);
-                    // Sample every split, report the reader's watermark.
-                    for s in reader.splits.iter_mut().filter(|s| !s.finished) {
-                        s.align.sample(s.watermark, a.buffer_size);
-                    }
-                    let quiet = reader.idle || reader.splits.iter().all(|s| s.finished || s.idle);
-                    let unfinished = reader.splits.iter().any(|s| !s.finished);
-                    let wm = reader.combined(None, MIN_WATERMARK);
-                    if let Some(v) = reader_report(quiet && unfinished, wm) {
-                        a.coordinator.report(a.reader, v);
-                    }
-                    self.publish_status(&reader);
+            if let (Some(a), Some(at)) = (&self.alignment, next_align)
+                && now >= at
+            {
+                next_align = Some(now + a.update_interval);
+                // Sample every split, report the reader's watermark.
+                for s in reader.splits.iter_mut().filter(|s| !s.finished) {
+                    s.align.sample(s.watermark, a.buffer_size);
                 }
+                let quiet = reader.idle || reader.splits.iter().all(|s| s.finished || s.idle);
+                let unfinished = reader.splits.iter().any(|s| !s.finished);
+                let wm = reader.combined(None, MIN_WATERMARK);
+                if let Some(v) = reader_report(quiet && unfinished, wm) {
+                    a.coordinator.report(a.reader, v);
+                }
+                self.publish_status(&reader);
             }
             let announced = match announcements.as_mut() {
                 Some(rx) if fresh_announcement || rx.has_changed().unwrap_or(false) => {
@@ -301,15 +301,13 @@ impl SourceTask {
             .iter()
             .zip(&decisions)
             .any(|(s, pause)| *pause && !s.align.paused && !s.split.supports_pause());
-        if several && cannot {
-            if !a.allow_unaligned {
-                return Err(ExecError::Config(format!(
-                    "watermark alignment must pause a single split, but connector '{}' cannot pause splits one by one; \
+        if several && cannot && !a.allow_unaligned {
+            return Err(ExecError::Config(format!(
+                "watermark alignment must pause a single split, but connector '{}' cannot pause splits one by one; \
                      set '{}' = 'true' to pause the whole source reader instead (correct only with one split per reader)",
-                    a.connector,
-                    crate::config::ALLOW_UNALIGNED_SPLITS
-                )));
-            }
+                a.connector,
+                crate::config::ALLOW_UNALIGNED_SPLITS
+            )));
         }
         if several && reader.splits.iter().any(|s| !s.split.supports_pause()) {
             // Reader-level alignment: the whole reader pauses while its
@@ -464,6 +462,21 @@ fn to_millis(array: &arrow::array::ArrayRef) -> Result<Vec<Option<i64>>> {
     };
     let a = a.as_primitive::<TimestampMillisecondType>();
     Ok((0..a.len()).map(|i| (!a.is_null(i)).then(|| a.value(i))).collect())
+}
+
+/// Pauses or resumes a split, keeping paused time out of its idleness clock.
+fn set_paused(s: &mut SplitState, paused: bool, now: Instant) {
+    if paused == s.align.paused {
+        return;
+    }
+    s.align.paused = paused;
+    if paused {
+        s.paused_since = Some(now);
+    } else if let Some(since) = s.paused_since.take() {
+        let d = now.duration_since(since);
+        s.paused_total += d;
+        s.last_activity += d;
+    }
 }
 
 #[cfg(test)]
@@ -639,20 +652,5 @@ mod tests {
         }
         stop_tx.send(true).expect("stop");
         handle.await.expect("join").expect("clean stop");
-    }
-}
-
-/// Pauses or resumes a split, keeping paused time out of its idleness clock.
-fn set_paused(s: &mut SplitState, paused: bool, now: Instant) {
-    if paused == s.align.paused {
-        return;
-    }
-    s.align.paused = paused;
-    if paused {
-        s.paused_since = Some(now);
-    } else if let Some(since) = s.paused_since.take() {
-        let d = now.duration_since(since);
-        s.paused_total += d;
-        s.last_activity += d;
     }
 }

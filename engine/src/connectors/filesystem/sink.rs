@@ -69,6 +69,8 @@ impl SinkFactory for FileSink {
     }
 }
 
+// One per writer: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Out {
     Text(BufWriter<File>),
     Parquet(ArrowWriter<File>),

@@ -120,7 +120,7 @@ impl Rng {
 
 fn last_base0_person_id(event_id: u64) -> u64 {
     let epoch = event_id / TOTAL_PROPORTION;
-    let offset = (event_id % TOTAL_PROPORTION).min(PERSON_PROPORTION - 1);
+    let offset = PERSON_PROPORTION - 1;
     epoch * PERSON_PROPORTION + offset
 }
 
