@@ -11,5 +11,5 @@ bin="${CARGO_TARGET_DIR:-target}/release/weir"
 echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 "$bin" bench nexmark --events "$events"
 "$bin" bench nexmark --events "$events" --queries q5,q7 --state-backend hashmap | tail -n 2
-"$bin" bench alignment --events "$events"
-"$bin" bench alignment --events "$events" --buffer-size 0 | tail -n 1
+"$bin" bench alignment --events "$events" --rate 400000
+"$bin" bench alignment --events "$events" --rate 400000 --buffer-size 0 | tail -n 1

@@ -135,6 +135,12 @@ pub struct AlignmentArgs {
     /// interval must be short for the drift to mean anything.
     #[arg(long, default_value_t = 100)]
     pub update_interval_ms: u64,
+    /// Read rate of the slow splits together, events per second; split 0
+    /// reads `skew` times its share. Paced reading models partitions of
+    /// uneven throughput; unpaced, the fast split would burst through its
+    /// whole share before the first announcement.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rate: u64,
 }
 
 /// Figures of one backfill run.
@@ -181,7 +187,7 @@ pub async fn backfill(args: &AlignmentArgs, aligned: bool) -> Result<BackfillFig
          CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
            WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND{alignment})
          WITH ('connector' = 'nexmark', 'nexmark.events' = '{events}', 'splits' = '{splits}',
-               'nexmark.split-skew' = '{skew}');
+               'nexmark.split-skew' = '{skew}', 'nexmark.events-per-second' = '{rate}');
          CREATE TABLE sink (auction BIGINT, bids BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT auction, COUNT(*), window_end
          FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
@@ -190,6 +196,7 @@ pub async fn backfill(args: &AlignmentArgs, aligned: bool) -> Result<BackfillFig
         buffer = args.buffer_size,
         events = args.events,
         skew = args.skew,
+        rate = args.rate,
     );
     let started = Instant::now();
     session.execute_sql(&sql).await.map_err(|e| e.to_string())?;
