@@ -139,7 +139,7 @@ pub struct AlignmentArgs {
     /// reads `skew` times its share. Paced reading models partitions of
     /// uneven throughput; unpaced, the fast split would burst through its
     /// whole share before the first announcement.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 400_000)]
     pub rate: u64,
 }
 
