@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building Weir needs on Debian/Ubuntu beyond Rust itself:
-# clang and libclang (bindgen for the RocksDB bindings) and a C++ toolchain.
+# clang and libclang (bindgen for the RocksDB bindings), a C++ toolchain,
+# and python3 for the REPL test.
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -9,6 +10,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# The REPL test drives the shell through a pseudo-terminal with Python.
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
