@@ -112,10 +112,6 @@ impl Session {
         self.default_job_name = Some(name.into());
     }
 
-    pub fn setting(&self, key: &str) -> Option<&str> {
-        self.settings.get(key).map(String::as_str)
-    }
-
     /// What the last job run with `table.dml-sync` did (metrics).
     pub fn last_outcome(&self) -> Option<&weir_engine::runtime::JobOutcome> {
         self.last_outcome.as_ref()
@@ -260,13 +256,7 @@ impl Session {
                 Ok(StatementResult::Done("all options reset".into()))
             }
             Statement::Reset(Some(k)) => {
-                JobConfig::validate_pair(k, "").or_else(|e| {
-                    if e.to_string().contains("unknown option") {
-                        Err(e)
-                    } else {
-                        Ok(())
-                    }
-                })?;
+                JobConfig::check_key(k)?;
                 self.settings.remove(k);
                 Ok(StatementResult::Done("option reset".into()))
             }

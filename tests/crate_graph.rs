@@ -24,9 +24,7 @@ fn internal_deps(manifest: &str) -> BTreeSet<String> {
             continue;
         }
         if in_deps && t.starts_with("weir-") {
-            if let Some(name) = t.split(['.', ' ', '=']).next() {
-                out.insert(name.to_string());
-            }
+            out.extend(t.split(['.', ' ', '=']).next().map(str::to_string));
         }
     }
     out

@@ -144,10 +144,6 @@ impl Options {
             .or_else(|| self.specs.iter().find(|s| s.matches(key)).and_then(|s| s.default))
     }
 
-    pub fn contains(&self, key: &str) -> bool {
-        self.values.contains_key(key)
-    }
-
     pub fn require(&self, key: &str) -> Result<&str, CatalogError> {
         self.get(key).ok_or_else(|| CatalogError::MissingOption {
             key: key.to_string(),

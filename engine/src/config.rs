@@ -120,6 +120,19 @@ impl JobConfig {
         Ok(())
     }
 
+    /// Checks that `key` is a known option (RESET of a value-less key).
+    pub fn check_key(key: &str) -> Result<()> {
+        if JOB_OPTIONS.iter().any(|s| s.matches(key)) {
+            return Ok(());
+        }
+        Err(weir_catalog::CatalogError::UnknownOption {
+            key: key.to_string(),
+            context: "SET".into(),
+            accepted: JOB_OPTIONS.iter().map(|s| s.key).collect::<Vec<_>>().join(", "),
+        }
+        .into())
+    }
+
     pub fn from_settings(
         settings: &BTreeMap<String, String>,
         default_name: &str,

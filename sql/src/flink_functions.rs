@@ -51,6 +51,17 @@ fn float_field(f: &FieldRef) -> FieldRef {
     Arc::new(Field::new(f.name(), DataType::Float64, true))
 }
 
+/// Runs `f` on `args` with the input and return fields as DOUBLE: the
+/// inner (DataFusion) average computes in floating point.
+fn with_float_args<R>(args: AccumulatorArgs, f: impl FnOnce(AccumulatorArgs) -> R) -> R {
+    let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
+    f(AccumulatorArgs {
+        return_field: float_field(&args.return_field),
+        expr_fields: &fields,
+        ..args
+    })
+}
+
 impl AggregateUDFImpl for FlinkAvg {
     fn name(&self) -> &str {
         "avg"
@@ -76,12 +87,7 @@ impl AggregateUDFImpl for FlinkAvg {
         if !out.is_integer() {
             return self.inner.accumulator(args);
         }
-        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
-        let inner = self.inner.accumulator(AccumulatorArgs {
-            return_field: float_field(&args.return_field),
-            expr_fields: &fields,
-            ..args
-        })?;
+        let inner = with_float_args(args, |a| self.inner.accumulator(a))?;
         Ok(Box::new(IntAvg { inner, out }))
     }
 
@@ -101,12 +107,7 @@ impl AggregateUDFImpl for FlinkAvg {
         if !args.return_field.data_type().is_integer() {
             return self.inner.groups_accumulator_supported(args);
         }
-        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
-        self.inner.groups_accumulator_supported(AccumulatorArgs {
-            return_field: float_field(&args.return_field),
-            expr_fields: &fields,
-            ..args
-        })
+        with_float_args(args, |a| self.inner.groups_accumulator_supported(a))
     }
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
@@ -114,12 +115,7 @@ impl AggregateUDFImpl for FlinkAvg {
         if !out.is_integer() {
             return self.inner.create_groups_accumulator(args);
         }
-        let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
-        let inner = self.inner.create_groups_accumulator(AccumulatorArgs {
-            return_field: float_field(&args.return_field),
-            expr_fields: &fields,
-            ..args
-        })?;
+        let inner = with_float_args(args, |a| self.inner.create_groups_accumulator(a))?;
         Ok(Box::new(IntGroupsAvg { inner, out }))
     }
 }

@@ -71,14 +71,6 @@ impl JobHandle {
         JobStopper(self.stop.clone())
     }
 
-    pub fn cancel(&self) {
-        self.done.abort();
-    }
-
-    pub fn is_finished(&self) -> bool {
-        self.done.is_finished()
-    }
-
     pub async fn wait(self) -> Result<JobOutcome> {
         match self.done.await {
             Ok(r) => r,

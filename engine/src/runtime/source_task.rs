@@ -91,19 +91,15 @@ struct Reader {
 }
 
 impl Reader {
-    /// Min over active splits; `None` if there is none.
-    fn combined(&self, except: Option<usize>, own: Timestamp) -> Option<Timestamp> {
-        let others = self
-            .splits
+    /// Min over active (neither idle nor finished) splits, leaving out
+    /// `except`; `None` if there is none.
+    fn combined(&self, except: Option<usize>) -> Option<Timestamp> {
+        self.splits
             .iter()
             .enumerate()
             .filter(|(i, s)| Some(*i) != except && !s.idle && !s.finished)
             .map(|(_, s)| s.watermark)
-            .min();
-        match except {
-            Some(_) => Some(others.map_or(own, |o| o.min(own))),
-            None => others,
-        }
+            .min()
     }
 }
 
@@ -216,7 +212,7 @@ impl SourceTask {
                 }
                 let quiet = reader.idle || reader.splits.iter().all(|s| s.finished || s.idle);
                 let unfinished = reader.splits.iter().any(|s| !s.finished);
-                let wm = reader.combined(None, MIN_WATERMARK);
+                let wm = reader.combined(None);
                 if let Some(v) = reader_report(quiet && unfinished, wm) {
                     a.coordinator.report(a.reader, v);
                 }
@@ -312,7 +308,7 @@ impl SourceTask {
         if several && reader.splits.iter().any(|s| !s.split.supports_pause()) {
             // Reader-level alignment: the whole reader pauses while its
             // watermark is beyond the bound.
-            let wm = reader.combined(None, MIN_WATERMARK).unwrap_or(MIN_WATERMARK);
+            let wm = reader.combined(None).unwrap_or(MIN_WATERMARK);
             let quiet = reader.splits.iter().all(|s| s.idle || s.finished);
             let mut probe = SplitAlignment::default();
             probe.paused = reader.splits.iter().any(|s| s.align.paused);
@@ -392,9 +388,12 @@ impl SourceTask {
             None => None,
         };
         let mut own = reader.splits[i].watermark;
+        // The other splits do not change during this batch: their minimum
+        // is taken once, only this split's watermark moves per row.
+        let others = reader.combined(Some(i));
         let mut start = 0;
         for row in 0..b.num_rows() {
-            let effective = reader.combined(Some(i), own).unwrap_or(MIN_WATERMARK);
+            let effective = others.map_or(own, |o| o.min(own));
             let ts = rowtime.as_ref().and_then(|r| r[row]);
             if effective > reader.emitted && ts.is_some_and(|t| t <= effective) {
                 if row > start {
@@ -419,7 +418,7 @@ impl SourceTask {
         if self.watermark.is_none() {
             return Ok(());
         }
-        match reader.combined(None, MIN_WATERMARK) {
+        match reader.combined(None) {
             Some(w) if w > reader.emitted => {
                 reader.emitted = w;
                 self.metrics.watermark.fetch_max(w, Ordering::Relaxed);
