@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
+use crate::checkpoint::{CheckpointConfig, CheckpointMode};
 use crate::error::{ExecError, Result};
 
 pub const PARALLELISM: &str = "parallelism.default";
@@ -19,6 +20,20 @@ pub const ALIGNMENT_BUFFER_SIZE: &str = "pipeline.watermark-alignment.buffer-siz
 pub const ALLOW_UNALIGNED_SPLITS: &str = "pipeline.watermark-alignment.allow-unaligned-source-splits";
 pub const ALIGNMENT_SPREAD_ALERT: &str = "pipeline.watermark-alignment.spread-alert";
 pub const ALIGNMENT_STATE_BUDGET: &str = "pipeline.watermark-alignment.state-budget";
+pub const CHECKPOINT_INTERVAL: &str = "execution.checkpointing.interval";
+pub const CHECKPOINT_TIMEOUT: &str = "execution.checkpointing.timeout";
+pub const CHECKPOINT_MIN_PAUSE: &str = "execution.checkpointing.min-pause";
+pub const CHECKPOINT_MAX_CONCURRENT: &str = "execution.checkpointing.max-concurrent-checkpoints";
+pub const CHECKPOINT_TOLERABLE: &str = "execution.checkpointing.tolerable-failed-checkpoints";
+pub const CHECKPOINT_RETAINED: &str = "execution.checkpointing.num-retained";
+pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
+pub const CHECKPOINT_MODE: &str = "execution.checkpointing.mode";
+pub const CHECKPOINT_INCREMENTAL: &str = "execution.checkpointing.incremental";
+pub const STATE_INCREMENTAL: &str = "state.backend.incremental";
+pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
+pub const RESTART_STRATEGY: &str = "restart-strategy.type";
+pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
+pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
 
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
@@ -80,12 +95,88 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         "state budget SHOW WATERMARKS sizes the max drift for, e.g. '2 gb'",
     ),
     OptionSpec::new(
+        CHECKPOINT_INTERVAL,
+        OptionKind::Duration,
+        "take a checkpoint this often (absent: checkpointing off)",
+    ),
+    OptionSpec::new(
+        CHECKPOINT_TIMEOUT,
+        OptionKind::Duration,
+        "a checkpoint not complete after this long is aborted",
+    )
+    .with_default("10 min"),
+    OptionSpec::new(
+        CHECKPOINT_MIN_PAUSE,
+        OptionKind::Duration,
+        "least time between the end of one checkpoint and the start of the next",
+    )
+    .with_default("0 ms"),
+    OptionSpec::new(
+        CHECKPOINT_MAX_CONCURRENT,
+        OptionKind::Int { min: 1, max: 1 },
+        "checkpoints in flight at once (only 1 is supported)",
+    )
+    .with_default("1"),
+    OptionSpec::new(
+        CHECKPOINT_TOLERABLE,
+        OptionKind::Int { min: 0, max: i32::MAX as i64 },
+        "consecutive failed checkpoints tolerated before the job fails",
+    )
+    .with_default("0"),
+    OptionSpec::new(
+        CHECKPOINT_RETAINED,
+        OptionKind::Int { min: 1, max: 1000 },
+        "completed checkpoints kept (2 by default, so a corrupt latest one can fall back)",
+    )
+    .with_default("2"),
+    OptionSpec::new(
+        CHECKPOINT_DIR,
+        OptionKind::String,
+        "where checkpoints are written (default: <data-dir>/checkpoints); one directory per job below it",
+    ),
+    OptionSpec::new(
+        CHECKPOINT_MODE,
+        OptionKind::Enum(&["EXACTLY_ONCE", "AT_LEAST_ONCE"]),
+        "EXACTLY_ONCE aligns barriers; AT_LEAST_ONCE only counts them (duplicates after a restore)",
+    )
+    .with_default("EXACTLY_ONCE"),
+    OptionSpec::new(
+        STATE_INCREMENTAL,
+        OptionKind::Bool,
+        "RocksDB checkpoints upload only SST files the previous checkpoint does not hold",
+    )
+    .with_default("true"),
+    OptionSpec::new(CHECKPOINT_INCREMENTAL, OptionKind::Bool, "Flink 2.x name of state.backend.incremental"),
+    OptionSpec::new(
+        RECOVERY_PATH,
+        OptionKind::String,
+        "start the job from this checkpoint directory (chk-N) instead of its latest",
+    ),
+    OptionSpec::new(
+        RESTART_STRATEGY,
+        OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
+        "what a failed job does (default: fixed-delay with checkpointing, none without)",
+    ),
+    OptionSpec::new(
+        RESTART_ATTEMPTS,
+        OptionKind::Int { min: 0, max: i32::MAX as i64 },
+        "restarts before the job fails for good",
+    )
+    .with_default("3"),
+    OptionSpec::new(RESTART_DELAY, OptionKind::Duration, "wait before a restart").with_default("1 s"),
+    OptionSpec::new(
         DML_SYNC,
         OptionKind::Bool,
         "INSERT waits for its job to finish before the next statement runs",
     )
     .with_default("false"),
 ];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartStrategy {
+    None,
+    FixedDelay { attempts: u32, delay: Duration },
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateBackendKind {
@@ -109,6 +200,11 @@ pub struct JobConfig {
     pub alignment_spread_alert_ms: i64,
     /// Where this job keeps its state (`<data-dir>/jobs/<name>`).
     pub job_dir: PathBuf,
+    /// `None`: checkpointing off.
+    pub checkpointing: Option<CheckpointConfig>,
+    pub restart: RestartStrategy,
+    /// `execution.state-recovery.path`.
+    pub recovery_path: Option<PathBuf>,
 }
 
 impl JobConfig {
@@ -155,7 +251,50 @@ impl JobConfig {
             Some("hashmap") => StateBackendKind::Heap,
             _ => StateBackendKind::RocksDb,
         };
+        let checkpointing = match o.duration(CHECKPOINT_INTERVAL)?.filter(|d| !d.is_zero()) {
+            None => None,
+            Some(interval) => {
+                let base = match o.get(CHECKPOINT_DIR) {
+                    Some(d) => PathBuf::from(d),
+                    None => data_dir.join("checkpoints"),
+                };
+                let incremental = match (o.bool(STATE_INCREMENTAL)?, o.bool(CHECKPOINT_INCREMENTAL)?) {
+                    (Some(a), Some(b)) if a != b => {
+                        return Err(ExecError::Config(format!(
+                            "'{STATE_INCREMENTAL}' = {a} and '{CHECKPOINT_INCREMENTAL}' = {b} disagree; set one"
+                        )));
+                    }
+                    (a, b) => a.or(b).unwrap_or(true),
+                };
+                Some(CheckpointConfig {
+                    interval,
+                    timeout: o.duration(CHECKPOINT_TIMEOUT)?.unwrap_or(Duration::from_secs(600)),
+                    min_pause: o.duration(CHECKPOINT_MIN_PAUSE)?.unwrap_or_default(),
+                    tolerable_failed: o.i64(CHECKPOINT_TOLERABLE)?.unwrap_or(0) as u32,
+                    num_retained: o.i64(CHECKPOINT_RETAINED)?.unwrap_or(2) as usize,
+                    root: base.join(sanitize(&name)),
+                    mode: match o.enum_value(CHECKPOINT_MODE).as_deref() {
+                        Some("at_least_once") => CheckpointMode::AtLeastOnce,
+                        _ => CheckpointMode::ExactlyOnce,
+                    },
+                    incremental,
+                })
+            }
+        };
+        let fixed_delay = RestartStrategy::FixedDelay {
+            attempts: o.i64(RESTART_ATTEMPTS)?.unwrap_or(3) as u32,
+            delay: o.duration(RESTART_DELAY)?.unwrap_or(Duration::from_secs(1)),
+        };
+        let restart = match o.enum_value(RESTART_STRATEGY).as_deref() {
+            Some("fixed-delay" | "fixeddelay") => fixed_delay,
+            Some(_) => RestartStrategy::None,
+            None if checkpointing.is_some() => fixed_delay,
+            None => RestartStrategy::None,
+        };
         Ok(Self {
+            checkpointing,
+            restart,
+            recovery_path: o.get(RECOVERY_PATH).map(PathBuf::from),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,
             parallelism,

@@ -37,6 +37,11 @@ pub enum ExecError {
     State(#[from] StateError),
     #[error(transparent)]
     Catalog(#[from] weir_catalog::CatalogError),
+    #[error(transparent)]
+    CheckpointStorage(#[from] crate::checkpoint::CheckpointError),
+    /// Checkpointing failed more often than the job tolerates.
+    #[error("{0}")]
+    Checkpoint(String),
     #[error("{0}")]
     DataFusion(#[from] DataFusionError),
     #[error("{0}")]

@@ -16,12 +16,16 @@
 //! - [`connectors`]: split-based sources (nexmark, datagen, filesystem) with
 //!   per-split watermark generation, and sinks (print, blackhole,
 //!   filesystem, collect).
+//! - [`checkpoint`]: barrier checkpoints: coordinator, storage layout and
+//!   `_metadata`, incremental RocksDB uploads, restore with fallback.
 //! - [`state`]: the [`state::StateBackend`] trait, RocksDB and heap backends.
 //! - [`error`]: [`error::ExecError`] and friends.
 
+pub mod checkpoint;
 pub mod config;
 pub mod connectors;
 pub mod error;
+pub mod failpoint;
 pub mod keygroup;
 pub mod message;
 pub mod operators;

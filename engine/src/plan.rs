@@ -203,6 +203,19 @@ impl StreamGraph {
             && self.outputs(edge.from).count() == 1
     }
 
+    /// Identifies what checkpointed state belongs to: operators, their
+    /// parallelism and the exchanges between them.
+    pub fn fingerprint(&self) -> String {
+        let mut s = String::new();
+        for n in &self.nodes {
+            s.push_str(&format!("{}|{}|{}\n", n.id, n.parallelism, n.describe()));
+        }
+        for e in &self.edges {
+            s.push_str(&format!("{}->{}:{:?}\n", e.from, e.to, e.exchange));
+        }
+        crate::checkpoint::metadata::checksum(s.as_bytes())
+    }
+
     /// `EXPLAIN` text: operators, parallelism, exchanges, state, watermarks.
     pub fn explain(&self, config: &JobConfig) -> String {
         let mut s = String::new();

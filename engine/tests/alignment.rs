@@ -88,6 +88,10 @@ impl SourceSplit for Paced {
         self.batches
     }
 
+    fn seek(&mut self, _position: u64) -> Result<()> {
+        Ok(())
+    }
+
     fn supports_pause(&self) -> bool {
         self.pausable
     }
@@ -161,7 +165,7 @@ fn reader_with_capacity(
         rowtime_index: Some(1),
         emit: EmitStrategy::OnPeriodic,
         interval: Duration::from_millis(200),
-        chain: Chain::new(vec![], vec![]),
+        chain: Chain::new(vec![], vec![], vec![], 0),
         output: Output::channels(vec![tx], Partitioner::Forward),
         stop: stop.clone(),
         metrics: Arc::new(NodeMetrics::new(format!("source {node}"))),
@@ -175,6 +179,10 @@ fn reader_with_capacity(
             connector: "paced-test".into(),
         }),
         status: Some(status.clone()),
+        node,
+        restored: Default::default(),
+        triggers: None,
+        checkpointing: None,
     };
     Reader {
         rx,
@@ -542,6 +550,10 @@ impl SourceSplit for FinishAfter {
 
     fn offset(&self) -> u64 {
         self.inner.offset()
+    }
+
+    fn seek(&mut self, position: u64) -> Result<()> {
+        self.inner.seek(position)
     }
 }
 

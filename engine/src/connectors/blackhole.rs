@@ -15,7 +15,12 @@ impl SinkFactory for BlackholeSink {
         "blackhole"
     }
 
-    fn create_writer(&self, _subtask: usize, _parallelism: usize) -> Result<Box<dyn Operator>> {
+    fn create_writer(
+        &self,
+        _subtask: usize,
+        _parallelism: usize,
+        _ctx: &super::SinkContext,
+    ) -> Result<Box<dyn Operator>> {
         Ok(Box::new(BlackholeWriter))
     }
 }

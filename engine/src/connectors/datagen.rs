@@ -277,11 +277,21 @@ impl SourceSplit for DatagenSplit {
         self.read
     }
 
+    fn seek(&mut self, position: u64) -> Result<()> {
+        // Rows are a pure function of their number.
+        self.next_row += position * self.step;
+        self.read = position;
+        Ok(())
+    }
+
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         if self.next_row >= self.end {
             return Ok(SplitPoll::Finished);
         }
-        let started = *self.started.get_or_insert_with(Instant::now);
+        let ahead = Duration::from_secs_f64(self.read as f64 / self.rate);
+        let started = *self
+            .started
+            .get_or_insert_with(|| Instant::now().checked_sub(ahead).unwrap_or_else(Instant::now));
         let due = (started.elapsed().as_secs_f64() * self.rate) as u64;
         if due <= self.read {
             return Ok(SplitPoll::Wait(

@@ -44,8 +44,16 @@ pub trait SourceSplit: Send {
 
     fn poll_batch(&mut self) -> Result<SplitPoll>;
 
-    /// Rows consumed so far (the offset a checkpoint would store).
+    /// Rows consumed so far (shown by SHOW WATERMARKS).
     fn offset(&self) -> u64;
+
+    /// Where a checkpoint records this split to be (defaults to `offset`).
+    fn position(&self) -> u64 {
+        self.offset()
+    }
+
+    /// Continues from a checkpointed `position`, before the first poll.
+    fn seek(&mut self, position: u64) -> Result<()>;
 
     /// Whether this split can be paused on its own (watermark alignment).
     fn supports_pause(&self) -> bool {
@@ -64,11 +72,44 @@ pub trait SourceFactory: Debug + Send + Sync {
     fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
 }
 
+/// What a sink writer needs to know about its job.
+#[derive(Debug, Clone)]
+pub struct SinkContext {
+    /// The job's name as a file-name-safe tag: identifies its files.
+    pub job_tag: String,
+    /// Unique per job attempt, so a restarted attempt never reuses a name.
+    pub attempt: String,
+    /// Checkpointing is on: output becomes visible only when a checkpoint
+    /// completes (two-phase commit), not at end of input.
+    pub exactly_once: bool,
+}
+
 pub trait SinkFactory: Debug + Send + Sync {
     fn name(&self) -> &str;
 
     /// The writer of one sink subtask (the last operator of its chain).
-    fn create_writer(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Operator>>;
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>>;
+
+    /// The committer of a two-phase-commit sink; `None` for sinks whose
+    /// output is visible at once (print, blackhole).
+    fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
+        None
+    }
+}
+
+/// The second phase of a two-phase-commit sink (Flink's `Committer`).
+///
+/// The writer pre-commits at each barrier: its output is durable but not
+/// visible, and described by committables stored in the checkpoint. When
+/// the checkpoint is complete, `commit` makes them visible. `commit` must
+/// be idempotent: after a crash, every committable of the restored
+/// checkpoint is committed again. `recover` then discards whatever the
+/// failed attempt wrote that no checkpoint holds.
+pub trait Committer: Send + Sync {
+    fn commit(&self, committables: &[serde_json::Value]) -> Result<()>;
+
+    /// Deletes in-progress and pending output not in a completed checkpoint.
+    fn recover(&self) -> Result<()>;
 }
 
 /// Table options every connector accepts.

@@ -38,7 +38,12 @@ impl SinkFactory for PrintSink {
         "print"
     }
 
-    fn create_writer(&self, subtask: usize, parallelism: usize) -> Result<Box<dyn Operator>> {
+    fn create_writer(
+        &self,
+        subtask: usize,
+        parallelism: usize,
+        _ctx: &super::SinkContext,
+    ) -> Result<Box<dyn Operator>> {
         let mut prefix = String::new();
         if let Some(id) = &self.identifier {
             prefix.push_str(id);

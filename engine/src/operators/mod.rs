@@ -8,6 +8,8 @@
 //!   runtime forwards `w` downstream *after* this returns, so results of
 //!   fired windows always precede the watermark that fired them.
 //! - `on_end_of_input` is called once, after the final watermark.
+//! - `snapshot_state(n)` is called when checkpoint barrier `n` reaches the
+//!   operator (after alignment); the runtime forwards the barrier.
 
 pub mod calc;
 pub mod limit;
@@ -15,6 +17,7 @@ pub mod window;
 
 use arrow::record_batch::RecordBatch;
 
+use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
 use crate::message::Timestamp;
 
@@ -60,5 +63,18 @@ pub trait Operator: Send {
     /// No more input will arrive. Sinks flush and close here.
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
         Ok(())
+    }
+
+    /// Checkpoint barrier `checkpoint_id` passed: every input before it is
+    /// processed, none after it. Returns the operator's state (the
+    /// synchronous part of the snapshot), or `None` if it has none.
+    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(None)
+    }
+
+    /// After end of input, with checkpointing on: what the final
+    /// checkpoint must hold (a sink's last pre-committed output).
+    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
+        Ok(None)
     }
 }

@@ -1,11 +1,18 @@
-//! Turning a plan into running subtasks.
+//! Turning a plan into running subtasks, and keeping it running.
 //!
 //! Nodes joined by chainable forward edges form one chain; each chain runs
 //! as `parallelism` subtasks. Between chains, every upstream subtask has a
 //! bounded channel to every downstream subtask it can send to, so a slow
 //! consumer back-pressures its producers.
+//!
+//! A job runs in attempts. With checkpointing on, an attempt has a
+//! checkpoint coordinator; when a task fails, the restart strategy starts
+//! a new attempt from the latest completed checkpoint. A job that starts
+//! where a previous run of the same name neither finished nor was stopped
+//! (the process died) resumes from that run's latest checkpoint.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +21,14 @@ use arrow::record_batch::RecordBatch;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::config::JobConfig;
+use crate::checkpoint::coordinator::{CheckpointLog, commit_all};
+use crate::checkpoint::restore::{local_state_dir, restore_one};
+use crate::checkpoint::{
+    CheckpointCoordinator, CheckpointError, CheckpointStorage, OperatorState, RestoredJob, SplitPosition,
+    TaskCheckpointing, restore_latest,
+};
+use crate::config::{JobConfig, RestartStrategy, sanitize};
+use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
 use crate::keygroup::KeyEncoder;
 use crate::message::StreamMessage;
@@ -30,7 +44,7 @@ use crate::runtime::metrics::{JobMetrics, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
-use crate::state::open_backend;
+use crate::state::{Restore, open_backend};
 
 /// Messages buffered per channel before the sender waits.
 const CHANNEL_CAPACITY: usize = 8;
@@ -46,6 +60,9 @@ pub struct JobOutcome {
 pub struct JobHandle {
     pub name: String,
     pub metrics: Arc<JobMetrics>,
+    /// The checkpoint the job started from: (id, path, newer checkpoints
+    /// skipped as unusable).
+    pub restored_from: Option<(u64, PathBuf, Vec<String>)>,
     stop: Arc<watch::Sender<bool>>,
     done: tokio::task::JoinHandle<Result<JobOutcome>>,
 }
@@ -99,9 +116,220 @@ fn chains(graph: &StreamGraph) -> Vec<Vec<NodeId>> {
     out
 }
 
+/// How a job's last run ended, kept in `<job dir>/status`. A run that did
+/// not end (RUNNING) died with its process: the next run resumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStatus {
+    Running,
+    Finished,
+    Stopped,
+    Failed,
+}
+
+impl RunStatus {
+    fn as_str(&self) -> &'static str {
+        match self {
+            RunStatus::Running => "RUNNING",
+            RunStatus::Finished => "FINISHED",
+            RunStatus::Stopped => "STOPPED",
+            RunStatus::Failed => "FAILED",
+        }
+    }
+
+    pub fn read(job_dir: &Path) -> Option<RunStatus> {
+        let text = std::fs::read_to_string(job_dir.join("status")).ok()?;
+        Some(match text.trim() {
+            "RUNNING" => RunStatus::Running,
+            "FINISHED" => RunStatus::Finished,
+            "STOPPED" => RunStatus::Stopped,
+            _ => RunStatus::Failed,
+        })
+    }
+
+    fn write(&self, job_dir: &Path) -> Result<()> {
+        let io = |source| {
+            ExecError::from(CheckpointError::Io {
+                path: job_dir.join("status"),
+                source,
+            })
+        };
+        std::fs::create_dir_all(job_dir).map_err(io)?;
+        let tmp = job_dir.join("status.tmp");
+        std::fs::write(&tmp, self.as_str()).map_err(io)?;
+        std::fs::rename(&tmp, job_dir.join("status")).map_err(io)?;
+        Ok(())
+    }
+}
+
+/// Where the first attempt starts: an explicit
+/// `execution.state-recovery.path`, or the latest checkpoint of a run that
+/// died, or nothing (and then old checkpoints of the job are cleared).
+fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<RestoredJob>> {
+    let fingerprint = graph.fingerprint();
+    if let Some(path) = &config.recovery_path {
+        let id = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("chk-"))
+            .and_then(|n| n.parse::<u64>().ok())
+            .ok_or_else(|| {
+                ExecError::Config(format!(
+                    "'execution.state-recovery.path' = '{}' is not a checkpoint directory (chk-<n>)",
+                    path.display()
+                ))
+            })?;
+        let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        return Ok(Some(restore_one(
+            &CheckpointStorage::new(root),
+            id,
+            &fingerprint,
+            &config.job_dir,
+        )?));
+    }
+    let Some(cp) = &config.checkpointing else {
+        return Ok(None);
+    };
+    let storage = CheckpointStorage::new(cp.root.clone());
+    match RunStatus::read(&config.job_dir) {
+        Some(RunStatus::Running | RunStatus::Failed) => Ok(restore_latest(&storage, &fingerprint, &config.job_dir)?),
+        _ => {
+            // The last run ended on purpose (or there was none): start
+            // afresh, and never mistake its checkpoints for ours.
+            storage.clear()?;
+            Ok(None)
+        }
+    }
+}
+
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
 /// `SELECT` (a graph whose last node has no sink).
 pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Sender<RecordBatch>>) -> Result<JobHandle> {
+    let mut config = config.clone();
+    if results.is_some() {
+        // A query's rows go to its client; there is nothing to resume.
+        config.checkpointing = None;
+    }
+    let restored = initial_restore(&graph, &config)?;
+    let restored_from = restored
+        .as_ref()
+        .map(|r| (r.checkpoint_id(), r.path.clone(), r.skipped.clone()));
+    let checkpoint_log = Arc::new(CheckpointLog::default());
+    if let Some(r) = &restored {
+        if let Ok(mut slot) = checkpoint_log.restored_from.lock() {
+            *slot = Some((r.checkpoint_id(), r.path.display().to_string()));
+        }
+        tracing::info!(
+            target: "weir::checkpoint",
+            "job '{}': restoring from checkpoint {} ({})",
+            config.name,
+            r.checkpoint_id(),
+            r.path.display()
+        );
+    }
+    if config.checkpointing.is_some() {
+        RunStatus::Running.write(&config.job_dir)?;
+    }
+    let name = config.name.clone();
+    let metrics = build_metrics(&graph, &config, checkpoint_log);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let graph = Arc::new(graph);
+    let job_metrics = metrics.clone();
+    let started = Instant::now();
+    let done = tokio::spawn(async move {
+        let mut restored = restored;
+        let mut attempt = 0u32;
+        loop {
+            let result = run_attempt(
+                &graph,
+                &config,
+                results.clone(),
+                &job_metrics,
+                &stop_rx,
+                restored.take(),
+                attempt,
+            )
+            .await;
+            let err = match result {
+                Ok(()) => {
+                    if config.checkpointing.is_some() {
+                        let status = if *stop_rx.borrow() {
+                            RunStatus::Stopped
+                        } else {
+                            RunStatus::Finished
+                        };
+                        status.write(&config.job_dir)?;
+                    }
+                    return Ok(JobOutcome {
+                        elapsed: started.elapsed(),
+                        metrics: job_metrics,
+                    });
+                }
+                Err(e) => e,
+            };
+            let retry = match config.restart {
+                RestartStrategy::FixedDelay { attempts, delay } if attempt < attempts && !*stop_rx.borrow() => {
+                    Some(delay)
+                }
+                _ => None,
+            };
+            let Some(delay) = retry else {
+                if config.checkpointing.is_some() {
+                    // Checkpoints stay: the next run of this job resumes.
+                    let _ = RunStatus::Failed.write(&config.job_dir);
+                }
+                return Err(err);
+            };
+            attempt += 1;
+            tracing::warn!(
+                target: "weir::checkpoint",
+                "job '{}' failed: {err}; restarting (attempt {attempt} of {}) in {delay:?}",
+                config.name,
+                match config.restart {
+                    RestartStrategy::FixedDelay { attempts, .. } => attempts,
+                    RestartStrategy::None => 0,
+                }
+            );
+            tokio::time::sleep(delay).await;
+            if let Some(cp) = &config.checkpointing {
+                let storage = CheckpointStorage::new(cp.root.clone());
+                let fingerprint = graph.fingerprint();
+                let job_dir = config.job_dir.clone();
+                restored = tokio::task::spawn_blocking(move || restore_latest(&storage, &fingerprint, &job_dir))
+                    .await
+                    .map_err(|e| ExecError::internal(format!("restore task failed: {e}")))??;
+                if let Some(r) = &restored {
+                    tracing::info!(
+                        target: "weir::checkpoint",
+                        "job '{}': restoring from checkpoint {} ({})",
+                        config.name,
+                        r.checkpoint_id(),
+                        r.path.display()
+                    );
+                    if let Ok(mut slot) = job_metrics.checkpoints.restored_from.lock() {
+                        *slot = Some((r.checkpoint_id(), r.path.display().to_string()));
+                    }
+                }
+            }
+        }
+    });
+    Ok(JobHandle {
+        name,
+        metrics,
+        stop: Arc::new(stop_tx),
+        done,
+        restored_from,
+    })
+}
+/// Metrics of the job, and its alignment coordinators (one per group).
+fn build_metrics(graph: &StreamGraph, config: &JobConfig, checkpoint_log: Arc<CheckpointLog>) -> Arc<JobMetrics> {
+    build_metrics_and_groups(graph, config, checkpoint_log).0
+}
+
+fn build_metrics_and_groups(
+    graph: &StreamGraph,
+    config: &JobConfig,
+    checkpoint_log: Arc<CheckpointLog>,
+) -> (Arc<JobMetrics>, HashMap<String, Arc<AlignmentCoordinator>>) {
     let mut sources = vec![];
     let mut coordinators: HashMap<String, Arc<AlignmentCoordinator>> = HashMap::new();
     for n in &graph.nodes {
@@ -139,9 +367,95 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             .collect(),
         sources,
         groups: coordinators.values().cloned().collect(),
+        checkpoints: checkpoint_log,
     });
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let chains = chains(&graph);
+    (metrics, coordinators)
+}
+/// One attempt: deploys every subtask (from `restored` if given), runs
+/// them with a checkpoint coordinator when checkpointing is on, and ends
+/// when all finished or one failed.
+async fn run_attempt(
+    graph: &StreamGraph,
+    config: &JobConfig,
+    results: Option<mpsc::Sender<RecordBatch>>,
+    job_metrics: &Arc<JobMetrics>,
+    stop_rx: &watch::Receiver<bool>,
+    restored: Option<RestoredJob>,
+    attempt: u32,
+) -> Result<()> {
+    // Alignment coordinators are per attempt: alignment state is never
+    // checkpointed, a restored job starts it afresh (as Flink does).
+    let (attempt_metrics, coordinators) = build_metrics_and_groups(graph, config, job_metrics.checkpoints.clone());
+    let metrics = Arc::new(JobMetrics {
+        nodes: job_metrics.nodes.clone(),
+        sources: job_metrics.sources.clone(),
+        groups: attempt_metrics.groups.clone(),
+        checkpoints: job_metrics.checkpoints.clone(),
+    });
+    let _ = attempt_metrics;
+    let sink_ctx = SinkContext {
+        job_tag: sanitize(&config.name),
+        attempt: format!("{:x}{attempt}", chrono::Utc::now().timestamp_micros()),
+        exactly_once: config.checkpointing.is_some(),
+    };
+    let mut committers: HashMap<NodeId, Arc<dyn Committer>> = HashMap::new();
+    for n in &graph.nodes {
+        if let NodeKind::Sink(s) = &n.kind
+            && let Some(c) = s.factory.committer(&sink_ctx)
+        {
+            committers.insert(n.id, c);
+        }
+    }
+    if let Some(r) = &restored {
+        // Output the restored checkpoint pre-committed is committed now
+        // (again, if it was before: commits are idempotent).
+        commit_all(&committers, &r.metadata).await?;
+    }
+    if sink_ctx.exactly_once || restored.is_some() {
+        // What a failed attempt wrote and no checkpoint holds goes.
+        for c in committers.values() {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || c.recover())
+                .await
+                .map_err(|e| ExecError::internal(format!("sink recovery failed: {e}")))??;
+        }
+    }
+    if restored.as_ref().is_some_and(|r| r.metadata.is_final) {
+        // The run had ended; its last output is committed: nothing to do.
+        return Ok(());
+    }
+    if restored.is_none() {
+        let state_root = config.job_dir.join("state");
+        match std::fs::remove_dir_all(&state_root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    path: state_root,
+                    source,
+                }
+                .into());
+            }
+        }
+    }
+    let (trigger_tx, trigger_rx) = watch::channel(None);
+    let (report_tx, report_rx) = mpsc::unbounded_channel();
+    let mut task_count = 0usize;
+    let mut source_tasks = vec![];
+    let checkpointing = config.checkpointing.clone();
+    let mut task_ctx = |is_source: bool| {
+        let task = task_count;
+        task_count += 1;
+        if is_source {
+            source_tasks.push(task);
+        }
+        checkpointing.as_ref().map(|cp| TaskCheckpointing {
+            task,
+            reports: report_tx.clone(),
+            mode: cp.mode,
+        })
+    };
+    let chains = chains(graph);
     let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
 
     // Channels: for every non-chained edge, senders[from subtask][to subtask].
@@ -200,7 +514,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         }
     }
 
-    let mut tasks = JoinSet::new();
+    let mut tasks: JoinSet<(bool, Result<()>)> = JoinSet::new();
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
         for subtask in 0..head.parallelism {
@@ -208,7 +522,15 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             let mut ops: Vec<Box<dyn Operator>> = vec![];
             let mut op_metrics = vec![];
             for &id in &chain[first_op..] {
-                ops.push(create_operator(&graph, id, subtask, config, &metrics)?);
+                ops.push(create_operator(
+                    graph,
+                    id,
+                    subtask,
+                    config,
+                    &metrics,
+                    restored.as_ref(),
+                    &sink_ctx,
+                )?);
                 op_metrics.push(metrics.nodes[id].clone());
             }
             let tail = graph.node(*chain.last().unwrap_or(&chain[0]));
@@ -220,7 +542,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                     None => Output::None,
                 },
             };
-            let chain_ops = Chain::new(ops, op_metrics);
+            let chain_ops = Chain::new(ops, op_metrics, chain[first_op..].to_vec(), subtask);
             match &head.kind {
                 NodeKind::Source(src) => {
                     let splits = src.factory.create_splits(head.parallelism)?;
@@ -258,6 +580,11 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                         .iter()
                         .find(|s| s.table == src.table.name && s.subtask == subtask)
                         .cloned();
+                    let positions: HashMap<String, SplitPosition> = restored
+                        .as_ref()
+                        .and_then(|r| r.metadata.sources.get(&head.id.to_string()))
+                        .map(|ps| ps.iter().map(|p| (p.split.clone(), p.clone())).collect())
+                        .unwrap_or_default();
                     let task = SourceTask {
                         splits: mine,
                         bounded: src.factory.is_bounded(),
@@ -273,17 +600,26 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                         metrics: metrics.nodes[head.id].clone(),
                         alignment,
                         status,
+                        node: head.id,
+                        restored: positions,
+                        triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
+                        checkpointing: task_ctx(true),
                     };
-                    tasks.spawn(task.run());
+                    tasks.spawn(async move { (false, task.run().await) });
                 }
                 _ => {
                     let receivers = std::mem::take(&mut inputs[ci][subtask]);
+                    let mode = config
+                        .checkpointing
+                        .as_ref()
+                        .map_or(crate::checkpoint::CheckpointMode::ExactlyOnce, |c| c.mode);
                     let task = OperatorTask {
-                        gate: InputGate::new(receivers),
+                        gate: InputGate::with_mode(receivers, mode),
                         chain: chain_ops,
                         output,
+                        checkpointing: task_ctx(false),
                     };
-                    tasks.spawn(task.run());
+                    tasks.spawn(async move { (false, task.run().await) });
                 }
             }
         }
@@ -293,37 +629,42 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
     }
-    let job_metrics = metrics.clone();
-    let started = Instant::now();
-    let done = tokio::spawn(async move {
-        let mut first_error = None;
-        while let Some(res) = tasks.join_next().await {
-            let err = match res {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e,
-                Err(e) if e.is_cancelled() => continue,
-                Err(e) => ExecError::internal(format!("subtask panicked: {e}")),
-            };
-            if first_error.is_none() {
-                first_error = Some(err);
-                // One failed subtask fails the job (no restart strategy yet).
-                tasks.abort_all();
-            }
+    drop(task_ctx);
+    drop(report_tx);
+    if let Some(cp) = &config.checkpointing {
+        let coordinator = CheckpointCoordinator {
+            config: cp.clone(),
+            storage: CheckpointStorage::new(cp.root.clone()),
+            job: config.name.clone(),
+            fingerprint: graph.fingerprint(),
+            tasks: task_count,
+            source_tasks,
+            triggers: trigger_tx,
+            reports: report_rx,
+            committers,
+            log: metrics.checkpoints.clone(),
+            restored: restored.map(|r| r.metadata),
+        };
+        tasks.spawn(async move { (true, coordinator.run().await.map(|_| ())) });
+    }
+    let mut first_error = None;
+    while let Some(res) = tasks.join_next().await {
+        let err = match res {
+            Ok((_, Ok(()))) => continue,
+            Ok((_, Err(e))) => e,
+            Err(e) if e.is_cancelled() => continue,
+            Err(e) => ExecError::internal(format!("subtask panicked: {e}")),
+        };
+        if first_error.is_none() {
+            first_error = Some(err);
+            // One failed subtask fails the attempt.
+            tasks.abort_all();
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(JobOutcome {
-                elapsed: started.elapsed(),
-                metrics: job_metrics,
-            }),
-        }
-    });
-    Ok(JobHandle {
-        name: config.name.clone(),
-        metrics,
-        stop: Arc::new(stop_tx),
-        done,
-    })
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 fn create_operator(
@@ -332,6 +673,8 @@ fn create_operator(
     subtask: usize,
     config: &JobConfig,
     metrics: &Arc<JobMetrics>,
+    restored: Option<&RestoredJob>,
+    sink_ctx: &SinkContext,
 ) -> Result<Box<dyn Operator>> {
     let node = graph.node(id);
     let input_schema = || {
@@ -345,13 +688,19 @@ fn create_operator(
         NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
         NodeKind::Calc(c) => Box::new(CalcOperator::new(c, node.schema.clone())),
         NodeKind::Limit(l) => Box::new(LimitOperator::new(l.skip, l.fetch)),
-        NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism)?,
+        NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::WindowAggregate(w) => {
-            let dir = config
-                .job_dir
-                .join("state")
-                .join(format!("node-{id}-subtask-{subtask}"));
-            let state = open_backend(config.state_backend, &dir, STATE_NAMES)?;
+            let dir = local_state_dir(&config.job_dir, id, subtask);
+            let key = crate::checkpoint::operator_key(id, subtask);
+            let restore = match restored {
+                Some(r) => match (r.metadata.operators.get(&key), r.heap.get(&key)) {
+                    (_, Some(bytes)) => Restore::HeapBytes(bytes.clone()),
+                    (Some(OperatorState::Rocksdb { .. }), _) => Restore::RocksDbFiles,
+                    _ => Restore::Empty,
+                },
+                None => Restore::Empty,
+            };
+            let state = open_backend(config.state_backend, &dir, STATE_NAMES, restore)?;
             Box::new(WindowAggregateOperator::new(
                 w,
                 &input_schema()?,

@@ -42,6 +42,8 @@ pub struct JobMetrics {
     pub sources: Vec<Arc<SourceStatus>>,
     /// The job's watermark alignment groups.
     pub groups: Vec<Arc<crate::runtime::alignment::AlignmentCoordinator>>,
+    /// Checkpoint history (SHOW CHECKPOINTS).
+    pub checkpoints: Arc<crate::checkpoint::coordinator::CheckpointLog>,
 }
 
 impl JobMetrics {

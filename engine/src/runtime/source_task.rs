@@ -10,6 +10,7 @@
 //! emitted at the cut. (Rows above the watermark cannot be affected by it,
 //! so no other cut is needed.)
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,17 +23,19 @@ use datafusion::physical_expr::PhysicalExpr;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::checkpoint::{SplitPosition, TaskCheckpointing, TaskSnapshot};
 use crate::connectors::{SourceSplit, SplitPoll};
 use crate::error::{ExecError, Result};
-use crate::message::{MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
+use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
 use crate::operators::calc::project;
+use crate::plan::NodeId;
 use crate::plan::WatermarkNode;
 use crate::runtime::alignment::{AlignmentCoordinator, ReaderId, SplitAlignment, max_allowed, reader_report};
 use crate::runtime::chain::Chain;
 use crate::runtime::metrics::NodeMetrics;
 use crate::runtime::metrics::{SourceStatus, SplitState as SplitState_, SplitStatus};
 use crate::runtime::output::Output;
-use crate::runtime::task::flush;
+use crate::runtime::task::{checkpoint_chain, flush, report_finished};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EmitStrategy {
@@ -81,6 +84,13 @@ pub struct SourceTask {
     pub alignment: Option<ReaderAlignment>,
     /// Where the reader publishes its splits' state (SHOW WATERMARKS).
     pub status: Option<Arc<SourceStatus>>,
+    /// The source's plan node (key of its split positions).
+    pub node: NodeId,
+    /// Split positions of the checkpoint the job restored, by split id.
+    pub restored: HashMap<String, SplitPosition>,
+    /// Barriers the checkpoint coordinator announces, and where to report.
+    pub triggers: Option<watch::Receiver<Option<Barrier>>>,
+    pub checkpointing: Option<TaskCheckpointing>,
 }
 
 struct Reader {
@@ -104,27 +114,76 @@ impl Reader {
 }
 
 impl SourceTask {
+    /// Every split's position: this reader's part of a checkpoint.
+    fn positions(&self, reader: &Reader) -> TaskSnapshot {
+        TaskSnapshot {
+            sources: vec![(
+                self.node,
+                reader
+                    .splits
+                    .iter()
+                    .map(|s| SplitPosition {
+                        split: s.split.id(),
+                        position: s.split.position(),
+                        finished: s.finished,
+                    })
+                    .collect(),
+            )],
+            operators: vec![],
+        }
+    }
+
+    /// Checkpoint `b` starts here: record split positions, snapshot the
+    /// chain, and send the barrier after everything read before it.
+    async fn inject_barrier(
+        &mut self,
+        snapshot: TaskSnapshot,
+        b: Barrier,
+        outbox: &mut Vec<StreamMessage>,
+    ) -> Result<()> {
+        flush(outbox, &mut self.output).await?;
+        checkpoint_chain(
+            b,
+            Duration::ZERO,
+            snapshot,
+            &mut self.chain,
+            &mut self.output,
+            self.checkpointing.as_ref(),
+        )
+        .await
+    }
+
     pub async fn run(mut self) -> Result<()> {
         let now = Instant::now();
+        let mut splits = vec![];
+        for mut split in std::mem::take(&mut self.splits) {
+            // Resume where the restored checkpoint says the split was.
+            let finished = match self.restored.get(&split.id()) {
+                Some(p) => {
+                    split.seek(p.position)?;
+                    p.finished
+                }
+                None => false,
+            };
+            splits.push(SplitState {
+                split,
+                watermark: MIN_WATERMARK,
+                idle: false,
+                finished,
+                last_activity: now,
+                wait_until: None,
+                align: SplitAlignment::default(),
+                paused_since: None,
+                paused_total: Duration::ZERO,
+            });
+        }
         let mut reader = Reader {
-            splits: std::mem::take(&mut self.splits)
-                .into_iter()
-                .map(|split| SplitState {
-                    split,
-                    watermark: MIN_WATERMARK,
-                    idle: false,
-                    finished: false,
-                    last_activity: now,
-                    wait_until: None,
-                    align: SplitAlignment::default(),
-                    paused_since: None,
-                    paused_total: Duration::ZERO,
-                })
-                .collect(),
+            splits,
             emitted: MIN_WATERMARK,
             idle: false,
             next: 0,
         };
+        let mut last_barrier = 0u64;
         let mut outbox = Vec::new();
         let mut next_tick = Instant::now() + self.interval;
         let idle_timeout = self.watermark.as_ref().and_then(|w| w.idle_timeout);
@@ -134,11 +193,22 @@ impl SourceTask {
         // `changed()` marks it seen, so `has_changed()` would miss it.
         let mut fresh_announcement = false;
         loop {
+            let barrier = match self.triggers.as_mut() {
+                Some(rx) if rx.has_changed().unwrap_or(false) => *rx.borrow_and_update(),
+                _ => None,
+            };
+            if let Some(b) = barrier.filter(|b| b.checkpoint_id > last_barrier) {
+                last_barrier = b.checkpoint_id;
+                let positions = self.positions(&reader);
+                self.inject_barrier(positions, b, &mut outbox).await?;
+            }
             if *self.stop.borrow() || self.chain.is_finished() || self.output.is_closed() {
                 // Stopped on purpose: end without a final watermark, so no
                 // window fires on partial input.
                 self.chain.end_of_input(&mut outbox)?;
-                return flush(&mut outbox, &mut self.output).await;
+                flush(&mut outbox, &mut self.output).await?;
+                let snapshot = self.positions(&reader);
+                return report_finished(snapshot, &mut self.chain, self.checkpointing.as_ref());
             }
             if reader.splits.iter().all(|s| s.finished) && (self.bounded || !reader.splits.is_empty()) {
                 // A finished reader never holds its group back (FLINK-35157).
@@ -146,7 +216,8 @@ impl SourceTask {
                     a.coordinator.report(a.reader, crate::message::MAX_WATERMARK);
                 }
                 self.publish_status(&reader);
-                return self.finish(&mut outbox).await;
+                let positions = self.positions(&reader);
+                return self.finish(positions, &mut outbox).await;
             }
             let mut progressed = false;
             let n = reader.splits.len();
@@ -248,12 +319,25 @@ impl SourceTask {
                     .map_or(next_tick, |t| t.min(next_tick));
                 let wake = next_align.map_or(wake, |a| a.min(wake));
                 let mut stop = self.stop.clone();
+                let mut triggers = self.triggers.clone();
+                let trigger = async {
+                    match triggers.as_mut() {
+                        Some(t) => {
+                            if t.changed().await.is_err() {
+                                // The coordinator is gone: nothing to wake for.
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending::<()>().await,
+                    }
+                };
                 match announcements.as_mut() {
                     Some(rx) => {
                         let mut gone = false;
                         tokio::select! {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
+                            _ = trigger => {}
                             r = rx.changed() => match r {
                                 Ok(()) => fresh_announcement = true,
                                 // The coordinator ended with the job.
@@ -268,6 +352,7 @@ impl SourceTask {
                         tokio::select! {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
+                            _ = trigger => {}
                         }
                     }
                 }
@@ -354,13 +439,14 @@ impl SourceTask {
         status.publish(rows, reader.emitted);
     }
 
-    async fn finish(&mut self, outbox: &mut Vec<StreamMessage>) -> Result<()> {
+    async fn finish(&mut self, snapshot: TaskSnapshot, outbox: &mut Vec<StreamMessage>) -> Result<()> {
         if self.bounded {
             // End of bounded input: the final watermark fires everything.
             self.chain.process_watermark(MAX_WATERMARK, outbox)?;
         }
         self.chain.end_of_input(outbox)?;
-        flush(outbox, &mut self.output).await
+        flush(outbox, &mut self.output).await?;
+        report_finished(snapshot, &mut self.chain, self.checkpointing.as_ref())
     }
 
     /// Updates split `i`'s watermark with batch `b` and passes `b` on,
@@ -510,6 +596,10 @@ mod tests {
         fn offset(&self) -> u64 {
             0
         }
+
+        fn seek(&mut self, _position: u64) -> Result<()> {
+            Ok(())
+        }
     }
 
     /// Always has data: event time climbs to `max` and stays there.
@@ -531,6 +621,10 @@ mod tests {
 
         fn offset(&self) -> u64 {
             0
+        }
+
+        fn seek(&mut self, _position: u64) -> Result<()> {
+            Ok(())
         }
     }
 
@@ -567,12 +661,16 @@ mod tests {
             rowtime_index: Some(0),
             emit: EmitStrategy::OnPeriodic,
             interval: Duration::from_millis(10),
-            chain: Chain::new(vec![], vec![]),
+            chain: Chain::new(vec![], vec![], vec![], 0),
             output: Output::channels(vec![tx], Partitioner::Forward),
             stop,
             metrics: Arc::new(NodeMetrics::new("source".into())),
             alignment: None,
             status: None,
+            node: 0,
+            restored: HashMap::new(),
+            triggers: None,
+            checkpointing: None,
         }
     }
 

@@ -14,6 +14,7 @@ use std::path::Path;
 pub use heap::HeapBackend;
 pub use rocks::RocksDbBackend;
 
+use crate::checkpoint::OperatorSnapshot;
 use crate::config::StateBackendKind;
 use crate::error::StateError;
 
@@ -55,15 +56,34 @@ pub trait StateBackend: Send {
         end: &[u8],
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StateError>;
+
+    /// The synchronous part of a checkpoint: a consistent copy of every
+    /// state as of now, cheap to take (RocksDB: flush + hard links).
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError>;
+}
+
+/// Where a subtask's state starts from.
+pub enum Restore {
+    Empty,
+    /// RocksDB files of a checkpoint, already copied into the directory.
+    RocksDbFiles,
+    /// A heap snapshot.
+    HeapBytes(Vec<u8>),
 }
 
 /// Opens the configured backend for one stateful subtask. `dir` is only
-/// used by RocksDB; it is wiped first, since a job that is not restoring
-/// starts from empty state.
-pub fn open_backend(kind: StateBackendKind, dir: &Path, states: &[&str]) -> Result<Box<dyn StateBackend>, StateError> {
-    Ok(match kind {
-        StateBackendKind::RocksDb => Box::new(RocksDbBackend::open_fresh(dir, states)?),
-        StateBackendKind::Heap => Box::new(HeapBackend::new(states.len())),
+/// used by RocksDB; unless restoring it is wiped first.
+pub fn open_backend(
+    kind: StateBackendKind,
+    dir: &Path,
+    states: &[&str],
+    restore: Restore,
+) -> Result<Box<dyn StateBackend>, StateError> {
+    Ok(match (kind, restore) {
+        (StateBackendKind::RocksDb, Restore::RocksDbFiles) => Box::new(RocksDbBackend::open_existing(dir, states)?),
+        (StateBackendKind::RocksDb, _) => Box::new(RocksDbBackend::open_fresh(dir, states)?),
+        (StateBackendKind::Heap, Restore::HeapBytes(b)) => Box::new(HeapBackend::restore(states.len(), &b)?),
+        (StateBackendKind::Heap, _) => Box::new(HeapBackend::new(states.len())),
     })
 }
 
@@ -90,6 +110,52 @@ mod tests {
             .expect("scan");
         assert_eq!(seen, vec![b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(backend.multi_get(1, &[b"a"]).expect("get")[0], Some(b"other".to_vec()));
+    }
+
+    fn dump(b: &dyn StateBackend, state: StateId) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = vec![];
+        b.scan(state, b"", &[0xff; 8], &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            true
+        })
+        .expect("scan");
+        out
+    }
+
+    #[test]
+    fn snapshots_restore_what_was_there_and_not_what_came_after() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("db");
+        let mut rocks = RocksDbBackend::open_fresh(&db, &["s0", "s1"]).expect("open");
+        let mut heap = HeapBackend::new(2);
+        for b in [&mut rocks as &mut dyn StateBackend, &mut heap] {
+            exercise(b);
+        }
+        let (OperatorSnapshot::RocksDb { dir: chk }, OperatorSnapshot::Heap(bytes)) = (
+            rocks.snapshot(1).expect("snapshot"),
+            heap.snapshot(1).expect("snapshot"),
+        ) else {
+            panic!("unexpected snapshot kinds");
+        };
+        let before = (dump(&rocks, 0), dump(&rocks, 1));
+        for b in [&mut rocks as &mut dyn StateBackend, &mut heap] {
+            let mut w = WriteBatch::default();
+            w.put(0, b"later".to_vec(), b"x".to_vec());
+            b.write(w).expect("write");
+        }
+        drop(rocks);
+        let restored_dir = dir.path().join("restored");
+        std::fs::rename(&chk, &restored_dir).expect("move checkpoint");
+        let rocks = RocksDbBackend::open_existing(&restored_dir, &["s0", "s1"]).expect("reopen");
+        let heap = HeapBackend::restore(2, &bytes).expect("restore heap");
+        assert_eq!((dump(&rocks, 0), dump(&rocks, 1)), before);
+        assert_eq!((dump(&heap, 0), dump(&heap, 1)), before);
+        for cut in [1, bytes.len() / 2, bytes.len() - 1] {
+            assert!(
+                HeapBackend::restore(2, &bytes[..cut]).is_err(),
+                "truncated heap snapshot accepted"
+            );
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteOptions};
 
 use super::{StateBackend, StateId, WriteBatch};
+use crate::checkpoint::OperatorSnapshot;
 use crate::error::StateError;
 
 pub struct RocksDbBackend {
@@ -29,6 +30,11 @@ impl RocksDbBackend {
             Err(e) => return Err(io(e)),
         }
         std::fs::create_dir_all(path).map_err(io)?;
+        Self::open_existing(path, states)
+    }
+
+    /// Opens the database at `path` as it is (restored checkpoint files).
+    pub fn open_existing(path: &Path, states: &[&str]) -> Result<Self, StateError> {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
@@ -69,6 +75,29 @@ impl RocksDbBackend {
 }
 
 impl StateBackend for RocksDbBackend {
+    fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError> {
+        // The WAL is off: memtables must reach SST files to be in the
+        // checkpoint. Then a native checkpoint hard-links the live files.
+        let mut flush = rocksdb::FlushOptions::default();
+        flush.set_wait(true);
+        for name in &self.names {
+            if let Some(cf) = self.db.cf_handle(name) {
+                self.db.flush_cf_opt(cf, &flush).map_err(|e| self.err(e))?;
+            }
+        }
+        let mut dir = self.path.clone().into_os_string();
+        dir.push(format!(".chk-{checkpoint_id}"));
+        let dir = PathBuf::from(dir);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(StateError::Io { path: dir, source }),
+        }
+        let chk = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(e))?;
+        chk.create_checkpoint(&dir).map_err(|e| self.err(e))?;
+        Ok(OperatorSnapshot::RocksDb { dir })
+    }
+
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let cf = self.cf(state)?;
         self.db

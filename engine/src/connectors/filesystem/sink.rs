@@ -1,11 +1,18 @@
-//! Writing files: each sink subtask writes one part file into the `path`
-//! directory. While written, the file is hidden (`.part-...inprogress`,
-//! ignored by readers); at end of input it is renamed to its final name,
-//! so readers only ever see complete files.
+//! Writing files, exactly once: a two-phase-commit sink (Flink's FileSink).
+//!
+//! Each sink subtask writes a hidden in-progress part file
+//! (`.part-<job>-<attempt>-<subtask>-<n>.<ext>.inprogress`). At a
+//! checkpoint barrier it closes the file, syncs it and renames it pending
+//! (`....pending`): durable but invisible (readers skip names starting
+//! with '.'). When the checkpoint is complete the committer renames it to
+//! `part-<job>-<attempt>-<subtask>-<n>.<ext>`, atomically. Part files roll
+//! on every checkpoint, as Flink's bulk formats do.
+//!
+//! Without checkpointing, the file is committed at end of input.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::ArrayRef;
@@ -17,8 +24,10 @@ use parquet::arrow::ArrowWriter;
 use weir_catalog::Options;
 
 use super::{Format, FormatOptions, format_options, path_of};
-use crate::connectors::SinkFactory;
+use crate::checkpoint::OperatorSnapshot;
+use crate::connectors::{Committer, SinkContext, SinkFactory};
 use crate::error::{ConnectorError, Result};
+use crate::failpoint::failpoint;
 use crate::operators::{Collector, Operator};
 
 #[derive(Debug)]
@@ -26,18 +35,14 @@ pub struct FileSink {
     dir: PathBuf,
     format: FormatOptions,
     schema: SchemaRef,
-    /// Distinguishes the files of different runs writing to one directory.
-    run_id: String,
 }
 
 impl FileSink {
     pub fn new(options: &Options, schema: SchemaRef) -> Result<Self> {
-        let run_id = format!("{:x}", chrono::Utc::now().timestamp_micros());
         Ok(Self {
             dir: path_of(options)?,
             format: format_options(options)?,
             schema,
-            run_id,
         })
     }
 }
@@ -47,25 +52,98 @@ impl SinkFactory for FileSink {
         "filesystem"
     }
 
-    fn create_writer(&self, subtask: usize, _parallelism: usize) -> Result<Box<dyn Operator>> {
-        let io = |source| ConnectorError::Io {
+    fn create_writer(&self, subtask: usize, _parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
             path: self.dir.display().to_string(),
             source,
-        };
-        std::fs::create_dir_all(&self.dir).map_err(io)?;
+        })?;
         let ext = match self.format.format {
             Format::Json => "json",
             Format::Csv => "csv",
             Format::Parquet => "parquet",
         };
-        let name = format!("part-{}-{subtask}-0.{ext}", self.run_id);
         Ok(Box::new(FileWriter {
-            final_path: self.dir.join(&name),
-            temp_path: self.dir.join(format!(".{name}.inprogress")),
+            dir: self.dir.clone(),
+            stem: format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
+            ext,
+            next_part: 0,
+            exactly_once: ctx.exactly_once,
             format: self.format.clone(),
             schema: self.schema.clone(),
             out: None,
         }))
+    }
+
+    fn committer(&self, ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
+        Some(Arc::new(FileCommitter {
+            dir: self.dir.clone(),
+            prefix: format!(".part-{}-", ctx.job_tag),
+        }))
+    }
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> ConnectorError {
+    ConnectorError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
+    Ok(())
+}
+
+/// Makes pending part files visible.
+struct FileCommitter {
+    dir: PathBuf,
+    /// Hidden files of this job start with it.
+    prefix: String,
+}
+
+impl Committer for FileCommitter {
+    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+        for c in committables {
+            let (Some(pending), Some(target)) = (c["pending"].as_str(), c["target"].as_str()) else {
+                return Err(crate::error::ExecError::internal(format!(
+                    "not a file committable: {c}"
+                )));
+            };
+            let (pending, target) = (self.dir.join(pending), self.dir.join(target));
+            match std::fs::rename(&pending, &target) {
+                Ok(()) => failpoint("sink.file_committed"),
+                // Committed before (a re-commit after recovery).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && target.exists() => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(ConnectorError::Io {
+                        path: pending.display().to_string(),
+                        source: std::io::Error::new(
+                            e.kind(),
+                            "a pending part file of a completed checkpoint is gone (deleted outside Weir?): its rows are lost",
+                        ),
+                    }
+                    .into());
+                }
+                Err(e) => return Err(io_err(&pending, e).into()),
+            }
+        }
+        sync_dir(&self.dir)
+    }
+
+    fn recover(&self) -> Result<()> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_err(&self.dir, e).into()),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| io_err(&self.dir, e))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with(&self.prefix) && (name.ends_with(".inprogress") || name.ends_with(".pending")) {
+                std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -77,28 +155,38 @@ enum Out {
 }
 
 struct FileWriter {
-    final_path: PathBuf,
-    temp_path: PathBuf,
+    dir: PathBuf,
+    /// `part-<job>-<attempt>-<subtask>`; part `n` adds `-<n>.<ext>`.
+    stem: String,
+    ext: &'static str,
+    next_part: u64,
+    exactly_once: bool,
     format: FormatOptions,
     schema: SchemaRef,
     out: Option<Out>,
 }
 
 impl FileWriter {
+    fn final_name(&self) -> String {
+        format!("{}-{}.{}", self.stem, self.next_part, self.ext)
+    }
+
+    fn in_progress_path(&self) -> PathBuf {
+        self.dir.join(format!(".{}.inprogress", self.final_name()))
+    }
+
     fn io(&self, source: std::io::Error) -> ConnectorError {
-        ConnectorError::Io {
-            path: self.temp_path.display().to_string(),
-            source,
-        }
+        io_err(&self.in_progress_path(), source)
     }
 
     fn open(&mut self) -> Result<&mut Out> {
         if self.out.is_none() {
-            let f = File::create(&self.temp_path).map_err(|e| self.io(e))?;
+            let path = self.in_progress_path();
+            let f = File::create(&path).map_err(|e| self.io(e))?;
             self.out = Some(match self.format.format {
                 Format::Parquet => Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| {
                     ConnectorError::Data {
-                        location: self.temp_path.display().to_string(),
+                        location: path.display().to_string(),
                         message: e.to_string(),
                     }
                 })?),
@@ -108,6 +196,42 @@ impl FileWriter {
         self.out
             .as_mut()
             .ok_or_else(|| crate::error::ExecError::internal("file writer not open"))
+    }
+
+    /// Closes the current part file and makes it durable. Returns its
+    /// in-progress path, or `None` if nothing was written since the last.
+    fn close_part(&mut self) -> Result<Option<PathBuf>> {
+        let path = self.in_progress_path();
+        match self.out.take() {
+            None => return Ok(None),
+            Some(Out::Text(mut w)) => {
+                w.flush().map_err(|e| self.io(e))?;
+                w.get_ref().sync_all().map_err(|e| self.io(e))?;
+            }
+            Some(Out::Parquet(w)) => {
+                let f = w.into_inner().map_err(|e| ConnectorError::Data {
+                    location: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+                f.sync_all().map_err(|e| self.io(e))?;
+            }
+        }
+        Ok(Some(path))
+    }
+
+    /// Phase one: the part file becomes pending (durable, invisible) and
+    /// its committable is returned; the next rows go to a new part.
+    fn pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
+        let Some(path) = self.close_part()? else {
+            return Ok(vec![]);
+        };
+        let target = self.final_name();
+        let pending = format!(".{target}.pending");
+        std::fs::rename(&path, self.dir.join(&pending)).map_err(|e| self.io(e))?;
+        sync_dir(&self.dir)?;
+        failpoint("sink.pre_committed");
+        self.next_part += 1;
+        Ok(vec![serde_json::json!({ "pending": pending, "target": target })])
     }
 
     /// Timestamps as text the way Flink writes them.
@@ -152,7 +276,7 @@ impl Operator for FileWriter {
             Format::Parquet => None,
             _ => Some(self.stringify_timestamps(&batch)?),
         };
-        let path = self.temp_path.display().to_string();
+        let path = self.in_progress_path().display().to_string();
         let data_err = |e: &dyn std::fmt::Display| ConnectorError::Data {
             location: path.clone(),
             message: e.to_string(),
@@ -177,22 +301,24 @@ impl Operator for FileWriter {
         Ok(())
     }
 
+    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(OperatorSnapshot::Sink(self.pre_commit()?)))
+    }
+
+    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(OperatorSnapshot::Sink(self.pre_commit()?)))
+    }
+
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
-        match self.out.take() {
-            None => return Ok(()),
-            Some(Out::Text(mut w)) => {
-                w.flush().map_err(|e| self.io(e))?;
-                w.get_ref().sync_all().map_err(|e| self.io(e))?;
-            }
-            Some(Out::Parquet(w)) => {
-                let f = w.into_inner().map_err(|e| ConnectorError::Data {
-                    location: self.temp_path.display().to_string(),
-                    message: e.to_string(),
-                })?;
-                f.sync_all().map_err(|e| self.io(e))?;
-            }
+        if self.exactly_once {
+            // Committed by the final checkpoint (`final_snapshot`).
+            return Ok(());
         }
-        std::fs::rename(&self.temp_path, &self.final_path).map_err(|e| self.io(e))?;
+        if let Some(path) = self.close_part()? {
+            let target = self.dir.join(self.final_name());
+            std::fs::rename(&path, &target).map_err(|e| self.io(e))?;
+            self.next_part += 1;
+        }
         Ok(())
     }
 }

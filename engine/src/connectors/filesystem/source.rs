@@ -92,6 +92,8 @@ pub struct FileSplit {
     /// Lines consumed (json, csv) or rows (parquet).
     line: u64,
     rows: u64,
+    /// Rows still to skip after a seek.
+    skip: u64,
 }
 
 impl FileSplit {
@@ -103,6 +105,7 @@ impl FileSplit {
             reader: None,
             line: 0,
             rows: 0,
+            skip: 0,
         })
     }
 
@@ -282,6 +285,13 @@ impl SourceSplit for FileSplit {
         self.rows
     }
 
+    fn seek(&mut self, position: u64) -> Result<()> {
+        // Rows are counted after decoding, so skipping decoded rows lands
+        // on the same row whatever the batch boundaries were.
+        self.skip = position;
+        Ok(())
+    }
+
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         self.ensure_open()?;
         loop {
@@ -312,7 +322,16 @@ impl SourceSplit for FileSplit {
                     }
                 }
             };
-            if let Some(b) = batch.filter(|b| b.num_rows() > 0) {
+            if let Some(mut b) = batch.filter(|b| b.num_rows() > 0) {
+                if self.skip > 0 {
+                    let k = self.skip.min(b.num_rows() as u64);
+                    self.skip -= k;
+                    self.rows += k;
+                    b = b.slice(k as usize, b.num_rows() - k as usize);
+                    if b.num_rows() == 0 {
+                        continue;
+                    }
+                }
                 self.rows += b.num_rows() as u64;
                 let b = if self.format.format == Format::Parquet {
                     self.align(b)?

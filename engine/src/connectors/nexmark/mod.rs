@@ -372,6 +372,17 @@ impl SourceSplit for NexmarkSplit {
         self.events_read
     }
 
+    fn seek(&mut self, position: u64) -> Result<()> {
+        // Events are a pure function of their number: skipping is
+        // arithmetic. A split passes whole epochs (only the last of a
+        // bounded source may be cut short).
+        let epoch_len = generator::TOTAL_PROPORTION;
+        let epochs = position.div_ceil(epoch_len);
+        self.next_epoch = self.index + epochs * self.splits;
+        self.events_read = position;
+        Ok(())
+    }
+
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         let end = self.config.events.unwrap_or(u64::MAX);
         let epoch_len = generator::TOTAL_PROPORTION;
@@ -381,8 +392,12 @@ impl SourceSplit for NexmarkSplit {
         // How many events (of every kind) this split may pass now.
         let mut budget = DEFAULT_BATCH_ROWS as u64;
         if self.config.rate > 0 {
-            let started = *self.started.get_or_insert_with(Instant::now);
             let per_split = self.config.rate as f64 / self.splits as f64 * self.speed() as f64;
+            // A restored split is already `events_read` into its schedule.
+            let ahead = Duration::from_secs_f64(self.events_read as f64 / per_split);
+            let started = *self
+                .started
+                .get_or_insert_with(|| Instant::now().checked_sub(ahead).unwrap_or_else(Instant::now));
             let due = (started.elapsed().as_secs_f64() * per_split) as u64;
             if due < self.events_read + epoch_len {
                 let next = started + Duration::from_secs_f64((self.events_read + epoch_len) as f64 / per_split);

@@ -32,6 +32,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 
 use super::{assign_windows, is_fired, window_start};
+use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
@@ -242,7 +243,8 @@ impl WindowAggregateOperator {
             }
         }
         self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        self.live_bytes -= freed;
+        // After a restore, state from before it is freed too: not below 0.
+        self.live_bytes = (self.live_bytes - freed).max(0);
         let n = timers.len();
         let mut accs = self.accumulators()?;
         self.merge_stored(&mut accs, &present, &groups, n)?;
@@ -315,6 +317,12 @@ fn timer_key(group: &[u8], key: &[u8], end: i64) -> Vec<u8> {
 impl Operator for WindowAggregateOperator {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        // Accumulators and timers are both in the backend: one snapshot
+        // holds the windows and when they fire.
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
     }
 
     fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {

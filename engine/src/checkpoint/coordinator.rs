@@ -1,0 +1,605 @@
+//! The job's `CheckpointCoordinator` (one tokio task per job attempt).
+//!
+//! Triggers checkpoint N every `execution.checkpointing.interval` (after
+//! `min-pause` since the last one ended, one at a time) by announcing
+//! barrier N to the source readers; collects every task's acknowledgement;
+//! materialises the checkpoint on the blocking pool; then commits the
+//! sinks' pre-committed output and deletes unreferenced files. A checkpoint
+//! that expires (`timeout`) or is declined is aborted; more consecutive
+//! failures than `tolerable-failed-checkpoints` fail the job.
+//!
+//! When every task has finished, a final checkpoint records the finished
+//! positions and the last sink output, and commits it (Flink's final
+//! checkpoint, FLIP-147): output after the last periodic checkpoint is
+//! committed exactly once too.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::metadata::{CheckpointMetadata, FORMAT_VERSION, FileRef, OperatorState};
+use super::storage::CheckpointStorage;
+use super::{CheckpointConfig, CheckpointError, OperatorSnapshot, TaskReport, TaskSnapshot};
+use crate::connectors::Committer;
+use crate::error::{ExecError, Result};
+use crate::failpoint::failpoint;
+use crate::message::Barrier;
+use crate::plan::NodeId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointStatus {
+    InProgress,
+    Completed,
+    Failed,
+}
+
+impl CheckpointStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CheckpointStatus::InProgress => "IN_PROGRESS",
+            CheckpointStatus::Completed => "COMPLETED",
+            CheckpointStatus::Failed => "FAILED",
+        }
+    }
+}
+
+/// One row of `SHOW CHECKPOINTS`.
+#[derive(Debug, Clone)]
+pub struct CheckpointStats {
+    pub id: u64,
+    pub trigger_time_ms: i64,
+    pub duration: Duration,
+    /// Longest barrier alignment of any task.
+    pub alignment: Duration,
+    /// Longest synchronous part of any task.
+    pub sync: Duration,
+    /// Upload, metadata and commit.
+    pub async_part: Duration,
+    /// Bytes of state the checkpoint references.
+    pub full_bytes: u64,
+    /// Bytes uploaded for it (the increment).
+    pub incremental_bytes: u64,
+    pub status: CheckpointStatus,
+    pub is_final: bool,
+    pub message: String,
+}
+
+/// The checkpoint history of a job, shared with `SHOW CHECKPOINTS`.
+#[derive(Debug, Default)]
+pub struct CheckpointLog {
+    entries: Mutex<VecDeque<CheckpointStats>>,
+    /// Set when the job was restored: (checkpoint id, path).
+    pub restored_from: Mutex<Option<(u64, String)>>,
+}
+
+const LOG_ENTRIES: usize = 100;
+
+impl CheckpointLog {
+    pub fn entries(&self) -> Vec<CheckpointStats> {
+        self.entries
+            .lock()
+            .map(|e| e.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn upsert(&self, s: CheckpointStats) {
+        if let Ok(mut e) = self.entries.lock() {
+            match e.iter_mut().find(|x| x.id == s.id) {
+                Some(x) => *x = s,
+                None => {
+                    e.push_back(s);
+                    if e.len() > LOG_ENTRIES {
+                        e.pop_front();
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn last_completed(&self) -> Option<CheckpointStats> {
+        self.entries()
+            .into_iter()
+            .rev()
+            .find(|s| s.status == CheckpointStatus::Completed)
+    }
+}
+
+struct Pending {
+    barrier: Barrier,
+    started: Instant,
+    deadline: Instant,
+    acks: HashMap<usize, (TaskSnapshot, Duration, Duration)>,
+}
+
+/// How the coordinator ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CoordinatorEnd {
+    /// Every task finished and the final checkpoint is committed.
+    Finished,
+    /// The tasks went away without finishing (failure or cancel).
+    TasksGone,
+}
+
+pub struct CheckpointCoordinator {
+    pub config: CheckpointConfig,
+    pub storage: CheckpointStorage,
+    pub job: String,
+    pub fingerprint: String,
+    pub tasks: usize,
+    /// Task indexes of source readers (where barriers are injected).
+    pub source_tasks: Vec<usize>,
+    pub triggers: watch::Sender<Option<Barrier>>,
+    pub reports: mpsc::UnboundedReceiver<TaskReport>,
+    pub committers: HashMap<NodeId, Arc<dyn Committer>>,
+    pub log: Arc<CheckpointLog>,
+    /// The checkpoint restored from, if any: the base for the next
+    /// incremental checkpoint.
+    pub restored: Option<CheckpointMetadata>,
+}
+
+struct State {
+    retained: VecDeque<CheckpointMetadata>,
+    next_id: u64,
+    finished: HashMap<usize, TaskSnapshot>,
+    /// Sink output pre-committed for checkpoints that were then aborted:
+    /// committed with the next checkpoint that completes.
+    carried: BTreeMap<String, Vec<serde_json::Value>>,
+    failures: u32,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn clone_finished(s: &TaskSnapshot) -> TaskSnapshot {
+    TaskSnapshot {
+        sources: s.sources.clone(),
+        operators: s
+            .operators
+            .iter()
+            .filter_map(|(k, o)| match o {
+                OperatorSnapshot::Sink(c) => Some((k.clone(), OperatorSnapshot::Sink(c.clone()))),
+                _ => None,
+            })
+            .collect(),
+    }
+}
+
+/// Removes the local RocksDB checkpoint directories of an abandoned snapshot.
+fn discard(snapshot: TaskSnapshot, carried: &mut BTreeMap<String, Vec<serde_json::Value>>) {
+    for (key, op) in snapshot.operators {
+        match op {
+            OperatorSnapshot::RocksDb { dir } => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            OperatorSnapshot::Sink(c) => carried.entry(key).or_default().extend(c),
+            OperatorSnapshot::Heap(_) => {}
+        }
+    }
+}
+
+impl CheckpointCoordinator {
+    pub async fn run(mut self) -> Result<CoordinatorEnd> {
+        let mut st = State {
+            retained: self.restored.take().into_iter().collect(),
+            next_id: self.storage.next_id()?,
+            finished: HashMap::new(),
+            carried: BTreeMap::new(),
+            failures: 0,
+        };
+        let mut pending: Option<Pending> = None;
+        let mut next_trigger = Instant::now() + self.config.interval;
+        loop {
+            let can_trigger = pending.is_none() && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
+            let deadline = pending.as_ref().map(|p| p.deadline);
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
+                    pending = Some(self.trigger(&mut st));
+                }
+                _ = tokio::time::sleep_until(deadline.unwrap_or(next_trigger)), if deadline.is_some() => {
+                    if let Some(p) = pending.take() {
+                        let timeout = self.config.timeout;
+                        self.fail(&mut st, p, format!("expired after {timeout:?} before every task acknowledged"))?;
+                        next_trigger = Instant::now() + self.config.min_pause;
+                    }
+                }
+                report = self.reports.recv() => match report {
+                    None => return Ok(CoordinatorEnd::TasksGone),
+                    Some(TaskReport::Ack { checkpoint_id, task, snapshot, alignment, sync }) => {
+                        match pending.as_mut() {
+                            Some(p) if p.barrier.checkpoint_id == checkpoint_id => {
+                                p.acks.insert(task, (snapshot, alignment, sync));
+                            }
+                            // An ack of an aborted checkpoint: its sink output
+                            // waits for the next one.
+                            _ => discard(snapshot, &mut st.carried),
+                        }
+                    }
+                    Some(TaskReport::Finished { task, snapshot }) => {
+                        st.finished.insert(task, snapshot);
+                    }
+                    Some(TaskReport::Decline { checkpoint_id, task, reason }) => {
+                        if pending.as_ref().is_some_and(|p| p.barrier.checkpoint_id == checkpoint_id)
+                            && let Some(p) = pending.take()
+                        {
+                            self.fail(&mut st, p, format!("declined by task {task}: {reason}"))?;
+                            next_trigger = Instant::now() + self.config.min_pause;
+                        }
+                    }
+                }
+            }
+            let complete = pending
+                .as_ref()
+                .is_some_and(|p| (0..self.tasks).all(|t| p.acks.contains_key(&t) || st.finished.contains_key(&t)));
+            if complete && let Some(p) = pending.take() {
+                let trigger_at = p.started;
+                self.complete(&mut st, p).await?;
+                // Interval counted from the trigger, but never closer than
+                // min-pause to the end of the last checkpoint.
+                next_trigger = (trigger_at + self.config.interval).max(Instant::now() + self.config.min_pause);
+            }
+            if st.finished.len() == self.tasks {
+                if let Some(p) = pending.take() {
+                    // Every task finished before this one completed.
+                    self.abandon(&mut st, p, "every task finished first".into());
+                }
+                self.final_checkpoint(&mut st).await?;
+                return Ok(CoordinatorEnd::Finished);
+            }
+        }
+    }
+
+    fn trigger(&self, st: &mut State) -> Pending {
+        let barrier = Barrier {
+            checkpoint_id: st.next_id,
+            timestamp: now_ms(),
+        };
+        st.next_id += 1;
+        self.log.upsert(CheckpointStats {
+            id: barrier.checkpoint_id,
+            trigger_time_ms: barrier.timestamp,
+            duration: Duration::ZERO,
+            alignment: Duration::ZERO,
+            sync: Duration::ZERO,
+            async_part: Duration::ZERO,
+            full_bytes: 0,
+            incremental_bytes: 0,
+            status: CheckpointStatus::InProgress,
+            is_final: false,
+            message: String::new(),
+        });
+        let _ = self.triggers.send(Some(barrier));
+        let now = Instant::now();
+        Pending {
+            barrier,
+            started: now,
+            deadline: now + self.config.timeout,
+            acks: HashMap::new(),
+        }
+    }
+
+    fn abandon(&self, st: &mut State, p: Pending, reason: String) {
+        for (_, (snapshot, _, _)) in p.acks {
+            discard(snapshot, &mut st.carried);
+        }
+        let id = p.barrier.checkpoint_id;
+        tracing::warn!(target: "weir::checkpoint", "job '{}': checkpoint {id} aborted: {reason}", self.job);
+        self.log.upsert(CheckpointStats {
+            id,
+            trigger_time_ms: p.barrier.timestamp,
+            duration: p.started.elapsed(),
+            alignment: Duration::ZERO,
+            sync: Duration::ZERO,
+            async_part: Duration::ZERO,
+            full_bytes: 0,
+            incremental_bytes: 0,
+            status: CheckpointStatus::Failed,
+            is_final: false,
+            message: reason,
+        });
+    }
+
+    /// Aborts `p` and counts the failure against the tolerance.
+    fn fail(&self, st: &mut State, p: Pending, reason: String) -> Result<()> {
+        let id = p.barrier.checkpoint_id;
+        self.abandon(st, p, reason.clone());
+        st.failures += 1;
+        if st.failures > self.config.tolerable_failed {
+            return Err(ExecError::Checkpoint(format!(
+                "checkpoint {id} failed ({reason}); {} consecutive failures exceed \
+                 'execution.checkpointing.tolerable-failed-checkpoints' = {}",
+                st.failures, self.config.tolerable_failed
+            )));
+        }
+        Ok(())
+    }
+
+    async fn complete(&self, st: &mut State, p: Pending) -> Result<()> {
+        let id = p.barrier.checkpoint_id;
+        let alignment = p.acks.values().map(|a| a.1).max().unwrap_or_default();
+        let sync = p.acks.values().map(|a| a.2).max().unwrap_or_default();
+        let mut snapshots = vec![];
+        let mut acks = p.acks;
+        for t in 0..self.tasks {
+            match acks.remove(&t) {
+                Some((s, _, _)) => snapshots.push(s),
+                None => snapshots.extend(st.finished.get(&t).map(clone_finished)),
+            }
+        }
+        let async_started = Instant::now();
+        let header = Header {
+            id,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            trigger_time_ms: p.barrier.timestamp,
+            is_final: false,
+        };
+        match self.materialize(st, header, snapshots).await {
+            Ok((meta, uploaded)) => {
+                st.failures = 0;
+                self.commit_and_clean(st, meta, uploaded, p.started, alignment, sync, async_started)
+                    .await
+            }
+            Err(e) => {
+                let failed = Pending {
+                    barrier: p.barrier,
+                    started: p.started,
+                    deadline: p.deadline,
+                    acks: HashMap::new(),
+                };
+                self.fail(st, failed, format!("could not be written: {e}"))
+            }
+        }
+    }
+
+    async fn final_checkpoint(&self, st: &mut State) -> Result<()> {
+        let started = Instant::now();
+        let snapshots = (0..self.tasks)
+            .filter_map(|t| st.finished.get(&t).map(clone_finished))
+            .collect();
+        let header = Header {
+            id: st.next_id,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            trigger_time_ms: now_ms(),
+            is_final: true,
+        };
+        st.next_id += 1;
+        let (meta, uploaded) = self.materialize(st, header, snapshots).await?;
+        self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
+            .await
+    }
+
+    /// Uploads and writes the metadata on the blocking pool.
+    async fn materialize(
+        &self,
+        st: &mut State,
+        header: Header,
+        snapshots: Vec<TaskSnapshot>,
+    ) -> Result<(CheckpointMetadata, u64), CheckpointError> {
+        let storage = self.storage.clone();
+        let base = st.retained.back().cloned();
+        let carried = std::mem::take(&mut st.carried);
+        let incremental = self.config.incremental;
+        let kept = carried.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            materialize(&storage, header, snapshots, base.as_ref(), carried, incremental)
+        })
+        .await
+        .map_err(|e| CheckpointError::Internal(format!("upload task failed: {e}")))?;
+        if result.is_err() {
+            // Their output was not recorded anywhere: keep it for the next.
+            st.carried = kept;
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_and_clean(
+        &self,
+        st: &mut State,
+        meta: CheckpointMetadata,
+        uploaded: u64,
+        started: Instant,
+        alignment: Duration,
+        sync: Duration,
+        async_started: Instant,
+    ) -> Result<()> {
+        let id = meta.checkpoint_id;
+        failpoint("coordinator.before_commit");
+        commit_all(&self.committers, &meta).await?;
+        failpoint("coordinator.after_commit");
+        st.retained.push_back(meta.clone());
+        while st.retained.len() > self.config.num_retained.max(1) {
+            st.retained.pop_front();
+        }
+        let storage = self.storage.clone();
+        let retained: Vec<CheckpointMetadata> = st.retained.iter().cloned().collect();
+        let gc = tokio::task::spawn_blocking(move || storage.collect_garbage(&retained.iter().collect::<Vec<_>>()))
+            .await
+            .map_err(|e| ExecError::internal(format!("garbage collection task failed: {e}")))?;
+        if let Err(e) = gc {
+            // Garbage left behind is harmless; the next run retries.
+            tracing::warn!(target: "weir::checkpoint", "job '{}': could not delete old checkpoint files: {e}", self.job);
+        }
+        let stats = CheckpointStats {
+            id,
+            trigger_time_ms: meta.trigger_time_ms,
+            duration: started.elapsed(),
+            alignment,
+            sync,
+            async_part: async_started.elapsed(),
+            full_bytes: meta.full_size(),
+            incremental_bytes: uploaded,
+            status: CheckpointStatus::Completed,
+            is_final: meta.is_final,
+            message: String::new(),
+        };
+        tracing::info!(
+            target: "weir::checkpoint",
+            "job '{}': {}checkpoint {id} completed in {} ms (alignment {} ms, sync {} ms, async {} ms), \
+             state {} bytes, uploaded {} bytes",
+            self.job,
+            if meta.is_final { "final " } else { "" },
+            stats.duration.as_millis(),
+            stats.alignment.as_millis(),
+            stats.sync.as_millis(),
+            stats.async_part.as_millis(),
+            stats.full_bytes,
+            stats.incremental_bytes,
+        );
+        self.log.upsert(stats);
+        Ok(())
+    }
+}
+
+/// Commits every sink committable of `meta` (idempotent: also used to
+/// re-commit after a restore).
+pub async fn commit_all(committers: &HashMap<NodeId, Arc<dyn Committer>>, meta: &CheckpointMetadata) -> Result<()> {
+    let mut by_node: HashMap<NodeId, Vec<serde_json::Value>> = HashMap::new();
+    for (key, state) in &meta.operators {
+        if let OperatorState::Sink { committables } = state {
+            let node = key
+                .split_once('/')
+                .and_then(|(n, _)| n.parse::<NodeId>().ok())
+                .ok_or_else(|| ExecError::internal(format!("bad operator key '{key}'")))?;
+            by_node.entry(node).or_default().extend(committables.iter().cloned());
+        }
+    }
+    for (node, committables) in by_node {
+        let Some(c) = committers.get(&node).cloned() else {
+            return Err(ExecError::internal(format!(
+                "checkpoint holds sink output of node {node}, which has no committer"
+            )));
+        };
+        tokio::task::spawn_blocking(move || c.commit(&committables))
+            .await
+            .map_err(|e| ExecError::internal(format!("commit task failed: {e}")))??;
+    }
+    Ok(())
+}
+
+struct Header {
+    id: u64,
+    job: String,
+    fingerprint: String,
+    trigger_time_ms: i64,
+    is_final: bool,
+}
+
+/// Writes checkpoint `header.id`: uploads state (SSTs the base checkpoint
+/// already holds are referenced, not uploaded, when incremental), then the
+/// metadata. Returns it and the bytes uploaded.
+fn materialize(
+    storage: &CheckpointStorage,
+    header: Header,
+    snapshots: Vec<TaskSnapshot>,
+    base: Option<&CheckpointMetadata>,
+    mut carried: BTreeMap<String, Vec<serde_json::Value>>,
+    incremental: bool,
+) -> Result<(CheckpointMetadata, u64), CheckpointError> {
+    let id = header.id;
+    let mut uploaded = 0u64;
+    let mut sources = BTreeMap::new();
+    let mut operators = BTreeMap::new();
+    for snapshot in snapshots {
+        for (node, positions) in snapshot.sources {
+            sources
+                .entry(node.to_string())
+                .or_insert_with(Vec::new)
+                .extend(positions);
+        }
+        for (key, op) in snapshot.operators {
+            let state = match op {
+                OperatorSnapshot::RocksDb { dir } => {
+                    let base_files = match base.and_then(|b| b.operators.get(&key)) {
+                        Some(OperatorState::Rocksdb { files }) if incremental => Some(files),
+                        _ => None,
+                    };
+                    let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    OperatorState::Rocksdb { files: files? }
+                }
+                OperatorSnapshot::Heap(bytes) => {
+                    let file = storage.write_private(id, &format!("{}-heap.bin", key.replace('/', "-")), &bytes)?;
+                    uploaded += file.size;
+                    OperatorState::Heap { file }
+                }
+                OperatorSnapshot::Sink(mut committables) => {
+                    if let Some(extra) = carried.remove(&key) {
+                        let mut all = extra;
+                        all.append(&mut committables);
+                        committables = all;
+                    }
+                    OperatorState::Sink { committables }
+                }
+            };
+            operators.insert(key, state);
+        }
+    }
+    // Output of aborted checkpoints whose sink did not report this time.
+    for (key, committables) in carried {
+        match operators.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if let OperatorState::Sink { committables: c } = e.get_mut() {
+                    c.extend(committables);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(OperatorState::Sink { committables });
+            }
+        }
+    }
+    let meta = CheckpointMetadata {
+        format: FORMAT_VERSION,
+        checkpoint_id: id,
+        job: header.job,
+        plan_fingerprint: header.fingerprint,
+        trigger_time_ms: header.trigger_time_ms,
+        is_final: header.is_final,
+        sources,
+        operators,
+    };
+    storage.commit_metadata(&meta)?;
+    Ok((meta, uploaded))
+}
+
+fn upload_rocksdb(
+    storage: &CheckpointStorage,
+    id: u64,
+    key: &str,
+    dir: &std::path::Path,
+    base: Option<&BTreeMap<String, FileRef>>,
+    uploaded: &mut u64,
+) -> Result<BTreeMap<String, FileRef>, CheckpointError> {
+    let io = |source| CheckpointError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = BTreeMap::new();
+    let tag = key.replace('/', "-");
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let size = entry.metadata().map_err(io)?.len();
+        let is_sst = name.ends_with(".sst");
+        // SSTs are immutable: one the base checkpoint holds under this
+        // name and size is the same file.
+        if is_sst && let Some(existing) = base.and_then(|b| b.get(&name)).filter(|f| f.size == size) {
+            files.insert(name, existing.clone());
+            continue;
+        }
+        let stored_name = if is_sst {
+            format!("{tag}-c{id}-{name}")
+        } else {
+            format!("{tag}-{name}")
+        };
+        let f = storage.upload(id, &entry.path(), &stored_name, is_sst)?;
+        *uploaded += f.size;
+        files.insert(name, f);
+    }
+    Ok(files)
+}

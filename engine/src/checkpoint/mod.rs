@@ -1,0 +1,129 @@
+//! Checkpoints: consistent snapshots of a running job taken by barriers
+//! that flow through the plan (Chandy-Lamport, as in Flink).
+//!
+//! - The [`coordinator`] triggers checkpoint N by announcing a barrier to
+//!   every source reader. A reader records its split positions, snapshots
+//!   its chain, and sends the barrier downstream in-band.
+//! - An operator task's input gate aligns barrier N over its channels
+//!   (exactly-once) or counts it (at-least-once); then the task forwards
+//!   it, snapshots its chain synchronously (RocksDB: flush + native
+//!   checkpoint of hard links; heap: serialised copy; 2PC sinks:
+//!   pre-commit) and acknowledges with the snapshot.
+//! - With every acknowledgement in, the coordinator materialises the
+//!   checkpoint on the blocking pool: uploads (only new SSTs with
+//!   incremental checkpoints), writes `_metadata` atomically, commits the
+//!   sinks' pre-committed output, and deletes what no retained checkpoint
+//!   references. Processing never waits for this.
+//! - Restore: [`restore`] picks the newest checkpoint that verifies,
+//!   falling back past corrupt ones, and lays its files out for the tasks.
+
+pub mod coordinator;
+pub mod metadata;
+pub mod restore;
+pub mod storage;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use coordinator::{CheckpointCoordinator, CheckpointStats, CheckpointStatus};
+pub use metadata::{CheckpointMetadata, OperatorState, SplitPosition};
+pub use restore::{RestoredJob, restore_latest};
+pub use storage::CheckpointStorage;
+
+use crate::plan::NodeId;
+
+/// Errors of checkpoint storage and restore: corrupt or missing files are
+/// the storage's fault; `Incompatible` is a changed job.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint storage {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("checkpoint file {path} is missing")]
+    Missing { path: PathBuf },
+    #[error("checkpoint file {path} is corrupt: {message}")]
+    Corrupt { path: String, message: String },
+    #[error("checkpoint cannot be restored into this job: {0}")]
+    Incompatible(String),
+    #[error("internal error in checkpointing: {0}")]
+    Internal(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointMode {
+    ExactlyOnce,
+    AtLeastOnce,
+}
+
+/// `execution.checkpointing.*` of one job.
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub min_pause: Duration,
+    pub tolerable_failed: u32,
+    pub num_retained: usize,
+    /// `<execution.checkpointing.dir>/<job>`.
+    pub root: PathBuf,
+    pub mode: CheckpointMode,
+    pub incremental: bool,
+}
+
+/// What an operator's synchronous snapshot produced.
+#[derive(Debug)]
+pub enum OperatorSnapshot {
+    /// A RocksDB native checkpoint (hard links) in a local directory; the
+    /// coordinator uploads from it and then deletes it.
+    RocksDb { dir: PathBuf },
+    /// A full serialised copy of heap state.
+    Heap(Vec<u8>),
+    /// Pre-committed, invisible output of a two-phase-commit sink.
+    Sink(Vec<serde_json::Value>),
+}
+
+/// Key of an operator subtask's state in the metadata.
+pub fn operator_key(node: NodeId, subtask: usize) -> String {
+    format!("{node}/{subtask}")
+}
+
+/// One task's part of a checkpoint.
+#[derive(Debug, Default)]
+pub struct TaskSnapshot {
+    pub sources: Vec<(NodeId, Vec<SplitPosition>)>,
+    pub operators: Vec<(String, OperatorSnapshot)>,
+}
+
+/// From a task to the coordinator.
+#[derive(Debug)]
+pub enum TaskReport {
+    Ack {
+        checkpoint_id: u64,
+        task: usize,
+        snapshot: TaskSnapshot,
+        alignment: Duration,
+        sync: Duration,
+    },
+    /// The task ended (end of input or stop). Its snapshot holds final
+    /// split positions and sink output only: a finished operator has
+    /// nothing left to produce, so a restore starts it empty.
+    Finished { task: usize, snapshot: TaskSnapshot },
+    Decline {
+        checkpoint_id: u64,
+        task: usize,
+        reason: String,
+    },
+}
+
+/// A task's connection to its job's coordinator.
+#[derive(Clone)]
+pub struct TaskCheckpointing {
+    pub task: usize,
+    pub reports: tokio::sync::mpsc::UnboundedSender<TaskReport>,
+    pub mode: CheckpointMode,
+}
+
+impl TaskCheckpointing {
+    pub fn report(&self, report: TaskReport) {
+        // The coordinator is gone only when the job is ending.
+        let _ = self.reports.send(report);
+    }
+}

@@ -1,0 +1,296 @@
+//! Checkpoint storage: a directory per job (Flink's layout).
+//!
+//! ```text
+//! <execution.checkpointing.dir>/<job>/
+//!     shared/    SST files, possibly referenced by several checkpoints
+//!     chk-N/     private files of checkpoint N and its _metadata
+//! ```
+//!
+//! Everything here is blocking file I/O; the coordinator runs it on the
+//! blocking pool so processing never waits for it.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::hash::Hasher;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::CheckpointError;
+use super::metadata::{CheckpointMetadata, FileRef};
+use crate::failpoint::failpoint;
+
+pub const METADATA_FILE: &str = "_metadata";
+
+#[derive(Debug, Clone)]
+pub struct CheckpointStorage {
+    root: PathBuf,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Copies `src` to `dst`, returning (bytes, xxh64), and makes `dst` durable.
+fn copy_hashed(src: &Path, dst: &Path) -> Result<(u64, String), CheckpointError> {
+    let mut input = File::open(src).map_err(io(src))?;
+    let mut out = File::create(dst).map_err(io(dst))?;
+    let mut h = twox_hash::XxHash64::with_seed(0);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = input.read(&mut buf).map_err(io(src))?;
+        if n == 0 {
+            break;
+        }
+        h.write(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io(dst))?;
+        total += n as u64;
+    }
+    out.sync_all().map_err(io(dst))?;
+    Ok((total, format!("{:016x}", h.finish())))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+impl CheckpointStorage {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn chk_dir(&self, id: u64) -> PathBuf {
+        self.root.join(format!("chk-{id}"))
+    }
+
+    fn shared_dir(&self) -> PathBuf {
+        self.root.join("shared")
+    }
+
+    /// Copies a local file into the checkpoint: `shared/` (named so no two
+    /// checkpoints' uploads collide) or `chk-N/`.
+    pub fn upload(&self, id: u64, src: &Path, name: &str, shared: bool) -> Result<FileRef, CheckpointError> {
+        let (dir, rel_dir) = if shared {
+            (self.shared_dir(), "shared".to_string())
+        } else {
+            (self.chk_dir(id), format!("chk-{id}"))
+        };
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let (size, xxh64) = copy_hashed(src, &dir.join(name))?;
+        failpoint("checkpoint.file_uploaded");
+        Ok(FileRef {
+            path: format!("{rel_dir}/{name}"),
+            size,
+            xxh64,
+        })
+    }
+
+    /// Writes bytes as a private file of checkpoint `id`.
+    pub fn write_private(&self, id: u64, name: &str, bytes: &[u8]) -> Result<FileRef, CheckpointError> {
+        let dir = self.chk_dir(id);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let path = dir.join(name);
+        let mut f = File::create(&path).map_err(io(&path))?;
+        f.write_all(bytes).map_err(io(&path))?;
+        f.sync_all().map_err(io(&path))?;
+        Ok(FileRef {
+            path: format!("chk-{id}/{name}"),
+            size: bytes.len() as u64,
+            xxh64: super::metadata::checksum(bytes),
+        })
+    }
+
+    /// Makes checkpoint `meta` complete: metadata written to a temporary
+    /// file, synced, renamed into place, directory synced. A crash at any
+    /// point leaves either no `_metadata` or a whole one.
+    pub fn commit_metadata(&self, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
+        let dir = self.chk_dir(meta.checkpoint_id);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let tmp = dir.join("_metadata.inprogress");
+        let bytes = meta.encode()?;
+        failpoint("checkpoint.before_metadata_write");
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(&bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        failpoint("checkpoint.before_metadata_rename");
+        let path = dir.join(METADATA_FILE);
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&dir)?;
+        failpoint("checkpoint.after_metadata_rename");
+        Ok(())
+    }
+
+    /// Ids of every `chk-N` directory, complete or not, ascending.
+    fn chk_ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        let mut ids = vec![];
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+            Err(e) => return Err(io(&self.root)(e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(io(&self.root))?;
+            if let Some(id) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("chk-"))
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    /// Ids of checkpoints whose metadata exists, ascending.
+    pub fn complete_ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        Ok(self
+            .chk_ids()?
+            .into_iter()
+            .filter(|id| self.chk_dir(*id).join(METADATA_FILE).exists())
+            .collect())
+    }
+
+    /// The id after every checkpoint ever started here: ids are never
+    /// reused, so files of an abandoned attempt cannot be mistaken for new.
+    pub fn next_id(&self) -> Result<u64, CheckpointError> {
+        Ok(self.chk_ids()?.last().map_or(1, |m| m + 1))
+    }
+
+    /// Reads and verifies checkpoint `id`'s metadata and checks that every
+    /// file it references exists with the recorded size. (Contents are
+    /// verified against the checksum when restored.)
+    pub fn load(&self, id: u64) -> Result<CheckpointMetadata, CheckpointError> {
+        let path = self.chk_dir(id).join(METADATA_FILE);
+        let bytes = std::fs::read(&path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                CheckpointError::Missing { path: path.clone() }
+            } else {
+                CheckpointError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
+        let meta = CheckpointMetadata::decode(&bytes, &path.display().to_string())?;
+        for f in meta.files() {
+            let p = self.root.join(&f.path);
+            match std::fs::metadata(&p) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(CheckpointError::Missing { path: p });
+                }
+                Err(e) => return Err(io(&p)(e)),
+                Ok(m) if m.len() != f.size => {
+                    return Err(CheckpointError::Corrupt {
+                        path: p.display().to_string(),
+                        message: format!("size {} bytes, metadata says {}", m.len(), f.size),
+                    });
+                }
+                Ok(_) => {}
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Copies a checkpoint file to `dst`, verifying size and checksum.
+    pub fn restore_file(&self, f: &FileRef, dst: &Path) -> Result<(), CheckpointError> {
+        let src = self.root.join(&f.path);
+        let (size, sum) = copy_hashed(&src, dst).map_err(|e| match e {
+            CheckpointError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                CheckpointError::Missing { path: src.clone() }
+            }
+            other => other,
+        })?;
+        if size != f.size || sum != f.xxh64 {
+            return Err(CheckpointError::Corrupt {
+                path: src.display().to_string(),
+                message: format!(
+                    "content does not match the metadata ({size} bytes, xxh64 {sum}; expected {} bytes, xxh64 {})",
+                    f.size, f.xxh64
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads a checkpoint file, verifying size and checksum.
+    pub fn read_file(&self, f: &FileRef) -> Result<Vec<u8>, CheckpointError> {
+        let src = self.root.join(&f.path);
+        let bytes = std::fs::read(&src).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                CheckpointError::Missing { path: src.clone() }
+            } else {
+                CheckpointError::Io {
+                    path: src.clone(),
+                    source,
+                }
+            }
+        })?;
+        let sum = super::metadata::checksum(&bytes);
+        if bytes.len() as u64 != f.size || sum != f.xxh64 {
+            return Err(CheckpointError::Corrupt {
+                path: src.display().to_string(),
+                message: format!(
+                    "content does not match the metadata ({} bytes, xxh64 {sum})",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Deletes every checkpoint directory not in `retained` (older ones,
+    /// and abandoned or corrupt newer ones) and every shared file no
+    /// retained checkpoint references. Returns the bytes freed.
+    pub fn collect_garbage(&self, retained: &[&CheckpointMetadata]) -> Result<u64, CheckpointError> {
+        let keep: HashSet<u64> = retained.iter().map(|m| m.checkpoint_id).collect();
+        let mut freed = 0;
+        for id in self.chk_ids()? {
+            if !keep.contains(&id) {
+                let dir = self.chk_dir(id);
+                freed += dir_size(&dir);
+                std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            }
+        }
+        let referenced: HashSet<&str> = retained
+            .iter()
+            .flat_map(|m| m.files())
+            .map(|f| f.path.as_str())
+            .collect();
+        let shared = self.shared_dir();
+        if let Ok(entries) = std::fs::read_dir(&shared) {
+            for entry in entries {
+                let entry = entry.map_err(io(&shared))?;
+                let rel = format!("shared/{}", entry.file_name().to_string_lossy());
+                if !referenced.contains(rel.as_str()) {
+                    freed += entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+                }
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Removes every checkpoint of the job (a fresh start).
+    pub fn clear(&self) -> Result<(), CheckpointError> {
+        match std::fs::remove_dir_all(&self.root) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(&self.root)(e)),
+        }
+    }
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|es| es.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
