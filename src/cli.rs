@@ -158,7 +158,14 @@ async fn show(result: StatementResult, signals: &mut Signals) -> Result<(), Sess
         StatementResult::Done(msg) => println!("[INFO] {msg}"),
         StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
         StatementResult::Explain(text) => println!("{text}"),
-        StatementResult::JobStarted { name } => println!("[INFO] job '{name}' submitted"),
+        StatementResult::JobStarted {
+            name,
+            resumed_from: None,
+        } => println!("[INFO] job '{name}' submitted"),
+        StatementResult::JobStarted {
+            name,
+            resumed_from: Some((id, path)),
+        } => println!("[INFO] job '{name}' submitted: resuming from checkpoint {id} ({path})"),
         StatementResult::Stream(rs) => stream(rs, signals).await?,
     }
     Ok(())

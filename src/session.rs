@@ -63,6 +63,8 @@ pub enum StatementResult {
     /// finished).
     JobStarted {
         name: String,
+        /// The checkpoint it resumed from: (id, path).
+        resumed_from: Option<(u64, String)>,
     },
     Stream(ResultStream),
 }
@@ -229,6 +231,7 @@ impl Session {
             }
             Statement::Describe(name) => self.describe(name),
             Statement::ShowWatermarks(job) => self.show_watermarks(job),
+            Statement::ShowCheckpoints(job) => self.show_checkpoints(job),
             Statement::Set(None) => {
                 let schema = Arc::new(Schema::new(vec![
                     Field::new("key", DataType::Utf8, false),
@@ -267,6 +270,10 @@ impl Session {
                 let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
                 let job = deploy(graph, &config, None)?;
                 let name = job.name.clone();
+                let resumed_from = job
+                    .restored_from
+                    .as_ref()
+                    .map(|(id, path, _)| (*id, path.display().to_string()));
                 self.job_metrics.insert(name.clone(), job.metrics.clone());
                 let sync = self
                     .settings
@@ -277,7 +284,7 @@ impl Session {
                 } else {
                     self.jobs.push(job);
                 }
-                Ok(StatementResult::JobStarted { name })
+                Ok(StatementResult::JobStarted { name, resumed_from })
             }
             Statement::Query(q) => {
                 let config = self.job_config("select")?;
@@ -302,11 +309,8 @@ impl Session {
         }
     }
 
-    /// Per split: watermark, lag, state, time paused; per alignment group:
-    /// minimum, max allowed, spread; per stateful operator: state growth per
-    /// second of event time and the drift a state budget allows.
-    fn show_watermarks(&self, job: &str) -> Result<StatementResult, SessionError> {
-        let metrics = self.job_metrics.get(job).ok_or_else(|| {
+    fn job_metrics(&self, job: &str) -> Result<&Arc<JobMetrics>, SessionError> {
+        self.job_metrics.get(job).ok_or_else(|| {
             let known: Vec<&str> = self.job_metrics.keys().map(String::as_str).collect();
             SqlError::plan(format!(
                 "no job '{job}' in this session; jobs: {}",
@@ -316,7 +320,67 @@ impl Session {
                     known.join(", ")
                 }
             ))
-        })?;
+            .into()
+        })
+    }
+
+    /// One row per checkpoint of the job (newest last): id, status, trigger
+    /// time, durations, sizes.
+    fn show_checkpoints(&self, job: &str) -> Result<StatementResult, SessionError> {
+        use arrow::array::{BooleanArray, StringArray, UInt64Array};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let metrics = self.job_metrics(job)?;
+        let entries = metrics.checkpoints.entries();
+        let ms = |d: std::time::Duration| d.as_millis() as u64;
+        let time = |t: i64| {
+            chrono::DateTime::from_timestamp_millis(t)
+                .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+                .unwrap_or_default()
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::UInt64, false),
+            Field::new("status", DataType::Utf8, false),
+            Field::new("is_final", DataType::Boolean, false),
+            Field::new("trigger_time", DataType::Utf8, false),
+            Field::new("duration_ms", DataType::UInt64, false),
+            Field::new("alignment_ms", DataType::UInt64, false),
+            Field::new("sync_ms", DataType::UInt64, false),
+            Field::new("async_ms", DataType::UInt64, false),
+            Field::new("full_bytes", DataType::UInt64, false),
+            Field::new("incremental_bytes", DataType::UInt64, false),
+            Field::new("message", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| e.id))) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(entries.iter().map(|e| e.status.as_str()))),
+                Arc::new(BooleanArray::from(
+                    entries.iter().map(|e| e.is_final).collect::<Vec<_>>(),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    entries.iter().map(|e| time(e.trigger_time_ms)),
+                )),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| ms(e.duration)))),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| ms(e.alignment)))),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| ms(e.sync)))),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| ms(e.async_part)))),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| e.full_bytes))),
+                Arc::new(UInt64Array::from_iter_values(
+                    entries.iter().map(|e| e.incremental_bytes),
+                )),
+                Arc::new(StringArray::from_iter_values(entries.iter().map(|e| e.message.clone()))),
+            ],
+        )
+        .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
+    }
+
+    /// Per split: watermark, lag, state, time paused; per alignment group:
+    /// minimum, max allowed, spread; per stateful operator: state growth per
+    /// second of event time and the drift a state budget allows.
+    fn show_watermarks(&self, job: &str) -> Result<StatementResult, SessionError> {
+        let metrics = self.job_metrics(job)?;
         let budget = match self.settings.get(weir_engine::config::ALIGNMENT_STATE_BUDGET) {
             Some(v) => Some(weir_catalog::options::parse_memory_size(v).ok_or_else(|| {
                 SqlError::plan(format!(

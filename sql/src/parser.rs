@@ -70,6 +70,8 @@ pub enum Statement {
     ShowTables,
     /// `SHOW WATERMARKS FOR JOB 'name'`
     ShowWatermarks(String),
+    /// `SHOW CHECKPOINTS FOR JOB 'name'`
+    ShowCheckpoints(String),
     Describe(String),
     Set(Option<(String, String)>),
     Reset(Option<String>),
@@ -272,16 +274,27 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         if p.parse_keyword(Keyword::TABLES) || p.parse_keyword(Keyword::VIEWS) {
             return Ok(Statement::ShowTables);
         }
-        if parse_word(p, "WATERMARKS") {
-            p.expect_keyword(Keyword::FOR)?;
-            if !parse_word(p, "JOB") {
-                let t = p.peek_token();
-                return Err(SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)));
+        for (word, make) in [
+            ("WATERMARKS", Statement::ShowWatermarks as fn(String) -> Statement),
+            ("CHECKPOINTS", Statement::ShowCheckpoints),
+        ] {
+            if parse_word(p, word) {
+                p.expect_keyword(Keyword::FOR)?;
+                if !parse_word(p, "JOB") {
+                    let t = p.peek_token();
+                    return Err(
+                        SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)),
+                    );
+                }
+                return Ok(make(parse_string_literal(p)?));
             }
-            return Ok(Statement::ShowWatermarks(parse_string_literal(p)?));
         }
         let t = p.peek_token();
-        return Err(SqlError::unsupported(format!("SHOW {} is not supported; try SHOW TABLES", t.token)).at(loc(&t)));
+        return Err(SqlError::unsupported(format!(
+            "SHOW {} is not supported; try SHOW TABLES, SHOW WATERMARKS FOR JOB or SHOW CHECKPOINTS FOR JOB",
+            t.token
+        ))
+        .at(loc(&t)));
     }
     if p.parse_keyword(Keyword::DESCRIBE) || p.parse_keyword(Keyword::DESC) {
         return Ok(Statement::Describe(object_name(&p.parse_object_name(false)?)));

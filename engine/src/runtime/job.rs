@@ -629,7 +629,6 @@ async fn run_attempt(
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
     }
-    drop(task_ctx);
     drop(report_tx);
     if let Some(cp) = &config.checkpointing {
         let coordinator = CheckpointCoordinator {

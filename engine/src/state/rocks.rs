@@ -56,6 +56,16 @@ impl RocksDbBackend {
         })
     }
 
+    /// Compacts every state into as few files as RocksDB can (tests and
+    /// tools; normal operation leaves compaction to RocksDB).
+    pub fn compact_all(&self) {
+        for name in &self.names {
+            if let Some(cf) = self.db.cf_handle(name) {
+                self.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+            }
+        }
+    }
+
     fn cf(&self, id: StateId) -> Result<&rocksdb::ColumnFamily, StateError> {
         self.names
             .get(id)
