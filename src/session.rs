@@ -348,6 +348,7 @@ impl Session {
             Field::new("async_ms", DataType::UInt64, false),
             Field::new("full_bytes", DataType::UInt64, false),
             Field::new("incremental_bytes", DataType::UInt64, false),
+            Field::new("in_flight_bytes", DataType::UInt64, false),
             Field::new("message", DataType::Utf8, false),
         ]));
         let batch = RecordBatch::try_new(
@@ -369,6 +370,7 @@ impl Session {
                 Arc::new(UInt64Array::from_iter_values(
                     entries.iter().map(|e| e.incremental_bytes),
                 )),
+                Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| e.in_flight_bytes))),
                 Arc::new(StringArray::from_iter_values(entries.iter().map(|e| e.message.clone()))),
             ],
         )

@@ -30,6 +30,9 @@ pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
 pub const CHECKPOINT_MODE: &str = "execution.checkpointing.mode";
 pub const CHECKPOINT_INCREMENTAL: &str = "execution.checkpointing.incremental";
 pub const STATE_INCREMENTAL: &str = "state.backend.incremental";
+pub const CHECKPOINT_UNALIGNED: &str = "execution.checkpointing.unaligned.enabled";
+pub const ALIGNED_TIMEOUT: &str = "execution.checkpointing.aligned-checkpoint-timeout";
+pub const ALIGNED_TIMEOUT_DEPRECATED: &str = "execution.checkpointing.alignment-timeout";
 pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
@@ -140,6 +143,19 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         "EXACTLY_ONCE aligns barriers; AT_LEAST_ONCE only counts them (duplicates after a restore)",
     )
     .with_default("EXACTLY_ONCE"),
+    OptionSpec::new(
+        CHECKPOINT_UNALIGNED,
+        OptionKind::Bool,
+        "barriers overtake in-flight data, which is stored in the checkpoint (exactly-once only)",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        ALIGNED_TIMEOUT,
+        OptionKind::Duration,
+        "with unaligned checkpoints: align first, switch to unaligned after this (0: always unaligned)",
+    )
+    .with_default("0 s"),
+    OptionSpec::new(ALIGNED_TIMEOUT_DEPRECATED, OptionKind::Duration, "deprecated name of aligned-checkpoint-timeout"),
     OptionSpec::new(
         STATE_INCREMENTAL,
         OptionKind::Bool,
@@ -266,17 +282,30 @@ impl JobConfig {
                     }
                     (a, b) => a.or(b).unwrap_or(true),
                 };
+                let mode = match o.enum_value(CHECKPOINT_MODE).as_deref() {
+                    Some("at_least_once") => CheckpointMode::AtLeastOnce,
+                    _ => CheckpointMode::ExactlyOnce,
+                };
+                let unaligned = o.bool(CHECKPOINT_UNALIGNED)?.unwrap_or(false);
+                if unaligned && mode == CheckpointMode::AtLeastOnce {
+                    return Err(ExecError::Config(format!(
+                        "'{CHECKPOINT_UNALIGNED}' = true needs '{CHECKPOINT_MODE}' = EXACTLY_ONCE"
+                    )));
+                }
+                let aligned_timeout = match o.duration(ALIGNED_TIMEOUT)? {
+                    Some(d) => d,
+                    None => o.duration(ALIGNED_TIMEOUT_DEPRECATED)?.unwrap_or_default(),
+                };
                 Some(CheckpointConfig {
+                    unaligned,
+                    aligned_timeout,
                     interval,
                     timeout: o.duration(CHECKPOINT_TIMEOUT)?.unwrap_or(Duration::from_secs(600)),
                     min_pause: o.duration(CHECKPOINT_MIN_PAUSE)?.unwrap_or_default(),
                     tolerable_failed: o.i64(CHECKPOINT_TOLERABLE)?.unwrap_or(0) as u32,
                     num_retained: o.i64(CHECKPOINT_RETAINED)?.unwrap_or(2) as usize,
                     root: base.join(sanitize(&name)),
-                    mode: match o.enum_value(CHECKPOINT_MODE).as_deref() {
-                        Some("at_least_once") => CheckpointMode::AtLeastOnce,
-                        _ => CheckpointMode::ExactlyOnce,
-                    },
+                    mode,
                     incremental,
                 })
             }

@@ -42,6 +42,8 @@ fn start(root: &Path, retained: usize) -> Harness {
             root: root.to_path_buf(),
             mode: CheckpointMode::ExactlyOnce,
             incremental: true,
+            unaligned: false,
+            aligned_timeout: Duration::ZERO,
         },
         storage: CheckpointStorage::new(root.to_path_buf()),
         job: "test".into(),
@@ -340,4 +342,180 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     )
     .expect_err("plan mismatch");
     assert!(matches!(err, CheckpointError::Incompatible(_)), "{err}");
+}
+
+/// Records what it is asked to commit.
+#[derive(Default)]
+struct RecordingCommitter(std::sync::Mutex<Vec<serde_json::Value>>);
+
+impl weir_engine::connectors::Committer for RecordingCommitter {
+    fn commit(&self, committables: &[serde_json::Value]) -> weir_engine::error::Result<()> {
+        self.0.lock().expect("lock").extend(committables.iter().cloned());
+        Ok(())
+    }
+
+    fn recover(&self) -> weir_engine::error::Result<()> {
+        Ok(())
+    }
+}
+
+/// Two tasks: 0 a source reader (no state), 1 a two-phase-commit sink.
+fn start_with_sink(root: &Path, timeout: Duration, tolerable: u32, committer: Arc<RecordingCommitter>) -> Harness {
+    let (trigger_tx, triggers) = watch::channel(None);
+    let (reports, report_rx) = mpsc::unbounded_channel();
+    let log = Arc::new(CheckpointLog::default());
+    let mut committers: std::collections::HashMap<usize, Arc<dyn weir_engine::connectors::Committer>> =
+        Default::default();
+    committers.insert(2, committer);
+    let coordinator = CheckpointCoordinator {
+        config: CheckpointConfig {
+            interval: Duration::from_millis(1),
+            timeout,
+            min_pause: Duration::ZERO,
+            tolerable_failed: tolerable,
+            num_retained: 2,
+            root: root.to_path_buf(),
+            mode: CheckpointMode::ExactlyOnce,
+            incremental: true,
+            unaligned: false,
+            aligned_timeout: Duration::ZERO,
+        },
+        storage: CheckpointStorage::new(root.to_path_buf()),
+        job: "test".into(),
+        fingerprint: "plan".into(),
+        tasks: 2,
+        source_tasks: vec![0],
+        triggers: trigger_tx,
+        reports: report_rx,
+        committers,
+        log: log.clone(),
+        restored: None,
+    };
+    Harness {
+        triggers,
+        reports,
+        log,
+        done: tokio::spawn(coordinator.run()),
+    }
+}
+
+impl Harness {
+    async fn next_barrier(&mut self) -> u64 {
+        tokio::time::timeout(Duration::from_secs(30), self.triggers.changed())
+            .await
+            .expect("a barrier before the deadline")
+            .expect("coordinator running");
+        self.triggers.borrow_and_update().expect("a barrier").checkpoint_id
+    }
+
+    fn ack(&self, task: usize, id: u64, committables: Option<Vec<serde_json::Value>>) {
+        let operators = match committables {
+            Some(c) => vec![("2/0".to_string(), weir_engine::checkpoint::OperatorSnapshot::Sink(c))],
+            None => vec![],
+        };
+        self.reports
+            .send(TaskReport::Ack {
+                checkpoint_id: id,
+                task,
+                snapshot: TaskSnapshot {
+                    sources: vec![],
+                    operators,
+                },
+                alignment: Duration::ZERO,
+                sync: Duration::ZERO,
+            })
+            .expect("report");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sink_output_of_an_aborted_checkpoint_is_committed_with_the_next_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let committed = Arc::new(RecordingCommitter::default());
+    let mut h = start_with_sink(dir.path(), Duration::from_millis(300), 5, committed.clone());
+    let v = |s: &str| serde_json::json!({ "part": s });
+
+    let first = h.next_barrier().await;
+    h.ack(0, first, None);
+    h.ack(1, first, Some(vec![v("a")]));
+    // Checkpoint 2: the sink pre-commits, the source never acknowledges:
+    // it expires, and its sink output must not be lost.
+    let second = h.next_barrier().await;
+    assert_eq!(
+        *committed.0.lock().expect("lock"),
+        vec![v("a")],
+        "committed once complete"
+    );
+    h.ack(1, second, Some(vec![v("b")]));
+    let third = h.next_barrier().await;
+    let failed: Vec<_> = h
+        .log
+        .entries()
+        .into_iter()
+        .filter(|s| s.status == CheckpointStatus::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].message.contains("expired"), "{failed:?}");
+    h.ack(0, third, None);
+    h.ack(1, third, Some(vec![v("c")]));
+    let _fourth = h.next_barrier().await;
+    assert_eq!(*committed.0.lock().expect("lock"), vec![v("a"), v("b"), v("c")]);
+    // The completed checkpoint holds both, so a crash before the commit
+    // re-commits both.
+    let meta = CheckpointStorage::new(dir.path().to_path_buf())
+        .load(third)
+        .expect("load");
+    assert_eq!(meta.committables().cloned().collect::<Vec<_>>(), vec![v("b"), v("c")]);
+    // End of input: the sink's last output is committed by the final checkpoint.
+    h.reports
+        .send(TaskReport::Finished {
+            task: 0,
+            snapshot: TaskSnapshot::default(),
+        })
+        .expect("report");
+    h.reports
+        .send(TaskReport::Finished {
+            task: 1,
+            snapshot: TaskSnapshot {
+                sources: vec![],
+                operators: vec![(
+                    "2/0".into(),
+                    weir_engine::checkpoint::OperatorSnapshot::Sink(vec![v("d")]),
+                )],
+            },
+        })
+        .expect("report");
+    let end = tokio::time::timeout(Duration::from_secs(30), h.done)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect("ok");
+    assert_eq!(end, weir_engine::checkpoint::coordinator::CoordinatorEnd::Finished);
+    assert_eq!(committed.0.lock().expect("lock").last(), Some(&v("d")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_beyond_the_tolerance_fail_the_job() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = start_with_sink(dir.path(), Duration::from_secs(60), 1, Arc::default());
+    for _ in 0..2 {
+        let id = h.next_barrier().await;
+        h.reports
+            .send(TaskReport::Decline {
+                checkpoint_id: id,
+                task: 1,
+                reason: "disk full".into(),
+            })
+            .expect("report");
+    }
+    let err = tokio::time::timeout(Duration::from_secs(30), h.done)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect_err("two consecutive failures, one tolerated");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("disk full") && msg.contains("tolerable-failed-checkpoints' = 1"),
+        "{msg}"
+    );
 }

@@ -62,6 +62,8 @@ pub struct CheckpointStats {
     pub full_bytes: u64,
     /// Bytes uploaded for it (the increment).
     pub incremental_bytes: u64,
+    /// In-flight data persisted (unaligned checkpoints).
+    pub in_flight_bytes: u64,
     pub status: CheckpointStatus,
     pub is_final: bool,
     pub message: String,
@@ -176,7 +178,7 @@ fn discard(snapshot: TaskSnapshot, carried: &mut BTreeMap<String, Vec<serde_json
                 let _ = std::fs::remove_dir_all(dir);
             }
             OperatorSnapshot::Sink(c) => carried.entry(key).or_default().extend(c),
-            OperatorSnapshot::Heap(_) => {}
+            OperatorSnapshot::Heap(_) | OperatorSnapshot::InFlight(_) => {}
         }
     }
 }
@@ -267,6 +269,7 @@ impl CheckpointCoordinator {
             async_part: Duration::ZERO,
             full_bytes: 0,
             incremental_bytes: 0,
+            in_flight_bytes: 0,
             status: CheckpointStatus::InProgress,
             is_final: false,
             message: String::new(),
@@ -296,6 +299,7 @@ impl CheckpointCoordinator {
             async_part: Duration::ZERO,
             full_bytes: 0,
             incremental_bytes: 0,
+            in_flight_bytes: 0,
             status: CheckpointStatus::Failed,
             is_final: false,
             message: reason,
@@ -434,6 +438,7 @@ impl CheckpointCoordinator {
             async_part: async_started.elapsed(),
             full_bytes: meta.full_size(),
             incremental_bytes: uploaded,
+            in_flight_bytes: meta.in_flight_size(),
             status: CheckpointStatus::Completed,
             is_final: meta.is_final,
             message: String::new(),
@@ -441,7 +446,7 @@ impl CheckpointCoordinator {
         tracing::info!(
             target: "weir::checkpoint",
             "job '{}': {}checkpoint {id} completed in {} ms (alignment {} ms, sync {} ms, async {} ms), \
-             state {} bytes, uploaded {} bytes",
+             state {} bytes, uploaded {} bytes, in-flight {} bytes",
             self.job,
             if meta.is_final { "final " } else { "" },
             stats.duration.as_millis(),
@@ -450,6 +455,7 @@ impl CheckpointCoordinator {
             stats.async_part.as_millis(),
             stats.full_bytes,
             stats.incremental_bytes,
+            stats.in_flight_bytes,
         );
         self.log.upsert(stats);
         Ok(())
@@ -463,8 +469,9 @@ pub async fn commit_all(committers: &HashMap<NodeId, Arc<dyn Committer>>, meta: 
     for (key, state) in &meta.operators {
         if let OperatorState::Sink { committables } = state {
             let node = key
-                .split_once('/')
-                .and_then(|(n, _)| n.parse::<NodeId>().ok())
+                .split('/')
+                .next()
+                .and_then(|n| n.parse::<NodeId>().ok())
                 .ok_or_else(|| ExecError::internal(format!("bad operator key '{key}'")))?;
             by_node.entry(node).or_default().extend(committables.iter().cloned());
         }
@@ -527,6 +534,11 @@ fn materialize(
                     let file = storage.write_private(id, &format!("{}-heap.bin", key.replace('/', "-")), &bytes)?;
                     uploaded += file.size;
                     OperatorState::Heap { file }
+                }
+                OperatorSnapshot::InFlight(bytes) => {
+                    let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
+                    uploaded += file.size;
+                    OperatorState::InFlight { file }
                 }
                 OperatorSnapshot::Sink(mut committables) => {
                     if let Some(extra) = carried.remove(&key) {

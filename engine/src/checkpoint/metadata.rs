@@ -41,6 +41,8 @@ pub enum OperatorState {
     Heap { file: FileRef },
     /// A two-phase-commit sink's pre-committed, not yet committed output.
     Sink { committables: Vec<serde_json::Value> },
+    /// A task's in-flight input at an unaligned checkpoint.
+    InFlight { file: FileRef },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,7 +70,7 @@ impl CheckpointMetadata {
             .flat_map(|s| -> Box<dyn Iterator<Item = &FileRef>> {
                 match s {
                     OperatorState::Rocksdb { files } => Box::new(files.values()),
-                    OperatorState::Heap { file } => Box::new(std::iter::once(file)),
+                    OperatorState::Heap { file } | OperatorState::InFlight { file } => Box::new(std::iter::once(file)),
                     OperatorState::Sink { .. } => Box::new(std::iter::empty()),
                 }
             })
@@ -79,6 +81,17 @@ impl CheckpointMetadata {
             OperatorState::Sink { committables } => committables.as_slice(),
             _ => &[],
         })
+    }
+
+    /// Bytes of in-flight data (unaligned checkpoints) it holds.
+    pub fn in_flight_size(&self) -> u64 {
+        self.operators
+            .values()
+            .map(|s| match s {
+                OperatorState::InFlight { file } => file.size,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Bytes of state the checkpoint references.

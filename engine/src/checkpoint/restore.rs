@@ -15,6 +15,8 @@ pub struct RestoredJob {
     pub path: PathBuf,
     /// Operator key → serialised heap state.
     pub heap: HashMap<String, Vec<u8>>,
+    /// In-flight key → the batches to replay before new input.
+    pub in_flight: HashMap<String, Vec<arrow::record_batch::RecordBatch>>,
     /// Checkpoints newer than this one that could not be used, and why.
     pub skipped: Vec<String>,
 }
@@ -56,6 +58,7 @@ pub fn restore_one(
         }
     }
     let mut heap = HashMap::new();
+    let mut in_flight = HashMap::new();
     for (key, state) in &metadata.operators {
         let (node, subtask) = parse_key(key)?;
         match state {
@@ -72,6 +75,11 @@ pub fn restore_one(
             OperatorState::Heap { file } => {
                 heap.insert(key.clone(), storage.read_file(file)?);
             }
+            OperatorState::InFlight { file } => {
+                let bytes = storage.read_file(file)?;
+                let path = storage.root().join(&file.path).display().to_string();
+                in_flight.insert(key.clone(), super::decode_batches(&bytes, &path)?);
+            }
             OperatorState::Sink { .. } => {}
         }
     }
@@ -79,12 +87,16 @@ pub fn restore_one(
         path: storage.chk_dir(id),
         metadata,
         heap,
+        in_flight,
         skipped: vec![],
     })
 }
 
 fn parse_key(key: &str) -> Result<(usize, usize), CheckpointError> {
-    key.split_once('/')
+    let mut parts = key.split('/');
+    parts
+        .next()
+        .zip(parts.next())
         .and_then(|(n, s)| Some((n.parse().ok()?, s.parse().ok()?)))
         .ok_or_else(|| CheckpointError::Internal(format!("bad operator key '{key}'")))
 }

@@ -15,14 +15,27 @@
 //! A newer barrier abandons an older alignment; an old or repeated barrier
 //! is dropped; a channel that ends no longer counts. At-least-once only
 //! counts barriers, without blocking.
+//!
+//! Unaligned checkpoints (FLIP-76): every barrier also travels ahead of the
+//! data on a priority lane per channel (polled before any data). The first
+//! announcement of barrier N makes the task snapshot at once
+//! ([`GateEvent::SnapshotUnaligned`]); from then on, batches still ahead of
+//! N's marker on a channel are in-flight data ([`GateEvent::InFlight`]):
+//! processed, and recorded into the checkpoint, until every channel's
+//! marker arrived ([`GateEvent::InFlightComplete`]). With an
+//! aligned-checkpoint timeout the gate first aligns, and switches to
+//! unaligned when the timeout (counted from the barrier's creation at the
+//! coordinator) expires.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
+use std::pin::Pin;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arrow::record_batch::RecordBatch;
-use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
+use tokio::time::{Instant, Sleep};
 
 use crate::checkpoint::CheckpointMode;
 use crate::message::{Barrier, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
@@ -35,11 +48,42 @@ pub enum GateEvent {
     /// Barrier N was received on every open channel; with the time from
     /// the first to the last (alignment).
     Barrier(Barrier, Duration),
+    /// Unaligned: snapshot now and forward the barrier; in-flight data
+    /// follows. Carries the time spent aligning before the switch.
+    SnapshotUnaligned(Barrier, Duration),
+    /// Unaligned: a batch that was in flight at the snapshot: process it
+    /// and record it.
+    InFlight(RecordBatch),
+    /// Unaligned: every channel delivered checkpoint N's marker; the
+    /// recorded in-flight data is complete.
+    InFlightComplete(u64),
     End,
+}
+
+/// How the gate treats barriers.
+#[derive(Debug, Clone, Copy)]
+pub struct BarrierMode {
+    pub mode: CheckpointMode,
+    /// Unaligned checkpoints enabled (exactly-once only).
+    pub unaligned: bool,
+    /// With `unaligned`: align first, switch after this long (0: never align).
+    pub aligned_timeout: Duration,
+}
+
+impl Default for BarrierMode {
+    fn default() -> Self {
+        Self {
+            mode: CheckpointMode::ExactlyOnce,
+            unaligned: false,
+            aligned_timeout: Duration::ZERO,
+        }
+    }
 }
 
 struct Channel {
     rx: Receiver<StreamMessage>,
+    /// Barrier announcements that overtake the data (unaligned mode).
+    priority: Option<UnboundedReceiver<Barrier>>,
     watermark: Timestamp,
     idle: bool,
     ended: bool,
@@ -50,6 +94,16 @@ struct Channel {
 struct Alignment {
     barrier: Barrier,
     started: Instant,
+    /// Switched to unaligned: `barrier_seen` now means "marker arrived,
+    /// nothing more to record from this channel".
+    unaligned: bool,
+}
+
+enum Polled {
+    Data(usize, Option<StreamMessage>),
+    Announcement(usize, Barrier),
+    Timeout,
+    AllEnded,
 }
 
 pub struct InputGate {
@@ -57,8 +111,10 @@ pub struct InputGate {
     output_watermark: Timestamp,
     idle: bool,
     next_poll: usize,
-    mode: CheckpointMode,
+    mode: BarrierMode,
     aligning: Option<Alignment>,
+    /// When an alignment switches to unaligned.
+    timeout: Option<Pin<Box<Sleep>>>,
     /// Highest barrier id yielded.
     last_barrier: u64,
     /// Events produced together (a channel end completing an alignment
@@ -72,11 +128,30 @@ impl InputGate {
     }
 
     pub fn with_mode(receivers: Vec<Receiver<StreamMessage>>, mode: CheckpointMode) -> Self {
-        Self {
-            channels: receivers
+        let n = receivers.len();
+        Self::with_lanes(
+            receivers
                 .into_iter()
-                .map(|rx| Channel {
+                .zip(std::iter::repeat_with(|| None).take(n))
+                .collect(),
+            BarrierMode {
+                mode,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Channels with their optional priority lanes.
+    pub fn with_lanes(
+        lanes: Vec<(Receiver<StreamMessage>, Option<UnboundedReceiver<Barrier>>)>,
+        mode: BarrierMode,
+    ) -> Self {
+        Self {
+            channels: lanes
+                .into_iter()
+                .map(|(rx, priority)| Channel {
                     rx,
+                    priority,
                     watermark: MIN_WATERMARK,
                     idle: false,
                     ended: false,
@@ -88,48 +163,104 @@ impl InputGate {
             next_poll: 0,
             mode,
             aligning: None,
+            timeout: None,
             last_barrier: 0,
             queued: VecDeque::new(),
         }
     }
 
-    /// Records barrier `b` from channel `index`; the barrier event if it
-    /// completed the alignment.
-    fn on_barrier(&mut self, index: usize, b: Barrier) -> Option<GateEvent> {
+    /// Starts checkpoint `b` (abandoning an older one). The event to
+    /// yield if it starts unaligned at once.
+    fn start(&mut self, b: Barrier) -> Option<GateEvent> {
+        for c in &mut self.channels {
+            c.barrier_seen = false;
+        }
+        self.timeout = None;
+        self.aligning = Some(Alignment {
+            barrier: b,
+            started: Instant::now(),
+            unaligned: false,
+        });
+        if !self.mode.unaligned {
+            return None;
+        }
+        // The timeout runs from the barrier's creation (a global clock, as
+        // in Flink): a barrier that arrives late switches at once.
+        let age = Duration::from_millis((chrono::Utc::now().timestamp_millis() - b.timestamp).max(0) as u64);
+        let left = self.mode.aligned_timeout.saturating_sub(age);
+        if self.mode.aligned_timeout.is_zero() || left.is_zero() {
+            return self.switch_to_unaligned();
+        }
+        self.timeout = Some(Box::pin(tokio::time::sleep(left)));
+        None
+    }
+
+    /// The alignment of the current checkpoint becomes unaligned: snapshot
+    /// now; channels that already delivered the marker have nothing in
+    /// flight, the others are recorded until theirs arrives.
+    fn switch_to_unaligned(&mut self) -> Option<GateEvent> {
+        self.timeout = None;
+        let a = self.aligning.as_mut()?;
+        a.unaligned = true;
+        let event = GateEvent::SnapshotUnaligned(a.barrier, a.started.elapsed());
+        // Every channel may already have delivered its marker (or ended).
+        if let Some(done) = self.complete_alignment() {
+            self.queued.push_back(done);
+        }
+        Some(event)
+    }
+
+    /// Records barrier `b` (an announcement, or the marker in the data,
+    /// from channel `index`); the event it causes, if any.
+    fn on_barrier(&mut self, index: usize, b: Barrier, marker: bool) -> Option<GateEvent> {
         if b.checkpoint_id <= self.last_barrier {
             return None;
         }
+        let mut first = None;
         match &self.aligning {
             Some(a) if a.barrier.checkpoint_id == b.checkpoint_id => {}
             Some(a) if a.barrier.checkpoint_id > b.checkpoint_id => return None,
-            _ => {
-                // A newer checkpoint subsumes the one being aligned.
-                for c in &mut self.channels {
-                    c.barrier_seen = false;
-                }
-                self.aligning = Some(Alignment {
-                    barrier: b,
-                    started: Instant::now(),
-                });
-            }
+            // A newer checkpoint subsumes the one being aligned.
+            _ => first = self.start(b),
         }
-        self.channels[index].barrier_seen = true;
-        self.complete_alignment()
+        if marker {
+            self.channels[index].barrier_seen = true;
+        }
+        match (first, self.complete_alignment()) {
+            (Some(f), Some(done)) => {
+                self.queued.push_back(done);
+                Some(f)
+            }
+            (Some(ev), None) | (None, Some(ev)) => Some(ev),
+            (None, None) => None,
+        }
     }
 
-    /// Yields the barrier when every open channel delivered it.
+    /// Yields the barrier (aligned) or the end of in-flight data
+    /// (unaligned) when every open channel delivered its marker.
     fn complete_alignment(&mut self) -> Option<GateEvent> {
         let a = self.aligning.as_ref()?;
         if !self.channels.iter().all(|c| c.ended || c.barrier_seen) {
             return None;
         }
-        let event = GateEvent::Barrier(a.barrier, a.started.elapsed());
+        let event = if a.unaligned {
+            GateEvent::InFlightComplete(a.barrier.checkpoint_id)
+        } else {
+            GateEvent::Barrier(a.barrier, a.started.elapsed())
+        };
         self.last_barrier = a.barrier.checkpoint_id;
         self.aligning = None;
+        self.timeout = None;
         for c in &mut self.channels {
             c.barrier_seen = false;
         }
         Some(event)
+    }
+
+    /// Whether a batch from channel `index` was in flight at an unaligned
+    /// snapshot.
+    fn in_flight(&self, index: usize) -> bool {
+        self.aligning.as_ref().is_some_and(|a| a.unaligned) && !self.channels[index].barrier_seen
     }
 
     /// The next event. Channels are polled round-robin so one busy input
@@ -138,9 +269,23 @@ impl InputGate {
         if let Some(ev) = self.queued.pop_front() {
             return ev;
         }
-        let blocking = self.mode == CheckpointMode::ExactlyOnce;
         loop {
-            let (index, msg) = poll_fn(|cx| {
+            let polled = poll_fn(|cx| {
+                if let Some(t) = self.timeout.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Polled::Timeout);
+                }
+                // Announcements overtake data: polled first, every time.
+                for (idx, ch) in self.channels.iter_mut().enumerate() {
+                    if let Some(p) = ch.priority.as_mut()
+                        && let Poll::Ready(Some(b)) = p.poll_recv(cx)
+                    {
+                        return Poll::Ready(Polled::Announcement(idx, b));
+                    }
+                }
+                let aligned_blocking = self.mode.mode == CheckpointMode::ExactlyOnce
+                    && self.aligning.as_ref().is_some_and(|a| !a.unaligned);
                 let n = self.channels.len();
                 let mut all_ended = true;
                 for i in 0..n {
@@ -150,22 +295,38 @@ impl InputGate {
                         continue;
                     }
                     all_ended = false;
-                    if blocking && ch.barrier_seen {
+                    if aligned_blocking && ch.barrier_seen {
                         // Aligning: data after the barrier waits.
                         continue;
                     }
                     if let Poll::Ready(m) = ch.rx.poll_recv(cx) {
                         self.next_poll = (idx + 1) % n;
-                        return Poll::Ready(Some((idx, m)));
+                        return Poll::Ready(Polled::Data(idx, m));
                     }
                 }
-                if all_ended { Poll::Ready(None) } else { Poll::Pending }
+                if all_ended {
+                    Poll::Ready(Polled::AllEnded)
+                } else {
+                    Poll::Pending
+                }
             })
-            .await
-            .unwrap_or((usize::MAX, None));
-            if index == usize::MAX {
-                return GateEvent::End;
-            }
+            .await;
+            let (index, msg) = match polled {
+                Polled::AllEnded => return GateEvent::End,
+                Polled::Timeout => {
+                    if let Some(ev) = self.switch_to_unaligned() {
+                        return ev;
+                    }
+                    continue;
+                }
+                Polled::Announcement(index, b) => {
+                    if let Some(ev) = self.on_barrier(index, b, false) {
+                        return ev;
+                    }
+                    continue;
+                }
+                Polled::Data(index, msg) => (index, msg),
+            };
             match msg {
                 // A dropped sender without EndOfInput means the upstream
                 // task stopped (failure or cancel): treat as ended; the job
@@ -187,9 +348,10 @@ impl InputGate {
                         (None, None) => {}
                     }
                 }
+                Some(StreamMessage::Batch(b)) if self.in_flight(index) => return GateEvent::InFlight(b),
                 Some(StreamMessage::Batch(b)) => return GateEvent::Batch(b),
                 Some(StreamMessage::Barrier(b)) => {
-                    if let Some(ev) = self.on_barrier(index, b) {
+                    if let Some(ev) = self.on_barrier(index, b, true) {
                         return ev;
                     }
                 }
@@ -372,5 +534,120 @@ mod tests {
         assert!(matches!(gate.next().await, GateEvent::Batch(_)));
         b_tx.send(barrier(1)).await.expect("send");
         expect_barrier(&mut gate, 1).await;
+    }
+
+    type Lane = (Receiver<StreamMessage>, Option<UnboundedReceiver<Barrier>>);
+
+    fn lanes(
+        n: usize,
+    ) -> (
+        Vec<tokio::sync::mpsc::Sender<StreamMessage>>,
+        Vec<tokio::sync::mpsc::UnboundedSender<Barrier>>,
+        Vec<Lane>,
+    ) {
+        let (mut data, mut prio, mut lanes) = (vec![], vec![], vec![]);
+        for _ in 0..n {
+            let (tx, rx) = channel(16);
+            let (ptx, prx) = tokio::sync::mpsc::unbounded_channel();
+            data.push(tx);
+            prio.push(ptx);
+            lanes.push((rx, Some(prx)));
+        }
+        (data, prio, lanes)
+    }
+
+    fn barrier_at(id: u64, timestamp: i64) -> Barrier {
+        Barrier {
+            checkpoint_id: id,
+            timestamp,
+        }
+    }
+
+    #[tokio::test]
+    async fn unaligned_snapshots_at_the_first_announcement_and_records_until_the_markers() {
+        let (data, prio, lanes) = lanes(2);
+        let mode = BarrierMode {
+            mode: CheckpointMode::ExactlyOnce,
+            unaligned: true,
+            aligned_timeout: Duration::ZERO,
+        };
+        let mut gate = InputGate::with_lanes(lanes, mode);
+        let b = barrier_at(1, chrono::Utc::now().timestamp_millis());
+        // b has data queued ahead of everything; a announces checkpoint 1.
+        data[1].send(one_row()).await.expect("send");
+        prio[0].send(b).expect("announce");
+        data[0].send(StreamMessage::Barrier(b)).await.expect("marker");
+        match gate.next().await {
+            GateEvent::SnapshotUnaligned(x, _) => assert_eq!(x.checkpoint_id, 1),
+            other => panic!("snapshot expected at once, got {other:?}"),
+        }
+        // b's queued batch overtaken by the barrier is in flight.
+        let mut in_flight = 0;
+        data[1].send(one_row()).await.expect("send");
+        prio[1].send(b).expect("announce");
+        data[1].send(StreamMessage::Barrier(b)).await.expect("marker");
+        data[1].send(one_row()).await.expect("send after the marker");
+        loop {
+            match gate.next().await {
+                GateEvent::InFlight(_) => in_flight += 1,
+                GateEvent::InFlightComplete(id) => {
+                    assert_eq!(id, 1);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(in_flight, 2, "both batches ahead of b's marker are recorded");
+        assert!(
+            matches!(gate.next().await, GateEvent::Batch(_)),
+            "after the marker: normal data"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_alignment_that_times_out_switches_to_unaligned() {
+        let (data, prio, lanes) = lanes(2);
+        let mode = BarrierMode {
+            mode: CheckpointMode::ExactlyOnce,
+            unaligned: true,
+            aligned_timeout: Duration::from_secs(10),
+        };
+        let mut gate = InputGate::with_lanes(lanes, mode);
+        let b = barrier_at(1, chrono::Utc::now().timestamp_millis());
+        prio[0].send(b).expect("announce");
+        data[0].send(StreamMessage::Barrier(b)).await.expect("marker");
+        data[0].send(one_row()).await.expect("after a's marker");
+        data[1].send(one_row()).await.expect("b, before its barrier");
+        // Aligning: a is blocked, b's data flows as normal data.
+        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        // Nothing else can be read until the timeout (the driven clock
+        // advances to it): then the checkpoint goes unaligned.
+        match gate.next().await {
+            GateEvent::SnapshotUnaligned(x, aligned_for) => {
+                assert_eq!(x.checkpoint_id, 1);
+                assert!(aligned_for >= Duration::from_secs(10), "{aligned_for:?}");
+            }
+            other => panic!("switch expected, got {other:?}"),
+        }
+        // a is unblocked; its post-marker batch is not in flight.
+        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        data[1].send(one_row()).await.expect("b, still before its barrier");
+        assert!(matches!(gate.next().await, GateEvent::InFlight(_)));
+        data[1].send(StreamMessage::Barrier(b)).await.expect("marker");
+        assert!(matches!(gate.next().await, GateEvent::InFlightComplete(1)));
+    }
+
+    #[tokio::test]
+    async fn a_barrier_older_than_the_timeout_switches_at_once() {
+        let (_data, prio, lanes) = lanes(2);
+        let mode = BarrierMode {
+            mode: CheckpointMode::ExactlyOnce,
+            unaligned: true,
+            aligned_timeout: Duration::from_millis(100),
+        };
+        let mut gate = InputGate::with_lanes(lanes, mode);
+        let old = barrier_at(1, chrono::Utc::now().timestamp_millis() - 60_000);
+        prio[1].send(old).expect("announce");
+        assert!(matches!(gate.next().await, GateEvent::SnapshotUnaligned(_, _)));
     }
 }

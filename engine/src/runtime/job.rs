@@ -39,7 +39,7 @@ use crate::operators::window::aggregate::{STATE_NAMES, WindowAggregateOperator};
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
-use crate::runtime::gate::InputGate;
+use crate::runtime::gate::{BarrierMode, InputGate};
 use crate::runtime::metrics::{JobMetrics, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
@@ -209,7 +209,9 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         // A query's rows go to its client; there is nothing to resume.
         config.checkpointing = None;
     }
+    let restore_started = Instant::now();
     let restored = initial_restore(&graph, &config)?;
+    let restore_time = restore_started.elapsed();
     let restored_from = restored
         .as_ref()
         .map(|r| (r.checkpoint_id(), r.path.clone(), r.skipped.clone()));
@@ -220,10 +222,12 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         }
         tracing::info!(
             target: "weir::checkpoint",
-            "job '{}': restoring from checkpoint {} ({})",
+            "job '{}': restoring from checkpoint {} ({}): {} bytes of state verified and laid out in {} ms",
             config.name,
             r.checkpoint_id(),
-            r.path.display()
+            r.path.display(),
+            r.metadata.full_size(),
+            restore_time.as_millis()
         );
     }
     if config.checkpointing.is_some() {
@@ -459,7 +463,12 @@ async fn run_attempt(
     let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
 
     // Channels: for every non-chained edge, senders[from subtask][to subtask].
-    let mut inputs: Vec<Vec<Vec<mpsc::Receiver<StreamMessage>>>> = chains
+    type Lane = (
+        mpsc::Receiver<StreamMessage>,
+        Option<mpsc::UnboundedReceiver<crate::message::Barrier>>,
+    );
+    let unaligned = config.checkpointing.as_ref().is_some_and(|c| c.unaligned);
+    let mut inputs: Vec<Vec<Vec<Lane>>> = chains
         .iter()
         .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
         .collect();
@@ -482,10 +491,17 @@ async fn run_attempt(
                 _ => (0..p_to).collect(),
             };
             let mut senders = vec![];
+            let mut priority = vec![];
             for t in targets {
                 let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
                 senders.push(tx);
-                inputs[to_chain][t].push(rx);
+                // Unaligned checkpoints: a lane for barriers that overtake data.
+                let lane = unaligned.then(|| {
+                    let (ptx, prx) = mpsc::unbounded_channel();
+                    priority.push(ptx);
+                    prx
+                });
+                inputs[to_chain][t].push((rx, lane));
             }
             let partitioner = match &edge.exchange {
                 Exchange::Hash(keys) => {
@@ -510,11 +526,11 @@ async fn run_attempt(
             if outputs[from_chain][i].is_some() {
                 return Err(ExecError::internal("a node with two outputs is not supported"));
             }
-            outputs[from_chain][i] = Some(Output::channels(senders, partitioner));
+            outputs[from_chain][i] = Some(Output::channels(senders, partitioner).with_priority(priority));
         }
     }
 
-    let mut tasks: JoinSet<(bool, Result<()>)> = JoinSet::new();
+    let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
         for subtask in 0..head.parallelism {
@@ -605,21 +621,40 @@ async fn run_attempt(
                         triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
                         checkpointing: task_ctx(true),
                     };
-                    tasks.spawn(async move { (false, task.run().await) });
+                    tasks.spawn(task.run());
                 }
                 _ => {
                     let receivers = std::mem::take(&mut inputs[ci][subtask]);
                     let mode = config
                         .checkpointing
                         .as_ref()
-                        .map_or(crate::checkpoint::CheckpointMode::ExactlyOnce, |c| c.mode);
+                        .map_or(BarrierMode::default(), |c| BarrierMode {
+                            mode: c.mode,
+                            unaligned: c.unaligned,
+                            aligned_timeout: c.aligned_timeout,
+                        });
+                    let in_flight_key = crate::checkpoint::in_flight_key(head.id, subtask);
+                    let replay = restored
+                        .as_ref()
+                        .and_then(|r| r.in_flight.get(&in_flight_key).cloned())
+                        .unwrap_or_default();
+                    if !replay.is_empty() {
+                        tracing::info!(
+                            target: "weir::checkpoint",
+                            "job '{}': task {in_flight_key} replays {} in-flight rows of the unaligned checkpoint",
+                            config.name,
+                            replay.iter().map(|b| b.num_rows()).sum::<usize>()
+                        );
+                    }
                     let task = OperatorTask {
-                        gate: InputGate::with_mode(receivers, mode),
+                        gate: InputGate::with_lanes(receivers, mode),
                         chain: chain_ops,
                         output,
                         checkpointing: task_ctx(false),
+                        replay,
+                        in_flight_key,
                     };
-                    tasks.spawn(async move { (false, task.run().await) });
+                    tasks.spawn(task.run());
                 }
             }
         }
@@ -630,6 +665,7 @@ async fn run_attempt(
         tokio::spawn(c.run());
     }
     drop(report_tx);
+    let mut coordinator_set = JoinSet::new();
     if let Some(cp) = &config.checkpointing {
         let coordinator = CheckpointCoordinator {
             config: cp.clone(),
@@ -644,20 +680,43 @@ async fn run_attempt(
             log: metrics.checkpoints.clone(),
             restored: restored.map(|r| r.metadata),
         };
-        tasks.spawn(async move { (true, coordinator.run().await.map(|_| ())) });
+        coordinator_set.spawn(coordinator.run());
     }
+    // The coordinator is not aborted with the tasks: it finishes what it
+    // is writing (a checkpoint whose metadata is on disk gets committed)
+    // and ends when the last task's report channel closes.
     let mut first_error = None;
-    while let Some(res) = tasks.join_next().await {
-        let err = match res {
-            Ok((_, Ok(()))) => continue,
-            Ok((_, Err(e))) => e,
-            Err(e) if e.is_cancelled() => continue,
-            Err(e) => ExecError::internal(format!("subtask panicked: {e}")),
-        };
+    let mut fail = |err: ExecError, tasks: &mut JoinSet<Result<()>>| {
         if first_error.is_none() {
             first_error = Some(err);
             // One failed subtask fails the attempt.
             tasks.abort_all();
+        }
+    };
+    loop {
+        tokio::select! {
+            res = tasks.join_next() => match res {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => fail(e, &mut tasks),
+                Some(Err(e)) if e.is_cancelled() => {}
+                Some(Err(e)) => fail(ExecError::internal(format!("subtask panicked: {e}")), &mut tasks),
+            },
+            Some(res) = coordinator_set.join_next(), if !coordinator_set.is_empty() => match res {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => fail(e, &mut tasks),
+                Err(e) => fail(ExecError::internal(format!("checkpoint coordinator panicked: {e}")), &mut tasks),
+            },
+        }
+    }
+    while let Some(res) = coordinator_set.join_next().await {
+        match res {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => fail(e, &mut tasks),
+            Err(e) => fail(
+                ExecError::internal(format!("checkpoint coordinator panicked: {e}")),
+                &mut tasks,
+            ),
         }
     }
     match first_error {

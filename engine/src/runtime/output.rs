@@ -8,11 +8,11 @@ use arrow::array::UInt32Array;
 use arrow::compute::take_record_batch;
 use arrow::record_batch::RecordBatch;
 use datafusion::physical_expr::PhysicalExpr;
-use tokio::sync::mpsc::Sender;
+use tokio::sync::mpsc::{Sender, UnboundedSender};
 
 use crate::error::Result;
 use crate::keygroup::{KeyEncoder, key_group, subtask_for_group};
-use crate::message::StreamMessage;
+use crate::message::{Barrier, StreamMessage};
 
 pub enum Partitioner {
     /// Exactly one downstream channel.
@@ -35,6 +35,9 @@ pub enum Output {
         partitioner: Partitioner,
         /// Senders whose receiver is gone (downstream finished early).
         closed: Vec<bool>,
+        /// Priority lanes (unaligned checkpoints): barrier announcements
+        /// that overtake the data queued in `senders`.
+        priority: Vec<UnboundedSender<Barrier>>,
     },
     /// The rows of a bare `SELECT`, to the session that asked.
     Results(Sender<RecordBatch>),
@@ -49,6 +52,26 @@ impl Output {
             senders,
             partitioner,
             closed,
+            priority: vec![],
+        }
+    }
+
+    /// Adds priority lanes, one per sender, in the same order.
+    pub fn with_priority(mut self, lanes: Vec<UnboundedSender<Barrier>>) -> Self {
+        if let Output::Channels { priority, .. } = &mut self {
+            *priority = lanes;
+        }
+        self
+    }
+
+    /// Announces barrier `b` ahead of all queued data (unaligned
+    /// checkpoints); a no-op without priority lanes.
+    pub fn announce(&self, b: Barrier) {
+        if let Output::Channels { priority, .. } = self {
+            for lane in priority {
+                // A gone receiver finished: it needs no barrier.
+                let _ = lane.send(b);
+            }
         }
     }
 
@@ -87,6 +110,7 @@ impl Output {
                 senders,
                 partitioner,
                 closed,
+                ..
             } => match partitioner {
                 Partitioner::Forward => send(&senders[0], &mut closed[0], StreamMessage::Batch(batch)).await,
                 Partitioner::Rebalance { next } => {

@@ -2,9 +2,11 @@
 //! send what comes out. Watermarks, barriers and end of input are visible
 //! here, in order with the data.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::checkpoint::{TaskCheckpointing, TaskReport, TaskSnapshot};
+use arrow::record_batch::RecordBatch;
+
+use crate::checkpoint::{OperatorSnapshot, TaskCheckpointing, TaskReport, TaskSnapshot, encode_batches};
 use crate::error::Result;
 use crate::message::{Barrier, StreamMessage};
 use crate::runtime::chain::Chain;
@@ -17,6 +19,20 @@ pub struct OperatorTask {
     pub output: Output,
     /// `None` when the job does not checkpoint.
     pub checkpointing: Option<TaskCheckpointing>,
+    /// In-flight data of the restored unaligned checkpoint: processed
+    /// before any new input.
+    pub replay: Vec<RecordBatch>,
+    /// Key of this task's in-flight data in a checkpoint.
+    pub in_flight_key: String,
+}
+
+/// An unaligned checkpoint whose in-flight data is still being recorded.
+struct UnalignedPending {
+    barrier: Barrier,
+    snapshot: TaskSnapshot,
+    recorded: Vec<RecordBatch>,
+    alignment: Duration,
+    sync: Duration,
 }
 
 /// Sends everything the chain produced, in order.
@@ -41,6 +57,9 @@ pub async fn checkpoint_chain(
     output: &mut Output,
     checkpointing: Option<&TaskCheckpointing>,
 ) -> Result<()> {
+    // Ahead of queued data on the priority lanes (unaligned checkpoints),
+    // and in order with the data as the marker.
+    output.announce(barrier);
     output.broadcast(StreamMessage::Barrier(barrier)).await?;
     let Some(cp) = checkpointing else { return Ok(()) };
     let started = Instant::now();
@@ -53,6 +72,15 @@ pub async fn checkpoint_chain(
         sync: started.elapsed(),
     });
     Ok(())
+}
+
+/// Deletes the local files of a snapshot that will never be acknowledged.
+fn discard_local(snapshot: TaskSnapshot) {
+    for (_, op) in snapshot.operators {
+        if let OperatorSnapshot::RocksDb { dir } = op {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// The task ended: its final part of the last checkpoint.
@@ -73,9 +101,62 @@ pub fn report_finished(
 impl OperatorTask {
     pub async fn run(mut self) -> Result<()> {
         let mut outbox = Vec::new();
+        for b in std::mem::take(&mut self.replay) {
+            self.chain.process_batch(b, &mut outbox)?;
+            flush(&mut outbox, &mut self.output).await?;
+        }
+        let mut unaligned: Option<UnalignedPending> = None;
         loop {
             match self.gate.next().await {
                 GateEvent::Batch(b) => self.chain.process_batch(b, &mut outbox)?,
+                GateEvent::SnapshotUnaligned(b, alignment) => {
+                    // Snapshot now: the barrier overtakes queued data
+                    // downstream; what overtook us here is recorded.
+                    flush(&mut outbox, &mut self.output).await?;
+                    self.output.announce(b);
+                    self.output.broadcast(StreamMessage::Barrier(b)).await?;
+                    if let Some(old) = unaligned.take() {
+                        // Subsumed before its in-flight data was complete.
+                        discard_local(old.snapshot);
+                    }
+                    if self.checkpointing.is_some() {
+                        let started = Instant::now();
+                        let operators = self.chain.snapshot(b.checkpoint_id)?;
+                        unaligned = Some(UnalignedPending {
+                            barrier: b,
+                            snapshot: TaskSnapshot {
+                                sources: vec![],
+                                operators,
+                            },
+                            recorded: vec![],
+                            alignment,
+                            sync: started.elapsed(),
+                        });
+                    }
+                }
+                GateEvent::InFlight(b) => {
+                    if let Some(u) = unaligned.as_mut() {
+                        u.recorded.push(b.clone());
+                    }
+                    self.chain.process_batch(b, &mut outbox)?;
+                }
+                GateEvent::InFlightComplete(id) => {
+                    if let (Some(mut u), Some(cp)) = (unaligned.take(), self.checkpointing.as_ref())
+                        && u.barrier.checkpoint_id == id
+                    {
+                        let bytes = encode_batches(&u.recorded)?;
+                        u.snapshot
+                            .operators
+                            .push((self.in_flight_key.clone(), OperatorSnapshot::InFlight(bytes)));
+                        cp.report(TaskReport::Ack {
+                            checkpoint_id: id,
+                            task: cp.task,
+                            snapshot: u.snapshot,
+                            alignment: u.alignment,
+                            sync: u.sync,
+                        });
+                    }
+                }
                 GateEvent::Watermark(w) => self.chain.process_watermark(w, &mut outbox)?,
                 GateEvent::Status(s) => outbox.push(StreamMessage::WatermarkStatus(s)),
                 GateEvent::Barrier(b, alignment) => {

@@ -320,6 +320,7 @@ impl Operator for WindowAggregateOperator {
     }
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        crate::failpoint::failpoint_error("window.snapshot").map_err(ExecError::internal)?;
         // Accumulators and timers are both in the backend: one snapshot
         // holds the windows and when they fire.
         Ok(Some(self.state.snapshot(checkpoint_id)?))
