@@ -3,11 +3,13 @@
 # a job whose RocksDB state grows past 1 GB, recovery time from the latest
 # checkpoint, and throughput with checkpointing every 10 s vs off.
 #
-#   benches/checkpoint.sh [events]      (default 6 000 000)
+#   benches/checkpoint.sh [events] [checkpoints before the kill]
+#   (default 20 000 000 events: ~1 GB of state after ~45 s; 13 checkpoints)
 #
 # Needs the release binary: cargo build --release --bin weir
 set -euo pipefail
-EVENTS=${1:-6000000}
+EVENTS=${1:-20000000}
+KILL_AFTER=${2:-13}
 WEIR=${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -27,12 +29,12 @@ run off ""
 run every10s "SET 'execution.checkpointing.interval' = '10 s';"
 grep -E 'checkpoint [0-9]+ completed' "$WORK/every10s.log" | sed 's/.*job/job/'
 for inc in true false; do
-  echo "== incremental = $inc: checkpoints every 10 s, killed after the 4th"
+  echo "== incremental = $inc: checkpoints every 3 s, killed after checkpoint $KILL_AFTER"
   rm -rf "$WORK/data-kill"
-  { echo "SET 'execution.checkpointing.interval' = '10 s'; SET 'state.backend.incremental' = '$inc';"; cat "$WORK/job.sql"; } > "$WORK/kill.sql"
+  { echo "SET 'execution.checkpointing.interval' = '3 s'; SET 'state.backend.incremental' = '$inc';"; cat "$WORK/job.sql"; } > "$WORK/kill.sql"
   "$WEIR" --data-dir "$WORK/data-kill" run "$WORK/kill.sql" 2> "$WORK/kill.log" > /dev/null &
   pid=$!
-  while [ "$(grep -c 'completed' "$WORK/kill.log" || true)" -lt 4 ]; do sleep 1; done
+  while [ "$(grep -c 'completed' "$WORK/kill.log" || true)" -lt "$KILL_AFTER" ]; do sleep 0.5; done
   kill -9 $pid; wait $pid 2>/dev/null || true
   grep -E 'checkpoint [0-9]+ completed' "$WORK/kill.log" | sed 's/.*job/job/'
   du -sh "$WORK/data-kill/checkpoints" | sed 's/^/checkpoint storage: /'

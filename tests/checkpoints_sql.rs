@@ -65,6 +65,33 @@ async fn checkpoints_are_listed_and_a_finished_job_starts_afresh() {
     );
     assert_eq!(visible_rows(&out), 2 * first_rows);
 
+    // Starting from an explicit checkpoint: the final one of the last run
+    // (its output is committed already, so nothing is written again).
+    let root = dir.path().join("data").join("checkpoints").join("counted");
+    let last = std::fs::read_dir(&root)
+        .expect("checkpoints")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse::<u64>().ok())
+        .max()
+        .expect("a checkpoint");
+    let chk = root.join(format!("chk-{last}"));
+    let mut third = Session::open(dir.path().join("data")).expect("session");
+    let explicit = format!("SET 'execution.state-recovery.path' = '{}';\n{sql}", chk.display());
+    let results = third.execute_sql(&explicit).await.expect("job");
+    let Some(StatementResult::JobStarted { resumed_from, .. }) = results.last() else {
+        panic!("job expected")
+    };
+    assert_eq!(
+        resumed_from.as_ref().map(|r| r.0),
+        Some(last),
+        "resumed from the path given"
+    );
+    assert_eq!(
+        visible_rows(&out),
+        2 * first_rows,
+        "a finished run's checkpoint produces nothing more"
+    );
+
     let err = session
         .execute_sql("SHOW CHECKPOINTS FOR JOB 'nope';")
         .await

@@ -42,8 +42,11 @@ pub fn restore_one(
     let metadata = storage.load(id)?;
     if metadata.plan_fingerprint != fingerprint {
         return Err(CheckpointError::Incompatible(format!(
-            "checkpoint {id} was taken by a different plan (query, parallelism or options changed); \
-             rescaling and plan changes need a savepoint, which this version does not support yet"
+            "checkpoint {id} in {} was taken by a different plan (query, parallelism or options changed); \
+             rescaling and plan changes need a savepoint, which this version does not support yet. \
+             To start this job afresh instead, remove {}",
+            storage.root().display(),
+            storage.root().display()
         )));
     }
     let state_root = job_dir.join("state");
