@@ -204,12 +204,17 @@ impl CheckpointCoordinator {
                 _ = tokio::time::sleep_until(deadline.unwrap_or(next_trigger)), if deadline.is_some() => {
                     if let Some(p) = pending.take() {
                         let timeout = self.config.timeout;
+                        next_trigger = self.after(p.started);
                         self.fail(&mut st, p, format!("expired after {timeout:?} before every task acknowledged"))?;
-                        next_trigger = Instant::now() + self.config.min_pause;
                     }
                 }
                 report = self.reports.recv() => match report {
-                    None => return Ok(CoordinatorEnd::TasksGone),
+                    None => {
+                        if let Some(p) = pending.take() {
+                            self.abandon(&mut st, p, "the tasks stopped".into());
+                        }
+                        return Ok(CoordinatorEnd::TasksGone);
+                    }
                     Some(TaskReport::Ack { checkpoint_id, task, snapshot, alignment, sync }) => {
                         match pending.as_mut() {
                             Some(p) if p.barrier.checkpoint_id == checkpoint_id => {
@@ -227,8 +232,8 @@ impl CheckpointCoordinator {
                         if pending.as_ref().is_some_and(|p| p.barrier.checkpoint_id == checkpoint_id)
                             && let Some(p) = pending.take()
                         {
+                            next_trigger = self.after(p.started);
                             self.fail(&mut st, p, format!("declined by task {task}: {reason}"))?;
-                            next_trigger = Instant::now() + self.config.min_pause;
                         }
                     }
                 }
@@ -239,9 +244,7 @@ impl CheckpointCoordinator {
             if complete && let Some(p) = pending.take() {
                 let trigger_at = p.started;
                 self.complete(&mut st, p).await?;
-                // Interval counted from the trigger, but never closer than
-                // min-pause to the end of the last checkpoint.
-                next_trigger = (trigger_at + self.config.interval).max(Instant::now() + self.config.min_pause);
+                next_trigger = self.after(trigger_at);
             }
             if st.finished.len() == self.tasks {
                 if let Some(p) = pending.take() {
@@ -254,12 +257,24 @@ impl CheckpointCoordinator {
         }
     }
 
+    /// When the checkpoint after one triggered at `triggered` may start:
+    /// one interval after it, and never closer than min-pause to now (the
+    /// end of the last one), whether it completed or failed.
+    fn after(&self, triggered: Instant) -> Instant {
+        (triggered + self.config.interval).max(Instant::now() + self.config.min_pause)
+    }
+
     fn trigger(&self, st: &mut State) -> Pending {
         let barrier = Barrier {
             checkpoint_id: st.next_id,
             timestamp: now_ms(),
         };
         st.next_id += 1;
+        // The directory marks the id as used, so no later attempt reuses
+        // it even if nothing else of this checkpoint is ever written.
+        if let Err(e) = std::fs::create_dir_all(self.storage.chk_dir(barrier.checkpoint_id)) {
+            tracing::warn!(target: "weir::checkpoint", "job '{}': {e}", self.job);
+        }
         self.log.upsert(CheckpointStats {
             id: barrier.checkpoint_id,
             trigger_time_ms: barrier.timestamp,
@@ -388,14 +403,31 @@ impl CheckpointCoordinator {
         let base = st.retained.back().cloned();
         let carried = std::mem::take(&mut st.carried);
         let incremental = self.config.incremental;
-        let kept = carried.clone();
+        // If writing fails, the sink output of this checkpoint (and what it
+        // carried) must reach the next one, and local snapshots must go.
+        let mut kept = carried.clone();
+        let mut local_dirs = vec![];
+        for s in &snapshots {
+            for (key, op) in &s.operators {
+                match op {
+                    OperatorSnapshot::Sink(c) => kept.entry(key.clone()).or_default().extend(c.iter().cloned()),
+                    OperatorSnapshot::RocksDb { dir } => local_dirs.push(dir.clone()),
+                    _ => {}
+                }
+            }
+        }
         let result = tokio::task::spawn_blocking(move || {
-            materialize(&storage, header, snapshots, base.as_ref(), carried, incremental)
+            let r = materialize(&storage, header, snapshots, base.as_ref(), carried, incremental);
+            if r.is_err() {
+                for d in local_dirs {
+                    let _ = std::fs::remove_dir_all(d);
+                }
+            }
+            r
         })
         .await
         .map_err(|e| CheckpointError::Internal(format!("upload task failed: {e}")))?;
         if result.is_err() {
-            // Their output was not recorded anywhere: keep it for the next.
             st.carried = kept;
         }
         result
@@ -416,6 +448,11 @@ impl CheckpointCoordinator {
         failpoint("coordinator.before_commit");
         commit_all(&self.committers, &meta).await?;
         failpoint("coordinator.after_commit");
+        // A finished task's output is committed now: later checkpoints need
+        // not carry it again.
+        for s in st.finished.values_mut() {
+            s.operators.retain(|(_, op)| !matches!(op, OperatorSnapshot::Sink(_)));
+        }
         st.retained.push_back(meta.clone());
         while st.retained.len() > self.config.num_retained.max(1) {
             st.retained.pop_front();

@@ -119,6 +119,13 @@ impl CheckpointStorage {
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
         f.write_all(&bytes).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
+        // Every file the metadata names, and the directories holding them,
+        // are durable before the metadata makes the checkpoint exist.
+        if self.shared_dir().exists() {
+            sync_dir(&self.shared_dir())?;
+        }
+        sync_dir(&dir)?;
+        sync_dir(&self.root)?;
         failpoint("checkpoint.before_metadata_rename");
         let path = dir.join(METADATA_FILE);
         std::fs::rename(&tmp, &path).map_err(io(&path))?;

@@ -1,9 +1,11 @@
 //! `LIMIT n [OFFSET m]` on a single subtask: passes the first rows through,
-//! then tells the runtime it needs no more input so the job can end.
+//! then tells the runtime it needs no more input so the job can end. Its
+//! two counters are its checkpointed state.
 
 use arrow::record_batch::RecordBatch;
 
 use super::{Collector, Operator};
+use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
 
 pub struct LimitOperator {
@@ -15,11 +17,32 @@ impl LimitOperator {
     pub fn new(skip: usize, fetch: usize) -> Self {
         Self { skip, remaining: fetch }
     }
+
+    /// Continues from a checkpoint's counters (16 bytes, LE).
+    pub fn restore(bytes: &[u8]) -> Result<Self> {
+        let field = |i: usize| -> Option<usize> {
+            Some(u64::from_le_bytes(bytes.get(i * 8..i * 8 + 8)?.try_into().ok()?) as usize)
+        };
+        match (bytes.len(), field(0), field(1)) {
+            (16, Some(skip), Some(remaining)) => Ok(Self { skip, remaining }),
+            _ => Err(crate::error::StateError::Corrupt {
+                state: "limit".into(),
+                message: format!("expected 16 bytes of counters, found {}", bytes.len()),
+            }
+            .into()),
+        }
+    }
 }
 
 impl Operator for LimitOperator {
     fn name(&self) -> &str {
         "Limit"
+    }
+
+    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        let mut bytes = (self.skip as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(&(self.remaining as u64).to_le_bytes());
+        Ok(Some(OperatorSnapshot::Heap(bytes)))
     }
 
     fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()> {

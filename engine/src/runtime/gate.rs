@@ -334,6 +334,12 @@ impl InputGate {
                 None | Some(StreamMessage::EndOfInput) => {
                     self.channels[index].ended = true;
                     if self.channels.iter().all(|c| c.ended) {
+                        // A checkpoint still collecting (unaligned markers)
+                        // completes first: its snapshot must not be lost.
+                        if let Some(done) = self.complete_alignment() {
+                            self.queued.push_back(GateEvent::End);
+                            return done;
+                        }
                         return GateEvent::End;
                     }
                     // The ended channel no longer counts toward alignment.
@@ -649,5 +655,25 @@ mod tests {
         let old = barrier_at(1, chrono::Utc::now().timestamp_millis() - 60_000);
         prio[1].send(old).expect("announce");
         assert!(matches!(gate.next().await, GateEvent::SnapshotUnaligned(_, _)));
+    }
+
+    #[tokio::test]
+    async fn unaligned_recording_completes_before_the_end_when_every_channel_ends() {
+        let (data, prio, lanes) = lanes(2);
+        let mode = BarrierMode {
+            mode: CheckpointMode::ExactlyOnce,
+            unaligned: true,
+            aligned_timeout: Duration::ZERO,
+        };
+        let mut gate = InputGate::with_lanes(lanes, mode);
+        let b = barrier_at(4, chrono::Utc::now().timestamp_millis());
+        prio[0].send(b).expect("announce");
+        assert!(matches!(gate.next().await, GateEvent::SnapshotUnaligned(_, _)));
+        // a delivers its marker and ends; b ends without ever sending one.
+        data[0].send(StreamMessage::Barrier(b)).await.expect("marker");
+        data[0].send(StreamMessage::EndOfInput).await.expect("end");
+        data[1].send(StreamMessage::EndOfInput).await.expect("end");
+        assert!(matches!(gate.next().await, GateEvent::InFlightComplete(4)));
+        assert!(matches!(gate.next().await, GateEvent::End));
     }
 }

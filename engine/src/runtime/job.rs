@@ -167,24 +167,7 @@ impl RunStatus {
 fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<RestoredJob>> {
     let fingerprint = graph.fingerprint();
     if let Some(path) = &config.recovery_path {
-        let id = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("chk-"))
-            .and_then(|n| n.parse::<u64>().ok())
-            .ok_or_else(|| {
-                ExecError::Config(format!(
-                    "'execution.state-recovery.path' = '{}' is not a checkpoint directory (chk-<n>)",
-                    path.display()
-                ))
-            })?;
-        let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        return Ok(Some(restore_one(
-            &CheckpointStorage::new(root),
-            id,
-            &fingerprint,
-            &config.job_dir,
-        )?));
+        return Ok(Some(restore_path(path, &fingerprint, &config.job_dir)?));
     }
     let Some(cp) = &config.checkpointing else {
         return Ok(None);
@@ -199,6 +182,23 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<Res
             Ok(None)
         }
     }
+}
+
+/// Restores the checkpoint directory `path` (`.../chk-<n>`).
+fn restore_path(path: &Path, fingerprint: &str, job_dir: &Path) -> Result<RestoredJob> {
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("chk-"))
+        .and_then(|n| n.parse::<u64>().ok())
+        .ok_or_else(|| {
+            ExecError::Config(format!(
+                "'execution.state-recovery.path' = '{}' is not a checkpoint directory (chk-<n>)",
+                path.display()
+            ))
+        })?;
+    let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    Ok(restore_one(&CheckpointStorage::new(root), id, fingerprint, job_dir)?)
 }
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
@@ -298,9 +298,20 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 let storage = CheckpointStorage::new(cp.root.clone());
                 let fingerprint = graph.fingerprint();
                 let job_dir = config.job_dir.clone();
-                restored = tokio::task::spawn_blocking(move || restore_latest(&storage, &fingerprint, &job_dir))
-                    .await
-                    .map_err(|e| ExecError::internal(format!("restore task failed: {e}")))??;
+                let recovery_path = config.recovery_path.clone();
+                restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
+                    match restore_latest(&storage, &fingerprint, &job_dir)? {
+                        Some(r) => Ok(Some(r)),
+                        // No checkpoint of our own yet: the one the job
+                        // started from, again.
+                        None => match recovery_path {
+                            Some(p) => Ok(Some(restore_path(&p, &fingerprint, &job_dir)?)),
+                            None => Ok(None),
+                        },
+                    }
+                })
+                .await
+                .map_err(|e| ExecError::internal(format!("restore task failed: {e}")))??;
                 if let Some(r) = &restored {
                     tracing::info!(
                         target: "weir::checkpoint",
@@ -678,7 +689,11 @@ async fn run_attempt(
             reports: report_rx,
             committers,
             log: metrics.checkpoints.clone(),
-            restored: restored.map(|r| r.metadata),
+            // The incremental base must live in this job's storage: a
+            // checkpoint restored from elsewhere is not shared from.
+            restored: restored
+                .filter(|r| r.path.parent() == Some(cp.root.as_path()))
+                .map(|r| r.metadata),
         };
         coordinator_set.spawn(coordinator.run());
     }
@@ -745,7 +760,13 @@ fn create_operator(
     Ok(match &node.kind {
         NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
         NodeKind::Calc(c) => Box::new(CalcOperator::new(c, node.schema.clone())),
-        NodeKind::Limit(l) => Box::new(LimitOperator::new(l.skip, l.fetch)),
+        NodeKind::Limit(l) => {
+            let key = crate::checkpoint::operator_key(id, subtask);
+            match restored.and_then(|r| r.heap.get(&key)) {
+                Some(bytes) => Box::new(LimitOperator::restore(bytes)?),
+                None => Box::new(LimitOperator::new(l.skip, l.fetch)),
+            }
+        }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::WindowAggregate(w) => {
             let dir = local_state_dir(&config.job_dir, id, subtask);

@@ -74,15 +74,6 @@ pub async fn checkpoint_chain(
     Ok(())
 }
 
-/// Deletes the local files of a snapshot that will never be acknowledged.
-fn discard_local(snapshot: TaskSnapshot) {
-    for (_, op) in snapshot.operators {
-        if let OperatorSnapshot::RocksDb { dir } = op {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 /// The task ended: its final part of the last checkpoint.
 pub fn report_finished(
     mut snapshot: TaskSnapshot,
@@ -99,6 +90,27 @@ pub fn report_finished(
 }
 
 impl OperatorTask {
+    /// Acknowledges an unaligned snapshot with the in-flight data recorded
+    /// for it. (One that was subsumed is dropped by the coordinator, which
+    /// keeps its sink output and deletes its local files.)
+    fn ack_unaligned(&self, mut u: UnalignedPending) -> Result<()> {
+        let Some(cp) = self.checkpointing.as_ref() else {
+            return Ok(());
+        };
+        let bytes = encode_batches(&u.recorded)?;
+        u.snapshot
+            .operators
+            .push((self.in_flight_key.clone(), OperatorSnapshot::InFlight(bytes)));
+        cp.report(TaskReport::Ack {
+            checkpoint_id: u.barrier.checkpoint_id,
+            task: cp.task,
+            snapshot: u.snapshot,
+            alignment: u.alignment,
+            sync: u.sync,
+        });
+        Ok(())
+    }
+
     pub async fn run(mut self) -> Result<()> {
         let mut outbox = Vec::new();
         for b in std::mem::take(&mut self.replay) {
@@ -116,8 +128,10 @@ impl OperatorTask {
                     self.output.announce(b);
                     self.output.broadcast(StreamMessage::Barrier(b)).await?;
                     if let Some(old) = unaligned.take() {
-                        // Subsumed before its in-flight data was complete.
-                        discard_local(old.snapshot);
+                        // Subsumed before its in-flight data was complete:
+                        // acknowledged late, the coordinator drops it but
+                        // keeps its sink output for the next checkpoint.
+                        self.ack_unaligned(old)?;
                     }
                     if self.checkpointing.is_some() {
                         let started = Instant::now();
@@ -140,21 +154,9 @@ impl OperatorTask {
                     }
                     self.chain.process_batch(b, &mut outbox)?;
                 }
-                GateEvent::InFlightComplete(id) => {
-                    if let (Some(mut u), Some(cp)) = (unaligned.take(), self.checkpointing.as_ref())
-                        && u.barrier.checkpoint_id == id
-                    {
-                        let bytes = encode_batches(&u.recorded)?;
-                        u.snapshot
-                            .operators
-                            .push((self.in_flight_key.clone(), OperatorSnapshot::InFlight(bytes)));
-                        cp.report(TaskReport::Ack {
-                            checkpoint_id: id,
-                            task: cp.task,
-                            snapshot: u.snapshot,
-                            alignment: u.alignment,
-                            sync: u.sync,
-                        });
+                GateEvent::InFlightComplete(_) => {
+                    if let Some(u) = unaligned.take() {
+                        self.ack_unaligned(u)?;
                     }
                 }
                 GateEvent::Watermark(w) => self.chain.process_watermark(w, &mut outbox)?,
@@ -172,6 +174,9 @@ impl OperatorTask {
                     .await?;
                 }
                 GateEvent::End => {
+                    if let Some(u) = unaligned.take() {
+                        self.ack_unaligned(u)?;
+                    }
                     self.chain.end_of_input(&mut outbox)?;
                     flush(&mut outbox, &mut self.output).await?;
                     return report_finished(TaskSnapshot::default(), &mut self.chain, self.checkpointing.as_ref());
@@ -181,6 +186,9 @@ impl OperatorTask {
             if self.chain.is_finished() || self.output.is_closed() {
                 // LIMIT reached or nobody downstream: end early. Dropping
                 // the gate closes our inputs, which stops upstream tasks.
+                if let Some(u) = unaligned.take() {
+                    self.ack_unaligned(u)?;
+                }
                 self.chain.end_of_input(&mut outbox)?;
                 flush(&mut outbox, &mut self.output).await?;
                 return report_finished(TaskSnapshot::default(), &mut self.chain, self.checkpointing.as_ref());
