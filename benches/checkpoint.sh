@@ -21,7 +21,7 @@ run() { # label, extra SET lines
   start=$(date +%s.%N)
   "$WEIR" --data-dir "$WORK/data-$1" run "$WORK/run.sql" 2> "$WORK/$1.log" > /dev/null
   end=$(date +%s.%N)
-  echo "$1: $EVENTS events in $(echo "$end - $start" | bc) s"
+  echo "$1: $EVENTS events in $(awk "BEGIN { print $end - $start }") s"
 }
 
 echo "== throughput (bounded run, to the end including the final firing)"

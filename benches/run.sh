@@ -13,3 +13,4 @@ echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model na
 "$bin" bench nexmark --events "$events" --queries q5,q7 --state-backend hashmap | tail -n 2
 "$bin" bench alignment --events "$events" --rate 400000
 "$bin" bench alignment --events "$events" --rate 400000 --buffer-size 0 | tail -n 1
+"$(dirname "$0")/checkpoint.sh" 22000000 15
