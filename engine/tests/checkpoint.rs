@@ -29,15 +29,27 @@ struct Harness {
 }
 
 fn start(root: &Path, retained: usize) -> Harness {
+    start_coordinator(root, retained, Duration::from_secs(60), 0, 1, Default::default())
+}
+
+/// A coordinator over `tasks` tasks (task 0 is the only source reader).
+fn start_coordinator(
+    root: &Path,
+    retained: usize,
+    timeout: Duration,
+    tolerable: u32,
+    tasks: usize,
+    committers: std::collections::HashMap<usize, Arc<dyn weir_engine::connectors::Committer>>,
+) -> Harness {
     let (trigger_tx, triggers) = watch::channel(None);
     let (reports, report_rx) = mpsc::unbounded_channel();
     let log = Arc::new(CheckpointLog::default());
     let coordinator = CheckpointCoordinator {
         config: CheckpointConfig {
             interval: Duration::from_millis(1),
-            timeout: Duration::from_secs(60),
+            timeout,
             min_pause: Duration::ZERO,
-            tolerable_failed: 0,
+            tolerable_failed: tolerable,
             num_retained: retained,
             root: root.to_path_buf(),
             mode: CheckpointMode::ExactlyOnce,
@@ -48,11 +60,11 @@ fn start(root: &Path, retained: usize) -> Harness {
         storage: CheckpointStorage::new(root.to_path_buf()),
         job: "test".into(),
         fingerprint: "plan".into(),
-        tasks: 1,
+        tasks,
         source_tasks: vec![0],
         triggers: trigger_tx,
         reports: report_rx,
-        committers: Default::default(),
+        committers,
         log: log.clone(),
         restored: None,
     };
@@ -361,42 +373,10 @@ impl weir_engine::connectors::Committer for RecordingCommitter {
 
 /// Two tasks: 0 a source reader (no state), 1 a two-phase-commit sink.
 fn start_with_sink(root: &Path, timeout: Duration, tolerable: u32, committer: Arc<RecordingCommitter>) -> Harness {
-    let (trigger_tx, triggers) = watch::channel(None);
-    let (reports, report_rx) = mpsc::unbounded_channel();
-    let log = Arc::new(CheckpointLog::default());
     let mut committers: std::collections::HashMap<usize, Arc<dyn weir_engine::connectors::Committer>> =
         Default::default();
     committers.insert(2, committer);
-    let coordinator = CheckpointCoordinator {
-        config: CheckpointConfig {
-            interval: Duration::from_millis(1),
-            timeout,
-            min_pause: Duration::ZERO,
-            tolerable_failed: tolerable,
-            num_retained: 2,
-            root: root.to_path_buf(),
-            mode: CheckpointMode::ExactlyOnce,
-            incremental: true,
-            unaligned: false,
-            aligned_timeout: Duration::ZERO,
-        },
-        storage: CheckpointStorage::new(root.to_path_buf()),
-        job: "test".into(),
-        fingerprint: "plan".into(),
-        tasks: 2,
-        source_tasks: vec![0],
-        triggers: trigger_tx,
-        reports: report_rx,
-        committers,
-        log: log.clone(),
-        restored: None,
-    };
-    Harness {
-        triggers,
-        reports,
-        log,
-        done: tokio::spawn(coordinator.run()),
-    }
+    start_coordinator(root, 2, timeout, tolerable, 2, committers)
 }
 
 impl Harness {

@@ -69,6 +69,26 @@ pub struct CheckpointStats {
     pub message: String,
 }
 
+impl CheckpointStats {
+    /// A checkpoint that has not completed: nothing measured yet.
+    fn unfinished(barrier: Barrier, status: CheckpointStatus, message: String) -> Self {
+        Self {
+            id: barrier.checkpoint_id,
+            trigger_time_ms: barrier.timestamp,
+            duration: Duration::ZERO,
+            alignment: Duration::ZERO,
+            sync: Duration::ZERO,
+            async_part: Duration::ZERO,
+            full_bytes: 0,
+            incremental_bytes: 0,
+            in_flight_bytes: 0,
+            status,
+            is_final: false,
+            message,
+        }
+    }
+}
+
 /// The checkpoint history of a job, shared with `SHOW CHECKPOINTS`.
 #[derive(Debug, Default)]
 pub struct CheckpointLog {
@@ -275,20 +295,11 @@ impl CheckpointCoordinator {
         if let Err(e) = std::fs::create_dir_all(self.storage.chk_dir(barrier.checkpoint_id)) {
             tracing::warn!(target: "weir::checkpoint", "job '{}': {e}", self.job);
         }
-        self.log.upsert(CheckpointStats {
-            id: barrier.checkpoint_id,
-            trigger_time_ms: barrier.timestamp,
-            duration: Duration::ZERO,
-            alignment: Duration::ZERO,
-            sync: Duration::ZERO,
-            async_part: Duration::ZERO,
-            full_bytes: 0,
-            incremental_bytes: 0,
-            in_flight_bytes: 0,
-            status: CheckpointStatus::InProgress,
-            is_final: false,
-            message: String::new(),
-        });
+        self.log.upsert(CheckpointStats::unfinished(
+            barrier,
+            CheckpointStatus::InProgress,
+            String::new(),
+        ));
         let _ = self.triggers.send(Some(barrier));
         let now = Instant::now();
         Pending {
@@ -306,18 +317,8 @@ impl CheckpointCoordinator {
         let id = p.barrier.checkpoint_id;
         tracing::warn!(target: "weir::checkpoint", "job '{}': checkpoint {id} aborted: {reason}", self.job);
         self.log.upsert(CheckpointStats {
-            id,
-            trigger_time_ms: p.barrier.timestamp,
             duration: p.started.elapsed(),
-            alignment: Duration::ZERO,
-            sync: Duration::ZERO,
-            async_part: Duration::ZERO,
-            full_bytes: 0,
-            incremental_bytes: 0,
-            in_flight_bytes: 0,
-            status: CheckpointStatus::Failed,
-            is_final: false,
-            message: reason,
+            ..CheckpointStats::unfinished(p.barrier, CheckpointStatus::Failed, reason)
         });
     }
 

@@ -53,6 +53,31 @@ fn copy_hashed(src: &Path, dst: &Path) -> Result<(u64, String), CheckpointError>
     Ok((total, format!("{:016x}", h.finish())))
 }
 
+/// Reads a whole file; a missing one is `Missing`, not an I/O error.
+fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
+    std::fs::read(path).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => CheckpointError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// Removes a directory tree; one that does not exist is fine.
+pub fn remove_dir_if_exists(dir: &Path) -> Result<(), CheckpointError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CheckpointError::Io {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
@@ -177,16 +202,7 @@ impl CheckpointStorage {
     /// verified against the checksum when restored.)
     pub fn load(&self, id: u64) -> Result<CheckpointMetadata, CheckpointError> {
         let path = self.chk_dir(id).join(METADATA_FILE);
-        let bytes = std::fs::read(&path).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                CheckpointError::Missing { path: path.clone() }
-            } else {
-                CheckpointError::Io {
-                    path: path.clone(),
-                    source,
-                }
-            }
-        })?;
+        let bytes = read(&path)?;
         let meta = CheckpointMetadata::decode(&bytes, &path.display().to_string())?;
         for f in meta.files() {
             let p = self.root.join(&f.path);
@@ -231,16 +247,7 @@ impl CheckpointStorage {
     /// Reads a checkpoint file, verifying size and checksum.
     pub fn read_file(&self, f: &FileRef) -> Result<Vec<u8>, CheckpointError> {
         let src = self.root.join(&f.path);
-        let bytes = std::fs::read(&src).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                CheckpointError::Missing { path: src.clone() }
-            } else {
-                CheckpointError::Io {
-                    path: src.clone(),
-                    source,
-                }
-            }
-        })?;
+        let bytes = read(&src)?;
         let sum = super::metadata::checksum(&bytes);
         if bytes.len() as u64 != f.size || sum != f.xxh64 {
             return Err(CheckpointError::Corrupt {
@@ -288,11 +295,7 @@ impl CheckpointStorage {
 
     /// Removes every checkpoint of the job (a fresh start).
     pub fn clear(&self) -> Result<(), CheckpointError> {
-        match std::fs::remove_dir_all(&self.root) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io(&self.root)(e)),
-        }
+        remove_dir_if_exists(&self.root)
     }
 }
 

@@ -440,18 +440,7 @@ async fn run_attempt(
         return Ok(());
     }
     if restored.is_none() {
-        let state_root = config.job_dir.join("state");
-        match std::fs::remove_dir_all(&state_root) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    path: state_root,
-                    source,
-                }
-                .into());
-            }
-        }
+        crate::checkpoint::storage::remove_dir_if_exists(&config.job_dir.join("state"))?;
     }
     let (trigger_tx, trigger_rx) = watch::channel(None);
     let (report_tx, report_rx) = mpsc::unbounded_channel();
