@@ -86,6 +86,9 @@ pub fn restore_one(
             OperatorState::Sink { .. } => {}
         }
     }
+    // A crash here, with state half laid out, must leave the next restore
+    // as good as this one (it starts by wiping the state directory).
+    crate::failpoint::failpoint("restore.state_laid_out");
     Ok(RestoredJob {
         path: storage.chk_dir(id),
         metadata,
