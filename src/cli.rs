@@ -34,6 +34,12 @@ pub struct Args {
 pub enum Command {
     /// Execute a .sql file's statements in order and wait for its jobs.
     Run { file: PathBuf },
+    /// Serve Arrow Flight SQL (ADBC/JDBC clients) until Ctrl-C / SIGTERM.
+    Serve {
+        /// Address to listen on (loopback by default: no TLS or auth yet).
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: std::net::SocketAddr,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -74,6 +80,22 @@ pub fn main_with(args: Args) -> i32 {
         }) => {
             return rt.block_on(crate::bench::run_alignment(b));
         }
+        Some(Command::Serve { listen }) => {
+            let session = match Session::open(&args.data_dir) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_ERROR;
+                }
+            };
+            return match rt.block_on(crate::server::serve(*listen, session)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    EXIT_ERROR
+                }
+            };
+        }
         _ => {}
     }
     let mut session = match Session::open(&args.data_dir) {
@@ -108,7 +130,7 @@ pub fn main_with(args: Args) -> i32 {
             rt.block_on(run_script(&mut session, &text, "<stdin>"))
         }
         (None, None) => repl(&rt, &mut session),
-        (Some(Command::Bench { .. }), _) => EXIT_ERROR,
+        (Some(Command::Bench { .. } | Command::Serve { .. }), _) => EXIT_ERROR,
     }
 }
 

@@ -7,13 +7,16 @@
 //!   catalog and starts jobs. The REPL, `weir run` and tests all go
 //!   through `Session::execute`.
 //! - [`display`]: rendering results as text (tableau and `+I[...]` rows).
-//! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts.
+//! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts,
+//!   `serve`.
+//! - [`server`]: `weir serve`, Arrow Flight SQL over a session.
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
 //! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
 
 pub mod bench;
 pub mod cli;
 pub mod display;
+pub mod server;
 pub mod session;
 pub mod watermarks;
 

@@ -378,6 +378,43 @@ impl Session {
         Ok(StatementResult::Rows(schema, vec![batch]))
     }
 
+    /// Tables and views of the catalog: (name, "TABLE" | "VIEW", columns).
+    pub fn catalog_entries(&self) -> Vec<(String, &'static str, SchemaRef)> {
+        self.catalog
+            .entries()
+            .map(|(name, e)| match e {
+                Entry::Table(t) => (name.clone(), "TABLE", t.schema()),
+                Entry::View(_) => (name.clone(), "VIEW", Arc::new(Schema::empty())),
+            })
+            .collect()
+    }
+
+    /// The schema of the rows `sql` (one statement) returns, computed by
+    /// planning it without running anything: a query's columns, the job
+    /// row of an INSERT, no columns for the rest.
+    pub fn result_schema(&mut self, sql: &str) -> Result<SchemaRef, SessionError> {
+        let mut stmts = weir_sql::parse(sql)?;
+        if stmts.len() != 1 {
+            return Err(SqlError::plan(format!("expected one statement, found {}", stmts.len())).into());
+        }
+        let stmt = stmts.remove(0);
+        Ok(match &stmt.statement {
+            Statement::Query(q) => {
+                let config = self.job_config("select")?;
+                match self.planner.plan_query(q, &self.catalog, &config)? {
+                    QueryPlan::Batch(plan) => Arc::new(plan.schema().as_arrow().clone()),
+                    QueryPlan::Stream(graph) => graph
+                        .nodes
+                        .last()
+                        .map(|n| n.schema.clone())
+                        .ok_or_else(|| ExecError::internal("empty plan"))?,
+                }
+            }
+            Statement::Insert { .. } => job_row_schema(),
+            _ => Arc::new(Schema::empty()),
+        })
+    }
+
     /// Per split: watermark, lag, state, time paused; per alignment group:
     /// minimum, max allowed, spread; per stateful operator: state growth per
     /// second of event time and the drift a state budget allows.
@@ -526,4 +563,13 @@ fn at(e: SessionError, location: Location) -> SessionError {
             location: Some(location),
         }),
     }
+}
+
+/// The row an `INSERT` answers with over Flight SQL: the detached job.
+pub fn job_row_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("job_id", DataType::Utf8, false),
+        Field::new("job_name", DataType::Utf8, false),
+        Field::new("state", DataType::Utf8, false),
+    ]))
 }
