@@ -343,10 +343,19 @@ impl CheckpointCoordinator {
         let sync = p.acks.values().map(|a| a.2).max().unwrap_or_default();
         let mut snapshots = vec![];
         let mut acks = p.acks;
+        // Finished tasks whose final output this checkpoint holds (a task
+        // that acknowledged before finishing is represented by its ack; its
+        // final output waits for the next checkpoint).
+        let mut from_finished = vec![];
         for t in 0..self.tasks {
             match acks.remove(&t) {
                 Some((s, _, _)) => snapshots.push(s),
-                None => snapshots.extend(st.finished.get(&t).map(clone_finished)),
+                None => {
+                    if let Some(f) = st.finished.get(&t) {
+                        snapshots.push(clone_finished(f));
+                        from_finished.push(t);
+                    }
+                }
             }
         }
         let async_started = Instant::now();
@@ -361,7 +370,15 @@ impl CheckpointCoordinator {
             Ok((meta, uploaded)) => {
                 st.failures = 0;
                 self.commit_and_clean(st, meta, uploaded, p.started, alignment, sync, async_started)
-                    .await
+                    .await?;
+                // Their final output is committed now: later checkpoints
+                // need not carry it again.
+                for t in from_finished {
+                    if let Some(f) = st.finished.get_mut(&t) {
+                        f.operators.retain(|(_, op)| !matches!(op, OperatorSnapshot::Sink(_)));
+                    }
+                }
+                Ok(())
             }
             Err(e) => {
                 let failed = Pending {
@@ -449,11 +466,6 @@ impl CheckpointCoordinator {
         failpoint("coordinator.before_commit");
         commit_all(&self.committers, &meta).await?;
         failpoint("coordinator.after_commit");
-        // A finished task's output is committed now: later checkpoints need
-        // not carry it again.
-        for s in st.finished.values_mut() {
-            s.operators.retain(|(_, op)| !matches!(op, OperatorSnapshot::Sink(_)));
-        }
         st.retained.push_back(meta.clone());
         while st.retained.len() > self.config.num_retained.max(1) {
             st.retained.pop_front();
