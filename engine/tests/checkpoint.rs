@@ -499,3 +499,44 @@ async fn failures_beyond_the_tolerance_fail_the_job() {
         "{msg}"
     );
 }
+
+/// A sink that acknowledged checkpoint N and then finished before N
+/// completed: its final output (after N) is committed by a later
+/// checkpoint, not dropped with N's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn final_output_of_a_task_that_finished_during_a_checkpoint_is_committed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let committed = Arc::new(RecordingCommitter::default());
+    let mut h = start_with_sink(dir.path(), Duration::from_secs(60), 0, committed.clone());
+    let v = |s: &str| serde_json::json!({ "part": s });
+    let n = h.next_barrier().await;
+    h.ack(1, n, Some(vec![v("before-n")]));
+    h.reports
+        .send(TaskReport::Finished {
+            task: 1,
+            snapshot: TaskSnapshot {
+                sources: vec![],
+                operators: vec![(
+                    "2/0".into(),
+                    weir_engine::checkpoint::OperatorSnapshot::Sink(vec![v("after-n")]),
+                )],
+            },
+        })
+        .expect("report");
+    h.ack(0, n, None);
+    let next = h.next_barrier().await;
+    assert_eq!(*committed.0.lock().expect("lock"), vec![v("before-n")]);
+    h.ack(0, next, None);
+    h.reports
+        .send(TaskReport::Finished {
+            task: 0,
+            snapshot: TaskSnapshot::default(),
+        })
+        .expect("report");
+    tokio::time::timeout(Duration::from_secs(30), h.done)
+        .await
+        .expect("ends")
+        .expect("join")
+        .expect("ok");
+    assert_eq!(*committed.0.lock().expect("lock"), vec![v("before-n"), v("after-n")]);
+}
