@@ -135,7 +135,13 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = self.session.lock().await.result_schema(&query.query).map_err(status)?;
+        let schema = self
+            .session
+            .lock()
+            .await
+            .result_schema(&query.query)
+            .await
+            .map_err(status)?;
         let ticket = TicketStatementQuery {
             statement_handle: query.query.into_bytes().into(),
         };

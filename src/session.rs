@@ -232,6 +232,7 @@ impl Session {
             Statement::Describe(name) => self.describe(name),
             Statement::ShowWatermarks(job) => self.show_watermarks(job),
             Statement::ShowCheckpoints(job) => self.show_checkpoints(job),
+            Statement::ShowJobs => self.show_jobs(),
             Statement::Set(None) => {
                 let schema = Arc::new(Schema::new(vec![
                     Field::new("key", DataType::Utf8, false),
@@ -324,6 +325,49 @@ impl Session {
         })
     }
 
+    /// One row per job this session started: name, state, rows read by its
+    /// sources and written to its sink, latest completed checkpoint.
+    fn show_jobs(&self) -> Result<StatementResult, SessionError> {
+        use arrow::array::UInt64Array;
+        use std::sync::atomic::Ordering;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("job_name", DataType::Utf8, false),
+            Field::new("state", DataType::Utf8, false),
+            Field::new("rows_in", DataType::UInt64, false),
+            Field::new("rows_out", DataType::UInt64, false),
+            Field::new("last_checkpoint", DataType::UInt64, true),
+        ]));
+        let (mut names, mut states, mut rows_in, mut rows_out, mut last) = (vec![], vec![], vec![], vec![], vec![]);
+        for (name, m) in &self.job_metrics {
+            let running = self.jobs.iter().any(|j| &j.name == name && !j.is_finished());
+            names.push(name.clone());
+            states.push(if running { "RUNNING" } else { "ENDED" });
+            // Sources' output is what the job read; the last node's input
+            // is what it wrote.
+            rows_in.push(
+                m.nodes
+                    .iter()
+                    .filter(|n| n.name.contains("Source:"))
+                    .map(|n| n.rows_out.load(Ordering::Relaxed))
+                    .sum::<u64>(),
+            );
+            rows_out.push(m.nodes.last().map_or(0, |n| n.rows_in.load(Ordering::Relaxed)));
+            last.push(m.checkpoints.last_completed().map(|c| c.id));
+        }
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(names)) as ArrayRef,
+                Arc::new(StringArray::from(states)),
+                Arc::new(UInt64Array::from(rows_in)),
+                Arc::new(UInt64Array::from(rows_out)),
+                Arc::new(UInt64Array::from(last)),
+            ],
+        )
+        .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
+    }
+
     /// One row per checkpoint of the job (newest last): id, status, trigger
     /// time, durations, sizes.
     fn show_checkpoints(&self, job: &str) -> Result<StatementResult, SessionError> {
@@ -392,7 +436,7 @@ impl Session {
     /// The schema of the rows `sql` (one statement) returns, computed by
     /// planning it without running anything: a query's columns, the job
     /// row of an INSERT, no columns for the rest.
-    pub fn result_schema(&mut self, sql: &str) -> Result<SchemaRef, SessionError> {
+    pub async fn result_schema(&mut self, sql: &str) -> Result<SchemaRef, SessionError> {
         let mut stmts = weir_sql::parse(sql)?;
         if stmts.len() != 1 {
             return Err(SqlError::plan(format!("expected one statement, found {}", stmts.len())).into());
@@ -411,6 +455,19 @@ impl Session {
                 }
             }
             Statement::Insert { .. } => job_row_schema(),
+            // Read-only statements whose columns are only known by running
+            // them: run them (nothing changes).
+            Statement::ShowTables
+            | Statement::ShowJobs
+            | Statement::ShowWatermarks(_)
+            | Statement::ShowCheckpoints(_)
+            | Statement::Describe(_)
+            | Statement::Explain(_)
+            | Statement::Set(None) => match self.execute(&stmt).await? {
+                StatementResult::Rows(schema, _) => schema,
+                StatementResult::Explain(_) => Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)])),
+                _ => Arc::new(Schema::empty()),
+            },
             _ => Arc::new(Schema::empty()),
         })
     }

@@ -146,6 +146,17 @@ async fn flight_sql_statements_jobs_and_metadata() {
     )
     .await;
     assert_eq!(strings(&job, "state"), vec!["RUNNING"]);
+    // Job control as SQL: the schema is announced before the rows.
+    let info = client.execute("SHOW JOBS".into(), None).await.expect("show jobs");
+    assert!(
+        info.clone()
+            .try_decode_schema()
+            .expect("schema")
+            .field_with_name("state")
+            .is_ok()
+    );
+    let jobs = fetch(&mut client, info).await;
+    assert!(strings(&jobs, "state").contains(&"RUNNING".to_string()), "{jobs:?}");
     assert_eq!(strings(&job, "job_name"), strings(&job, "job_id"));
 
     // Bad SQL: INVALID_ARGUMENT with the position, not INTERNAL.

@@ -68,6 +68,8 @@ pub enum Statement {
         if_exists: bool,
     },
     ShowTables,
+    /// `SHOW JOBS`
+    ShowJobs,
     /// `SHOW WATERMARKS FOR JOB 'name'`
     ShowWatermarks(String),
     /// `SHOW CHECKPOINTS FOR JOB 'name'`
@@ -273,6 +275,9 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
     if p.parse_keyword(Keyword::SHOW) {
         if p.parse_keyword(Keyword::TABLES) || p.parse_keyword(Keyword::VIEWS) {
             return Ok(Statement::ShowTables);
+        }
+        if parse_word(p, "JOBS") {
+            return Ok(Statement::ShowJobs);
         }
         for (word, make) in [
             ("WATERMARKS", Statement::ShowWatermarks as fn(String) -> Statement),

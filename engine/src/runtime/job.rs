@@ -84,6 +84,11 @@ impl JobHandle {
         let _ = self.stop.send(true);
     }
 
+    /// The job ended (finished, stopped, failed or cancelled).
+    pub fn is_finished(&self) -> bool {
+        self.done.is_finished()
+    }
+
     pub fn stopper(&self) -> JobStopper {
         JobStopper(self.stop.clone())
     }
