@@ -43,7 +43,9 @@ use crate::session::{Session, SessionError, StatementResult, job_row_schema};
 pub const CATALOG: &str = "weir";
 pub const SCHEMA: &str = "default";
 
-static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
+/// `None` only if the builder rejected our own constant table (a bug,
+/// answered as INTERNAL rather than a panic).
+static SQL_INFO: LazyLock<Option<SqlInfoData>> = LazyLock::new(|| {
     let mut b = SqlInfoDataBuilder::new();
     b.append(SqlInfo::FlightSqlServerName, "Weir");
     b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
@@ -55,10 +57,23 @@ static SQL_INFO: LazyLock<SqlInfoData> = LazyLock::new(|| {
     );
     b.append(SqlInfo::SqlIdentifierQuoteChar, "`");
     b.append(SqlInfo::SqlIdentifierCase, 3_i32); // case sensitive
-    // The builder only fails on duplicate ids, and these are distinct.
-    b.build()
-        .unwrap_or_else(|_| SqlInfoDataBuilder::new().build().unwrap_or_else(|_| unreachable!()))
+    b.build().ok()
 });
+
+fn sql_info() -> Result<&'static SqlInfoData, Status> {
+    SQL_INFO
+        .as_ref()
+        .ok_or_else(|| Status::internal("the server's SqlInfo table is invalid"))
+}
+
+/// One batch, built by a Flight SQL metadata builder, as a DoGet answer.
+fn single_batch<E: std::fmt::Display>(
+    schema: SchemaRef,
+    batch: Result<RecordBatch, E>,
+) -> Result<Response<DoGetStream>, Status> {
+    let batch = batch.map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+}
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
 
@@ -224,7 +239,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = query.clone().into_builder(&SQL_INFO).schema();
+        let schema = query.clone().into_builder(sql_info()?).schema();
         Ok(Response::new(info_for(
             &schema,
             query.as_any().encode_to_vec(),
@@ -237,10 +252,9 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetSqlInfo,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let builder = query.into_builder(&SQL_INFO);
+        let builder = query.into_builder(sql_info()?);
         let schema = builder.schema();
-        let batch = builder.build().map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+        single_batch(schema, builder.build())
     }
 
     async fn get_flight_info_catalogs(
@@ -264,8 +278,7 @@ impl FlightSqlService for WeirFlightSql {
         let mut builder = query.into_builder();
         builder.append(CATALOG);
         let schema = builder.schema();
-        let batch = builder.build().map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+        single_batch(schema, builder.build())
     }
 
     async fn get_flight_info_schemas(
@@ -289,8 +302,7 @@ impl FlightSqlService for WeirFlightSql {
         let mut builder = query.into_builder();
         builder.append(CATALOG, SCHEMA);
         let schema = builder.schema();
-        let batch = builder.build().map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+        single_batch(schema, builder.build())
     }
 
     async fn get_flight_info_tables(
@@ -320,8 +332,7 @@ impl FlightSqlService for WeirFlightSql {
                 .map_err(|e| Status::internal(e.to_string()))?;
         }
         let schema = builder.schema();
-        let batch = builder.build().map_err(|e| Status::internal(e.to_string()))?;
-        Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+        single_batch(schema, builder.build())
     }
 
     async fn get_flight_info_table_types(
