@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building Weir needs on Debian/Ubuntu beyond Rust itself:
 # clang and libclang (bindgen for the RocksDB bindings), a C++ toolchain,
-# and python3 for the REPL test.
+# python3 for the REPL test, and a venv with the ADBC Flight SQL driver for
+# the third-party client test (scripts/adbc-venv.sh).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -25,4 +26,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found; install Rust from https://rustup.rs first" >&2
   exit 1
 fi
+
+# The ADBC client test's venv (pinned driver and pyarrow; quick when present).
+"$(dirname "$0")/adbc-venv.sh" >/dev/null
 echo "setup: ok"

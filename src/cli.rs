@@ -35,16 +35,70 @@ pub enum Command {
     /// Execute a .sql file's statements in order and wait for its jobs.
     Run { file: PathBuf },
     /// Serve Arrow Flight SQL (ADBC/JDBC clients) until Ctrl-C / SIGTERM.
-    Serve {
-        /// Address to listen on (loopback by default: no TLS or auth yet).
-        #[arg(long, default_value = "127.0.0.1:50051")]
-        listen: std::net::SocketAddr,
-    },
+    Serve(ServeArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
     },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on. Loopback by default; listening on other
+    /// interfaces wants a password and TLS.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub listen: std::net::SocketAddr,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// User name clients authenticate as (when a password is set).
+    #[arg(long, default_value = "weir")]
+    pub user: String,
+    /// File whose first line is the password (or set WEIR_PASSWORD).
+    /// Never on the command line: argv is visible to every local user.
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// TLS certificate chain (PEM); with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); with --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Connections open at once; more are refused.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Result streams open at once (all clients).
+    #[arg(long, default_value_t = 512)]
+    pub max_streams: usize,
+    /// Largest request message, in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_request_bytes: usize,
+    /// Result batches queued for a live query's client before the client
+    /// is dropped as too slow.
+    #[arg(long, default_value_t = 64)]
+    pub subscriber_queue: usize,
+}
+
+impl ServeArgs {
+    fn options(&self) -> Result<crate::server::ServerOptions, String> {
+        let mut o = crate::server::ServerOptions::new(self.listen);
+        let password = crate::server::load_password(self.password_file.as_deref())?;
+        o.auth = crate::server::Auth::new(password.map(|p| (self.user.clone(), p)));
+        o.tls = self.tls_cert.clone().zip(self.tls_key.clone());
+        o.metrics_listen = self.metrics_listen;
+        o.max_connections = self.max_connections.max(1);
+        o.max_streams = self.max_streams.max(1);
+        o.max_request_bytes = self.max_request_bytes.max(1024);
+        o.subscriber_queue = self.subscriber_queue.max(1);
+        if !o.listen.ip().is_loopback() && !o.auth.enabled() {
+            eprintln!(
+                "[WARN] listening on {} without a password: anyone who can reach it can run SQL",
+                o.listen
+            );
+        }
+        Ok(o)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -80,7 +134,7 @@ pub fn main_with(args: Args) -> i32 {
         }) => {
             return rt.block_on(crate::bench::run_alignment(b));
         }
-        Some(Command::Serve { listen }) => {
+        Some(Command::Serve(serve)) => {
             let session = match Session::open(&args.data_dir) {
                 Ok(s) => s,
                 Err(e) => {
@@ -88,7 +142,14 @@ pub fn main_with(args: Args) -> i32 {
                     return EXIT_ERROR;
                 }
             };
-            return match rt.block_on(crate::server::serve(*listen, session)) {
+            let options = match serve.options() {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_ERROR;
+                }
+            };
+            return match rt.block_on(crate::server::serve(options, session)) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -130,7 +191,7 @@ pub fn main_with(args: Args) -> i32 {
             rt.block_on(run_script(&mut session, &text, "<stdin>"))
         }
         (None, None) => repl(&rt, &mut session),
-        (Some(Command::Bench { .. } | Command::Serve { .. }), _) => EXIT_ERROR,
+        (Some(Command::Bench { .. } | Command::Serve(_)), _) => EXIT_ERROR,
     }
 }
 
@@ -181,13 +242,15 @@ async fn show(result: StatementResult, signals: &mut Signals) -> Result<(), Sess
         StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
         StatementResult::Explain(text) => println!("{text}"),
         StatementResult::JobStarted {
+            id,
             name,
             resumed_from: None,
-        } => println!("[INFO] job '{name}' submitted"),
+        } => println!("[INFO] job '{name}' submitted (id {id})"),
         StatementResult::JobStarted {
+            id,
             name,
-            resumed_from: Some((id, path)),
-        } => println!("[INFO] job '{name}' submitted: resuming from checkpoint {id} ({path})"),
+            resumed_from: Some((checkpoint, path)),
+        } => println!("[INFO] job '{name}' submitted (id {id}): resuming from checkpoint {checkpoint} ({path})"),
         StatementResult::Stream(rs) => stream(rs, signals).await?,
     }
     Ok(())

@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod cli;
 pub mod display;
+pub mod jobs;
 pub mod server;
 pub mod session;
 pub mod watermarks;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, BooleanArray, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use sqlparser::ast::Query;
 use tokio::sync::mpsc;
 use weir_catalog::store::Entry;
 use weir_catalog::{Catalog, ViewDef};
@@ -17,6 +18,8 @@ use weir_engine::runtime::metrics::JobMetrics;
 use weir_engine::runtime::{JobHandle, deploy};
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
+
+use crate::jobs::{JobRecord, Registry, SessionJob, new_job_id};
 
 /// An error of one statement, with where it happened when known.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +65,7 @@ pub enum StatementResult {
     /// `INSERT INTO`: a job was started (and, with `table.dml-sync`, has
     /// finished).
     JobStarted {
+        id: String,
         name: String,
         /// The checkpoint it resumed from: (id, path).
         resumed_from: Option<(u64, String)>,
@@ -78,8 +82,10 @@ pub struct Session {
     default_job_name: Option<String>,
     started: usize,
     last_outcome: Option<weir_engine::runtime::JobOutcome>,
-    /// Every job this session started, by name (for SHOW WATERMARKS).
-    job_metrics: BTreeMap<String, Arc<JobMetrics>>,
+    /// Every job this session started, oldest first (SHOW JOBS).
+    known_jobs: Vec<SessionJob>,
+    /// Where a server keeps the jobs to resubmit when it restarts.
+    registry: Option<Registry>,
 }
 
 impl Session {
@@ -100,7 +106,8 @@ impl Session {
             default_job_name: None,
             started: 0,
             last_outcome: None,
-            job_metrics: BTreeMap::new(),
+            known_jobs: vec![],
+            registry: None,
         })
     }
 
@@ -122,6 +129,180 @@ impl Session {
     /// Jobs started by `INSERT` that are still owned by the session.
     pub fn take_jobs(&mut self) -> Vec<JobHandle> {
         std::mem::take(&mut self.jobs)
+    }
+
+    /// Keeps the jobs this session starts in `<data dir>/server/jobs.json`
+    /// so that [`Session::resume_jobs`] of a later session starts them
+    /// again (`weir serve`).
+    pub fn keep_job_registry(&mut self) -> Result<(), String> {
+        self.registry = Some(Registry::open(&self.data_dir)?);
+        Ok(())
+    }
+
+    /// Starts again every job of the registry: one that was checkpointed
+    /// resumes from its latest checkpoint. Returns, per job, its name and
+    /// what happened.
+    pub async fn resume_jobs(&mut self) -> Vec<(String, Result<StatementResult, SessionError>)> {
+        let Some(registry) = self.registry.clone() else {
+            return vec![];
+        };
+        let mut out = vec![];
+        for record in registry.records() {
+            let saved = std::mem::replace(&mut self.settings, record.settings.clone());
+            let result = match weir_sql::parse(&record.sql) {
+                Ok(stmts) => match stmts.as_slice() {
+                    [
+                        ParsedStatement {
+                            statement: Statement::Insert { table, query },
+                            ..
+                        },
+                    ] => {
+                        self.start_insert(table, query, &record.sql, Some(record.id.clone()))
+                            .await
+                    }
+                    _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
+                },
+                Err(e) => Err(e.into()),
+            };
+            self.settings = saved;
+            if result.is_err() {
+                // Kept out of the registry so a broken job does not fail
+                // every start; the error is reported.
+                registry.remove(&record.id);
+            }
+            out.push((record.name, result));
+        }
+        out
+    }
+
+    /// Every job's metrics by name (the newest run of each name).
+    pub fn job_metrics_all(&self) -> Vec<(String, Arc<JobMetrics>)> {
+        let mut by_name = BTreeMap::new();
+        for j in &self.known_jobs {
+            by_name.insert(j.record.name.clone(), j.metrics.clone());
+        }
+        by_name.into_iter().collect()
+    }
+
+    /// A job by id or name (the newest of that name).
+    fn find_job(&self, key: &str) -> Result<&SessionJob, SessionError> {
+        self.known_jobs
+            .iter()
+            .rev()
+            .find(|j| j.record.id == key || j.record.name == key)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.known_jobs.iter().map(|j| j.record.name.as_str()).collect();
+                SqlError::plan(format!(
+                    "no job '{key}' in this session; jobs: {}",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ))
+                .into()
+            })
+    }
+
+    /// Starts the job of `INSERT INTO table query` (`sql` is its text, kept
+    /// to start it again after a server restart).
+    async fn start_insert(
+        &mut self,
+        table: &str,
+        query: &Query,
+        sql: &str,
+        id: Option<String>,
+    ) -> Result<StatementResult, SessionError> {
+        let sink = self.sink_table(table)?;
+        let config = self.job_config(&format!("insert-into-{table}"))?;
+        if let Some(running) = self
+            .known_jobs
+            .iter()
+            .find(|j| j.record.name == config.name && !j.state().is_terminal())
+        {
+            return Err(SqlError::plan(format!(
+                "job '{}' is already running (id {}); STOP JOB '{}' first, or SET 'pipeline.name' to start another",
+                config.name, running.record.id, config.name
+            ))
+            .into());
+        }
+        let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
+        let job = deploy(graph, &config, None)?;
+        let name = job.name.clone();
+        let id = id.unwrap_or_else(new_job_id);
+        let resumed_from = job
+            .restored_from
+            .as_ref()
+            .map(|(id, path, _)| (*id, path.display().to_string()));
+        let mut settings = self.settings.clone();
+        settings.insert(PIPELINE_NAME.to_string(), name.clone());
+        let record = JobRecord {
+            id: id.clone(),
+            name: name.clone(),
+            sql: sql.to_string(),
+            settings,
+        };
+        let sync = self
+            .settings
+            .get(DML_SYNC)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if let Some(r) = &self.registry
+            && !sync
+        {
+            r.add(record.clone());
+            r.forget_when_ended(id.clone(), &job.metrics);
+        }
+        self.known_jobs.push(SessionJob {
+            record,
+            metrics: job.metrics.clone(),
+        });
+        if sync {
+            self.last_outcome = Some(job.wait().await?);
+        } else {
+            self.jobs.push(job);
+        }
+        Ok(StatementResult::JobStarted { id, name, resumed_from })
+    }
+
+    /// `STOP JOB`: sources stop, the job drains, takes its final checkpoint
+    /// and ends; waits (up to a minute) for that.
+    async fn stop_job(&mut self, key: &str) -> Result<StatementResult, SessionError> {
+        let job = self.find_job(key)?;
+        let (name, metrics) = (job.record.name.clone(), job.metrics.clone());
+        let state = metrics.lifecycle.state();
+        if state.is_terminal() {
+            return Err(SqlError::plan(format!("job '{name}' is {}; nothing to stop", state.name())).into());
+        }
+        let Some(handle) = self.jobs.iter().find(|j| j.name == name && !j.is_finished()) else {
+            return Err(SqlError::plan(format!("job '{name}' is not running")).into());
+        };
+        handle.stop();
+        let mut states = metrics.lifecycle.watch();
+        let ended = tokio::time::timeout(STOP_WAIT, states.wait_for(|s| s.is_terminal())).await;
+        self.jobs.retain(|j| !j.is_finished());
+        Ok(StatementResult::Done(match ended {
+            Ok(_) => match metrics.checkpoints.last_completed() {
+                Some(c) => format!("job '{name}' stopped (final checkpoint {})", c.id),
+                None => format!("job '{name}' stopped"),
+            },
+            Err(_) => format!(
+                "job '{name}' is stopping (still draining after {} s); SHOW JOBS tells when it has stopped",
+                STOP_WAIT.as_secs()
+            ),
+        }))
+    }
+
+    /// `CANCEL JOB`: ends the job at once, without a final checkpoint.
+    async fn cancel_job(&mut self, key: &str) -> Result<StatementResult, SessionError> {
+        let job = self.find_job(key)?;
+        let name = job.record.name.clone();
+        let state = job.state();
+        let pos = self.jobs.iter().position(|j| j.name == name && !j.is_finished());
+        let (false, Some(pos)) = (state.is_terminal(), pos) else {
+            return Err(SqlError::plan(format!("job '{name}' is {}; nothing to cancel", state.name())).into());
+        };
+        self.jobs.remove(pos).cancel().await?;
+        Ok(StatementResult::Done(format!("job '{name}' canceled")))
     }
 
     fn job_config(&mut self, fallback: &str) -> Result<JobConfig, SessionError> {
@@ -153,12 +334,12 @@ impl Session {
     }
 
     pub async fn execute(&mut self, stmt: &ParsedStatement) -> Result<StatementResult, SessionError> {
-        self.execute_statement(&stmt.statement)
+        self.execute_statement(&stmt.statement, &stmt.text)
             .await
             .map_err(|e| at(e, stmt.location))
     }
 
-    async fn execute_statement(&mut self, stmt: &Statement) -> Result<StatementResult, SessionError> {
+    async fn execute_statement(&mut self, stmt: &Statement, text: &str) -> Result<StatementResult, SessionError> {
         match stmt {
             Statement::CreateTable(ct) => {
                 let def = weir_sql::ddl::create_table(ct, &self.planner)?;
@@ -232,7 +413,16 @@ impl Session {
             Statement::Describe(name) => self.describe(name),
             Statement::ShowWatermarks(job) => self.show_watermarks(job),
             Statement::ShowCheckpoints(job) => self.show_checkpoints(job),
-            Statement::ShowJobs => self.show_jobs(),
+            Statement::ShowJobs => {
+                let batch = crate::jobs::show_jobs(self.known_jobs.iter()).map_err(ExecError::from)?;
+                Ok(StatementResult::Rows(batch.schema(), vec![batch]))
+            }
+            Statement::DescribeJob(key) => {
+                let batch = crate::jobs::describe_job(self.find_job(key)?).map_err(ExecError::from)?;
+                Ok(StatementResult::Rows(batch.schema(), vec![batch]))
+            }
+            Statement::StopJob(key) => self.stop_job(key).await,
+            Statement::CancelJob(key) => self.cancel_job(key).await,
             Statement::Set(None) => {
                 let schema = Arc::new(Schema::new(vec![
                     Field::new("key", DataType::Utf8, false),
@@ -265,28 +455,7 @@ impl Session {
                 Ok(StatementResult::Done("option reset".into()))
             }
             Statement::Explain(inner) => self.explain(inner),
-            Statement::Insert { table, query } => {
-                let sink = self.sink_table(table)?;
-                let config = self.job_config(&format!("insert-into-{table}"))?;
-                let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
-                let job = deploy(graph, &config, None)?;
-                let name = job.name.clone();
-                let resumed_from = job
-                    .restored_from
-                    .as_ref()
-                    .map(|(id, path, _)| (*id, path.display().to_string()));
-                self.job_metrics.insert(name.clone(), job.metrics.clone());
-                let sync = self
-                    .settings
-                    .get(DML_SYNC)
-                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-                if sync {
-                    self.last_outcome = Some(job.wait().await?);
-                } else {
-                    self.jobs.push(job);
-                }
-                Ok(StatementResult::JobStarted { name, resumed_from })
-            }
+            Statement::Insert { table, query } => self.start_insert(table, query, text, None).await,
             Statement::Query(q) => {
                 let config = self.job_config("select")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
@@ -307,65 +476,49 @@ impl Session {
                     }
                 }
             }
+            Statement::Subscribe(q) => {
+                let config = self.job_config("subscribe")?;
+                match self.planner.plan_query(q, &self.catalog, &config)? {
+                    QueryPlan::Batch(plan) => {
+                        let rows = self.planner.execute_batch(plan).await?;
+                        let rows = rows.iter().map(with_op_column).collect::<Result<Vec<_>, _>>()?;
+                        let schema = match rows.first() {
+                            Some(b) => b.schema(),
+                            None => changelog_schema(&Schema::empty()),
+                        };
+                        Ok(StatementResult::Rows(schema, rows))
+                    }
+                    QueryPlan::Stream(graph) => {
+                        let schema = graph
+                            .nodes
+                            .last()
+                            .map(|n| changelog_schema(&n.schema))
+                            .ok_or_else(|| ExecError::internal("empty plan"))?;
+                        let (tx, mut rx) = mpsc::channel::<RecordBatch>(16);
+                        let (changes_tx, changes_rx) = mpsc::channel(16);
+                        let job = deploy(graph, &config, Some(tx))?;
+                        // Every row of an append-only query is an insert.
+                        tokio::spawn(async move {
+                            while let Some(batch) = rx.recv().await {
+                                let Ok(b) = with_op_column(&batch) else { break };
+                                if changes_tx.send(b).await.is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                        Ok(StatementResult::Stream(ResultStream {
+                            schema,
+                            rows: changes_rx,
+                            job,
+                        }))
+                    }
+                }
+            }
         }
     }
 
     fn job_metrics(&self, job: &str) -> Result<&Arc<JobMetrics>, SessionError> {
-        self.job_metrics.get(job).ok_or_else(|| {
-            let known: Vec<&str> = self.job_metrics.keys().map(String::as_str).collect();
-            SqlError::plan(format!(
-                "no job '{job}' in this session; jobs: {}",
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ))
-            .into()
-        })
-    }
-
-    /// One row per job this session started: name, state, rows read by its
-    /// sources and written to its sink, latest completed checkpoint.
-    fn show_jobs(&self) -> Result<StatementResult, SessionError> {
-        use arrow::array::UInt64Array;
-        use std::sync::atomic::Ordering;
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("job_name", DataType::Utf8, false),
-            Field::new("state", DataType::Utf8, false),
-            Field::new("rows_in", DataType::UInt64, false),
-            Field::new("rows_out", DataType::UInt64, false),
-            Field::new("last_checkpoint", DataType::UInt64, true),
-        ]));
-        let (mut names, mut states, mut rows_in, mut rows_out, mut last) = (vec![], vec![], vec![], vec![], vec![]);
-        for (name, m) in &self.job_metrics {
-            let running = self.jobs.iter().any(|j| &j.name == name && !j.is_finished());
-            names.push(name.clone());
-            states.push(if running { "RUNNING" } else { "ENDED" });
-            // Sources' output is what the job read; the last node's input
-            // is what it wrote.
-            rows_in.push(
-                m.nodes
-                    .iter()
-                    .filter(|n| n.name.contains("Source:"))
-                    .map(|n| n.rows_out.load(Ordering::Relaxed))
-                    .sum::<u64>(),
-            );
-            rows_out.push(m.nodes.last().map_or(0, |n| n.rows_in.load(Ordering::Relaxed)));
-            last.push(m.checkpoints.last_completed().map(|c| c.id));
-        }
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(StringArray::from(names)) as ArrayRef,
-                Arc::new(StringArray::from(states)),
-                Arc::new(UInt64Array::from(rows_in)),
-                Arc::new(UInt64Array::from(rows_out)),
-                Arc::new(UInt64Array::from(last)),
-            ],
-        )
-        .map_err(ExecError::from)?;
-        Ok(StatementResult::Rows(schema, vec![batch]))
+        Ok(&self.find_job(job)?.metrics)
     }
 
     /// One row per checkpoint of the job (newest last): id, status, trigger
@@ -455,12 +608,24 @@ impl Session {
                 }
             }
             Statement::Insert { .. } => job_row_schema(),
+            Statement::Subscribe(q) => {
+                let config = self.job_config("subscribe")?;
+                match self.planner.plan_query(q, &self.catalog, &config)? {
+                    QueryPlan::Batch(plan) => changelog_schema(plan.schema().as_arrow()),
+                    QueryPlan::Stream(graph) => graph
+                        .nodes
+                        .last()
+                        .map(|n| changelog_schema(&n.schema))
+                        .ok_or_else(|| ExecError::internal("empty plan"))?,
+                }
+            }
             // Read-only statements whose columns are only known by running
             // them: run them (nothing changes).
             Statement::ShowTables
             | Statement::ShowJobs
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)
+            | Statement::DescribeJob(_)
             | Statement::Describe(_)
             | Statement::Explain(_)
             | Statement::Set(None) => match self.execute(&stmt).await? {
@@ -620,6 +785,25 @@ fn at(e: SessionError, location: Location) -> SessionError {
             location: Some(location),
         }),
     }
+}
+
+/// How long `STOP JOB` waits for the job to drain and checkpoint.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A subscription's columns: `_op` (Flink's row kinds `+I -U +U -D`),
+/// then the query's.
+pub fn changelog_schema(schema: &Schema) -> SchemaRef {
+    let mut fields = vec![Arc::new(Field::new("_op", DataType::Utf8, false))];
+    fields.extend(schema.fields().iter().cloned());
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// Prepends `_op = '+I'` to every row (Weir's queries are append-only).
+fn with_op_column(batch: &RecordBatch) -> Result<RecordBatch, ExecError> {
+    let schema = changelog_schema(&batch.schema());
+    let mut columns = vec![Arc::new(StringArray::from(vec!["+I"; batch.num_rows()])) as ArrayRef];
+    columns.extend(batch.columns().iter().cloned());
+    Ok(RecordBatch::try_new(schema, columns)?)
 }
 
 /// The row an `INSERT` answers with over Flight SQL: the detached job.

@@ -57,8 +57,8 @@ async fn checkpoints_are_listed_and_a_finished_job_starts_afresh() {
     };
     let text = weir::display::table(&batches);
     let line = text.lines().find(|l| l.contains("counted")).expect("the job is listed");
-    // Ended (dml-sync), 100 000 events read (46 of every 50 are bids), a checkpoint.
-    assert!(line.contains("ENDED") && line.contains("92000"), "{text}");
+    // Finished (dml-sync), 100 000 events read (46 of every 50 are bids), a checkpoint.
+    assert!(line.contains("FINISHED") && line.contains("92000"), "{text}");
 
     // The run finished: running it again starts afresh, it does not resume
     // (and so writes every row once more).

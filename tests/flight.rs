@@ -4,6 +4,7 @@
 //! dropping the stream), errors with positions, and the metadata calls.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, AsArray};
@@ -14,10 +15,13 @@ use arrow_flight::sql::{CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetTa
 use futures::TryStreamExt;
 use tonic::transport::Channel;
 
+#[allow(dead_code)] // port and data: for the restart tests
 struct Server {
     child: Child,
-    _dir: tempfile::TempDir,
+    port: u16,
+    data: std::path::PathBuf,
     out: std::path::PathBuf,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Drop for Server {
@@ -34,37 +38,124 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn start() -> (Server, FlightSqlServiceClient<Channel>) {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// `weir serve` on a fresh port over `data` with extra flags and env.
+fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Child, u16) {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .arg("--data-dir")
-        .arg(dir.path().join("data"))
+        .arg(data)
         .arg("serve")
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove(if env.iter().any(|(k, _)| *k == "WEIR_PASSWORD") {
+            "WEIR_UNUSED"
+        } else {
+            "WEIR_PASSWORD"
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn weir serve");
-    let out = dir.path().join("out");
-    let server = Server { child, _dir: dir, out };
-    // Connect as soon as it listens (retrying until a deadline).
+    (child, port)
+}
+
+/// A plaintext channel, as soon as the server listens (retrying until a
+/// deadline).
+async fn channel(port: u16) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let channel = loop {
+    loop {
         match Channel::from_shared(format!("http://127.0.0.1:{port}"))
             .expect("uri")
             .connect()
             .await
         {
-            Ok(c) => break c,
+            Ok(c) => return c,
             Err(e) => {
                 assert!(Instant::now() < deadline, "weir serve did not listen: {e}");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+    }
+}
+
+async fn start_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (child, port) = spawn(&data, args, &[]);
+    let out = dir.path().join("out");
+    let server = Server {
+        child,
+        port,
+        data,
+        out,
+        _dir: Some(dir),
     };
-    (server, FlightSqlServiceClient::new(channel))
+    let client = FlightSqlServiceClient::new(channel(port).await);
+    (server, client)
+}
+
+async fn start() -> (Server, FlightSqlServiceClient<Channel>) {
+    start_with(&[]).await
+}
+
+/// The nexmark bid table and a CSV sink under `out`, at parallelism 1.
+async fn create_tables(client: &mut FlightSqlServiceClient<Channel>, out: &std::path::Path) {
+    for sql in [
+        "CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), \
+         WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '20000')"
+            .to_string(),
+        format!(
+            "CREATE TABLE counts (auction BIGINT, n BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv')",
+            out.display()
+        ),
+        "SET 'parallelism.default' = '1'".to_string(),
+    ] {
+        client.execute_update(sql.clone(), None).await.expect(&sql);
+    }
+}
+
+const COUNT_JOB: &str = "INSERT INTO counts SELECT auction, COUNT(*) FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), \
+     INTERVAL '1' SECOND)) GROUP BY auction, window_start, window_end";
+
+/// Polls `check` until it returns Some, failing after `secs`.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    secs: u64,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET path` on the metrics port: (status line, body).
+async fn http_get(port: u16, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    conn.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (head.lines().next().unwrap_or("").to_string(), body.to_string())
+}
+
+/// The value of an unlabelled metric line `name value`.
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 async fn fetch(client: &mut FlightSqlServiceClient<Channel>, info: FlightInfo) -> Vec<RecordBatch> {
@@ -103,7 +194,7 @@ async fn flight_sql_statements_jobs_and_metadata() {
         &mut client,
         "CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), \
          WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND) \
-         WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid')",
+         WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '20000')",
     )
     .await;
     assert!(none.iter().all(|b| b.num_rows() == 0));
@@ -157,7 +248,9 @@ async fn flight_sql_statements_jobs_and_metadata() {
     );
     let jobs = fetch(&mut client, info).await;
     assert!(strings(&jobs, "state").contains(&"RUNNING".to_string()), "{jobs:?}");
-    assert_eq!(strings(&job, "job_name"), strings(&job, "job_id"));
+    let id = &strings(&job, "job_id")[0];
+    assert!(id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    assert_eq!(strings(&jobs, "job_id"), vec![id.clone()]);
 
     // Bad SQL: INVALID_ARGUMENT with the position, not INTERNAL.
     let err = client
@@ -228,10 +321,8 @@ async fn flight_sql_statements_jobs_and_metadata() {
         0
     );
 
-    // Not supported yet: UNIMPLEMENTED, never INTERNAL.
-    let Err(err) = client.prepare("SELECT 1".into(), None).await else {
-        panic!("prepared statements are not supported yet")
-    };
+    // Not supported: UNIMPLEMENTED, never INTERNAL.
+    let err = client.begin_transaction().await.expect_err("no transactions");
     assert!(err.to_string().contains("not implemented"), "{err}");
 
     // The job outlives its client: a new connection, the job still writes.
@@ -250,4 +341,221 @@ async fn flight_sql_statements_jobs_and_metadata() {
         assert!(Instant::now() < deadline, "the detached job wrote nothing");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+fn status_of(e: &impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_are_planned_at_prepare_and_take_parameters() {
+    use arrow::array::{Int64Array, StringArray};
+    let (server, mut client) = start().await;
+    create_tables(&mut client, &server.out).await;
+
+    // Prepare answers the result's schema; nothing runs.
+    let mut stmt = client
+        .prepare("SELECT ? + 1 AS x, ? AS label".into(), None)
+        .await
+        .expect("prepare");
+    let schema = stmt.dataset_schema().expect("dataset schema").clone();
+    assert_eq!(
+        schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>(),
+        vec!["x", "label"]
+    );
+    assert_eq!(stmt.parameter_schema().expect("parameter schema").fields().len(), 2);
+    // Executing before binding: a clear error, not a NULL result.
+    let err = stmt.execute().await.expect_err("unbound parameters");
+    assert!(status_of(&err).contains("none are bound"), "{err}");
+    let params = |x: i64, label: &str| {
+        RecordBatch::try_from_iter(vec![
+            ("a", Arc::new(Int64Array::from(vec![x])) as arrow::array::ArrayRef),
+            ("b", Arc::new(StringArray::from(vec![label])) as arrow::array::ArrayRef),
+        ])
+        .expect("params")
+    };
+    for (x, label) in [(41, "it's"), (1, "two")] {
+        stmt.set_parameters(params(x, label)).expect("bind");
+        let info = stmt.execute().await.expect("execute");
+        let rows = fetch(&mut client, info).await;
+        assert_eq!(strings(&rows, "x"), vec![(x + 1).to_string()]);
+        assert_eq!(strings(&rows, "label"), vec![label.to_string()]);
+    }
+    stmt.close().await.expect("close");
+
+    // A prepared INSERT starts nothing until it is executed.
+    let mut insert = client
+        .prepare(format!("{COUNT_JOB} HAVING COUNT(*) > ?"), None)
+        .await
+        .expect("prepare insert");
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(
+        jobs.iter().map(|b| b.num_rows()).sum::<usize>(),
+        0,
+        "prepare ran something"
+    );
+    insert
+        .set_parameters(
+            RecordBatch::try_from_iter(vec![(
+                "n",
+                Arc::new(Int64Array::from(vec![0])) as arrow::array::ArrayRef,
+            )])
+            .expect("params"),
+        )
+        .expect("bind");
+    insert.execute_update().await.expect("prepared update");
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&jobs, "state"), vec!["RUNNING"]);
+    insert.close().await.expect("close");
+
+    // Errors come from prepare, with the position.
+    let err = client
+        .prepare("SELECT nope FROM bid WHERE price > ?".into(), None)
+        .await
+        .expect_err("unknown column");
+    assert!(
+        status_of(&err).contains("nope") && status_of(&err).contains("1:"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
+    let metrics_port = free_port();
+    let (server, mut client) = start_with(&[
+        "--subscriber-queue".into(),
+        "1".into(),
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{metrics_port}"),
+    ])
+    .await;
+    create_tables(&mut client, &server.out).await;
+
+    // A subscription: `_op` first, then the query's columns.
+    let info = client
+        .execute("SUBSCRIBE TO (SELECT auction, price FROM bid)".into(), None)
+        .await
+        .expect("subscribe");
+    let schema = info.clone().try_decode_schema().expect("schema");
+    assert_eq!(
+        schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>(),
+        vec!["_op", "auction", "price"]
+    );
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get");
+    let mut rows = 0;
+    while rows < 10 {
+        let b = stream.try_next().await.expect("a batch").expect("not ended");
+        assert!(strings(std::slice::from_ref(&b), "_op").iter().all(|op| op == "+I"));
+        rows += b.num_rows();
+    }
+    drop(stream);
+
+    // A subscriber that reads nothing: once its queue is full it is
+    // dropped (the job does not wait for it), and it learns why.
+    let info = client
+        .execute("SUBSCRIBE TO bid".into(), None)
+        .await
+        .expect("subscribe to a table");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get");
+    eventually("the slow subscriber to be dropped", 60, || async {
+        let (_, body) = http_get(metrics_port, "/metrics").await;
+        (metric(&body, "weir_subscribers") == Some(0.0)).then_some(())
+    })
+    .await;
+    let err = loop {
+        match stream.try_next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without saying why"),
+            Err(e) => break e,
+        }
+    };
+    let text = err.to_string();
+    assert!(text.contains("slow subscriber"), "{text}");
+    assert!(
+        text.contains("RESOURCE_EXHAUSTED") || text.contains("resource"),
+        "{text}"
+    );
+
+    // The metrics endpoint: Prometheus text with the jobs' series.
+    query(&mut client, COUNT_JOB).await;
+    let (status, body) = http_get(metrics_port, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    assert!(body.contains("weir_build_info{version=\""), "{body}");
+    assert!(body.contains("# TYPE weir_operator_records_in_total counter"), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("weir_job_running{job=\"insert-into-counts") && l.ends_with("state=\"RUNNING\"} 1")),
+        "{body}"
+    );
+    for family in [
+        "weir_operator_backpressured_seconds_total",
+        "weir_operator_state_bytes",
+        "weir_checkpoints_total",
+        "weir_subscriber_queue_depth_max",
+        "weir_flight_open_streams",
+    ] {
+        assert!(body.contains(&format!("# TYPE {family} ")), "{family} missing:\n{body}");
+    }
+    let (status, _) = http_get(metrics_port, "/nope").await;
+    assert!(status.contains("404"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_control_describe_stop_cancel() {
+    let (server, mut client) = start().await;
+    create_tables(&mut client, &server.out).await;
+    client
+        .execute_update("SET 'pipeline.name' = 'counts-job'".into(), None)
+        .await
+        .expect("set");
+    let job = query(&mut client, COUNT_JOB).await;
+    let id = strings(&job, "job_id")[0].clone();
+
+    // The same job twice at once would share its state: refused.
+    let err = client.execute(COUNT_JOB.into(), None).await;
+    let err = match err {
+        Ok(info) => {
+            let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+            match client.do_get(ticket).await {
+                Ok(s) => s.try_collect::<Vec<_>>().await.map(|_| ()).expect_err("second start"),
+                Err(e) => e,
+            }
+        }
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("already running"), "{err}");
+
+    let describe = query(&mut client, &format!("DESCRIBE JOB '{id}'")).await;
+    let props = strings(&describe, "property");
+    let values = strings(&describe, "value");
+    let get = |k: &str| props.iter().position(|p| p == k).map(|i| values[i].clone());
+    assert_eq!(get("state").as_deref(), Some("RUNNING"));
+    assert_eq!(get("job_name").as_deref(), Some("counts-job"));
+    assert!(get("statement").is_some_and(|s| s.starts_with("INSERT INTO counts")));
+    assert!(get("uptime_s").is_some());
+
+    let stopped = query(&mut client, "STOP JOB 'counts-job'").await;
+    assert!(stopped.iter().all(|b| b.num_rows() == 0));
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&jobs, "state"), vec!["STOPPED"]);
+    let err = client.execute(format!("STOP JOB '{id}'"), None).await.map(|_| ()).err();
+    // Planning a STOP runs nothing; the error comes when it runs.
+    if err.is_none() {
+        let info = client.execute(format!("STOP JOB '{id}'"), None).await.expect("info");
+        let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+        let e = client.do_get(ticket).await.map(|_| ()).expect_err("already stopped");
+        assert!(e.to_string().contains("nothing to stop"), "{e}");
+    }
+
+    // Cancel: at once, no final checkpoint.
+    query(&mut client, COUNT_JOB).await;
+    query(&mut client, "CANCEL JOB 'counts-job'").await;
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&jobs, "state"), vec!["STOPPED", "CANCELED"]);
+    let info = client.execute("CANCEL JOB 'nope'".into(), None).await.expect("info");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let e = client.do_get(ticket).await.map(|_| ()).expect_err("unknown job");
+    assert!(e.to_string().contains("no job 'nope'"), "{e}");
 }

@@ -74,6 +74,17 @@ pub enum Statement {
     ShowWatermarks(String),
     /// `SHOW CHECKPOINTS FOR JOB 'name'`
     ShowCheckpoints(String),
+    /// `DESCRIBE JOB '<id or name>'`
+    DescribeJob(String),
+    /// `STOP JOB '<id or name>'`: sources stop, the job drains and takes
+    /// its final checkpoint.
+    StopJob(String),
+    /// `CANCEL JOB '<id or name>'`: ends the job at once, no final
+    /// checkpoint (its last completed checkpoint stays).
+    CancelJob(String),
+    /// `SUBSCRIBE TO <table or view> | (<query>)`: the query's rows as a
+    /// changelog with a leading `_op` column.
+    Subscribe(Box<Query>),
     Describe(String),
     Set(Option<(String, String)>),
     Reset(Option<String>),
@@ -296,13 +307,45 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         }
         let t = p.peek_token();
         return Err(SqlError::unsupported(format!(
-            "SHOW {} is not supported; try SHOW TABLES, SHOW WATERMARKS FOR JOB or SHOW CHECKPOINTS FOR JOB",
+            "SHOW {} is not supported; try SHOW TABLES, SHOW JOBS, SHOW WATERMARKS FOR JOB or SHOW CHECKPOINTS FOR JOB",
             t.token
         ))
         .at(loc(&t)));
     }
     if p.parse_keyword(Keyword::DESCRIBE) || p.parse_keyword(Keyword::DESC) {
+        // `DESCRIBE JOB 'x'`; a table named `job` is still `DESCRIBE job`.
+        if matches!(p.peek_nth_token(1).token, Token::SingleQuotedString(_)) && parse_word(p, "JOB") {
+            return Ok(Statement::DescribeJob(parse_string_literal(p)?));
+        }
         return Ok(Statement::Describe(object_name(&p.parse_object_name(false)?)));
+    }
+    for (word, make) in [
+        ("STOP", Statement::StopJob as fn(String) -> Statement),
+        ("CANCEL", Statement::CancelJob),
+    ] {
+        if parse_word(p, word) {
+            if !parse_word(p, "JOB") {
+                let t = p.peek_token();
+                return Err(SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)));
+            }
+            return Ok(make(parse_string_literal(p)?));
+        }
+    }
+    if parse_word(p, "SUBSCRIBE") {
+        p.expect_keyword(Keyword::TO)?;
+        let query = if p.peek_token().token == Token::LParen {
+            p.expect_token(&Token::LParen)?;
+            let q = p.parse_query()?;
+            p.expect_token(&Token::RParen)?;
+            q
+        } else {
+            // `SUBSCRIBE TO t` is `SUBSCRIBE TO (SELECT * FROM t)`.
+            let name = p.parse_object_name(false)?;
+            let sql = format!("SELECT * FROM {name}");
+            let dialect = dialect();
+            Parser::new(&dialect).try_with_sql(&sql)?.parse_query()?
+        };
+        return Ok(Statement::Subscribe(query));
     }
     if p.parse_keyword(Keyword::SET) {
         if p.peek_token().token == Token::EOF {

@@ -95,6 +95,10 @@ pub struct CheckpointLog {
     entries: Mutex<VecDeque<CheckpointStats>>,
     /// Set when the job was restored: (checkpoint id, path).
     pub restored_from: Mutex<Option<(u64, String)>>,
+    /// Checkpoints that completed / failed, ever (the log keeps the last
+    /// 100 only).
+    pub completed_total: std::sync::atomic::AtomicU64,
+    pub failed_total: std::sync::atomic::AtomicU64,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -108,6 +112,14 @@ impl CheckpointLog {
     }
 
     fn upsert(&self, s: CheckpointStats) {
+        let total = match s.status {
+            CheckpointStatus::Completed => Some(&self.completed_total),
+            CheckpointStatus::Failed => Some(&self.failed_total),
+            CheckpointStatus::InProgress => None,
+        };
+        if let Some(t) = total {
+            t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Ok(mut e) = self.entries.lock() {
             match e.iter_mut().find(|x| x.id == s.id) {
                 Some(x) => *x = s,

@@ -40,7 +40,7 @@ use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
 use crate::runtime::gate::{BarrierMode, InputGate};
-use crate::runtime::metrics::{JobMetrics, NodeMetrics, SourceStatus};
+use crate::runtime::metrics::{JobMetrics, JobState, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
@@ -64,6 +64,10 @@ pub struct JobHandle {
     /// skipped as unusable).
     pub restored_from: Option<(u64, PathBuf, Vec<String>)>,
     stop: Arc<watch::Sender<bool>>,
+    /// Set with `stop` when the stop is a suspension (server shutdown).
+    suspend: Arc<std::sync::atomic::AtomicBool>,
+    job_dir: PathBuf,
+    checkpointing: bool,
     done: tokio::task::JoinHandle<Result<JobOutcome>>,
 }
 
@@ -87,6 +91,27 @@ impl JobHandle {
     /// The job ended (finished, stopped, failed or cancelled).
     pub fn is_finished(&self) -> bool {
         self.done.is_finished()
+    }
+
+    /// Stops the job like `stop` (final checkpoint) but marks it to be
+    /// resumed from that checkpoint by the next run of the same job.
+    pub fn suspend(&self) {
+        self.suspend.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop();
+    }
+
+    /// Ends the job at once: no drain, no final checkpoint. Its completed
+    /// checkpoints stay on disk, but the next run starts afresh (Flink's
+    /// cancel).
+    pub async fn cancel(self) -> Result<()> {
+        self.metrics.lifecycle.set(JobState::Canceled);
+        self.done.abort();
+        // Waits for the supervisor to be gone so nothing writes after us.
+        let _ = self.done.await;
+        if self.checkpointing {
+            RunStatus::Canceled.write(&self.job_dir)?;
+        }
+        Ok(())
     }
 
     pub fn stopper(&self) -> JobStopper {
@@ -128,6 +153,9 @@ pub enum RunStatus {
     Running,
     Finished,
     Stopped,
+    /// Stopped by a server shutdown: the next run resumes it.
+    Suspended,
+    Canceled,
     Failed,
 }
 
@@ -137,6 +165,8 @@ impl RunStatus {
             RunStatus::Running => "RUNNING",
             RunStatus::Finished => "FINISHED",
             RunStatus::Stopped => "STOPPED",
+            RunStatus::Suspended => "SUSPENDED",
+            RunStatus::Canceled => "CANCELED",
             RunStatus::Failed => "FAILED",
         }
     }
@@ -147,6 +177,8 @@ impl RunStatus {
             "RUNNING" => RunStatus::Running,
             "FINISHED" => RunStatus::Finished,
             "STOPPED" => RunStatus::Stopped,
+            "SUSPENDED" => RunStatus::Suspended,
+            "CANCELED" => RunStatus::Canceled,
             _ => RunStatus::Failed,
         })
     }
@@ -179,7 +211,9 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<Res
     };
     let storage = CheckpointStorage::new(cp.root.clone());
     match RunStatus::read(&config.job_dir) {
-        Some(RunStatus::Running | RunStatus::Failed) => Ok(restore_latest(&storage, &fingerprint, &config.job_dir)?),
+        Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
+            Ok(restore_latest(&storage, &fingerprint, &config.job_dir)?)
+        }
         _ => {
             // The last run ended on purpose (or there was none): start
             // afresh, and never mistake its checkpoints for ours.
@@ -241,6 +275,10 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let name = config.name.clone();
     let metrics = build_metrics(&graph, &config, checkpoint_log);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let suspend = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let suspended = suspend.clone();
+    let job_dir = config.job_dir.clone();
+    let checkpointing = config.checkpointing.is_some();
     let graph = Arc::new(graph);
     let job_metrics = metrics.clone();
     let started = Instant::now();
@@ -260,14 +298,17 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             .await;
             let err = match result {
                 Ok(()) => {
+                    let (status, state) = if suspended.load(std::sync::atomic::Ordering::SeqCst) {
+                        (RunStatus::Suspended, JobState::Suspended)
+                    } else if *stop_rx.borrow() {
+                        (RunStatus::Stopped, JobState::Stopped)
+                    } else {
+                        (RunStatus::Finished, JobState::Finished)
+                    };
                     if config.checkpointing.is_some() {
-                        let status = if *stop_rx.borrow() {
-                            RunStatus::Stopped
-                        } else {
-                            RunStatus::Finished
-                        };
                         status.write(&config.job_dir)?;
                     }
+                    job_metrics.lifecycle.set(state);
                     return Ok(JobOutcome {
                         elapsed: started.elapsed(),
                         metrics: job_metrics,
@@ -282,6 +323,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 _ => None,
             };
             let Some(delay) = retry else {
+                job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
                 if config.checkpointing.is_some() {
                     // Checkpoints stay: the next run of this job resumes.
                     let _ = RunStatus::Failed.write(&config.job_dir);
@@ -289,6 +331,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 return Err(err);
             };
             attempt += 1;
+            job_metrics.lifecycle.set(JobState::Restarting);
             tracing::warn!(
                 target: "weir::checkpoint",
                 "job '{}' failed: {err}; restarting (attempt {attempt} of {}) in {delay:?}",
@@ -299,6 +342,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 }
             );
             tokio::time::sleep(delay).await;
+            job_metrics.lifecycle.set(JobState::Running);
             if let Some(cp) = &config.checkpointing {
                 let storage = CheckpointStorage::new(cp.root.clone());
                 let fingerprint = graph.fingerprint();
@@ -336,6 +380,9 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         name,
         metrics,
         stop: Arc::new(stop_tx),
+        suspend,
+        job_dir,
+        checkpointing,
         done,
         restored_from,
     })
@@ -388,6 +435,7 @@ fn build_metrics_and_groups(
         sources,
         groups: coordinators.values().cloned().collect(),
         checkpoints: checkpoint_log,
+        lifecycle: Default::default(),
     });
     (metrics, coordinators)
 }
@@ -411,6 +459,8 @@ async fn run_attempt(
         sources: job_metrics.sources.clone(),
         groups: attempt_metrics.groups.clone(),
         checkpoints: job_metrics.checkpoints.clone(),
+        // Per attempt: the job's lifecycle is the supervisor's, not ours.
+        lifecycle: Default::default(),
     });
     let _ = attempt_metrics;
     let sink_ctx = SinkContext {
@@ -531,7 +581,11 @@ async fn run_attempt(
             if outputs[from_chain][i].is_some() {
                 return Err(ExecError::internal("a node with two outputs is not supported"));
             }
-            outputs[from_chain][i] = Some(Output::channels(senders, partitioner).with_priority(priority));
+            outputs[from_chain][i] = Some(
+                Output::channels(senders, partitioner)
+                    .with_priority(priority)
+                    .with_backpressure_counter(metrics.nodes[edge.from].backpressured_ns.clone()),
+            );
         }
     }
 

@@ -18,6 +18,9 @@ pub struct NodeMetrics {
     /// The most state the node held per second of event time (bytes/s,
     /// estimated over all subtasks), kept after the job ends.
     pub peak_state_rate: AtomicI64,
+    /// Time the node's subtasks waited to send to a full downstream
+    /// channel (ns, summed): back-pressure from downstream.
+    pub backpressured_ns: Arc<AtomicU64>,
 }
 
 impl NodeMetrics {
@@ -31,6 +34,7 @@ impl NodeMetrics {
             state_bytes: AtomicI64::new(0),
             max_event_time: AtomicI64::new(i64::MIN),
             peak_state_rate: AtomicI64::new(0),
+            backpressured_ns: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -44,9 +48,96 @@ pub struct JobMetrics {
     pub groups: Vec<Arc<crate::runtime::alignment::AlignmentCoordinator>>,
     /// Checkpoint history (SHOW CHECKPOINTS).
     pub checkpoints: Arc<crate::checkpoint::coordinator::CheckpointLog>,
+    /// What the job is doing now and since when (SHOW JOBS).
+    pub lifecycle: JobLifecycle,
+}
+
+/// A job's state as users see it (Flink's names where they exist).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    /// Failed; waiting to restart from its latest checkpoint.
+    Restarting,
+    Finished,
+    /// Stopped by `STOP JOB` (final checkpoint taken).
+    Stopped,
+    /// Stopped by its server's shutdown; the server resumes it on start.
+    Suspended,
+    Canceled,
+    Failed(String),
+}
+
+impl JobState {
+    pub fn name(&self) -> &'static str {
+        match self {
+            JobState::Running => "RUNNING",
+            JobState::Restarting => "RESTARTING",
+            JobState::Finished => "FINISHED",
+            JobState::Stopped => "STOPPED",
+            JobState::Suspended => "SUSPENDED",
+            JobState::Canceled => "CANCELED",
+            JobState::Failed(_) => "FAILED",
+        }
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, JobState::Running | JobState::Restarting)
+    }
+}
+
+#[derive(Debug)]
+pub struct JobLifecycle {
+    /// Wall-clock start of the job (ms since the epoch).
+    pub started_ms: i64,
+    state: tokio::sync::watch::Sender<JobState>,
+}
+
+impl JobLifecycle {
+    pub fn new() -> Self {
+        Self {
+            started_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+            state: tokio::sync::watch::Sender::new(JobState::Running),
+        }
+    }
+
+    pub fn state(&self) -> JobState {
+        self.state.borrow().clone()
+    }
+
+    /// Sees every state change (e.g. to wait for the job to end).
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<JobState> {
+        self.state.subscribe()
+    }
+
+    /// Sets the state unless the job already reached a terminal one (a
+    /// cancel is not overwritten by the aborted supervisor).
+    pub fn set(&self, state: JobState) {
+        self.state.send_if_modified(|s| {
+            if s.is_terminal() || *s == state {
+                return false;
+            }
+            *s = state;
+            true
+        });
+    }
+}
+
+impl Default for JobLifecycle {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl JobMetrics {
+    /// The slowest source reader's watermark (ms), if every reader has one.
+    pub fn source_watermark(&self) -> Option<i64> {
+        let wms: Vec<i64> = self.sources.iter().map(|s| s.snapshot().1).collect();
+        let min = wms.iter().copied().min()?;
+        (min != i64::MIN).then_some(min)
+    }
+
     pub fn late_rows_dropped(&self) -> u64 {
         self.nodes
             .iter()

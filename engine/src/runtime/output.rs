@@ -3,6 +3,7 @@
 //! messages (watermarks, statuses, barriers, end of input) to all of them.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::UInt32Array;
 use arrow::compute::take_record_batch;
@@ -38,6 +39,8 @@ pub enum Output {
         /// Priority lanes (unaligned checkpoints): barrier announcements
         /// that overtake the data queued in `senders`.
         priority: Vec<UnboundedSender<Barrier>>,
+        /// Where the time spent waiting for a full channel is added (ns).
+        backpressured: Option<Arc<AtomicU64>>,
     },
     /// The rows of a bare `SELECT`, to the session that asked.
     Results(Sender<RecordBatch>),
@@ -53,7 +56,17 @@ impl Output {
             partitioner,
             closed,
             priority: vec![],
+            backpressured: None,
         }
+    }
+
+    /// Counts the time sends wait for a full downstream channel into
+    /// `counter` (nanoseconds; the back-pressure metric).
+    pub fn with_backpressure_counter(mut self, counter: Arc<AtomicU64>) -> Self {
+        if let Output::Channels { backpressured, .. } = &mut self {
+            *backpressured = Some(counter);
+        }
+        self
     }
 
     /// Adds priority lanes, one per sender, in the same order.
@@ -98,6 +111,22 @@ impl Output {
     }
 
     pub async fn send_batch(&mut self, batch: RecordBatch) -> Result<()> {
+        let counter = match &*self {
+            Output::Channels {
+                backpressured: Some(c), ..
+            } if self.is_back_pressured() => Some(c.clone()),
+            _ => None,
+        };
+        let Some(counter) = counter else {
+            return self.send_batch_now(batch).await;
+        };
+        let started = std::time::Instant::now();
+        let result = self.send_batch_now(batch).await;
+        counter.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        result
+    }
+
+    async fn send_batch_now(&mut self, batch: RecordBatch) -> Result<()> {
         match self {
             Output::None => Ok(()),
             Output::Results(tx) => {

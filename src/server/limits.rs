@@ -1,0 +1,91 @@
+//! A cap on concurrent connections: the listener hands tonic only
+//! connections that got a permit; one over the cap is closed at once and
+//! logged (the client sees UNAVAILABLE and may retry).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+/// A connection holding one of the cap's permits until it closes.
+pub struct Limited {
+    inner: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Limited {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// Accepted connections, at most `max` open at once.
+pub fn incoming(listener: TcpListener, max: usize) -> impl Stream<Item = std::io::Result<Limited>> {
+    let permits = Arc::new(Semaphore::new(max));
+    futures::stream::unfold((listener, permits), move |(listener, permits)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => match permits.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let _ = stream.set_nodelay(true);
+                        let conn = Limited {
+                            inner: stream,
+                            _permit: permit,
+                        };
+                        return Some((Ok(conn), (listener, permits)));
+                    }
+                    Err(_) => {
+                        tracing::warn!(
+                            "refused a connection from {peer}: {max} connections are open (--max-connections)"
+                        );
+                    }
+                },
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a
+                    // little rather than spin, and keep serving.
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+}

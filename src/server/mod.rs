@@ -1,0 +1,880 @@
+//! `weir serve`: an Arrow Flight SQL server over one [`Session`] that owns
+//! the catalog and the jobs, for ADBC/JDBC clients.
+//!
+//! Statement classes (what a client sees for `execute`):
+//! - a query: its rows, streamed; a query over unbounded input streams
+//!   until the client cancels (the job is stopped when the stream drops);
+//! - `INSERT INTO ... SELECT`: one row `(job_id, job_name, state)` at once;
+//!   the job keeps running after the client leaves;
+//! - DDL, `SET`: no rows.
+//!
+//! The SQL travels in the ticket: `GetFlightInfo` plans the statement
+//! (nothing runs) to answer with its schema, `DoGet` runs it. Prepared
+//! statements are planned at prepare (result schema, nothing runs), take
+//! parameters by `DoPut`, and hand out the bound SQL in the same kind of
+//! ticket. Metadata calls (`GetSqlInfo`, catalogs, schemas, tables, table
+//! types) answer from the catalog; key lookups answer empty; everything
+//! else is `UNIMPLEMENTED`, never `INTERNAL`.
+//!
+//! A live query is decoupled from its client by a bounded queue: a client
+//! that does not keep up is dropped with `RESOURCE_EXHAUSTED` instead of
+//! stalling the job, and the job stops when its client goes away.
+
+mod auth;
+mod limits;
+pub mod metrics;
+mod params;
+
+pub use auth::{Auth, load_password};
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+
+use arrow::array::{ArrayRef, StringArray};
+use arrow::datatypes::{Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::server::PeekableFlightDataStream;
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult,
+    CommandGetCatalogs, CommandGetDbSchemas, CommandGetExportedKeys, CommandGetImportedKeys, CommandGetPrimaryKeys,
+    CommandGetSqlInfo, CommandGetTableTypes, CommandGetTables, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate, DoPutPreparedStatementResult,
+    ProstMessageExt, SqlInfo, SqlSupportedTransaction, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
+};
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use tokio::sync::{Mutex, Semaphore, mpsc};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::session::{Session, SessionError, StatementResult, job_row_schema};
+
+/// Catalog and schema every table is listed under.
+pub const CATALOG: &str = "weir";
+pub const SCHEMA: &str = "default";
+
+/// `None` only if the builder rejected our own constant table (a bug,
+/// answered as INTERNAL rather than a panic).
+static SQL_INFO: LazyLock<Option<SqlInfoData>> = LazyLock::new(|| {
+    let mut b = SqlInfoDataBuilder::new();
+    b.append(SqlInfo::FlightSqlServerName, "Weir");
+    b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+    b.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+    b.append(SqlInfo::FlightSqlServerReadOnly, false);
+    b.append(
+        SqlInfo::FlightSqlServerTransaction,
+        SqlSupportedTransaction::None as i32,
+    );
+    b.append(SqlInfo::SqlIdentifierQuoteChar, "`");
+    b.append(SqlInfo::SqlIdentifierCase, 3_i32); // case sensitive
+    b.build().ok()
+});
+
+fn sql_info() -> Result<&'static SqlInfoData, Status> {
+    SQL_INFO
+        .as_ref()
+        .ok_or_else(|| Status::internal("the server's SqlInfo table is invalid"))
+}
+
+/// One batch, built by a Flight SQL metadata builder, as a DoGet answer.
+fn single_batch<E: std::fmt::Display>(
+    schema: SchemaRef,
+    batch: Result<RecordBatch, E>,
+) -> Result<Response<DoGetStream>, Status> {
+    let batch = batch.map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+}
+
+type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
+
+/// How `weir serve` runs: where, who may connect, and its limits.
+#[derive(Clone)]
+pub struct ServerOptions {
+    pub listen: SocketAddr,
+    pub auth: Auth,
+    /// TLS certificate chain and private key (PEM files).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Connections open at once; more are refused.
+    pub max_connections: usize,
+    /// Result streams (DoGet) open at once; more answer RESOURCE_EXHAUSTED.
+    pub max_streams: usize,
+    /// Largest message a client may send (bytes).
+    pub max_request_bytes: usize,
+    /// Result batches queued for a live query's client before it is
+    /// dropped as too slow.
+    pub subscriber_queue: usize,
+    /// Prepared statements open at once (all clients).
+    pub max_prepared: usize,
+}
+
+impl ServerOptions {
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            auth: Auth::new(None),
+            tls: None,
+            metrics_listen: None,
+            max_connections: 1024,
+            max_streams: 512,
+            max_request_bytes: 16 << 20,
+            subscriber_queue: 64,
+            max_prepared: 10_000,
+        }
+    }
+}
+
+/// A prepared statement: its text with placeholders, and the parameters
+/// last bound to it.
+struct Prepared {
+    template: params::Template,
+    params: Option<RecordBatch>,
+}
+
+pub struct WeirFlightSql {
+    session: Arc<Mutex<Session>>,
+    options: ServerOptions,
+    prepared: std::sync::Mutex<HashMap<Vec<u8>, Prepared>>,
+    streams: Arc<Semaphore>,
+    pub stats: Arc<metrics::ServerStats>,
+}
+
+impl WeirFlightSql {
+    pub fn new(session: Session, options: ServerOptions) -> Self {
+        Self {
+            session: Arc::new(Mutex::new(session)),
+            streams: Arc::new(Semaphore::new(options.max_streams)),
+            stats: Arc::new(metrics::ServerStats::new(options.max_streams)),
+            options,
+            prepared: Default::default(),
+        }
+    }
+
+    pub fn into_service(self) -> FlightServiceServer<Self> {
+        let max = self.options.max_request_bytes;
+        FlightServiceServer::new(self).max_decoding_message_size(max)
+    }
+
+    fn prepared<T>(&self, handle: &[u8], f: impl FnOnce(&mut Prepared) -> T) -> Result<T, Status> {
+        let mut all = self
+            .prepared
+            .lock()
+            .map_err(|_| Status::internal("prepared statements lock poisoned"))?;
+        let p = all.get_mut(handle).ok_or_else(|| {
+            Status::not_found("unknown prepared statement handle (closed, or from before a server restart)")
+        })?;
+        Ok(f(p))
+    }
+
+    /// The SQL of a prepared statement with its parameters bound (one
+    /// statement per parameter row).
+    fn bound_sql(&self, handle: &[u8]) -> Result<Vec<String>, Status> {
+        self.prepared(handle, |p| {
+            if p.template.param_count == 0 {
+                return Ok(vec![p.template.with_nulls()]);
+            }
+            let Some(params) = &p.params else {
+                return Err(Status::invalid_argument(format!(
+                    "the statement has {} parameter(s) and none are bound (DoPut them first)",
+                    p.template.param_count
+                )));
+            };
+            (0..params.num_rows())
+                .map(|row| p.template.bind(params, row).map_err(Status::invalid_argument))
+                .collect()
+        })?
+    }
+
+    /// Runs `sql` and streams its result; a live query goes through the
+    /// client's bounded queue.
+    async fn run_statement(&self, sql: &str) -> Result<DoGetStream, Status> {
+        let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{} result streams are open (the server's --max-streams); close one and retry",
+                self.options.max_streams
+            ))
+        })?;
+        let result = {
+            let mut session = self.session.lock().await;
+            let mut results = session.execute_sql(sql).await.map_err(status)?;
+            results
+                .pop()
+                .ok_or_else(|| Status::invalid_argument("no statement in the request"))?
+        };
+        let stream = match result {
+            StatementResult::Stream(rs) => self.subscribe(rs),
+            other => answer(other)?,
+        };
+        // The permit is held as long as the client reads the stream.
+        Ok(Box::pin(stream.map(move |item| {
+            let _held = &permit;
+            item
+        })))
+    }
+
+    /// A live query's batches through a queue of `subscriber_queue`
+    /// batches: the job never waits for the client; a client that lets
+    /// the queue fill is dropped with RESOURCE_EXHAUSTED (and the job
+    /// stops, as it does when the client cancels).
+    fn subscribe(&self, rs: crate::session::ResultStream) -> DoGetStream {
+        let capacity = self.options.subscriber_queue.max(1);
+        let (queue, pending) = mpsc::channel::<RecordBatch>(capacity);
+        let dropped: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
+        self.stats.add_subscriber(queue.downgrade());
+        let guard = StopOnDrop(rs.job.stopper());
+        let mut rows = rs.rows;
+        let verdict = dropped.clone();
+        let schema = rs.schema;
+        tokio::spawn(async move {
+            while let Some(batch) = rows.recv().await {
+                match queue.try_send(batch) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        if let Ok(mut d) = verdict.lock() {
+                            *d = Some(Status::resource_exhausted(format!(
+                                "slow subscriber: {capacity} result batches were waiting to be read, so the \
+                                 subscription was dropped rather than stall the query; read batches as they \
+                                 come (never fetchall() on a live query)"
+                            )));
+                        }
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => break,
+                }
+            }
+        });
+        // The job is stopped when this stream is dropped (client gone).
+        let state = Some((pending, guard, dropped));
+        let batches = futures::stream::unfold(state, |st| async move {
+            let (mut pending, guard, dropped) = st?;
+            let verdict = |d: &std::sync::Mutex<Option<Status>>| d.lock().ok().and_then(|mut d| d.take());
+            if let Some(s) = verdict(&dropped) {
+                return Some((Err(s), None));
+            }
+            match pending.recv().await {
+                Some(b) => Some((Ok(b), Some((pending, guard, dropped)))),
+                None => verdict(&dropped).map(|s| (Err(s), None)),
+            }
+        });
+        encode_results(schema, batches)
+    }
+}
+
+/// A user's mistake (bad SQL, unknown table) is `INVALID_ARGUMENT` with the
+/// message and position; a failure of ours is `INTERNAL`.
+fn status(e: SessionError) -> Status {
+    let msg = match e.location() {
+        Some(l) => format!("{}:{}: {}", l.line, l.column, e.message()),
+        None => e.message(),
+    };
+    match e {
+        SessionError::Exec(weir_engine::ExecError::Internal(_)) => Status::internal(msg),
+        _ => Status::invalid_argument(msg),
+    }
+}
+
+fn flight_error(e: FlightError) -> Status {
+    match e {
+        FlightError::Tonic(s) => *s,
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// Streams `batches` (of `schema`) as Flight data; an error ends the
+/// stream with its status.
+fn encode_results(
+    schema: SchemaRef,
+    batches: impl Stream<Item = Result<RecordBatch, Status>> + Send + 'static,
+) -> DoGetStream {
+    Box::pin(
+        FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches.map_err(|s| FlightError::Tonic(Box::new(s))))
+            .map_err(flight_error),
+    )
+}
+
+/// The rows of a statement that is not a live query.
+fn answer(result: StatementResult) -> Result<DoGetStream, Status> {
+    let one = |schema: SchemaRef, columns: Vec<ArrayRef>| {
+        let batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(stream_batches(schema, futures::stream::iter([batch])))
+    };
+    match result {
+        StatementResult::Rows(schema, batches) => Ok(stream_batches(schema, futures::stream::iter(batches))),
+        StatementResult::Explain(text) => one(
+            Arc::new(Schema::new(vec![arrow::datatypes::Field::new(
+                "plan",
+                arrow::datatypes::DataType::Utf8,
+                false,
+            )])),
+            vec![Arc::new(StringArray::from(vec![text]))],
+        ),
+        StatementResult::Done(_) => Ok(stream_batches(Arc::new(Schema::empty()), futures::stream::empty())),
+        StatementResult::JobStarted { id, name, .. } => one(
+            job_row_schema(),
+            vec![
+                Arc::new(StringArray::from(vec![id])),
+                Arc::new(StringArray::from(vec![name])),
+                Arc::new(StringArray::from(vec!["RUNNING"])),
+            ],
+        ),
+        StatementResult::Stream(_) => Err(Status::internal("a live query reached the one-shot answer path")),
+    }
+}
+
+/// A schema as the IPC message prepared-statement results carry.
+fn ipc_schema(schema: &Schema) -> Result<prost::bytes::Bytes, Status> {
+    let IpcMessage(bytes) = SchemaAsIpc::new(schema, &arrow::ipc::writer::IpcWriteOptions::default())
+        .try_into()
+        .map_err(|e: arrow::error::ArrowError| Status::internal(format!("encoding a schema: {e}")))?;
+    Ok(bytes)
+}
+
+/// The parameters a client sent with DoPut: all its batches as one (no
+/// columns when it sent none: arrow-rs's client sends only the command).
+async fn parameter_batch(stream: PeekableFlightDataStream) -> Result<RecordBatch, Status> {
+    let messages: Vec<FlightData> = stream.try_collect().await?;
+    let messages = messages.into_iter().filter(|m| !m.data_header.is_empty());
+    let batches: Vec<RecordBatch> =
+        arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(futures::stream::iter(messages.map(Ok)))
+            .try_collect()
+            .await
+            .map_err(|e| Status::invalid_argument(format!("the parameters are not a valid Arrow stream: {e}")))?;
+    match batches.first() {
+        None => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+        Some(first) => arrow::compute::concat_batches(&first.schema(), &batches)
+            .map_err(|e| Status::invalid_argument(format!("parameter batches differ: {e}"))),
+    }
+}
+
+/// Streams `batches` (of `schema`) as Flight data.
+fn stream_batches(schema: SchemaRef, batches: impl Stream<Item = RecordBatch> + Send + 'static) -> DoGetStream {
+    Box::pin(
+        FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches.map(Ok))
+            .map_err(flight_error),
+    )
+}
+
+fn info_for(schema: &Schema, ticket: Vec<u8>, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
+    Ok(FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
+        .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket)))
+        .with_descriptor(descriptor))
+}
+
+/// Stops a streaming query's job when the client's stream is dropped
+/// (cancelled, disconnected, or done).
+struct StopOnDrop(weir_engine::runtime::job::JobStopper);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for WeirFlightSql {
+    type FlightService = WeirFlightSql;
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = self
+            .session
+            .lock()
+            .await
+            .result_schema(&query.query)
+            .await
+            .map_err(status)?;
+        let ticket = TicketStatementQuery {
+            statement_handle: query.query.into_bytes().into(),
+        };
+        let info = info_for(&schema, ticket.as_any().encode_to_vec(), request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let sql = String::from_utf8(ticket.statement_handle.to_vec())
+            .map_err(|_| Status::invalid_argument("the ticket does not hold UTF-8 SQL"))?;
+        Ok(Response::new(self.run_statement(&sql).await?))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        ticket: CommandStatementUpdate,
+        _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        self.session
+            .lock()
+            .await
+            .execute_sql(&ticket.query)
+            .await
+            .map_err(status)?;
+        // Streaming statements have no affected-row count.
+        Ok(-1)
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let template = params::Template::parse(&query.query).map_err(Status::invalid_argument)?;
+        // Planned with every parameter NULL: the result's columns, and
+        // any error in the statement, are known now; nothing runs.
+        let schema = self
+            .session
+            .lock()
+            .await
+            .result_schema(&template.with_nulls())
+            .await
+            .map_err(status)?;
+        let parameter_schema = Schema::new(
+            (1..=template.param_count)
+                .map(|i| arrow::datatypes::Field::new(format!("${i}"), arrow::datatypes::DataType::Null, true))
+                .collect::<Vec<_>>(),
+        );
+        let handle = crate::jobs::new_job_id().into_bytes();
+        {
+            let mut all = self
+                .prepared
+                .lock()
+                .map_err(|_| Status::internal("prepared statements lock poisoned"))?;
+            if all.len() >= self.options.max_prepared {
+                return Err(Status::resource_exhausted(format!(
+                    "{} prepared statements are open; close some (ClosePreparedStatement)",
+                    all.len()
+                )));
+            }
+            all.insert(handle.clone(), Prepared { template, params: None });
+        }
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.into(),
+            dataset_schema: ipc_schema(&schema)?,
+            parameter_schema: ipc_schema(&parameter_schema)?,
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        _request: Request<Action>,
+    ) -> Result<(), Status> {
+        // Closing an unknown handle is not an error: clients close on
+        // every path, including after a server restart.
+        if let Ok(mut all) = self.prepared.lock() {
+            all.remove(query.prepared_statement_handle.as_ref());
+        }
+        Ok(())
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let params = parameter_batch(request.into_inner()).await?;
+        let handle = query.prepared_statement_handle.to_vec();
+        self.prepared(&handle, |p| {
+            if params.num_rows() > 1 {
+                return Err(Status::invalid_argument(format!(
+                    "a query takes one row of parameters; {} were bound",
+                    params.num_rows()
+                )));
+            }
+            if let Some(row) = (params.num_rows() == 1).then_some(0) {
+                // Checked now so a bad value is reported by the bind.
+                p.template.bind(&params, row).map_err(Status::invalid_argument)?;
+            }
+            p.params = Some(params);
+            Ok(())
+        })??;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle.into()),
+        })
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let mut sql = self.bound_sql(&cmd.prepared_statement_handle)?;
+        let sql = match sql.len() {
+            1 => sql.remove(0),
+            n => {
+                return Err(Status::invalid_argument(format!(
+                    "a query takes one row of parameters; {n} are bound"
+                )));
+            }
+        };
+        let schema = self.session.lock().await.result_schema(&sql).await.map_err(status)?;
+        let ticket = TicketStatementQuery {
+            statement_handle: sql.into_bytes().into(),
+        };
+        let info = info_for(&schema, ticket.as_any().encode_to_vec(), request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        cmd: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let handle = cmd.prepared_statement_handle.to_vec();
+        let params = parameter_batch(request.into_inner()).await?;
+        if params.num_columns() > 0 || params.num_rows() > 0 {
+            self.prepared(&handle, |p| p.params = Some(params))?;
+        }
+        let statements = self.bound_sql(&handle)?;
+        let mut session = self.session.lock().await;
+        for sql in &statements {
+            session.execute_sql(sql).await.map_err(status)?;
+        }
+        // Streaming statements have no affected-row count.
+        Ok(-1)
+    }
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>, Status> {
+        let token = self.options.auth.handshake(request.metadata())?;
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().unwrap_or_default().into_bytes().into(),
+        };
+        let stream: Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>> =
+            Box::pin(futures::stream::iter([Ok(reply)]));
+        let mut response = Response::new(stream);
+        if let Some(t) = token {
+            let value = format!("Bearer {t}")
+                .parse()
+                .map_err(|_| Status::internal("token is not a header value"))?;
+            response.metadata_mut().insert("authorization", value);
+        }
+        Ok(response)
+    }
+
+    async fn do_action_fallback(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
+        let action = &request.get_ref().r#type;
+        if action == "CloseSession" {
+            // A session is the connection; nothing to release. The answer
+            // is `CloseSessionResult { status: CLOSED }` (field 1 = 1).
+            let result = arrow_flight::Result {
+                body: vec![0x08, 0x01].into(),
+            };
+            return Ok(Response::new(Box::pin(futures::stream::iter([Ok(result)]))));
+        }
+        Err(Status::unimplemented(format!("action '{action}' is not supported")))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder(sql_info()?).schema();
+        Ok(Response::new(info_for(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let builder = query.into_builder(sql_info()?);
+        let schema = builder.schema();
+        single_batch(schema, builder.build())
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        Ok(Response::new(info_for(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        builder.append(CATALOG);
+        let schema = builder.schema();
+        single_batch(schema, builder.build())
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        Ok(Response::new(info_for(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        builder.append(CATALOG, SCHEMA);
+        let schema = builder.schema();
+        single_batch(schema, builder.build())
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        Ok(Response::new(info_for(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let entries = self.session.lock().await.catalog_entries();
+        // The builder applies the client's catalog/schema/table/type filters.
+        let mut builder = query.into_builder();
+        for (name, kind, columns) in entries {
+            builder
+                .append(CATALOG, SCHEMA, name, kind, &columns)
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        let schema = builder.schema();
+        single_batch(schema, builder.build())
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = table_types_schema();
+        Ok(Response::new(info_for(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_table_types(
+        &self,
+        _query: CommandGetTableTypes,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let schema = table_types_schema();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(StringArray::from(vec!["TABLE", "VIEW"])) as ArrayRef],
+        )
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(stream_batches(schema, futures::stream::iter([batch]))))
+    }
+
+    // No keys exist: empty answers, not errors (clients ask routinely).
+    async fn get_flight_info_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Ok(Response::new(info_for(
+            &keys_schema(),
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_primary_keys(
+        &self,
+        _query: CommandGetPrimaryKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+    }
+
+    async fn get_flight_info_exported_keys(
+        &self,
+        query: CommandGetExportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Ok(Response::new(info_for(
+            &keys_schema(),
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_exported_keys(
+        &self,
+        _query: CommandGetExportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+    }
+
+    async fn get_flight_info_imported_keys(
+        &self,
+        query: CommandGetImportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Ok(Response::new(info_for(
+            &keys_schema(),
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_imported_keys(
+        &self,
+        _query: CommandGetImportedKeys,
+        _request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+fn table_types_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![arrow::datatypes::Field::new(
+        "table_type",
+        arrow::datatypes::DataType::Utf8,
+        false,
+    )]))
+}
+
+/// Flight SQL's key-listing schema (primary, exported, imported keys).
+fn keys_schema() -> SchemaRef {
+    use arrow::datatypes::{DataType, Field};
+    Arc::new(Schema::new(vec![
+        Field::new("pk_catalog_name", DataType::Utf8, true),
+        Field::new("pk_db_schema_name", DataType::Utf8, true),
+        Field::new("pk_table_name", DataType::Utf8, false),
+        Field::new("pk_column_name", DataType::Utf8, false),
+        Field::new("fk_catalog_name", DataType::Utf8, true),
+        Field::new("fk_db_schema_name", DataType::Utf8, true),
+        Field::new("fk_table_name", DataType::Utf8, false),
+        Field::new("fk_column_name", DataType::Utf8, false),
+        Field::new("key_sequence", DataType::Int32, false),
+        Field::new("fk_key_name", DataType::Utf8, true),
+        Field::new("pk_key_name", DataType::Utf8, true),
+        Field::new("update_rule", DataType::UInt8, false),
+        Field::new("delete_rule", DataType::UInt8, false),
+    ]))
+}
+
+/// Serves Flight SQL until ctrl-c / SIGTERM: first resubmits the jobs a
+/// previous server left running; on shutdown suspends every job (each
+/// takes its final checkpoint, and the next server resumes it).
+pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), String> {
+    session.keep_job_registry()?;
+    for (name, result) in session.resume_jobs().await {
+        match result {
+            Ok(StatementResult::JobStarted {
+                resumed_from: Some((id, path)),
+                ..
+            }) => eprintln!("[INFO] job '{name}' resumed from checkpoint {id} ({path})"),
+            Ok(_) => eprintln!("[INFO] job '{name}' started again"),
+            Err(e) => eprintln!("[ERROR] job '{name}' could not be started again: {e}"),
+        }
+    }
+    let listen = options.listen;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let service = WeirFlightSql::new(session, options.clone());
+    let session = service.session.clone();
+    if let Some(addr) = options.metrics_listen {
+        metrics::serve(addr, session.clone(), service.stats.clone(), service.streams.clone()).await?;
+    }
+    let auth = options.auth.clone();
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(256))
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)));
+    if let Some((cert, key)) = &options.tls {
+        let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| format!("TLS: {e}"))?;
+    }
+    let scheme = if options.tls.is_some() { "grpc+tls" } else { "grpc" };
+    eprintln!(
+        "[INFO] Flight SQL on {scheme}://{listen}{}",
+        if auth.enabled() { " (password required)" } else { "" }
+    );
+    let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
+    builder
+        .add_service(service)
+        .serve_with_incoming_shutdown(limits::incoming(listener, options.max_connections), async {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async {
+                    match term.as_mut() {
+                        Some(t) => { t.recv().await; }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {}
+            }
+        })
+        .await
+        .map_err(|e| format!("cannot serve on {listen}: {e}"))?;
+    let mut session = session.lock().await;
+    for job in session.take_jobs() {
+        job.suspend();
+        if let Err(e) = job.wait().await {
+            eprintln!("warning: a job ended with an error on shutdown: {e}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! Parameters of prepared statements: `?` and `$n` placeholders are
+//! replaced by literals of the bound values before the statement is
+//! planned, token by token, so every statement kind (SELECT, INSERT,
+//! SUBSCRIBE) takes parameters the same way.
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::DataType;
+use sqlparser::dialect::GenericDialect;
+use sqlparser::tokenizer::{Token, Tokenizer};
+
+/// A statement with its placeholders found.
+#[derive(Debug, Clone)]
+pub struct Template {
+    tokens: Vec<Token>,
+    /// For each placeholder token (by index in `tokens`), the 0-based
+    /// parameter it stands for.
+    slots: Vec<(usize, usize)>,
+    pub param_count: usize,
+}
+
+impl Template {
+    pub fn parse(sql: &str) -> Result<Self, String> {
+        let tokens = Tokenizer::new(&GenericDialect {}, sql)
+            .tokenize()
+            .map_err(|e| e.to_string())?;
+        let mut slots = vec![];
+        let mut next_positional = 0;
+        let (mut question, mut numbered) = (false, false);
+        for (i, t) in tokens.iter().enumerate() {
+            let Token::Placeholder(p) = t else { continue };
+            let index = if p == "?" {
+                question = true;
+                next_positional += 1;
+                next_positional - 1
+            } else {
+                numbered = true;
+                match p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                    Some(n) if n >= 1 => n - 1,
+                    _ => return Err(format!("placeholder '{p}': expected ? or $1, $2, ...")),
+                }
+            };
+            slots.push((i, index));
+        }
+        if question && numbered {
+            return Err("mix of ? and $n placeholders; use one style".into());
+        }
+        let param_count = slots.iter().map(|(_, p)| p + 1).max().unwrap_or(0);
+        Ok(Self {
+            tokens,
+            slots,
+            param_count,
+        })
+    }
+
+    /// The statement with every placeholder NULL: what prepare plans to
+    /// learn the result's columns.
+    pub fn with_nulls(&self) -> String {
+        self.render(|_| Ok("NULL".to_string())).unwrap_or_default()
+    }
+
+    /// The statement with the values of `row` of `params` in place.
+    pub fn bind(&self, params: &RecordBatch, row: usize) -> Result<String, String> {
+        if params.num_columns() < self.param_count {
+            return Err(format!(
+                "the statement has {} parameter(s) but {} value(s) were bound",
+                self.param_count,
+                params.num_columns()
+            ));
+        }
+        self.render(|p| literal(params.column(p).as_ref(), row).map_err(|e| format!("parameter {}: {e}", p + 1)))
+    }
+
+    fn render(&self, mut value: impl FnMut(usize) -> Result<String, String>) -> Result<String, String> {
+        let mut out = String::new();
+        let mut slots = self.slots.iter().peekable();
+        for (i, t) in self.tokens.iter().enumerate() {
+            match slots.peek() {
+                Some((at, p)) if *at == i => {
+                    out.push_str(&value(*p)?);
+                    slots.next();
+                }
+                _ => out.push_str(&t.to_string()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `array[row]` as a SQL literal of the same type.
+fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
+    if array.is_null(row) {
+        return Ok("NULL".into());
+    }
+    let text = || arrow::util::display::array_value_to_string(array, row).map_err(|e| e.to_string());
+    let quoted = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    Ok(match array.data_type() {
+        DataType::Boolean => array.as_boolean().value(row).to_string(),
+        DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::UInt64
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => text()?,
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let t = text()?;
+            if t.parse::<f64>().is_ok_and(f64::is_finite) {
+                format!("CAST({t} AS DOUBLE)")
+            } else {
+                return Err(format!("{t} has no SQL literal"));
+            }
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => quoted(&text()?),
+        DataType::Date32 | DataType::Date64 => format!("DATE {}", quoted(&text()?)),
+        DataType::Timestamp(_, None) => format!("TIMESTAMP {}", quoted(&text()?.replace('T', " "))),
+        DataType::Timestamp(_, Some(_)) => {
+            format!("CAST({} AS TIMESTAMP_LTZ(3))", quoted(&text()?.replace('T', " ")))
+        }
+        DataType::Time32(_) | DataType::Time64(_) => format!("TIME {}", quoted(&text()?)),
+        other => return Err(format!("values of type {other} cannot be bound")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array, StringArray};
+
+    use super::*;
+
+    fn batch(cols: Vec<ArrayRef>) -> RecordBatch {
+        RecordBatch::try_from_iter(cols.into_iter().enumerate().map(|(i, c)| (format!("p{i}"), c))).expect("ok")
+    }
+
+    #[test]
+    fn question_marks_bind_in_order_and_strings_are_escaped() {
+        let t = Template::parse("SELECT ? + 1, '?' AS q WHERE name = ?").expect("ok");
+        assert_eq!(t.param_count, 2);
+        let params = batch(vec![
+            Arc::new(Int64Array::from(vec![41])),
+            Arc::new(StringArray::from(vec!["o'brien"])),
+        ]);
+        assert_eq!(
+            t.bind(&params, 0).expect("ok"),
+            "SELECT 41 + 1, '?' AS q WHERE name = 'o''brien'"
+        );
+        assert_eq!(t.with_nulls(), "SELECT NULL + 1, '?' AS q WHERE name = NULL");
+    }
+
+    #[test]
+    fn numbered_placeholders_may_repeat_and_must_all_be_bound() {
+        let t = Template::parse("SELECT $2, $1, $2").expect("ok");
+        assert_eq!(t.param_count, 2);
+        let params = batch(vec![
+            Arc::new(Int64Array::from(vec![1, 3])),
+            Arc::new(Int64Array::from(vec![Some(2), None])),
+        ]);
+        assert_eq!(t.bind(&params, 1).expect("ok"), "SELECT NULL, 3, NULL");
+        let one = batch(vec![Arc::new(Int64Array::from(vec![1]))]);
+        assert!(t.bind(&one, 0).expect_err("an error").contains("2 parameter(s) but 1"));
+        assert!(Template::parse("SELECT ?, $1").is_err());
+    }
+}

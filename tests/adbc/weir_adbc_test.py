@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Weir's Flight SQL server driven by a real third-party client: the ADBC
+Flight SQL driver (Go, through adbc_driver_manager's Python DB-API).
+
+    python weir_adbc_test.py grpc://127.0.0.1:PORT [SINK_DIR] [--skip d,f] [--keep-going]
+
+Runs the steps a-g below in order against a fresh `weir serve`; exit code 0
+when every step that ran passed. The driver's pitfalls
+(`../shared/design/clients.md` §1-§2): the DB-API prepares every statement;
+a failed execute with parameters leaves that cursor unusable, so each step
+uses its own cursors; an endless stream must be read batch by batch (fetchall
+would block forever) and with no fetch timeout (a total deadline that kills
+the stream).
+"""
+import argparse
+import os
+import tempfile
+import threading
+import time
+
+import adbc_driver_flightsql.dbapi as flight_sql
+
+CANCEL_WITHIN = 5.0  # seconds for a cancelled stream to stop
+READ_WITHIN = 60.0  # seconds for the first three batches of a subscription
+
+
+def rows(conn, sql, parameters=None):
+    """A bounded statement's result as a list of dicts."""
+    with conn.cursor() as cur:
+        cur.execute(sql, parameters)
+        return cur.fetch_arrow_table().to_pylist()
+
+
+def until(what, check, timeout=30.0):
+    """Polls check() until it returns something truthy, or fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f}s"
+        time.sleep(0.05)
+    return got
+
+
+def step_a_ddl(conn, t):
+    for sql in [
+        "SET 'parallelism.default' = '1'",
+        # Unbounded and paced, so the job keeps running without eating a core.
+        "CREATE TABLE bids (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), "
+        "WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND) WITH ('connector' = 'nexmark', "
+        "'nexmark.table' = 'bid', 'nexmark.events-per-second' = '20000')",
+        f"CREATE TABLE sink (auction BIGINT, price BIGINT) "
+        f"WITH ('connector' = 'filesystem', 'path' = '{t['sink']}', 'format' = 'csv')",
+    ]:
+        got = rows(conn, sql)
+        assert got == [], f"{sql!r} should return no rows, got {got}"
+
+
+def step_b_start_job(conn, t):
+    job = rows(conn, "INSERT INTO sink SELECT auction, price FROM bids WHERE price > 0")
+    assert len(job) == 1, f"INSERT should return one row for the job, got {job}"
+    assert set(job[0]) == {"job_id", "job_name", "state"}, f"job row columns: {list(job[0])}"
+    assert job[0]["state"] == "RUNNING", f"the job should be RUNNING at once: {job[0]}"
+    t["job"] = job[0]["job_name"]
+    print(f"    job {t['job']!r}")
+
+
+def step_c_show_jobs(conn, t):
+    assert "job" in t, "needs the job that step b starts"
+    jobs = rows(conn, "SHOW JOBS")
+    mine = [j for j in jobs if j["job_name"] == t["job"]]
+    assert [j["state"] for j in mine] == ["RUNNING"], f"SHOW JOBS should list {t['job']!r} RUNNING once: {jobs}"
+    written = lambda: os.path.isdir(t["sink"]) and os.listdir(t["sink"])
+    until(f"file from the job in {t['sink']}", written, timeout=60)
+
+
+def step_d_parameters(conn, t):
+    got = rows(conn, "SELECT ? + 1 AS x", (41,))
+    assert got == [{"x": 42}], f"SELECT ? + 1 with 41 should be [{{'x': 42}}], got {got}"
+    got = rows(conn, "SELECT $1 * 2 AS y", (21,))
+    assert got == [{"y": 42}], f"SELECT $1 * 2 with 21 should be [{{'y': 42}}], got {got}"
+    # One prepared statement, run again with new parameters (the handle is reused).
+    sql = "SELECT x FROM (VALUES (1), (2), (3)) AS v(x) WHERE x > ?"
+    with conn.cursor() as cur:
+        for bound, want in [(1, [2, 3]), (2, [3]), (3, [])]:
+            cur.execute(sql, (bound,))
+            got = sorted(r[0] for r in cur.fetchall())
+            assert got == want, f"{sql} with {bound}: want {want}, got {got}"
+
+
+def step_e_metadata(conn, t):
+    info = conn.adbc_get_info()
+    assert info.get("vendor_name") == "Weir", f"vendor_name: {info}"
+    types = conn.adbc_get_table_types()
+    assert "TABLE" in types, f"table types: {types}"
+    objects = conn.adbc_get_objects(depth="all").read_all().to_pylist()
+    catalogs = {c["catalog_name"]: c["catalog_db_schemas"] for c in objects}
+    assert "weir" in catalogs, f"catalogs: {list(catalogs)}"
+    schemas = {s["db_schema_name"]: s["db_schema_tables"] for s in catalogs["weir"]}
+    assert "default" in schemas, f"schemas in weir: {list(schemas)}"
+    tables = {x["table_name"]: [c["column_name"] for c in x["table_columns"]] for x in schemas["default"]}
+    assert tables.get("bids") == ["auction", "price", "dateTime"], f"tables: {tables}"
+    assert tables.get("sink") == ["auction", "price"], f"tables: {tables}"
+    schema = conn.adbc_get_table_schema("bids")
+    assert schema.names == ["auction", "price", "dateTime"], f"bids schema: {schema}"
+
+
+def step_f_subscribe(conn, t):
+    sql = "SUBSCRIBE TO (SELECT auction, price FROM bids)"
+    cur = conn.cursor()
+    watchdog = threading.Timer(READ_WITHIN, cur.adbc_cancel)  # a stuck read fails instead of hanging
+    watchdog.start()
+    try:
+        cur.execute(sql)
+        reader = cur.fetch_record_batch()
+        assert reader.schema.names == ["_op", "auction", "price"], f"{sql}: columns {reader.schema.names}"
+        with_rows = 0
+        while with_rows < 3:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                raise AssertionError(f"{sql} ended after {with_rows} batches; it should never end")
+            except OSError as e:
+                raise AssertionError(f"{sql}: only {with_rows} batches with rows in {READ_WITHIN:.0f}s ({e})")
+            if batch.num_rows:
+                ops = set(batch.column(0).to_pylist())
+                assert ops == {"+I"}, f"an append-only source should give only '+I' in _op, got {ops}"
+                with_rows += 1
+        # Cancel from this thread while another one is blocked reading.
+        ended = threading.Event()
+        threading.Thread(target=drain, args=(reader, ended), daemon=True).start()
+        start = time.monotonic()
+        cur.adbc_cancel()
+        assert ended.wait(CANCEL_WITHIN), f"the stream still ran {CANCEL_WITHIN}s after adbc_cancel()"
+        print(f"    3 batches with rows, then cancelled in {(time.monotonic() - start) * 1000:.0f} ms")
+    finally:
+        watchdog.cancel()
+        cur.close()
+    got = rows(conn, "SELECT 1 AS one")
+    assert got == [{"one": 1}], f"the connection should still work after the cancel, got {got}"
+
+
+def drain(reader, ended):
+    """Reads until the stream fails (cancelled: OSError) or ends, then sets ended."""
+    try:
+        while True:
+            reader.read_next_batch()
+    except BaseException:
+        ended.set()
+
+
+def step_g_stop_job(conn, t):
+    assert "job" in t, "needs the job that step b starts"
+    job = t["job"]
+    rows(conn, f"STOP JOB '{job}'")
+
+    def not_running():
+        mine = [j["state"] for j in rows(conn, "SHOW JOBS") if j["job_name"] == job]
+        return (mine or ["(gone)"]) if mine != ["RUNNING"] else None
+
+    print(f"    state after STOP JOB: {until(f'stop of {job!r}', not_running)}")
+
+
+STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
+         step_e_metadata, step_f_subscribe, step_g_stop_job]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("uri", help="grpc://127.0.0.1:PORT of a fresh `weir serve`")
+    p.add_argument("sink", nargs="?", help="directory for the file sink (default: a new temp dir)")
+    p.add_argument("--skip", default="", help="step letters to skip, e.g. d,f,g")
+    p.add_argument("--keep-going", action="store_true", help="run the later steps after a failure")
+    args = p.parse_args()
+    t = {"sink": os.path.abspath(args.sink or tempfile.mkdtemp(prefix="weir-adbc-sink-"))}
+    skip = set(args.skip.replace(",", ""))
+    passed, failed = 0, 0
+    with flight_sql.connect(args.uri, autocommit=True) as conn:
+        for step in STEPS:
+            letter, name = step.__name__[5], step.__name__[7:].replace("_", " ")
+            if letter in skip:
+                print(f"skip {letter}. {name}")
+                continue
+            try:
+                step(conn, t)
+                passed += 1
+                print(f"ok   {letter}. {name}")
+            except Exception as e:  # AssertionError, or the driver's own errors
+                failed += 1
+                print(f"FAIL {letter}. {name}: {type(e).__name__}: {e}")
+                if not args.keep_going:
+                    break
+    print(f"adbc: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
