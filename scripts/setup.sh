@@ -13,6 +13,8 @@ for p in "${packages[@]}"; do
 done
 # The REPL test drives the shell through a pseudo-terminal with Python.
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# The TLS test makes its certificates with openssl.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"

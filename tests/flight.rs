@@ -559,3 +559,287 @@ async fn job_control_describe_stop_cancel() {
     let e = client.do_get(ticket).await.map(|_| ()).expect_err("unknown job");
     assert!(e.to_string().contains("no job 'nope'"), "{e}");
 }
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Waits for the process to exit (after a signal), with a deadline.
+async fn exited(child: &mut Child, secs: u64) -> std::process::ExitStatus {
+    eventually("the server to exit", secs, || {
+        let status = child.try_wait().expect("try_wait");
+        async move { status }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let out = dir.path().join("out");
+    let (mut child, port) = spawn(&data, &[], &[]);
+    let mut client = FlightSqlServiceClient::new(channel(port).await);
+    create_tables(&mut client, &out).await;
+    client
+        .execute_update("SET 'execution.checkpointing.interval' = '300 ms'".into(), None)
+        .await
+        .expect("set");
+    let id = strings(&query(&mut client, COUNT_JOB).await, "job_id")[0].clone();
+    let checkpoint = |client: &mut FlightSqlServiceClient<Channel>| {
+        let mut client = client.clone();
+        async move {
+            let jobs = query(&mut client, "SHOW JOBS").await;
+            let last = strings(&jobs, "last_checkpoint");
+            let state = strings(&jobs, "state");
+            (state == ["RUNNING"] && !last[0].is_empty()).then(|| last[0].parse::<u64>().expect("id"))
+        }
+    };
+    eventually("a completed checkpoint", 60, || checkpoint(&mut client)).await;
+
+    // kill -9: the next server resubmits the job, which resumes from its
+    // latest checkpoint, under the same id.
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+    let (mut child, port) = spawn(&data, &[], &[]);
+    let mut client = FlightSqlServiceClient::new(channel(port).await);
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&jobs, "job_id"), vec![id.clone()]);
+    assert_eq!(strings(&jobs, "state"), vec!["RUNNING"]);
+    let describe = query(&mut client, &format!("DESCRIBE JOB '{id}'")).await;
+    let props = strings(&describe, "property");
+    assert!(props.contains(&"restored_from".to_string()), "{props:?}");
+    let resumed_at = eventually("a checkpoint after the restart", 60, || checkpoint(&mut client)).await;
+
+    // SIGTERM: the job is suspended with a final checkpoint and resumed by
+    // the next server from there.
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    assert!(exited(&mut child, 60).await.success());
+    let (child, port) = spawn(&data, &[], &[]);
+    let _server = Server {
+        child,
+        port,
+        data: data.clone(),
+        out,
+        _dir: Some(dir),
+    };
+    let mut client = FlightSqlServiceClient::new(channel(port).await);
+    let describe = query(&mut client, &format!("DESCRIBE JOB '{id}'")).await;
+    let (props, values) = (strings(&describe, "property"), strings(&describe, "value"));
+    let restored = props
+        .iter()
+        .position(|p| p == "restored_from")
+        .map(|i| values[i].clone())
+        .expect("restored after a graceful restart");
+    let restored_id: u64 = restored
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("checkpoint id");
+    assert!(
+        restored_id > resumed_at,
+        "resumed from the final checkpoint: {restored}"
+    );
+
+    // A stopped job is not resubmitted.
+    let registry = std::fs::read_to_string(data.join("server/jobs.json")).expect("registry");
+    assert!(registry.contains("INSERT INTO counts"), "{registry}");
+    query(&mut client, &format!("STOP JOB '{id}'")).await;
+    eventually("the registry to forget the stopped job", 30, || {
+        let text = std::fs::read_to_string(data.join("server/jobs.json")).unwrap_or_default();
+        let gone = !text.contains(id.as_str());
+        async move { gone.then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_concurrent_clients_are_all_answered_and_nothing_leaks() {
+    let metrics_port = free_port();
+    let (server, mut client) = start_with(&["--metrics-listen".into(), format!("127.0.0.1:{metrics_port}")]).await;
+    query(&mut client, "SELECT 1").await;
+    drop(client);
+    let pid = server.child.id();
+    let fds_before = fd_count(pid);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let port = server.port;
+        tasks.spawn(async move {
+            // Each client its own connection.
+            let mut client = FlightSqlServiceClient::new(channel(port).await);
+            let rows = query(&mut client, &format!("SELECT {i} AS i, 'client' AS who")).await;
+            assert_eq!(strings(&rows, "i"), vec![i.to_string()]);
+        });
+    }
+    let mut answered = 0;
+    while let Some(r) = tasks.join_next().await {
+        r.expect("client task");
+        answered += 1;
+    }
+    assert_eq!(answered, 200);
+    // Every stream and connection is released once the clients are gone.
+    eventually("streams and connections to be released", 30, || async {
+        let (_, body) = http_get(metrics_port, "/metrics").await;
+        let streams = metric(&body, "weir_flight_open_streams");
+        (streams == Some(0.0) && fd_count(pid) <= fds_before + 2).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_requests_get_a_status_not_a_crash() {
+    use arrow_flight::sql::{ProstMessageExt, TicketStatementQuery};
+    use prost::Message;
+    let (_server, mut client) = start_with(&["--max-request-bytes".into(), "65536".into()]).await;
+
+    // A ticket that is not a Flight SQL message.
+    let err = client
+        .do_get(arrow_flight::Ticket::new(vec![0xff, 0x01, 0x02]))
+        .await
+        .map(|_| ())
+        .expect_err("garbage ticket");
+    assert!(!err.to_string().to_lowercase().contains("internal"), "{err}");
+    // A statement ticket whose SQL is not UTF-8.
+    let ticket = TicketStatementQuery {
+        statement_handle: vec![0xff, 0xfe].into(),
+    };
+    let err = client
+        .do_get(arrow_flight::Ticket::new(ticket.as_any().encode_to_vec()))
+        .await
+        .map(|_| ())
+        .expect_err("not UTF-8");
+    assert!(err.to_string().contains("UTF-8"), "{err}");
+    // Two statements where one is expected.
+    let err = client
+        .execute("SELECT 1; SELECT 2".into(), None)
+        .await
+        .expect_err("two statements");
+    assert!(err.to_string().contains("one statement"), "{err}");
+    // A request over the size limit.
+    let big = format!("SELECT '{}'", "x".repeat(200_000));
+    let err = client.execute(big, None).await.expect_err("too large");
+    assert!(!err.to_string().to_lowercase().contains("internal"), "{err}");
+    // Unknown actions: UNIMPLEMENTED; CloseSession: accepted.
+    let mut inner = client.inner().clone();
+    let err = inner
+        .do_action(arrow_flight::Action::new("Nope", vec![]))
+        .await
+        .map(|_| ())
+        .expect_err("unknown action");
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err}");
+    let closed = inner
+        .do_action(arrow_flight::Action::new("CloseSession", vec![]))
+        .await
+        .expect("CloseSession");
+    let results: Vec<_> = closed.into_inner().try_collect().await.expect("results");
+    assert_eq!(results.len(), 1);
+    // A handle that was never prepared.
+    let cmd = arrow_flight::sql::CommandPreparedStatementQuery {
+        prepared_statement_handle: b"nope".to_vec().into(),
+    };
+    let err = inner
+        .get_flight_info(arrow_flight::FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec()))
+        .await
+        .expect_err("unknown handle");
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    // Still serving.
+    assert_eq!(strings(&query(&mut client, "SELECT 7 AS x").await, "x"), vec!["7"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_and_tls_protect_the_server() {
+    use base64::Engine;
+    use tonic::transport::{Certificate, ClientTlsConfig};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A CA, and a server certificate for localhost signed by it.
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("cert.pem"),
+        dir.path().join("key.pem"),
+    );
+    std::fs::write(
+        dir.path().join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    for args in [
+        "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=weir-test-ca -keyout ca.key -out ca.pem",
+        "req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout key.pem -out server.csr",
+        "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out cert.pem -extfile ext.cnf",
+    ] {
+        let made = Command::new("openssl")
+            .args(args.split(' '))
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl (installed by scripts/setup.sh)");
+        assert!(made.success(), "openssl {args} failed");
+    }
+    let args = [
+        "--tls-cert".to_string(),
+        cert.display().to_string(),
+        "--tls-key".to_string(),
+        key.display().to_string(),
+    ];
+    let (child, port) = spawn(&dir.path().join("data"), &args, &[("WEIR_PASSWORD", "s3cret")]);
+    let _server = Server {
+        child,
+        port,
+        data: dir.path().join("data"),
+        out: dir.path().join("out"),
+        _dir: None,
+    };
+    let pem = std::fs::read(&ca).expect("ca");
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(pem))
+        .domain_name("localhost");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let channel = loop {
+        let endpoint = Channel::from_shared(format!("https://127.0.0.1:{port}"))
+            .expect("uri")
+            .tls_config(tls.clone())
+            .expect("tls");
+        match endpoint.connect().await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no TLS listener: {e:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // No credentials, then wrong ones: UNAUTHENTICATED.
+    let mut client = FlightSqlServiceClient::new(channel.clone());
+    let err = client.execute("SELECT 1".into(), None).await.expect_err("no password");
+    assert!(err.to_string().contains("password"), "{err}");
+    let err = client.handshake("weir", "wrong").await.expect_err("wrong password");
+    assert!(err.to_string().contains("invalid user or password"), "{err}");
+    // Basic in the handshake, then the Bearer token on every call.
+    client.handshake("weir", "s3cret").await.expect("handshake");
+    assert!(client.token().is_some());
+    assert_eq!(strings(&query(&mut client, "SELECT 1 AS x").await, "x"), vec!["1"]);
+    // The Go ADBC driver's unpadded Basic credentials are accepted.
+    let mut unpadded = FlightSqlServiceClient::new(channel);
+    let basic = base64::engine::general_purpose::STANDARD_NO_PAD.encode("weir:s3cret");
+    unpadded.set_header("authorization", format!("Basic {basic}"));
+    assert_eq!(strings(&query(&mut unpadded, "SELECT 2 AS x").await, "x"), vec!["2"]);
+    // Plaintext against the TLS port fails.
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("uri")
+        .connect()
+        .await;
+    if let Ok(plain) = plain {
+        let mut c = FlightSqlServiceClient::new(plain);
+        c.handshake("weir", "s3cret")
+            .await
+            .expect_err("plaintext to a TLS server");
+    }
+}

@@ -181,12 +181,10 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
     f.head("weir_checkpoints_total", "counter", "Checkpoints by outcome.");
     for (job, m) in jobs {
         let c = &m.checkpoints;
-        for (status, n) in [("completed", &c.completed_total), ("failed", &c.failed_total)] {
-            f.sample(
-                "weir_checkpoints_total",
-                &[("job", job), ("status", status)],
-                n.load(Ordering::Relaxed),
-            );
+        let completed = *c.completed_total.borrow();
+        let failed = c.failed_total.load(Ordering::Relaxed);
+        for (status, n) in [("completed", completed), ("failed", failed)] {
+            f.sample("weir_checkpoints_total", &[("job", job), ("status", status)], n);
         }
     }
     let last = |m: &JobMetrics| m.checkpoints.last_completed();

@@ -812,9 +812,12 @@ fn keys_schema() -> SchemaRef {
     ]))
 }
 
+/// How long a shutdown waits for each job's last checkpoint.
+const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Serves Flight SQL until ctrl-c / SIGTERM: first resubmits the jobs a
 /// previous server left running; on shutdown suspends every job (each
-/// takes its final checkpoint, and the next server resumes it).
+/// takes a checkpoint and ends; the next server resumes it from there).
 pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), String> {
     session.keep_job_registry()?;
     for (name, result) in session.resume_jobs().await {
@@ -870,11 +873,11 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         .await
         .map_err(|e| format!("cannot serve on {listen}: {e}"))?;
     let mut session = session.lock().await;
-    for job in session.take_jobs() {
-        job.suspend();
-        if let Err(e) = job.wait().await {
-            eprintln!("warning: a job ended with an error on shutdown: {e}");
-        }
+    // Each job checkpoints and ends; the next server resumes it.
+    let jobs = session.take_jobs();
+    let suspended = futures::future::join_all(jobs.into_iter().map(|j| j.suspend(SUSPEND_WITHIN))).await;
+    for e in suspended.into_iter().filter_map(Result::err) {
+        eprintln!("warning: a job ended with an error on shutdown: {e}");
     }
     Ok(())
 }

@@ -96,9 +96,12 @@ pub struct CheckpointLog {
     /// Set when the job was restored: (checkpoint id, path).
     pub restored_from: Mutex<Option<(u64, String)>>,
     /// Checkpoints that completed / failed, ever (the log keeps the last
-    /// 100 only).
-    pub completed_total: std::sync::atomic::AtomicU64,
+    /// 100 only); completions can be waited for.
+    pub completed_total: watch::Sender<u64>,
     pub failed_total: std::sync::atomic::AtomicU64,
+    /// Asks the coordinator for a checkpoint now (then as soon as the one
+    /// in progress ends), e.g. before a job is suspended.
+    pub trigger_now: tokio::sync::Notify,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -112,13 +115,12 @@ impl CheckpointLog {
     }
 
     fn upsert(&self, s: CheckpointStats) {
-        let total = match s.status {
-            CheckpointStatus::Completed => Some(&self.completed_total),
-            CheckpointStatus::Failed => Some(&self.failed_total),
-            CheckpointStatus::InProgress => None,
-        };
-        if let Some(t) = total {
-            t.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match s.status {
+            CheckpointStatus::Completed => self.completed_total.send_modify(|n| *n += 1),
+            CheckpointStatus::Failed => {
+                self.failed_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            CheckpointStatus::InProgress => {}
         }
         if let Ok(mut e) = self.entries.lock() {
             match e.iter_mut().find(|x| x.id == s.id) {
@@ -231,6 +233,9 @@ impl CheckpointCoordinator {
             let deadline = pending.as_ref().map(|p| p.deadline);
             tokio::select! {
                 _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
+                    pending = Some(self.trigger(&mut st));
+                }
+                _ = self.log.trigger_now.notified(), if can_trigger => {
                     pending = Some(self.trigger(&mut st));
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or(next_trigger)), if deadline.is_some() => {

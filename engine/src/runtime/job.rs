@@ -64,8 +64,6 @@ pub struct JobHandle {
     /// skipped as unusable).
     pub restored_from: Option<(u64, PathBuf, Vec<String>)>,
     stop: Arc<watch::Sender<bool>>,
-    /// Set with `stop` when the stop is a suspension (server shutdown).
-    suspend: Arc<std::sync::atomic::AtomicBool>,
     job_dir: PathBuf,
     checkpointing: bool,
     done: tokio::task::JoinHandle<Result<JobOutcome>>,
@@ -93,11 +91,41 @@ impl JobHandle {
         self.done.is_finished()
     }
 
-    /// Stops the job like `stop` (final checkpoint) but marks it to be
-    /// resumed from that checkpoint by the next run of the same job.
-    pub fn suspend(&self) {
-        self.suspend.store(true, std::sync::atomic::Ordering::SeqCst);
+    /// Takes a checkpoint now and ends the job right after it, to be
+    /// resumed from it by the next run of the same job (a server
+    /// shutdown). Output after that checkpoint is not committed; the
+    /// resumed job produces it again. A job without checkpointing, or one
+    /// whose checkpoint does not complete `within`, is stopped instead.
+    pub async fn suspend(mut self, within: Duration) -> Result<()> {
+        if self.checkpointing && !self.is_finished() {
+            let log = self.metrics.checkpoints.clone();
+            let mut completed = log.completed_total.subscribe();
+            let before = *completed.borrow_and_update();
+            log.trigger_now.notify_one();
+            let checkpointed = tokio::select! {
+                r = tokio::time::timeout(within, completed.wait_for(|n| *n > before)) => matches!(r, Ok(Ok(_))),
+                r = &mut self.done => {
+                    // It ended on its own meanwhile.
+                    return match r {
+                        Ok(r) => r.map(|_| ()),
+                        Err(e) => Err(ExecError::internal(format!("job task failed: {e}"))),
+                    };
+                }
+            };
+            if checkpointed {
+                self.metrics.lifecycle.set(JobState::Suspended);
+                self.done.abort();
+                let _ = (&mut self.done).await;
+                RunStatus::Suspended.write(&self.job_dir)?;
+                return Ok(());
+            }
+            tracing::warn!(
+                "job '{}': no checkpoint completed within {within:?}; stopping it instead (the next run starts afresh)",
+                self.name
+            );
+        }
         self.stop();
+        self.wait().await.map(|_| ())
     }
 
     /// Ends the job at once: no drain, no final checkpoint. Its completed
@@ -275,8 +303,6 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let name = config.name.clone();
     let metrics = build_metrics(&graph, &config, checkpoint_log);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let suspend = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let suspended = suspend.clone();
     let job_dir = config.job_dir.clone();
     let checkpointing = config.checkpointing.is_some();
     let graph = Arc::new(graph);
@@ -298,9 +324,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             .await;
             let err = match result {
                 Ok(()) => {
-                    let (status, state) = if suspended.load(std::sync::atomic::Ordering::SeqCst) {
-                        (RunStatus::Suspended, JobState::Suspended)
-                    } else if *stop_rx.borrow() {
+                    let (status, state) = if *stop_rx.borrow() {
                         (RunStatus::Stopped, JobState::Stopped)
                     } else {
                         (RunStatus::Finished, JobState::Finished)
@@ -380,7 +404,6 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         name,
         metrics,
         stop: Arc::new(stop_tx),
-        suspend,
         job_dir,
         checkpointing,
         done,
