@@ -26,6 +26,16 @@ pub struct Args {
     #[arg(short = 'c', long = "command")]
     pub command: Option<String>,
 
+    /// Work against a `weir serve` (grpc://HOST:PORT or grpc+tls://...)
+    /// instead of the embedded engine. WEIR_PASSWORD authenticates;
+    /// WEIR_TLS_CA names the CA for grpc+tls.
+    #[arg(long)]
+    pub url: Option<String>,
+
+    /// User for --url when WEIR_PASSWORD is set.
+    #[arg(long, default_value = "weir")]
+    pub user: String,
+
     #[command(subcommand)]
     pub sub: Option<Command>,
 }
@@ -159,6 +169,9 @@ pub fn main_with(args: Args) -> i32 {
         }
         _ => {}
     }
+    if let Some(url) = &args.url {
+        return remote_main(&rt, &args, url);
+    }
     let mut session = match Session::open(&args.data_dir) {
         Ok(s) => s,
         Err(e) => {
@@ -190,9 +203,53 @@ pub fn main_with(args: Args) -> i32 {
             }
             rt.block_on(run_script(&mut session, &text, "<stdin>"))
         }
-        (None, None) => repl(&rt, &mut session),
+        (None, None) => repl(&rt, Backend::Local(&mut session)),
         (Some(Command::Bench { .. } | Command::Serve(_)), _) => EXIT_ERROR,
     }
+}
+
+/// `--url`: the same commands against a server.
+fn remote_main(rt: &Runtime, args: &Args, url: &str) -> i32 {
+    let mut remote = match rt.block_on(crate::remote::Remote::connect(url, &args.user)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_ERROR;
+        }
+    };
+    let script = match (&args.sub, &args.command) {
+        (Some(Command::Run { file }), _) => match std::fs::read_to_string(file) {
+            Ok(t) => Some((t, file.display().to_string())),
+            Err(e) => {
+                eprintln!("error: cannot read {}: {e}", file.display());
+                return EXIT_ERROR;
+            }
+        },
+        (None, Some(sql)) => Some((sql.clone(), "<command>".to_string())),
+        (None, None) if !std::io::stdin().is_terminal() => {
+            let mut text = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+                eprintln!("error: cannot read stdin: {e}");
+                return EXIT_ERROR;
+            }
+            Some((text, "<stdin>".to_string()))
+        }
+        (None, None) => None,
+        (Some(_), _) => {
+            eprintln!("error: --url works with the shell, -c, stdin and `run`");
+            return EXIT_ERROR;
+        }
+    };
+    match script {
+        Some((text, origin)) => rt.block_on(remote.run_script(&text, &origin)),
+        None => repl(rt, Backend::Remote(Box::new(remote))),
+    }
+}
+
+/// Where the shell's statements run.
+enum Backend<'a> {
+    Local(&'a mut Session),
+    Remote(Box<crate::remote::Remote>),
 }
 
 fn print_error(origin: &str, e: &SessionError) {
@@ -376,7 +433,7 @@ fn history_path(data_dir: &Path) -> PathBuf {
 }
 
 /// The interactive shell: statements end with `;` and may span lines.
-fn repl(rt: &Runtime, session: &mut Session) -> i32 {
+fn repl(rt: &Runtime, mut backend: Backend<'_>) -> i32 {
     use rustyline::error::ReadlineError;
     let mut editor = match rustyline::DefaultEditor::new() {
         Ok(e) => e,
@@ -385,12 +442,18 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
             return EXIT_ERROR;
         }
     };
-    let history = history_path(session.data_dir());
+    let history = match &backend {
+        Backend::Local(session) => history_path(session.data_dir()),
+        Backend::Remote(_) => history_path(Path::new(".")),
+    };
     let _ = editor.load_history(&history);
     println!(
         "Weir {} — statements end with ';'. Type 'quit;' or Ctrl-D to leave.",
         env!("CARGO_PKG_VERSION")
     );
+    if let Backend::Remote(r) = &backend {
+        println!("Connected to {}; jobs you start keep running there.", r.url);
+    }
     let mut buffer = String::new();
     loop {
         let prompt = if buffer.is_empty() { "weir> " } else { "   -> " };
@@ -416,9 +479,21 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
                             return;
                         }
                     };
-                    match weir_sql::parse(&text) {
-                        Err(e) => print_error(REPL, &SessionError::Sql(e)),
-                        Ok(stmts) => {
+                    match (weir_sql::parse(&text), &mut backend) {
+                        (Err(e), _) => print_error(REPL, &SessionError::Sql(e)),
+                        (Ok(stmts), Backend::Remote(remote)) => {
+                            for s in &stmts {
+                                match remote.run(&s.text, &mut signals).await {
+                                    Ok(()) => {}
+                                    Err(crate::remote::RemoteError::Interrupted) => break,
+                                    Err(e) => {
+                                        eprintln!("[ERROR] {e}");
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        (Ok(stmts), Backend::Local(session)) => {
                             for s in &stmts {
                                 match session.execute(s).await {
                                     Ok(r) => {
@@ -445,7 +520,10 @@ fn repl(rt: &Runtime, session: &mut Session) -> i32 {
             }
         }
     }
-    // Jobs submitted from the REPL run until they finish or the shell ends.
-    rt.block_on(stop_all(session.take_jobs()));
+    // Jobs submitted from the embedded shell run until they finish or the
+    // shell ends; a server's jobs are the server's.
+    if let Backend::Local(session) = backend {
+        rt.block_on(stop_all(session.take_jobs()));
+    }
     EXIT_OK
 }

@@ -89,3 +89,17 @@ pub fn table(batches: &[RecordBatch]) -> String {
         Err(e) => format!("(cannot display result: {e})"),
     }
 }
+
+/// Column `index` of every batch as text (NULL as an empty string).
+pub fn column_strings(batches: &[RecordBatch], index: usize) -> Vec<String> {
+    let options = arrow::util::display::FormatOptions::default();
+    let mut out = vec![];
+    for b in batches.iter().filter(|b| index < b.num_columns()) {
+        let column = b.column(index);
+        match ArrayFormatter::try_new(column.as_ref(), &options) {
+            Ok(f) => out.extend((0..column.len()).map(|i| f.value(i).to_string())),
+            Err(_) => out.extend((0..column.len()).map(|_| String::new())),
+        }
+    }
+    out
+}

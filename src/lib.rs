@@ -17,6 +17,7 @@ pub mod bench;
 pub mod cli;
 pub mod display;
 pub mod jobs;
+pub mod remote;
 pub mod server;
 pub mod session;
 pub mod watermarks;

@@ -1,0 +1,184 @@
+//! Remote mode: `weir --url grpc://host:port` runs the REPL (or `-c`, a
+//! script on stdin, `weir run FILE`) against a `weir serve` over Flight
+//! SQL. Statements are split here (so a syntax error is reported without a
+//! round trip) and sent one by one; results print as Flink's tableau as
+//! they arrive, and Ctrl-C cancels a live query (the server stops it).
+//! Jobs started by `INSERT` are detached: they keep running on the server.
+
+use std::io::Write;
+
+use arrow::datatypes::Schema;
+use arrow_flight::sql::client::FlightSqlServiceClient;
+use futures::TryStreamExt;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cli::{EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Signals};
+use crate::display::Tableau;
+
+pub struct Remote {
+    client: FlightSqlServiceClient<Channel>,
+    pub url: String,
+}
+
+/// Why a statement failed: the server's message, or a connection problem.
+#[derive(Debug)]
+pub enum RemoteError {
+    Sql(weir_sql::SqlError),
+    Server(String),
+    Interrupted,
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteError::Sql(e) => write!(f, "{e}"),
+            RemoteError::Server(m) => write!(f, "{m}"),
+            RemoteError::Interrupted => write!(f, "interrupted"),
+        }
+    }
+}
+
+fn server_error(e: impl std::fmt::Display) -> RemoteError {
+    // arrow-flight wraps the status; the message is what the user needs.
+    let text = e.to_string();
+    let msg = text
+        .split_once("message: \"")
+        .and_then(|(_, rest)| rest.split_once("\", ").map(|(m, _)| m.to_string()))
+        .unwrap_or(text);
+    RemoteError::Server(msg.replace("\\\"", "\"").replace("\\'", "'"))
+}
+
+impl Remote {
+    /// Connects to `url` (`grpc://` or `grpc+tcp://` plaintext,
+    /// `grpc+tls://` with the CA in `WEIR_TLS_CA` or the system's trust
+    /// is not bundled); authenticates when `WEIR_PASSWORD` is set.
+    pub async fn connect(url: &str, user: &str) -> Result<Self, String> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| format!("--url '{url}': expected grpc://HOST:PORT"))?;
+        let endpoint = match scheme {
+            "grpc" | "grpc+tcp" => Endpoint::from_shared(format!("http://{rest}")),
+            "grpc+tls" => Endpoint::from_shared(format!("https://{rest}")),
+            other => {
+                return Err(format!(
+                    "--url '{url}': unknown scheme '{other}'; use grpc:// or grpc+tls://"
+                ));
+            }
+        }
+        .map_err(|e| format!("--url '{url}': {e}"))?;
+        let endpoint = if scheme == "grpc+tls" {
+            let ca = std::env::var_os("WEIR_TLS_CA")
+                .ok_or_else(|| "grpc+tls:// needs the server's CA certificate: set WEIR_TLS_CA=ca.pem".to_string())?;
+            let pem = std::fs::read(&ca).map_err(|e| format!("WEIR_TLS_CA {}: {e}", ca.to_string_lossy()))?;
+            let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h);
+            endpoint
+                .tls_config(
+                    tonic::transport::ClientTlsConfig::new()
+                        .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+                        .domain_name(host),
+                )
+                .map_err(|e| format!("TLS: {e}"))?
+        } else {
+            endpoint
+        };
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+        let mut client = FlightSqlServiceClient::new(channel);
+        if let Ok(password) = std::env::var("WEIR_PASSWORD")
+            && !password.is_empty()
+        {
+            client
+                .handshake(user, &password)
+                .await
+                .map_err(|e| format!("{url}: authentication failed: {}", server_error(e)))?;
+        }
+        Ok(Self {
+            client,
+            url: url.to_string(),
+        })
+    }
+
+    /// Runs one statement (its text) and prints its result.
+    pub async fn run(&mut self, sql: &str, signals: &mut Signals) -> Result<(), RemoteError> {
+        let info = self.client.execute(sql.to_string(), None).await.map_err(server_error)?;
+        let schema = info.clone().try_decode_schema().unwrap_or_else(|_| Schema::empty());
+        let mut out = std::io::stdout();
+        for endpoint in info.endpoint {
+            let Some(ticket) = endpoint.ticket else { continue };
+            let mut stream = self.client.do_get(ticket).await.map_err(server_error)?;
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            if names == ["job_id", "job_name", "state"] {
+                let batches: Vec<_> = stream.try_collect().await.map_err(server_error)?;
+                let ids = crate::display::column_strings(&batches, 0);
+                let jobs = crate::display::column_strings(&batches, 1);
+                for (id, name) in ids.iter().zip(&jobs) {
+                    println!("[INFO] job '{name}' submitted to {} (id {id})", self.url);
+                }
+                continue;
+            }
+            if schema.fields().is_empty() {
+                let _: Vec<_> = stream.try_collect().await.map_err(server_error)?;
+                println!("[INFO] OK");
+                continue;
+            }
+            let schema = std::sync::Arc::new(schema.clone());
+            let mut tab = Tableau::new(&schema);
+            let _ = writeln!(out, "{}", tab.header(&schema));
+            let mut rows = 0u64;
+            loop {
+                tokio::select! {
+                    b = stream.try_next() => match b.map_err(server_error)? {
+                        Some(batch) => {
+                            rows += batch.num_rows() as u64;
+                            let text = tab.rows(&batch).map_err(|e| RemoteError::Server(e.to_string()))?;
+                            let _ = out.write_all(text.as_bytes());
+                            let _ = out.flush();
+                        }
+                        None => break,
+                    },
+                    _ = signals.recv() => {
+                        // Dropping the stream cancels it on the server.
+                        let _ = writeln!(out, "{}", tab.footer(rows));
+                        return Err(RemoteError::Interrupted);
+                    }
+                }
+            }
+            let _ = writeln!(out, "{}", tab.footer(rows));
+        }
+        Ok(())
+    }
+
+    /// Every statement of `text` in order; stops at the first error.
+    pub async fn run_script(&mut self, text: &str, origin: &str) -> i32 {
+        let mut signals = match Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: cannot listen for signals: {e}");
+                return EXIT_ERROR;
+            }
+        };
+        let stmts = match weir_sql::parse(text) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{origin}: error: {e}");
+                return EXIT_ERROR;
+            }
+        };
+        for s in &stmts {
+            match self.run(&s.text, &mut signals).await {
+                Ok(()) => {}
+                Err(RemoteError::Interrupted) => return EXIT_INTERRUPTED,
+                Err(e) => {
+                    eprintln!(
+                        "{origin}:{}:{}: error: {e} (statement starting here)",
+                        s.location.line, s.location.column
+                    );
+                    return EXIT_ERROR;
+                }
+            }
+        }
+        EXIT_OK
+    }
+}

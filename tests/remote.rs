@@ -1,0 +1,90 @@
+//! `weir --url`: the command line against a running `weir serve`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn weir(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run weir")
+}
+
+#[test]
+fn the_cli_runs_statements_on_a_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let _server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("--data-dir")
+            .arg(dir.path().join("server-data"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn weir serve"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "weir serve did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("grpc://127.0.0.1:{port}");
+    let out_dir = dir.path().join("out");
+    let script = format!(
+        "CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), \
+           WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND) \
+         WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '10000');
+         CREATE TABLE sink (auction BIGINT, price BIGINT) \
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         SELECT 40 + 2 AS answer;
+         INSERT INTO sink SELECT auction, price FROM bid;
+         SHOW JOBS;",
+        out_dir.display()
+    );
+    let out = weir(&["--url", &url, "-c", &script]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("answer") && stdout.contains("42"), "{stdout}");
+    assert!(stdout.contains("job 'insert-into-sink"), "{stdout}");
+    assert!(stdout.contains("RUNNING"), "{stdout}");
+    // The catalog and the job are the server's, not the client's.
+    let out = weir(&["--url", &url, "-c", "SHOW TABLES;"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("bid") && stdout.contains("sink"), "{stdout}");
+
+    // A server-side error: exit 1, the message with its position.
+    let out = weir(&["--url", &url, "-c", "SELECT 1;\nSELECT nope FROM bid;"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("<command>:2:1") && stderr.contains("nope"), "{stderr}");
+    // A syntax error is found before anything is sent.
+    let out = weir(&["--url", &url, "-c", "SELEC 1;"]);
+    assert_eq!(out.status.code(), Some(1));
+    // Nothing listening / a bad URL: a clear error, no panic.
+    let out = weir(&["--url", &format!("grpc://127.0.0.1:{}", free_port()), "-c", "SELECT 1;"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    let out = weir(&["--url", "localhost:1", "-c", "SELECT 1;"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("expected grpc://"), "{stderr}");
+}
