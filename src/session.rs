@@ -267,6 +267,15 @@ impl Session {
     /// `STOP JOB`: sources stop, the job drains, takes its final checkpoint
     /// and ends; waits (up to a minute) for that.
     async fn stop_job(&mut self, key: &str) -> Result<StatementResult, SessionError> {
+        let stopping = self.begin_stop(key)?;
+        let result = stopping.finish().await;
+        self.jobs.retain(|j| !j.is_finished());
+        Ok(result)
+    }
+
+    /// The first half of `STOP JOB`: asks the job to stop. The wait is
+    /// separate so a server can wait without holding the session.
+    fn begin_stop(&mut self, key: &str) -> Result<Stopping, SessionError> {
         let job = self.find_job(key)?;
         let (name, metrics) = (job.record.name.clone(), job.metrics.clone());
         let state = metrics.lifecycle.state();
@@ -277,19 +286,18 @@ impl Session {
             return Err(SqlError::plan(format!("job '{name}' is not running")).into());
         };
         handle.stop();
-        let mut states = metrics.lifecycle.watch();
-        let ended = tokio::time::timeout(STOP_WAIT, states.wait_for(|s| s.is_terminal())).await;
-        self.jobs.retain(|j| !j.is_finished());
-        Ok(StatementResult::Done(match ended {
-            Ok(_) => match metrics.checkpoints.last_completed() {
-                Some(c) => format!("job '{name}' stopped (final checkpoint {})", c.id),
-                None => format!("job '{name}' stopped"),
-            },
-            Err(_) => format!(
-                "job '{name}' is stopping (still draining after {} s); SHOW JOBS tells when it has stopped",
-                STOP_WAIT.as_secs()
-            ),
-        }))
+        Ok(Stopping { name, metrics })
+    }
+
+    /// When `sql` is one `STOP JOB` statement: asks the job to stop and
+    /// returns the wait for it (see [`Session::begin_stop`]).
+    pub fn stop_request(&mut self, sql: &str) -> Option<Result<Stopping, SessionError>> {
+        let stmts = weir_sql::parse(sql).ok()?;
+        let [stmt] = stmts.as_slice() else { return None };
+        let Statement::StopJob(key) = &stmt.statement else {
+            return None;
+        };
+        Some(self.begin_stop(key).map_err(|e| at(e, stmt.location)))
     }
 
     /// `CANCEL JOB`: ends the job at once, without a final checkpoint.
@@ -784,6 +792,31 @@ fn at(e: SessionError, location: Location) -> SessionError {
             message: other.to_string(),
             location: Some(location),
         }),
+    }
+}
+
+/// A job asked to stop, to be waited for.
+pub struct Stopping {
+    name: String,
+    metrics: Arc<JobMetrics>,
+}
+
+impl Stopping {
+    /// Waits (up to a minute) for the job to end.
+    pub async fn finish(self) -> StatementResult {
+        let Stopping { name, metrics } = self;
+        let mut states = metrics.lifecycle.watch();
+        let ended = tokio::time::timeout(STOP_WAIT, states.wait_for(|s| s.is_terminal())).await;
+        StatementResult::Done(match ended {
+            Ok(_) => match metrics.checkpoints.last_completed() {
+                Some(c) => format!("job '{name}' stopped (final checkpoint {})", c.id),
+                None => format!("job '{name}' stopped"),
+            },
+            Err(_) => format!(
+                "job '{name}' is stopping (still draining after {} s); SHOW JOBS tells when it has stopped",
+                STOP_WAIT.as_secs()
+            ),
+        })
     }
 }
 

@@ -58,9 +58,12 @@ impl Connected for Limited {
     }
 }
 
-/// Accepted connections, at most `max` open at once.
-pub fn incoming(listener: TcpListener, max: usize) -> impl Stream<Item = std::io::Result<Limited>> {
-    let permits = Arc::new(Semaphore::new(max));
+/// Accepted connections, at most as many open at once as `permits` has.
+pub fn incoming(
+    listener: TcpListener,
+    permits: Arc<Semaphore>,
+    max: usize,
+) -> impl Stream<Item = std::io::Result<Limited>> {
     futures::stream::unfold((listener, permits), move |(listener, permits)| async move {
         loop {
             match listener.accept().await {

@@ -20,13 +20,18 @@ use crate::session::Session;
 pub struct ServerStats {
     max_streams: usize,
     subscribers: Mutex<Vec<mpsc::WeakSender<RecordBatch>>>,
+    max_connections: usize,
+    /// One permit per connection that may still open.
+    pub connections: Arc<Semaphore>,
 }
 
 impl ServerStats {
-    pub fn new(max_streams: usize) -> Self {
+    pub fn new(max_streams: usize, max_connections: usize) -> Self {
         Self {
             max_streams,
             subscribers: Mutex::default(),
+            max_connections,
+            connections: Arc::new(Semaphore::new(max_connections)),
         }
     }
 
@@ -239,6 +244,14 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
         "Result batches waiting for all subscribers.",
     );
     f.sample("weir_subscriber_queue_depth_sum", &[], depths.iter().sum::<usize>());
+    f.head("weir_flight_connections", "gauge", "Client connections open now.");
+    f.sample(
+        "weir_flight_connections",
+        &[],
+        server
+            .max_connections
+            .saturating_sub(server.connections.available_permits()),
+    );
     f.head("weir_flight_open_streams", "gauge", "Result streams (DoGet) open now.");
     f.sample(
         "weir_flight_open_streams",

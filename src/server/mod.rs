@@ -154,7 +154,7 @@ impl WeirFlightSql {
         Self {
             session: Arc::new(Mutex::new(session)),
             streams: Arc::new(Semaphore::new(options.max_streams)),
-            stats: Arc::new(metrics::ServerStats::new(options.max_streams)),
+            stats: Arc::new(metrics::ServerStats::new(options.max_streams, options.max_connections)),
             options,
             prepared: Default::default(),
         }
@@ -204,12 +204,18 @@ impl WeirFlightSql {
                 self.options.max_streams
             ))
         })?;
-        let result = {
-            let mut session = self.session.lock().await;
-            let mut results = session.execute_sql(sql).await.map_err(status)?;
-            results
-                .pop()
-                .ok_or_else(|| Status::invalid_argument("no statement in the request"))?
+        // STOP JOB waits for the job to drain: without holding the session,
+        // so other clients are not held up meanwhile.
+        let stopping = self.session.lock().await.stop_request(sql);
+        let result = match stopping {
+            Some(stopping) => stopping.map_err(status)?.finish().await,
+            None => {
+                let mut session = self.session.lock().await;
+                let mut results = session.execute_sql(sql).await.map_err(status)?;
+                results
+                    .pop()
+                    .ok_or_else(|| Status::invalid_argument("no statement in the request"))?
+            }
         };
         let stream = match result {
             StatementResult::Stream(rs) => self.subscribe(rs),
@@ -855,21 +861,25 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         "[INFO] Flight SQL on {scheme}://{listen}{}",
         if auth.enabled() { " (password required)" } else { "" }
     );
+    let connections = service.stats.connections.clone();
     let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
     builder
         .add_service(service)
-        .serve_with_incoming_shutdown(limits::incoming(listener, options.max_connections), async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async {
-                    match term.as_mut() {
-                        Some(t) => { t.recv().await; }
-                        None => std::future::pending::<()>().await,
-                    }
-                } => {}
-            }
-        })
+        .serve_with_incoming_shutdown(
+            limits::incoming(listener, connections, options.max_connections),
+            async {
+                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async {
+                        match term.as_mut() {
+                            Some(t) => { t.recv().await; }
+                            None => std::future::pending::<()>().await,
+                        }
+                    } => {}
+                }
+            },
+        )
         .await
         .map_err(|e| format!("cannot serve on {listen}: {e}"))?;
     let mut session = session.lock().await;

@@ -91,41 +91,44 @@ impl JobHandle {
         self.done.is_finished()
     }
 
-    /// Takes a checkpoint now and ends the job right after it, to be
-    /// resumed from it by the next run of the same job (a server
-    /// shutdown). Output after that checkpoint is not committed; the
-    /// resumed job produces it again. A job without checkpointing, or one
-    /// whose checkpoint does not complete `within`, is stopped instead.
+    /// Ends the job to be resumed by the next run of the same job (a
+    /// server shutdown). With checkpointing: asks for a checkpoint now,
+    /// waits for it (at most `within`), then aborts the job; the next run
+    /// restores the latest completed checkpoint, and output after it, never
+    /// committed, is produced again (exactly once either way). Without
+    /// checkpointing the job is stopped and the next run starts afresh.
     pub async fn suspend(mut self, within: Duration) -> Result<()> {
-        if self.checkpointing && !self.is_finished() {
-            let log = self.metrics.checkpoints.clone();
-            let mut completed = log.completed_total.subscribe();
-            let before = *completed.borrow_and_update();
-            log.trigger_now.notify_one();
-            let checkpointed = tokio::select! {
-                r = tokio::time::timeout(within, completed.wait_for(|n| *n > before)) => matches!(r, Ok(Ok(_))),
-                r = &mut self.done => {
-                    // It ended on its own meanwhile.
-                    return match r {
-                        Ok(r) => r.map(|_| ()),
-                        Err(e) => Err(ExecError::internal(format!("job task failed: {e}"))),
-                    };
-                }
-            };
-            if checkpointed {
-                self.metrics.lifecycle.set(JobState::Suspended);
-                self.done.abort();
-                let _ = (&mut self.done).await;
-                RunStatus::Suspended.write(&self.job_dir)?;
-                return Ok(());
-            }
-            tracing::warn!(
-                "job '{}': no checkpoint completed within {within:?}; stopping it instead (the next run starts afresh)",
-                self.name
-            );
+        if !self.checkpointing {
+            self.metrics.lifecycle.set(JobState::Suspended);
+            self.stop();
+            return self.wait().await.map(|_| ());
         }
-        self.stop();
-        self.wait().await.map(|_| ())
+        let log = self.metrics.checkpoints.clone();
+        let mut completed = log.completed_total.subscribe();
+        let before = *completed.borrow_and_update();
+        log.trigger_now.notify_one();
+        tokio::select! {
+            r = tokio::time::timeout(within, completed.wait_for(|n| *n > before)) => {
+                if !matches!(r, Ok(Ok(_))) {
+                    tracing::warn!(
+                        "job '{}': no checkpoint completed within {within:?}; suspending at the previous one",
+                        self.name
+                    );
+                }
+            }
+            r = &mut self.done => {
+                // It ended on its own meanwhile.
+                return match r {
+                    Ok(r) => r.map(|_| ()),
+                    Err(e) => Err(ExecError::internal(format!("job task failed: {e}"))),
+                };
+            }
+        }
+        self.metrics.lifecycle.set(JobState::Suspended);
+        self.done.abort();
+        let _ = (&mut self.done).await;
+        RunStatus::Suspended.write(&self.job_dir)?;
+        Ok(())
     }
 
     /// Ends the job at once: no drain, no final checkpoint. Its completed
