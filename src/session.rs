@@ -86,7 +86,14 @@ pub struct Session {
     known_jobs: Vec<SessionJob>,
     /// Where a server keeps the jobs to resubmit when it restarts.
     registry: Option<Registry>,
+    jobs_view: JobsView,
 }
+
+/// Job metrics by job name, shared with readers outside the session.
+pub type JobsView = Arc<std::sync::Mutex<BTreeMap<String, Arc<JobMetrics>>>>;
+
+/// Ended jobs SHOW JOBS keeps listing (the oldest are forgotten).
+const ENDED_JOBS_KEPT: usize = 100;
 
 impl Session {
     /// Opens the data dir (created if missing) and its catalog.
@@ -108,6 +115,7 @@ impl Session {
             last_outcome: None,
             known_jobs: vec![],
             registry: None,
+            jobs_view: JobsView::default(),
         })
     }
 
@@ -165,9 +173,12 @@ impl Session {
                 Err(e) => Err(e.into()),
             };
             self.settings = saved;
-            if result.is_err() {
-                // Kept out of the registry so a broken job does not fail
-                // every start; the error is reported.
+            // A job that cannot start for now (a file or service away)
+            // stays and is tried at the next start; one that can never
+            // start as written (its table dropped, ...) is forgotten.
+            if let Err(SessionError::Sql(e)) = &result
+                && e.kind != ErrorKind::Runtime
+            {
                 registry.remove(&record.id);
             }
             out.push((record.name, result));
@@ -175,13 +186,10 @@ impl Session {
         out
     }
 
-    /// Every job's metrics by name (the newest run of each name).
-    pub fn job_metrics_all(&self) -> Vec<(String, Arc<JobMetrics>)> {
-        let mut by_name = BTreeMap::new();
-        for j in &self.known_jobs {
-            by_name.insert(j.record.name.clone(), j.metrics.clone());
-        }
-        by_name.into_iter().collect()
+    /// Every job's metrics by name (the newest run of each name), readable
+    /// without the session (the metrics endpoint).
+    pub fn jobs_view(&self) -> JobsView {
+        self.jobs_view.clone()
     }
 
     /// A job by id or name (the newest of that name).
@@ -236,6 +244,9 @@ impl Session {
             .map(|(id, path, _)| (*id, path.display().to_string()));
         let mut settings = self.settings.clone();
         settings.insert(PIPELINE_NAME.to_string(), name.clone());
+        // Where the job started from matters once: a resubmitted job
+        // resumes from its own latest checkpoint, never from this again.
+        settings.remove(weir_engine::config::RECOVERY_PATH);
         let record = JobRecord {
             id: id.clone(),
             name: name.clone(),
@@ -252,10 +263,24 @@ impl Session {
             r.add(record.clone());
             r.forget_when_ended(id.clone(), &job.metrics);
         }
+        if let Ok(mut view) = self.jobs_view.lock() {
+            view.insert(name.clone(), job.metrics.clone());
+        }
         self.known_jobs.push(SessionJob {
             record,
             metrics: job.metrics.clone(),
         });
+        let ended = self.known_jobs.iter().filter(|j| j.state().is_terminal()).count();
+        if ended > ENDED_JOBS_KEPT
+            && let Some(oldest) = self.known_jobs.iter().position(|j| j.state().is_terminal())
+        {
+            let gone = self.known_jobs.remove(oldest);
+            if !self.known_jobs.iter().any(|j| j.record.name == gone.record.name)
+                && let Ok(mut view) = self.jobs_view.lock()
+            {
+                view.remove(&gone.record.name);
+            }
+        }
         if sync {
             self.last_outcome = Some(job.wait().await?);
         } else {
@@ -787,6 +812,7 @@ type DescribeColumns = (
 fn at(e: SessionError, location: Location) -> SessionError {
     match e {
         SessionError::Sql(s) => SessionError::Sql(s.at(location)),
+        SessionError::Exec(e) => SessionError::Sql(SqlError::from(e).at(location)),
         other => SessionError::Sql(SqlError {
             kind: ErrorKind::Catalog,
             message: other.to_string(),

@@ -956,3 +956,64 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
     assert_eq!(got.len(), reference.len(), "rows lost or duplicated");
     assert!(got == reference, "the output differs from an undisturbed run");
 }
+
+/// A live query that fails while running ends its stream with the error
+/// (not a silent end of rows); SQL Weir cannot run is UNIMPLEMENTED; a
+/// shutdown ends open subscriptions and the server exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_failures_unsupported_sql_and_shutdown_with_open_subscribers() {
+    let (mut server, mut client) = start().await;
+    let bad = server.data.with_file_name("bad.json");
+    std::fs::write(&bad, "{\"id\": 1}\n{\"id\": 2}\nnot json\n").expect("write");
+    client
+        .execute_update(
+            format!(
+                "CREATE TABLE bad (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json')",
+                bad.display()
+            ),
+            None,
+        )
+        .await
+        .expect("create");
+    let info = client.execute("SELECT id FROM bad".into(), None).await.expect("plan");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let stream = client.do_get(ticket).await.expect("do_get");
+    let err = stream.try_collect::<Vec<_>>().await.expect_err("the query fails");
+    assert!(err.to_string().contains("bad.json:3"), "{err}");
+
+    let err = client
+        .execute(
+            "CREATE OR REPLACE TABLE t (x INT) WITH ('connector' = 'print')".into(),
+            None,
+        )
+        .await
+        .expect_err("unsupported");
+    assert!(err.to_string().contains("not implemented or not supported"), "{err}");
+
+    create_tables(&mut client, &server.out).await;
+    let info = client
+        .execute("SUBSCRIBE TO (SELECT auction FROM bid)".into(), None)
+        .await
+        .expect("subscribe");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get");
+    stream.try_next().await.expect("a batch").expect("rows");
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    // The subscriber is told, and the server does not wait for it.
+    let err = loop {
+        match stream.try_next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the subscription ended without a status"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("shutting down"), "{err}");
+    assert!(exited(&mut server.child, 60).await.success());
+}

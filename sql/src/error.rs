@@ -25,6 +25,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A bad option or catalog operation.
     Catalog,
+    /// A failure while running: a file, a connector, state storage.
+    Runtime,
     /// A bug of ours.
     Internal,
 }
@@ -137,9 +139,11 @@ impl From<weir_catalog::CatalogError> for SqlError {
 
 impl From<weir_engine::ExecError> for SqlError {
     fn from(e: weir_engine::ExecError) -> Self {
+        use weir_engine::ExecError as E;
         let kind = match e {
-            weir_engine::ExecError::Internal(_) => ErrorKind::Internal,
-            _ => ErrorKind::Catalog,
+            E::Internal(_) | E::Cancelled => ErrorKind::Internal,
+            E::Config(_) | E::Catalog(_) | E::DataFusion(_) => ErrorKind::Catalog,
+            _ => ErrorKind::Runtime,
         };
         SqlError::new(kind, e.to_string())
     }

@@ -49,9 +49,9 @@ impl Auth {
             return Ok(None);
         }
         match header(metadata)? {
-            Some(h) if h.starts_with("Basic ") => {
-                self.check_basic(&h["Basic ".len()..])?;
-                let token = crate::jobs::new_job_id();
+            Some(h) if scheme(&h, "Basic ").is_some() => {
+                self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
+                let token = secret_token()?;
                 if let Ok(mut t) = self.tokens.lock() {
                     t.0.insert(token.clone());
                     t.1.push_back(token.clone());
@@ -75,16 +75,17 @@ impl Auth {
             return Ok(request);
         }
         match header(request.metadata())? {
-            Some(h) if h.starts_with("Bearer ") => {
-                let known = self.tokens.lock().map(|t| t.0.contains(&h["Bearer ".len()..]));
+            Some(h) if scheme(&h, "Bearer ").is_some() => {
+                let token = scheme(&h, "Bearer ").unwrap_or_default();
+                let known = self.tokens.lock().map(|t| t.0.contains(token));
                 if known.unwrap_or(false) {
                     Ok(request)
                 } else {
                     Err(Status::unauthenticated("unknown or expired token; handshake again"))
                 }
             }
-            Some(h) if h.starts_with("Basic ") => {
-                self.check_basic(&h["Basic ".len()..])?;
+            Some(h) if scheme(&h, "Basic ").is_some() => {
+                self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
                 Ok(request)
             }
             _ => Err(Status::unauthenticated(
@@ -106,6 +107,23 @@ impl Auth {
             _ => Err(bad()),
         }
     }
+}
+
+/// The credentials after an authorization scheme (matched without regard
+/// to case, as HTTP says).
+fn scheme<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+    let head = header.get(..name.len())?;
+    head.eq_ignore_ascii_case(name).then(|| &header[name.len()..])
+}
+
+/// 128 random bits from the OS, as hex: a Bearer token.
+pub fn secret_token() -> Result<String, Status> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Status::internal(format!("cannot read /dev/urandom: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn header(metadata: &MetadataMap) -> Result<Option<String>, Status> {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Semaphore, mpsc};
 use weir_engine::runtime::metrics::JobMetrics;
 
-use crate::session::Session;
+use crate::session::JobsView;
 
 /// What the Flight server itself counts.
 pub struct ServerStats {
@@ -265,7 +265,7 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
 /// connection) until the process ends.
 pub async fn serve(
     listen: SocketAddr,
-    session: Arc<tokio::sync::Mutex<Session>>,
+    jobs: JobsView,
     server: Arc<ServerStats>,
     streams: Arc<Semaphore>,
 ) -> Result<(), String> {
@@ -273,27 +273,50 @@ pub async fn serve(
         .await
         .map_err(|e| format!("--metrics-listen {listen}: {e}"))?;
     eprintln!("[INFO] Prometheus metrics on http://{listen}/metrics");
+    // Scrapers are few: more connections than this wait their turn.
+    let scrapes = Arc::new(Semaphore::new(16));
     tokio::spawn(async move {
         loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                continue;
+            let Ok(permit) = scrapes.clone().acquire_owned().await else {
+                return;
             };
-            let (session, server, streams) = (session.clone(), server.clone(), streams.clone());
+            let mut conn = match listener.accept().await {
+                Ok((conn, _)) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off.
+                    tracing::warn!("metrics endpoint: accepting failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (jobs, server, streams) = (jobs.clone(), server.clone(), streams.clone());
             tokio::spawn(async move {
+                let _permit = permit;
                 // The request line is all we need; a request that does not
-                // fit in 8 KiB is not one of ours.
+                // fit in 8 KiB, or takes more than 5 s, is not one of ours.
                 let mut buf = vec![0u8; 8192];
                 let mut len = 0;
-                while len < buf.len() && !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf[len..]).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => len += n,
+                let read = async {
+                    while len < buf.len() && !buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf[len..]).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => len += n,
+                        }
                     }
+                };
+                if tokio::time::timeout(std::time::Duration::from_secs(5), read)
+                    .await
+                    .is_err()
+                {
+                    return;
                 }
                 let request = String::from_utf8_lossy(&buf[..len]);
                 let path = request.split_whitespace().nth(1).unwrap_or("");
                 let (status, body) = if request.starts_with("GET ") && (path == "/metrics" || path == "/") {
-                    let jobs = session.lock().await.job_metrics_all();
+                    let jobs = jobs
+                        .lock()
+                        .map(|j| j.clone().into_iter().collect::<Vec<_>>())
+                        .unwrap_or_default();
                     ("200 OK", render(&jobs, &server, &streams))
                 } else {
                     ("404 Not Found", "only GET /metrics is served here\n".to_string())

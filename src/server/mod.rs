@@ -139,13 +139,20 @@ impl ServerOptions {
 struct Prepared {
     template: params::Template,
     params: Option<RecordBatch>,
+    last_used: std::time::Instant,
 }
+
+/// A prepared statement unused this long may be forgotten when the table
+/// of prepared statements is full (its client crashed without closing).
+const PREPARED_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 pub struct WeirFlightSql {
     session: Arc<Mutex<Session>>,
     options: ServerOptions,
     prepared: std::sync::Mutex<HashMap<Vec<u8>, Prepared>>,
     streams: Arc<Semaphore>,
+    /// Set when the server shuts down: live queries end.
+    shutdown: Arc<tokio::sync::watch::Sender<bool>>,
     pub stats: Arc<metrics::ServerStats>,
 }
 
@@ -157,6 +164,7 @@ impl WeirFlightSql {
             stats: Arc::new(metrics::ServerStats::new(options.max_streams, options.max_connections)),
             options,
             prepared: Default::default(),
+            shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
     }
 
@@ -173,6 +181,7 @@ impl WeirFlightSql {
         let p = all.get_mut(handle).ok_or_else(|| {
             Status::not_found("unknown prepared statement handle (closed, or from before a server restart)")
         })?;
+        p.last_used = std::time::Instant::now();
         Ok(f(p))
     }
 
@@ -204,20 +213,7 @@ impl WeirFlightSql {
                 self.options.max_streams
             ))
         })?;
-        // STOP JOB waits for the job to drain: without holding the session,
-        // so other clients are not held up meanwhile.
-        let stopping = self.session.lock().await.stop_request(sql);
-        let result = match stopping {
-            Some(stopping) => stopping.map_err(status)?.finish().await,
-            None => {
-                let mut session = self.session.lock().await;
-                let mut results = session.execute_sql(sql).await.map_err(status)?;
-                results
-                    .pop()
-                    .ok_or_else(|| Status::invalid_argument("no statement in the request"))?
-            }
-        };
-        let stream = match result {
+        let stream = match self.execute(sql).await? {
             StatementResult::Stream(rs) => self.subscribe(rs),
             other => answer(other)?,
         };
@@ -226,6 +222,31 @@ impl WeirFlightSql {
             let _held = &permit;
             item
         })))
+    }
+
+    /// Runs `sql` and returns its (last) result. A live query that is not
+    /// the last statement is stopped (nobody reads it). `STOP JOB` waits
+    /// for the job to drain without holding the session, so other clients
+    /// go on meanwhile.
+    async fn execute(&self, sql: &str) -> Result<StatementResult, Status> {
+        if sql.len() > self.options.max_request_bytes {
+            return Err(Status::invalid_argument(format!(
+                "the statement is {} bytes; at most {} (--max-request-bytes)",
+                sql.len(),
+                self.options.max_request_bytes
+            )));
+        }
+        let stopping = self.session.lock().await.stop_request(sql);
+        if let Some(stopping) = stopping {
+            return Ok(stopping.map_err(status)?.finish().await);
+        }
+        let mut session = self.session.lock().await;
+        let mut results = session.execute_sql(sql).await.map_err(status)?;
+        let last = results
+            .pop()
+            .ok_or_else(|| Status::invalid_argument("no statement in the request"))?;
+        results.into_iter().for_each(discard);
+        Ok(last)
     }
 
     /// A live query's batches through a queue of `subscriber_queue`
@@ -238,26 +259,49 @@ impl WeirFlightSql {
         let dropped: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
         self.stats.add_subscriber(queue.downgrade());
         let guard = StopOnDrop(rs.job.stopper());
-        let mut rows = rs.rows;
+        let (mut rows, job, schema) = (rs.rows, rs.job, rs.schema);
         let verdict = dropped.clone();
-        let schema = rs.schema;
+        let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
-            while let Some(batch) = rows.recv().await {
-                match queue.try_send(batch) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        if let Ok(mut d) = verdict.lock() {
-                            *d = Some(Status::resource_exhausted(format!(
-                                "slow subscriber: {capacity} result batches were waiting to be read, so the \
-                                 subscription was dropped rather than stall the query; read batches as they \
-                                 come (never fetchall() on a live query)"
-                            )));
-                        }
+            let mut why = None;
+            loop {
+                tokio::select! {
+                    batch = rows.recv() => match batch {
+                        Some(b) => match queue.try_send(b) {
+                            Ok(()) => {}
+                            Err(mpsc::error::TrySendError::Full(_)) => {
+                                why = Some(Status::resource_exhausted(format!(
+                                    "slow subscriber: {capacity} result batches were waiting to be read, so the \
+                                     subscription was dropped rather than stall the query; read batches as they \
+                                     come (never fetchall() on a live query)"
+                                )));
+                                break;
+                            }
+                            // The client is gone.
+                            Err(mpsc::error::TrySendError::Closed(_)) => break,
+                        },
+                        None => break,
+                    },
+                    _ = shutdown.wait_for(|s| *s) => {
+                        why = Some(Status::unavailable("the server is shutting down"));
                         break;
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => break,
                 }
             }
+            // Ended, dropped, or the client left: the job goes now, and a
+            // failure of the query is what the client hears.
+            job.stop();
+            drop(rows);
+            if let Err(e) = job.wait().await
+                && why.is_none()
+            {
+                why = Some(Status::aborted(format!("the query failed: {e}")));
+            }
+            if let (Some(s), Ok(mut d)) = (why, verdict.lock()) {
+                *d = Some(s);
+            }
+            // Only now: the client reads the verdict after the last batch.
+            drop(queue);
         });
         // The job is stopped when this stream is dropped (client gone).
         let state = Some((pending, guard, dropped));
@@ -276,16 +320,33 @@ impl WeirFlightSql {
     }
 }
 
+/// A result nobody will read: a live query's job is stopped.
+fn discard(result: StatementResult) {
+    if let StatementResult::Stream(rs) = result {
+        rs.job.stop();
+    }
+}
+
 /// A user's mistake (bad SQL, unknown table) is `INVALID_ARGUMENT` with the
-/// message and position; a failure of ours is `INTERNAL`.
+/// message and position; SQL Weir cannot run is `UNIMPLEMENTED`; a failure
+/// while running (a file, a connector) is `FAILED_PRECONDITION`; a bug of
+/// ours is `INTERNAL`.
 fn status(e: SessionError) -> Status {
+    use weir_sql::error::ErrorKind;
     let msg = match e.location() {
         Some(l) => format!("{}:{}: {}", l.line, l.column, e.message()),
         None => e.message(),
     };
-    match e {
-        SessionError::Exec(weir_engine::ExecError::Internal(_)) => Status::internal(msg),
-        _ => Status::invalid_argument(msg),
+    let kind = match e {
+        SessionError::Sql(s) => s.kind,
+        SessionError::Exec(x) => weir_sql::SqlError::from(x).kind,
+        SessionError::Catalog(_) => ErrorKind::Catalog,
+    };
+    match kind {
+        ErrorKind::Parse | ErrorKind::Plan | ErrorKind::Catalog => Status::invalid_argument(msg),
+        ErrorKind::Unsupported => Status::unimplemented(msg),
+        ErrorKind::Runtime => Status::failed_precondition(msg),
+        ErrorKind::Internal => Status::internal(msg),
     }
 }
 
@@ -349,8 +410,18 @@ fn ipc_schema(schema: &Schema) -> Result<prost::bytes::Bytes, Status> {
 
 /// The parameters a client sent with DoPut: all its batches as one (no
 /// columns when it sent none: arrow-rs's client sends only the command).
-async fn parameter_batch(stream: PeekableFlightDataStream) -> Result<RecordBatch, Status> {
-    let messages: Vec<FlightData> = stream.try_collect().await?;
+async fn parameter_batch(mut stream: PeekableFlightDataStream, max_bytes: usize) -> Result<RecordBatch, Status> {
+    let mut messages: Vec<FlightData> = vec![];
+    let mut bytes = 0;
+    while let Some(m) = stream.try_next().await? {
+        bytes += m.data_header.len() + m.data_body.len();
+        if bytes > max_bytes {
+            return Err(Status::invalid_argument(format!(
+                "the parameters are over {max_bytes} bytes (--max-request-bytes)"
+            )));
+        }
+        messages.push(m);
+    }
     let messages = messages.into_iter().filter(|m| !m.data_header.is_empty());
     let batches: Vec<RecordBatch> =
         arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(futures::stream::iter(messages.map(Ok)))
@@ -430,12 +501,7 @@ impl FlightSqlService for WeirFlightSql {
         ticket: CommandStatementUpdate,
         _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        self.session
-            .lock()
-            .await
-            .execute_sql(&ticket.query)
-            .await
-            .map_err(status)?;
+        discard(self.execute(&ticket.query).await?);
         // Streaming statements have no affected-row count.
         Ok(-1)
     }
@@ -460,19 +526,29 @@ impl FlightSqlService for WeirFlightSql {
                 .map(|i| arrow::datatypes::Field::new(format!("${i}"), arrow::datatypes::DataType::Null, true))
                 .collect::<Vec<_>>(),
         );
-        let handle = crate::jobs::new_job_id().into_bytes();
+        let handle = auth::secret_token()?.into_bytes();
         {
             let mut all = self
                 .prepared
                 .lock()
                 .map_err(|_| Status::internal("prepared statements lock poisoned"))?;
             if all.len() >= self.options.max_prepared {
+                all.retain(|_, p| p.last_used.elapsed() < PREPARED_IDLE);
+            }
+            if all.len() >= self.options.max_prepared {
                 return Err(Status::resource_exhausted(format!(
                     "{} prepared statements are open; close some (ClosePreparedStatement)",
                     all.len()
                 )));
             }
-            all.insert(handle.clone(), Prepared { template, params: None });
+            all.insert(
+                handle.clone(),
+                Prepared {
+                    template,
+                    params: None,
+                    last_used: std::time::Instant::now(),
+                },
+            );
         }
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.into(),
@@ -499,7 +575,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
-        let params = parameter_batch(request.into_inner()).await?;
+        let params = parameter_batch(request.into_inner(), self.options.max_request_bytes).await?;
         let handle = query.prepared_statement_handle.to_vec();
         self.prepared(&handle, |p| {
             if params.num_rows() > 1 {
@@ -548,14 +624,12 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let handle = cmd.prepared_statement_handle.to_vec();
-        let params = parameter_batch(request.into_inner()).await?;
+        let params = parameter_batch(request.into_inner(), self.options.max_request_bytes).await?;
         if params.num_columns() > 0 || params.num_rows() > 0 {
             self.prepared(&handle, |p| p.params = Some(params))?;
         }
-        let statements = self.bound_sql(&handle)?;
-        let mut session = self.session.lock().await;
-        for sql in &statements {
-            session.execute_sql(sql).await.map_err(status)?;
+        for sql in &self.bound_sql(&handle)? {
+            discard(self.execute(sql).await?);
         }
         // Streaming statements have no affected-row count.
         Ok(-1)
@@ -818,6 +892,20 @@ fn keys_schema() -> SchemaRef {
     ]))
 }
 
+/// Ctrl-C or SIGTERM.
+async fn signalled() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match term.as_mut() {
+                Some(t) => { t.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
+}
+
 /// How long a shutdown waits for each job's last checkpoint.
 const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -843,7 +931,8 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
     let service = WeirFlightSql::new(session, options.clone());
     let session = service.session.clone();
     if let Some(addr) = options.metrics_listen {
-        metrics::serve(addr, session.clone(), service.stats.clone(), service.streams.clone()).await?;
+        let jobs = session.lock().await.jobs_view();
+        metrics::serve(addr, jobs, service.stats.clone(), service.streams.clone()).await?;
     }
     let auth = options.auth.clone();
     let mut builder = tonic::transport::Server::builder()
@@ -853,7 +942,11 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
         let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
         builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(identity)
+                    .timeout(std::time::Duration::from_secs(10)),
+            )
             .map_err(|e| format!("TLS: {e}"))?;
     }
     let scheme = if options.tls.is_some() { "grpc+tls" } else { "grpc" };
@@ -862,22 +955,23 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         if auth.enabled() { " (password required)" } else { "" }
     );
     let connections = service.stats.connections.clone();
+    let shutdown = service.shutdown.clone();
     let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
     builder
         .add_service(service)
         .serve_with_incoming_shutdown(
             limits::incoming(listener, connections, options.max_connections),
-            async {
-                let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = async {
-                        match term.as_mut() {
-                            Some(t) => { t.recv().await; }
-                            None => std::future::pending::<()>().await,
-                        }
-                    } => {}
-                }
+            async move {
+                signalled().await;
+                eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
+                // Live queries end now, or the server would wait for their
+                // clients to hang up.
+                shutdown.send_replace(true);
+                tokio::spawn(async {
+                    signalled().await;
+                    eprintln!("[WARN] second signal: exiting without suspending jobs");
+                    std::process::exit(crate::cli::EXIT_INTERRUPTED);
+                });
             },
         )
         .await

@@ -8,6 +8,9 @@ use arrow::datatypes::DataType;
 use sqlparser::dialect::GenericDialect;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
+/// Most parameters a statement may have.
+const MAX_PARAMS: usize = 65_535;
+
 /// A statement with its placeholders found.
 #[derive(Debug, Clone)]
 pub struct Template {
@@ -20,7 +23,10 @@ pub struct Template {
 
 impl Template {
     pub fn parse(sql: &str) -> Result<Self, String> {
+        // Literals stay as written (`'it''s'`), so rendering the tokens
+        // again gives back the same statement.
         let tokens = Tokenizer::new(&GenericDialect {}, sql)
+            .with_unescape(false)
             .tokenize()
             .map_err(|e| e.to_string())?;
         let mut slots = vec![];
@@ -35,11 +41,14 @@ impl Template {
             } else {
                 numbered = true;
                 match p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
-                    Some(n) if n >= 1 => n - 1,
-                    _ => return Err(format!("placeholder '{p}': expected ? or $1, $2, ...")),
+                    Some(n) if (1..=MAX_PARAMS).contains(&n) => n - 1,
+                    _ => return Err(format!("placeholder '{p}': expected ? or $1 ... ${MAX_PARAMS}")),
                 }
             };
             slots.push((i, index));
+        }
+        if next_positional > MAX_PARAMS {
+            return Err(format!("more than {MAX_PARAMS} parameters"));
         }
         if question && numbered {
             return Err("mix of ? and $n placeholders; use one style".into());
@@ -104,11 +113,11 @@ fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
         | DataType::UInt32
         | DataType::UInt64
         | DataType::Decimal128(..)
-        | DataType::Decimal256(..) => text()?,
+        | DataType::Decimal256(..) => format!("({})", text()?),
         DataType::Float16 | DataType::Float32 | DataType::Float64 => {
             let t = text()?;
             if t.parse::<f64>().is_ok_and(f64::is_finite) {
-                format!("CAST({t} AS DOUBLE)")
+                format!("CAST(({t}) AS DOUBLE)")
             } else {
                 return Err(format!("{t} has no SQL literal"));
             }
@@ -146,7 +155,7 @@ mod tests {
         ]);
         assert_eq!(
             t.bind(&params, 0).expect("ok"),
-            "SELECT 41 + 1, '?' AS q WHERE name = 'o''brien'"
+            "SELECT (41) + 1, '?' AS q WHERE name = 'o''brien'"
         );
         assert_eq!(t.with_nulls(), "SELECT NULL + 1, '?' AS q WHERE name = NULL");
     }
@@ -159,9 +168,21 @@ mod tests {
             Arc::new(Int64Array::from(vec![1, 3])),
             Arc::new(Int64Array::from(vec![Some(2), None])),
         ]);
-        assert_eq!(t.bind(&params, 1).expect("ok"), "SELECT NULL, 3, NULL");
+        assert_eq!(t.bind(&params, 1).expect("ok"), "SELECT NULL, (3), NULL");
         let one = batch(vec![Arc::new(Int64Array::from(vec![1]))]);
         assert!(t.bind(&one, 0).expect_err("an error").contains("2 parameter(s) but 1"));
         assert!(Template::parse("SELECT ?, $1").is_err());
+        assert!(Template::parse("SELECT $2000000000").is_err());
+    }
+
+    #[test]
+    fn rendering_keeps_quotes_and_negative_numbers_cannot_start_a_comment() {
+        let t = Template::parse("SELECT 'it''s', \"a\"\"b\" WHERE a = -? AND t = 'x'").expect("ok");
+        assert_eq!(t.with_nulls(), "SELECT 'it''s', \"a\"\"b\" WHERE a = -NULL AND t = 'x'");
+        let params = batch(vec![Arc::new(Int64Array::from(vec![-1]))]);
+        assert_eq!(
+            t.bind(&params, 0).expect("ok"),
+            "SELECT 'it''s', \"a\"\"b\" WHERE a = -(-1) AND t = 'x'"
+        );
     }
 }

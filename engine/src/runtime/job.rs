@@ -98,10 +98,17 @@ impl JobHandle {
     /// committed, is produced again (exactly once either way). Without
     /// checkpointing the job is stopped and the next run starts afresh.
     pub async fn suspend(mut self, within: Duration) -> Result<()> {
+        if *self.stop.borrow() {
+            // STOP JOB is draining it: let it end as stopped.
+            return self.wait().await.map(|_| ());
+        }
         if !self.checkpointing {
             self.metrics.lifecycle.set(JobState::Suspended);
             self.stop();
-            return self.wait().await.map(|_| ());
+            return match tokio::time::timeout(within, self.wait()).await {
+                Ok(r) => r.map(|_| ()),
+                Err(_) => Err(ExecError::internal(format!("did not drain within {within:?}"))),
+            };
         }
         let log = self.metrics.checkpoints.clone();
         let mut completed = log.completed_total.subscribe();
