@@ -43,7 +43,10 @@ fn server_error(e: impl std::fmt::Display) -> RemoteError {
     let text = e.to_string();
     let msg = text
         .split_once("message: \"")
-        .and_then(|(_, rest)| rest.split_once("\", ").map(|(m, _)| m.to_string()))
+        .and_then(|(_, rest)| match rest.split_once("\", ") {
+            Some((m, _)) => Some(m.to_string()),
+            None => rest.rsplit_once('"').map(|(m, _)| m.to_string()),
+        })
         .unwrap_or(text);
     RemoteError::Server(msg.replace("\\\"", "\"").replace("\\'", "'"))
 }

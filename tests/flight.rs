@@ -321,6 +321,35 @@ async fn flight_sql_statements_jobs_and_metadata() {
         0
     );
 
+    // Foreign keys: empty too (browsing tools ask for them).
+    for info in [
+        client
+            .get_exported_keys(arrow_flight::sql::CommandGetExportedKeys {
+                catalog: None,
+                db_schema: None,
+                table: "bid".into(),
+            })
+            .await
+            .expect("exported keys"),
+        client
+            .get_imported_keys(arrow_flight::sql::CommandGetImportedKeys {
+                catalog: None,
+                db_schema: None,
+                table: "bid".into(),
+            })
+            .await
+            .expect("imported keys"),
+    ] {
+        assert_eq!(
+            fetch(&mut client, info)
+                .await
+                .iter()
+                .map(|b| b.num_rows())
+                .sum::<usize>(),
+            0
+        );
+    }
+
     // Not supported: UNIMPLEMENTED, never INTERNAL.
     let err = client.begin_transaction().await.expect_err("no transactions");
     assert!(err.to_string().contains("not implemented"), "{err}");

@@ -7,11 +7,11 @@ use std::process::Command;
 
 const DRIVER: &str = r#"
 import os, pty, select, sys, time
-weir, data, home = sys.argv[1], sys.argv[2], sys.argv[3]
+weir, data, home, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 pid, fd = pty.fork()
 if pid == 0:
     os.environ["HOME"] = home
-    os.execv(weir, [weir, "--data-dir", data])
+    os.execv(weir, [weir, "--data-dir", data] + extra)
 out = b""
 def until(token, seconds=30):
     global out
@@ -42,19 +42,64 @@ os.write(fd, b"quit;\r")
 os.waitpid(pid, 0)
 "#;
 
-#[test]
-fn multi_line_statements_errors_and_history() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// The shell's transcript (stdout) driven by DRIVER; `extra` are more
+/// arguments for weir.
+fn drive(dir: &std::path::Path, extra: &[&str]) -> String {
     let out = Command::new("python3")
         .arg("-c")
         .arg(DRIVER)
         .arg(env!("CARGO_BIN_EXE_weir"))
-        .arg(dir.path().join("data"))
-        .arg(dir.path())
+        .arg(dir.join("data"))
+        .arg(dir)
+        .args(extra)
         .output()
         .expect("python3 runs");
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+#[test]
+fn the_remote_shell_works_against_a_server() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let _server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve"),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "weir serve did not listen");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let text = drive(dir.path(), &["--url", &format!("grpc://127.0.0.1:{port}")]);
+    assert!(text.contains("[INFO] OK"), "{text}");
+    assert!(text.contains(" t |"), "SHOW TABLES lists t: {text}");
+    assert!(text.contains("[ERROR] 1:8: No field named nope"), "{text}");
+    assert!(text.contains("42"), "{text}");
+    // The table is the server's.
+    assert!(dir.path().join("server/catalog.json").exists());
+}
+
+#[test]
+fn multi_line_statements_errors_and_history() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = drive(dir.path(), &[]);
     assert!(text.contains("[INFO] table created"), "{text}");
     assert!(text.contains("| t "), "SHOW TABLES lists t: {text}");
     assert!(text.contains("[ERROR] 1:8: No field named nope"), "{text}");
