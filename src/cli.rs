@@ -84,10 +84,14 @@ pub struct ServeArgs {
     /// Largest request message, in bytes.
     #[arg(long, default_value_t = 16 << 20)]
     pub max_request_bytes: usize,
-    /// Result batches queued for a live query's client before the client
-    /// is dropped as too slow.
+    /// Result batches queued for a live query's client; when full the query
+    /// waits for the client.
     #[arg(long, default_value_t = 64)]
     pub subscriber_queue: usize,
+    /// Seconds a live query waits for a client that reads nothing before
+    /// dropping it as stalled.
+    #[arg(long, default_value_t = 30.0)]
+    pub subscriber_timeout: f64,
 }
 
 impl ServeArgs {
@@ -101,6 +105,12 @@ impl ServeArgs {
         o.max_streams = self.max_streams.max(1);
         o.max_request_bytes = self.max_request_bytes.max(1024);
         o.subscriber_queue = self.subscriber_queue.max(1);
+        o.subscriber_timeout = std::time::Duration::try_from_secs_f64(self.subscriber_timeout).map_err(|_| {
+            format!(
+                "--subscriber-timeout {}: not a number of seconds",
+                self.subscriber_timeout
+            )
+        })?;
         if !o.listen.ip().is_loopback() && !o.auth.enabled() {
             eprintln!(
                 "[WARN] listening on {} without a password: anyone who can reach it can run SQL",

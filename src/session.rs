@@ -139,6 +139,12 @@ impl Session {
         std::mem::take(&mut self.jobs)
     }
 
+    /// Puts `settings` in place of the session's `SET` options and returns
+    /// the old ones (a server keeps one set per connection).
+    pub fn replace_settings(&mut self, settings: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        std::mem::replace(&mut self.settings, settings)
+    }
+
     /// Keeps the jobs this session starts in `<data dir>/server/jobs.json`
     /// so that [`Session::resume_jobs`] of a later session starts them
     /// again (`weir serve`).

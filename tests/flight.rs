@@ -454,6 +454,8 @@ async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
     let (server, mut client) = start_with(&[
         "--subscriber-queue".into(),
         "1".into(),
+        "--subscriber-timeout".into(),
+        "0.5".into(),
         "--metrics-listen".into(),
         format!("127.0.0.1:{metrics_port}"),
     ])
@@ -480,8 +482,9 @@ async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
     }
     drop(stream);
 
-    // A subscriber that reads nothing: once its queue is full it is
-    // dropped (the job does not wait for it), and it learns why.
+    // A subscriber that reads nothing: once its queue has been full for
+    // the timeout it is dropped (the job does not wait longer), and it
+    // learns why.
     let info = client
         .execute("SUBSCRIBE TO bid".into(), None)
         .await
@@ -556,7 +559,17 @@ async fn job_control_describe_stop_cancel() {
     };
     assert!(err.to_string().contains("already running"), "{err}");
 
-    let describe = query(&mut client, &format!("DESCRIBE JOB '{id}'")).await;
+    // SET belongs to the connection: another client does not see it.
+    let mut other = FlightSqlServiceClient::new(channel(server.port).await);
+    let theirs = query(&mut other, "SET").await;
+    assert!(
+        !strings(&theirs, "key").contains(&"pipeline.name".to_string()),
+        "{theirs:?}"
+    );
+    let mine = query(&mut client, "SET").await;
+    assert!(strings(&mine, "key").contains(&"pipeline.name".to_string()), "{mine:?}");
+    // But the jobs are the server's: the other client sees and describes it.
+    let describe = query(&mut other, &format!("DESCRIBE JOB '{id}'")).await;
     let props = strings(&describe, "property");
     let values = strings(&describe, "value");
     let get = |k: &str| props.iter().position(|p| p == k).map(|i| values[i].clone());

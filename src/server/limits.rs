@@ -2,6 +2,8 @@
 //! connections that got a permit; one over the cap is closed at once and
 //! logged (the client sees UNAVAILABLE and may retry).
 
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -12,10 +14,24 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// A connection holding one of the cap's permits until it closes.
+/// `SET` options per client connection (by its address).
+pub type ConnectionSettings = Arc<std::sync::Mutex<HashMap<SocketAddr, BTreeMap<String, String>>>>;
+
+/// A connection holding one of the cap's permits until it closes; its
+/// `SET` options are forgotten then.
 pub struct Limited {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
+    peer: SocketAddr,
+    settings: ConnectionSettings,
+}
+
+impl Drop for Limited {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.settings.lock() {
+            s.remove(&self.peer);
+        }
+    }
 }
 
 impl AsyncRead for Limited {
@@ -63,30 +79,36 @@ pub fn incoming(
     listener: TcpListener,
     permits: Arc<Semaphore>,
     max: usize,
+    settings: ConnectionSettings,
 ) -> impl Stream<Item = std::io::Result<Limited>> {
-    futures::stream::unfold((listener, permits), move |(listener, permits)| async move {
-        loop {
-            match listener.accept().await {
-                Ok((stream, peer)) => match permits.clone().try_acquire_owned() {
-                    Ok(permit) => {
-                        let _ = stream.set_nodelay(true);
-                        let conn = Limited {
-                            inner: stream,
-                            _permit: permit,
-                        };
-                        return Some((Ok(conn), (listener, permits)));
+    futures::stream::unfold((listener, permits), move |(listener, permits)| {
+        let settings = settings.clone();
+        async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, peer)) => match permits.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            let _ = stream.set_nodelay(true);
+                            let conn = Limited {
+                                inner: stream,
+                                _permit: permit,
+                                peer,
+                                settings,
+                            };
+                            return Some((Ok(conn), (listener, permits)));
+                        }
+                        Err(_) => {
+                            tracing::warn!(
+                                "refused a connection from {peer}: {max} connections are open (--max-connections)"
+                            );
+                        }
+                    },
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off a
+                        // little rather than spin, and keep serving.
+                        tracing::warn!("accepting a connection failed: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     }
-                    Err(_) => {
-                        tracing::warn!(
-                            "refused a connection from {peer}: {max} connections are open (--max-connections)"
-                        );
-                    }
-                },
-                Err(e) => {
-                    // Out of file descriptors and the like: back off a
-                    // little rather than spin, and keep serving.
-                    tracing::warn!("accepting a connection failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             }
         }

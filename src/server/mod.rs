@@ -111,9 +111,12 @@ pub struct ServerOptions {
     pub max_streams: usize,
     /// Largest message a client may send (bytes).
     pub max_request_bytes: usize,
-    /// Result batches queued for a live query's client before it is
-    /// dropped as too slow.
+    /// Result batches queued for a live query's client; when full, the
+    /// query waits for the client (back-pressure) ...
     pub subscriber_queue: usize,
+    /// ... up to this long: a client that reads nothing for this long is
+    /// dropped as stalled rather than holding the query.
+    pub subscriber_timeout: std::time::Duration,
     /// Prepared statements open at once (all clients).
     pub max_prepared: usize,
 }
@@ -129,6 +132,7 @@ impl ServerOptions {
             max_streams: 512,
             max_request_bytes: 16 << 20,
             subscriber_queue: 64,
+            subscriber_timeout: std::time::Duration::from_secs(30),
             max_prepared: 10_000,
         }
     }
@@ -153,6 +157,8 @@ pub struct WeirFlightSql {
     streams: Arc<Semaphore>,
     /// Set when the server shuts down: live queries end.
     shutdown: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Each connection's `SET` options.
+    settings: limits::ConnectionSettings,
     pub stats: Arc<metrics::ServerStats>,
 }
 
@@ -165,6 +171,7 @@ impl WeirFlightSql {
             options,
             prepared: Default::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
+            settings: Default::default(),
         }
     }
 
@@ -206,14 +213,36 @@ impl WeirFlightSql {
 
     /// Runs `sql` and streams its result; a live query goes through the
     /// client's bounded queue.
-    async fn run_statement(&self, sql: &str) -> Result<DoGetStream, Status> {
+    /// Runs `f` on the session with the connection's own `SET` options in
+    /// place (a client's SET is not another client's).
+    async fn in_session<R>(&self, peer: Option<SocketAddr>, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
+        let mut session = self.session.lock().await;
+        let Some(peer) = peer else {
+            return f(&mut session).await;
+        };
+        let mine = self
+            .settings
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(&peer))
+            .unwrap_or_default();
+        let shared = session.replace_settings(mine);
+        let result = f(&mut session).await;
+        let mine = session.replace_settings(shared);
+        if let Ok(mut s) = self.settings.lock() {
+            s.insert(peer, mine);
+        }
+        result
+    }
+
+    async fn run_statement(&self, sql: &str, peer: Option<SocketAddr>) -> Result<DoGetStream, Status> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "{} result streams are open (the server's --max-streams); close one and retry",
                 self.options.max_streams
             ))
         })?;
-        let stream = match self.execute(sql).await? {
+        let stream = match self.execute(sql, peer).await? {
             StatementResult::Stream(rs) => self.subscribe(rs),
             other => answer(other)?,
         };
@@ -228,7 +257,7 @@ impl WeirFlightSql {
     /// the last statement is stopped (nobody reads it). `STOP JOB` waits
     /// for the job to drain without holding the session, so other clients
     /// go on meanwhile.
-    async fn execute(&self, sql: &str) -> Result<StatementResult, Status> {
+    async fn execute(&self, sql: &str, peer: Option<SocketAddr>) -> Result<StatementResult, Status> {
         if sql.len() > self.options.max_request_bytes {
             return Err(Status::invalid_argument(format!(
                 "the statement is {} bytes; at most {} (--max-request-bytes)",
@@ -240,8 +269,10 @@ impl WeirFlightSql {
         if let Some(stopping) = stopping {
             return Ok(stopping.map_err(status)?.finish().await);
         }
-        let mut session = self.session.lock().await;
-        let mut results = session.execute_sql(sql).await.map_err(status)?;
+        let mut results = self
+            .in_session(peer, async |s| s.execute_sql(sql).await)
+            .await
+            .map_err(status)?;
         let last = results
             .pop()
             .ok_or_else(|| Status::invalid_argument("no statement in the request"))?;
@@ -255,6 +286,7 @@ impl WeirFlightSql {
     /// stops, as it does when the client cancels).
     fn subscribe(&self, rs: crate::session::ResultStream) -> DoGetStream {
         let capacity = self.options.subscriber_queue.max(1);
+        let patience = self.options.subscriber_timeout;
         let (queue, pending) = mpsc::channel::<RecordBatch>(capacity);
         let dropped: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
         self.stats.add_subscriber(queue.downgrade());
@@ -267,22 +299,24 @@ impl WeirFlightSql {
             loop {
                 tokio::select! {
                     batch = rows.recv() => match batch {
-                        Some(b) => match queue.try_send(b) {
-                            Ok(()) => {}
-                            Err(mpsc::error::TrySendError::Full(_)) => {
+                        // A full queue back-pressures the query, for a while.
+                        Some(b) => match tokio::time::timeout(patience, queue.send(b)).await {
+                            Ok(Ok(())) => {}
+                            Err(_) => {
                                 why = Some(Status::resource_exhausted(format!(
-                                    "slow subscriber: {capacity} result batches were waiting to be read, so the \
-                                     subscription was dropped rather than stall the query; read batches as they \
-                                     come (never fetchall() on a live query)"
+                                    "slow subscriber: {capacity} result batches waited {patience:?} to be read, \
+                                     so the subscription was dropped rather than stall the query; read batches \
+                                     as they come (never fetchall() on a live query)"
                                 )));
                                 break;
                             }
                             // The client is gone.
-                            Err(mpsc::error::TrySendError::Closed(_)) => break,
+                            Ok(Err(_)) => break,
                         },
                         None => break,
                     },
-                    _ = shutdown.wait_for(|s| *s) => {
+                    // (The watch's guard must not live across the send.)
+                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => {
                         why = Some(Status::unavailable("the server is shutting down"));
                         break;
                     }
@@ -473,10 +507,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = self
-            .session
-            .lock()
-            .await
-            .result_schema(&query.query)
+            .in_session(request.remote_addr(), async |s| s.result_schema(&query.query).await)
             .await
             .map_err(status)?;
         let ticket = TicketStatementQuery {
@@ -489,19 +520,19 @@ impl FlightSqlService for WeirFlightSql {
     async fn do_get_statement(
         &self,
         ticket: TicketStatementQuery,
-        _request: Request<Ticket>,
+        request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let sql = String::from_utf8(ticket.statement_handle.to_vec())
             .map_err(|_| Status::invalid_argument("the ticket does not hold UTF-8 SQL"))?;
-        Ok(Response::new(self.run_statement(&sql).await?))
+        Ok(Response::new(self.run_statement(&sql, request.remote_addr()).await?))
     }
 
     async fn do_put_statement_update(
         &self,
         ticket: CommandStatementUpdate,
-        _request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
+        request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        discard(self.execute(&ticket.query).await?);
+        discard(self.execute(&ticket.query, request.remote_addr()).await?);
         // Streaming statements have no affected-row count.
         Ok(-1)
     }
@@ -509,16 +540,14 @@ impl FlightSqlService for WeirFlightSql {
     async fn do_action_create_prepared_statement(
         &self,
         query: ActionCreatePreparedStatementRequest,
-        _request: Request<Action>,
+        request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let template = params::Template::parse(&query.query).map_err(Status::invalid_argument)?;
         // Planned with every parameter NULL: the result's columns, and
         // any error in the statement, are known now; nothing runs.
+        let sql = template.with_nulls();
         let schema = self
-            .session
-            .lock()
-            .await
-            .result_schema(&template.with_nulls())
+            .in_session(request.remote_addr(), async |s| s.result_schema(&sql).await)
             .await
             .map_err(status)?;
         let parameter_schema = Schema::new(
@@ -610,7 +639,10 @@ impl FlightSqlService for WeirFlightSql {
                 )));
             }
         };
-        let schema = self.session.lock().await.result_schema(&sql).await.map_err(status)?;
+        let schema = self
+            .in_session(request.remote_addr(), async |s| s.result_schema(&sql).await)
+            .await
+            .map_err(status)?;
         let ticket = TicketStatementQuery {
             statement_handle: sql.into_bytes().into(),
         };
@@ -624,12 +656,13 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let handle = cmd.prepared_statement_handle.to_vec();
+        let peer = request.remote_addr();
         let params = parameter_batch(request.into_inner(), self.options.max_request_bytes).await?;
         if params.num_columns() > 0 || params.num_rows() > 0 {
             self.prepared(&handle, |p| p.params = Some(params))?;
         }
         for sql in &self.bound_sql(&handle)? {
-            discard(self.execute(sql).await?);
+            discard(self.execute(sql, peer).await?);
         }
         // Streaming statements have no affected-row count.
         Ok(-1)
@@ -955,12 +988,13 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         if auth.enabled() { " (password required)" } else { "" }
     );
     let connections = service.stats.connections.clone();
+    let settings = service.settings.clone();
     let shutdown = service.shutdown.clone();
     let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
     builder
         .add_service(service)
         .serve_with_incoming_shutdown(
-            limits::incoming(listener, connections, options.max_connections),
+            limits::incoming(listener, connections, options.max_connections, settings),
             async move {
                 signalled().await;
                 eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
