@@ -81,6 +81,8 @@ pub struct Session {
     jobs: Vec<JobHandle>,
     default_job_name: Option<String>,
     started: usize,
+    /// Query jobs started (their names are numbered).
+    queries: usize,
     last_outcome: Option<weir_engine::runtime::JobOutcome>,
     /// Every job this session started, oldest first (SHOW JOBS).
     known_jobs: Vec<SessionJob>,
@@ -112,6 +114,7 @@ impl Session {
             jobs: vec![],
             default_job_name: None,
             started: 0,
+            queries: 0,
             last_outcome: None,
             known_jobs: vec![],
             registry: None,
@@ -344,6 +347,17 @@ impl Session {
         Ok(StatementResult::Done(format!("job '{name}' canceled")))
     }
 
+    /// The config of a query's job (SELECT, SUBSCRIBE): a name of its own
+    /// (`select-<pid>-<n>`), as its state must not share a directory with
+    /// any other job, here or in another process on the same data dir.
+    fn query_config(&mut self, kind: &str) -> Result<JobConfig, SessionError> {
+        self.queries += 1;
+        let name = format!("{kind}-{}-{}", std::process::id(), self.queries);
+        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+    }
+
+    /// The config of an `INSERT`'s job: `pipeline.name`, or the script's
+    /// name / `insert-into-<table>`, with a suffix from the second job on.
     fn job_config(&mut self, fallback: &str) -> Result<JobConfig, SessionError> {
         // A job's name is its identity (state, checkpoints): the second job
         // of a script gets a suffix so the two never share a directory.
@@ -496,7 +510,7 @@ impl Session {
             Statement::Explain(inner) => self.explain(inner),
             Statement::Insert { table, query } => self.start_insert(table, query, text, None).await,
             Statement::Query(q) => {
-                let config = self.job_config("select")?;
+                let config = self.query_config("select")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
                     QueryPlan::Batch(plan) => {
                         let schema = Arc::new(plan.schema().as_arrow().clone());
@@ -516,7 +530,7 @@ impl Session {
                 }
             }
             Statement::Subscribe(q) => {
-                let config = self.job_config("subscribe")?;
+                let config = self.query_config("subscribe")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
                     QueryPlan::Batch(plan) => {
                         let rows = self.planner.execute_batch(plan).await?;
@@ -636,7 +650,8 @@ impl Session {
         let stmt = stmts.remove(0);
         Ok(match &stmt.statement {
             Statement::Query(q) => {
-                let config = self.job_config("select")?;
+                // Planning only: no job name is used up.
+                let config = self.explain_config("select")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
                     QueryPlan::Batch(plan) => Arc::new(plan.schema().as_arrow().clone()),
                     QueryPlan::Stream(graph) => graph
@@ -648,7 +663,7 @@ impl Session {
             }
             Statement::Insert { .. } => job_row_schema(),
             Statement::Subscribe(q) => {
-                let config = self.job_config("subscribe")?;
+                let config = self.explain_config("subscribe")?;
                 match self.planner.plan_query(q, &self.catalog, &config)? {
                     QueryPlan::Batch(plan) => changelog_schema(plan.schema().as_arrow()),
                     QueryPlan::Stream(graph) => graph

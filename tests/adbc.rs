@@ -5,6 +5,8 @@
 //! cancelled, STOP JOB). Its venv comes from `scripts/adbc-venv.sh`, which
 //! `scripts/setup.sh` runs.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,22 +23,6 @@ fn python() -> PathBuf {
     venv.join("bin/python")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn adbc_flight_sql_driver_runs_the_client_script() {
     let python = python();
@@ -46,25 +32,9 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
         python.display()
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let _server = Killed(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn weir serve"),
-    );
-    // Listening before the driver dials (its dial is lazy, its errors late).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "weir serve did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_server, port) = common::serve(&dir.path().join("data"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc/weir_adbc_test.py");
-    let mut client = Killed(
+    let mut client = common::Killed(
         Command::new(&python)
             .arg(&script)
             .arg(format!("grpc://127.0.0.1:{port}"))

@@ -1,23 +1,8 @@
 //! `weir --url`: the command line against a running `weir serve`.
 
+mod common;
+
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 fn weir(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_weir"))
@@ -30,22 +15,7 @@ fn weir(args: &[&str]) -> std::process::Output {
 #[test]
 fn the_cli_runs_statements_on_a_server() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let _server = Killed(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("--data-dir")
-            .arg(dir.path().join("server-data"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn weir serve"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "weir serve did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_server, port) = common::serve(&dir.path().join("server-data"));
     let url = format!("grpc://127.0.0.1:{port}");
     let out_dir = dir.path().join("out");
     let script = format!(
@@ -80,7 +50,12 @@ fn the_cli_runs_statements_on_a_server() {
     let out = weir(&["--url", &url, "-c", "SELEC 1;"]);
     assert_eq!(out.status.code(), Some(1));
     // Nothing listening / a bad URL: a clear error, no panic.
-    let out = weir(&["--url", &format!("grpc://127.0.0.1:{}", free_port()), "-c", "SELECT 1;"]);
+    let out = weir(&[
+        "--url",
+        &format!("grpc://127.0.0.1:{}", common::free_port()),
+        "-c",
+        "SELECT 1;",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot connect"), "{stderr}");

@@ -3,6 +3,8 @@
 //! ending in `;`, errors with positions, persistent history. Each line is
 //! sent only after the prompt it answers has appeared (with a deadline).
 
+mod common;
+
 use std::process::Command;
 
 const DRIVER: &str = r#"
@@ -61,32 +63,8 @@ fn drive(dir: &std::path::Path, extra: &[&str]) -> String {
 
 #[test]
 fn the_remote_shell_works_against_a_server() {
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let _server = Killed(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("--data-dir")
-            .arg(dir.path().join("server"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("serve"),
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "weir serve did not listen");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let (_server, port) = common::serve(&dir.path().join("server"));
     let text = drive(dir.path(), &["--url", &format!("grpc://127.0.0.1:{port}")]);
     assert!(text.contains("[INFO] OK"), "{text}");
     assert!(text.contains(" t |"), "SHOW TABLES lists t: {text}");

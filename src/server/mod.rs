@@ -711,11 +711,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder(sql_info()?).schema();
-        Ok(Response::new(info_for(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&schema, query, request)
     }
 
     async fn do_get_sql_info(
@@ -734,11 +730,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.into_builder().schema();
-        Ok(Response::new(info_for(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&schema, query, request)
     }
 
     async fn do_get_catalogs(
@@ -758,11 +750,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        Ok(Response::new(info_for(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&schema, query, request)
     }
 
     async fn do_get_schemas(
@@ -782,11 +770,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        Ok(Response::new(info_for(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&schema, query, request)
     }
 
     async fn do_get_tables(
@@ -812,11 +796,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = table_types_schema();
-        Ok(Response::new(info_for(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&schema, query, request)
     }
 
     async fn do_get_table_types(
@@ -839,11 +819,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetPrimaryKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Ok(Response::new(info_for(
-            &keys_schema(),
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&keys_schema(), query, request)
     }
 
     async fn do_get_primary_keys(
@@ -851,7 +827,7 @@ impl FlightSqlService for WeirFlightSql {
         _query: CommandGetPrimaryKeys,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+        no_keys()
     }
 
     async fn get_flight_info_exported_keys(
@@ -859,11 +835,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetExportedKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Ok(Response::new(info_for(
-            &keys_schema(),
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&keys_schema(), query, request)
     }
 
     async fn do_get_exported_keys(
@@ -871,7 +843,7 @@ impl FlightSqlService for WeirFlightSql {
         _query: CommandGetExportedKeys,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+        no_keys()
     }
 
     async fn get_flight_info_imported_keys(
@@ -879,11 +851,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetImportedKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        Ok(Response::new(info_for(
-            &keys_schema(),
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )?))
+        command_info(&keys_schema(), query, request)
     }
 
     async fn do_get_imported_keys(
@@ -891,10 +859,29 @@ impl FlightSqlService for WeirFlightSql {
         _query: CommandGetImportedKeys,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
+        no_keys()
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+/// A metadata command's FlightInfo: its fixed schema, the command itself
+/// as the ticket.
+fn command_info(
+    schema: &Schema,
+    command: impl ProstMessageExt,
+    request: Request<FlightDescriptor>,
+) -> Result<Response<FlightInfo>, Status> {
+    Ok(Response::new(info_for(
+        schema,
+        command.as_any().encode_to_vec(),
+        request.into_inner(),
+    )?))
+}
+
+/// Weir has no keys: an empty answer, not an error (clients ask routinely).
+fn no_keys() -> Result<Response<DoGetStream>, Status> {
+    Ok(Response::new(stream_batches(keys_schema(), futures::stream::empty())))
 }
 
 fn table_types_schema() -> SchemaRef {

@@ -1,0 +1,43 @@
+//! What the tests that run `weir serve` as a process share.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed (and reaped) when dropped.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `weir serve` over `data` on a free port, once it listens (deadline
+/// 60 s): the process and the port.
+pub fn serve(data: &std::path::Path) -> (Killed, u16) {
+    let port = free_port();
+    let server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("--data-dir")
+            .arg(data)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn weir serve"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "weir serve did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (server, port)
+}
