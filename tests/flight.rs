@@ -521,6 +521,14 @@ async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
             .any(|l| l.starts_with("weir_job_running{job=\"insert-into-counts") && l.ends_with("state=\"RUNNING\"} 1")),
         "{body}"
     );
+    // Splits are published by the readers as they run.
+    eventually("split states in the metrics", 30, || async {
+        let (_, body) = http_get(metrics_port, "/metrics").await;
+        body.lines()
+            .any(|l| l.starts_with("weir_source_splits{job=\"insert-into-counts"))
+            .then_some(())
+    })
+    .await;
     for family in [
         "weir_operator_backpressured_seconds_total",
         "weir_operator_state_bytes",
@@ -1058,4 +1066,35 @@ async fn query_failures_unsupported_sql_and_shutdown_with_open_subscribers() {
     };
     assert!(err.to_string().contains("shutting down"), "{err}");
     assert!(exited(&mut server.child, 60).await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_cap_are_refused_until_one_closes() {
+    let (server, mut first) = start_with(&["--max-connections".into(), "2".into()]).await;
+    query(&mut first, "SELECT 1").await;
+    let mut second = FlightSqlServiceClient::new(channel(server.port).await);
+    query(&mut second, "SELECT 2").await;
+    // A third connection is closed at once: its call fails.
+    let third = Channel::from_shared(format!("http://127.0.0.1:{}", server.port))
+        .expect("uri")
+        .connect()
+        .await;
+    if let Ok(third) = third {
+        let mut third = FlightSqlServiceClient::new(third);
+        third.execute("SELECT 3".into(), None).await.expect_err("over the cap");
+    }
+    // One closes: a new client gets in.
+    drop(first);
+    eventually("a free connection slot", 30, || async {
+        let c = Channel::from_shared(format!("http://127.0.0.1:{}", server.port))
+            .expect("uri")
+            .connect()
+            .await
+            .ok()?;
+        let mut c = FlightSqlServiceClient::new(c);
+        let info = c.execute("SELECT 4 AS x".into(), None).await.ok()?;
+        Some(info)
+    })
+    .await;
+    query(&mut second, "SELECT 5").await;
 }

@@ -183,6 +183,23 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
         }
     }
 
+    f.head(
+        "weir_source_splits",
+        "gauge",
+        "Source splits by state (active, idle, paused by watermark alignment, back-pressured, finished).",
+    );
+    for (job, m) in jobs.iter().filter(|(_, m)| !m.lifecycle.state().is_terminal()) {
+        let mut by_state: std::collections::BTreeMap<&str, usize> = Default::default();
+        for s in &m.sources {
+            for split in s.snapshot().0 {
+                *by_state.entry(split.state.as_str()).or_default() += 1;
+            }
+        }
+        for (state, n) in by_state {
+            f.sample("weir_source_splits", &[("job", job), ("state", state)], n);
+        }
+    }
+
     f.head("weir_checkpoints_total", "counter", "Checkpoints by outcome.");
     for (job, m) in jobs {
         let c = &m.checkpoints;
