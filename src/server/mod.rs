@@ -211,8 +211,6 @@ impl WeirFlightSql {
         })?
     }
 
-    /// Runs `sql` and streams its result; a live query goes through the
-    /// client's bounded queue.
     /// Runs `f` on the session with the connection's own `SET` options in
     /// place (a client's SET is not another client's).
     async fn in_session<R>(&self, peer: Option<SocketAddr>, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
@@ -227,14 +225,19 @@ impl WeirFlightSql {
             .and_then(|mut s| s.remove(&peer))
             .unwrap_or_default();
         let shared = session.replace_settings(mine);
-        let result = f(&mut session).await;
-        let mine = session.replace_settings(shared);
-        if let Ok(mut s) = self.settings.lock() {
-            s.insert(peer, mine);
-        }
-        result
+        // Put back even if the client goes away mid-statement (this future
+        // is then dropped).
+        let mut swapped = Swapped {
+            session,
+            shared: Some(shared),
+            peer,
+            settings: &self.settings,
+        };
+        f(&mut swapped.session).await
     }
 
+    /// Runs `sql` and streams its result; a live query goes through the
+    /// client's bounded queue.
     async fn run_statement(&self, sql: &str, peer: Option<SocketAddr>) -> Result<DoGetStream, Status> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
@@ -296,28 +299,29 @@ impl WeirFlightSql {
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
             let mut why = None;
+            let closing = || Some(Status::unavailable("the server is shutting down"));
             loop {
-                tokio::select! {
-                    batch = rows.recv() => match batch {
-                        // A full queue back-pressures the query, for a while.
-                        Some(b) => match tokio::time::timeout(patience, queue.send(b)).await {
-                            Ok(Ok(())) => {}
-                            Err(_) => {
-                                why = Some(Status::resource_exhausted(format!(
-                                    "slow subscriber: {capacity} result batches waited {patience:?} to be read, \
-                                     so the subscription was dropped rather than stall the query; read batches \
-                                     as they come (never fetchall() on a live query)"
-                                )));
-                                break;
-                            }
-                            // The client is gone.
-                            Ok(Err(_)) => break,
-                        },
-                        None => break,
-                    },
-                    // (The watch's guard must not live across the send.)
-                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => {
-                        why = Some(Status::unavailable("the server is shutting down"));
+                // (The watch's guard must not live across an await.)
+                let batch = tokio::select! {
+                    b = rows.recv() => b,
+                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => { why = closing(); break; }
+                };
+                let Some(batch) = batch else { break };
+                // A full queue back-pressures the query, for a while.
+                let sent = tokio::select! {
+                    r = tokio::time::timeout(patience, queue.send(batch)) => r,
+                    _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => { why = closing(); break; }
+                };
+                match sent {
+                    Ok(Ok(())) => {}
+                    // The client is gone.
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        why = Some(Status::resource_exhausted(format!(
+                            "slow subscriber: {capacity} result batches waited {patience:?} to be read, \
+                             so the subscription was dropped rather than stall the query; read batches \
+                             as they come (never fetchall() on a live query)"
+                        )));
                         break;
                     }
                 }
@@ -351,6 +355,26 @@ impl WeirFlightSql {
             }
         });
         encode_results(schema, batches)
+    }
+}
+
+/// The session with a connection's options swapped in; dropping it swaps
+/// them back out.
+struct Swapped<'a> {
+    session: tokio::sync::MutexGuard<'a, Session>,
+    shared: Option<std::collections::BTreeMap<String, String>>,
+    peer: SocketAddr,
+    settings: &'a limits::ConnectionSettings,
+}
+
+impl Drop for Swapped<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            let mine = self.session.replace_settings(shared);
+            if let Ok(mut s) = self.settings.lock() {
+                s.insert(self.peer, mine);
+            }
+        }
     }
 }
 
