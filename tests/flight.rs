@@ -800,6 +800,52 @@ async fn malformed_and_oversized_requests_get_a_status_not_a_crash() {
         .await
         .expect_err("unknown handle");
     assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+    // Commands that are not Flight SQL messages, by every door.
+    let err = inner
+        .get_flight_info(arrow_flight::FlightDescriptor::new_cmd(vec![0x0a, 0xff, 0x03]))
+        .await
+        .expect_err("garbage command");
+    assert_ne!(err.code(), tonic::Code::Internal, "{err}");
+    let put = arrow_flight::FlightData {
+        flight_descriptor: Some(arrow_flight::FlightDescriptor::new_cmd(b"nonsense".to_vec())),
+        ..Default::default()
+    };
+    let err = match inner.do_put(futures::stream::iter([put])).await {
+        Ok(r) => r
+            .into_inner()
+            .try_collect::<Vec<_>>()
+            .await
+            .map(|_| ())
+            .expect_err("garbage put"),
+        Err(e) => e,
+    };
+    assert_ne!(err.code(), tonic::Code::Internal, "{err}");
+    // Parameters that are not an Arrow stream.
+    let cmd = arrow_flight::sql::CommandPreparedStatementQuery {
+        prepared_statement_handle: b"nope".to_vec().into(),
+    };
+    let put = arrow_flight::FlightData {
+        flight_descriptor: Some(arrow_flight::FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec())),
+        data_header: vec![1, 2, 3, 4].into(),
+        data_body: vec![5, 6].into(),
+        ..Default::default()
+    };
+    let err = match inner.do_put(futures::stream::iter([put])).await {
+        Ok(r) => r
+            .into_inner()
+            .try_collect::<Vec<_>>()
+            .await
+            .map(|_| ())
+            .expect_err("bad params"),
+        Err(e) => e,
+    };
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    // A statement naming what does not exist.
+    let err = client
+        .execute("SELECT * FROM nowhere".into(), None)
+        .await
+        .expect_err("no table");
+    assert!(err.to_string().contains("nowhere"), "{err}");
     // Still serving.
     assert_eq!(strings(&query(&mut client, "SELECT 7 AS x").await, "x"), vec!["7"]);
 }
@@ -1097,4 +1143,27 @@ async fn connections_over_the_cap_are_refused_until_one_closes() {
     })
     .await;
     query(&mut second, "SELECT 5").await;
+
+    // A connection that never says anything does not keep a slot: it is
+    // closed after 10 s and the slot is free again.
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .expect("connect");
+    eventually("the silent connection to be closed", 30, || async {
+        let c = Channel::from_shared(format!("http://127.0.0.1:{}", server.port))
+            .expect("uri")
+            .connect()
+            .await
+            .ok()?;
+        FlightSqlServiceClient::new(c)
+            .execute("SELECT 6".into(), None)
+            .await
+            .ok()
+    })
+    .await;
+    use tokio::io::AsyncReadExt;
+    // (The server's HTTP/2 settings arrive first, then the end.)
+    let mut all = vec![];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut all)).await;
+    assert!(closed.is_ok(), "the server closed the silent connection");
 }

@@ -5,8 +5,9 @@
 //! call with valid Basic credentials is accepted too). Without a password
 //! the server is open (meant for loopback).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use base64::Engine;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
@@ -20,14 +21,20 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
+/// How long a token is good for; then the client handshakes again.
+const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
 /// Most tokens kept; the oldest is forgotten first (its client handshakes
 /// again on UNAUTHENTICATED).
 const MAX_TOKENS: usize = 10_000;
 
+/// Token -> when it was issued; and the tokens oldest first.
+type Tokens = (HashMap<String, Instant>, std::collections::VecDeque<String>);
+
 #[derive(Clone)]
 pub struct Auth {
     credentials: Option<Arc<(String, String)>>,
-    tokens: Arc<Mutex<(HashSet<String>, std::collections::VecDeque<String>)>>,
+    tokens: Arc<Mutex<Tokens>>,
 }
 
 impl Auth {
@@ -53,7 +60,7 @@ impl Auth {
                 self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
                 let token = secret_token()?;
                 if let Ok(mut t) = self.tokens.lock() {
-                    t.0.insert(token.clone());
+                    t.0.insert(token.clone(), Instant::now());
                     t.1.push_back(token.clone());
                     while t.1.len() > MAX_TOKENS {
                         if let Some(old) = t.1.pop_front() {
@@ -77,11 +84,10 @@ impl Auth {
         match header(request.metadata())? {
             Some(h) if scheme(&h, "Bearer ").is_some() => {
                 let token = scheme(&h, "Bearer ").unwrap_or_default();
-                let known = self.tokens.lock().map(|t| t.0.contains(token));
-                if known.unwrap_or(false) {
-                    Ok(request)
-                } else {
-                    Err(Status::unauthenticated("unknown or expired token; handshake again"))
+                let issued = self.tokens.lock().ok().and_then(|t| t.0.get(token).copied());
+                match issued {
+                    Some(at) if at.elapsed() < TOKEN_TTL => Ok(request),
+                    _ => Err(Status::unauthenticated("unknown or expired token; handshake again")),
                 }
             }
             Some(h) if scheme(&h, "Basic ").is_some() => {

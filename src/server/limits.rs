@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures::Stream;
+use futures::{Future, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -24,7 +24,14 @@ pub struct Limited {
     _permit: OwnedSemaphorePermit,
     peer: SocketAddr,
     settings: ConnectionSettings,
+    /// Until the client's first byte: a connection that says nothing is
+    /// closed when this fires, so silent connections cannot hold every
+    /// permit.
+    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How long a new connection may stay silent.
+const FIRST_BYTE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Drop for Limited {
     fn drop(&mut self) {
@@ -36,7 +43,23 @@ impl Drop for Limited {
 
 impl AsyncRead for Limited {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            Poll::Ready(_) if buf.filled().len() > before => self.first_byte = None,
+            Poll::Pending => {
+                if let Some(deadline) = self.first_byte.as_mut()
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client sent nothing",
+                    )));
+                }
+            }
+            Poll::Ready(_) => {}
+        }
+        polled
     }
 }
 
@@ -94,6 +117,7 @@ pub fn incoming(
                                 _permit: permit,
                                 peer,
                                 settings,
+                                first_byte: Some(Box::pin(tokio::time::sleep(FIRST_BYTE_WITHIN))),
                             };
                             return Some((Ok(conn), (listener, permits)));
                         }
