@@ -628,6 +628,24 @@ impl Session {
         Ok(StatementResult::Rows(schema, vec![batch]))
     }
 
+    /// The types the planner infers for the `$n` parameters of `sql` (one
+    /// query or INSERT), by name (`$1`); none when it cannot tell.
+    pub fn parameter_types(&self, sql: &str) -> std::collections::HashMap<String, DataType> {
+        let Ok(stmts) = weir_sql::parse(sql) else {
+            return Default::default();
+        };
+        let query = match stmts.first().map(|s| &s.statement) {
+            Some(Statement::Query(q) | Statement::Subscribe(q) | Statement::Insert { query: q, .. }) => q,
+            _ => return Default::default(),
+        };
+        let Ok(plan) = self.planner.logical_plan(query, &self.catalog) else {
+            return Default::default();
+        };
+        plan.get_parameter_types()
+            .map(|types| types.into_iter().filter_map(|(k, t)| Some((k, t?))).collect())
+            .unwrap_or_default()
+    }
+
     /// Tables and views of the catalog: (name, "TABLE" | "VIEW", columns).
     pub fn catalog_entries(&self) -> Vec<(String, &'static str, SchemaRef)> {
         self.catalog

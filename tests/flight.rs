@@ -437,6 +437,21 @@ async fn prepared_statements_are_planned_at_prepare_and_take_parameters() {
     assert_eq!(strings(&jobs, "state"), vec!["RUNNING"]);
     insert.close().await.expect("close");
 
+    // Parameter types the planner can tell from their context.
+    let typed = client
+        .prepare("SELECT auction FROM bid WHERE price > ? AND auction = ?".into(), None)
+        .await
+        .expect("prepare");
+    let types: Vec<_> = typed
+        .parameter_schema()
+        .expect("parameter schema")
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    assert_eq!(types, vec![arrow::datatypes::DataType::Int64; 2]);
+    typed.close().await.expect("close");
+
     // Errors come from prepare, with the position.
     let err = client
         .prepare("SELECT nope FROM bid WHERE price > ?".into(), None)

@@ -570,13 +570,23 @@ impl FlightSqlService for WeirFlightSql {
         // Planned with every parameter NULL: the result's columns, and
         // any error in the statement, are known now; nothing runs.
         let sql = template.with_nulls();
-        let schema = self
-            .in_session(request.remote_addr(), async |s| s.result_schema(&sql).await)
+        let numbered = template.numbered();
+        let (schema, types) = self
+            .in_session(request.remote_addr(), async |s| {
+                let schema = s.result_schema(&sql).await?;
+                // What the planner can tell from the context (`price > $1`
+                // is a BIGINT); NULL where it cannot (`SELECT $1`).
+                Ok::<_, SessionError>((schema, s.parameter_types(&numbered)))
+            })
             .await
             .map_err(status)?;
         let parameter_schema = Schema::new(
             (1..=template.param_count)
-                .map(|i| arrow::datatypes::Field::new(format!("${i}"), arrow::datatypes::DataType::Null, true))
+                .map(|i| {
+                    let name = format!("${i}");
+                    let t = types.get(&name).cloned().unwrap_or(arrow::datatypes::DataType::Null);
+                    arrow::datatypes::Field::new(name, t, true)
+                })
                 .collect::<Vec<_>>(),
         );
         let handle = auth::secret_token()?.into_bytes();

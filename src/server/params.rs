@@ -67,6 +67,12 @@ impl Template {
         self.render(|_| Ok("NULL".to_string())).unwrap_or_default()
     }
 
+    /// The statement with `$1, $2, ...` for its placeholders (what the
+    /// planner infers parameter types from).
+    pub fn numbered(&self) -> String {
+        self.render(|p| Ok(format!("${}", p + 1))).unwrap_or_default()
+    }
+
     /// The statement with the values of `row` of `params` in place.
     pub fn bind(&self, params: &RecordBatch, row: usize) -> Result<String, String> {
         if params.num_columns() < self.param_count {
