@@ -352,8 +352,14 @@ impl Session {
     /// any other job, here or in another process on the same data dir.
     fn query_config(&mut self, kind: &str) -> Result<JobConfig, SessionError> {
         self.queries += 1;
-        let name = format!("{kind}-{}-{}", std::process::id(), self.queries);
-        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+        // Random, not the pid: containers sharing a data dir are all pid 1.
+        let tag = &crate::jobs::new_job_id()[..8];
+        let name = format!("{kind}-{tag}-{}", self.queries);
+        // An INSERT's name and recovery path are not the query's.
+        let mut settings = self.settings.clone();
+        settings.remove(PIPELINE_NAME);
+        settings.remove(weir_engine::config::RECOVERY_PATH);
+        Ok(JobConfig::from_settings(&settings, &name, &self.data_dir)?)
     }
 
     /// The config of an `INSERT`'s job: `pipeline.name`, or the script's

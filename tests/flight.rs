@@ -582,6 +582,32 @@ async fn job_control_describe_stop_cancel() {
     };
     assert!(err.to_string().contains("already running"), "{err}");
 
+    // A stateful query on the same connection (pipeline.name is set) runs
+    // as a job of its own: the INSERT's state is untouched, and the query
+    // leaves no directory behind.
+    let windows = query(
+        &mut client,
+        "SELECT auction, COUNT(*) AS n FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '1' SECOND)) \
+         GROUP BY auction, window_start, window_end LIMIT 3",
+    )
+    .await;
+    assert_eq!(windows.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    let jobs_dir = server.data.join("jobs");
+    eventually("the query's job directory to go", 30, || {
+        let left: Vec<String> = std::fs::read_dir(&jobs_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("select-"))
+            .collect();
+        async move { left.is_empty().then_some(()) }
+    })
+    .await;
+    assert!(jobs_dir.join("counts-job").exists());
+    let jobs = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&jobs, "state"), vec!["RUNNING"], "the INSERT runs on");
+
     // SET belongs to the connection: another client does not see it.
     let mut other = FlightSqlServiceClient::new(channel(server.port).await);
     let theirs = query(&mut other, "SET").await;

@@ -21,7 +21,7 @@ const LENIENT: GeneralPurpose = GeneralPurpose::new(
     GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
 );
 
-/// How long a token is good for; then the client handshakes again.
+/// How long a token is good for unused; then the client handshakes again.
 const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Most tokens kept; the oldest is forgotten first (its client handshakes
@@ -83,11 +83,20 @@ impl Auth {
         }
         match header(request.metadata())? {
             Some(h) if scheme(&h, "Bearer ").is_some() => {
-                let token = scheme(&h, "Bearer ").unwrap_or_default();
-                let issued = self.tokens.lock().ok().and_then(|t| t.0.get(token).copied());
-                match issued {
-                    Some(at) if at.elapsed() < TOKEN_TTL => Ok(request),
-                    _ => Err(Status::unauthenticated("unknown or expired token; handshake again")),
+                let token = scheme(&h, "Bearer ").unwrap_or_default().trim();
+                // Expires after a day unused (drivers keep their token
+                // for the connection's life).
+                let fresh = self.tokens.lock().ok().is_some_and(|mut t| match t.0.get_mut(token) {
+                    Some(last) if last.elapsed() < TOKEN_TTL => {
+                        *last = Instant::now();
+                        true
+                    }
+                    _ => false,
+                });
+                if fresh {
+                    Ok(request)
+                } else {
+                    Err(Status::unauthenticated("unknown or expired token; handshake again"))
                 }
             }
             Some(h) if scheme(&h, "Basic ").is_some() => {

@@ -3,7 +3,6 @@
 //! logged (the client sees UNAVAILABLE and may retry).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -12,31 +11,55 @@ use futures::{Future, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
-/// `SET` options per client connection (by its address).
-pub type ConnectionSettings = Arc<std::sync::Mutex<HashMap<SocketAddr, BTreeMap<String, String>>>>;
+/// `SET` options per client connection (by connection id): an entry from
+/// the connection's accept to its close.
+pub type ConnectionSettings = Arc<std::sync::Mutex<HashMap<u64, BTreeMap<String, String>>>>;
+
+/// What a request knows about its connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    /// Unique for the server's life (addresses are reused).
+    pub id: u64,
+}
+
+impl ConnInfo {
+    /// The connection of a request, plaintext or TLS.
+    pub fn of<T>(request: &tonic::Request<T>) -> Option<ConnInfo> {
+        let ext = request.extensions();
+        ext.get::<ConnInfo>().copied().or_else(|| {
+            ext.get::<tonic::transport::server::TlsConnectInfo<ConnInfo>>()
+                .map(|t| *t.get_ref())
+        })
+    }
+}
+
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A connection holding one of the cap's permits until it closes; its
 /// `SET` options are forgotten then.
 pub struct Limited {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
-    peer: SocketAddr,
+    info: ConnInfo,
     settings: ConnectionSettings,
-    /// Until the client's first byte: a connection that says nothing is
-    /// closed when this fires, so silent connections cannot hold every
-    /// permit.
-    first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until the client has sent its first bytes (the HTTP/2 preface, or a
+    /// TLS hello): a connection that does not is closed when this fires,
+    /// so silent connections cannot hold every permit.
+    opening: Option<Pin<Box<tokio::time::Sleep>>>,
+    received: usize,
 }
 
-/// How long a new connection may stay silent.
-const FIRST_BYTE_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a new connection may take to send its first bytes.
+const OPENING_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// The HTTP/2 connection preface is 24 bytes.
+const OPENING_BYTES: usize = 24;
 
 impl Drop for Limited {
     fn drop(&mut self) {
         if let Ok(mut s) = self.settings.lock() {
-            s.remove(&self.peer);
+            s.remove(&self.info.id);
         }
     }
 }
@@ -46,9 +69,14 @@ impl AsyncRead for Limited {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         match &polled {
-            Poll::Ready(_) if buf.filled().len() > before => self.first_byte = None,
+            Poll::Ready(_) if buf.filled().len() > before => {
+                self.received += buf.filled().len() - before;
+                if self.received >= OPENING_BYTES {
+                    self.opening = None;
+                }
+            }
             Poll::Pending => {
-                if let Some(deadline) = self.first_byte.as_mut()
+                if let Some(deadline) = self.opening.as_mut()
                     && deadline.as_mut().poll(cx).is_ready()
                 {
                     return Poll::Ready(Err(std::io::Error::new(
@@ -90,10 +118,10 @@ impl AsyncWrite for Limited {
 }
 
 impl Connected for Limited {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.inner.connect_info()
+    fn connect_info(&self) -> ConnInfo {
+        self.info
     }
 }
 
@@ -115,10 +143,16 @@ pub fn incoming(
                             let conn = Limited {
                                 inner: stream,
                                 _permit: permit,
-                                peer,
+                                info: ConnInfo {
+                                    id: NEXT_CONNECTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                                },
                                 settings,
-                                first_byte: Some(Box::pin(tokio::time::sleep(FIRST_BYTE_WITHIN))),
+                                opening: Some(Box::pin(tokio::time::sleep(OPENING_WITHIN))),
+                                received: 0,
                             };
+                            if let Ok(mut s) = conn.settings.lock() {
+                                s.insert(conn.info.id, BTreeMap::new());
+                            }
                             return Some((Ok(conn), (listener, permits)));
                         }
                         Err(_) => {

@@ -213,16 +213,16 @@ impl WeirFlightSql {
 
     /// Runs `f` on the session with the connection's own `SET` options in
     /// place (a client's SET is not another client's).
-    async fn in_session<R>(&self, peer: Option<SocketAddr>, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
+    async fn in_session<R>(&self, conn: Option<u64>, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
         let mut session = self.session.lock().await;
-        let Some(peer) = peer else {
+        let Some(conn) = conn else {
             return f(&mut session).await;
         };
         let mine = self
             .settings
             .lock()
             .ok()
-            .and_then(|mut s| s.remove(&peer))
+            .and_then(|s| s.get(&conn).cloned())
             .unwrap_or_default();
         let shared = session.replace_settings(mine);
         // Put back even if the client goes away mid-statement (this future
@@ -230,7 +230,7 @@ impl WeirFlightSql {
         let mut swapped = Swapped {
             session,
             shared: Some(shared),
-            peer,
+            conn,
             settings: &self.settings,
         };
         f(&mut swapped.session).await
@@ -238,14 +238,14 @@ impl WeirFlightSql {
 
     /// Runs `sql` and streams its result; a live query goes through the
     /// client's bounded queue.
-    async fn run_statement(&self, sql: &str, peer: Option<SocketAddr>) -> Result<DoGetStream, Status> {
+    async fn run_statement(&self, sql: &str, conn: Option<u64>) -> Result<DoGetStream, Status> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "{} result streams are open (the server's --max-streams); close one and retry",
                 self.options.max_streams
             ))
         })?;
-        let stream = match self.execute(sql, peer).await? {
+        let stream = match self.execute(sql, conn).await? {
             StatementResult::Stream(rs) => self.subscribe(rs),
             other => answer(other)?,
         };
@@ -260,7 +260,7 @@ impl WeirFlightSql {
     /// the last statement is stopped (nobody reads it). `STOP JOB` waits
     /// for the job to drain without holding the session, so other clients
     /// go on meanwhile.
-    async fn execute(&self, sql: &str, peer: Option<SocketAddr>) -> Result<StatementResult, Status> {
+    async fn execute(&self, sql: &str, conn: Option<u64>) -> Result<StatementResult, Status> {
         if sql.len() > self.options.max_request_bytes {
             return Err(Status::invalid_argument(format!(
                 "the statement is {} bytes; at most {} (--max-request-bytes)",
@@ -273,7 +273,7 @@ impl WeirFlightSql {
             return Ok(stopping.map_err(status)?.finish().await);
         }
         let mut results = self
-            .in_session(peer, async |s| s.execute_sql(sql).await)
+            .in_session(conn, async |s| s.execute_sql(sql).await)
             .await
             .map_err(status)?;
         let last = results
@@ -291,7 +291,9 @@ impl WeirFlightSql {
         let capacity = self.options.subscriber_queue.max(1);
         let patience = self.options.subscriber_timeout;
         let (queue, pending) = mpsc::channel::<RecordBatch>(capacity);
-        let dropped: Arc<std::sync::Mutex<Option<Status>>> = Arc::default();
+        // Why the stream ends, and whether at once (the client is dropped)
+        // or after the rows already queued (the query failed).
+        let dropped: Arc<std::sync::Mutex<Option<(Status, bool)>>> = Arc::default();
         self.stats.add_subscriber(queue.downgrade());
         let guard = StopOnDrop(rs.job.stopper());
         let (mut rows, job, schema) = (rs.rows, rs.job, rs.schema);
@@ -330,13 +332,15 @@ impl WeirFlightSql {
             // failure of the query is what the client hears.
             job.stop();
             drop(rows);
+            let mut at_once = why.is_some();
             if let Err(e) = job.wait().await
                 && why.is_none()
             {
                 why = Some(Status::aborted(format!("the query failed: {e}")));
+                at_once = false;
             }
             if let (Some(s), Ok(mut d)) = (why, verdict.lock()) {
-                *d = Some(s);
+                *d = Some((s, at_once));
             }
             // Only now: the client reads the verdict after the last batch.
             drop(queue);
@@ -345,13 +349,19 @@ impl WeirFlightSql {
         let state = Some((pending, guard, dropped));
         let batches = futures::stream::unfold(state, |st| async move {
             let (mut pending, guard, dropped) = st?;
-            let verdict = |d: &std::sync::Mutex<Option<Status>>| d.lock().ok().and_then(|mut d| d.take());
-            if let Some(s) = verdict(&dropped) {
+            let verdict = |d: &std::sync::Mutex<Option<(Status, bool)>>, now: bool| {
+                let mut d = d.lock().ok()?;
+                match d.as_ref() {
+                    Some((_, at_once)) if *at_once || !now => d.take().map(|(s, _)| s),
+                    _ => None,
+                }
+            };
+            if let Some(s) = verdict(&dropped, true) {
                 return Some((Err(s), None));
             }
             match pending.recv().await {
                 Some(b) => Some((Ok(b), Some((pending, guard, dropped)))),
-                None => verdict(&dropped).map(|s| (Err(s), None)),
+                None => verdict(&dropped, false).map(|s| (Err(s), None)),
             }
         });
         encode_results(schema, batches)
@@ -363,7 +373,7 @@ impl WeirFlightSql {
 struct Swapped<'a> {
     session: tokio::sync::MutexGuard<'a, Session>,
     shared: Option<std::collections::BTreeMap<String, String>>,
-    peer: SocketAddr,
+    conn: u64,
     settings: &'a limits::ConnectionSettings,
 }
 
@@ -371,11 +381,20 @@ impl Drop for Swapped<'_> {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.take() {
             let mine = self.session.replace_settings(shared);
-            if let Ok(mut s) = self.settings.lock() {
-                s.insert(self.peer, mine);
+            // Only while the connection is open: a closed one's entry is
+            // gone and stays gone.
+            if let Ok(mut s) = self.settings.lock()
+                && let Some(entry) = s.get_mut(&self.conn)
+            {
+                *entry = mine;
             }
         }
     }
+}
+
+/// The id of the connection a request came on.
+fn conn_id<T>(request: &Request<T>) -> Option<u64> {
+    limits::ConnInfo::of(request).map(|c| c.id)
 }
 
 /// A result nobody will read: a live query's job is stopped.
@@ -531,7 +550,7 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = self
-            .in_session(request.remote_addr(), async |s| s.result_schema(&query.query).await)
+            .in_session(conn_id(&request), async |s| s.result_schema(&query.query).await)
             .await
             .map_err(status)?;
         let ticket = TicketStatementQuery {
@@ -548,7 +567,7 @@ impl FlightSqlService for WeirFlightSql {
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let sql = String::from_utf8(ticket.statement_handle.to_vec())
             .map_err(|_| Status::invalid_argument("the ticket does not hold UTF-8 SQL"))?;
-        Ok(Response::new(self.run_statement(&sql, request.remote_addr()).await?))
+        Ok(Response::new(self.run_statement(&sql, conn_id(&request)).await?))
     }
 
     async fn do_put_statement_update(
@@ -556,7 +575,7 @@ impl FlightSqlService for WeirFlightSql {
         ticket: CommandStatementUpdate,
         request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        discard(self.execute(&ticket.query, request.remote_addr()).await?);
+        discard(self.execute(&ticket.query, conn_id(&request)).await?);
         // Streaming statements have no affected-row count.
         Ok(-1)
     }
@@ -572,7 +591,7 @@ impl FlightSqlService for WeirFlightSql {
         let sql = template.with_nulls();
         let numbered = template.numbered();
         let (schema, types) = self
-            .in_session(request.remote_addr(), async |s| {
+            .in_session(conn_id(&request), async |s| {
                 let schema = s.result_schema(&sql).await?;
                 // What the planner can tell from the context (`price > $1`
                 // is a BIGINT); NULL where it cannot (`SELECT $1`).
@@ -584,7 +603,11 @@ impl FlightSqlService for WeirFlightSql {
             (1..=template.param_count)
                 .map(|i| {
                     let name = format!("${i}");
-                    let t = types.get(&name).cloned().unwrap_or(arrow::datatypes::DataType::Null);
+                    let t = types
+                        .get(&name)
+                        .filter(|t| params::bindable(t))
+                        .cloned()
+                        .unwrap_or(arrow::datatypes::DataType::Null);
                     arrow::datatypes::Field::new(name, t, true)
                 })
                 .collect::<Vec<_>>(),
@@ -674,7 +697,7 @@ impl FlightSqlService for WeirFlightSql {
             }
         };
         let schema = self
-            .in_session(request.remote_addr(), async |s| s.result_schema(&sql).await)
+            .in_session(conn_id(&request), async |s| s.result_schema(&sql).await)
             .await
             .map_err(status)?;
         let ticket = TicketStatementQuery {
@@ -690,13 +713,13 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let handle = cmd.prepared_statement_handle.to_vec();
-        let peer = request.remote_addr();
+        let conn = conn_id(&request);
         let params = parameter_batch(request.into_inner(), self.options.max_request_bytes).await?;
         if params.num_columns() > 0 || params.num_rows() > 0 {
             self.prepared(&handle, |p| p.params = Some(params))?;
         }
         for sql in &self.bound_sql(&handle)? {
-            discard(self.execute(sql, peer).await?);
+            discard(self.execute(sql, conn).await?);
         }
         // Streaming statements have no affected-row count.
         Ok(-1)
@@ -960,6 +983,9 @@ async fn signalled() {
     }
 }
 
+/// How long a shutdown waits for clients to finish their requests.
+const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// How long a shutdown waits for each job's last checkpoint.
 const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -1012,25 +1038,31 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
     let settings = service.settings.clone();
     let shutdown = service.shutdown.clone();
     let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
-    builder
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            limits::incoming(listener, connections, options.max_connections, settings),
-            async move {
+    let mut closing = shutdown.subscribe();
+    let serving = builder.add_service(service).serve_with_incoming_shutdown(
+        limits::incoming(listener, connections, options.max_connections, settings),
+        async move {
+            signalled().await;
+            eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
+            // Live queries end now, or the server would wait for their
+            // clients to hang up.
+            shutdown.send_replace(true);
+            tokio::spawn(async {
                 signalled().await;
-                eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
-                // Live queries end now, or the server would wait for their
-                // clients to hang up.
-                shutdown.send_replace(true);
-                tokio::spawn(async {
-                    signalled().await;
-                    eprintln!("[WARN] second signal: exiting without suspending jobs");
-                    std::process::exit(crate::cli::EXIT_INTERRUPTED);
-                });
-            },
-        )
-        .await
-        .map_err(|e| format!("cannot serve on {listen}: {e}"))?;
+                eprintln!("[WARN] second signal: exiting without suspending jobs");
+                std::process::exit(crate::cli::EXIT_INTERRUPTED);
+            });
+        },
+    );
+    // Clients get DRAIN_WITHIN to finish (one that stopped reading may
+    // never); then the jobs are suspended regardless.
+    tokio::select! {
+        r = serving => r.map_err(|e| format!("cannot serve on {listen}: {e}"))?,
+        _ = async {
+            let _ = closing.wait_for(|s| *s).await;
+            tokio::time::sleep(DRAIN_WITHIN).await;
+        } => eprintln!("[WARN] clients still connected after {DRAIN_WITHIN:?}; closing their connections"),
+    }
     let mut session = session.lock().await;
     // Each job checkpoints and ends; the next server resumes it.
     let jobs = session.take_jobs();

@@ -101,6 +101,35 @@ impl Template {
     }
 }
 
+/// Whether values of `t` can be bound (have a literal).
+pub fn bindable(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Boolean
+            | DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+            | DataType::Decimal128(..)
+            | DataType::Decimal256(..)
+            | DataType::Float16
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Date32
+            | DataType::Date64
+            | DataType::Timestamp(..)
+            | DataType::Time32(_)
+            | DataType::Time64(_)
+    )
+}
+
 /// `array[row]` as a SQL literal of the same type.
 fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
     if array.is_null(row) {

@@ -99,8 +99,18 @@ impl JobHandle {
     /// checkpointing the job is stopped and the next run starts afresh.
     pub async fn suspend(mut self, within: Duration) -> Result<()> {
         if *self.stop.borrow() {
-            // STOP JOB is draining it: let it end as stopped.
-            return self.wait().await.map(|_| ());
+            // STOP JOB is draining it: let it end as stopped, but not wait
+            // forever (a RUNNING status then resumes it next time).
+            return match tokio::time::timeout(within, &mut self.done).await {
+                Ok(Ok(r)) => r.map(|_| ()),
+                Ok(Err(e)) => Err(ExecError::internal(format!("job task failed: {e}"))),
+                Err(_) => {
+                    self.done.abort();
+                    Err(ExecError::internal(format!(
+                        "did not finish stopping within {within:?}"
+                    )))
+                }
+            };
         }
         if !self.checkpointing {
             self.metrics.lifecycle.set(JobState::Suspended);
@@ -131,11 +141,18 @@ impl JobHandle {
                 };
             }
         }
-        self.metrics.lifecycle.set(JobState::Suspended);
         self.done.abort();
-        let _ = (&mut self.done).await;
-        RunStatus::Suspended.write(&self.job_dir)?;
-        Ok(())
+        match (&mut self.done).await {
+            // Aborted: it resumes from that checkpoint next time.
+            Err(e) if e.is_cancelled() => {
+                self.metrics.lifecycle.set(JobState::Suspended);
+                RunStatus::Suspended.write(&self.job_dir)?;
+                Ok(())
+            }
+            // It ended on its own just before: that ending stands.
+            Ok(r) => r.map(|_| ()),
+            Err(e) => Err(ExecError::internal(format!("job task failed: {e}"))),
+        }
     }
 
     /// Ends the job at once: no drain, no final checkpoint. Its completed
@@ -318,7 +335,10 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let graph = Arc::new(graph);
     let job_metrics = metrics.clone();
     let started = Instant::now();
-    let done = tokio::spawn(async move {
+    // A query's job (rows to a client) keeps nothing: its directory goes
+    // when it ends.
+    let ephemeral = results.is_some().then(|| config.job_dir.clone());
+    let supervise = async move {
         let mut restored = restored;
         let mut attempt = 0u32;
         loop {
@@ -409,6 +429,13 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 }
             }
         }
+    };
+    let done = tokio::spawn(async move {
+        let result = supervise.await;
+        if let Some(dir) = ephemeral {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        result
     });
     Ok(JobHandle {
         name,
