@@ -101,33 +101,39 @@ impl Template {
     }
 }
 
+/// How values of a type are written as SQL literals.
+#[derive(Clone, Copy)]
+enum Literal {
+    Boolean,
+    /// Integers and decimals, parenthesised (`-?` must not become `--`).
+    Number,
+    Float,
+    Text,
+    Date,
+    Timestamp,
+    TimestampLtz,
+    Time,
+}
+
+fn literal_kind(t: &DataType) -> Option<Literal> {
+    use DataType as T;
+    Some(match t {
+        T::Boolean => Literal::Boolean,
+        T::Int8 | T::Int16 | T::Int32 | T::Int64 | T::UInt8 | T::UInt16 | T::UInt32 | T::UInt64 => Literal::Number,
+        T::Decimal128(..) | T::Decimal256(..) => Literal::Number,
+        T::Float16 | T::Float32 | T::Float64 => Literal::Float,
+        T::Utf8 | T::LargeUtf8 | T::Utf8View => Literal::Text,
+        T::Date32 | T::Date64 => Literal::Date,
+        T::Timestamp(_, None) => Literal::Timestamp,
+        T::Timestamp(_, Some(_)) => Literal::TimestampLtz,
+        T::Time32(_) | T::Time64(_) => Literal::Time,
+        _ => return None,
+    })
+}
+
 /// Whether values of `t` can be bound (have a literal).
 pub fn bindable(t: &DataType) -> bool {
-    matches!(
-        t,
-        DataType::Boolean
-            | DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64
-            | DataType::Decimal128(..)
-            | DataType::Decimal256(..)
-            | DataType::Float16
-            | DataType::Float32
-            | DataType::Float64
-            | DataType::Utf8
-            | DataType::LargeUtf8
-            | DataType::Utf8View
-            | DataType::Date32
-            | DataType::Date64
-            | DataType::Timestamp(..)
-            | DataType::Time32(_)
-            | DataType::Time64(_)
-    )
+    literal_kind(t).is_some()
 }
 
 /// `array[row]` as a SQL literal of the same type.
@@ -135,36 +141,20 @@ fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
     if array.is_null(row) {
         return Ok("NULL".into());
     }
-    let text = || arrow::util::display::array_value_to_string(array, row).map_err(|e| e.to_string());
+    let kind = literal_kind(array.data_type())
+        .ok_or_else(|| format!("values of type {} cannot be bound", array.data_type()))?;
+    let text = arrow::util::display::array_value_to_string(array, row).map_err(|e| e.to_string())?;
     let quoted = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    Ok(match array.data_type() {
-        DataType::Boolean => array.as_boolean().value(row).to_string(),
-        DataType::Int8
-        | DataType::Int16
-        | DataType::Int32
-        | DataType::Int64
-        | DataType::UInt8
-        | DataType::UInt16
-        | DataType::UInt32
-        | DataType::UInt64
-        | DataType::Decimal128(..)
-        | DataType::Decimal256(..) => format!("({})", text()?),
-        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
-            let t = text()?;
-            if t.parse::<f64>().is_ok_and(f64::is_finite) {
-                format!("CAST(({t}) AS DOUBLE)")
-            } else {
-                return Err(format!("{t} has no SQL literal"));
-            }
-        }
-        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => quoted(&text()?),
-        DataType::Date32 | DataType::Date64 => format!("DATE {}", quoted(&text()?)),
-        DataType::Timestamp(_, None) => format!("TIMESTAMP {}", quoted(&text()?.replace('T', " "))),
-        DataType::Timestamp(_, Some(_)) => {
-            format!("CAST({} AS TIMESTAMP_LTZ(3))", quoted(&text()?.replace('T', " ")))
-        }
-        DataType::Time32(_) | DataType::Time64(_) => format!("TIME {}", quoted(&text()?)),
-        other => return Err(format!("values of type {other} cannot be bound")),
+    Ok(match kind {
+        Literal::Boolean => array.as_boolean().value(row).to_string(),
+        Literal::Number => format!("({text})"),
+        Literal::Float if text.parse::<f64>().is_ok_and(f64::is_finite) => format!("CAST(({text}) AS DOUBLE)"),
+        Literal::Float => return Err(format!("{text} has no SQL literal")),
+        Literal::Text => quoted(&text),
+        Literal::Date => format!("DATE {}", quoted(&text)),
+        Literal::Timestamp => format!("TIMESTAMP {}", quoted(&text.replace('T', " "))),
+        Literal::TimestampLtz => format!("CAST({} AS TIMESTAMP_LTZ(3))", quoted(&text.replace('T', " "))),
+        Literal::Time => format!("TIME {}", quoted(&text)),
     })
 }
 
