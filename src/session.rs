@@ -209,7 +209,7 @@ impl Session {
             .find(|j| j.record.id == key || j.record.name == key)
             .ok_or_else(|| {
                 let known: Vec<&str> = self.known_jobs.iter().map(|j| j.record.name.as_str()).collect();
-                SqlError::plan(format!(
+                SqlError::not_found(format!(
                     "no job '{key}' in this session; jobs: {}",
                     if known.is_empty() {
                         "none".to_string()
@@ -738,7 +738,7 @@ impl Session {
         match self.catalog.get(name) {
             Some(Entry::Table(t)) => Ok(t.clone()),
             Some(Entry::View(_)) => Err(SqlError::plan(format!("cannot INSERT INTO view '{name}'")).into()),
-            None => Err(SqlError::plan(format!("table '{name}' does not exist")).into()),
+            None => Err(SqlError::not_found(format!("table '{name}' does not exist")).into()),
         }
     }
 
@@ -827,7 +827,7 @@ impl Session {
                 }
                 out
             }
-            None => return Err(SqlError::plan(format!("table or view '{name}' does not exist")).into()),
+            None => return Err(SqlError::not_found(format!("table or view '{name}' does not exist")).into()),
         };
         let batch = RecordBatch::try_new(
             schema.clone(),

@@ -15,7 +15,6 @@ use arrow_flight::sql::{CommandGetDbSchemas, CommandGetPrimaryKeys, CommandGetTa
 use futures::TryStreamExt;
 use tonic::transport::Channel;
 
-#[allow(dead_code)] // port and data: for the restart tests
 struct Server {
     child: Child,
     port: u16,
@@ -887,6 +886,7 @@ async fn malformed_and_oversized_requests_get_a_status_not_a_crash() {
         .await
         .expect_err("no table");
     assert!(err.to_string().contains("nowhere"), "{err}");
+    assert!(err.to_string().contains("not found"), "NOT_FOUND: {err}");
     // Still serving.
     assert_eq!(strings(&query(&mut client, "SELECT 7 AS x").await, "x"), vec!["7"]);
 }

@@ -21,6 +21,8 @@ pub enum ErrorKind {
     Parse,
     /// Valid SQL that refers to something missing or mistyped.
     Plan,
+    /// Valid SQL naming a table, view or job that does not exist.
+    NotFound,
     /// Valid SQL that Weir cannot run (yet).
     Unsupported,
     /// A bad option or catalog operation.
@@ -49,6 +51,10 @@ impl SqlError {
 
     pub fn plan(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Plan, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
     }
 
     pub fn unsupported(message: impl Into<String>) -> Self {
@@ -110,6 +116,8 @@ impl From<datafusion::error::DataFusionError> for SqlError {
             column: s.start.column,
         });
         let kind = match e.find_root() {
+            // Our catalog provider's answer for a missing table.
+            datafusion::error::DataFusionError::Plan(m) if m.ends_with("does not exist") => ErrorKind::NotFound,
             datafusion::error::DataFusionError::Plan(_)
             | datafusion::error::DataFusionError::SchemaError(_, _)
             | datafusion::error::DataFusionError::SQL(_, _) => ErrorKind::Plan,
@@ -133,7 +141,11 @@ impl From<arrow::error::ArrowError> for SqlError {
 
 impl From<weir_catalog::CatalogError> for SqlError {
     fn from(e: weir_catalog::CatalogError) -> Self {
-        SqlError::new(ErrorKind::Catalog, e.to_string())
+        let kind = match e {
+            weir_catalog::CatalogError::NotFound(_) => ErrorKind::NotFound,
+            _ => ErrorKind::Catalog,
+        };
+        SqlError::new(kind, e.to_string())
     }
 }
 

@@ -459,7 +459,7 @@ impl<'a> GraphBuilder<'a> {
         let def = self
             .catalog
             .table(name)
-            .ok_or_else(|| SqlError::plan(format!("table '{name}' does not exist")))?;
+            .ok_or_else(|| SqlError::not_found(format!("table '{name}' does not exist")))?;
         let projected: Vec<String> = match &scan.projection {
             Some(p) => p.iter().map(|i| def.columns[*i].name.clone()).collect(),
             None => def.columns.iter().map(|c| c.name.clone()).collect(),

@@ -404,8 +404,9 @@ fn discard(result: StatementResult) {
     }
 }
 
-/// A user's mistake (bad SQL, unknown table) is `INVALID_ARGUMENT` with the
-/// message and position; SQL Weir cannot run is `UNIMPLEMENTED`; a failure
+/// A user's mistake (bad SQL) is `INVALID_ARGUMENT` with the message and
+/// position; a missing table, view or job `NOT_FOUND`; SQL Weir cannot run
+/// is `UNIMPLEMENTED`; a failure
 /// while running (a file, a connector) is `FAILED_PRECONDITION`; a bug of
 /// ours is `INTERNAL`.
 fn status(e: SessionError) -> Status {
@@ -417,10 +418,11 @@ fn status(e: SessionError) -> Status {
     let kind = match e {
         SessionError::Sql(s) => s.kind,
         SessionError::Exec(x) => weir_sql::SqlError::from(x).kind,
-        SessionError::Catalog(_) => ErrorKind::Catalog,
+        SessionError::Catalog(c) => weir_sql::SqlError::from(c).kind,
     };
     match kind {
         ErrorKind::Parse | ErrorKind::Plan | ErrorKind::Catalog => Status::invalid_argument(msg),
+        ErrorKind::NotFound => Status::not_found(msg),
         ErrorKind::Unsupported => Status::unimplemented(msg),
         ErrorKind::Runtime => Status::failed_precondition(msg),
         ErrorKind::Internal => Status::internal(msg),
