@@ -262,7 +262,7 @@ enum Backend<'a> {
     Remote(Box<crate::remote::Remote>),
 }
 
-fn print_error(origin: &str, e: &SessionError) {
+pub(crate) fn print_error(origin: &str, e: &SessionError) {
     if origin == REPL {
         match e.location() {
             Some(l) => eprintln!("[ERROR] {}:{}: {}", l.line, l.column, e.message()),

@@ -165,7 +165,7 @@ impl Remote {
         let stmts = match weir_sql::parse(text) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("{origin}: error: {e}");
+                crate::cli::print_error(origin, &crate::session::SessionError::Sql(e));
                 return EXIT_ERROR;
             }
         };

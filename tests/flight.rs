@@ -850,15 +850,7 @@ async fn malformed_and_oversized_requests_get_a_status_not_a_crash() {
         flight_descriptor: Some(arrow_flight::FlightDescriptor::new_cmd(b"nonsense".to_vec())),
         ..Default::default()
     };
-    let err = match inner.do_put(futures::stream::iter([put])).await {
-        Ok(r) => r
-            .into_inner()
-            .try_collect::<Vec<_>>()
-            .await
-            .map(|_| ())
-            .expect_err("garbage put"),
-        Err(e) => e,
-    };
+    let err = put_error(&mut inner, put).await;
     assert_ne!(err.code(), tonic::Code::Internal, "{err}");
     // Parameters that are not an Arrow stream.
     let cmd = arrow_flight::sql::CommandPreparedStatementQuery {
@@ -870,15 +862,7 @@ async fn malformed_and_oversized_requests_get_a_status_not_a_crash() {
         data_body: vec![5, 6].into(),
         ..Default::default()
     };
-    let err = match inner.do_put(futures::stream::iter([put])).await {
-        Ok(r) => r
-            .into_inner()
-            .try_collect::<Vec<_>>()
-            .await
-            .map(|_| ())
-            .expect_err("bad params"),
-        Err(e) => e,
-    };
+    let err = put_error(&mut inner, put).await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
     // A statement naming what does not exist.
     let err = client
@@ -1195,4 +1179,21 @@ async fn attempt(port: u16, sql: &str) -> Option<FlightInfo> {
         FlightSqlServiceClient::new(c).execute(sql.to_string(), None).await.ok()
     };
     tokio::time::timeout(Duration::from_secs(5), run).await.ok().flatten()
+}
+
+/// The status a DoPut of `message` fails with (at the call or in its
+/// results).
+async fn put_error(
+    inner: &mut arrow_flight::flight_service_client::FlightServiceClient<Channel>,
+    message: arrow_flight::FlightData,
+) -> tonic::Status {
+    match inner.do_put(futures::stream::iter([message])).await {
+        Ok(r) => r
+            .into_inner()
+            .try_collect::<Vec<_>>()
+            .await
+            .map(|_| ())
+            .expect_err("the put fails"),
+        Err(e) => e,
+    }
 }

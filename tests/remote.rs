@@ -47,8 +47,10 @@ fn the_cli_runs_statements_on_a_server() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("<command>:2:1") && stderr.contains("nope"), "{stderr}");
     // A syntax error is found before anything is sent.
-    let out = weir(&["--url", &url, "-c", "SELEC 1;"]);
-    assert_eq!(out.status.code(), Some(1));
+    let out = weir(&["--url", &url, "-c", "SELECT 1;\nSELEC 1;"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("<command>:2:1: error:"), "{stderr}");
     // Nothing listening / a bad URL: a clear error, no panic.
     let out = weir(&[
         "--url",
