@@ -12,6 +12,10 @@ use crate::CatalogError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OptionKind {
     String,
+    /// A file or directory (a `file://` prefix is allowed). Every option
+    /// naming a path is of this kind, so a server's allowed directories
+    /// (`weir serve --allow-dir`) cover it without a list to keep.
+    Path,
     /// A non-negative or bounded integer.
     Int {
         min: i64,
@@ -28,6 +32,7 @@ impl OptionKind {
     fn describe(&self) -> String {
         match self {
             OptionKind::String => "a string".into(),
+            OptionKind::Path => "a file or directory path ('file://' allowed)".into(),
             OptionKind::Int { min, max } if *max == i64::MAX => format!("an integer >= {min}"),
             OptionKind::Int { min, max } => format!("an integer in {min}..={max}"),
             OptionKind::Bool => "'true' or 'false'".into(),
@@ -41,6 +46,7 @@ impl OptionKind {
     pub fn check(&self, value: &str) -> Result<(), String> {
         let ok = match self {
             OptionKind::String => true,
+            OptionKind::Path => !value.trim().is_empty(),
             OptionKind::Int { min, max } => value.trim().parse::<i64>().is_ok_and(|v| v >= *min && v <= *max),
             OptionKind::Bool => parse_bool(value).is_some(),
             OptionKind::Duration => parse_duration(value).is_some(),

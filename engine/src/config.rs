@@ -134,7 +134,7 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("2"),
     OptionSpec::new(
         CHECKPOINT_DIR,
-        OptionKind::String,
+        OptionKind::Path,
         "where checkpoints are written (default: <data-dir>/checkpoints); one directory per job below it",
     ),
     OptionSpec::new(
@@ -165,7 +165,7 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(CHECKPOINT_INCREMENTAL, OptionKind::Bool, "Flink 2.x name of state.backend.incremental"),
     OptionSpec::new(
         RECOVERY_PATH,
-        OptionKind::String,
+        OptionKind::Path,
         "start the job from this checkpoint directory (chk-N) instead of its latest",
     ),
     OptionSpec::new(

@@ -20,7 +20,7 @@ use crate::error::Result;
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         "path",
-        OptionKind::String,
+        OptionKind::Path,
         "a file or directory; 'file://' prefix allowed",
     ),
     OptionSpec::new(
