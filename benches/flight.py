@@ -7,7 +7,11 @@
    500 times (prepare once; each run = DoPut bind + GetFlightInfo + DoGet);
 2. 200 concurrent clients, each its own connection and one query;
 3. live subscription throughput: `SUBSCRIBE TO` an unthrottled Nexmark bid
-   stream, read batch by batch for 10 s: rows/s and MB/s at the client.
+   stream, read batch by batch for 10 s: rows/s and MB/s at the client;
+4. concurrent short bounded queries: 1 and then 50 clients, each on its own
+   connection, run a small aggregate over VALUES for 5 s: queries/s (with
+   one session per connection this scales with cores; under one session
+   lock it stays flat).
 """
 import statistics
 import sys
@@ -81,6 +85,45 @@ def main(uri):
         cur.adbc_cancel()
     print(f"subscription: {rows / secs:,.0f} rows/s, {nbytes / secs / 1e6:.1f} MB/s at the client ({rows:,} rows in {secs:.1f} s)")
     conn.close()
+
+    for n in (1, 50):
+        qps, errs = concurrent_queries(uri, n, 5.0)
+        print(f"short bounded queries, {n} clients: {qps:,.0f} queries/s ({errs} errors)")
+
+
+def concurrent_queries(uri, clients, seconds):
+    """Queries per second from `clients` connections running a short
+    bounded query (planning + execution, no table) for `seconds`."""
+    sql = "SELECT sum(x * 2) AS s, count(*) AS n FROM (VALUES (1), (2), (3), (4)) AS v(x) WHERE x > 1"
+    done, errors = [0] * clients, []
+    conns = [connect(uri) for _ in range(clients)]
+    start = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+
+    def run(i):
+        start.wait()
+        with conns[i].cursor() as cur:
+            while time.perf_counter() < stop_at[0]:
+                try:
+                    cur.execute(sql)
+                    cur.fetch_arrow_table()
+                    done[i] += 1
+                except Exception as e:  # counted, reported
+                    errors.append(repr(e))
+                    return
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
+    for th in threads:
+        th.start()
+    stop_at[0] = time.perf_counter() + seconds
+    t = time.perf_counter()
+    start.wait()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t
+    for c in conns:
+        c.close()
+    return sum(done) / wall, len(errors)
 
 
 if __name__ == "__main__":

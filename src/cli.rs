@@ -36,6 +36,13 @@ pub struct Args {
     #[arg(long, default_value = "weir")]
     pub user: String,
 
+    /// Only files inside these directories (and the data dir) may be named
+    /// by SQL: table paths, checkpoint and recovery paths. Repeatable.
+    /// `weir serve` allows only the data dir unless given; the shell and
+    /// `weir run` are unrestricted unless given.
+    #[arg(long = "allow-dir", global = true)]
+    pub allow_dir: Vec<PathBuf>,
+
     #[command(subcommand)]
     pub sub: Option<Command>,
 }
@@ -62,10 +69,11 @@ pub struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// User name clients authenticate as (when a password is set).
+    /// User name clients authenticate as (with a lone password).
     #[arg(long, default_value = "weir")]
     pub user: String,
-    /// File whose first line is the password (or set WEIR_PASSWORD).
+    /// Users file: `user:role:password` lines (roles admin, user, read),
+    /// or one line with a lone password for --user (or set WEIR_PASSWORD).
     /// Never on the command line: argv is visible to every local user.
     #[arg(long)]
     pub password_file: Option<PathBuf>,
@@ -97,8 +105,7 @@ pub struct ServeArgs {
 impl ServeArgs {
     fn options(&self) -> Result<crate::server::ServerOptions, String> {
         let mut o = crate::server::ServerOptions::new(self.listen);
-        let password = crate::server::load_password(self.password_file.as_deref())?;
-        o.auth = crate::server::Auth::new(password.map(|p| (self.user.clone(), p)));
+        o.auth = crate::server::Auth::new(crate::server::load_users(self.password_file.as_deref(), &self.user)?);
         o.tls = self.tls_cert.clone().zip(self.tls_key.clone());
         o.metrics_listen = self.metrics_listen;
         o.max_connections = self.max_connections.max(1);
@@ -129,6 +136,19 @@ pub enum BenchCommand {
     Alignment(crate::bench::AlignmentArgs),
 }
 
+/// A session on `data_dir`; with `restrict`, SQL may name files only in
+/// the data dir and `allow`.
+fn open_session(data_dir: &std::path::Path, allow: &[PathBuf], restrict: bool) -> Result<Session, String> {
+    if !restrict {
+        return Session::open(data_dir).map_err(|e| e.to_string());
+    }
+    std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let mut dirs = vec![data_dir.to_path_buf()];
+    dirs.extend(allow.iter().cloned());
+    let policy = weir_engine::paths::PathPolicy::allow(&dirs).map_err(|e| format!("--allow-dir: {e}"))?;
+    Session::open_with(data_dir, policy).map_err(|e| e.to_string())
+}
+
 /// Errors in the shell are shown without a file name.
 const REPL: &str = "<repl>";
 
@@ -155,7 +175,9 @@ pub fn main_with(args: Args) -> i32 {
             return rt.block_on(crate::bench::run_alignment(b));
         }
         Some(Command::Serve(serve)) => {
-            let session = match Session::open(&args.data_dir) {
+            // A server's clients name files only inside its data dir and
+            // the directories it was given.
+            let session = match open_session(&args.data_dir, &args.allow_dir, true) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -182,7 +204,7 @@ pub fn main_with(args: Args) -> i32 {
     if let Some(url) = &args.url {
         return remote_main(&rt, &args, url);
     }
-    let mut session = match Session::open(&args.data_dir) {
+    let mut session = match open_session(&args.data_dir, &args.allow_dir, !args.allow_dir.is_empty()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");

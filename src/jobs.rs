@@ -21,9 +21,14 @@ pub struct JobRecord {
     pub name: String,
     pub sql: String,
     pub settings: BTreeMap<String, String>,
+    /// The user who started it (job control is its owner's or an
+    /// admin's); absent in registries written before users existed.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A job known to the session.
+#[derive(Clone)]
 pub struct SessionJob {
     pub record: JobRecord,
     pub metrics: Arc<JobMetrics>,
@@ -219,8 +224,11 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     if let Some((id, path)) = m.checkpoints.restored_from.lock().ok().and_then(|r| r.clone()) {
         rows.push(("restored_from".into(), format!("checkpoint {id} ({path})")));
     }
+    if let Some(owner) = &j.record.owner {
+        rows.push(("owner".into(), owner.clone()));
+    }
     for (k, v) in &j.record.settings {
-        rows.push((format!("option {k}"), v.clone()));
+        rows.push((format!("option {k}"), crate::access::shown(k, v).to_string()));
     }
     for n in &m.nodes {
         use std::sync::atomic::Ordering;

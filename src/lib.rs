@@ -6,6 +6,7 @@
 //! - [`session`]: [`session::Session`]: executes statements against the
 //!   catalog and starts jobs. The REPL, `weir run` and tests all go
 //!   through `Session::execute`.
+//! - [`access`]: users, roles and masked secret options.
 //! - [`display`]: rendering results as text (tableau and `+I[...]` rows).
 //! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts,
 //!   `serve`.
@@ -13,6 +14,7 @@
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
 //! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
 
+pub mod access;
 pub mod bench;
 pub mod cli;
 pub mod display;

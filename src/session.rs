@@ -1,9 +1,11 @@
-//! A session: a data dir's catalog, the `SET` options, and the jobs it
-//! started. One statement at a time through [`Session::execute`].
+//! A session: one client's `SET` options and user, over the catalog and
+//! jobs every session of the process shares ([`Shared`]). One statement at
+//! a time per session through [`Session::execute`]; sessions run
+//! concurrently.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arrow::array::{ArrayRef, BooleanArray, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -14,11 +16,13 @@ use weir_catalog::store::Entry;
 use weir_catalog::{Catalog, ViewDef};
 use weir_engine::ExecError;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
+use weir_engine::paths::PathPolicy;
 use weir_engine::runtime::metrics::JobMetrics;
 use weir_engine::runtime::{JobHandle, deploy};
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
 
+use crate::access::Principal;
 use crate::jobs::{JobRecord, Registry, SessionJob, new_job_id};
 
 /// An error of one statement, with where it happened when known.
@@ -30,6 +34,12 @@ pub enum SessionError {
     Exec(#[from] ExecError),
     #[error("{0}")]
     Catalog(#[from] weir_catalog::CatalogError),
+}
+
+impl From<weir_engine::paths::PathDenied> for SessionError {
+    fn from(e: weir_engine::paths::PathDenied) -> Self {
+        SessionError::Sql(e.into())
+    }
 }
 
 impl SessionError {
@@ -73,22 +83,74 @@ pub enum StatementResult {
     Stream(ResultStream),
 }
 
-pub struct Session {
+/// What every session of a process shares: the data dir's catalog, the
+/// jobs, the planner and the allowed directories. The server opens one
+/// session per client connection over one `Shared`; statements of
+/// different sessions run concurrently (DDL takes the catalog's write lock
+/// only for its own check-and-change).
+pub struct Shared {
     data_dir: PathBuf,
-    catalog: Catalog,
-    settings: BTreeMap<String, String>,
+    catalog: RwLock<Catalog>,
+    jobs: Mutex<JobTable>,
+    /// Where a server keeps the jobs to resubmit when it restarts.
+    registry: OnceLock<Registry>,
+    jobs_view: JobsView,
     planner: Planner,
-    jobs: Vec<JobHandle>,
+    paths: PathPolicy,
+}
+
+/// The jobs of a process: those still owned (running `INSERT`s) and every
+/// job started, oldest first (SHOW JOBS).
+#[derive(Default)]
+struct JobTable {
+    running: Vec<JobHandle>,
+    known: Vec<SessionJob>,
+    /// Job names being deployed (restoring state can take seconds; the
+    /// table is not locked meanwhile, the name is reserved).
+    starting: std::collections::HashSet<String>,
+}
+
+/// A job name reserved while its job is deployed; released when dropped
+/// (deployed, failed, or the statement abandoned).
+struct Reserved<'a> {
+    shared: &'a Shared,
+    name: String,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.shared.jobs().starting.remove(&self.name);
+    }
+}
+
+impl Shared {
+    /// A poisoned lock means a panic elsewhere; the data behind it is
+    /// still consistent (every change is a single assignment or push), so
+    /// it is used rather than failing every later statement.
+    fn catalog(&self) -> RwLockReadGuard<'_, Catalog> {
+        self.catalog.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn catalog_mut(&self) -> RwLockWriteGuard<'_, Catalog> {
+        self.catalog.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn jobs(&self) -> MutexGuard<'_, JobTable> {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One client's session: its `SET` options, who it is, and the job-name
+/// counters of a script, over the [`Shared`] catalog and jobs.
+pub struct Session {
+    shared: Arc<Shared>,
+    settings: BTreeMap<String, String>,
     default_job_name: Option<String>,
     started: usize,
     /// Query jobs started (their names are numbered).
     queries: usize,
     last_outcome: Option<weir_engine::runtime::JobOutcome>,
-    /// Every job this session started, oldest first (SHOW JOBS).
-    known_jobs: Vec<SessionJob>,
-    /// Where a server keeps the jobs to resubmit when it restarts.
-    registry: Option<Registry>,
-    jobs_view: JobsView,
+    principal: Principal,
 }
 
 /// Job metrics by job name, shared with readers outside the session.
@@ -97,33 +159,71 @@ pub type JobsView = Arc<std::sync::Mutex<BTreeMap<String, Arc<JobMetrics>>>>;
 /// Ended jobs SHOW JOBS keeps listing (the oldest are forgotten).
 const ENDED_JOBS_KEPT: usize = 100;
 
+/// The session option that narrows the allowed directories further.
+pub const ALLOWED_DIRECTORIES: &str = "allowed-directories";
+
 impl Session {
-    /// Opens the data dir (created if missing) and its catalog.
+    /// Opens the data dir (created if missing) and its catalog; paths are
+    /// unrestricted.
     pub fn open(data_dir: impl Into<PathBuf>) -> Result<Self, SessionError> {
+        Self::open_with(data_dir, PathPolicy::unrestricted())
+    }
+
+    /// Opens the data dir with the SQL's file paths restricted to `paths`.
+    pub fn open_with(data_dir: impl Into<PathBuf>, paths: PathPolicy) -> Result<Self, SessionError> {
         let data_dir = data_dir.into();
         std::fs::create_dir_all(&data_dir).map_err(|source| weir_catalog::CatalogError::Io {
             path: data_dir.clone(),
             source,
         })?;
         let catalog = Catalog::open(data_dir.join("catalog.json"))?;
-        Ok(Self {
+        let shared = Arc::new(Shared {
             data_dir,
-            catalog,
-            settings: BTreeMap::new(),
+            catalog: RwLock::new(catalog),
+            jobs: Mutex::default(),
+            registry: OnceLock::new(),
+            jobs_view: JobsView::default(),
             planner: Planner::new(),
-            jobs: vec![],
+            paths,
+        });
+        Ok(Self::over(shared, Principal::local()))
+    }
+
+    fn over(shared: Arc<Shared>, principal: Principal) -> Self {
+        Self {
+            shared,
+            settings: BTreeMap::new(),
             default_job_name: None,
             started: 0,
             queries: 0,
             last_outcome: None,
-            known_jobs: vec![],
-            registry: None,
-            jobs_view: JobsView::default(),
-        })
+            principal,
+        }
+    }
+
+    /// A new session (no `SET` options) over the same catalog and jobs,
+    /// for `principal`: the server's session of one connection.
+    pub fn fork(&self, principal: Principal) -> Self {
+        Self::over(self.shared.clone(), principal)
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
+    /// Statements from now on run for `principal` (a connection's user is
+    /// known per request).
+    pub fn set_principal(&mut self, principal: Principal) {
+        self.principal = principal;
     }
 
     pub fn data_dir(&self) -> &Path {
-        &self.data_dir
+        &self.shared.data_dir
+    }
+
+    /// The directories this session's SQL may name (none: unrestricted).
+    pub fn allowed_dirs(&self) -> Vec<PathBuf> {
+        self.shared.paths.dirs().to_vec()
     }
 
     /// The job name used when `pipeline.name` is not set (e.g. the name of
@@ -137,22 +237,18 @@ impl Session {
         self.last_outcome.as_ref()
     }
 
-    /// Jobs started by `INSERT` that are still owned by the session.
+    /// Jobs started by `INSERT` that are still owned (by any session).
     pub fn take_jobs(&mut self) -> Vec<JobHandle> {
-        std::mem::take(&mut self.jobs)
+        std::mem::take(&mut self.shared.jobs().running)
     }
 
-    /// Puts `settings` in place of the session's `SET` options and returns
-    /// the old ones (a server keeps one set per connection).
-    pub fn replace_settings(&mut self, settings: BTreeMap<String, String>) -> BTreeMap<String, String> {
-        std::mem::replace(&mut self.settings, settings)
-    }
-
-    /// Keeps the jobs this session starts in `<data dir>/server/jobs.json`
-    /// so that [`Session::resume_jobs`] of a later session starts them
+    /// Keeps the jobs started from now on in `<data dir>/server/jobs.json`
+    /// so that [`Session::resume_jobs`] of a later process starts them
     /// again (`weir serve`).
     pub fn keep_job_registry(&mut self) -> Result<(), String> {
-        self.registry = Some(Registry::open(&self.data_dir)?);
+        let registry = Registry::open(&self.shared.data_dir)?;
+        // Already set: the same file, nothing to do.
+        let _ = self.shared.registry.set(registry);
         Ok(())
     }
 
@@ -160,12 +256,14 @@ impl Session {
     /// resumes from its latest checkpoint. Returns, per job, its name and
     /// what happened.
     pub async fn resume_jobs(&mut self) -> Vec<(String, Result<StatementResult, SessionError>)> {
-        let Some(registry) = self.registry.clone() else {
+        let Some(registry) = self.shared.registry.get().cloned() else {
             return vec![];
         };
         let mut out = vec![];
         for record in registry.records() {
             let saved = std::mem::replace(&mut self.settings, record.settings.clone());
+            // The job keeps its owner (role checks apply to later control).
+            let saved_principal = std::mem::replace(&mut self.principal, Principal::local());
             let result = match weir_sql::parse(&record.sql) {
                 Ok(stmts) => match stmts.as_slice() {
                     [
@@ -174,7 +272,7 @@ impl Session {
                             ..
                         },
                     ] => {
-                        self.start_insert(table, query, &record.sql, Some(record.id.clone()))
+                        self.start_insert(table, query, &record.sql, Some(record.id.clone()), record.owner.clone())
                             .await
                     }
                     _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
@@ -182,6 +280,7 @@ impl Session {
                 Err(e) => Err(e.into()),
             };
             self.settings = saved;
+            self.principal = saved_principal;
             // A job that cannot start for now (a file or service away)
             // stays and is tried at the next start; one that can never
             // start as written (its table dropped, ...) is forgotten.
@@ -198,27 +297,18 @@ impl Session {
     /// Every job's metrics by name (the newest run of each name), readable
     /// without the session (the metrics endpoint).
     pub fn jobs_view(&self) -> JobsView {
-        self.jobs_view.clone()
+        self.shared.jobs_view.clone()
     }
 
     /// A job by id or name (the newest of that name).
-    fn find_job(&self, key: &str) -> Result<&SessionJob, SessionError> {
-        self.known_jobs
-            .iter()
-            .rev()
-            .find(|j| j.record.id == key || j.record.name == key)
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.known_jobs.iter().map(|j| j.record.name.as_str()).collect();
-                SqlError::not_found(format!(
-                    "no job '{key}' in this session; jobs: {}",
-                    if known.is_empty() {
-                        "none".to_string()
-                    } else {
-                        known.join(", ")
-                    }
-                ))
-                .into()
-            })
+    fn find_job(&self, key: &str) -> Result<SessionJob, SessionError> {
+        find_in(&self.shared.jobs(), key)
+    }
+
+    /// The allowed directories of this session: the process's, narrowed
+    /// by the session's `allowed-directories` option.
+    fn paths(&self) -> Result<PathPolicy, SessionError> {
+        narrowed(&self.shared.paths, &self.settings)
     }
 
     /// Starts the job of `INSERT INTO table query` (`sql` is its text, kept
@@ -229,121 +319,155 @@ impl Session {
         query: &Query,
         sql: &str,
         id: Option<String>,
+        owner: Option<String>,
     ) -> Result<StatementResult, SessionError> {
         let sink = self.sink_table(table)?;
         let config = self.job_config(&format!("insert-into-{table}"))?;
-        if let Some(running) = self
-            .known_jobs
-            .iter()
-            .find(|j| j.record.name == config.name && !j.state().is_terminal())
-        {
-            return Err(SqlError::plan(format!(
-                "job '{}' is already running (id {}); STOP JOB '{}' first, or SET 'pipeline.name' to start another",
-                config.name, running.record.id, config.name
-            ))
-            .into());
-        }
-        let graph = self.planner.plan_insert(&sink, query, &self.catalog, &config)?;
-        let job = deploy(graph, &config, None)?;
-        let name = job.name.clone();
-        let id = id.unwrap_or_else(new_job_id);
-        let resumed_from = job
-            .restored_from
-            .as_ref()
-            .map(|(id, path, _)| (*id, path.display().to_string()));
+        let graph = {
+            let catalog = self.shared.catalog();
+            self.shared.planner.plan_insert(&sink, query, &catalog, &config)?
+        };
         let mut settings = self.settings.clone();
-        settings.insert(PIPELINE_NAME.to_string(), name.clone());
+        settings.insert(PIPELINE_NAME.to_string(), config.name.clone());
         // Where the job started from matters once: a resubmitted job
         // resumes from its own latest checkpoint, never from this again.
         settings.remove(weir_engine::config::RECOVERY_PATH);
-        let record = JobRecord {
-            id: id.clone(),
-            name: name.clone(),
-            sql: sql.to_string(),
-            settings,
-        };
         let sync = self
             .settings
             .get(DML_SYNC)
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        if let Some(r) = &self.registry
-            && !sync
-        {
-            r.add(record.clone());
-            r.forget_when_ended(id.clone(), &job.metrics);
-        }
-        if let Ok(mut view) = self.jobs_view.lock() {
-            view.insert(name.clone(), job.metrics.clone());
-        }
-        self.known_jobs.push(SessionJob {
-            record,
-            metrics: job.metrics.clone(),
-        });
-        let ended = self.known_jobs.iter().filter(|j| j.state().is_terminal()).count();
-        if ended > ENDED_JOBS_KEPT
-            && let Some(oldest) = self.known_jobs.iter().position(|j| j.state().is_terminal())
-        {
-            let gone = self.known_jobs.remove(oldest);
-            if !self.known_jobs.iter().any(|j| j.record.name == gone.record.name)
-                && let Ok(mut view) = self.jobs_view.lock()
+        let owner = owner.or_else(|| Some(self.principal.user.clone()));
+        // The name is checked and reserved under one lock: two clients
+        // starting the same job name at once get one job and one refusal.
+        let _reserved = {
+            let mut jobs = self.shared.jobs();
+            if let Some(running) = jobs
+                .known
+                .iter()
+                .find(|j| j.record.name == config.name && !j.state().is_terminal())
             {
-                view.remove(&gone.record.name);
+                return Err(SqlError::plan(format!(
+                    "job '{}' is already running (id {}); STOP JOB '{}' first, or SET 'pipeline.name' to start another",
+                    config.name, running.record.id, config.name
+                ))
+                .into());
             }
-        }
-        if sync {
+            if !jobs.starting.insert(config.name.clone()) {
+                return Err(SqlError::plan(format!(
+                    "job '{}' is being started by another statement; SET 'pipeline.name' to start another",
+                    config.name
+                ))
+                .into());
+            }
+            Reserved {
+                shared: &self.shared,
+                name: config.name.clone(),
+            }
+        };
+        let job = deploy(graph, &config, None)?;
+        let (job, id, name, resumed_from) = {
+            let mut jobs = self.shared.jobs();
+            let name = job.name.clone();
+            let id = id.unwrap_or_else(new_job_id);
+            let resumed_from = job
+                .restored_from
+                .as_ref()
+                .map(|(id, path, _)| (*id, path.display().to_string()));
+            let record = JobRecord {
+                id: id.clone(),
+                name: name.clone(),
+                sql: sql.to_string(),
+                settings,
+                owner,
+            };
+            if let Some(r) = self.shared.registry.get()
+                && !sync
+            {
+                r.add(record.clone());
+                r.forget_when_ended(id.clone(), &job.metrics);
+            }
+            if let Ok(mut view) = self.shared.jobs_view.lock() {
+                view.insert(name.clone(), job.metrics.clone());
+            }
+            jobs.known.push(SessionJob {
+                record,
+                metrics: job.metrics.clone(),
+            });
+            let ended = jobs.known.iter().filter(|j| j.state().is_terminal()).count();
+            if ended > ENDED_JOBS_KEPT
+                && let Some(oldest) = jobs.known.iter().position(|j| j.state().is_terminal())
+            {
+                let gone = jobs.known.remove(oldest);
+                if !jobs.known.iter().any(|j| j.record.name == gone.record.name)
+                    && let Ok(mut view) = self.shared.jobs_view.lock()
+                {
+                    view.remove(&gone.record.name);
+                }
+            }
+            if sync {
+                (Some(job), id, name, resumed_from)
+            } else {
+                jobs.running.push(job);
+                (None, id, name, resumed_from)
+            }
+        };
+        if let Some(job) = job {
             self.last_outcome = Some(job.wait().await?);
-        } else {
-            self.jobs.push(job);
         }
         Ok(StatementResult::JobStarted { id, name, resumed_from })
     }
 
     /// `STOP JOB`: sources stop, the job drains, takes its final checkpoint
-    /// and ends; waits (up to a minute) for that.
+    /// and ends; waits (up to a minute) for that, holding no lock.
     async fn stop_job(&mut self, key: &str) -> Result<StatementResult, SessionError> {
-        let stopping = self.begin_stop(key)?;
+        let stopping = {
+            let jobs = self.shared.jobs();
+            let job = find_in(&jobs, key)?;
+            self.check_control(&job, "stop")?;
+            let (name, metrics) = (job.record.name.clone(), job.metrics.clone());
+            let state = metrics.lifecycle.state();
+            if state.is_terminal() {
+                return Err(SqlError::plan(format!("job '{name}' is {}; nothing to stop", state.name())).into());
+            }
+            let Some(handle) = jobs.running.iter().find(|j| j.name == name && !j.is_finished()) else {
+                return Err(SqlError::plan(format!("job '{name}' is not running")).into());
+            };
+            handle.stop();
+            Stopping { name, metrics }
+        };
         let result = stopping.finish().await;
-        self.jobs.retain(|j| !j.is_finished());
+        self.shared.jobs().running.retain(|j| !j.is_finished());
         Ok(result)
     }
 
-    /// The first half of `STOP JOB`: asks the job to stop. The wait is
-    /// separate so a server can wait without holding the session.
-    fn begin_stop(&mut self, key: &str) -> Result<Stopping, SessionError> {
-        let job = self.find_job(key)?;
-        let (name, metrics) = (job.record.name.clone(), job.metrics.clone());
-        let state = metrics.lifecycle.state();
-        if state.is_terminal() {
-            return Err(SqlError::plan(format!("job '{name}' is {}; nothing to stop", state.name())).into());
+    /// Only the job's owner or an admin controls a job.
+    fn check_control(&self, job: &SessionJob, verb: &str) -> Result<(), SessionError> {
+        if self.principal.may_control(job.record.owner.as_deref()) {
+            return Ok(());
         }
-        let Some(handle) = self.jobs.iter().find(|j| j.name == name && !j.is_finished()) else {
-            return Err(SqlError::plan(format!("job '{name}' is not running")).into());
-        };
-        handle.stop();
-        Ok(Stopping { name, metrics })
-    }
-
-    /// When `sql` is one `STOP JOB` statement: asks the job to stop and
-    /// returns the wait for it (see [`Session::begin_stop`]).
-    pub fn stop_request(&mut self, sql: &str) -> Option<Result<Stopping, SessionError>> {
-        let stmts = weir_sql::parse(sql).ok()?;
-        let [stmt] = stmts.as_slice() else { return None };
-        let Statement::StopJob(key) = &stmt.statement else {
-            return None;
-        };
-        Some(self.begin_stop(key).map_err(|e| at(e, stmt.location)))
+        Err(SqlError::permission_denied(format!(
+            "permission denied: job '{}' belongs to user '{}'; only its owner or an admin may {verb} it",
+            job.record.name,
+            job.record.owner.as_deref().unwrap_or("?")
+        ))
+        .into())
     }
 
     /// `CANCEL JOB`: ends the job at once, without a final checkpoint.
     async fn cancel_job(&mut self, key: &str) -> Result<StatementResult, SessionError> {
-        let job = self.find_job(key)?;
-        let name = job.record.name.clone();
-        let state = job.state();
-        let pos = self.jobs.iter().position(|j| j.name == name && !j.is_finished());
-        let (false, Some(pos)) = (state.is_terminal(), pos) else {
-            return Err(SqlError::plan(format!("job '{name}' is {}; nothing to cancel", state.name())).into());
+        let (name, handle) = {
+            let mut jobs = self.shared.jobs();
+            let job = find_in(&jobs, key)?;
+            self.check_control(&job, "cancel")?;
+            let name = job.record.name.clone();
+            let state = job.state();
+            let pos = jobs.running.iter().position(|j| j.name == name && !j.is_finished());
+            let (false, Some(pos)) = (state.is_terminal(), pos) else {
+                return Err(SqlError::plan(format!("job '{name}' is {}; nothing to cancel", state.name())).into());
+            };
+            (name, jobs.running.remove(pos))
         };
-        self.jobs.remove(pos).cancel().await?;
+        handle.cancel().await?;
         Ok(StatementResult::Done(format!("job '{name}' canceled")))
     }
 
@@ -359,7 +483,8 @@ impl Session {
         let mut settings = self.settings.clone();
         settings.remove(PIPELINE_NAME);
         settings.remove(weir_engine::config::RECOVERY_PATH);
-        Ok(JobConfig::from_settings(&settings, &name, &self.data_dir)?)
+        let paths = self.paths()?;
+        Ok(JobConfig::from_settings(&settings, &name, &self.shared.data_dir)?.restricted_to(paths, &settings)?)
     }
 
     /// The config of an `INSERT`'s job: `pipeline.name`, or the script's
@@ -379,7 +504,9 @@ impl Session {
                 }
             }
         };
-        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+        let paths = self.paths()?;
+        Ok(JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
+            .restricted_to(paths, &self.settings)?)
     }
 
     /// Parses and executes every statement of `sql`, stopping at the first
@@ -399,12 +526,19 @@ impl Session {
     }
 
     async fn execute_statement(&mut self, stmt: &Statement, text: &str) -> Result<StatementResult, SessionError> {
+        self.principal.authorize(stmt)?;
         match stmt {
             Statement::CreateTable(ct) => {
-                let def = weir_sql::ddl::create_table(ct, &self.planner)?;
+                let def = weir_sql::ddl::create_table(ct, &self.shared.planner)?;
+                // A path outside the allowed directories is refused now,
+                // naming the option (and again whenever a job uses it).
+                weir_engine::connectors::check_table_paths(&def, &self.paths()?)?;
+                // The check and the change under one write lock: concurrent
+                // DDL of the same name cannot both pass the check.
+                let mut catalog = self.shared.catalog_mut();
                 // The catalog outlives the script: re-running a script that
                 // creates the same table again is not an error.
-                if let Some(Entry::Table(existing)) = self.catalog.get(&def.name) {
+                if let Some(Entry::Table(existing)) = catalog.get(&def.name) {
                     if *existing == def {
                         return Ok(StatementResult::Done("table exists, unchanged".into()));
                     }
@@ -416,7 +550,7 @@ impl Session {
                         .into());
                     }
                 }
-                self.catalog.create(Entry::Table(def), ct.if_not_exists)?;
+                catalog.create(Entry::Table(def), ct.if_not_exists)?;
                 Ok(StatementResult::Done("table created".into()))
             }
             Statement::CreateView {
@@ -425,28 +559,30 @@ impl Session {
                 or_replace,
                 query,
             } => {
+                let mut catalog = self.shared.catalog_mut();
                 // Plan it now so a broken view is rejected at CREATE.
-                self.planner.logical_plan(query, &self.catalog)?;
+                self.shared.planner.logical_plan(query, &catalog)?;
                 if *or_replace {
-                    if let Some(Entry::Table(_)) = self.catalog.get(name) {
+                    if let Some(Entry::Table(_)) = catalog.get(name) {
                         return Err(SqlError::plan(format!("'{name}' is a table, not a view")).into());
                     }
-                    self.catalog.drop(name, true)?;
+                    Catalog::drop(&mut catalog, name, true)?;
                 }
                 let view = ViewDef {
                     name: name.clone(),
                     query: query.to_string(),
                 };
-                if let Some(Entry::View(existing)) = self.catalog.get(name)
+                if let Some(Entry::View(existing)) = catalog.get(name)
                     && *existing == view
                 {
                     return Ok(StatementResult::Done("view exists, unchanged".into()));
                 }
-                self.catalog.create(Entry::View(view), *if_not_exists)?;
+                catalog.create(Entry::View(view), *if_not_exists)?;
                 Ok(StatementResult::Done("view created".into()))
             }
             Statement::Drop { name, view, if_exists } => {
-                match (self.catalog.get(name), view) {
+                let mut catalog = self.shared.catalog_mut();
+                match (catalog.get(name), view) {
                     (Some(Entry::Table(_)), true) => {
                         return Err(SqlError::plan(format!("'{name}' is a table; use DROP TABLE")).into());
                     }
@@ -455,7 +591,7 @@ impl Session {
                     }
                     _ => {}
                 }
-                let dropped = self.catalog.drop(name, *if_exists)?;
+                let dropped = Catalog::drop(&mut catalog, name, *if_exists)?;
                 Ok(StatementResult::Done(if dropped {
                     format!("{} dropped", if *view { "view" } else { "table" })
                 } else {
@@ -463,7 +599,7 @@ impl Session {
                 }))
             }
             Statement::ShowTables => {
-                let names: Vec<&str> = self.catalog.entries().map(|(n, _)| n.as_str()).collect();
+                let names: Vec<String> = self.shared.catalog().entries().map(|(n, _)| n.clone()).collect();
                 let schema = Arc::new(Schema::new(vec![Field::new("table name", DataType::Utf8, false)]));
                 let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(names)) as ArrayRef])
                     .map_err(ExecError::from)?;
@@ -473,11 +609,11 @@ impl Session {
             Statement::ShowWatermarks(job) => self.show_watermarks(job),
             Statement::ShowCheckpoints(job) => self.show_checkpoints(job),
             Statement::ShowJobs => {
-                let batch = crate::jobs::show_jobs(self.known_jobs.iter()).map_err(ExecError::from)?;
+                let batch = crate::jobs::show_jobs(self.shared.jobs().known.iter()).map_err(ExecError::from)?;
                 Ok(StatementResult::Rows(batch.schema(), vec![batch]))
             }
             Statement::DescribeJob(key) => {
-                let batch = crate::jobs::describe_job(self.find_job(key)?).map_err(ExecError::from)?;
+                let batch = crate::jobs::describe_job(&self.find_job(key)?).map_err(ExecError::from)?;
                 Ok(StatementResult::Rows(batch.schema(), vec![batch]))
             }
             Statement::StopJob(key) => self.stop_job(key).await,
@@ -488,7 +624,7 @@ impl Session {
                     Field::new("value", DataType::Utf8, false),
                 ]));
                 let keys: Vec<&str> = self.settings.keys().map(String::as_str).collect();
-                let values: Vec<&str> = self.settings.values().map(String::as_str).collect();
+                let values: Vec<&str> = self.settings.iter().map(|(k, v)| crate::access::shown(k, v)).collect();
                 let batch = RecordBatch::try_new(
                     schema.clone(),
                     vec![
@@ -501,26 +637,44 @@ impl Session {
             }
             Statement::Set(Some((k, v))) => {
                 JobConfig::validate_pair(k, v)?;
+                if k == ALLOWED_DIRECTORIES {
+                    let mut next = self.settings.clone();
+                    next.insert(k.clone(), v.clone());
+                    narrowed(&self.shared.paths, &next)?;
+                }
+                if self.shared.paths.is_restricted() {
+                    self.shared.paths.check_options(
+                        &BTreeMap::from([(k.clone(), v.clone())]),
+                        weir_engine::config::JOB_OPTIONS,
+                    )?;
+                }
                 self.settings.insert(k.clone(), v.clone());
                 Ok(StatementResult::Done("option set".into()))
             }
             Statement::Reset(None) => {
-                self.settings.clear();
+                // A session that narrowed its directories keeps them.
+                self.settings.retain(|k, _| k == ALLOWED_DIRECTORIES);
                 Ok(StatementResult::Done("all options reset".into()))
             }
             Statement::Reset(Some(k)) => {
                 JobConfig::check_key(k)?;
+                if k == ALLOWED_DIRECTORIES {
+                    return Err(SqlError::permission_denied(format!(
+                        "permission denied: '{ALLOWED_DIRECTORIES}' can be narrowed again but not reset"
+                    ))
+                    .into());
+                }
                 self.settings.remove(k);
                 Ok(StatementResult::Done("option reset".into()))
             }
             Statement::Explain(inner) => self.explain(inner),
-            Statement::Insert { table, query } => self.start_insert(table, query, text, None).await,
+            Statement::Insert { table, query } => self.start_insert(table, query, text, None, None).await,
             Statement::Query(q) => {
                 let config = self.query_config("select")?;
-                match self.planner.plan_query(q, &self.catalog, &config)? {
+                match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => {
                         let schema = Arc::new(plan.schema().as_arrow().clone());
-                        let rows = self.planner.execute_batch(plan).await?;
+                        let rows = self.shared.planner.execute_batch(plan).await?;
                         Ok(StatementResult::Rows(schema, rows))
                     }
                     QueryPlan::Stream(graph) => {
@@ -537,9 +691,9 @@ impl Session {
             }
             Statement::Subscribe(q) => {
                 let config = self.query_config("subscribe")?;
-                match self.planner.plan_query(q, &self.catalog, &config)? {
+                match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => {
-                        let rows = self.planner.execute_batch(plan).await?;
+                        let rows = self.shared.planner.execute_batch(plan).await?;
                         let rows = rows.iter().map(with_op_column).collect::<Result<Vec<_>, _>>()?;
                         let schema = match rows.first() {
                             Some(b) => b.schema(),
@@ -576,8 +730,15 @@ impl Session {
         }
     }
 
-    fn job_metrics(&self, job: &str) -> Result<&Arc<JobMetrics>, SessionError> {
-        Ok(&self.find_job(job)?.metrics)
+    fn job_metrics(&self, job: &str) -> Result<Arc<JobMetrics>, SessionError> {
+        Ok(self.find_job(job)?.metrics)
+    }
+
+    /// Plans a query under the catalog's read lock (planning is quick and
+    /// never waits).
+    fn plan_query(&self, q: &Query, config: &JobConfig) -> Result<QueryPlan, SessionError> {
+        let catalog = self.shared.catalog();
+        Ok(self.shared.planner.plan_query(q, &catalog, config)?)
     }
 
     /// One row per checkpoint of the job (newest last): id, status, trigger
@@ -644,7 +805,7 @@ impl Session {
             Some(Statement::Query(q) | Statement::Subscribe(q) | Statement::Insert { query: q, .. }) => q,
             _ => return Default::default(),
         };
-        let Ok(plan) = self.planner.logical_plan(query, &self.catalog) else {
+        let Ok(plan) = self.shared.planner.logical_plan(query, &self.shared.catalog()) else {
             return Default::default();
         };
         plan.get_parameter_types()
@@ -654,7 +815,8 @@ impl Session {
 
     /// Tables and views of the catalog: (name, "TABLE" | "VIEW", columns).
     pub fn catalog_entries(&self) -> Vec<(String, &'static str, SchemaRef)> {
-        self.catalog
+        self.shared
+            .catalog()
             .entries()
             .map(|(name, e)| match e {
                 Entry::Table(t) => (name.clone(), "TABLE", t.schema()),
@@ -676,7 +838,7 @@ impl Session {
             Statement::Query(q) => {
                 // Planning only: no job name is used up.
                 let config = self.explain_config("select")?;
-                match self.planner.plan_query(q, &self.catalog, &config)? {
+                match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => Arc::new(plan.schema().as_arrow().clone()),
                     QueryPlan::Stream(graph) => graph
                         .nodes
@@ -688,7 +850,7 @@ impl Session {
             Statement::Insert { .. } => job_row_schema(),
             Statement::Subscribe(q) => {
                 let config = self.explain_config("subscribe")?;
-                match self.planner.plan_query(q, &self.catalog, &config)? {
+                match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => changelog_schema(plan.schema().as_arrow()),
                     QueryPlan::Stream(graph) => graph
                         .nodes
@@ -729,13 +891,13 @@ impl Session {
             })?),
             None => None,
         };
-        let rows = crate::watermarks::rows(metrics, budget, chrono::Utc::now().timestamp_millis());
+        let rows = crate::watermarks::rows(&metrics, budget, chrono::Utc::now().timestamp_millis());
         let batch = crate::watermarks::to_batch(&rows).map_err(ExecError::from)?;
         Ok(StatementResult::Rows(batch.schema(), vec![batch]))
     }
 
     fn sink_table(&self, name: &str) -> Result<weir_catalog::TableDef, SessionError> {
-        match self.catalog.get(name) {
+        match self.shared.catalog().get(name) {
             Some(Entry::Table(t)) => Ok(t.clone()),
             Some(Entry::View(_)) => Err(SqlError::plan(format!("cannot INSERT INTO view '{name}'")).into()),
             None => Err(SqlError::not_found(format!("table '{name}' does not exist")).into()),
@@ -747,11 +909,15 @@ impl Session {
             Statement::Insert { table, query } => {
                 let sink = self.sink_table(table)?;
                 let config = self.explain_config(&format!("insert-into-{table}"))?;
-                (self.planner.plan_insert(&sink, query, &self.catalog, &config)?, config)
+                let graph = self
+                    .shared
+                    .planner
+                    .plan_insert(&sink, query, &self.shared.catalog(), &config)?;
+                (graph, config)
             }
             Statement::Query(q) => {
                 let config = self.explain_config("select")?;
-                match self.planner.plan_query(q, &self.catalog, &config)? {
+                match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => {
                         return Ok(StatementResult::Explain(format!(
                             "Batch query (no table is read):\n{}",
@@ -777,7 +943,8 @@ impl Session {
             .get(PIPELINE_NAME)
             .cloned()
             .unwrap_or_else(|| fallback.to_string());
-        Ok(JobConfig::from_settings(&self.settings, &name, &self.data_dir)?)
+        Ok(JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
+            .restricted_to(self.paths()?, &self.settings)?)
     }
 
     fn describe(&self, name: &str) -> Result<StatementResult, SessionError> {
@@ -788,7 +955,8 @@ impl Session {
             Field::new("extras", DataType::Utf8, true),
             Field::new("watermark", DataType::Utf8, true),
         ]));
-        let (names, types, nulls, extras, wms): DescribeColumns = match self.catalog.get(name) {
+        let catalog = self.shared.catalog();
+        let (names, types, nulls, extras, wms): DescribeColumns = match catalog.get(name) {
             Some(Entry::Table(t)) => {
                 let mut v = (vec![], vec![], vec![], vec![], vec![]);
                 for c in &t.columns {
@@ -816,7 +984,7 @@ impl Session {
                 let Some(Statement::Query(query)) = q.into_iter().next().map(|s| s.statement) else {
                     return Err(SqlError::internal(format!("stored view '{name}' is not a query")).into());
                 };
-                let plan = self.planner.logical_plan(&query, &self.catalog)?;
+                let plan = self.shared.planner.logical_plan(&query, &catalog)?;
                 let mut out = (vec![], vec![], vec![], vec![], vec![]);
                 for f in plan.schema().fields() {
                     out.0.push(f.name().clone());
@@ -852,6 +1020,42 @@ type DescribeColumns = (
     Vec<Option<String>>,
     Vec<Option<String>>,
 );
+
+/// A job of `jobs` by id or name (the newest of that name).
+fn find_in(jobs: &JobTable, key: &str) -> Result<SessionJob, SessionError> {
+    jobs.known
+        .iter()
+        .rev()
+        .find(|j| j.record.id == key || j.record.name == key)
+        .cloned()
+        .ok_or_else(|| {
+            let known: Vec<&str> = jobs.known.iter().map(|j| j.record.name.as_str()).collect();
+            SqlError::not_found(format!(
+                "no job '{key}'; jobs: {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ))
+            .into()
+        })
+}
+
+/// `paths` narrowed by the `allowed-directories` option of `settings`
+/// (comma-separated directories, each inside `paths`).
+fn narrowed(paths: &PathPolicy, settings: &BTreeMap<String, String>) -> Result<PathPolicy, SessionError> {
+    let Some(list) = settings.get(ALLOWED_DIRECTORIES) else {
+        return Ok(paths.clone());
+    };
+    let dirs: Vec<PathBuf> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    Ok(paths.narrow(ALLOWED_DIRECTORIES, &dirs)?)
+}
 
 /// Gives an error without a position the statement's position.
 fn at(e: SessionError, location: Location) -> SessionError {

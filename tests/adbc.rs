@@ -2,7 +2,8 @@
 //! driver (Go, through Python's DB-API) runs `tests/adbc/weir_adbc_test.py`
 //! (DDL, a detached job, SHOW JOBS, a prepared query with parameters,
 //! metadata through `adbc_get_objects`, a live subscription read and
-//! cancelled, STOP JOB). Its venv comes from `scripts/adbc-venv.sh`, which
+//! cancelled, STOP JOB, and statements whose results are never read
+//! taking effect exactly once). Its venv comes from `scripts/adbc-venv.sh`, which
 //! `scripts/setup.sh` runs.
 
 mod common;
@@ -32,7 +33,11 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
         python.display()
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_server, port) = common::serve(&dir.path().join("data"));
+    // The sink is beside the data dir: allowed explicitly.
+    let (_server, port) = common::serve_with(
+        &dir.path().join("data"),
+        &["--allow-dir", &dir.path().display().to_string()],
+    );
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc/weir_adbc_test.py");
     let mut client = common::Killed(
         Command::new(&python)
@@ -64,7 +69,7 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
     }
     assert!(status.success(), "ADBC client failed ({status}):\n{out}\n{err}");
     assert!(
-        out.contains("adbc: 7 passed, 0 failed"),
+        out.contains("adbc: 8 passed, 0 failed"),
         "every step ran:\n{out}\n{err}"
     );
 }

@@ -128,7 +128,12 @@ impl Options {
                 })?;
             spec.kind.check(value).map_err(|message| CatalogError::InvalidOption {
                 key: key.clone(),
-                message,
+                // A secret's value is never echoed.
+                message: if is_secret_key(key) {
+                    format!("invalid value '{MASK}', expected {}", spec.kind.describe())
+                } else {
+                    message
+                },
             })?;
         }
         Ok(Self {
@@ -162,7 +167,7 @@ impl Options {
             None => Ok(None),
             Some(v) => parse(v).map(Some).ok_or_else(|| CatalogError::InvalidOption {
                 key: key.to_string(),
-                message: format!("invalid value '{v}'"),
+                message: format!("invalid value '{}'", shown(key, v)),
             }),
         }
     }
@@ -195,6 +200,23 @@ impl Options {
             .filter(move |k| k.starts_with(prefix))
             .map(String::as_str)
     }
+}
+
+/// Option keys whose values are secrets (Flink masks the same ones): such
+/// values are never shown in listings, errors or logs.
+pub fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "sasl.jaas.config", "token"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+/// What is shown in place of a secret.
+pub const MASK: &str = "******";
+
+/// `value`, or the mask when `key` names a secret.
+pub fn shown<'a>(key: &str, value: &'a str) -> &'a str {
+    if is_secret_key(key) { MASK } else { value }
 }
 
 pub fn parse_bool(v: &str) -> Option<bool> {

@@ -53,6 +53,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("128"),
     OptionSpec::new(
+        "allowed-directories",
+        OptionKind::String,
+        "narrows where this session's SQL may read and write files: comma-separated directories, \
+         each inside the allowed ones (weir serve --allow-dir)",
+    ),
+    OptionSpec::new(
         PIPELINE_NAME,
         OptionKind::String,
         "the job's name and identity (default: derived from the file or statement)",
@@ -221,6 +227,9 @@ pub struct JobConfig {
     pub restart: RestartStrategy,
     /// `execution.state-recovery.path`.
     pub recovery_path: Option<PathBuf>,
+    /// Where the job's SQL may make Weir read and write files (checked for
+    /// every path option of the job and of its tables).
+    pub paths: crate::paths::PathPolicy,
 }
 
 impl JobConfig {
@@ -271,7 +280,7 @@ impl JobConfig {
             None => None,
             Some(interval) => {
                 let base = match o.get(CHECKPOINT_DIR) {
-                    Some(d) => PathBuf::from(d),
+                    Some(d) => local_path(d),
                     None => data_dir.join("checkpoints"),
                 };
                 let incremental = match (o.bool(STATE_INCREMENTAL)?, o.bool(CHECKPOINT_INCREMENTAL)?) {
@@ -323,7 +332,8 @@ impl JobConfig {
         Ok(Self {
             checkpointing,
             restart,
-            recovery_path: o.get(RECOVERY_PATH).map(PathBuf::from),
+            recovery_path: o.get(RECOVERY_PATH).map(local_path),
+            paths: crate::paths::PathPolicy::unrestricted(),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,
             parallelism,
@@ -337,6 +347,32 @@ impl JobConfig {
             allow_unaligned_source_splits: o.bool(ALLOW_UNALIGNED_SPLITS)?.unwrap_or(false),
             alignment_spread_alert_ms: o.duration(ALIGNMENT_SPREAD_ALERT)?.map_or(0, |d| d.as_millis() as i64),
         })
+    }
+}
+
+/// A path option's value as a path (Flink's `file:///...` accepted).
+fn local_path(value: &str) -> PathBuf {
+    let v = value.trim();
+    match v.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("file://") => PathBuf::from(&v[7..]),
+        _ => PathBuf::from(v),
+    }
+}
+
+impl JobConfig {
+    /// Restricts the job to `policy`: every path option in `settings` (the
+    /// job's `SET` options) and the checkpoint directory must be allowed.
+    pub fn restricted_to(
+        mut self,
+        policy: crate::paths::PathPolicy,
+        settings: &BTreeMap<String, String>,
+    ) -> std::result::Result<Self, crate::paths::PathDenied> {
+        policy.check_options(settings, JOB_OPTIONS)?;
+        if let Some(c) = &self.checkpointing {
+            policy.check(CHECKPOINT_DIR, &c.root.to_string_lossy())?;
+        }
+        self.paths = policy;
+        Ok(self)
     }
 }
 

@@ -27,6 +27,9 @@ pub enum ConnectorError {
     Data { location: String, message: String },
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
+    /// A path outside the allowed directories (the user's request).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 #[derive(Debug, thiserror::Error)]

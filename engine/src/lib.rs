@@ -29,6 +29,7 @@ pub mod failpoint;
 pub mod keygroup;
 pub mod message;
 pub mod operators;
+pub mod paths;
 pub mod plan;
 pub mod runtime;
 pub mod state;

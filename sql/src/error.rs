@@ -27,6 +27,8 @@ pub enum ErrorKind {
     Unsupported,
     /// A bad option or catalog operation.
     Catalog,
+    /// Not allowed to this user or outside the allowed directories.
+    PermissionDenied,
     /// A failure while running: a file, a connector, state storage.
     Runtime,
     /// A bug of ours.
@@ -59,6 +61,10 @@ impl SqlError {
 
     pub fn unsupported(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unsupported, message)
+    }
+
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -153,6 +159,7 @@ impl From<weir_engine::ExecError> for SqlError {
     fn from(e: weir_engine::ExecError) -> Self {
         use weir_engine::ExecError as E;
         let kind = match e {
+            E::Connector(weir_engine::error::ConnectorError::PermissionDenied(_)) => ErrorKind::PermissionDenied,
             E::Internal(_) | E::Cancelled => ErrorKind::Internal,
             E::Config(_) | E::Catalog(_) | E::DataFusion(_) => ErrorKind::Catalog,
             _ => ErrorKind::Runtime,
@@ -162,3 +169,9 @@ impl From<weir_engine::ExecError> for SqlError {
 }
 
 pub type Result<T, E = SqlError> = std::result::Result<T, E>;
+
+impl From<weir_engine::paths::PathDenied> for SqlError {
+    fn from(e: weir_engine::paths::PathDenied) -> Self {
+        SqlError::permission_denied(format!("permission denied: {e}"))
+    }
+}

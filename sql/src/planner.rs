@@ -483,7 +483,7 @@ impl<'a> GraphBuilder<'a> {
         }
         let mut narrowed = def.clone();
         narrowed.columns.retain(|c| needed.contains(&c.name));
-        let factory = weir_engine::connectors::create_source(&narrowed)?;
+        let factory = weir_engine::connectors::create_source(&narrowed, &self.config.paths)?;
         let full_schema = narrowed.schema();
         let physical_schema = narrowed.physical_schema();
         let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;
@@ -633,7 +633,7 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn add_sink(&mut self, last: NodeId, sink: &TableDef) -> Result<NodeId> {
-        let factory = weir_engine::connectors::create_sink(sink)?;
+        let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
         let target = sink.physical_schema();
         let have = self.nodes[last].schema.clone();
         if have.fields().len() != target.fields().len() {

@@ -3,7 +3,13 @@
 //! a Bearer token back (in the response header and the handshake
 //! payload); every other call carries `authorization: Bearer <token>` (a
 //! call with valid Basic credentials is accepted too). Without a password
-//! the server is open (meant for loopback).
+//! the server is open (meant for loopback) and every client is the local
+//! admin.
+//!
+//! Several users come from a users file: one `user:role:password` per
+//! line (roles `admin`, `user`, `read`; `#` comments). A file of one line
+//! without `:` is a lone password for `--user` (an admin). The interceptor
+//! puts the caller's [`Principal`] in the request's extensions.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +20,8 @@ use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
+
+use crate::access::{Principal, Role};
 
 /// The Go ADBC driver sends Basic credentials without base64 padding.
 const LENIENT: GeneralPurpose = GeneralPurpose::new(
@@ -28,26 +36,38 @@ const TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600)
 /// again on UNAUTHENTICATED).
 const MAX_TOKENS: usize = 10_000;
 
-/// Token -> when it was issued; and the tokens oldest first.
-type Tokens = (HashMap<String, Instant>, std::collections::VecDeque<String>);
+/// Token -> (last used, whose); and the tokens oldest first.
+type Tokens = (
+    HashMap<String, (Instant, Principal)>,
+    std::collections::VecDeque<String>,
+);
+
+/// One user of a users file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    pub password: String,
+    pub role: Role,
+}
 
 #[derive(Clone)]
 pub struct Auth {
-    credentials: Option<Arc<(String, String)>>,
+    /// Empty: an open server.
+    users: Arc<Vec<User>>,
     tokens: Arc<Mutex<Tokens>>,
 }
 
 impl Auth {
-    /// `credentials`: (user, password), or `None` for an open server.
-    pub fn new(credentials: Option<(String, String)>) -> Self {
+    /// `users`: who may connect; none for an open server.
+    pub fn new(users: Vec<User>) -> Self {
         Self {
-            credentials: credentials.map(Arc::new),
+            users: Arc::new(users),
             tokens: Arc::default(),
         }
     }
 
     pub fn enabled(&self) -> bool {
-        self.credentials.is_some()
+        !self.users.is_empty()
     }
 
     /// Checks `authorization: Basic ...` and answers with a new token.
@@ -57,10 +77,10 @@ impl Auth {
         }
         match header(metadata)? {
             Some(h) if scheme(&h, "Basic ").is_some() => {
-                self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
+                let principal = self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
                 let token = secret_token()?;
                 if let Ok(mut t) = self.tokens.lock() {
-                    t.0.insert(token.clone(), Instant::now());
+                    t.0.insert(token.clone(), (Instant::now(), principal));
                     t.1.push_back(token.clone());
                     while t.1.len() > MAX_TOKENS {
                         if let Some(old) = t.1.pop_front() {
@@ -76,40 +96,39 @@ impl Auth {
         }
     }
 
-    /// The interceptor every call goes through.
-    pub fn check(&self, request: Request<()>) -> Result<Request<()>, Status> {
+    /// The interceptor every call goes through: it puts the caller's
+    /// [`Principal`] in the request's extensions.
+    pub fn check(&self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if !self.enabled() {
+            request.extensions_mut().insert(Principal::local());
             return Ok(request);
         }
-        match header(request.metadata())? {
+        let principal = match header(request.metadata())? {
             Some(h) if scheme(&h, "Bearer ").is_some() => {
                 let token = scheme(&h, "Bearer ").unwrap_or_default().trim();
                 // Expires after a day unused (drivers keep their token
                 // for the connection's life).
-                let fresh = self.tokens.lock().ok().is_some_and(|mut t| match t.0.get_mut(token) {
-                    Some(last) if last.elapsed() < TOKEN_TTL => {
+                let fresh = self.tokens.lock().ok().and_then(|mut t| match t.0.get_mut(token) {
+                    Some((last, who)) if last.elapsed() < TOKEN_TTL => {
                         *last = Instant::now();
-                        true
+                        Some(who.clone())
                     }
-                    _ => false,
+                    _ => None,
                 });
-                if fresh {
-                    Ok(request)
-                } else {
-                    Err(Status::unauthenticated("unknown or expired token; handshake again"))
-                }
+                fresh.ok_or_else(|| Status::unauthenticated("unknown or expired token; handshake again"))?
             }
-            Some(h) if scheme(&h, "Basic ").is_some() => {
-                self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?;
-                Ok(request)
+            Some(h) if scheme(&h, "Basic ").is_some() => self.check_basic(scheme(&h, "Basic ").unwrap_or_default())?,
+            _ => {
+                return Err(Status::unauthenticated(
+                    "this server needs a password: handshake with Basic credentials, then send the Bearer token",
+                ));
             }
-            _ => Err(Status::unauthenticated(
-                "this server needs a password: handshake with Basic credentials, then send the Bearer token",
-            )),
-        }
+        };
+        request.extensions_mut().insert(principal);
+        Ok(request)
     }
 
-    fn check_basic(&self, encoded: &str) -> Result<(), Status> {
+    fn check_basic(&self, encoded: &str) -> Result<Principal, Status> {
         let bad = || Status::unauthenticated("invalid user or password");
         let decoded = LENIENT
             .decode(encoded.trim())
@@ -117,10 +136,17 @@ impl Auth {
             .map_err(|_| Status::unauthenticated("Basic credentials are not base64"))?;
         let text = String::from_utf8(decoded).map_err(|_| bad())?;
         let (user, password) = text.split_once(':').ok_or_else(bad)?;
-        match &self.credentials {
-            Some(c) if constant_time_eq(user, &c.0) & constant_time_eq(password, &c.1) => Ok(()),
-            _ => Err(bad()),
+        // Every entry is compared (no early exit on the user name).
+        let mut found = None;
+        for u in self.users.iter() {
+            if constant_time_eq(user, &u.name) & constant_time_eq(password, &u.password) {
+                found = Some(Principal {
+                    user: u.name.clone(),
+                    role: u.role,
+                });
+            }
         }
+        found.ok_or_else(bad)
     }
 }
 
@@ -156,18 +182,89 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// The password from `WEIR_PASSWORD`, or else from the first line of the
-/// file named by `password_file` (never from the command line).
-pub fn load_password(password_file: Option<&std::path::Path>) -> Result<Option<String>, String> {
+/// The users of the server: `WEIR_PASSWORD` (one admin, `user`), or the
+/// file named by `password_file` (never the command line): either
+/// `user:role:password` lines, or one line holding a lone password for
+/// `user` (an admin). Errors name the file and line.
+pub fn load_users(password_file: Option<&std::path::Path>, user: &str) -> Result<Vec<User>, String> {
+    let admin = |password: &str| User {
+        name: user.to_string(),
+        password: password.to_string(),
+        role: Role::Admin,
+    };
     if let Ok(p) = std::env::var("WEIR_PASSWORD")
         && !p.is_empty()
     {
-        return Ok(Some(p));
+        return Ok(vec![admin(&p)]);
     }
-    let Some(path) = password_file else { return Ok(None) };
+    let Some(path) = password_file else { return Ok(vec![]) };
     let text = std::fs::read_to_string(path).map_err(|e| format!("--password-file {}: {e}", path.display()))?;
-    match text.lines().next().map(str::trim) {
-        Some(p) if !p.is_empty() => Ok(Some(p.to_string())),
-        _ => Err(format!("--password-file {}: the first line is empty", path.display())),
+    parse_users(&text, user).map_err(|e| format!("--password-file {}: {e}", path.display()))
+}
+
+fn parse_users(text: &str, user: &str) -> Result<Vec<User>, String> {
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    match lines.as_slice() {
+        [] => return Err("no password in the file".into()),
+        [(_, only)] if !only.contains(':') => {
+            return Ok(vec![User {
+                name: user.to_string(),
+                password: only.to_string(),
+                role: Role::Admin,
+            }]);
+        }
+        _ => {}
+    }
+    let mut users: Vec<User> = vec![];
+    for (n, line) in lines {
+        let mut parts = line.splitn(3, ':');
+        let (Some(name), Some(role), Some(password)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("line {n}: expected 'user:role:password'"));
+        };
+        let role =
+            Role::parse(role).ok_or_else(|| format!("line {n}: role '{role}' is not one of admin, user, read"))?;
+        if name.is_empty() || password.is_empty() {
+            return Err(format!("line {n}: the user name and the password must not be empty"));
+        }
+        if users.iter().any(|u| u.name == name) {
+            return Err(format!("line {n}: user '{name}' appears twice"));
+        }
+        users.push(User {
+            name: name.to_string(),
+            password: password.to_string(),
+            role,
+        });
+    }
+    Ok(users)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_files() {
+        let users = parse_users("# team\nalice:admin:a:b\nbob:read:pw\n", "weir").expect("users");
+        assert_eq!(users.len(), 2);
+        assert_eq!(users[0].password, "a:b");
+        assert_eq!(users[1].role, Role::Read);
+        let lone = parse_users("s3cret\n", "weir").expect("lone");
+        assert_eq!((lone[0].name.as_str(), lone[0].role), ("weir", Role::Admin));
+        assert!(
+            parse_users("alice:writer:pw", "weir")
+                .expect_err("role")
+                .contains("line 1")
+        );
+        assert!(parse_users("", "weir").is_err());
+        assert!(
+            parse_users("a:read:x\na:admin:y", "weir")
+                .expect_err("twice")
+                .contains("line 2")
+        );
     }
 }

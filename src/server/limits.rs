@@ -2,7 +2,7 @@
 //! connections that got a permit; one over the cap is closed at once and
 //! logged (the client sees UNAVAILABLE and may retry).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,9 +13,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
-/// `SET` options per client connection (by connection id): an entry from
-/// the connection's accept to its close.
-pub type ConnectionSettings = Arc<std::sync::Mutex<HashMap<u64, BTreeMap<String, String>>>>;
+use crate::session::Session;
+
+/// The session of each client connection (by connection id): an entry
+/// from the connection's accept to its close, filled at its first
+/// statement.
+pub type ConnectionSessions = Arc<std::sync::Mutex<HashMap<u64, Option<Arc<tokio::sync::Mutex<Session>>>>>>;
 
 /// What a request knows about its connection.
 #[derive(Debug, Clone, Copy)]
@@ -38,12 +41,12 @@ impl ConnInfo {
 static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A connection holding one of the cap's permits until it closes; its
-/// `SET` options are forgotten then.
+/// session (`SET` options) is forgotten then.
 pub struct Limited {
     inner: TcpStream,
     _permit: OwnedSemaphorePermit,
     info: ConnInfo,
-    settings: ConnectionSettings,
+    settings: ConnectionSessions,
     /// Until the client has sent its first bytes (the HTTP/2 preface, or a
     /// TLS hello): a connection that does not is closed when this fires,
     /// so silent connections cannot hold every permit.
@@ -130,7 +133,7 @@ pub fn incoming(
     listener: TcpListener,
     permits: Arc<Semaphore>,
     max: usize,
-    settings: ConnectionSettings,
+    settings: ConnectionSessions,
 ) -> impl Stream<Item = std::io::Result<Limited>> {
     futures::stream::unfold((listener, permits), move |(listener, permits)| {
         let settings = settings.clone();
@@ -151,7 +154,7 @@ pub fn incoming(
                                 received: 0,
                             };
                             if let Ok(mut s) = conn.settings.lock() {
-                                s.insert(conn.info.id, BTreeMap::new());
+                                s.insert(conn.info.id, None);
                             }
                             return Some((Ok(conn), (listener, permits)));
                         }

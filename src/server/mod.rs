@@ -1,5 +1,7 @@
-//! `weir serve`: an Arrow Flight SQL server over one [`Session`] that owns
-//! the catalog and the jobs, for ADBC/JDBC clients.
+//! `weir serve`: an Arrow Flight SQL server for ADBC/JDBC clients. Each
+//! client connection has a [`Session`] of its own (its `SET` options, its
+//! user) over the catalog and jobs all sessions share, so connections run
+//! statements concurrently.
 //!
 //! Statement classes (what a client sees for `execute`):
 //! - a query: its rows, streamed; a query over unbounded input streams
@@ -8,8 +10,13 @@
 //!   the job keeps running after the client leaves;
 //! - DDL, `SET`: no rows.
 //!
-//! The SQL travels in the ticket: `GetFlightInfo` plans the statement
-//! (nothing runs) to answer with its schema, `DoGet` runs it. Prepared
+//! Statements with effects (DDL, `SET`, `INSERT`, job control) run when the
+//! client submits them (`GetFlightInfo`, `DoPut`), exactly once, whether or
+//! not the client ever reads the result: drivers fetch results in the
+//! background and may close a reader unread when the next statement
+//! starts. Their result waits in a table for the `DoGet` of its ticket.
+//! Queries stay lazy: `GetFlightInfo` plans (nothing runs) to answer with
+//! the schema, the SQL travels in the ticket and `DoGet` runs it. Prepared
 //! statements are planned at prepare (result schema, nothing runs), take
 //! parameters by `DoPut`, and hand out the bound SQL in the same kind of
 //! ticket. Metadata calls (`GetSqlInfo`, catalogs, schemas, tables, table
@@ -24,8 +31,9 @@ mod auth;
 mod limits;
 pub mod metrics;
 mod params;
+mod results;
 
-pub use auth::{Auth, load_password};
+pub use auth::{Auth, User, load_users};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -57,6 +65,7 @@ use prost::Message;
 use tokio::sync::{Mutex, Semaphore, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{Principal, Role};
 use crate::session::{Session, SessionError, StatementResult, job_row_schema};
 
 /// Catalog and schema every table is listed under.
@@ -125,7 +134,7 @@ impl ServerOptions {
     pub fn new(listen: SocketAddr) -> Self {
         Self {
             listen,
-            auth: Auth::new(None),
+            auth: Auth::new(vec![]),
             tls: None,
             metrics_listen: None,
             max_connections: 1024,
@@ -151,27 +160,32 @@ struct Prepared {
 const PREPARED_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 pub struct WeirFlightSql {
-    session: Arc<Mutex<Session>>,
+    /// The session new connections' sessions are forked from (never runs a
+    /// statement itself).
+    base: std::sync::Mutex<Session>,
     options: ServerOptions,
     prepared: std::sync::Mutex<HashMap<Vec<u8>, Prepared>>,
     streams: Arc<Semaphore>,
     /// Set when the server shuts down: live queries end.
     shutdown: Arc<tokio::sync::watch::Sender<bool>>,
-    /// Each connection's `SET` options.
-    settings: limits::ConnectionSettings,
+    /// Each connection's session.
+    sessions: limits::ConnectionSessions,
+    /// Results of statements run at submission, until their DoGet.
+    results: results::Results,
     pub stats: Arc<metrics::ServerStats>,
 }
 
 impl WeirFlightSql {
     pub fn new(session: Session, options: ServerOptions) -> Self {
         Self {
-            session: Arc::new(Mutex::new(session)),
+            base: std::sync::Mutex::new(session),
             streams: Arc::new(Semaphore::new(options.max_streams)),
             stats: Arc::new(metrics::ServerStats::new(options.max_streams, options.max_connections)),
             options,
             prepared: Default::default(),
             shutdown: Arc::new(tokio::sync::watch::Sender::new(false)),
-            settings: Default::default(),
+            sessions: Default::default(),
+            results: Default::default(),
         }
     }
 
@@ -211,41 +225,108 @@ impl WeirFlightSql {
         })?
     }
 
-    /// Runs `f` on the session with the connection's own `SET` options in
-    /// place (a client's SET is not another client's).
-    async fn in_session<R>(&self, conn: Option<u64>, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
-        let mut session = self.session.lock().await;
+    /// A new session over the shared catalog and jobs.
+    fn fork(&self, principal: Principal) -> Session {
+        self.base.lock().unwrap_or_else(|e| e.into_inner()).fork(principal)
+    }
+
+    /// The session of connection `conn` (created at its first statement).
+    fn session_for(&self, conn: Option<u64>) -> Arc<Mutex<Session>> {
+        let fresh = || Arc::new(Mutex::new(self.fork(Principal::local())));
         let Some(conn) = conn else {
-            return f(&mut session).await;
+            // No connection info (a service not behind our listener).
+            return fresh();
         };
-        let mine = self
-            .settings
-            .lock()
-            .ok()
-            .and_then(|s| s.get(&conn).cloned())
-            .unwrap_or_default();
-        let shared = session.replace_settings(mine);
-        // Put back even if the client goes away mid-statement (this future
-        // is then dropped).
-        let mut swapped = Swapped {
-            session,
-            shared: Some(shared),
-            conn,
-            settings: &self.settings,
+        let mut all = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        match all.get_mut(&conn) {
+            Some(slot) => slot.get_or_insert_with(fresh).clone(),
+            // The connection closed while this request was on its way: a
+            // session of its own, forgotten with the request.
+            None => fresh(),
+        }
+    }
+
+    /// Runs `f` on the session of the request's connection, as the
+    /// request's user. Statements of one connection run one at a time;
+    /// different connections run concurrently.
+    async fn in_session<R>(&self, caller: &Caller, f: impl AsyncFnOnce(&mut Session) -> R) -> R {
+        let session = self.session_for(caller.conn);
+        let mut session = session.lock().await;
+        session.set_principal(caller.principal.clone());
+        f(&mut session).await
+    }
+
+    /// Who sent `request`, on which connection. Without a principal from
+    /// the interceptor (none installed) a password-protected server trusts
+    /// nobody: the caller may only read.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        let principal = request.extensions().get::<Principal>().cloned().unwrap_or_else(|| {
+            if self.options.auth.enabled() {
+                Principal {
+                    user: "anonymous".into(),
+                    role: Role::Read,
+                }
+            } else {
+                Principal::local()
+            }
+        });
+        Caller {
+            conn: conn_id(request),
+            principal,
+        }
+    }
+
+    /// `GetFlightInfo` of a statement: a query is planned (nothing runs)
+    /// and its SQL is the ticket; anything with effects runs now and its
+    /// result waits for the ticket's `DoGet`.
+    async fn submit(&self, sql: String, caller: &Caller, descriptor: FlightDescriptor) -> Result<FlightInfo, Status> {
+        if sql.len() > self.options.max_request_bytes {
+            return Err(too_long(sql.len(), self.options.max_request_bytes));
+        }
+        let stmts = weir_sql::parse(&sql).map_err(|e| status(e.into()))?;
+        let [only] = stmts.as_slice() else {
+            return Err(Status::invalid_argument(format!(
+                "expected one statement, found {} (send them one at a time)",
+                stmts.len()
+            )));
         };
-        f(&mut swapped.session).await
+        if crate::access::is_read_only(&only.statement) {
+            let schema = self
+                .in_session(caller, async |s| s.result_schema(&sql).await)
+                .await
+                .map_err(status)?;
+            let ticket = TicketStatementQuery {
+                statement_handle: sql.into_bytes().into(),
+            };
+            return info_for(&schema, ticket.as_any().encode_to_vec(), descriptor);
+        }
+        let result = self.execute(&sql, caller).await?;
+        let schema = results::schema_of(&result);
+        let handle = self.results.keep(result)?;
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into(),
+        };
+        info_for(&schema, ticket.as_any().encode_to_vec(), descriptor)
     }
 
     /// Runs `sql` and streams its result; a live query goes through the
     /// client's bounded queue.
-    async fn run_statement(&self, sql: &str, conn: Option<u64>) -> Result<DoGetStream, Status> {
+    async fn run_statement(&self, handle: &[u8], caller: &Caller) -> Result<DoGetStream, Status> {
         let permit = self.streams.clone().try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "{} result streams are open (the server's --max-streams); close one and retry",
                 self.options.max_streams
             ))
         })?;
-        let stream = match self.execute(sql, conn).await? {
+        let result = match self.results.take(handle) {
+            Some(result) => result?,
+            None => {
+                let sql = String::from_utf8(handle.to_vec())
+                    .map_err(|_| Status::invalid_argument("the ticket does not hold UTF-8 SQL"))?;
+                self.execute(&sql, caller).await?
+            }
+        };
+        let stream = match result {
             StatementResult::Stream(rs) => self.subscribe(rs),
             other => answer(other)?,
         };
@@ -257,23 +338,13 @@ impl WeirFlightSql {
     }
 
     /// Runs `sql` and returns its (last) result. A live query that is not
-    /// the last statement is stopped (nobody reads it). `STOP JOB` waits
-    /// for the job to drain without holding the session, so other clients
-    /// go on meanwhile.
-    async fn execute(&self, sql: &str, conn: Option<u64>) -> Result<StatementResult, Status> {
+    /// the last statement is stopped (nobody reads it).
+    async fn execute(&self, sql: &str, caller: &Caller) -> Result<StatementResult, Status> {
         if sql.len() > self.options.max_request_bytes {
-            return Err(Status::invalid_argument(format!(
-                "the statement is {} bytes; at most {} (--max-request-bytes)",
-                sql.len(),
-                self.options.max_request_bytes
-            )));
-        }
-        let stopping = self.session.lock().await.stop_request(sql);
-        if let Some(stopping) = stopping {
-            return Ok(stopping.map_err(status)?.finish().await);
+            return Err(too_long(sql.len(), self.options.max_request_bytes));
         }
         let mut results = self
-            .in_session(conn, async |s| s.execute_sql(sql).await)
+            .in_session(caller, async |s| s.execute_sql(sql).await)
             .await
             .map_err(status)?;
         let last = results
@@ -368,28 +439,16 @@ impl WeirFlightSql {
     }
 }
 
-/// The session with a connection's options swapped in; dropping it swaps
-/// them back out.
-struct Swapped<'a> {
-    session: tokio::sync::MutexGuard<'a, Session>,
-    shared: Option<std::collections::BTreeMap<String, String>>,
-    conn: u64,
-    settings: &'a limits::ConnectionSettings,
+/// Who sent a request, and on which connection.
+struct Caller {
+    conn: Option<u64>,
+    principal: Principal,
 }
 
-impl Drop for Swapped<'_> {
-    fn drop(&mut self) {
-        if let Some(shared) = self.shared.take() {
-            let mine = self.session.replace_settings(shared);
-            // Only while the connection is open: a closed one's entry is
-            // gone and stays gone.
-            if let Ok(mut s) = self.settings.lock()
-                && let Some(entry) = s.get_mut(&self.conn)
-            {
-                *entry = mine;
-            }
-        }
-    }
+fn too_long(len: usize, max: usize) -> Status {
+    Status::invalid_argument(format!(
+        "the statement is {len} bytes; at most {max} (--max-request-bytes)"
+    ))
 }
 
 /// The id of the connection a request came on.
@@ -423,6 +482,7 @@ fn status(e: SessionError) -> Status {
     match kind {
         ErrorKind::Parse | ErrorKind::Plan | ErrorKind::Catalog => Status::invalid_argument(msg),
         ErrorKind::NotFound => Status::not_found(msg),
+        ErrorKind::PermissionDenied => Status::permission_denied(msg),
         ErrorKind::Unsupported => Status::unimplemented(msg),
         ErrorKind::Runtime => Status::failed_precondition(msg),
         ErrorKind::Internal => Status::internal(msg),
@@ -551,14 +611,8 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let schema = self
-            .in_session(conn_id(&request), async |s| s.result_schema(&query.query).await)
-            .await
-            .map_err(status)?;
-        let ticket = TicketStatementQuery {
-            statement_handle: query.query.into_bytes().into(),
-        };
-        let info = info_for(&schema, ticket.as_any().encode_to_vec(), request.into_inner())?;
+        let caller = self.caller(&request);
+        let info = self.submit(query.query, &caller, request.into_inner()).await?;
         Ok(Response::new(info))
     }
 
@@ -567,9 +621,10 @@ impl FlightSqlService for WeirFlightSql {
         ticket: TicketStatementQuery,
         request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let sql = String::from_utf8(ticket.statement_handle.to_vec())
-            .map_err(|_| Status::invalid_argument("the ticket does not hold UTF-8 SQL"))?;
-        Ok(Response::new(self.run_statement(&sql, conn_id(&request)).await?))
+        let caller = self.caller(&request);
+        Ok(Response::new(
+            self.run_statement(&ticket.statement_handle, &caller).await?,
+        ))
     }
 
     async fn do_put_statement_update(
@@ -577,7 +632,8 @@ impl FlightSqlService for WeirFlightSql {
         ticket: CommandStatementUpdate,
         request: Request<arrow_flight::sql::server::PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
-        discard(self.execute(&ticket.query, conn_id(&request)).await?);
+        let caller = self.caller(&request);
+        discard(self.execute(&ticket.query, &caller).await?);
         // Streaming statements have no affected-row count.
         Ok(-1)
     }
@@ -592,8 +648,9 @@ impl FlightSqlService for WeirFlightSql {
         // any error in the statement, are known now; nothing runs.
         let sql = template.with_nulls();
         let numbered = template.numbered();
+        let caller = self.caller(&request);
         let (schema, types) = self
-            .in_session(conn_id(&request), async |s| {
+            .in_session(&caller, async |s| {
                 let schema = s.result_schema(&sql).await?;
                 // What the planner can tell from the context (`price > $1`
                 // is a BIGINT); NULL where it cannot (`SELECT $1`).
@@ -698,14 +755,8 @@ impl FlightSqlService for WeirFlightSql {
                 )));
             }
         };
-        let schema = self
-            .in_session(conn_id(&request), async |s| s.result_schema(&sql).await)
-            .await
-            .map_err(status)?;
-        let ticket = TicketStatementQuery {
-            statement_handle: sql.into_bytes().into(),
-        };
-        let info = info_for(&schema, ticket.as_any().encode_to_vec(), request.into_inner())?;
+        let caller = self.caller(&request);
+        let info = self.submit(sql, &caller, request.into_inner()).await?;
         Ok(Response::new(info))
     }
 
@@ -715,13 +766,13 @@ impl FlightSqlService for WeirFlightSql {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let handle = cmd.prepared_statement_handle.to_vec();
-        let conn = conn_id(&request);
+        let caller = self.caller(&request);
         let params = parameter_batch(request.into_inner(), self.options.max_request_bytes).await?;
         if params.num_columns() > 0 || params.num_rows() > 0 {
             self.prepared(&handle, |p| p.params = Some(params))?;
         }
         for sql in &self.bound_sql(&handle)? {
-            discard(self.execute(sql, conn).await?);
+            discard(self.execute(sql, &caller).await?);
         }
         // Streaming statements have no affected-row count.
         Ok(-1)
@@ -837,7 +888,7 @@ impl FlightSqlService for WeirFlightSql {
         query: CommandGetTables,
         _request: Request<Ticket>,
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
-        let entries = self.session.lock().await.catalog_entries();
+        let entries = self.fork(Principal::local()).catalog_entries();
         // The builder applies the client's catalog/schema/table/type filters.
         let mut builder = query.into_builder();
         for (name, kind, columns) in entries {
@@ -1010,10 +1061,11 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    // Owns nothing but reaches the shared jobs: suspends them at the end.
+    let mut control = session.fork(Principal::local());
     let service = WeirFlightSql::new(session, options.clone());
-    let session = service.session.clone();
     if let Some(addr) = options.metrics_listen {
-        let jobs = session.lock().await.jobs_view();
+        let jobs = control.jobs_view();
         metrics::serve(addr, jobs, service.stats.clone(), service.streams.clone()).await?;
     }
     let auth = options.auth.clone();
@@ -1037,12 +1089,12 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         if auth.enabled() { " (password required)" } else { "" }
     );
     let connections = service.stats.connections.clone();
-    let settings = service.settings.clone();
+    let sessions = service.sessions.clone();
     let shutdown = service.shutdown.clone();
     let service = tonic::service::interceptor::InterceptedService::new(service.into_service(), move |r| auth.check(r));
     let mut closing = shutdown.subscribe();
     let serving = builder.add_service(service).serve_with_incoming_shutdown(
-        limits::incoming(listener, connections, options.max_connections, settings),
+        limits::incoming(listener, connections, options.max_connections, sessions),
         async move {
             signalled().await;
             eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
@@ -1065,9 +1117,8 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
             tokio::time::sleep(DRAIN_WITHIN).await;
         } => eprintln!("[WARN] clients still connected after {DRAIN_WITHIN:?}; closing their connections"),
     }
-    let mut session = session.lock().await;
     // Each job checkpoints and ends; the next server resumes it.
-    let jobs = session.take_jobs();
+    let jobs = control.take_jobs();
     let suspended = futures::future::join_all(jobs.into_iter().map(|j| j.suspend(SUSPEND_WITHIN))).await;
     for e in suspended.into_iter().filter_map(Result::err) {
         eprintln!("warning: a job ended with an error on shutdown: {e}");

@@ -4,7 +4,7 @@ Flight SQL driver (Go, through adbc_driver_manager's Python DB-API).
 
     python weir_adbc_test.py grpc://127.0.0.1:PORT [SINK_DIR] [--skip d,f] [--keep-going]
 
-Runs the steps a-g below in order against a fresh `weir serve`; exit code 0
+Runs the steps a-h below in order against a fresh `weir serve`; exit code 0
 when every step that ran passed. The driver's pitfalls
 (`../shared/design/clients.md` §1-§2): the DB-API prepares every statement;
 a failed execute with parameters leaves that cursor unusable, so each step
@@ -159,8 +159,46 @@ def step_g_stop_job(conn, t):
     print(f"    state after STOP JOB: {until(f'stop of {job!r}', not_running)}")
 
 
+def step_h_unread_statements(conn, t):
+    """The usual DB-API pattern: execute every statement, read no result.
+    Statements with effects happen when submitted, exactly once."""
+    tables = lambda: {r["table name"] for r in rows(conn, "SHOW TABLES")}
+    cur = conn.cursor()
+    for i in range(5):
+        cur.execute(f"CREATE TABLE unread{i} (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '10')")
+    have = tables()
+    assert all(f"unread{i}" in have for i in range(5)), f"five unread CREATE TABLEs, SHOW TABLES has {sorted(have)}"
+    # CREATE then INSERT at once, neither read; a query in between, read.
+    cur.execute("CREATE TABLE unread_src (auction BIGINT) WITH ('connector' = 'nexmark', "
+                "'nexmark.table' = 'bid', 'nexmark.events-per-second' = '1000')")
+    cur.execute("SELECT 7 AS seven")
+    got = cur.fetchall()
+    assert got == [(7,)], f"a query between unread statements: {got}"
+    cur.execute("CREATE TABLE unread_sink (auction BIGINT) WITH ('connector' = 'blackhole')")
+    cur.execute("SET 'pipeline.name' = 'unread-job'")
+    cur.execute("INSERT INTO unread_sink SELECT auction FROM unread_src")
+    cur.execute("RESET 'pipeline.name'")
+    running = lambda: [j["state"] for j in rows(conn, "SHOW JOBS") if j["job_name"] == "unread-job"]
+    assert running() == ["RUNNING"], f"the unread INSERT started one job: {running()}"
+    cur.execute("STOP JOB 'unread-job'")
+    until("the unread STOP JOB to stop the job", lambda: running() and running() != ["RUNNING"])
+    cur.close()
+    # JDBC style: execute, then close the statement at once.
+    for sql in ["CREATE TABLE closed_at_once (id BIGINT) WITH ('connector' = 'blackhole')",
+                "DROP TABLE unread0"]:
+        c = conn.cursor()
+        c.execute(sql)
+        c.close()
+    have = tables()
+    assert "closed_at_once" in have and "unread0" not in have, f"statements closed unread: {sorted(have)}"
+    # Exactly once: running the same CREATE again is refused only if it differs.
+    with conn.cursor() as c:
+        c.execute("CREATE TABLE unread1 (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '10')")
+    print("    5 unread CREATEs, CREATE+INSERT+STOP unread, close-at-once: all took effect")
+
+
 STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
-         step_e_metadata, step_f_subscribe, step_g_stop_job]
+         step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements]
 
 
 def main():

@@ -21,14 +21,24 @@ pub fn free_port() -> u16 {
 }
 
 /// `weir serve` over `data` on a free port, once it listens (deadline
-/// 60 s): the process and the port.
+/// 60 s): the process and the port. Files beside `data` (its parent
+/// directory) are allowed.
+#[allow(dead_code)]
 pub fn serve(data: &std::path::Path) -> (Killed, u16) {
+    let parent = data.parent().unwrap_or(data).display().to_string();
+    serve_with(data, &["--allow-dir", &parent])
+}
+
+/// `weir serve` over `data` with extra flags.
+pub fn serve_with(data: &std::path::Path, args: &[&str]) -> (Killed, u16) {
     let port = free_port();
+    std::fs::create_dir_all(data).expect("data dir");
     let server = Killed(
         Command::new(env!("CARGO_BIN_EXE_weir"))
             .arg("--data-dir")
             .arg(data)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -217,7 +217,20 @@ pub fn default_schema(table: &TableDef) -> Result<Option<SchemaRef>> {
     })
 }
 
-pub fn create_source(table: &TableDef) -> Result<Arc<dyn SourceFactory>> {
+/// Checks every path option of `table` against `paths` (the allowed
+/// directories of the session or job).
+pub fn check_table_paths(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<()> {
+    let Some(specs) = table.connector().and_then(specs_of) else {
+        return Ok(());
+    };
+    paths
+        .check_options(&table.options, &specs)
+        .map_err(|e| ConnectorError::PermissionDenied(format!("table '{}': {e}", table.name)))?;
+    Ok(())
+}
+
+pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<Arc<dyn SourceFactory>> {
+    check_table_paths(table, paths)?;
     let (connector, options) = validate_table(table)?;
     let schema = table.physical_schema();
     Ok(match connector.as_str() {
@@ -230,7 +243,8 @@ pub fn create_source(table: &TableDef) -> Result<Arc<dyn SourceFactory>> {
     })
 }
 
-pub fn create_sink(table: &TableDef) -> Result<Arc<dyn SinkFactory>> {
+pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<Arc<dyn SinkFactory>> {
+    check_table_paths(table, paths)?;
     let (connector, options) = validate_table(table)?;
     let schema = table.physical_schema();
     Ok(match connector.as_str() {

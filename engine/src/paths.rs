@@ -1,0 +1,225 @@
+//! Allowed directories: where the SQL of a job may make Weir read or write
+//! files (`weir serve --allow-dir`).
+//!
+//! Every option whose kind is [`OptionKind::Path`] — a filesystem table's
+//! `path`, a dead-letter directory, `execution.checkpointing.dir`,
+//! `execution.state-recovery.path`, and any path option added later — is
+//! resolved the way the operating system would resolve it (a `file://`
+//! prefix dropped, relative to the working directory, `..` and symlinks
+//! followed) and must then lie inside one of the allowed directories.
+//!
+//! Resolution canonicalises the longest part of the path that exists
+//! (symlinks and `..` resolved by the OS) and applies the rest, which does
+//! not exist and so cannot hold a symlink, component by component. A file
+//! swapped for a symlink between the check and the open is not covered:
+//! the allowed directories are the server's own, not writable by clients
+//! except through Weir, which writes only regular files.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use weir_catalog::{OptionKind, OptionSpec};
+
+/// Where paths may point: anywhere (the embedded shell, `weir run`) or
+/// inside a set of canonical directories.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PathPolicy {
+    allowed: Option<Arc<[PathBuf]>>,
+}
+
+/// A path option that points outside the allowed directories (or cannot
+/// be resolved to decide): the user's request is refused.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("option '{key}': {reason}")]
+pub struct PathDenied {
+    pub key: String,
+    pub reason: String,
+}
+
+impl PathPolicy {
+    /// No restriction.
+    pub fn unrestricted() -> Self {
+        Self::default()
+    }
+
+    /// Only inside `dirs` (each must exist; it is canonicalised now).
+    pub fn allow(dirs: &[PathBuf]) -> Result<Self, String> {
+        let mut allowed = Vec::with_capacity(dirs.len());
+        for d in dirs {
+            let c = std::fs::canonicalize(d).map_err(|e| format!("allowed directory {}: {e}", d.display()))?;
+            if !c.is_dir() {
+                return Err(format!("allowed directory {}: not a directory", d.display()));
+            }
+            allowed.push(c);
+        }
+        Ok(Self {
+            allowed: Some(allowed.into()),
+        })
+    }
+
+    pub fn is_restricted(&self) -> bool {
+        self.allowed.is_some()
+    }
+
+    /// The allowed directories (none when unrestricted).
+    pub fn dirs(&self) -> &[PathBuf] {
+        self.allowed.as_deref().unwrap_or_default()
+    }
+
+    /// Narrows this policy to `dirs`, each of which must itself be allowed
+    /// (a session may restrict itself further, never widen).
+    pub fn narrow(&self, key: &str, dirs: &[PathBuf]) -> Result<Self, PathDenied> {
+        let mut out = Vec::with_capacity(dirs.len());
+        for d in dirs {
+            let resolved = self.check(key, &d.to_string_lossy())?;
+            if !resolved.is_dir() {
+                return Err(PathDenied {
+                    key: key.to_string(),
+                    reason: format!("'{}' is not a directory", d.display()),
+                });
+            }
+            out.push(resolved);
+        }
+        Ok(Self {
+            allowed: Some(out.into()),
+        })
+    }
+
+    /// Resolves `value` (the value of option `key`) and checks it is inside
+    /// an allowed directory; returns the resolved path.
+    pub fn check(&self, key: &str, value: &str) -> Result<PathBuf, PathDenied> {
+        let denied = |reason: String| PathDenied {
+            key: key.to_string(),
+            reason,
+        };
+        let resolved = resolve(value).map_err(denied)?;
+        let Some(allowed) = &self.allowed else {
+            return Ok(resolved);
+        };
+        if allowed.iter().any(|d| resolved.starts_with(d)) {
+            return Ok(resolved);
+        }
+        let dirs: Vec<String> = allowed.iter().map(|d| d.display().to_string()).collect();
+        Err(denied(format!(
+            "'{value}' resolves to {}, outside the allowed directories ({}); \
+             the server's administrator can allow more with --allow-dir",
+            resolved.display(),
+            if dirs.is_empty() {
+                "none".to_string()
+            } else {
+                dirs.join(", ")
+            }
+        )))
+    }
+
+    /// Checks every option of kind [`OptionKind::Path`] among `values`
+    /// (described by `specs`; wildcard specs such as `fields.*.kind` are
+    /// not paths).
+    pub fn check_options(&self, values: &BTreeMap<String, String>, specs: &[OptionSpec]) -> Result<(), PathDenied> {
+        if !self.is_restricted() {
+            return Ok(());
+        }
+        for (key, value) in values {
+            let is_path = specs
+                .iter()
+                .any(|s| s.key.eq_ignore_ascii_case(key) && matches!(s.kind, OptionKind::Path));
+            if is_path {
+                self.check(key, value)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The path `value` names, as the OS would open it.
+pub fn resolve(value: &str) -> Result<PathBuf, String> {
+    let trimmed = value.trim();
+    let raw = match trimmed.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("file://") => &trimmed[7..],
+        _ if trimmed.contains("://") => {
+            return Err(format!(
+                "'{value}' is not a local path (only file:// and plain paths are supported)"
+            ));
+        }
+        _ => trimmed,
+    };
+    if raw.is_empty() {
+        return Err("the path is empty".to_string());
+    }
+    if raw.contains('\0') {
+        return Err("the path contains a NUL character".to_string());
+    }
+    let path = Path::new(raw);
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| format!("cannot resolve the relative path '{value}': {e}"))?
+            .join(path)
+    };
+    // The longest existing ancestor, canonicalised by the OS (symlinks and
+    // `..` inside it resolved); the rest does not exist.
+    let mut existing = absolute.as_path();
+    let mut rest: Vec<Component> = vec![];
+    let base = loop {
+        match std::fs::canonicalize(existing) {
+            Ok(c) => break c,
+            Err(_) => {
+                let Some(parent) = existing.parent() else {
+                    return Err(format!("cannot resolve '{value}'"));
+                };
+                if let Some(last) = existing.components().next_back() {
+                    rest.push(last);
+                }
+                existing = parent;
+            }
+        }
+    };
+    let mut out = base;
+    for c in rest.into_iter().rev() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_traversal_through_missing_directories() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        let p = format!("{}/missing/../../x", root.display());
+        assert_eq!(resolve(&p), Ok(root.parent().expect("parent").join("x")));
+        let policy = PathPolicy::allow(&[root.clone()]).expect("policy");
+        assert!(policy.check("path", &p).is_err());
+        assert!(policy.check("path", &format!("{}/a/b/../c", root.display())).is_ok());
+        assert!(policy.check("path", &format!("FILE://{}/in", root.display())).is_ok());
+        assert!(policy.check("path", "s3://bucket/x").is_err());
+    }
+
+    #[test]
+    fn follows_symlinks_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        let inside = root.join("allowed");
+        std::fs::create_dir(&inside).expect("mkdir");
+        std::os::unix::fs::symlink("/etc", inside.join("link")).expect("symlink");
+        let policy = PathPolicy::allow(&[inside.clone()]).expect("policy");
+        let e = policy
+            .check("path", &format!("{}/link/passwd", inside.display()))
+            .expect_err("symlink out");
+        assert!(e.reason.contains("/etc/passwd"), "{e}");
+        // A sibling whose name starts with the allowed one is not inside.
+        std::fs::create_dir(root.join("allowed2")).expect("mkdir");
+        assert!(policy.check("path", &format!("{}/allowed2/x", root.display())).is_err());
+    }
+}
