@@ -637,17 +637,16 @@ impl Session {
             }
             Statement::Set(Some((k, v))) => {
                 JobConfig::validate_pair(k, v)?;
+                // A path option must be allowed now; a new
+                // `allowed-directories` must lie inside the current ones.
+                let current = self.paths()?;
                 if k == ALLOWED_DIRECTORIES {
-                    let mut next = self.settings.clone();
-                    next.insert(k.clone(), v.clone());
-                    narrowed(&self.shared.paths, &next)?;
+                    narrowed(&current, &BTreeMap::from([(k.clone(), v.clone())]))?;
                 }
-                if self.shared.paths.is_restricted() {
-                    self.shared.paths.check_options(
-                        &BTreeMap::from([(k.clone(), v.clone())]),
-                        weir_engine::config::JOB_OPTIONS,
-                    )?;
-                }
+                current.check_options(
+                    &BTreeMap::from([(k.clone(), v.clone())]),
+                    weir_engine::config::JOB_OPTIONS,
+                )?;
                 self.settings.insert(k.clone(), v.clone());
                 Ok(StatementResult::Done("option set".into()))
             }

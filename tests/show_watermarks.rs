@@ -64,8 +64,5 @@ async fn shows_splits_groups_state_and_sizing() {
         .await
         .err()
         .expect("unknown job");
-    assert!(
-        err.to_string().contains("no job 'nope' in this session; jobs: skewed"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("no job 'nope'; jobs: skewed"), "{err}");
 }
