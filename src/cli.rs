@@ -145,7 +145,9 @@ fn open_session(data_dir: &std::path::Path, allow: &[PathBuf], restrict: bool) -
     std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let mut dirs = vec![data_dir.to_path_buf()];
     dirs.extend(allow.iter().cloned());
-    let policy = weir_engine::paths::PathPolicy::allow(&dirs).map_err(|e| format!("--allow-dir: {e}"))?;
+    let policy = weir_engine::paths::PathPolicy::allow(&dirs)
+        .map_err(|e| format!("--allow-dir: {e}"))?
+        .reserving(data_dir);
     Session::open_with(data_dir, policy).map_err(|e| e.to_string())
 }
 

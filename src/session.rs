@@ -285,7 +285,7 @@ impl Session {
             // stays and is tried at the next start; one that can never
             // start as written (its table dropped, ...) is forgotten.
             if let Err(SessionError::Sql(e)) = &result
-                && e.kind != ErrorKind::Runtime
+                && !matches!(e.kind, ErrorKind::Runtime | ErrorKind::PermissionDenied)
             {
                 registry.remove(&record.id);
             }
@@ -341,10 +341,23 @@ impl Session {
         // starting the same job name at once get one job and one refusal.
         let _reserved = {
             let mut jobs = self.shared.jobs();
+            // Names that share a directory are the same job (`a.b`, `a_b`).
+            let same = |n: &str| weir_engine::config::sanitize(n) == weir_engine::config::sanitize(&config.name);
+            if let Some(previous) = jobs.known.iter().rev().find(|j| same(&j.record.name))
+                && !self.principal.may_control(previous.record.owner.as_deref())
+            {
+                return Err(SqlError::permission_denied(format!(
+                    "permission denied: job name '{}' (its state and checkpoints) belongs to user '{}'; \
+                     SET 'pipeline.name' to another name",
+                    config.name,
+                    previous.record.owner.as_deref().unwrap_or("?")
+                ))
+                .into());
+            }
             if let Some(running) = jobs
                 .known
                 .iter()
-                .find(|j| j.record.name == config.name && !j.state().is_terminal())
+                .find(|j| same(&j.record.name) && !j.state().is_terminal())
             {
                 return Err(SqlError::plan(format!(
                     "job '{}' is already running (id {}); STOP JOB '{}' first, or SET 'pipeline.name' to start another",
@@ -352,7 +365,7 @@ impl Session {
                 ))
                 .into());
             }
-            if !jobs.starting.insert(config.name.clone()) {
+            if !jobs.starting.insert(weir_engine::config::sanitize(&config.name)) {
                 return Err(SqlError::plan(format!(
                     "job '{}' is being started by another statement; SET 'pipeline.name' to start another",
                     config.name
@@ -361,7 +374,7 @@ impl Session {
             }
             Reserved {
                 shared: &self.shared,
-                name: config.name.clone(),
+                name: weir_engine::config::sanitize(&config.name),
             }
         };
         let job = deploy(graph, &config, None)?;
@@ -484,7 +497,10 @@ impl Session {
         settings.remove(PIPELINE_NAME);
         settings.remove(weir_engine::config::RECOVERY_PATH);
         let paths = self.paths()?;
-        Ok(JobConfig::from_settings(&settings, &name, &self.shared.data_dir)?.restricted_to(paths, &settings)?)
+        let mut config = JobConfig::from_settings(&settings, &name, &self.shared.data_dir)?;
+        // A query's job never checkpoints (its rows go to its client).
+        config.checkpointing = None;
+        Ok(config.restricted_to(paths, &settings)?)
     }
 
     /// The config of an `INSERT`'s job: `pipeline.name`, or the script's
@@ -514,7 +530,18 @@ impl Session {
     pub async fn execute_sql(&mut self, sql: &str) -> Result<Vec<StatementResult>, SessionError> {
         let mut out = vec![];
         for stmt in weir_sql::parse(sql)? {
-            out.push(self.execute(&stmt).await.map_err(|e| at(e, stmt.location))?);
+            match self.execute(&stmt).await {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    // Live queries already started have no reader now.
+                    for r in out {
+                        if let StatementResult::Stream(rs) = r {
+                            rs.job.stop();
+                        }
+                    }
+                    return Err(at(e, stmt.location));
+                }
+            }
         }
         Ok(out)
     }
@@ -1022,11 +1049,10 @@ type DescribeColumns = (
 
 /// A job of `jobs` by id or name (the newest of that name).
 fn find_in(jobs: &JobTable, key: &str) -> Result<SessionJob, SessionError> {
-    jobs.known
-        .iter()
-        .rev()
-        .find(|j| j.record.id == key || j.record.name == key)
-        .cloned()
+    // An id first: a job may be named like another job's id.
+    let newest = |f: &dyn Fn(&SessionJob) -> bool| jobs.known.iter().rev().find(|j| f(j)).cloned();
+    newest(&|j| j.record.id == key)
+        .or_else(|| newest(&|j| j.record.name == key))
         .ok_or_else(|| {
             let known: Vec<&str> = jobs.known.iter().map(|j| j.record.name.as_str()).collect();
             SqlError::not_found(format!(

@@ -119,6 +119,7 @@ async fn paths_outside_the_allowed_directories_are_refused() {
     std::fs::create_dir_all(data.join("in")).expect("in");
     std::fs::write(data.join("in/rows.csv"), "a\nb\n").expect("rows");
     std::os::unix::fs::symlink(&outside, data.join("link")).expect("symlink");
+    std::os::unix::fs::symlink(outside.join("not-yet"), data.join("dangling")).expect("symlink");
 
     // Default: only the data dir.
     let (_server, port) = common::serve_with(&data, &[]);
@@ -141,6 +142,16 @@ async fn paths_outside_the_allowed_directories_are_refused() {
         (csv_table("rel", "outside/secret.csv"), "path"),
         (csv_table("case", &d.to_uppercase()), "path"),
         (csv_table("evil", &evil.display().to_string()), "path"),
+        // A symlink to a missing target would be created outside.
+        (csv_table("dang", &format!("{d}/dangling/x")), "path"),
+        // Weir's own state, or a directory holding it.
+        (csv_table("cat", &format!("{d}/catalog.json")), "path"),
+        (csv_table("whole", &d), "path"),
+        (csv_table("state", &format!("{d}/jobs")), "path"),
+        (
+            format!("SET 'execution.checkpointing.dir' = '{d}'"),
+            "execution.checkpointing.dir",
+        ),
         (
             "SET 'execution.checkpointing.dir' = '/tmp/weir-evil-checkpoints'".to_string(),
             "execution.checkpointing.dir",
@@ -157,13 +168,18 @@ async fn paths_outside_the_allowed_directories_are_refused() {
     let tables = strings(&run(&mut c, "SHOW TABLES").await.expect("show"), "table name");
     assert_eq!(tables, vec!["legacy"], "only the shell's table exists");
     assert!(!evil.exists(), "nothing written outside");
+    assert!(
+        !outside.join("not-yet").exists(),
+        "nothing created through the dangling symlink"
+    );
     // The shell's table: refused when a query would read it.
     let e = run(&mut c, "SELECT * FROM legacy").await.expect_err("legacy table");
     assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
     assert!(!e.message().contains("root:"), "nothing read: {e}");
 
     // Inside the data dir the same statements work.
-    run(&mut c, &csv_table("mine", &format!("{d}/in")))
+    // Any case of `file://`, and spaces, read the same path as checked.
+    run(&mut c, &csv_table("mine", &format!(" File://{d}/in")))
         .await
         .expect("inside");
     let got = run(&mut c, "SELECT line FROM mine").await.expect("read inside");
@@ -216,7 +232,7 @@ async fn roles_ownership_and_masked_secrets() {
             .arg("--password-file")
             .arg(&users)
             .env_remove("WEIR_PASSWORD")
-            .env("RUST_LOG", "debug")
+            .env("WEIR_LOG", "debug")
             .stdout(std::fs::File::create(dir.path().join("server.out")).expect("out"))
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
@@ -270,12 +286,29 @@ async fn roles_ownership_and_masked_secrets() {
     let owner = props.iter().position(|p| p == "owner").expect("owner row");
     assert_eq!(values[owner], "bob");
     run(&mut alice, "STOP JOB 'bobs'").await.expect("admin stops bob's job");
+    // Bob's job name (its state) is his: Carol cannot start a job under it.
+    for name in ["bobs"] {
+        run(&mut carol, &format!("SET 'pipeline.name' = '{name}'"))
+            .await
+            .expect("set");
+        let e = run(&mut carol, "INSERT INTO sink SELECT auction FROM bid")
+            .await
+            .expect_err("another user's job name");
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+        assert!(e.message().contains("belongs to user 'bob'"), "{e}");
+    }
     // Bob controls his own next job.
-    run(&mut bob, "SET 'pipeline.name' = 'bobs2'").await.expect("set");
+    run(&mut bob, "SET 'pipeline.name' = 'bobs_2'").await.expect("set");
     run(&mut bob, "INSERT INTO sink SELECT auction FROM bid")
         .await
         .expect("bob's job");
-    run(&mut bob, "CANCEL JOB 'bobs2'").await.expect("owner cancels");
+    // A name spelt differently that shares the job's directory is the same job.
+    run(&mut bob, "SET 'pipeline.name' = 'bobs.2'").await.expect("set");
+    let e = run(&mut bob, "INSERT INTO sink SELECT auction FROM bid")
+        .await
+        .expect_err("same directory");
+    assert!(e.message().contains("already running"), "{e}");
+    run(&mut bob, "CANCEL JOB 'bobs_2'").await.expect("owner cancels");
 
     // A secret option's value never comes back, nor reaches the log.
     let secret = "hunter2-do-not-show";

@@ -350,14 +350,7 @@ impl JobConfig {
     }
 }
 
-/// A path option's value as a path (Flink's `file:///...` accepted).
-fn local_path(value: &str) -> PathBuf {
-    let v = value.trim();
-    match v.get(..7) {
-        Some(scheme) if scheme.eq_ignore_ascii_case("file://") => PathBuf::from(&v[7..]),
-        _ => PathBuf::from(v),
-    }
-}
+use crate::paths::local_path;
 
 impl JobConfig {
     /// Restricts the job to `policy`: every path option in `settings` (the

@@ -26,7 +26,19 @@ use weir_catalog::{OptionKind, OptionSpec};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathPolicy {
     allowed: Option<Arc<[PathBuf]>>,
+    /// Weir's own state inside an allowed data dir (catalog, job state,
+    /// registry, checkpoints, savepoints): no path option may point into
+    /// it or above it, or a client could read the catalog or have a job's
+    /// fresh start delete every job's state.
+    reserved: Arc<[PathBuf]>,
 }
+
+/// The entries of a data dir that are Weir's own.
+const DATA_DIR_ENTRIES: &[&str] = &["catalog.json", "jobs", "server", "checkpoints", "savepoints"];
+
+/// Below `<data-dir>/checkpoints` a job's checkpoint directory and a
+/// recovery path are at home.
+const CHECKPOINTS: &str = "checkpoints";
 
 /// A path option that points outside the allowed directories (or cannot
 /// be resolved to decide): the user's request is refused.
@@ -55,7 +67,15 @@ impl PathPolicy {
         }
         Ok(Self {
             allowed: Some(allowed.into()),
+            reserved: Arc::default(),
         })
+    }
+
+    /// Reserves the data dir's own entries (see [`PathPolicy`]).
+    pub fn reserving(mut self, data_dir: &Path) -> Self {
+        let base = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+        self.reserved = DATA_DIR_ENTRIES.iter().map(|e| base.join(e)).collect();
+        self
     }
 
     pub fn is_restricted(&self) -> bool {
@@ -83,6 +103,7 @@ impl PathPolicy {
         }
         Ok(Self {
             allowed: Some(out.into()),
+            reserved: self.reserved.clone(),
         })
     }
 
@@ -94,6 +115,17 @@ impl PathPolicy {
             reason,
         };
         let resolved = resolve(value).map_err(denied)?;
+        for r in self.reserved.iter() {
+            let at_home = matches!(key, crate::config::CHECKPOINT_DIR | crate::config::RECOVERY_PATH)
+                && r.ends_with(CHECKPOINTS)
+                && resolved.starts_with(r);
+            if !at_home && (resolved.starts_with(r) || r.starts_with(&resolved)) {
+                return Err(denied(format!(
+                    "'{value}' is or holds Weir's own state ({}); name a directory of its own",
+                    r.display()
+                )));
+            }
+        }
         let Some(allowed) = &self.allowed else {
             return Ok(resolved);
         };
@@ -132,18 +164,29 @@ impl PathPolicy {
     }
 }
 
+/// A path option's value as the path Weir opens: trimmed, a `file://`
+/// prefix (any case) dropped. Every reader of a path option goes through
+/// this, so what is checked is what is opened.
+pub fn local_path(value: &str) -> PathBuf {
+    PathBuf::from(strip_scheme(value))
+}
+
+fn strip_scheme(value: &str) -> &str {
+    let trimmed = value.trim();
+    match trimmed.get(..7) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("file://") => &trimmed[7..],
+        _ => trimmed,
+    }
+}
+
 /// The path `value` names, as the OS would open it.
 pub fn resolve(value: &str) -> Result<PathBuf, String> {
-    let trimmed = value.trim();
-    let raw = match trimmed.get(..7) {
-        Some(scheme) if scheme.eq_ignore_ascii_case("file://") => &trimmed[7..],
-        _ if trimmed.contains("://") => {
-            return Err(format!(
-                "'{value}' is not a local path (only file:// and plain paths are supported)"
-            ));
-        }
-        _ => trimmed,
-    };
+    let raw = strip_scheme(value);
+    if raw.contains("://") {
+        return Err(format!(
+            "'{value}' is not a local path (only file:// and plain paths are supported)"
+        ));
+    }
     if raw.is_empty() {
         return Err("the path is empty".to_string());
     }
@@ -165,6 +208,14 @@ pub fn resolve(value: &str) -> Result<PathBuf, String> {
     let base = loop {
         match std::fs::canonicalize(existing) {
             Ok(c) => break c,
+            // A symlink whose target is missing: following it later could
+            // create the target anywhere.
+            Err(_) if std::fs::symlink_metadata(existing).is_ok_and(|m| m.file_type().is_symlink()) => {
+                return Err(format!(
+                    "'{value}' goes through a symlink whose target does not exist ({})",
+                    existing.display()
+                ));
+            }
             Err(_) => {
                 let Some(parent) = existing.parent() else {
                     return Err(format!("cannot resolve '{value}'"));

@@ -43,11 +43,22 @@ type Tokens = (
 );
 
 /// One user of a users file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct User {
     pub name: String,
     pub password: String,
     pub role: Role,
+}
+
+/// Never the password.
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("name", &self.name)
+            .field("password", &"******")
+            .field("role", &self.role)
+            .finish()
+    }
 }
 
 #[derive(Clone)]
@@ -227,7 +238,14 @@ fn parse_users(text: &str, user: &str) -> Result<Vec<User>, String> {
             return Err(format!("line {n}: expected 'user:role:password'"));
         };
         let role =
-            Role::parse(role).ok_or_else(|| format!("line {n}: role '{role}' is not one of admin, user, read"))?;
+            // The field is not echoed: with the fields out of order it
+            // could be the password.
+            Role::parse(role).ok_or_else(|| format!("line {n}: the role is not one of admin, user, read"))?;
+        if name == Principal::local().user {
+            return Err(format!(
+                "line {n}: the user name '{name}' is reserved (jobs started without a password belong to it)"
+            ));
+        }
         if name.is_empty() || password.is_empty() {
             return Err(format!("line {n}: the user name and the password must not be empty"));
         }

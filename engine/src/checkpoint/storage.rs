@@ -293,9 +293,30 @@ impl CheckpointStorage {
         Ok(freed)
     }
 
-    /// Removes every checkpoint of the job (a fresh start).
+    /// Removes every checkpoint of the job (a fresh start): the `chk-*`
+    /// directories and `shared/`, nothing else, so a checkpoint directory
+    /// pointed at a directory holding other files never loses them; the
+    /// root goes only when that leaves it empty.
     pub fn clear(&self) -> Result<(), CheckpointError> {
-        remove_dir_if_exists(&self.root)
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    path: self.root.clone(),
+                    source,
+                });
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name == "shared" || name.starts_with("chk-") {
+                remove_dir_if_exists(&entry.path())?;
+            }
+        }
+        // Not empty (someone else's files): kept.
+        let _ = std::fs::remove_dir(&self.root);
+        Ok(())
     }
 }
 

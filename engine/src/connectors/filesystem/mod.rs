@@ -82,8 +82,8 @@ fn single_byte(options: &Options, key: &str) -> Result<u8> {
 }
 
 pub fn path_of(options: &Options) -> Result<std::path::PathBuf> {
-    let p = options.require("path")?;
-    Ok(std::path::PathBuf::from(p.strip_prefix("file://").unwrap_or(p)))
+    // The same reading as the allowed-directories check.
+    Ok(crate::paths::local_path(options.require("path")?))
 }
 
 pub fn format_options(options: &Options) -> Result<FormatOptions> {
