@@ -3,11 +3,13 @@
 //! client, bounded and continuous queries (the continuous one cancelled by
 //! dropping the stream), errors with positions, and the metadata calls.
 
+mod common;
+
+use common::strings;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, AsArray};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::FlightInfo;
 use arrow_flight::sql::client::FlightSqlServiceClient;
@@ -175,18 +177,6 @@ async fn fetch(client: &mut FlightSqlServiceClient<Channel>, info: FlightInfo) -
 async fn query(client: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Vec<RecordBatch> {
     let info = client.execute(sql.to_string(), None).await.expect(sql);
     fetch(client, info).await
-}
-
-fn strings(batches: &[RecordBatch], column: &str) -> Vec<String> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let c = b.column_by_name(column).expect("column");
-            let c = arrow::compute::cast(c, &arrow::datatypes::DataType::Utf8).expect("cast");
-            let s = c.as_string::<i32>();
-            (0..s.len()).map(|i| s.value(i).to_string()).collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

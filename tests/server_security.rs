@@ -5,9 +5,10 @@
 
 mod common;
 
+use common::strings;
+
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, AsArray};
 use arrow::record_batch::RecordBatch;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
@@ -73,18 +74,6 @@ async fn run(c: &mut FlightSqlServiceClient<Channel>, sql: &str) -> Result<Vec<R
         })?);
     }
     Ok(out)
-}
-
-fn strings(batches: &[RecordBatch], column: &str) -> Vec<String> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            let c = b.column_by_name(column).expect("column");
-            let c = arrow::compute::cast(c, &arrow::datatypes::DataType::Utf8).expect("cast");
-            let s = c.as_string::<i32>();
-            (0..s.len()).map(|i| s.value(i).to_string()).collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 /// The refusal of `sql`: PERMISSION_DENIED naming `key`.

@@ -1,4 +1,6 @@
 //! What the tests that run `weir serve` as a process share.
+// Each test binary uses a part of it.
+#![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,4 +52,19 @@ pub fn serve_with(data: &std::path::Path, args: &[&str]) -> (Killed, u16) {
         std::thread::sleep(Duration::from_millis(20));
     }
     (server, port)
+}
+
+/// A column of result batches as strings (any type, cast to text).
+#[allow(dead_code)]
+pub fn strings(batches: &[arrow::record_batch::RecordBatch], column: &str) -> Vec<String> {
+    use arrow::array::{Array, AsArray};
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = b.column_by_name(column).expect("column");
+            let c = arrow::compute::cast(c, &arrow::datatypes::DataType::Utf8).expect("cast");
+            let s = c.as_string::<i32>();
+            (0..s.len()).map(|i| s.value(i).to_string()).collect::<Vec<_>>()
+        })
+        .collect()
 }
