@@ -4,7 +4,8 @@
 //! missing or partial file and none of its own files behind, is tolerated
 //! up to `tolerable-failed-checkpoints`, and the next checkpoint after
 //! space returns completes and restores. Beyond the tolerance the
-//! coordinator fails the job.
+//! coordinator fails the job; a restore into a full disk fails with the
+//! cause instead of falling back to an older checkpoint.
 //!
 //! The test plays the task, as `checkpoint.rs` does: it answers each
 //! barrier with a real RocksDB snapshot; the next barrier is announced
@@ -296,6 +297,16 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
     // tolerance and fails the job, naming the cause.
     write_keys(&mut db, 20_000..30_000);
     let _filler = fs.fill(0);
+    // A restore into a full local disk is the disk's fault, not the
+    // checkpoint's: it does not fall back to an older checkpoint (whose
+    // committed output would then be produced again).
+    let err = restore_latest(&CheckpointStorage::new(root.clone()), "plan", &fs.path().join("job"))
+        .expect_err("no room to lay the state out");
+    assert!(
+        matches!(err, weir_engine::checkpoint::CheckpointError::LocalState { .. })
+            && err.to_string().contains("No space left on device"),
+        "{err}"
+    );
     for _ in 0..2 {
         let id = h.checkpoint(&mut db).await;
         assert_failed_with_enospc(&h.outcome(id).await, &root);
