@@ -8,10 +8,17 @@ use datafusion::error::DataFusionError;
 /// (a value that does not decode).
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("RocksDB at {path}: {message}")]
-    RocksDb { path: PathBuf, message: String },
-    #[error("state directory {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// `op` says what the backend was doing ("writing state", "flushing
+    /// state for checkpoint 7"); RocksDB's message names the file and the
+    /// OS error (a full disk: "No space left on device").
+    #[error("state backend: {op} in {path}: {message}")]
+    RocksDb { op: String, path: PathBuf, message: String },
+    #[error("state backend: {op} in {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("internal error: corrupt state value in '{state}': {message}")]
     Corrupt { state: String, message: String },
 }

@@ -1,44 +1,75 @@
-//! Named failpoints for crash tests. `WEIR_FAILPOINTS=name:k[,name:k]`
-//! makes the process abort (no destructors, no flushing: like `kill -9`)
-//! on the k-th time it passes `name`; `name:k:error` makes an
-//! [`failpoint_error`] site fail its task instead (a task failure the
-//! restart strategy handles). Unset, a failpoint costs one load of an
-//! already initialised value.
+//! Named failpoints for crash and fault tests, armed by the environment:
+//! `WEIR_FAILPOINTS=spec[,spec...]`, each spec `name:hits[:mode]`, where
+//! `hits` is `k` (the k-th pass) or `k-m` (the k-th through m-th passes).
+//!
+//! - no mode: the process aborts (no destructors, no flushing: like
+//!   `kill -9`) at a [`failpoint`] site;
+//! - `error`: a [`failpoint_error`] site fails its task (a task failure
+//!   the restart strategy handles);
+//! - `eio` / `enospc`: a [`failpoint_io`] site returns that OS error, as
+//!   a failing disk or a full one would.
+//!
+//! Unset, a failpoint costs one load of an already initialised value.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-type Armed = HashMap<String, (u64, AtomicU64)>;
+struct Armed {
+    first: u64,
+    last: u64,
+    hits: AtomicU64,
+}
 
-static ARMED: OnceLock<Armed> = OnceLock::new();
+static ARMED: OnceLock<HashMap<String, Armed>> = OnceLock::new();
 
-fn armed() -> &'static Armed {
+/// EIO and ENOSPC: the same numbers on Linux and the BSDs.
+const EIO: i32 = 5;
+const ENOSPC: i32 = 28;
+
+fn armed() -> &'static HashMap<String, Armed> {
     ARMED.get_or_init(|| {
         let mut m = HashMap::new();
         if let Ok(spec) = std::env::var("WEIR_FAILPOINTS") {
             for item in spec.split(',').filter(|s| !s.trim().is_empty()) {
                 let mut parts = item.split(':');
                 let name = parts.next().unwrap_or_default().trim();
-                let k = parts.next().and_then(|k| k.trim().parse().ok()).unwrap_or(1);
-                // `error` sites are keyed apart, so one name cannot be both.
-                let key = match parts.next() {
-                    Some(mode) if mode.trim() == "error" => format!("{name}#error"),
+                let hits = parts.next().unwrap_or("1").trim();
+                let (first, last) = match hits.split_once('-') {
+                    Some((a, b)) => (a.trim().parse().unwrap_or(1), b.trim().parse().unwrap_or(u64::MAX)),
+                    None => {
+                        let k = hits.parse().unwrap_or(1);
+                        (k, k)
+                    }
+                };
+                // Each mode is keyed apart, so one name can be armed for
+                // several kinds of site.
+                let key = match parts.next().map(str::trim) {
+                    Some(mode @ ("error" | "eio" | "enospc")) => format!("{name}#{mode}"),
                     _ => name.to_string(),
                 };
-                m.insert(key, (k, AtomicU64::new(0)));
+                m.insert(
+                    key,
+                    Armed {
+                        first,
+                        last,
+                        hits: AtomicU64::new(0),
+                    },
+                );
             }
         }
         m
     })
 }
 
+/// The pass number if `key` is armed and this pass is in its range.
 fn hit(key: &str) -> Option<u64> {
-    let (k, hits) = armed().get(key)?;
-    (hits.fetch_add(1, Ordering::SeqCst) + 1 == *k).then_some(*k)
+    let a = armed().get(key)?;
+    let n = a.hits.fetch_add(1, Ordering::SeqCst) + 1;
+    (a.first..=a.last).contains(&n).then_some(n)
 }
 
-/// An error on the k-th pass of `name` if armed as `name:k:error`.
+/// An error on the armed passes of `name` if armed as `name:k:error`.
 pub fn failpoint_error(name: &str) -> Result<(), String> {
     if armed().is_empty() {
         return Ok(());
@@ -49,7 +80,22 @@ pub fn failpoint_error(name: &str) -> Result<(), String> {
     }
 }
 
-/// Aborts the process if `name` is armed and this is its k-th hit.
+/// An OS error (EIO or ENOSPC) on the armed passes of `name` if armed as
+/// `name:k:eio` or `name:k:enospc`. Each pass counts for both modes.
+pub fn failpoint_io(name: &str) -> std::io::Result<()> {
+    if armed().is_empty() {
+        return Ok(());
+    }
+    for (mode, errno) in [("eio", EIO), ("enospc", ENOSPC)] {
+        if let Some(k) = hit(&format!("{name}#{mode}")) {
+            tracing::warn!("failpoint {name} hit {k} time(s): injected {}", mode.to_uppercase());
+            return Err(std::io::Error::from_raw_os_error(errno));
+        }
+    }
+    Ok(())
+}
+
+/// Aborts the process if `name` is armed and this is an armed pass.
 pub fn failpoint(name: &str) {
     if armed().is_empty() {
         return;

@@ -567,13 +567,44 @@ struct Header {
 /// Writes checkpoint `header.id`: uploads state (SSTs the base checkpoint
 /// already holds are referenced, not uploaded, when incremental), then the
 /// metadata. Returns it and the bytes uploaded.
+///
+/// If any write fails (a full or failing disk), what this attempt wrote is
+/// removed again: the metadata first, so no `_metadata` ever names a
+/// missing or partial file, then its private files and the shared files
+/// it uploaded, whose space a full disk needs back.
 fn materialize(
+    storage: &CheckpointStorage,
+    header: Header,
+    snapshots: Vec<TaskSnapshot>,
+    base: Option<&CheckpointMetadata>,
+    carried: BTreeMap<String, Vec<serde_json::Value>>,
+    incremental: bool,
+) -> Result<(CheckpointMetadata, u64), CheckpointError> {
+    let id = header.id;
+    let mut shared = vec![];
+    let result = write_checkpoint(storage, header, snapshots, base, carried, incremental, &mut shared);
+    if result.is_err()
+        && let Err(e) = storage.discard_attempt(id, &shared)
+    {
+        tracing::warn!(
+            target: "weir::checkpoint",
+            "checkpoint {id}: could not remove the files of the failed attempt ({e}); no checkpoint \
+             references them, the garbage collection after the next completed checkpoint deletes them"
+        );
+    }
+    result
+}
+
+/// [`materialize`] without the cleanup; `shared` collects the name of
+/// every shared file it starts to upload.
+fn write_checkpoint(
     storage: &CheckpointStorage,
     header: Header,
     snapshots: Vec<TaskSnapshot>,
     base: Option<&CheckpointMetadata>,
     mut carried: BTreeMap<String, Vec<serde_json::Value>>,
     incremental: bool,
+    shared: &mut Vec<String>,
 ) -> Result<(CheckpointMetadata, u64), CheckpointError> {
     let id = header.id;
     let mut uploaded = 0u64;
@@ -593,7 +624,7 @@ fn materialize(
                         Some(OperatorState::Rocksdb { files }) if incremental => Some(files),
                         _ => None,
                     };
-                    let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded);
+                    let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded, shared);
                     let _ = std::fs::remove_dir_all(&dir);
                     OperatorState::Rocksdb { files: files? }
                 }
@@ -653,6 +684,7 @@ fn upload_rocksdb(
     dir: &std::path::Path,
     base: Option<&BTreeMap<String, FileRef>>,
     uploaded: &mut u64,
+    shared: &mut Vec<String>,
 ) -> Result<BTreeMap<String, FileRef>, CheckpointError> {
     let io = |source| CheckpointError::Io {
         path: dir.to_path_buf(),
@@ -672,7 +704,9 @@ fn upload_rocksdb(
             continue;
         }
         let stored_name = if is_sst {
-            format!("{tag}-c{id}-{name}")
+            let n = format!("{tag}-c{id}-{name}");
+            shared.push(n.clone());
+            n
         } else {
             format!("{tag}-{name}")
         };

@@ -14,6 +14,10 @@
 //!   incremental checkpoints), writes `_metadata` atomically, commits the
 //!   sinks' pre-committed output, and deletes what no retained checkpoint
 //!   references. Processing never waits for this.
+//! - A write that fails (a full or failing disk: ENOSPC, EIO) fails that
+//!   checkpoint with the path and OS error as its reason: what it wrote is
+//!   removed (its `_metadata` first), its sink output waits for the next
+//!   checkpoint, and it counts against `tolerable-failed-checkpoints`.
 //! - Restore: [`restore`] picks the newest checkpoint that verifies,
 //!   falling back past corrupt ones, and lays its files out for the tasks.
 
@@ -33,11 +37,15 @@ pub use storage::CheckpointStorage;
 use crate::plan::NodeId;
 
 /// Errors of checkpoint storage and restore: corrupt or missing files are
-/// the storage's fault; `Incompatible` is a changed job.
+/// the storage's fault; `LocalState` the local disk's (laying a
+/// checkpoint out for the tasks); `Incompatible` is a changed job.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint storage {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    /// Not the checkpoint's fault: a restore does not fall back past it.
+    #[error("local state directory {path}: {source}")]
+    LocalState { path: PathBuf, source: std::io::Error },
     #[error("checkpoint file {path} is missing")]
     Missing { path: PathBuf },
     #[error("checkpoint file {path} is corrupt: {message}")]

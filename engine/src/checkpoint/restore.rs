@@ -54,7 +54,7 @@ pub fn restore_one(
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => {
-            return Err(CheckpointError::Io {
+            return Err(CheckpointError::LocalState {
                 path: state_root,
                 source,
             });
@@ -67,7 +67,7 @@ pub fn restore_one(
         match state {
             OperatorState::Rocksdb { files } => {
                 let dir = local_state_dir(job_dir, node, subtask);
-                std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::Io {
+                std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::LocalState {
                     path: dir.clone(),
                     source,
                 })?;
@@ -125,8 +125,13 @@ pub fn restore_latest(
                 return Ok(Some(r));
             }
             // A changed plan is the user's doing: say so, do not fall back
-            // to an older checkpoint of the same old plan.
-            Err(e @ CheckpointError::Incompatible(_)) => return Err(e),
+            // to an older checkpoint of the same old plan. A local disk
+            // that cannot take the state (full) is no fault of this
+            // checkpoint: falling back to an older one would produce
+            // again output the newer one committed.
+            Err(e @ (CheckpointError::Incompatible(_) | CheckpointError::LocalState { .. })) => {
+                return Err(e);
+            }
             Err(e) => {
                 tracing::warn!("checkpoint {id} cannot be restored: {e}");
                 skipped.push(format!("checkpoint {id}: {e}"));

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use super::CheckpointError;
 use super::metadata::{CheckpointMetadata, FileRef};
-use crate::failpoint::failpoint;
+use crate::failpoint::{failpoint, failpoint_io};
 
 pub const METADATA_FILE: &str = "_metadata";
 
@@ -34,7 +34,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
 }
 
 /// Copies `src` to `dst`, returning (bytes, xxh64), and makes `dst` durable.
-fn copy_hashed(src: &Path, dst: &Path) -> Result<(u64, String), CheckpointError> {
+/// `fault` names an I/O failpoint passed after the first chunk is written,
+/// so an injected error leaves a partial file as a real one would.
+fn copy_hashed(src: &Path, dst: &Path, fault: Option<&str>) -> Result<(u64, String), CheckpointError> {
     let mut input = File::open(src).map_err(io(src))?;
     let mut out = File::create(dst).map_err(io(dst))?;
     let mut h = twox_hash::XxHash64::with_seed(0);
@@ -47,6 +49,11 @@ fn copy_hashed(src: &Path, dst: &Path) -> Result<(u64, String), CheckpointError>
         }
         h.write(&buf[..n]);
         out.write_all(&buf[..n]).map_err(io(dst))?;
+        if total == 0
+            && let Some(name) = fault
+        {
+            failpoint_io(name).map_err(io(dst))?;
+        }
         total += n as u64;
     }
     out.sync_all().map_err(io(dst))?;
@@ -108,7 +115,7 @@ impl CheckpointStorage {
             (self.chk_dir(id), format!("chk-{id}"))
         };
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let (size, xxh64) = copy_hashed(src, &dir.join(name))?;
+        let (size, xxh64) = copy_hashed(src, &dir.join(name), Some("checkpoint.upload"))?;
         failpoint("checkpoint.file_uploaded");
         Ok(FileRef {
             path: format!("{rel_dir}/{name}"),
@@ -123,7 +130,10 @@ impl CheckpointStorage {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let path = dir.join(name);
         let mut f = File::create(&path).map_err(io(&path))?;
-        f.write_all(bytes).map_err(io(&path))?;
+        let (head, tail) = bytes.split_at(bytes.len() / 2);
+        f.write_all(head).map_err(io(&path))?;
+        failpoint_io("checkpoint.upload").map_err(io(&path))?;
+        f.write_all(tail).map_err(io(&path))?;
         f.sync_all().map_err(io(&path))?;
         Ok(FileRef {
             path: format!("chk-{id}/{name}"),
@@ -142,7 +152,10 @@ impl CheckpointStorage {
         let bytes = meta.encode()?;
         failpoint("checkpoint.before_metadata_write");
         let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&bytes).map_err(io(&tmp))?;
+        let (head, tail) = bytes.split_at(bytes.len() / 2);
+        f.write_all(head).map_err(io(&tmp))?;
+        failpoint_io("checkpoint.metadata_write").map_err(io(&tmp))?;
+        f.write_all(tail).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
         // Every file the metadata names, and the directories holding them,
         // are durable before the metadata makes the checkpoint exist.
@@ -226,7 +239,10 @@ impl CheckpointStorage {
     /// Copies a checkpoint file to `dst`, verifying size and checksum.
     pub fn restore_file(&self, f: &FileRef, dst: &Path) -> Result<(), CheckpointError> {
         let src = self.root.join(&f.path);
-        let (size, sum) = copy_hashed(&src, dst).map_err(|e| match e {
+        let (size, sum) = copy_hashed(&src, dst, None).map_err(|e| match e {
+            // Writing the copy failed: the local disk's fault (full, say),
+            // not the checkpoint's.
+            CheckpointError::Io { path, source } if path == dst => CheckpointError::LocalState { path, source },
             CheckpointError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 CheckpointError::Missing { path: src.clone() }
             }
@@ -293,6 +309,53 @@ impl CheckpointStorage {
         Ok(freed)
     }
 
+    /// Removes what a failed attempt at checkpoint `id` wrote: its
+    /// `_metadata` first (it may exist if only the syncs after the rename
+    /// failed), then the rest of `chk-id/`, then the shared files it
+    /// uploaded (`shared`: names in `shared/`; no other checkpoint
+    /// references them, their names carry `id`). The empty `chk-id/`
+    /// stays, so the id is never reused. If this fails, what is left is
+    /// referenced by no retained checkpoint, so the garbage collection
+    /// after the next completed checkpoint deletes it.
+    pub fn discard_attempt(&self, id: u64, shared: &[String]) -> Result<(), CheckpointError> {
+        let dir = self.chk_dir(id);
+        let metadata = dir.join(METADATA_FILE);
+        match std::fs::remove_file(&metadata) {
+            // The checkpoint must stop existing before its files go.
+            Ok(()) => sync_dir(&dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&metadata)(e)),
+        }
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => Some(e),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io(&dir)(e)),
+        };
+        for entry in entries.into_iter().flatten() {
+            let path = entry.map_err(io(&dir))?.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            match removed {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+        let shared_dir = self.shared_dir();
+        for name in shared {
+            let path = shared_dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Removes every checkpoint of the job (a fresh start): the `chk-*`
     /// directories and `shared/`, nothing else, so a checkpoint directory
     /// pointed at a directory holding other files never loses them; the
@@ -324,4 +387,34 @@ fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|es| es.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_discarded_attempt_leaves_its_id_used_and_nothing_of_its_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = CheckpointStorage::new(dir.path().to_path_buf());
+        let src = dir.path().join("src.sst");
+        std::fs::write(&src, b"sst").expect("write");
+        let older = storage.upload(1, &src, "a-c1-000001.sst", true).expect("upload");
+        let mine = storage.upload(2, &src, "a-c2-000002.sst", true).expect("upload");
+        storage.write_private(2, "MANIFEST", b"m").expect("private");
+        // As if the rename went through and a sync after it failed.
+        std::fs::write(storage.chk_dir(2).join(METADATA_FILE), b"whole").expect("metadata");
+        storage
+            .discard_attempt(2, &["a-c2-000002.sst".into(), "never-started.sst".into()])
+            .expect("discard");
+        let left: Vec<_> = std::fs::read_dir(storage.chk_dir(2))
+            .expect("chk-2")
+            .flatten()
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(!dir.path().join(&mine.path).exists(), "its shared file is gone");
+        assert!(dir.path().join(&older.path).exists(), "other checkpoints' files stay");
+        assert_eq!(storage.next_id().expect("next id"), 3, "the id stays used");
+        assert!(storage.complete_ids().expect("ids").is_empty());
+    }
 }

@@ -21,6 +21,7 @@ impl RocksDbBackend {
     /// Opens an empty database at `path`, removing whatever was there.
     pub fn open_fresh(path: &Path, states: &[&str]) -> Result<Self, StateError> {
         let io = |source| StateError::Io {
+            op: "preparing the state directory",
             path: path.to_path_buf(),
             source,
         };
@@ -43,6 +44,7 @@ impl RocksDbBackend {
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, path, cfs).map_err(|e| StateError::RocksDb {
+            op: "opening RocksDB".into(),
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
@@ -76,8 +78,10 @@ impl RocksDbBackend {
             })
     }
 
-    fn err(&self, e: rocksdb::Error) -> StateError {
+    /// A RocksDB error while doing `op`.
+    fn err(&self, op: impl Into<String>, e: rocksdb::Error) -> StateError {
         StateError::RocksDb {
+            op: op.into(),
             path: self.path.clone(),
             message: e.to_string(),
         }
@@ -92,7 +96,9 @@ impl StateBackend for RocksDbBackend {
         flush.set_wait(true);
         for name in &self.names {
             if let Some(cf) = self.db.cf_handle(name) {
-                self.db.flush_cf_opt(cf, &flush).map_err(|e| self.err(e))?;
+                self.db
+                    .flush_cf_opt(cf, &flush)
+                    .map_err(|e| self.err(format!("flushing state for checkpoint {checkpoint_id}"), e))?;
             }
         }
         let mut dir = self.path.clone().into_os_string();
@@ -101,10 +107,17 @@ impl StateBackend for RocksDbBackend {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(StateError::Io { path: dir, source }),
+            Err(source) => {
+                return Err(StateError::Io {
+                    op: "removing an old local snapshot",
+                    path: dir,
+                    source,
+                });
+            }
         }
-        let chk = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(e))?;
-        chk.create_checkpoint(&dir).map_err(|e| self.err(e))?;
+        let op = || format!("taking the local snapshot for checkpoint {checkpoint_id}");
+        let chk = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(op(), e))?;
+        chk.create_checkpoint(&dir).map_err(|e| self.err(op(), e))?;
         Ok(OperatorSnapshot::RocksDb { dir })
     }
 
@@ -113,7 +126,10 @@ impl StateBackend for RocksDbBackend {
         self.db
             .batched_multi_get_cf(cf, keys.iter(), false)
             .into_iter()
-            .map(|r| r.map(|v| v.map(|s| s.to_vec())).map_err(|e| self.err(e)))
+            .map(|r| {
+                r.map(|v| v.map(|s| s.to_vec()))
+                    .map_err(|e| self.err("reading state", e))
+            })
             .collect()
     }
 
@@ -126,7 +142,9 @@ impl StateBackend for RocksDbBackend {
                 None => wb.delete_cf(cf, key),
             }
         }
-        self.db.write_opt(wb, &self.write_options).map_err(|e| self.err(e))
+        self.db
+            .write_opt(wb, &self.write_options)
+            .map_err(|e| self.err("writing state", e))
     }
 
     fn scan(
@@ -143,7 +161,7 @@ impl StateBackend for RocksDbBackend {
             .db
             .iterator_cf_opt(cf, ro, IteratorMode::From(start, Direction::Forward));
         for item in iter {
-            let (k, v) = item.map_err(|e| self.err(e))?;
+            let (k, v) = item.map_err(|e| self.err("scanning state", e))?;
             if !visit(&k, &v) {
                 break;
             }

@@ -89,6 +89,33 @@ fn io_err(path: &Path, source: std::io::Error) -> ConnectorError {
     }
 }
 
+/// A Parquet writer's error: an I/O error (a full disk) keeps its OS
+/// error; anything else is data the format cannot hold.
+fn parquet_err(path: &Path, e: parquet::errors::ParquetError) -> ConnectorError {
+    match e {
+        parquet::errors::ParquetError::External(inner) => match inner.downcast::<std::io::Error>() {
+            Ok(source) => io_err(path, *source),
+            Err(other) => ConnectorError::Data {
+                location: path.display().to_string(),
+                message: other.to_string(),
+            },
+        },
+        other => ConnectorError::Data {
+            location: path.display().to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// An Arrow writer's error: an I/O error (a full disk) names the file and
+/// keeps its OS error.
+fn arrow_err(path: &Path, e: arrow::error::ArrowError) -> crate::error::ExecError {
+    match e {
+        arrow::error::ArrowError::IoError(_, source) => io_err(path, source).into(),
+        other => other.into(),
+    }
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
     Ok(())
@@ -183,12 +210,9 @@ impl FileWriter {
             let path = self.in_progress_path();
             let f = File::create(&path).map_err(|e| self.io(e))?;
             self.out = Some(match self.format.format {
-                Format::Parquet => Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| {
-                    ConnectorError::Data {
-                        location: path.display().to_string(),
-                        message: e.to_string(),
-                    }
-                })?),
+                Format::Parquet => {
+                    Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| parquet_err(&path, e))?)
+                }
                 _ => Out::Text(BufWriter::with_capacity(1 << 20, f)),
             });
         }
@@ -208,10 +232,7 @@ impl FileWriter {
                 w.get_ref().sync_all().map_err(|e| self.io(e))?;
             }
             Some(Out::Parquet(w)) => {
-                let f = w.into_inner().map_err(|e| ConnectorError::Data {
-                    location: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
+                let f = w.into_inner().map_err(|e| parquet_err(&path, e))?;
                 f.sync_all().map_err(|e| self.io(e))?;
             }
         }
@@ -275,17 +296,13 @@ impl Operator for FileWriter {
             Format::Parquet => None,
             _ => Some(self.stringify_timestamps(&batch)?),
         };
-        let path = self.in_progress_path().display().to_string();
-        let data_err = |e: &dyn std::fmt::Display| ConnectorError::Data {
-            location: path.clone(),
-            message: e.to_string(),
-        };
+        let path = self.in_progress_path();
         match (self.open()?, text_batch) {
-            (Out::Parquet(w), _) => w.write(&batch).map_err(|e| data_err(&e))?,
+            (Out::Parquet(w), _) => w.write(&batch).map_err(|e| parquet_err(&path, e))?,
             (Out::Text(w), Some(b)) if format.format == Format::Json => {
                 let mut jw = arrow::json::LineDelimitedWriter::new(w);
-                jw.write(&b)?;
-                jw.finish()?;
+                jw.write(&b).map_err(|e| arrow_err(&path, e))?;
+                jw.finish().map_err(|e| arrow_err(&path, e))?;
             }
             (Out::Text(w), Some(b)) => {
                 let mut cw = arrow::csv::WriterBuilder::new()
@@ -293,7 +310,7 @@ impl Operator for FileWriter {
                     .with_delimiter(format.delimiter)
                     .with_quote(format.quote)
                     .build(w);
-                cw.write(&b)?;
+                cw.write(&b).map_err(|e| arrow_err(&path, e))?;
             }
             (Out::Text(_), None) => {}
         }
