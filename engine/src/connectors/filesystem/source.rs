@@ -310,7 +310,7 @@ impl FileSplit {
             }
         }
         let all: Vec<&str> = texts.iter().map(|(_, t)| *t).collect();
-        let batch = match decoder.decode(&all.join("\n")) {
+        let batch = match decoder.decode_lines(&all) {
             Ok(b) if bad.is_empty() => return Ok(b),
             Ok(b) => Some(b),
             Err(_) => None,
@@ -331,7 +331,7 @@ impl FileSplit {
                     .collect();
                 let first = lines.first().map_or(self.line, |l| l.number);
                 decoder
-                    .decode(&good.join("\n"))
+                    .decode_lines(&good)
                     .map_err(|e| self.data_error(first, format!("the lines decode one by one but not together: {e}")))?
             }
         };
@@ -465,6 +465,22 @@ impl LineDecoder {
         }
     }
 
+    /// Decodes `lines` into one row each. Joined, an unfinished line can
+    /// run into the next (`{"a":1,"b":` then `2}`, or an open CSV quote)
+    /// and two lines decode as one record: a row count that is not the
+    /// line count is an error, so that each line is judged on its own.
+    fn decode_lines(&self, lines: &[&str]) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        let batch = self.decode(&lines.join("\n"))?;
+        let rows = batch.as_ref().map_or(0, |b| b.num_rows());
+        if rows != lines.len() {
+            return Err(arrow::error::ArrowError::ParseError(match lines {
+                [_] => format!("the line holds {rows} records, not one"),
+                _ => format!("{} lines decode as {rows} records", lines.len()),
+            }));
+        }
+        Ok(batch)
+    }
+
     /// Why one line does not decode, as users read it.
     fn reason(&self, e: &arrow::error::ArrowError) -> String {
         match self.format.format {
@@ -480,7 +496,7 @@ impl LineDecoder {
     /// Appends (index + `base`, reason) for every line of `lines` that
     /// does not decode on its own, halving the lines that fail together.
     fn find_bad(&self, lines: &[&str], base: usize, bad: &mut Vec<(usize, String)>) {
-        match self.decode(&lines.join("\n")) {
+        match self.decode_lines(lines) {
             Ok(_) => {}
             Err(e) if lines.len() == 1 => bad.push((base, self.reason(&e))),
             Err(_) => {
