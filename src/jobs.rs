@@ -159,9 +159,12 @@ pub fn show_jobs<'a>(jobs: impl Iterator<Item = &'a SessionJob>) -> Result<Recor
         Field::new("rows_out", DataType::UInt64, false),
         Field::new("last_checkpoint", DataType::UInt64, true),
         Field::new("watermark_lag_ms", DataType::Int64, true),
+        // Bad records its sources set aside (`scan.dead-letter.path`).
+        Field::new("dead_letters", DataType::UInt64, false),
     ]));
     let (mut ids, mut names, mut states, mut uptime, mut rin, mut rout, mut last, mut lag) =
         (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut dead = vec![];
     for j in jobs {
         let state = j.state();
         let running = !state.is_terminal();
@@ -174,6 +177,7 @@ pub fn show_jobs<'a>(jobs: impl Iterator<Item = &'a SessionJob>) -> Result<Recor
         rout.push(o);
         last.push(j.metrics.checkpoints.last_completed().map(|c| c.id));
         lag.push(if running { watermark_lag_ms(&j.metrics) } else { None });
+        dead.push(j.metrics.dead_letters());
     }
     RecordBatch::try_new(
         schema,
@@ -186,6 +190,7 @@ pub fn show_jobs<'a>(jobs: impl Iterator<Item = &'a SessionJob>) -> Result<Recor
             Arc::new(UInt64Array::from(rout)),
             Arc::new(UInt64Array::from(last)),
             Arc::new(Int64Array::from(lag)),
+            Arc::new(UInt64Array::from(dead)),
         ],
     )
 }
@@ -207,6 +212,7 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
         ("statement".into(), j.record.sql.clone()),
         ("rows_in".into(), rows_in.to_string()),
         ("rows_out".into(), rows_out.to_string()),
+        ("dead_letters".into(), m.dead_letters().to_string()),
     ];
     if let JobState::Failed(reason) = &state {
         rows.push(("failure".into(), reason.clone()));
@@ -232,12 +238,18 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     }
     for n in &m.nodes {
         use std::sync::atomic::Ordering;
+        let dead = n.dead_letters.load(Ordering::Relaxed);
         rows.push((
             format!("operator {}", n.name),
             format!(
-                "in {}, out {}",
+                "in {}, out {}{}",
                 n.rows_in.load(Ordering::Relaxed),
-                n.rows_out.load(Ordering::Relaxed)
+                n.rows_out.load(Ordering::Relaxed),
+                if dead > 0 {
+                    format!(", dead letters {dead}")
+                } else {
+                    String::new()
+                }
             ),
         ));
     }

@@ -6,9 +6,17 @@
 //! finished files are compared with a failure-free run: 0 rows lost, 0
 //! duplicated.
 //!
+//! The job reads two JSON files of bids at a steady pace
+//! (`scan.lines-per-second`); one line in 499 is bad (broken
+//! JSON, a word in a BIGINT column, an impossible timestamp, invalid
+//! UTF-8) and go to a dead-letter directory, whose records are compared
+//! the same way: each bad line exactly once, after any kills.
+//!
 //! Seeded: `WEIR_CRASH_SEED` picks the seed (default fixed),
 //! `WEIR_CRASH_TRIALS` the number of trials (default 20). A failing trial
-//! prints its seed and kill plan.
+//! prints its seed and kill plan. `WEIR_BIN` runs another `weir` binary
+//! than the one cargo built with this test (a release build, or a copy
+//! that a concurrent build cannot replace mid-run).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -33,7 +41,58 @@ impl Rng {
     }
 }
 
-fn job_sql(out: &Path, extra: &str) -> String {
+/// Lines per input file, and one bad line in `BAD_EVERY`.
+const LINES_PER_FILE: u64 = 120_000;
+const BAD_EVERY: u64 = 499;
+
+/// Line `i` (0-based) of input file `f`: a bid one millisecond of event
+/// time after the previous line, or a bad line of one of four kinds.
+fn input_line(f: u64, i: u64) -> Vec<u8> {
+    let ts = format!("2024-01-01 00:{:02}:{:02}.{:03}", i / 60_000, (i / 1000) % 60, i % 1000);
+    if i % BAD_EVERY == BAD_EVERY - 1 {
+        return match (i / BAD_EVERY) % 4 {
+            0 => format!("{{\"auction\":{i},\"price\":").into_bytes(),
+            1 => format!("{{\"auction\":\"a{i}\",\"price\":1,\"dateTime\":\"{ts}\"}}").into_bytes(),
+            2 => format!("{{\"auction\":{f},\"price\":{i},\"dateTime\":\"2024-13-45 99:00:00.000\"}}").into_bytes(),
+            _ => [
+                format!("{{\"auction\":{f},\"price\":{i},\"dateTime\":\"").as_bytes(),
+                b"\xff\xfe\"}",
+            ]
+            .concat(),
+        };
+    }
+    let auction = (i * 7919 + f * 13) % 200;
+    let price = (i * 31) % 1000 + 1;
+    format!("{{\"auction\":{auction},\"price\":{price},\"dateTime\":\"{ts}\"}}").into_bytes()
+}
+
+/// The input files (the same path for every run of this process, so dead
+/// letters, which name their file, compare equal across runs), and the
+/// number of bad lines in them.
+fn input() -> &'static (PathBuf, usize) {
+    static INPUT: std::sync::OnceLock<(PathBuf, usize)> = std::sync::OnceLock::new();
+    INPUT.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("crash-input");
+        std::fs::create_dir_all(&dir).expect("input dir");
+        let mut bad = 0;
+        for f in 0..2 {
+            let mut text = vec![];
+            for i in 0..LINES_PER_FILE {
+                text.extend(input_line(f, i));
+                text.push(b'\n');
+                bad += usize::from(i % BAD_EVERY == BAD_EVERY - 1);
+            }
+            // Written aside and renamed: test processes running at once
+            // write the same bytes, and a reader sees a whole file.
+            let tmp = dir.join(format!(".bids-{f}.json.{}", std::process::id()));
+            std::fs::write(&tmp, &text).expect("write input");
+            std::fs::rename(&tmp, dir.join(format!("bids-{f}.json"))).expect("rename input");
+        }
+        (dir, bad)
+    })
+}
+
+fn job_sql(out: &Path, dead: &Path, extra: &str) -> String {
     format!(
         "SET 'parallelism.default' = '2';
 SET 'execution.checkpointing.interval' = '150 ms';
@@ -41,16 +100,22 @@ SET 'pipeline.name' = 'crash-test';
 {extra}
 CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
   WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND
-) WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events' = '240000',
-        'nexmark.events-per-second' = '100000', 'nexmark.first-event-rate' = '20000');
+) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json',
+        'scan.lines-per-second' = '50000', 'scan.dead-letter.path' = '{}');
 CREATE TABLE out (auction BIGINT, window_start TIMESTAMP(3), cnt BIGINT, total BIGINT)
   WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
 INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)
 FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
 GROUP BY auction, window_start, window_end;
 ",
+        input().0.display(),
+        dead.display(),
         out.display()
     )
+}
+
+fn weir_bin() -> PathBuf {
+    std::env::var_os("WEIR_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")), PathBuf::from)
 }
 
 struct Run {
@@ -59,7 +124,7 @@ struct Run {
 }
 
 fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    let mut c = Command::new(weir_bin());
     c.arg("--data-dir")
         .arg(data)
         .arg("run")
@@ -151,6 +216,8 @@ const FAILPOINTS: &[&str] = &[
     "coordinator.after_commit",
     "sink.pre_committed",
     "sink.file_committed",
+    "dead_letter.pre_committed",
+    "dead_letter.file_committed",
     // A failure during recovery (Flink's "recovery fails once" case).
     "restore.state_laid_out",
 ];
@@ -159,6 +226,7 @@ struct Workspace {
     _dir: tempfile::TempDir,
     data: PathBuf,
     out: PathBuf,
+    dead: PathBuf,
     sql: PathBuf,
 }
 
@@ -170,19 +238,27 @@ fn workspace_with(extra_sql: &str) -> Workspace {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let out = dir.path().join("out");
+    let dead = dir.path().join("dead");
     let sql = dir.path().join("job.sql");
-    std::fs::write(&sql, job_sql(&out, extra_sql)).expect("write sql");
+    std::fs::write(&sql, job_sql(&out, &dead, extra_sql)).expect("write sql");
     Workspace {
         data,
         out,
+        dead,
         sql,
         _dir: dir,
     }
 }
 
-/// The rows of a failure-free run (computed once per test process).
-fn golden() -> &'static BTreeMap<String, usize> {
-    static GOLDEN: std::sync::OnceLock<BTreeMap<String, usize>> = std::sync::OnceLock::new();
+/// The rows and the dead letters of a failure-free run.
+struct Golden {
+    rows: BTreeMap<String, usize>,
+    dead: BTreeMap<String, usize>,
+}
+
+/// The output of a failure-free run (computed once per test process).
+fn golden() -> &'static Golden {
+    static GOLDEN: std::sync::OnceLock<Golden> = std::sync::OnceLock::new();
     GOLDEN.get_or_init(|| {
         let ws = workspace();
         let run = run_once(&ws.data, &ws.sql, None, None);
@@ -202,14 +278,30 @@ fn golden() -> &'static BTreeMap<String, usize> {
             finished_rows(&plain.out),
             "checkpointed and plain failure-free runs differ"
         );
+        let dead = finished_rows(&ws.dead);
+        assert_eq!(
+            dead,
+            finished_rows(&plain.dead),
+            "checkpointed and plain failure-free runs set different records aside"
+        );
+        // Every bad line of the input, once: the oracle is the input itself.
+        let bad = input().1;
+        assert_eq!(dead.len(), bad, "one dead letter per bad line");
+        assert!(dead.values().all(|n| *n == 1), "no dead letter twice");
         let checkpoints = completed_checkpoints(&run.stderr);
         assert!(
-            rows.len() > 1000 && checkpoints >= 5,
-            "the job is too small to test anything: {} rows, {checkpoints} checkpoints",
+            rows.len() > 1000 && checkpoints >= 5 && bad > 400,
+            "the job is too small to test anything: {} rows, {checkpoints} checkpoints, {bad} bad lines",
             rows.len()
         );
-        rows
+        Golden { rows, dead }
     })
+}
+
+/// The visible output and dead letters of `ws` are the golden ones.
+fn assert_same_output(expected: &Golden, ws: &Workspace, what: &str) {
+    assert_same_rows(&expected.rows, &ws.out, what);
+    assert_same_rows(&expected.dead, &ws.dead, &format!("{what}, dead letters"));
 }
 
 fn assert_same_rows(expected: &BTreeMap<String, usize>, out: &Path, what: &str) {
@@ -248,7 +340,7 @@ fn a_failed_task_restarts_the_job_in_process_from_its_latest_checkpoint() {
     assert!(run.stderr.contains("injected task failure"), "{}", run.stderr);
     assert!(run.stderr.contains("restarting (attempt 1 of 3)"), "{}", run.stderr);
     assert!(run.stderr.contains("restoring from checkpoint"), "{}", run.stderr);
-    assert_same_rows(expected, &ws.out, "in-process restart");
+    assert_same_output(expected, &ws, "in-process restart");
 }
 
 #[test]
@@ -262,8 +354,10 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED);
 
-    let golden_rows = golden();
+    let golden = golden();
     let mut kills = 0;
+    // Kills after some dead letters were committed and before all were.
+    let mut kills_amid_dead_letters = 0;
     let mut restores = 0;
     let mut unaligned_in_flight = 0;
     let mut replays = 0;
@@ -317,11 +411,14 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             // would start it afresh, by design.
             let finished = std::fs::read_to_string(ws.data.join("jobs").join("crash-test").join("status"))
                 .is_ok_and(|s| s.trim() == "FINISHED");
+            let committed_dead = finished_rows(&ws.dead).values().sum::<usize>();
+            let amid_dead_letters = committed_dead > 0 && committed_dead < golden.dead.len();
             match run.exited {
                 Some(s) if s.success() => break,
                 None if finished => break,
                 Some(_) if run.stderr.contains("failpoint") => {
                     kills += 1;
+                    kills_amid_dead_letters += usize::from(amid_dead_letters);
                     checkpoints_before_kills += completed_checkpoints(&run.stderr);
                 }
                 Some(s) => panic!(
@@ -330,15 +427,12 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
                 ),
                 None => {
                     kills += 1;
+                    kills_amid_dead_letters += usize::from(amid_dead_letters);
                     checkpoints_before_kills += completed_checkpoints(&run.stderr);
                 }
             }
         }
-        assert_same_rows(
-            golden_rows,
-            &ws.out,
-            &format!("trial {trial} (seed {seed}, plan {plan:?})"),
-        );
+        assert_same_output(golden, &ws, &format!("trial {trial} (seed {seed}, plan {plan:?})"));
     }
     // Not vacuous: processes were really killed mid-run, checkpoints had
     // completed before kills, and restarts restored from them.
@@ -351,8 +445,15 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         restores >= trials as usize / 2,
         "only {restores} restores from a checkpoint"
     );
+    // Dead letters were committed before kills and restored past: a kill
+    // between the first and the last commit of them.
+    assert!(
+        kills_amid_dead_letters >= trials as usize / 2,
+        "only {kills_amid_dead_letters} kills while dead letters were partly committed"
+    );
     eprintln!(
-        "{trials} trials: {kills} kills, {checkpoints_before_kills} checkpoints completed before them, {restores} restores, \
+        "{trials} trials: {kills} kills ({kills_amid_dead_letters} amid dead letters), \
+         {checkpoints_before_kills} checkpoints completed before them, {restores} restores, \
          {unaligned_in_flight} bytes in flight persisted by unaligned checkpoints, {replays} in-flight replays"
     );
 }
@@ -390,7 +491,7 @@ SHOW WATERMARKS FOR JOB 'aligned';
         let out = dir.path().join("out");
         let sql = dir.path().join("job.sql");
         std::fs::write(&sql, job(&out)).expect("write");
-        let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+        let mut c = Command::new(weir_bin());
         c.arg("--data-dir").arg(dir.path().join("data")).arg("run").arg(&sql);
         match failpoint {
             Some(f) => c.env("WEIR_FAILPOINTS", f),

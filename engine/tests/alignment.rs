@@ -183,6 +183,7 @@ fn reader_with_capacity(
         restored: Default::default(),
         triggers: None,
         checkpointing: None,
+        dead_letters: None,
     };
     Reader {
         rx,

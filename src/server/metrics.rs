@@ -111,7 +111,7 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
     }
 
     type NodeValue = fn(&weir_engine::runtime::metrics::NodeMetrics) -> f64;
-    let per_node: [(&str, &str, &str, NodeValue); 5] = [
+    let per_node: [(&str, &str, &str, NodeValue); 6] = [
         (
             "weir_operator_records_in_total",
             "counter",
@@ -129,6 +129,12 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
             "counter",
             "Rows dropped as late (behind the watermark).",
             |n| n.late_rows_dropped.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "weir_operator_dead_letters_total",
+            "counter",
+            "Bad records a source set aside for its dead-letter directory (scan.dead-letter.path).",
+            |n| n.dead_letters.load(Ordering::Relaxed) as f64,
         ),
         (
             "weir_operator_backpressured_seconds_total",

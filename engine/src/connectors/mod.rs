@@ -10,9 +10,12 @@
 //! - [`datagen`]: Flink's datagen (random and sequence fields).
 //! - [`filesystem`]: files as splits; json, csv, parquet; source and sink.
 //! - [`print`], [`blackhole`]: sinks.
+//! - [`dead_letter`]: where sources put records they cannot parse
+//!   (`scan.dead-letter.path`), exactly once with checkpoints.
 
 pub mod blackhole;
 pub mod datagen;
+pub mod dead_letter;
 pub mod filesystem;
 pub mod nexmark;
 pub mod print;
@@ -59,6 +62,15 @@ pub trait SourceSplit: Send {
     fn supports_pause(&self) -> bool {
         true
     }
+
+    /// The bad records the last `poll_batch` set aside for the dead-letter
+    /// directory. The reader takes them right after every poll, so a
+    /// checkpointed `position` covers exactly the records taken before it.
+    /// Only a split whose factory has a [`SourceFactory::dead_letter_dir`]
+    /// sets records aside.
+    fn take_dead_letters(&mut self) -> Vec<dead_letter::BadRecord> {
+        vec![]
+    }
 }
 
 pub trait SourceFactory: Debug + Send + Sync {
@@ -70,6 +82,12 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// Every split of the source. `parallelism` is the number of readers,
     /// for connectors whose split count defaults to it.
     fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
+
+    /// Where bad records go (`scan.dead-letter.path`); `None`: the source
+    /// fails on them or skips them.
+    fn dead_letter_dir(&self) -> Option<&std::path::Path> {
+        None
+    }
 }
 
 /// What a sink writer needs to know about its job.

@@ -28,6 +28,7 @@ use crate::checkpoint::{
     TaskCheckpointing, restore_latest,
 };
 use crate::config::{JobConfig, RestartStrategy, sanitize};
+use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
 use crate::keygroup::KeyEncoder;
@@ -535,6 +536,12 @@ async fn run_attempt(
         {
             committers.insert(n.id, c);
         }
+        // A source's dead letters are committed like a sink's output.
+        if let NodeKind::Source(s) = &n.kind
+            && let Some(dir) = s.factory.dead_letter_dir()
+        {
+            committers.insert(n.id, crate::connectors::dead_letter::committer(dir, &sink_ctx));
+        }
     }
     if let Some(r) = &restored {
         // Output the restored checkpoint pre-committed is committed now
@@ -739,6 +746,11 @@ async fn run_attempt(
                         restored: positions,
                         triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
                         checkpointing: task_ctx(true),
+                        dead_letters: src
+                            .factory
+                            .dead_letter_dir()
+                            .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, head.id, subtask))
+                            .transpose()?,
                     };
                     tasks.spawn(task.run());
                 }

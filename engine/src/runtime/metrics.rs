@@ -9,6 +9,10 @@ pub struct NodeMetrics {
     pub rows_in: AtomicU64,
     pub rows_out: AtomicU64,
     pub late_rows_dropped: AtomicU64,
+    /// Records a source node set aside for its dead-letter directory. A
+    /// restored attempt re-reads from its checkpoint, so records set aside
+    /// after it are counted again (as rows are); the files hold them once.
+    pub dead_letters: AtomicU64,
     /// Highest output watermark of any subtask of the node.
     pub watermark: AtomicI64,
     /// Live keyed state of the node, in bytes (keys + values), all subtasks.
@@ -30,6 +34,7 @@ impl NodeMetrics {
             rows_in: AtomicU64::new(0),
             rows_out: AtomicU64::new(0),
             late_rows_dropped: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
             watermark: AtomicI64::new(i64::MIN),
             state_bytes: AtomicI64::new(0),
             max_event_time: AtomicI64::new(i64::MIN),
@@ -145,19 +150,30 @@ impl JobMetrics {
             .sum()
     }
 
-    /// One line per node: `name: in N, out M[, late L]`.
+    /// Records the job's sources set aside as dead letters.
+    pub fn dead_letters(&self) -> u64 {
+        self.nodes.iter().map(|n| n.dead_letters.load(Ordering::Relaxed)).sum()
+    }
+
+    /// One line per node: `name: in N, out M[, late L][, dead letters D]`.
     pub fn summary(&self) -> String {
         self.nodes
             .iter()
             .map(|n| {
                 let late = n.late_rows_dropped.load(Ordering::Relaxed);
+                let dead = n.dead_letters.load(Ordering::Relaxed);
                 format!(
-                    "{}: in {}, out {}{}",
+                    "{}: in {}, out {}{}{}",
                     n.name,
                     n.rows_in.load(Ordering::Relaxed),
                     n.rows_out.load(Ordering::Relaxed),
                     if late > 0 {
                         format!(", late dropped {late}")
+                    } else {
+                        String::new()
+                    },
+                    if dead > 0 {
+                        format!(", dead letters {dead}")
                     } else {
                         String::new()
                     }

@@ -9,6 +9,11 @@
 //! or below the watermark the rows before it produced, and that watermark is
 //! emitted at the cut. (Rows above the watermark cannot be affected by it,
 //! so no other cut is needed.)
+//!
+//! Bad records a split sets aside are taken after every poll and written
+//! to the reader's dead letters; at a barrier the reader pre-commits them
+//! together with the split positions it records, so both describe the same
+//! moment ([`crate::connectors::dead_letter`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,7 +28,8 @@ use datafusion::physical_expr::PhysicalExpr;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::checkpoint::{SplitPosition, TaskCheckpointing, TaskSnapshot};
+use crate::checkpoint::{OperatorSnapshot, SplitPosition, TaskCheckpointing, TaskSnapshot};
+use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{SourceSplit, SplitPoll};
 use crate::error::{ExecError, Result};
 use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
@@ -91,6 +97,8 @@ pub struct SourceTask {
     /// Barriers the checkpoint coordinator announces, and where to report.
     pub triggers: Option<watch::Receiver<Option<Barrier>>>,
     pub checkpointing: Option<TaskCheckpointing>,
+    /// Where bad records go (`scan.dead-letter.path`), if anywhere.
+    pub dead_letters: Option<DeadLetterWriter>,
 }
 
 struct Reader {
@@ -131,6 +139,52 @@ impl SourceTask {
             )],
             operators: vec![],
         }
+    }
+
+    /// This reader's part of a checkpoint: every split's position and, with
+    /// dead letters, the file of those set aside since the last one,
+    /// pre-committed (it becomes visible when the checkpoint completes).
+    fn snapshot(&mut self, reader: &Reader) -> Result<TaskSnapshot> {
+        let mut snapshot = self.positions(reader);
+        if self.checkpointing.is_some()
+            && let Some(w) = self.dead_letters.as_mut()
+        {
+            let committables = w.pre_commit()?;
+            if !committables.is_empty() {
+                snapshot
+                    .operators
+                    .push((w.key().to_string(), OperatorSnapshot::Sink(committables)));
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// The reader ends: its last part of the final checkpoint, or, without
+    /// checkpointing, its dead letters complete.
+    fn final_snapshot(&mut self, reader: &Reader) -> Result<TaskSnapshot> {
+        if self.checkpointing.is_none()
+            && let Some(w) = self.dead_letters.as_mut()
+        {
+            w.finish()?;
+        }
+        self.snapshot(reader)
+    }
+
+    /// Writes the records split `split` set aside in its last poll.
+    fn write_dead_letters(&mut self, split: &mut dyn SourceSplit) -> Result<()> {
+        let bad = split.take_dead_letters();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let Some(w) = self.dead_letters.as_mut() else {
+            return Err(ExecError::internal(format!(
+                "split {} set records aside, but its source has no dead-letter directory",
+                split.id()
+            )));
+        };
+        w.write(&bad)?;
+        self.metrics.dead_letters.fetch_add(bad.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Checkpoint `b` starts here: record split positions, snapshot the
@@ -199,15 +253,15 @@ impl SourceTask {
             };
             if let Some(b) = barrier.filter(|b| b.checkpoint_id > last_barrier) {
                 last_barrier = b.checkpoint_id;
-                let positions = self.positions(&reader);
-                self.inject_barrier(positions, b, &mut outbox).await?;
+                let snapshot = self.snapshot(&reader)?;
+                self.inject_barrier(snapshot, b, &mut outbox).await?;
             }
             if *self.stop.borrow() || self.chain.is_finished() || self.output.is_closed() {
                 // Stopped on purpose: end without a final watermark, so no
                 // window fires on partial input.
                 self.chain.end_of_input(&mut outbox)?;
                 flush(&mut outbox, &mut self.output).await?;
-                let snapshot = self.positions(&reader);
+                let snapshot = self.final_snapshot(&reader)?;
                 return report_finished(snapshot, &mut self.chain, self.checkpointing.as_ref());
             }
             if reader.splits.iter().all(|s| s.finished) && (self.bounded || !reader.splits.is_empty()) {
@@ -216,8 +270,8 @@ impl SourceTask {
                     a.coordinator.report(a.reader, crate::message::MAX_WATERMARK);
                 }
                 self.publish_status(&reader);
-                let positions = self.positions(&reader);
-                return self.finish(positions, &mut outbox).await;
+                let snapshot = self.final_snapshot(&reader)?;
+                return self.finish(snapshot, &mut outbox).await;
             }
             let mut progressed = false;
             let n = reader.splits.len();
@@ -229,7 +283,9 @@ impl SourceTask {
                 if s.finished || s.align.paused || s.wait_until.is_some_and(|t| t > now) {
                     continue;
                 }
-                match s.split.poll_batch()? {
+                let polled = s.split.poll_batch()?;
+                self.write_dead_letters(s.split.as_mut())?;
+                match polled {
                     SplitPoll::Batch(b) => {
                         s.last_activity = now;
                         s.wait_until = None;
@@ -671,6 +727,7 @@ mod tests {
             restored: HashMap::new(),
             triggers: None,
             checkpointing: None,
+            dead_letters: None,
         }
     }
 

@@ -63,7 +63,8 @@ pub async fn checkpoint_chain(
     output.broadcast(StreamMessage::Barrier(barrier)).await?;
     let Some(cp) = checkpointing else { return Ok(()) };
     let started = Instant::now();
-    snapshot.operators = chain.snapshot(barrier.checkpoint_id)?;
+    // Appended: a source reader's snapshot already holds its dead letters.
+    snapshot.operators.extend(chain.snapshot(barrier.checkpoint_id)?);
     cp.report(TaskReport::Ack {
         checkpoint_id: barrier.checkpoint_id,
         task: cp.task,
@@ -81,7 +82,7 @@ pub fn report_finished(
     checkpointing: Option<&TaskCheckpointing>,
 ) -> Result<()> {
     let Some(cp) = checkpointing else { return Ok(()) };
-    snapshot.operators = chain.final_snapshot()?;
+    snapshot.operators.extend(chain.final_snapshot()?);
     cp.report(TaskReport::Finished {
         task: cp.task,
         snapshot,

@@ -2,9 +2,14 @@
 //! sink (part files per subtask), in `json` (one object per line), `csv` or
 //! `parquet`, with Flink's option names and defaults.
 //!
-//! - `source`: the source and its split readers.
+//! - `source`: the source and its split readers; bad records fail the
+//!   job, are skipped (`*.ignore-parse-errors`) or go to the dead-letter
+//!   directory (`scan.dead-letter.path`, [`crate::connectors::dead_letter`]).
 //! - `sink`: the part-file writer.
+//! - `part_file`: the two-phase commit of files, shared by the sink and
+//!   dead letters.
 
+pub(crate) mod part_file;
 mod sink;
 mod source;
 
@@ -15,6 +20,7 @@ use arrow::datatypes::SchemaRef;
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
 use super::config_error;
+use crate::connectors::dead_letter::PATH_OPTION as DEAD_LETTER_PATH;
 use crate::error::Result;
 
 pub const OPTIONS: &[OptionSpec] = &[
@@ -49,6 +55,17 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .with_default("false"),
     OptionSpec::new("csv.allow-comments", OptionKind::Bool, "ignore lines starting with '#'").with_default("false"),
+    OptionSpec::new(
+        DEAD_LETTER_PATH,
+        OptionKind::Path,
+        "a directory for the records that fail to parse (json, csv): one JSON line each, exactly once with checkpoints",
+    ),
+    OptionSpec::new(
+        "scan.lines-per-second",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "read at most this many lines a second from each file (json, csv; 0 = unlimited): replays at a steady pace",
+    )
+    .with_default("0"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +103,17 @@ pub fn path_of(options: &Options) -> Result<std::path::PathBuf> {
     Ok(crate::paths::local_path(options.require("path")?))
 }
 
+/// The dead-letter directory, if the table has one.
+pub fn dead_letter_path_of(options: &Options) -> Option<std::path::PathBuf> {
+    options.get(DEAD_LETTER_PATH).map(crate::paths::local_path)
+}
+
+/// The same directory, whether spelled alike or not (when both exist).
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let normal = |p: &std::path::Path| p.components().collect::<std::path::PathBuf>();
+    normal(a) == normal(b) || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
 pub fn format_options(options: &Options) -> Result<FormatOptions> {
     let format = match options.require("format")?.to_ascii_lowercase().as_str() {
         "json" => Format::Json,
@@ -109,11 +137,12 @@ pub fn format_options(options: &Options) -> Result<FormatOptions> {
 
 /// Checks what can be checked before the table is used.
 pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
-    path_of(options)?;
+    let path = path_of(options)?;
     let f = format_options(options)?;
     for key in options.raw().keys() {
         let wrong = (key.starts_with("json.") && f.format != Format::Json)
-            || (key.starts_with("csv.") && f.format != Format::Csv);
+            || (key.starts_with("csv.") && f.format != Format::Csv)
+            || (key == "scan.lines-per-second" && f.format == Format::Parquet);
         if wrong {
             return Err(config_error(
                 "filesystem",
@@ -123,6 +152,34 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
                 ),
             )
             .into());
+        }
+    }
+    if let Some(dead) = dead_letter_path_of(options) {
+        let refuse = |message: String| -> Result<()> { Err(config_error("filesystem", message).into()) };
+        if f.format == Format::Parquet {
+            // A parquet file fails as a whole (a row group), never a record.
+            return refuse(format!(
+                "option '{DEAD_LETTER_PATH}' does not apply to format 'parquet': only json and csv records are set aside"
+            ));
+        }
+        if f.ignore_parse_errors {
+            // Two answers to one question: say which, rather than pick one.
+            let key = if f.format == Format::Json {
+                "json.ignore-parse-errors"
+            } else {
+                "csv.ignore-parse-errors"
+            };
+            return refuse(format!(
+                "options '{DEAD_LETTER_PATH}' and '{key}' = 'true' contradict each other: bad records go to the \
+                 dead-letter directory or are skipped; remove one of them"
+            ));
+        }
+        if same_dir(&dead, &path) {
+            // Its files would be read as input by the next scan or restore.
+            return refuse(format!(
+                "option '{DEAD_LETTER_PATH}' must not be the table's own 'path' ({})",
+                path.display()
+            ));
         }
     }
     Ok(())

@@ -1,12 +1,10 @@
 //! Writing files, exactly once: a two-phase-commit sink (Flink's FileSink).
 //!
-//! Each sink subtask writes a hidden in-progress part file
-//! (`.part-<job>-<attempt>-<subtask>-<n>.<ext>.inprogress`). At a
-//! checkpoint barrier it closes the file, syncs it and renames it pending
-//! (`....pending`): durable but invisible (readers skip names starting
-//! with '.'). When the checkpoint is complete the committer renames it to
-//! `part-<job>-<attempt>-<subtask>-<n>.<ext>`, atomically. Part files roll
-//! on every checkpoint, as Flink's bulk formats do.
+//! Each sink subtask writes part files `part-<job>-<attempt>-<subtask>-<n>.<ext>`
+//! through the protocol of [`super::part_file`]: hidden while in progress,
+//! pending (durable, invisible) from the checkpoint barrier, visible when
+//! the checkpoint completes. Part files roll on every checkpoint, as
+//! Flink's bulk formats do.
 //!
 //! Without checkpointing, the file is committed at end of input.
 
@@ -23,11 +21,11 @@ use arrow::util::display::FormatOptions as DisplayOptions;
 use parquet::arrow::ArrowWriter;
 use weir_catalog::Options;
 
+use super::part_file::{PartCommitter, PartFiles, io_err};
 use super::{Format, FormatOptions, format_options, path_of};
 use crate::checkpoint::OperatorSnapshot;
 use crate::connectors::{Committer, SinkContext, SinkFactory};
 use crate::error::{ConnectorError, Result};
-use crate::failpoint::failpoint;
 use crate::operators::{Collector, Operator};
 
 #[derive(Debug)]
@@ -63,10 +61,12 @@ impl SinkFactory for FileSink {
             Format::Parquet => "parquet",
         };
         Ok(Box::new(FileWriter {
-            dir: self.dir.clone(),
-            stem: format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
-            ext,
-            next_part: 0,
+            files: PartFiles::new(
+                self.dir.clone(),
+                format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
+                ext,
+                "sink.pre_committed",
+            ),
             exactly_once: ctx.exactly_once,
             format: self.format.clone(),
             schema: self.schema.clone(),
@@ -75,17 +75,13 @@ impl SinkFactory for FileSink {
     }
 
     fn committer(&self, ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
-        Some(Arc::new(FileCommitter {
-            dir: self.dir.clone(),
-            prefix: format!(".part-{}-", ctx.job_tag),
-        }))
-    }
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> ConnectorError {
-    ConnectorError::Io {
-        path: path.display().to_string(),
-        source,
+        // `<attempt>-<subtask>-<n>` follow the prefix.
+        Some(Arc::new(PartCommitter::new(
+            self.dir.clone(),
+            format!(".part-{}-", ctx.job_tag),
+            3,
+            "sink.file_committed",
+        )))
     }
 }
 
@@ -116,63 +112,6 @@ fn arrow_err(path: &Path, e: arrow::error::ArrowError) -> crate::error::ExecErro
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
-    Ok(())
-}
-
-/// Makes pending part files visible.
-struct FileCommitter {
-    dir: PathBuf,
-    /// Hidden files of this job start with it.
-    prefix: String,
-}
-
-impl Committer for FileCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
-        for c in committables {
-            let (Some(pending), Some(target)) = (c["pending"].as_str(), c["target"].as_str()) else {
-                return Err(crate::error::ExecError::internal(format!(
-                    "not a file committable: {c}"
-                )));
-            };
-            let (pending, target) = (self.dir.join(pending), self.dir.join(target));
-            match std::fs::rename(&pending, &target) {
-                Ok(()) => failpoint("sink.file_committed"),
-                // Committed before (a re-commit after recovery).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && target.exists() => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // Committed before and then moved or deleted downstream
-                    // (as Flink's FileSink, assume committed): failing here
-                    // would make the job unable to ever restore.
-                    tracing::warn!(
-                        "{}: neither pending nor committed part file exists; assuming it was committed and moved",
-                        target.display()
-                    );
-                }
-                Err(e) => return Err(io_err(&pending, e).into()),
-            }
-        }
-        sync_dir(&self.dir)
-    }
-
-    fn recover(&self) -> Result<()> {
-        let entries = match std::fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io_err(&self.dir, e).into()),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| io_err(&self.dir, e))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name.starts_with(&self.prefix) && (name.ends_with(".inprogress") || name.ends_with(".pending")) {
-                std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
-            }
-        }
-        Ok(())
-    }
-}
-
 // One per writer: the size difference between variants does not matter.
 #[allow(clippy::large_enum_variant)]
 enum Out {
@@ -181,11 +120,8 @@ enum Out {
 }
 
 struct FileWriter {
-    dir: PathBuf,
-    /// `part-<job>-<attempt>-<subtask>`; part `n` adds `-<n>.<ext>`.
-    stem: String,
-    ext: &'static str,
-    next_part: u64,
+    /// `part-<job>-<attempt>-<subtask>-<n>.<ext>`.
+    files: PartFiles,
     exactly_once: bool,
     format: FormatOptions,
     schema: SchemaRef,
@@ -193,12 +129,8 @@ struct FileWriter {
 }
 
 impl FileWriter {
-    fn final_name(&self) -> String {
-        format!("{}-{}.{}", self.stem, self.next_part, self.ext)
-    }
-
     fn in_progress_path(&self) -> PathBuf {
-        self.dir.join(format!(".{}.inprogress", self.final_name()))
+        self.files.in_progress_path()
     }
 
     fn io(&self, source: std::io::Error) -> ConnectorError {
@@ -242,16 +174,10 @@ impl FileWriter {
     /// Phase one: the part file becomes pending (durable, invisible) and
     /// its committable is returned; the next rows go to a new part.
     fn pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
-        let Some(path) = self.close_part()? else {
+        if self.close_part()?.is_none() {
             return Ok(vec![]);
-        };
-        let target = self.final_name();
-        let pending = format!(".{target}.pending");
-        std::fs::rename(&path, self.dir.join(&pending)).map_err(|e| self.io(e))?;
-        sync_dir(&self.dir)?;
-        failpoint("sink.pre_committed");
-        self.next_part += 1;
-        Ok(vec![serde_json::json!({ "pending": pending, "target": target })])
+        }
+        Ok(vec![self.files.pre_commit()?])
     }
 
     /// Timestamps as text the way Flink writes them.
@@ -330,10 +256,8 @@ impl Operator for FileWriter {
             // Committed by the final checkpoint (`final_snapshot`).
             return Ok(());
         }
-        if let Some(path) = self.close_part()? {
-            let target = self.dir.join(self.final_name());
-            std::fs::rename(&path, &target).map_err(|e| self.io(e))?;
-            self.next_part += 1;
+        if self.close_part()?.is_some() {
+            self.files.commit_now()?;
         }
         Ok(())
     }

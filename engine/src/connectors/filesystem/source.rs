@@ -1,10 +1,21 @@
 //! Reading files. Each file is a split with its own offset (rows read).
 //! Bad records fail the job with the file and line (json, csv) or row group
-//! (parquet), unless `*.ignore-parse-errors` is set.
+//! (parquet), are skipped (`*.ignore-parse-errors`), or are set aside for
+//! the dead-letter directory (`scan.dead-letter.path`).
+//!
+//! The checkpointed position of a json or csv file is the number of lines
+//! consumed (good, bad, blank and comment lines alike): every line before
+//! it, and no line after it, had its rows emitted or was set aside when
+//! the reader took the position (a poll consumes whole lines, and the
+//! reader takes the bad records after every poll). That is what keeps dead
+//! letters exactly once across a restore; rows alone could not tell which
+//! bad lines between two good rows were already set aside. Parquet files
+//! have no lines: their position is rows.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -12,7 +23,8 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
-use super::{Format, FormatOptions, format_options, path_of};
+use super::{Format, FormatOptions, dead_letter_path_of, format_options, path_of};
+use crate::connectors::dead_letter::BadRecord;
 use crate::connectors::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::{ConnectorError, Result};
 
@@ -21,6 +33,9 @@ pub struct FileSource {
     path: PathBuf,
     format: FormatOptions,
     schema: SchemaRef,
+    dead_letters: Option<PathBuf>,
+    /// `scan.lines-per-second` (0: unlimited).
+    lines_per_second: u64,
 }
 
 impl FileSource {
@@ -29,6 +44,8 @@ impl FileSource {
             path: path_of(options)?,
             format: format_options(options)?,
             schema,
+            dead_letters: dead_letter_path_of(options),
+            lines_per_second: options.i64("scan.lines-per-second")?.unwrap_or(0).max(0) as u64,
         })
     }
 
@@ -70,13 +87,42 @@ impl SourceFactory for FileSource {
     }
 
     fn create_splits(&self, _parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
-        self.files()?
+        let on_bad = if self.dead_letters.is_some() {
+            OnBadRecord::SetAside
+        } else if self.format.ignore_parse_errors {
+            OnBadRecord::Skip
+        } else {
+            OnBadRecord::Fail
+        };
+        Ok(self
+            .files()?
             .into_iter()
-            .map(|f| -> Result<Box<dyn SourceSplit>> {
-                Ok(Box::new(FileSplit::open(f, self.format.clone(), self.schema.clone())?))
+            .map(|f| -> Box<dyn SourceSplit> {
+                Box::new(FileSplit::new(
+                    f,
+                    self.format.clone(),
+                    self.schema.clone(),
+                    on_bad,
+                    self.lines_per_second,
+                ))
             })
-            .collect()
+            .collect())
     }
+
+    fn dead_letter_dir(&self) -> Option<&std::path::Path> {
+        self.dead_letters.as_deref()
+    }
+}
+
+/// What a split does with a record that does not parse or convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnBadRecord {
+    /// Fail the job with the file and line.
+    Fail,
+    /// `*.ignore-parse-errors`: drop it (logged at debug level).
+    Skip,
+    /// `scan.dead-letter.path`: hand it to the reader for the dead letters.
+    SetAside,
 }
 
 enum Reader {
@@ -84,29 +130,61 @@ enum Reader {
     Parquet(ParquetRecordBatchReader),
 }
 
+/// One line as read: its number, where it starts, and its text (the
+/// bytes if they are not UTF-8).
+struct RawLine {
+    number: u64,
+    byte_offset: u64,
+    text: std::result::Result<String, Vec<u8>>,
+}
+
 pub struct FileSplit {
     path: PathBuf,
     format: FormatOptions,
     schema: SchemaRef,
+    on_bad: OnBadRecord,
     reader: Option<Reader>,
-    /// Lines consumed (json, csv) or rows (parquet).
+    /// Lines consumed (json, csv): the checkpointed position.
     line: u64,
+    /// Bytes consumed (json, csv).
+    byte: u64,
+    /// Rows produced (parquet: the checkpointed position).
     rows: u64,
-    /// Rows still to skip after a seek.
+    /// After a seek: lines (json, csv) or rows (parquet) read again
+    /// without emitting them; their bad records were dealt with before.
     skip: u64,
+    /// Bad records of the last poll, for the dead letters.
+    set_aside: Vec<BadRecord>,
+    /// `scan.lines-per-second` (0: unlimited), from `throttle_start`.
+    lines_per_second: u64,
+    throttle_start: Option<(tokio::time::Instant, u64)>,
+    /// Most lines read by one poll.
+    max_lines: usize,
 }
 
 impl FileSplit {
-    fn open(path: PathBuf, format: FormatOptions, schema: SchemaRef) -> Result<Self> {
-        Ok(Self {
+    fn new(
+        path: PathBuf,
+        format: FormatOptions,
+        schema: SchemaRef,
+        on_bad: OnBadRecord,
+        lines_per_second: u64,
+    ) -> Self {
+        Self {
             path,
             format,
             schema,
+            on_bad,
             reader: None,
             line: 0,
+            byte: 0,
             rows: 0,
             skip: 0,
-        })
+            set_aside: vec![],
+            lines_per_second,
+            throttle_start: None,
+            max_lines: DEFAULT_BATCH_ROWS,
+        }
     }
 
     fn io(&self, source: std::io::Error) -> ConnectorError {
@@ -160,119 +238,273 @@ impl FileSplit {
         Ok(())
     }
 
-    /// Reads up to a batch of lines: (first line number, lines).
-    fn read_lines(&mut self) -> Result<(u64, Vec<String>)> {
-        let first = self.line + 1;
+    /// With `scan.lines-per-second`: how many lines may be read now, or
+    /// the instant the next may. Lines read again after a seek are free.
+    fn line_budget(&mut self, replaying: bool) -> std::result::Result<usize, tokio::time::Instant> {
+        if self.lines_per_second == 0 || replaying {
+            return Ok(self.max_lines);
+        }
+        let now = tokio::time::Instant::now();
+        let (start, first_line) = *self.throttle_start.get_or_insert((now, self.line));
+        let read = self.line - first_line;
+        let due = start + Duration::from_secs_f64(read as f64 / self.lines_per_second as f64);
+        if due > now {
+            return Err(due);
+        }
+        // About 50 ms of lines at a time, so the pace is steady.
+        Ok(((self.lines_per_second / 20) as usize).clamp(1, self.max_lines))
+    }
+
+    /// Reads up to `max` lines.
+    fn read_lines(&mut self, max: usize) -> Result<Vec<RawLine>> {
         let mut lines = vec![];
         let Some(Reader::Lines(r)) = &mut self.reader else {
-            return Ok((first, lines));
+            return Ok(lines);
         };
-        let mut buf = String::new();
-        while lines.len() < DEFAULT_BATCH_ROWS {
+        let mut buf = Vec::new();
+        while lines.len() < max {
             buf.clear();
-            let n = r.read_line(&mut buf).map_err(|e| ConnectorError::Io {
+            let n = r.read_until(b'\n', &mut buf).map_err(|e| ConnectorError::Io {
                 path: self.path.display().to_string(),
                 source: e,
             })?;
             if n == 0 {
                 break;
             }
-            lines.push(buf.trim_end_matches(['\n', '\r']).to_string());
+            while matches!(buf.last(), Some(b'\n' | b'\r')) {
+                buf.pop();
+            }
+            let number = self.line + lines.len() as u64 + 1;
+            lines.push(RawLine {
+                number,
+                byte_offset: self.byte,
+                text: String::from_utf8(std::mem::take(&mut buf)).map_err(|e| e.into_bytes()),
+            });
+            self.byte += n as u64;
         }
         self.line += lines.len() as u64;
-        Ok((first, lines))
+        Ok(lines)
     }
 
-    fn decode_json(&self, lines: &[String], first: u64) -> Result<Option<RecordBatch>> {
-        let decode = |text: &str| -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
-            let mut d = arrow::json::ReaderBuilder::new(self.schema.clone())
-                .with_batch_size(DEFAULT_BATCH_ROWS)
-                .build_decoder()?;
-            d.decode(text.as_bytes())?;
-            d.flush()
+    /// Decodes a chunk of lines into one batch. Bad lines are found by
+    /// bisection (a chunk with a few bad lines costs a few decodes of its
+    /// halves, not one per line) and failed on, skipped or set aside;
+    /// `replay` (lines read again after a seek) only counts.
+    fn decode_chunk(&mut self, lines: Vec<RawLine>, replay: bool) -> Result<Option<RecordBatch>> {
+        let decoder = LineDecoder {
+            format: self.format.clone(),
+            schema: self.schema.clone(),
         };
-        let keep: Vec<&String> = lines.iter().filter(|l| !l.trim().is_empty()).collect();
-        let joined = keep.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n");
-        match decode(&joined) {
-            Ok(b) => Ok(b),
-            Err(e) => {
-                // Find the line at fault, line by line.
-                let mut good = vec![];
-                for (i, l) in lines.iter().enumerate() {
-                    if l.trim().is_empty() {
-                        continue;
-                    }
-                    match decode(l) {
-                        Ok(_) => good.push(l.as_str()),
-                        Err(le) if self.format.ignore_parse_errors => {
-                            tracing::debug!("{}:{}: skipped: {le}", self.path.display(), first + i as u64);
-                        }
-                        Err(le) => {
-                            return Err(self
-                                .data_error(first + i as u64, format!("invalid JSON record: {le}"))
-                                .into());
-                        }
-                    }
+        let is_comment =
+            |l: &str| self.format.allow_comments && self.format.format == Format::Csv && l.starts_with('#');
+        let mut texts: Vec<(&RawLine, &str)> = vec![];
+        let mut bad: Vec<(&RawLine, String)> = vec![];
+        for l in &lines {
+            match &l.text {
+                Ok(t) if t.trim().is_empty() || is_comment(t) => {}
+                Ok(t) => texts.push((l, t.as_str())),
+                Err(bytes) => {
+                    let valid = std::str::from_utf8(bytes).err().map_or(0, |e| e.valid_up_to());
+                    bad.push((l, format!("invalid UTF-8 after byte {valid} of the line")));
                 }
-                if !self.format.ignore_parse_errors {
-                    return Err(self.data_error(first, format!("invalid JSON: {e}")).into());
-                }
-                Ok(decode(&good.join("\n")).map_err(|e| self.data_error(first, e))?)
             }
         }
-    }
-
-    fn decode_csv(&self, lines: &[String], first: u64) -> Result<Option<RecordBatch>> {
-        let build = || {
-            arrow::csv::ReaderBuilder::new(self.schema.clone())
-                .with_header(false)
-                .with_delimiter(self.format.delimiter)
-                .with_quote(self.format.quote)
-                .with_batch_size(DEFAULT_BATCH_ROWS)
+        let all: Vec<&str> = texts.iter().map(|(_, t)| *t).collect();
+        let batch = match decoder.decode_lines(&all) {
+            Ok(b) if bad.is_empty() => return Ok(b),
+            Ok(b) => Some(b),
+            Err(_) => None,
         };
-        let decode = |text: &str| -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
-            let mut out: Vec<RecordBatch> = vec![];
-            for b in build().build(std::io::Cursor::new(text.as_bytes()))? {
-                out.push(b?);
-            }
-            match out.len() {
-                0 => Ok(None),
-                _ => arrow::compute::concat_batches(&self.schema, &out).map(Some),
+        let batch = match batch {
+            Some(b) => b,
+            None => {
+                let mut failed = vec![];
+                decoder.find_bad(&all, 0, &mut failed);
+                for (i, reason) in failed {
+                    bad.push((texts[i].0, reason));
+                }
+                let bad_numbers: std::collections::HashSet<u64> = bad.iter().map(|(l, _)| l.number).collect();
+                let good: Vec<&str> = texts
+                    .iter()
+                    .filter(|(l, _)| !bad_numbers.contains(&l.number))
+                    .map(|(_, t)| *t)
+                    .collect();
+                let first = lines.first().map_or(self.line, |l| l.number);
+                decoder
+                    .decode_lines(&good)
+                    .map_err(|e| self.data_error(first, format!("the lines decode one by one but not together: {e}")))?
             }
         };
-        let is_comment = |l: &str| self.format.allow_comments && l.starts_with('#');
-        let keep: Vec<(usize, &String)> = lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty() && !is_comment(l))
-            .collect();
-        let joined = keep.iter().map(|(_, s)| s.as_str()).collect::<Vec<_>>().join("\n");
-        match decode(&joined) {
-            Ok(b) => Ok(b),
-            Err(e) => {
-                let mut good = vec![];
-                for (i, l) in &keep {
-                    match decode(l) {
-                        Ok(_) => good.push(l.as_str()),
-                        Err(_) if self.format.ignore_parse_errors => {}
-                        Err(le) => {
-                            let msg = le.to_string().replace(" at line 0", "").replace(" at line 1", "");
-                            return Err(self
-                                .data_error(first + *i as u64, format!("invalid CSV record: {msg}"))
-                                .into());
-                        }
-                    }
+        bad.sort_by_key(|(l, _)| l.number);
+        if replay {
+            return Ok(batch);
+        }
+        match self.on_bad {
+            OnBadRecord::Fail => {
+                if let Some((l, reason)) = bad.first() {
+                    return Err(self.data_error(l.number, reason).into());
                 }
-                if !self.format.ignore_parse_errors {
-                    return Err(self.data_error(first, format!("invalid CSV: {e}")).into());
+            }
+            OnBadRecord::Skip => {
+                for (l, reason) in &bad {
+                    tracing::debug!("{}:{}: skipped: {reason}", self.path.display(), l.number);
                 }
-                Ok(decode(&good.join("\n")).map_err(|e| self.data_error(first, e))?)
+            }
+            OnBadRecord::SetAside => {
+                let file = self.path.display().to_string();
+                self.set_aside.extend(bad.into_iter().map(|(l, reason)| BadRecord {
+                    file: file.clone(),
+                    line: l.number,
+                    byte_offset: l.byte_offset,
+                    raw: match &l.text {
+                        Ok(t) => t.as_bytes().to_vec(),
+                        Err(b) => b.clone(),
+                    },
+                    reason,
+                }));
             }
         }
+        Ok(batch)
     }
 
     fn align(&self, batch: RecordBatch) -> Result<RecordBatch> {
         crate::operators::calc::batch_with_schema(&self.schema, batch.columns().to_vec())
+    }
+
+    fn poll_parquet(&mut self) -> Result<SplitPoll> {
+        loop {
+            let Some(Reader::Parquet(r)) = &mut self.reader else {
+                return Ok(SplitPoll::Finished);
+            };
+            let mut b = match r.next() {
+                None => return Ok(SplitPoll::Finished),
+                Some(Ok(b)) => b,
+                Some(Err(e)) => {
+                    return Err(self
+                        .data_error(self.rows, format!("parquet read failed after row {}: {e}", self.rows))
+                        .into());
+                }
+            };
+            if self.skip > 0 {
+                // Rows are counted after decoding, so skipping decoded rows
+                // lands on the same row whatever the batch boundaries were.
+                let k = self.skip.min(b.num_rows() as u64);
+                self.skip -= k;
+                self.rows += k;
+                b = b.slice(k as usize, b.num_rows() - k as usize);
+            }
+            if b.num_rows() > 0 {
+                self.rows += b.num_rows() as u64;
+                return Ok(SplitPoll::Batch(self.align(b)?));
+            }
+        }
+    }
+
+    fn poll_lines(&mut self) -> Result<SplitPoll> {
+        loop {
+            let replay = self.skip > 0;
+            let max = match self.line_budget(replay) {
+                Ok(n) if replay => n.min(self.skip as usize),
+                Ok(n) => n,
+                Err(due) => return Ok(SplitPoll::Wait(due)),
+            };
+            let lines = self.read_lines(max)?;
+            if lines.is_empty() {
+                return Ok(SplitPoll::Finished);
+            }
+            if replay {
+                // A chunk never straddles the position (`max` above).
+                self.skip -= lines.len() as u64;
+            }
+            let batch = self.decode_chunk(lines, replay)?;
+            let rows = batch.as_ref().map_or(0, |b| b.num_rows() as u64);
+            self.rows += rows;
+            match batch {
+                Some(b) if rows > 0 && !replay => return Ok(SplitPoll::Batch(b)),
+                // Only bad lines: the reader takes them before the next poll.
+                _ if !self.set_aside.is_empty() => {
+                    return Ok(SplitPoll::Wait(tokio::time::Instant::now()));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Decodes lines of one format into batches of the table's schema.
+struct LineDecoder {
+    format: FormatOptions,
+    schema: SchemaRef,
+}
+
+impl LineDecoder {
+    fn decode(&self, text: &str) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        if self.format.format == Format::Json {
+            let mut d = arrow::json::ReaderBuilder::new(self.schema.clone())
+                .with_batch_size(DEFAULT_BATCH_ROWS)
+                .build_decoder()?;
+            d.decode(text.as_bytes())?;
+            return d.flush();
+        }
+        let reader = arrow::csv::ReaderBuilder::new(self.schema.clone())
+            .with_header(false)
+            .with_delimiter(self.format.delimiter)
+            .with_quote(self.format.quote)
+            .with_batch_size(DEFAULT_BATCH_ROWS)
+            .build(std::io::Cursor::new(text.as_bytes()))?;
+        let mut out: Vec<RecordBatch> = vec![];
+        for b in reader {
+            out.push(b?);
+        }
+        match out.len() {
+            0 => Ok(None),
+            _ => arrow::compute::concat_batches(&self.schema, &out).map(Some),
+        }
+    }
+
+    /// Decodes `lines` into one row each. Joined, an unfinished line can
+    /// run into the next (`{"a":1,"b":` then `2}`, or an open CSV quote)
+    /// and two lines decode as one record: a row count that is not the
+    /// line count is an error, so that each line is judged on its own.
+    fn decode_lines(&self, lines: &[&str]) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        let batch = self.decode(&lines.join("\n"))?;
+        let rows = batch.as_ref().map_or(0, |b| b.num_rows());
+        if rows != lines.len() {
+            return Err(arrow::error::ArrowError::ParseError(match lines {
+                [_] => format!("the line holds {rows} records, not one"),
+                _ => format!("{} lines decode as {rows} records", lines.len()),
+            }));
+        }
+        Ok(batch)
+    }
+
+    /// Why one line does not decode, as users read it.
+    fn reason(&self, e: &arrow::error::ArrowError) -> String {
+        match self.format.format {
+            Format::Json => format!("invalid JSON record: {e}"),
+            // The reader numbers lines within what it was given: meaningless here.
+            _ => format!(
+                "invalid CSV record: {}",
+                e.to_string().replace(" at line 0", "").replace(" at line 1", "")
+            ),
+        }
+    }
+
+    /// Appends (index + `base`, reason) for every line of `lines` that
+    /// does not decode on its own, halving the lines that fail together.
+    fn find_bad(&self, lines: &[&str], base: usize, bad: &mut Vec<(usize, String)>) {
+        match self.decode_lines(lines) {
+            Ok(_) => {}
+            Err(e) if lines.len() == 1 => bad.push((base, self.reason(&e))),
+            Err(_) => {
+                let mid = lines.len() / 2;
+                self.find_bad(&lines[..mid], base, bad);
+                self.find_bad(&lines[mid..], base + mid, bad);
+            }
+        }
     }
 }
 
@@ -285,61 +517,130 @@ impl SourceSplit for FileSplit {
         self.rows
     }
 
+    fn position(&self) -> u64 {
+        // Lines or rows still to read again after a seek count as read:
+        // a checkpoint taken before they are must not move the position
+        // back (their records were dealt with by an earlier attempt).
+        self.skip
+            + match self.format.format {
+                Format::Parquet => self.rows,
+                _ => self.line,
+            }
+    }
+
     fn seek(&mut self, position: u64) -> Result<()> {
-        // Rows are counted after decoding, so skipping decoded rows lands
-        // on the same row whatever the batch boundaries were.
         self.skip = position;
         Ok(())
     }
 
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         self.ensure_open()?;
-        loop {
-            let batch = match self.format.format {
-                Format::Parquet => {
-                    let Some(Reader::Parquet(r)) = &mut self.reader else {
-                        return Ok(SplitPoll::Finished);
-                    };
-                    match r.next() {
-                        None => return Ok(SplitPoll::Finished),
-                        Some(Ok(b)) => Some(b),
-                        Some(Err(e)) => {
-                            return Err(self
-                                .data_error(self.rows, format!("parquet read failed after row {}: {e}", self.rows))
-                                .into());
-                        }
-                    }
+        match self.format.format {
+            Format::Parquet => self.poll_parquet(),
+            _ => self.poll_lines(),
+        }
+    }
+
+    fn take_dead_letters(&mut self) -> Vec<BadRecord> {
+        std::mem::take(&mut self.set_aside)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    use super::*;
+
+    fn csv_split(path: &std::path::Path, max_lines: usize) -> FileSplit {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let format = FormatOptions {
+            format: Format::Csv,
+            ignore_parse_errors: false,
+            iso_timestamps: false,
+            delimiter: b',',
+            quote: b'"',
+            allow_comments: false,
+        };
+        let mut s = FileSplit::new(path.to_path_buf(), format, schema, OnBadRecord::SetAside, 0);
+        s.max_lines = max_lines;
+        s
+    }
+
+    /// Polls until `polls` batches were returned or the split finished:
+    /// (ids emitted, bad lines set aside, finished).
+    fn read(split: &mut FileSplit, polls: usize) -> (Vec<i64>, Vec<u64>, bool) {
+        let (mut ids, mut bad) = (vec![], vec![]);
+        let mut batches = 0;
+        while batches < polls {
+            let polled = split.poll_batch().expect("poll");
+            bad.extend(split.take_dead_letters().iter().map(|r| r.line));
+            match polled {
+                SplitPoll::Batch(b) => {
+                    let col: &Int64Array = b.column(0).as_primitive::<Int64Type>();
+                    ids.extend(col.values().iter().copied());
+                    batches += 1;
                 }
-                f => {
-                    let (first, lines) = self.read_lines()?;
-                    if lines.is_empty() {
-                        return Ok(SplitPoll::Finished);
-                    }
-                    if f == Format::Json {
-                        self.decode_json(&lines, first)?
-                    } else {
-                        self.decode_csv(&lines, first)?
-                    }
-                }
-            };
-            if let Some(mut b) = batch.filter(|b| b.num_rows() > 0) {
-                if self.skip > 0 {
-                    let k = self.skip.min(b.num_rows() as u64);
-                    self.skip -= k;
-                    self.rows += k;
-                    b = b.slice(k as usize, b.num_rows() - k as usize);
-                    if b.num_rows() == 0 {
-                        continue;
-                    }
-                }
-                self.rows += b.num_rows() as u64;
-                let b = if self.format.format == Format::Parquet {
-                    self.align(b)?
-                } else {
-                    b
-                };
-                return Ok(SplitPoll::Batch(b));
+                SplitPoll::Wait(_) => {}
+                SplitPoll::Finished => return (ids, bad, true),
             }
         }
+        (ids, bad, false)
+    }
+
+    /// The invariant dead letters rest on: a split resumed at the position
+    /// of another, wherever that one stopped, sets aside exactly the bad
+    /// lines the other had not, and emits exactly the rows it had not.
+    #[test]
+    fn a_split_resumed_at_a_position_continues_exactly_where_it_was() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.csv");
+        let mut text = String::new();
+        let (mut good, mut bad) = (vec![], vec![]);
+        for i in 1..=60i64 {
+            if i % 7 == 0 {
+                text.push_str(&format!("{i},x\n"));
+                bad.push(i as u64);
+            } else if i % 11 == 0 {
+                text.push('\n');
+            } else {
+                text.push_str(&format!("{i},{}\n", i * 2));
+                good.push(i);
+            }
+        }
+        std::fs::write(&path, text).expect("write");
+        for polls in 0..=20 {
+            let mut first = csv_split(&path, 4);
+            let (mut ids, mut set_aside, finished) = read(&mut first, polls);
+            let mut second = csv_split(&path, 4);
+            second.seek(first.position()).expect("seek");
+            let (more_ids, more_bad, _) = read(&mut second, usize::MAX);
+            ids.extend(more_ids);
+            set_aside.extend(more_bad);
+            assert_eq!(ids, good, "rows, cut after {polls} polls");
+            assert_eq!(set_aside, bad, "bad lines, cut after {polls} polls");
+            if finished {
+                assert_eq!(first.position(), 60);
+            }
+            // The resumed split counts the rows it skipped.
+            assert_eq!(second.offset(), good.len() as u64);
+        }
+    }
+
+    #[test]
+    fn a_bad_record_fails_the_split_with_its_file_and_line_unless_set_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.csv");
+        std::fs::write(&path, "1,2\n3,x\n").expect("write");
+        let mut split = csv_split(&path, 8);
+        split.on_bad = OnBadRecord::Fail;
+        let err = split.poll_batch().err().expect("an error").to_string();
+        assert!(err.contains("in.csv:2: invalid CSV record"), "{err}");
     }
 }
