@@ -146,6 +146,8 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
             line: last.span.end.line,
             column: last.span.end.column,
         };
+        check_nesting(part)?;
+        check_no_internal_names(part)?;
         let tokens = rewrite_tvf_tokens(part.to_vec());
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
@@ -164,6 +166,119 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         });
     }
     Ok(out)
+}
+
+/// The deepest a statement's expressions may nest, counted as
+/// [`check_nesting`] does. As sqlparser's own recursion limit (50), sized
+/// for a 2 MiB stack in a debug build: a chain of 100 `::BIGINT` casts
+/// overflowed it in planning.
+pub const MAX_NESTING: usize = 64;
+
+/// Refuses a statement whose syntax tree could be deeper than
+/// [`MAX_NESTING`], before sqlparser builds it.
+///
+/// sqlparser's recursion limit covers what it parses by recursion
+/// (parentheses, subqueries, unary operators), but chains of binary
+/// operators (`1 + 1 + ...`, `a OR b OR ...`, `x::INT::INT`) and of set
+/// operations (`... UNION ALL ...`) are built by a loop into a left-deep
+/// tree, one level per operator. Everything that walks the tree afterwards
+/// recurses once per level (our rewrite, DataFusion's planner, `Display`,
+/// `Drop`), so a long enough chain overflowed the stack and aborted the
+/// process, a server included. The bound is on tokens: for each open
+/// parenthesis (or `CASE ... END`), the operators and keywords of the list
+/// item being read, summed over the open levels. That is at least the tree's
+/// depth, while long lists (`IN (1, 2, ...)`, many columns, many `WHEN`s)
+/// stay cheap.
+fn check_nesting(tokens: &[TokenWithSpan]) -> Result<()> {
+    /// An open parenthesis (or CASE): operators in its current list item,
+    /// and whether that list is a FROM list, whose items are joined (a
+    /// comma is a join, one more level of the plan).
+    #[derive(Default)]
+    struct Level {
+        operators: usize,
+        in_from: bool,
+    }
+    let mut levels: Vec<Level> = vec![Level::default()];
+    let mut total = 0usize;
+    for t in tokens {
+        let keyword = match &t.token {
+            Token::Word(w) if w.quote_style.is_none() => w.keyword,
+            _ => Keyword::NoKeyword,
+        };
+        let top = levels.len() - 1;
+        match (&t.token, keyword) {
+            (Token::LParen | Token::LBracket | Token::LBrace, _) | (_, Keyword::CASE) => levels.push(Level::default()),
+            (Token::RParen | Token::RBracket | Token::RBrace, _) | (_, Keyword::END) if top > 0 => {
+                total -= levels.pop().map_or(0, |l| l.operators);
+            }
+            // The next item of a list or branch of a CASE: what came before
+            // is a sibling, not a parent.
+            (Token::Comma, _) if !levels[top].in_from => {
+                total -= std::mem::take(&mut levels[top].operators);
+            }
+            (_, Keyword::WHEN | Keyword::THEN | Keyword::ELSE) if top > 0 => {
+                total -= std::mem::take(&mut levels[top].operators);
+            }
+            // Literals and names add no level.
+            (Token::Whitespace(_) | Token::Word(_), Keyword::NoKeyword)
+            | (
+                Token::Number(..)
+                | Token::SingleQuotedString(_)
+                | Token::DoubleQuotedString(_)
+                | Token::NationalStringLiteral(_)
+                | Token::HexStringLiteral(_)
+                | Token::Placeholder(_)
+                | Token::Period
+                | Token::SemiColon,
+                _,
+            ) => {}
+            // Operators, keywords and joins: each may be one more level.
+            _ => {
+                levels[top].operators += 1;
+                total += 1;
+                match keyword {
+                    Keyword::FROM => levels[top].in_from = true,
+                    Keyword::WHERE
+                    | Keyword::GROUP
+                    | Keyword::HAVING
+                    | Keyword::ORDER
+                    | Keyword::LIMIT
+                    | Keyword::WINDOW
+                    | Keyword::SELECT => levels[top].in_from = false,
+                    _ => {}
+                }
+            }
+        }
+        if total + levels.len() > MAX_NESTING {
+            return Err(SqlError::new(
+                ErrorKind::Parse,
+                format!(
+                    "expression nested too deeply: more than {MAX_NESTING} operators or levels in one \
+                     expression; split it (a long OR chain of equalities is an IN list)"
+                ),
+            )
+            .at(loc(t)));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses the window marker function in user SQL: the rewrite writes it
+/// with checked arguments, but called directly it reached the window
+/// operator with a slide of 0 (a division by zero in the task).
+fn check_no_internal_names(tokens: &[TokenWithSpan]) -> Result<()> {
+    for t in tokens {
+        if let Token::Word(w) = &t.token
+            && w.value.eq_ignore_ascii_case(crate::udf::WINDOW_FN)
+        {
+            return Err(SqlError::plan(format!(
+                "{} is internal to Weir; use TUMBLE, HOP or CUMULATE",
+                crate::udf::WINDOW_FN
+            ))
+            .at(loc(t)));
+        }
+    }
+    Ok(())
 }
 
 /// The text between two 1-based positions.
@@ -236,8 +351,13 @@ fn parse_one(tokens: Vec<TokenWithSpan>) -> Result<Statement> {
 fn parse_statement(p: &mut Parser) -> Result<Statement> {
     let start = p.peek_token();
     if p.parse_keyword(Keyword::EXPLAIN) {
-        // EXPLAIN [PLAN FOR] <statement>
+        // EXPLAIN [PLAN FOR] <statement>. Not recursive: `EXPLAIN EXPLAIN
+        // ...` repeated overflowed the stack.
         let _ = p.parse_keywords(&[Keyword::PLAN, Keyword::FOR]);
+        let inner = p.peek_token();
+        if matches!(&inner.token, Token::Word(w) if w.keyword == Keyword::EXPLAIN) {
+            return Err(SqlError::unsupported("EXPLAIN of an EXPLAIN is not supported").at(loc(&inner)));
+        }
         return Ok(Statement::Explain(Box::new(parse_statement(p)?)));
     }
     if p.parse_keyword(Keyword::CREATE) {
@@ -605,6 +725,58 @@ mod tests {
     fn syntax_errors_carry_position() {
         let e = parse("SELECT 1;\nCREATE TABLE t (a BIGINT,, b INT)").expect_err("bad");
         assert_eq!(e.location, Some(Location { line: 2, column: 26 }), "{e}");
+    }
+
+    #[test]
+    fn long_operator_chains_are_refused_with_their_position() {
+        // Built by a loop in sqlparser, walked by recursion everywhere
+        // else: 200 000 of them overflowed the stack.
+        for sql in [
+            format!("SELECT 1{}", " + 1".repeat(200_000)),
+            format!("SELECT 1{}", " UNION ALL SELECT 1".repeat(MAX_NESTING)),
+            format!("SELECT 1{}", "::BIGINT".repeat(MAX_NESTING)),
+            format!(
+                "SELECT * FROM t0{}",
+                (1..MAX_NESTING).map(|i| format!(", t{i}")).collect::<String>()
+            ),
+            format!("SELECT x{}", " + CASE WHEN a THEN 1 END".repeat(MAX_NESTING)),
+        ] {
+            let e = parse(&sql).expect_err("too deep");
+            assert!(e.message.contains("nested too deeply"), "{e}");
+            assert_eq!(e.location.map(|l| l.line), Some(1), "{e}");
+        }
+        let e = parse("SELECT\n  1 + (2 * (3").expect_err("not too deep, but unfinished");
+        assert!(!e.message.contains("nested too deeply"), "{e}");
+    }
+
+    #[test]
+    fn wide_statements_are_not_deep() {
+        let ins = (0..5_000).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+        let cols = (0..1_000)
+            .map(|i| format!("a + {i} AS c{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let whens = (0..1_000)
+            .map(|i| format!("WHEN a = {i} THEN 'x{i}'"))
+            .collect::<String>();
+        let ors = (0..25).map(|i| format!("a = {i}")).collect::<Vec<_>>().join(" OR ");
+        for sql in [
+            format!("SELECT * FROM t WHERE a IN ({ins})"),
+            format!("SELECT {cols} FROM t"),
+            format!("SELECT CASE {whens} ELSE 'y' END FROM t"),
+            format!("SELECT * FROM t WHERE {ors}"),
+        ] {
+            parse(&sql).expect("wide, not deep");
+        }
+    }
+
+    #[test]
+    fn explain_of_explain_is_refused_not_recursed() {
+        let e = parse("EXPLAIN EXPLAIN SELECT 1").expect_err("refused");
+        assert_eq!(e.location, Some(Location { line: 1, column: 9 }), "{e}");
+        // 100 000 of them overflowed the stack; now the nesting bound says no.
+        parse(&format!("{}SELECT 1", "EXPLAIN ".repeat(100_000))).expect_err("refused");
+        parse("EXPLAIN PLAN FOR SELECT 1").expect("one EXPLAIN");
     }
 
     #[test]

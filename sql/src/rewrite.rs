@@ -224,8 +224,20 @@ fn window_call(name: &str, sizes: &[&Expr], legacy: bool) -> Result<WindowCall> 
             )));
         }
     };
+    // Every row is assigned to size / slide windows, one at a time: a HOP of
+    // 1 ms over a year held a job on its first row for hours.
+    let per_row = call.size / call.slide;
+    if per_row > MAX_WINDOWS_PER_ROW {
+        return Err(SqlError::plan(format!(
+            "{name} window of {} ms every {} ms puts each row in {per_row} windows; at most {MAX_WINDOWS_PER_ROW} are supported",
+            call.size, call.slide
+        )));
+    }
     Ok(call)
 }
+
+/// Most windows a HOP or CUMULATE window may put one row in.
+pub const MAX_WINDOWS_PER_ROW: i64 = 100_000;
 
 impl Rewriter<'_> {
     fn tvf(&self, expr: &Expr, alias: &Option<ast::TableAlias>) -> Result<Option<TableFactor>> {

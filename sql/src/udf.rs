@@ -79,15 +79,28 @@ impl ScalarUDFImpl for WindowMarker {
         if kind != "TUMBLE" {
             return Ok(a[0].clone());
         }
+        if size < 1 {
+            return exec_err!("window size must be positive, got {size} ms");
+        }
         let arr = a[0].to_array(args.number_rows)?;
-        let ts = arr.as_primitive::<TimestampMillisecondType>();
+        let Some(ts) = arr.as_primitive_opt::<TimestampMillisecondType>() else {
+            return exec_err!(
+                "the time attribute of a window must be TIMESTAMP(3), got {}",
+                arr.data_type()
+            );
+        };
+        // In i128, clamped to a timestamp's range: event times and offsets
+        // near the ends of i64 overflowed (a panic in debug builds).
+        let (size, offset) = (i128::from(size), i128::from(offset));
+        let clamp = |t: i128| t.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         let f = |t: i64| {
+            let t = i128::from(t);
             let start = t - (t - offset).rem_euclid(size);
-            match part.as_str() {
+            clamp(match part.as_str() {
                 "start" => start,
                 "end" => start + size,
                 _ => start + size - 1,
-            }
+            })
         };
         let out: TimestampMillisecondArray = ts.unary(f);
         let out = out.with_timezone_opt(match arr.data_type() {

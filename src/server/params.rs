@@ -158,6 +158,230 @@ fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
     })
 }
 
+/// Checks the Arrow IPC messages of a parameter upload (one `FlightData`
+/// each: `data_header` and `data_body`) before arrow-flight decodes them.
+///
+/// arrow-ipc 59 trusts the message: a schema with an `Int` of 7 bits, a
+/// buffer offset past the body or a validity bitmap shorter than the column
+/// makes it panic (`fb_to_schema`, `Buffer::slice_with_length`,
+/// `BooleanBuffer::new`) instead of returning an error. Parameters only
+/// need flat columns of the bindable types, so this accepts exactly those
+/// and checks every bound the decoder relies on; anything else is an error
+/// that names the message and what is wrong.
+// Not called yet: `server::parameter_batch` (the lead's file) is to run it
+// on every message before decoding; tests/fuzz.rs uses it meanwhile.
+#[allow(dead_code)]
+#[derive(Debug, Default)]
+pub struct ParameterStreamCheck {
+    /// Each column's layout, from the schema message.
+    columns: Option<Vec<Layout>>,
+    messages: usize,
+}
+
+/// What the buffers of a column hold, after its validity bitmap.
+#[allow(dead_code)]
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    Bits,
+    Fixed(usize),
+    Offsets(usize),
+    Views,
+}
+
+#[allow(dead_code)]
+impl ParameterStreamCheck {
+    pub fn check(&mut self, header: &[u8], body: &[u8]) -> Result<(), String> {
+        use arrow::ipc::MessageHeader;
+        self.messages += 1;
+        let n = self.messages;
+        let bad = |what: String| format!("parameter message {n}: {what}");
+        if header.is_empty() {
+            return Ok(());
+        }
+        let message = arrow::ipc::root_as_message(header).map_err(|e| bad(format!("not an Arrow IPC message: {e}")))?;
+        match message.header_type() {
+            MessageHeader::Schema => {
+                let schema = message.header_as_schema().ok_or_else(|| bad("schema missing".into()))?;
+                let fields = schema.fields().ok_or_else(|| bad("schema without fields".into()))?;
+                if fields.len() > MAX_PARAMS {
+                    return Err(bad(format!("more than {MAX_PARAMS} parameters")));
+                }
+                let layouts = fields
+                    .iter()
+                    .enumerate()
+                    .map(|(i, f)| layout(&f).map_err(|e| bad(format!("parameter {}: {e}", i + 1))))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.columns = Some(layouts);
+                Ok(())
+            }
+            MessageHeader::RecordBatch => {
+                let columns = self
+                    .columns
+                    .as_ref()
+                    .ok_or_else(|| bad("a batch before the schema".into()))?;
+                let batch = message
+                    .header_as_record_batch()
+                    .ok_or_else(|| bad("batch missing".into()))?;
+                if batch.compression().is_some() {
+                    return Err(bad("compressed parameter batches are not supported".into()));
+                }
+                let rows = usize::try_from(batch.length()).map_err(|_| bad("negative row count".into()))?;
+                let nodes = batch.nodes().ok_or_else(|| bad("batch without field nodes".into()))?;
+                let buffers = batch.buffers().ok_or_else(|| bad("batch without buffers".into()))?;
+                if nodes.len() != columns.len() {
+                    return Err(bad(format!(
+                        "{} field nodes for {} columns",
+                        nodes.len(),
+                        columns.len()
+                    )));
+                }
+                let variadic: Vec<i64> = batch
+                    .variadicBufferCounts()
+                    .map(|v| v.iter().collect())
+                    .unwrap_or_default();
+                let mut variadic = variadic.into_iter();
+                let mut next = 0usize;
+                let mut buffer = |column: usize| -> Result<usize, String> {
+                    let b = buffers
+                        .iter()
+                        .nth(next)
+                        .ok_or_else(|| bad(format!("parameter {}: buffers missing", column + 1)))?;
+                    next += 1;
+                    let (offset, len) = (usize::try_from(b.offset()), usize::try_from(b.length()));
+                    match (offset, len) {
+                        (Ok(o), Ok(l)) if o.checked_add(l).is_some_and(|end| end <= body.len()) => Ok(l),
+                        _ => Err(bad(format!(
+                            "parameter {}: buffer at {} of {} bytes is outside the {}-byte body",
+                            column + 1,
+                            b.offset(),
+                            b.length(),
+                            body.len()
+                        ))),
+                    }
+                };
+                for (i, (node, layout)) in nodes.iter().zip(columns).enumerate() {
+                    let len = usize::try_from(node.length())
+                        .ok()
+                        .filter(|l| *l == rows)
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "parameter {}: {} values in a batch of {rows}",
+                                i + 1,
+                                node.length()
+                            ))
+                        })?;
+                    let nulls = usize::try_from(node.null_count())
+                        .ok()
+                        .filter(|n| *n <= len)
+                        .ok_or_else(|| bad(format!("parameter {}: null count {}", i + 1, node.null_count())))?;
+                    let short =
+                        |what: &str| bad(format!("parameter {}: {what} buffer too short for {len} values", i + 1));
+                    let bitmap = len.div_ceil(8);
+                    let validity = buffer(i)?;
+                    if nulls > 0 && validity < bitmap {
+                        return Err(short("validity"));
+                    }
+                    let values = buffer(i)?;
+                    let needed = match *layout {
+                        Layout::Bits => Some(bitmap),
+                        Layout::Fixed(width) => len.checked_mul(width),
+                        // No values, no offsets needed (writers differ).
+                        Layout::Offsets(_) if len == 0 => Some(0),
+                        Layout::Offsets(width) => (len + 1).checked_mul(width),
+                        Layout::Views => len.checked_mul(16),
+                    };
+                    if needed.is_none_or(|n| values < n) {
+                        return Err(short("values"));
+                    }
+                    match layout {
+                        // The string bytes: offsets into them are checked by
+                        // arrow's validation, which returns errors.
+                        Layout::Offsets(_) => {
+                            buffer(i)?;
+                        }
+                        Layout::Views => {
+                            let count = variadic
+                                .next()
+                                .and_then(|c| usize::try_from(c).ok())
+                                .filter(|c| *c <= buffers.len())
+                                .ok_or_else(|| bad(format!("parameter {}: variadic buffer count missing", i + 1)))?;
+                            for _ in 0..count {
+                                buffer(i)?;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(())
+            }
+            other => Err(bad(format!(
+                "{other:?} messages are not supported in parameters (flat columns only)"
+            ))),
+        }
+    }
+}
+
+/// The layout of a bindable column type as IPC writes it, or why the
+/// field cannot be a parameter. Mirrors the checks arrow-ipc's
+/// `fb_to_schema` makes with `panic!`.
+#[allow(dead_code)]
+fn layout(f: &arrow::ipc::Field) -> Result<Layout, String> {
+    use arrow::ipc::{DateUnit, Precision, TimeUnit, Type};
+    if f.dictionary().is_some() || f.children().is_some_and(|c| !c.is_empty()) {
+        return Err("dictionary and nested columns cannot be bound".into());
+    }
+    let missing = || format!("{:?} type without its parameters", f.type_type());
+    Ok(match f.type_type() {
+        Type::Bool => Layout::Bits,
+        Type::Int => {
+            let int = f.type_as_int().ok_or_else(missing)?;
+            match int.bitWidth() {
+                8 | 16 | 32 | 64 => Layout::Fixed(int.bitWidth() as usize / 8),
+                w => return Err(format!("integers of {w} bits do not exist")),
+            }
+        }
+        Type::FloatingPoint => match f.type_as_floating_point().ok_or_else(missing)?.precision() {
+            Precision::HALF => Layout::Fixed(2),
+            Precision::SINGLE => Layout::Fixed(4),
+            Precision::DOUBLE => Layout::Fixed(8),
+            p => return Err(format!("floating point precision {p:?} does not exist")),
+        },
+        Type::Decimal => {
+            let d = f.type_as_decimal().ok_or_else(missing)?;
+            let (max, width) = match d.bitWidth() {
+                128 => (38, 16),
+                256 => (76, 32),
+                w => return Err(format!("decimals of {w} bits cannot be bound")),
+            };
+            if !(1..=max).contains(&d.precision()) || d.scale().abs() > d.precision() {
+                return Err(format!("DECIMAL({}, {}) is out of range", d.precision(), d.scale()));
+            }
+            Layout::Fixed(width)
+        }
+        Type::Utf8 => Layout::Offsets(4),
+        Type::LargeUtf8 => Layout::Offsets(8),
+        Type::Utf8View => Layout::Views,
+        Type::Date => match f.type_as_date().ok_or_else(missing)?.unit() {
+            DateUnit::DAY => Layout::Fixed(4),
+            DateUnit::MILLISECOND => Layout::Fixed(8),
+            u => return Err(format!("date unit {u:?} does not exist")),
+        },
+        Type::Time => {
+            let t = f.type_as_time().ok_or_else(missing)?;
+            match (t.unit(), t.bitWidth()) {
+                (TimeUnit::SECOND | TimeUnit::MILLISECOND, 32) => Layout::Fixed(4),
+                (TimeUnit::MICROSECOND | TimeUnit::NANOSECOND, 64) => Layout::Fixed(8),
+                (u, w) => return Err(format!("time of unit {u:?} in {w} bits does not exist")),
+            }
+        }
+        Type::Timestamp => match f.type_as_timestamp().ok_or_else(missing)?.unit() {
+            TimeUnit::SECOND | TimeUnit::MILLISECOND | TimeUnit::MICROSECOND | TimeUnit::NANOSECOND => Layout::Fixed(8),
+            u => return Err(format!("timestamp unit {u:?} does not exist")),
+        },
+        other => return Err(format!("values of type {other:?} cannot be bound")),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
