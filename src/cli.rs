@@ -159,8 +159,17 @@ pub const EXIT_OK: i32 = 0;
 pub const EXIT_ERROR: i32 = 1;
 pub const EXIT_INTERRUPTED: i32 = 130;
 
+/// Stack of the runtime's threads, where statements are parsed and
+/// planned: syntax trees up to `weir_sql::parser::MAX_NESTING` deep are
+/// walked recursively (by sqlparser, the rewrite and DataFusion).
+pub const THREAD_STACK_BYTES: usize = 16 << 20;
+
 pub fn main_with(args: Args) -> i32 {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .thread_stack_size(THREAD_STACK_BYTES)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

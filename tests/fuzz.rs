@@ -567,12 +567,12 @@ fn regression_hop_with_millions_of_windows_per_row_is_refused() {
 // operators and set operations are built by loops; whatever walks the tree
 // afterwards (rewrite, planner, Display, Drop) recurses once per level.
 
-/// Runs `sql` through parse and a session on a thread with 2 MiB of stack,
-/// what a tokio worker of the server has; a stack overflow aborts the test
-/// binary, so a failure is seen as the whole `fuzz` binary crashing.
+/// Runs `sql` through parse and a session on a thread with the stack the
+/// `weir` binary gives its runtime threads; a stack overflow aborts the
+/// test binary, so a failure is seen as the whole `fuzz` binary crashing.
 fn run_on_small_stack(sql: String) -> Result<Vec<String>, String> {
     let handle = std::thread::Builder::new()
-        .stack_size(2 << 20)
+        .stack_size(weir::cli::THREAD_STACK_BYTES)
         .spawn(move || {
             let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -620,7 +620,7 @@ fn deep_statements(n: usize) -> Vec<(&'static str, String)> {
 
 #[test]
 fn deeply_nested_sql_is_an_error_not_a_crash() {
-    for n in [8, 1_000, 20_000, 200_000] {
+    for n in [8, 120, 1_000, 20_000, 200_000] {
         for (what, sql) in deep_statements(n) {
             eprintln!("{what} x{n}");
             match run_on_small_stack(sql) {

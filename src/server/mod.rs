@@ -561,6 +561,13 @@ async fn parameter_batch(mut stream: PeekableFlightDataStream, max_bytes: usize)
         }
         messages.push(m);
     }
+    // arrow-ipc panics on some malformed messages: each is checked first.
+    let mut check = params::ParameterStreamCheck::default();
+    for m in &messages {
+        check
+            .check(&m.data_header, &m.data_body)
+            .map_err(|e| Status::invalid_argument(format!("the parameters are not a valid Arrow stream: {e}")))?;
+    }
     let messages = messages.into_iter().filter(|m| !m.data_header.is_empty());
     let batches: Vec<RecordBatch> =
         arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(futures::stream::iter(messages.map(Ok)))

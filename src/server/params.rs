@@ -168,9 +168,6 @@ fn literal(array: &dyn Array, row: usize) -> Result<String, String> {
 /// need flat columns of the bindable types, so this accepts exactly those
 /// and checks every bound the decoder relies on; anything else is an error
 /// that names the message and what is wrong.
-// Not called yet: `server::parameter_batch` (the lead's file) is to run it
-// on every message before decoding; tests/fuzz.rs uses it meanwhile.
-#[allow(dead_code)]
 #[derive(Debug, Default)]
 pub struct ParameterStreamCheck {
     /// Each column's layout, from the schema message.
@@ -179,7 +176,6 @@ pub struct ParameterStreamCheck {
 }
 
 /// What the buffers of a column hold, after its validity bitmap.
-#[allow(dead_code)]
 #[derive(Debug, Clone, Copy)]
 enum Layout {
     Bits,
@@ -188,7 +184,6 @@ enum Layout {
     Views,
 }
 
-#[allow(dead_code)]
 impl ParameterStreamCheck {
     pub fn check(&mut self, header: &[u8], body: &[u8]) -> Result<(), String> {
         use arrow::ipc::MessageHeader;
@@ -324,7 +319,6 @@ impl ParameterStreamCheck {
 /// The layout of a bindable column type as IPC writes it, or why the
 /// field cannot be a parameter. Mirrors the checks arrow-ipc's
 /// `fb_to_schema` makes with `panic!`.
-#[allow(dead_code)]
 fn layout(f: &arrow::ipc::Field) -> Result<Layout, String> {
     use arrow::ipc::{DateUnit, Precision, TimeUnit, Type};
     if f.dictionary().is_some() || f.children().is_some_and(|c| !c.is_empty()) {
