@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::strings;
+use common::{channel, strings};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -65,25 +65,6 @@ fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Chil
         .spawn()
         .expect("spawn weir serve");
     (child, port)
-}
-
-/// A plaintext channel, as soon as the server listens (retrying until a
-/// deadline).
-async fn channel(port: u16) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match Channel::from_shared(format!("http://127.0.0.1:{port}"))
-            .expect("uri")
-            .connect()
-            .await
-        {
-            Ok(c) => return c,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "weir serve did not listen: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
 }
 
 async fn start_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {

@@ -15,20 +15,7 @@ use futures::TryStreamExt;
 use tonic::transport::Channel;
 
 async fn client(port: u16) -> FlightSqlServiceClient<Channel> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match Channel::from_shared(format!("http://127.0.0.1:{port}"))
-            .expect("uri")
-            .connect()
-            .await
-        {
-            Ok(c) => return FlightSqlServiceClient::new(c),
-            Err(e) => {
-                assert!(Instant::now() < deadline, "weir serve did not listen: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    FlightSqlServiceClient::new(common::channel(port).await)
 }
 
 async fn login(port: u16, user: &str, password: &str) -> FlightSqlServiceClient<Channel> {

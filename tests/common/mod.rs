@@ -68,3 +68,22 @@ pub fn strings(batches: &[arrow::record_batch::RecordBatch], column: &str) -> Ve
         })
         .collect()
 }
+
+/// A plaintext Flight channel to `weir serve` on `port`, as soon as it
+/// listens (retrying until a 60 s deadline).
+pub async fn channel(port: u16) -> tonic::transport::Channel {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("uri")
+            .connect()
+            .await
+        {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "weir serve did not listen: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
