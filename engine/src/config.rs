@@ -34,6 +34,10 @@ pub const CHECKPOINT_UNALIGNED: &str = "execution.checkpointing.unaligned.enable
 pub const ALIGNED_TIMEOUT: &str = "execution.checkpointing.aligned-checkpoint-timeout";
 pub const ALIGNED_TIMEOUT_DEPRECATED: &str = "execution.checkpointing.alignment-timeout";
 pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
+pub const CLAIM_MODE: &str = "execution.state-recovery.claim-mode";
+pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
+pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
+pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
 pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
@@ -172,8 +176,32 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         RECOVERY_PATH,
         OptionKind::Path,
-        "start the job from this checkpoint directory (chk-N) instead of its latest",
+        "start the job from this savepoint or checkpoint directory (chk-N) instead of its latest",
     ),
+    OptionSpec::new(
+        CLAIM_MODE,
+        OptionKind::Enum(&["NO_CLAIM", "CLAIM"]),
+        "NO_CLAIM never modifies or deletes the restored snapshot (the first checkpoint after it is full); \
+         CLAIM hands it to the job, which deletes it once a newer checkpoint completes",
+    )
+    .with_default("NO_CLAIM"),
+    OptionSpec::new(
+        IGNORE_UNCLAIMED_STATE,
+        OptionKind::Bool,
+        "restore even when the snapshot holds state no operator of the query claims (it is dropped)",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        SAVEPOINT_DIR,
+        OptionKind::Path,
+        "default directory of savepoints (default: <data-dir>/savepoints/<job>)",
+    ),
+    OptionSpec::new(
+        CHECKPOINT_RETENTION,
+        OptionKind::Enum(&["DELETE_ON_CANCELLATION", "RETAIN_ON_CANCELLATION"]),
+        "whether a job's checkpoints are deleted when it is stopped or cancelled (they always stay when it fails)",
+    )
+    .with_default("DELETE_ON_CANCELLATION"),
     OptionSpec::new(
         RESTART_STRATEGY,
         OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
@@ -227,6 +255,13 @@ pub struct JobConfig {
     pub restart: RestartStrategy,
     /// `execution.state-recovery.path`.
     pub recovery_path: Option<PathBuf>,
+    /// `execution.state-recovery.claim-mode` = CLAIM.
+    pub claim: bool,
+    pub ignore_unclaimed_state: bool,
+    /// Where savepoints go by default.
+    pub savepoint_dir: PathBuf,
+    /// `RETAIN_ON_CANCELLATION`: checkpoints outlive a stop or cancel.
+    pub retain_checkpoints: bool,
     /// Where the job's SQL may make Weir read and write files (checked for
     /// every path option of the job and of its tables).
     pub paths: crate::paths::PathPolicy,
@@ -333,6 +368,13 @@ impl JobConfig {
             checkpointing,
             restart,
             recovery_path: o.get(RECOVERY_PATH).map(local_path),
+            claim: o.enum_value(CLAIM_MODE).as_deref() == Some("claim"),
+            ignore_unclaimed_state: o.bool(IGNORE_UNCLAIMED_STATE)?.unwrap_or(false),
+            savepoint_dir: match o.get(SAVEPOINT_DIR) {
+                Some(d) => local_path(d),
+                None => data_dir.join("savepoints").join(sanitize(&name)),
+            },
+            retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             paths: crate::paths::PathPolicy::unrestricted(),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,

@@ -2,16 +2,17 @@
 //!
 //! A key's group is `hash(key) % max_parallelism`; a subtask owns a
 //! contiguous range of groups (Flink's `KeyGroupRangeAssignment`), which is
-//! what lets state be redistributed when parallelism changes. The hash is our
-//! own over Arrow's row format so it is stable across machines and runs:
-//! key groups are part of persisted state.
+//! what lets state be redistributed when parallelism changes. Keys are
+//! rows in Weir's own encoding ([`crate::state::codec`]) and the hash is
+//! Weir's too, both pinned by golden tests: key groups are part of
+//! persisted state, so neither may ever change.
 
 use std::ops::Range;
 
 use arrow::array::ArrayRef;
-use arrow::row::{RowConverter, Rows, SortField};
 
-use crate::error::Result;
+use crate::error::{ExecError, Result};
+use crate::state::codec::{RowCodec, Rows};
 
 pub type KeyGroup = u16;
 
@@ -58,24 +59,24 @@ pub fn groups_of_subtask(index: usize, max_parallelism: u16, parallelism: usize)
     start as u16..end as u16
 }
 
-/// Encodes key columns as byte rows (Arrow's row format: comparable,
-/// decodable, one allocation per batch).
+/// Encodes key columns as byte rows in Weir's encoding.
+#[derive(Debug, Clone)]
 pub struct KeyEncoder {
-    converter: RowConverter,
+    codec: RowCodec,
 }
 
 impl KeyEncoder {
     pub fn new(types: &[arrow::datatypes::DataType]) -> Result<Self> {
-        let converter = RowConverter::new(types.iter().cloned().map(SortField::new).collect())?;
-        Ok(Self { converter })
+        let codec = RowCodec::new(types).map_err(|m| ExecError::Config(format!("GROUP BY key: {m}")))?;
+        Ok(Self { codec })
     }
 
     pub fn encode(&self, columns: &[ArrayRef]) -> Result<Rows> {
-        Ok(self.converter.convert_columns(columns)?)
+        Ok(self.codec.encode(columns)?)
     }
 
-    pub fn converter(&self) -> &RowConverter {
-        &self.converter
+    pub fn codec(&self) -> &RowCodec {
+        &self.codec
     }
 }
 
@@ -98,11 +99,40 @@ mod tests {
         }
     }
 
+    /// Persisted state depends on these values never changing.
     #[test]
-    fn hash_is_stable() {
-        // Persisted state depends on these values never changing.
-        assert_eq!(stable_hash(b""), stable_hash(b""));
-        assert_ne!(stable_hash(b"a"), stable_hash(b"b"));
-        assert_eq!(key_group(b"auction-1", 128), key_group(b"auction-1", 128));
+    fn golden_hashes_and_key_groups() {
+        let hashes = [
+            stable_hash(b""),
+            stable_hash(b"a"),
+            stable_hash(b"auction-1"),
+            stable_hash(&[0u8; 17]),
+        ];
+        assert_eq!(hashes, GOLDEN);
+        // Keys of every type, encoded by Weir, into key groups of 128.
+        use arrow::array::*;
+        use std::sync::Arc;
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1000])),
+            Arc::new(Int32Array::from(vec![-7])),
+            Arc::new(StringArray::from(vec!["auction-1"])),
+            Arc::new(BooleanArray::from(vec![true])),
+            Arc::new(Float64Array::from(vec![2.5])),
+            Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_000])),
+            Arc::new(Decimal128Array::from(vec![12345]).with_precision_and_scale(10, 2).expect("decimal")),
+            Arc::new(Date32Array::from(vec![19000])),
+            Arc::new(StringArray::from(vec![None::<&str>])),
+        ];
+        let groups: Vec<KeyGroup> = columns
+            .iter()
+            .map(|c| {
+                let enc = KeyEncoder::new(&[c.data_type().clone()]).expect("encoder");
+                key_group(enc.encode(std::slice::from_ref(c)).expect("encode").row(0), 128)
+            })
+            .collect();
+        assert_eq!(groups, GOLDEN_GROUPS);
     }
+
+    const GOLDEN: [u64; 4] = [4654505885621677629, 1670019746057965472, 16436619137035492202, 4483727716364471552];
+    const GOLDEN_GROUPS: [KeyGroup; 9] = [94, 8, 99, 3, 5, 8, 48, 97, 63];
 }

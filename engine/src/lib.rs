@@ -33,5 +33,6 @@ pub mod paths;
 pub mod plan;
 pub mod runtime;
 pub mod state;
+pub mod uid;
 
 pub use error::ExecError;

@@ -24,6 +24,24 @@ pub struct Barrier {
     pub checkpoint_id: u64,
     /// Trigger time (epoch ms) at the coordinator.
     pub timestamp: i64,
+    pub kind: BarrierKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BarrierKind {
+    #[default]
+    Checkpoint,
+    /// A savepoint: always aligned (no in-flight data in it). With `stop`
+    /// the sources read nothing after it (they resume at the next barrier
+    /// if the savepoint fails); with `drain` they first advance every
+    /// watermark to the end, so every window and timer fires before it.
+    Savepoint { stop: bool, drain: bool },
+}
+
+impl Barrier {
+    pub fn is_savepoint(&self) -> bool {
+        matches!(self.kind, BarrierKind::Savepoint { .. })
+    }
 }
 
 #[derive(Debug, Clone)]

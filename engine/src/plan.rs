@@ -24,6 +24,9 @@ pub struct StreamGraph {
 #[derive(Debug)]
 pub struct StreamNode {
     pub id: NodeId,
+    /// Stable identity of the node's state (see [`crate::uid`]); set by
+    /// [`StreamGraph::new`].
+    pub uid: String,
     pub parallelism: usize,
     pub schema: SchemaRef,
     pub kind: NodeKind,
@@ -174,6 +177,22 @@ pub struct SinkNode {
 }
 
 impl StreamGraph {
+    /// A graph of `nodes` (inputs before the nodes they feed) with their
+    /// uids assigned.
+    pub fn new(nodes: Vec<StreamNode>, edges: Vec<StreamEdge>) -> Self {
+        let mut g = Self { nodes, edges };
+        let uids = crate::uid::assign(&g);
+        for (n, uid) in g.nodes.iter_mut().zip(uids) {
+            n.uid = uid;
+        }
+        g
+    }
+
+    /// The node with uid `uid`.
+    pub fn by_uid(&self, uid: &str) -> Option<&StreamNode> {
+        self.nodes.iter().find(|n| n.uid == uid)
+    }
+
     pub fn node(&self, id: NodeId) -> &StreamNode {
         &self.nodes[id]
     }
@@ -203,17 +222,12 @@ impl StreamGraph {
             && self.outputs(edge.from).count() == 1
     }
 
-    /// Identifies what checkpointed state belongs to: operators, their
-    /// parallelism and the exchanges between them.
+    /// Identifies the plan: its operators' uids (which cover their
+    /// meaning and inputs), never parallelism or a library's text. Shown
+    /// and stored; state is matched to operators by uid, not by this.
     pub fn fingerprint(&self) -> String {
-        let mut s = String::new();
-        for n in &self.nodes {
-            s.push_str(&format!("{}|{}|{}\n", n.id, n.parallelism, n.describe()));
-        }
-        for e in &self.edges {
-            s.push_str(&format!("{}->{}:{:?}\n", e.from, e.to, e.exchange));
-        }
-        crate::checkpoint::metadata::checksum(s.as_bytes())
+        let uids: Vec<&str> = self.nodes.iter().map(|n| n.uid.as_str()).collect();
+        crate::checkpoint::metadata::checksum(uids.join("\n").as_bytes())
     }
 
     /// `EXPLAIN` text: operators, parallelism, exchanges, state, watermarks.

@@ -179,7 +179,7 @@ fn reader_with_capacity(
             connector: "paced-test".into(),
         }),
         status: Some(status.clone()),
-        node,
+        uid: format!("source-{node}"),
         restored: Default::default(),
         triggers: None,
         checkpointing: None,

@@ -19,7 +19,7 @@ use weir_engine::checkpoint::{
 use weir_engine::message::Barrier;
 use weir_engine::state::{RocksDbBackend, StateBackend, WriteBatch};
 
-const KEY: &str = "1/0";
+const KEY: &str = "window-1/0";
 
 struct Harness {
     triggers: watch::Receiver<Option<Barrier>>,
@@ -39,7 +39,7 @@ fn start_coordinator(
     timeout: Duration,
     tolerable: u32,
     tasks: usize,
-    committers: std::collections::HashMap<usize, Arc<dyn weir_engine::connectors::Committer>>,
+    committers: std::collections::HashMap<String, Arc<dyn weir_engine::connectors::Committer>>,
 ) -> Harness {
     let (trigger_tx, triggers) = watch::channel(None);
     let (reports, report_rx) = mpsc::unbounded_channel();
@@ -67,6 +67,10 @@ fn start_coordinator(
         committers,
         log: log.clone(),
         restored: None,
+        max_parallelism: 128,
+        operator_info: Default::default(),
+        savepoints: Arc::new(tokio::sync::Mutex::new(tokio::sync::mpsc::unbounded_channel().1)),
+        claimed: None,
     };
     Harness {
         triggers,
@@ -84,7 +88,7 @@ impl Harness {
             .expect("a barrier before the deadline")
             .expect("coordinator running");
         let b = self.triggers.borrow_and_update().expect("a barrier");
-        let snapshot = db.snapshot(b.checkpoint_id).expect("snapshot");
+        let snapshot = db.snapshot(b.checkpoint_id, &["s"], 0..128).expect("snapshot");
         self.reports
             .send(TaskReport::Ack {
                 checkpoint_id: b.checkpoint_id,
@@ -194,7 +198,7 @@ async fn incremental_checkpoints_upload_only_new_files_and_unreferenced_ones_are
     // After compaction the old SSTs are gone from RocksDB; once no
     // retained checkpoint references them they are gone from storage too.
     let meta = CheckpointStorage::new(root.clone()).load(fourth).expect("load latest");
-    let OperatorState::Rocksdb { files } = &meta.operators[KEY] else {
+    let OperatorState::Rocksdb { files, .. } = &meta.operators[KEY] else {
         panic!("rocksdb state expected");
     };
     let referenced: Vec<String> = files
@@ -263,7 +267,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     // The newest checkpoint's own files: its private files and the SSTs
     // only it references.
     let newer_meta = storage.load(newer).expect("load");
-    let OperatorState::Rocksdb { files } = &newer_meta.operators[KEY] else {
+    let OperatorState::Rocksdb { files, .. } = &newer_meta.operators[KEY] else {
         panic!("rocksdb state");
     };
     let private = files
@@ -313,7 +317,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
         damage(&root);
         let job_dir = dir.path().join(format!("job-{}", name.replace(' ', "-")));
         let storage = CheckpointStorage::new(root.clone());
-        let restored = restore_latest(&storage, "plan", &job_dir)
+        let restored = restore_latest(&storage, &|_| Ok(()), &job_dir)
             .unwrap_or_else(|e| panic!("{name}: fallback expected, got error {e}"))
             .unwrap_or_else(|| panic!("{name}: a checkpoint expected"));
         assert_eq!(
@@ -328,7 +332,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
             restored.skipped
         );
         // The restored state is the older checkpoint's, complete.
-        let db = RocksDbBackend::open_existing(&job_dir.join("state").join("node-1-subtask-0"), &["s"]).expect("open");
+        let db = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"]).expect("open");
         assert_eq!(count_keys(&db), 5_000, "{name}");
     }
 
@@ -338,7 +342,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     for id in [older, newer] {
         truncate(&root.join(format!("chk-{id}/_metadata")));
     }
-    let err = restore_latest(&CheckpointStorage::new(root), "plan", &dir.path().join("job-all-bad"))
+    let err = restore_latest(&CheckpointStorage::new(root), &|_| Ok(()), &dir.path().join("job-all-bad"))
         .expect_err("nothing restorable");
     let msg = err.to_string();
     assert!(
@@ -349,7 +353,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     // A different plan: refused, not silently loaded or skipped.
     let err = restore_latest(
         &CheckpointStorage::new(pristine),
-        "another plan",
+        &|_| Err(CheckpointError::Incompatible("another plan".into())),
         &dir.path().join("job-other"),
     )
     .expect_err("plan mismatch");
@@ -373,9 +377,9 @@ impl weir_engine::connectors::Committer for RecordingCommitter {
 
 /// Two tasks: 0 a source reader (no state), 1 a two-phase-commit sink.
 fn start_with_sink(root: &Path, timeout: Duration, tolerable: u32, committer: Arc<RecordingCommitter>) -> Harness {
-    let mut committers: std::collections::HashMap<usize, Arc<dyn weir_engine::connectors::Committer>> =
+    let mut committers: std::collections::HashMap<String, Arc<dyn weir_engine::connectors::Committer>> =
         Default::default();
-    committers.insert(2, committer);
+    committers.insert("sink-2".into(), committer);
     start_coordinator(root, 2, timeout, tolerable, 2, committers)
 }
 
@@ -390,7 +394,7 @@ impl Harness {
 
     fn ack(&self, task: usize, id: u64, committables: Option<Vec<serde_json::Value>>) {
         let operators = match committables {
-            Some(c) => vec![("2/0".to_string(), weir_engine::checkpoint::OperatorSnapshot::Sink(c))],
+            Some(c) => vec![("sink-2/0".to_string(), weir_engine::checkpoint::OperatorSnapshot::Sink(c))],
             None => vec![],
         };
         self.reports
@@ -459,7 +463,7 @@ async fn sink_output_of_an_aborted_checkpoint_is_committed_with_the_next_one() {
             snapshot: TaskSnapshot {
                 sources: vec![],
                 operators: vec![(
-                    "2/0".into(),
+                    "sink-2/0".into(),
                     weir_engine::checkpoint::OperatorSnapshot::Sink(vec![v("d")]),
                 )],
             },
@@ -517,7 +521,7 @@ async fn final_output_of_a_task_that_finished_during_a_checkpoint_is_committed()
             snapshot: TaskSnapshot {
                 sources: vec![],
                 operators: vec![(
-                    "2/0".into(),
+                    "sink-2/0".into(),
                     weir_engine::checkpoint::OperatorSnapshot::Sink(vec![v("after-n")]),
                 )],
             },

@@ -347,6 +347,7 @@ fn sample_metadata() -> CheckpointMetadata {
         "3/0".into(),
         OperatorState::Rocksdb {
             files: [("000012.sst".to_string(), file("shared/3-0-c1-000012.sst"))].into(),
+            key_groups: 0..64,
         },
     );
     operators.insert(
@@ -383,6 +384,10 @@ fn sample_metadata() -> CheckpointMetadata {
         plan_fingerprint: "f".into(),
         trigger_time_ms: 0,
         is_final: false,
+        max_parallelism: 128,
+        key_format: 1,
+        savepoint: None,
+        operator_info: BTreeMap::new(),
         sources,
         operators,
     }

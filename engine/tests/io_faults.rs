@@ -83,7 +83,7 @@ impl Drop for Tmpfs {
     }
 }
 
-const KEY: &str = "1/0";
+const KEY: &str = "window-1/0";
 
 struct Harness {
     triggers: watch::Receiver<Option<Barrier>>,
@@ -121,6 +121,10 @@ fn start(root: &Path, tolerable: u32) -> Harness {
         committers: Default::default(),
         log: log.clone(),
         restored: None,
+        max_parallelism: 128,
+        operator_info: Default::default(),
+        savepoints: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),
+        claimed: None,
     };
     Harness {
         triggers,
@@ -138,7 +142,7 @@ impl Harness {
             Some(b) => b,
             None => self.next_barrier().await,
         };
-        let snapshot = db.snapshot(b.checkpoint_id).expect("snapshot");
+        let snapshot = db.snapshot(b.checkpoint_id, &["s"], 0..128).expect("snapshot");
         self.reports
             .send(TaskReport::Ack {
                 checkpoint_id: b.checkpoint_id,
@@ -280,11 +284,12 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
     let s = h.outcome(recovered).await;
     assert_eq!(s.status, CheckpointStatus::Completed, "{s:?}");
     let job_dir = dir.path().join("restored-job");
-    let restored = restore_latest(&CheckpointStorage::new(root.clone()), "plan", &job_dir)
+    let restored = restore_latest(&CheckpointStorage::new(root.clone()), &|_| Ok(()), &job_dir)
         .expect("restore")
         .expect("a checkpoint");
     assert_eq!(restored.checkpoint_id(), recovered);
-    let copy = RocksDbBackend::open_existing(&job_dir.join("state").join("node-1-subtask-0"), &["s"]).expect("open");
+    let copy =
+        RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"]).expect("open");
     assert_eq!(count_keys(&copy), 20_000, "the restored state is the whole state");
     drop(copy);
     // The failed attempts' files are gone; so are their empty directories
@@ -300,7 +305,7 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
     // A restore into a full local disk is the disk's fault, not the
     // checkpoint's: it does not fall back to an older checkpoint (whose
     // committed output would then be produced again).
-    let err = restore_latest(&CheckpointStorage::new(root.clone()), "plan", &fs.path().join("job"))
+    let err = restore_latest(&CheckpointStorage::new(root.clone()), &|_| Ok(()), &fs.path().join("job"))
         .expect_err("no room to lay the state out");
     assert!(
         matches!(err, weir_engine::checkpoint::CheckpointError::LocalState { .. })

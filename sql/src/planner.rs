@@ -352,10 +352,7 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn finish(self) -> StreamGraph {
-        StreamGraph {
-            nodes: self.nodes,
-            edges: self.edges,
-        }
+        StreamGraph::new(self.nodes, self.edges)
     }
 
     fn add(
@@ -368,6 +365,7 @@ impl<'a> GraphBuilder<'a> {
         let id = self.nodes.len();
         self.nodes.push(StreamNode {
             id,
+            uid: String::new(),
             parallelism,
             schema,
             kind,

@@ -20,14 +20,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::metadata::{CheckpointMetadata, FORMAT_VERSION, FileRef, OperatorState};
+use super::metadata::{CheckpointMetadata, FORMAT_VERSION, FileRef, OperatorInfo, OperatorState, SavepointInfo};
+use super::savepoint::{SavepointDone, SavepointHeader, SavepointRequest};
 use super::storage::CheckpointStorage;
 use super::{CheckpointConfig, CheckpointError, OperatorSnapshot, TaskReport, TaskSnapshot};
 use crate::connectors::Committer;
 use crate::error::{ExecError, Result};
 use crate::failpoint::failpoint;
-use crate::message::Barrier;
-use crate::plan::NodeId;
+use crate::message::{Barrier, BarrierKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckpointStatus {
@@ -148,7 +148,13 @@ struct Pending {
     started: Instant,
     deadline: Instant,
     acks: HashMap<usize, (TaskSnapshot, Duration, Duration)>,
+    /// Set when it is a savepoint: where it goes and whom to answer.
+    savepoint: Option<SavepointRequest>,
 }
+
+/// Savepoint requests of a job: one queue that every attempt's
+/// coordinator serves in turn.
+pub type SavepointQueue = Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<SavepointRequest>>>;
 
 /// How the coordinator ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -169,11 +175,18 @@ pub struct CheckpointCoordinator {
     pub source_tasks: Vec<usize>,
     pub triggers: watch::Sender<Option<Barrier>>,
     pub reports: mpsc::UnboundedReceiver<TaskReport>,
-    pub committers: HashMap<NodeId, Arc<dyn Committer>>,
+    /// Operator uid → the committer of its output.
+    pub committers: HashMap<String, Arc<dyn Committer>>,
     pub log: Arc<CheckpointLog>,
     /// The checkpoint restored from, if any: the base for the next
     /// incremental checkpoint.
     pub restored: Option<CheckpointMetadata>,
+    pub max_parallelism: u16,
+    pub operator_info: BTreeMap<String, OperatorInfo>,
+    pub savepoints: SavepointQueue,
+    /// A snapshot restored in CLAIM mode: deleted once a checkpoint of
+    /// this job completes.
+    pub claimed: Option<std::path::PathBuf>,
 }
 
 struct State {
@@ -184,6 +197,8 @@ struct State {
     /// committed with the next checkpoint that completes.
     carried: BTreeMap<String, Vec<serde_json::Value>>,
     failures: u32,
+    /// See [`CheckpointCoordinator::claimed`].
+    claimed: Option<std::path::PathBuf>,
 }
 
 fn now_ms() -> i64 {
@@ -208,11 +223,11 @@ fn clone_finished(s: &TaskSnapshot) -> TaskSnapshot {
 fn discard(snapshot: TaskSnapshot, carried: &mut BTreeMap<String, Vec<serde_json::Value>>) {
     for (key, op) in snapshot.operators {
         match op {
-            OperatorSnapshot::RocksDb { dir } => {
+            OperatorSnapshot::RocksDb { dir, .. } => {
                 let _ = std::fs::remove_dir_all(dir);
             }
             OperatorSnapshot::Sink(c) => carried.entry(key).or_default().extend(c),
-            OperatorSnapshot::Heap(_) | OperatorSnapshot::InFlight(_) => {}
+            OperatorSnapshot::Heap(_) | OperatorSnapshot::InFlight(_) | OperatorSnapshot::Entries { .. } => {}
         }
     }
 }
@@ -225,18 +240,24 @@ impl CheckpointCoordinator {
             finished: HashMap::new(),
             carried: BTreeMap::new(),
             failures: 0,
+            claimed: self.claimed.take(),
         };
         let mut pending: Option<Pending> = None;
         let mut next_trigger = Instant::now() + self.config.interval;
+        let queue = self.savepoints.clone();
+        let mut savepoints = queue.lock().await;
         loop {
             let can_trigger = pending.is_none() && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
             let deadline = pending.as_ref().map(|p| p.deadline);
             tokio::select! {
                 _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
-                    pending = Some(self.trigger(&mut st));
+                    pending = Some(self.trigger(&mut st, None));
                 }
                 _ = self.log.trigger_now.notified(), if can_trigger => {
-                    pending = Some(self.trigger(&mut st));
+                    pending = Some(self.trigger(&mut st, None));
+                }
+                Some(req) = savepoints.recv(), if can_trigger => {
+                    pending = Some(self.trigger(&mut st, Some(req)));
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or(next_trigger)), if deadline.is_some() => {
                     if let Some(p) = pending.take() {
@@ -278,9 +299,20 @@ impl CheckpointCoordinator {
             let complete = pending
                 .as_ref()
                 .is_some_and(|p| (0..self.tasks).all(|t| p.acks.contains_key(&t) || st.finished.contains_key(&t)));
-            if complete && let Some(p) = pending.take() {
+            if complete && let Some(mut p) = pending.take() {
                 let trigger_at = p.started;
-                self.complete(&mut st, p).await?;
+                match p.savepoint.take() {
+                    Some(req) => {
+                        let stop = req.stop;
+                        if !self.complete_savepoint(&mut st, p, req).await? && stop {
+                            // The sources wait at the failed stop barrier:
+                            // the next checkpoint lets them go on.
+                            next_trigger = Instant::now();
+                            continue;
+                        }
+                    }
+                    None => self.complete(&mut st, p).await?,
+                }
                 next_trigger = self.after(trigger_at);
             }
             if st.finished.len() == self.tasks {
@@ -301,10 +333,18 @@ impl CheckpointCoordinator {
         (triggered + self.config.interval).max(Instant::now() + self.config.min_pause)
     }
 
-    fn trigger(&self, st: &mut State) -> Pending {
+    fn trigger(&self, st: &mut State, savepoint: Option<SavepointRequest>) -> Pending {
+        let kind = match &savepoint {
+            Some(r) => BarrierKind::Savepoint {
+                stop: r.stop,
+                drain: r.drain,
+            },
+            None => BarrierKind::Checkpoint,
+        };
         let barrier = Barrier {
             checkpoint_id: st.next_id,
             timestamp: now_ms(),
+            kind,
         };
         st.next_id += 1;
         // The directory marks the id as used, so no later attempt reuses
@@ -324,10 +364,14 @@ impl CheckpointCoordinator {
             started: now,
             deadline: now + self.config.timeout,
             acks: HashMap::new(),
+            savepoint,
         }
     }
 
-    fn abandon(&self, st: &mut State, p: Pending, reason: String) {
+    fn abandon(&self, st: &mut State, mut p: Pending, reason: String) {
+        if let Some(req) = p.savepoint.take() {
+            let _ = req.reply.send(Err(format!("savepoint {} failed: {reason}", p.barrier.checkpoint_id)));
+        }
         for (_, (snapshot, _, _)) in p.acks {
             discard(snapshot, &mut st.carried);
         }
@@ -339,10 +383,15 @@ impl CheckpointCoordinator {
         });
     }
 
-    /// Aborts `p` and counts the failure against the tolerance.
+    /// Aborts `p` and counts the failure against the tolerance (a failed
+    /// savepoint does not count: the job never asked for it).
     fn fail(&self, st: &mut State, p: Pending, reason: String) -> Result<()> {
         let id = p.barrier.checkpoint_id;
+        let is_savepoint = p.savepoint.is_some();
         self.abandon(st, p, reason.clone());
+        if is_savepoint {
+            return Ok(());
+        }
         st.failures += 1;
         if st.failures > self.config.tolerable_failed {
             return Err(ExecError::Checkpoint(format!(
@@ -376,13 +425,7 @@ impl CheckpointCoordinator {
             }
         }
         let async_started = Instant::now();
-        let header = Header {
-            id,
-            job: self.job.clone(),
-            fingerprint: self.fingerprint.clone(),
-            trigger_time_ms: p.barrier.timestamp,
-            is_final: false,
-        };
+        let header = self.header(id, p.barrier.timestamp, false);
         match self.materialize(st, header, snapshots).await {
             Ok((meta, uploaded)) => {
                 st.failures = 0;
@@ -403,10 +446,115 @@ impl CheckpointCoordinator {
                     started: p.started,
                     deadline: p.deadline,
                     acks: HashMap::new(),
+                    savepoint: None,
                 };
                 self.fail(st, failed, format!("could not be written: {e}"))
             }
         }
+    }
+
+    fn header(&self, id: u64, trigger_time_ms: i64, is_final: bool) -> Header {
+        Header {
+            id,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            trigger_time_ms,
+            is_final,
+            max_parallelism: self.max_parallelism,
+            operator_info: self.operator_info.clone(),
+        }
+    }
+
+    /// Writes savepoint `p` into the requested directory, commits the
+    /// sink output it holds, and answers the request. `Ok(false)`: it
+    /// failed (answered with the reason; the job goes on).
+    async fn complete_savepoint(&self, st: &mut State, p: Pending, req: SavepointRequest) -> Result<bool> {
+        let id = p.barrier.checkpoint_id;
+        let mut snapshots = vec![];
+        let mut acks = p.acks;
+        let mut from_finished = vec![];
+        for t in 0..self.tasks {
+            match acks.remove(&t) {
+                Some((s, _, _)) => snapshots.push(s),
+                None => {
+                    if let Some(f) = st.finished.get(&t) {
+                        snapshots.push(clone_finished(f));
+                        from_finished.push(t);
+                    }
+                }
+            }
+        }
+        let carried = std::mem::take(&mut st.carried);
+        let mut kept = carried.clone();
+        for s in &snapshots {
+            for (key, op) in &s.operators {
+                if let OperatorSnapshot::Sink(c) = op {
+                    kept.entry(key.clone()).or_default().extend(c.iter().cloned());
+                }
+            }
+        }
+        let header = SavepointHeader {
+            id,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            trigger_time_ms: p.barrier.timestamp,
+            max_parallelism: self.max_parallelism,
+            operator_info: self.operator_info.clone(),
+            info: SavepointInfo {
+                drained: req.drain,
+                stopped: req.stop,
+            },
+        };
+        let dir = req.dir.clone();
+        let written = tokio::task::spawn_blocking(move || super::savepoint::write(&dir, header, snapshots, carried))
+            .await
+            .map_err(|e| CheckpointError::Internal(format!("savepoint task failed: {e}")));
+        let meta = match written.and_then(|r| r) {
+            Ok(meta) => meta,
+            Err(e) => {
+                st.carried = kept;
+                let reason = format!("could not be written to {}: {e}", req.dir.display());
+                tracing::warn!(target: "weir::checkpoint", "job '{}': savepoint {id} {reason}", self.job);
+                self.log.upsert(CheckpointStats {
+                    duration: p.started.elapsed(),
+                    ..CheckpointStats::unfinished(p.barrier, CheckpointStatus::Failed, format!("savepoint {reason}"))
+                });
+                let _ = req.reply.send(Err(format!("savepoint {id} {reason}")));
+                return Ok(false);
+            }
+        };
+        commit_all(&self.committers, &meta).await?;
+        for t in from_finished {
+            if let Some(f) = st.finished.get_mut(&t) {
+                f.operators.retain(|(_, op)| !matches!(op, OperatorSnapshot::Sink(_)));
+            }
+        }
+        let bytes = meta.full_size();
+        tracing::info!(
+            target: "weir::checkpoint",
+            "job '{}': savepoint {id} written to {} in {} ms ({bytes} bytes{})",
+            self.job,
+            req.dir.display(),
+            p.started.elapsed().as_millis(),
+            if req.drain { ", drained" } else { "" }
+        );
+        self.log.upsert(CheckpointStats {
+            duration: p.started.elapsed(),
+            full_bytes: bytes,
+            incremental_bytes: bytes,
+            ..CheckpointStats::unfinished(
+                p.barrier,
+                CheckpointStatus::Completed,
+                format!("savepoint {}", req.dir.display()),
+            )
+        });
+        let _ = req.reply.send(Ok(SavepointDone {
+            path: req.dir,
+            checkpoint_id: id,
+            bytes,
+            drained: req.drain,
+        }));
+        Ok(true)
     }
 
     async fn final_checkpoint(&self, st: &mut State) -> Result<()> {
@@ -414,13 +562,7 @@ impl CheckpointCoordinator {
         let snapshots = (0..self.tasks)
             .filter_map(|t| st.finished.get(&t).map(clone_finished))
             .collect();
-        let header = Header {
-            id: st.next_id,
-            job: self.job.clone(),
-            fingerprint: self.fingerprint.clone(),
-            trigger_time_ms: now_ms(),
-            is_final: true,
-        };
+        let header = self.header(st.next_id, now_ms(), true);
         st.next_id += 1;
         let (meta, uploaded) = self.materialize(st, header, snapshots).await?;
         self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
@@ -446,7 +588,7 @@ impl CheckpointCoordinator {
             for (key, op) in &s.operators {
                 match op {
                     OperatorSnapshot::Sink(c) => kept.entry(key.clone()).or_default().extend(c.iter().cloned()),
-                    OperatorSnapshot::RocksDb { dir } => local_dirs.push(dir.clone()),
+                    OperatorSnapshot::RocksDb { dir, .. } => local_dirs.push(dir.clone()),
                     _ => {}
                 }
             }
@@ -484,6 +626,14 @@ impl CheckpointCoordinator {
         commit_all(&self.committers, &meta).await?;
         failpoint("coordinator.after_commit");
         st.retained.push_back(meta.clone());
+        if let Some(path) = st.claimed.take() {
+            // CLAIM: the job owns the snapshot it started from, and no
+            // longer needs it now that one of its own checkpoints exists.
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!(target: "weir::checkpoint", "job '{}': deleted the claimed snapshot {}", self.job, path.display()),
+                Err(e) => tracing::warn!(target: "weir::checkpoint", "job '{}': could not delete the claimed snapshot {}: {e}", self.job, path.display()),
+            }
+        }
         while st.retained.len() > self.config.num_retained.max(1) {
             st.retained.pop_front();
         }
@@ -531,23 +681,26 @@ impl CheckpointCoordinator {
 
 /// Commits every sink committable of `meta` (idempotent: also used to
 /// re-commit after a restore).
-pub async fn commit_all(committers: &HashMap<NodeId, Arc<dyn Committer>>, meta: &CheckpointMetadata) -> Result<()> {
-    let mut by_node: HashMap<NodeId, Vec<serde_json::Value>> = HashMap::new();
+///
+/// Output of a sink that is no longer in the job (a restore with
+/// `ignore-unclaimed-state`) cannot be committed: it is dropped with a
+/// warning, as Flink drops unclaimed state.
+pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: &CheckpointMetadata) -> Result<()> {
+    let mut by_uid: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
     for (key, state) in &meta.operators {
         if let OperatorState::Sink { committables } = state {
-            let node = key
-                .split('/')
-                .next()
-                .and_then(|n| n.parse::<NodeId>().ok())
-                .ok_or_else(|| ExecError::internal(format!("bad operator key '{key}'")))?;
-            by_node.entry(node).or_default().extend(committables.iter().cloned());
+            let (uid, _) = super::parse_operator_key(key)?;
+            by_uid.entry(uid.to_string()).or_default().extend(committables.iter().cloned());
         }
     }
-    for (node, committables) in by_node {
-        let Some(c) = committers.get(&node).cloned() else {
-            return Err(ExecError::internal(format!(
-                "checkpoint holds sink output of node {node}, which has no committer"
-            )));
+    for (uid, committables) in by_uid {
+        let Some(c) = committers.get(&uid).cloned() else {
+            tracing::warn!(
+                target: "weir::checkpoint",
+                "checkpoint {} holds output of operator {uid}, which is not in this job: not committed",
+                meta.checkpoint_id
+            );
+            continue;
         };
         tokio::task::spawn_blocking(move || c.commit(&committables))
             .await
@@ -562,6 +715,8 @@ struct Header {
     fingerprint: String,
     trigger_time_ms: i64,
     is_final: bool,
+    max_parallelism: u16,
+    operator_info: BTreeMap<String, OperatorInfo>,
 }
 
 /// Writes checkpoint `header.id`: uploads state (SSTs the base checkpoint
@@ -611,22 +766,30 @@ fn write_checkpoint(
     let mut sources = BTreeMap::new();
     let mut operators = BTreeMap::new();
     for snapshot in snapshots {
-        for (node, positions) in snapshot.sources {
+        for (uid, positions) in snapshot.sources {
             sources
-                .entry(node.to_string())
+                .entry(uid)
                 .or_insert_with(Vec::new)
                 .extend(positions);
         }
         for (key, op) in snapshot.operators {
             let state = match op {
-                OperatorSnapshot::RocksDb { dir } => {
+                OperatorSnapshot::RocksDb { dir, key_groups } => {
                     let base_files = match base.and_then(|b| b.operators.get(&key)) {
-                        Some(OperatorState::Rocksdb { files }) if incremental => Some(files),
+                        Some(OperatorState::Rocksdb { files, .. }) if incremental => Some(files),
                         _ => None,
                     };
                     let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded, shared);
                     let _ = std::fs::remove_dir_all(&dir);
-                    OperatorState::Rocksdb { files: files? }
+                    OperatorState::Rocksdb {
+                        files: files?,
+                        key_groups,
+                    }
+                }
+                OperatorSnapshot::Entries { bytes, key_groups } => {
+                    let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
+                    uploaded += file.size;
+                    OperatorState::Entries { file, key_groups }
                 }
                 OperatorSnapshot::Heap(bytes) => {
                     let file = storage.write_private(id, &format!("{}-heap.bin", key.replace('/', "-")), &bytes)?;
@@ -670,6 +833,10 @@ fn write_checkpoint(
         plan_fingerprint: header.fingerprint,
         trigger_time_ms: header.trigger_time_ms,
         is_final: header.is_final,
+        max_parallelism: header.max_parallelism,
+        key_format: crate::state::codec::FORMAT_VERSION,
+        savepoint: None,
+        operator_info: header.operator_info,
         sources,
         operators,
     };

@@ -7,12 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::hash::Hasher;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 use super::CheckpointError;
 
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: state matched by operator uid, keyed state per key-group range in
+/// Weir's key encoding, savepoints.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// A file in checkpoint storage, relative to the job's checkpoint root
 /// (`chk-7/...` private, `shared/...` shared between checkpoints).
@@ -35,14 +38,41 @@ pub struct SplitPosition {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OperatorState {
-    /// A RocksDB checkpoint: every file of the instance, by its local name.
-    Rocksdb { files: BTreeMap<String, FileRef> },
-    /// A full snapshot of the heap backend.
+    /// Keyed state as a RocksDB checkpoint: every file of the instance, by
+    /// its local name; it holds the key groups `key_groups`.
+    Rocksdb {
+        files: BTreeMap<String, FileRef>,
+        key_groups: Range<u16>,
+    },
+    /// Keyed state of `key_groups` in canonical form (Arrow IPC entries):
+    /// heap checkpoints and savepoints.
+    Entries { file: FileRef, key_groups: Range<u16> },
+    /// Operator state that is not keyed (a LIMIT's counters).
     Heap { file: FileRef },
     /// A two-phase-commit sink's pre-committed, not yet committed output.
     Sink { committables: Vec<serde_json::Value> },
     /// A task's in-flight input at an unaligned checkpoint.
     InFlight { file: FileRef },
+}
+
+/// What a restore checks an operator's state against.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorInfo {
+    /// The operator as EXPLAIN shows it, for messages.
+    pub description: String,
+    pub parallelism: usize,
+    /// Weir's names of the key types (keyed operators).
+    #[serde(default)]
+    pub key_types: Vec<String>,
+}
+
+/// Set when the snapshot is a savepoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavepointInfo {
+    /// Every watermark was advanced to the end first (`DRAIN`).
+    pub drained: bool,
+    /// The job stopped at it.
+    pub stopped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,9 +86,17 @@ pub struct CheckpointMetadata {
     pub trigger_time_ms: i64,
     /// Taken when every task had finished (end of input or stop).
     pub is_final: bool,
-    /// Source node id → split positions.
+    /// Number of key groups; a restore needs the same.
+    pub max_parallelism: u16,
+    /// Version of Weir's key encoding (`state::codec::FORMAT_VERSION`).
+    pub key_format: u32,
+    #[serde(default)]
+    pub savepoint: Option<SavepointInfo>,
+    /// Operator uid → what its state belongs to.
+    pub operator_info: BTreeMap<String, OperatorInfo>,
+    /// Source uid → split positions (by split id).
     pub sources: BTreeMap<String, Vec<SplitPosition>>,
-    /// `<node id>/<subtask>` → state.
+    /// `<operator uid>/<subtask>` → state.
     pub operators: BTreeMap<String, OperatorState>,
 }
 
@@ -69,8 +107,10 @@ impl CheckpointMetadata {
             .values()
             .flat_map(|s| -> Box<dyn Iterator<Item = &FileRef>> {
                 match s {
-                    OperatorState::Rocksdb { files } => Box::new(files.values()),
-                    OperatorState::Heap { file } | OperatorState::InFlight { file } => Box::new(std::iter::once(file)),
+                    OperatorState::Rocksdb { files, .. } => Box::new(files.values()),
+                    OperatorState::Heap { file } | OperatorState::InFlight { file } | OperatorState::Entries { file, .. } => {
+                        Box::new(std::iter::once(file))
+                    }
                     OperatorState::Sink { .. } => Box::new(std::iter::empty()),
                 }
             })
@@ -129,6 +169,17 @@ impl CheckpointMetadata {
                 "checksum mismatch: stored {expected}, computed {actual}"
             )));
         }
+        // The version first: a newer format may not parse as this one.
+        let version = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("format")?.as_u64());
+        if let Some(v) = version.filter(|v| *v != u64::from(FORMAT_VERSION)) {
+            return Err(CheckpointError::Version {
+                path: path.to_string(),
+                found: v.to_string(),
+                supported: FORMAT_VERSION,
+            });
+        }
         let meta: Self = serde_json::from_slice(&body).map_err(|e| corrupt(format!("unreadable: {e}")))?;
         if meta.format != FORMAT_VERSION {
             return Err(corrupt(format!(
@@ -162,9 +213,9 @@ mod tests {
             },
         );
         let mut operators = BTreeMap::new();
-        operators.insert("3/0".into(), OperatorState::Rocksdb { files });
+        operators.insert("window-1/0".into(), OperatorState::Rocksdb { files, key_groups: 0..128 });
         operators.insert(
-            "4/0".into(),
+            "sink-2/0".into(),
             OperatorState::Sink {
                 committables: vec![serde_json::json!({"pending": "a", "target": "b"})],
             },
@@ -176,6 +227,10 @@ mod tests {
             plan_fingerprint: "f".into(),
             trigger_time_ms: 0,
             is_final: false,
+            max_parallelism: 128,
+            key_format: 1,
+            savepoint: None,
+            operator_info: BTreeMap::new(),
             sources: BTreeMap::new(),
             operators,
         }

@@ -21,11 +21,14 @@
 //! - Restore: [`restore`] picks the newest checkpoint that verifies,
 //!   falling back past corrupt ones, and lays its files out for the tasks.
 
+pub mod compat;
 pub mod coordinator;
 pub mod metadata;
 pub mod restore;
+pub mod savepoint;
 pub mod storage;
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,7 +37,7 @@ pub use metadata::{CheckpointMetadata, OperatorState, SplitPosition};
 pub use restore::{RestoredJob, restore_latest};
 pub use storage::CheckpointStorage;
 
-use crate::plan::NodeId;
+use crate::keygroup::KeyGroup;
 
 /// Errors of checkpoint storage and restore: corrupt or missing files are
 /// the storage's fault; `LocalState` the local disk's (laying a
@@ -52,8 +55,13 @@ pub enum CheckpointError {
     Corrupt { path: String, message: String },
     #[error("checkpoint cannot be restored into this job: {0}")]
     Incompatible(String),
+    /// Written by another version of Weir.
+    #[error("{path} has format version {found}; this build of Weir reads version {supported}")]
+    Version { path: String, found: String, supported: u32 },
     #[error("internal error in checkpointing: {0}")]
     Internal(String),
+    #[error(transparent)]
+    State(#[from] crate::error::StateError),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,10 +91,13 @@ pub struct CheckpointConfig {
 /// What an operator's synchronous snapshot produced.
 #[derive(Debug)]
 pub enum OperatorSnapshot {
-    /// A RocksDB native checkpoint (hard links) in a local directory; the
-    /// coordinator uploads from it and then deletes it.
-    RocksDb { dir: PathBuf },
-    /// A full serialised copy of heap state.
+    /// A RocksDB native checkpoint (hard links) in a local directory of
+    /// keyed state; the coordinator uploads from it and then deletes it.
+    RocksDb { dir: PathBuf, key_groups: Range<KeyGroup> },
+    /// Keyed state in canonical form (Arrow IPC entries, see
+    /// [`crate::state::transfer`]): the heap backend's snapshot.
+    Entries { bytes: Vec<u8>, key_groups: Range<KeyGroup> },
+    /// Operator state that is not keyed (a LIMIT's counters).
     Heap(Vec<u8>),
     /// Pre-committed, invisible output of a two-phase-commit sink.
     Sink(Vec<serde_json::Value>),
@@ -96,8 +107,8 @@ pub enum OperatorSnapshot {
 }
 
 /// Key of a task's in-flight data (unaligned checkpoints) in the metadata.
-pub fn in_flight_key(node: NodeId, subtask: usize) -> String {
-    format!("{node}/{subtask}/in-flight")
+pub fn in_flight_key(uid: &str, subtask: usize) -> String {
+    format!("{uid}/{subtask}/in-flight")
 }
 
 /// Encodes recorded in-flight batches as an Arrow IPC stream.
@@ -127,14 +138,25 @@ pub fn decode_batches(bytes: &[u8], path: &str) -> Result<Vec<arrow::record_batc
 }
 
 /// Key of an operator subtask's state in the metadata.
-pub fn operator_key(node: NodeId, subtask: usize) -> String {
-    format!("{node}/{subtask}")
+pub fn operator_key(uid: &str, subtask: usize) -> String {
+    format!("{uid}/{subtask}")
+}
+
+/// The operator uid and subtask of a metadata key.
+pub fn parse_operator_key(key: &str) -> Result<(&str, usize), CheckpointError> {
+    let mut parts = key.split('/');
+    parts
+        .next()
+        .zip(parts.next())
+        .and_then(|(u, s)| Some((u, s.parse().ok()?)))
+        .ok_or_else(|| CheckpointError::Internal(format!("bad operator key '{key}'")))
 }
 
 /// One task's part of a checkpoint.
 #[derive(Debug, Default)]
 pub struct TaskSnapshot {
-    pub sources: Vec<(NodeId, Vec<SplitPosition>)>,
+    /// Source uid → positions of the splits this task read.
+    pub sources: Vec<(String, Vec<SplitPosition>)>,
     pub operators: Vec<(String, OperatorSnapshot)>,
 }
 

@@ -3,18 +3,26 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use super::CheckpointError;
+use crate::state::StateSource;
 use super::metadata::{CheckpointMetadata, OperatorState};
 use super::storage::CheckpointStorage;
 
-/// A verified checkpoint, with its state files copied where the tasks
-/// open them.
+/// A verified checkpoint or savepoint, with its state files copied where
+/// the tasks read them. Nothing in it depends on the parallelism the
+/// snapshot was taken at: state is per operator uid and key-group range.
 #[derive(Debug)]
 pub struct RestoredJob {
     pub metadata: CheckpointMetadata,
+    /// The `chk-N` or savepoint directory.
     pub path: PathBuf,
-    /// Operator key → serialised heap state.
-    pub heap: HashMap<String, Vec<u8>>,
+    /// Operator uid → its keyed state, one source per subtask of the run
+    /// that took the snapshot.
+    pub keyed: HashMap<String, Vec<StateSource>>,
+    /// `<uid>/<subtask>` → operator state that is not keyed.
+    pub operator_state: HashMap<String, Vec<u8>>,
     /// In-flight key → the batches to replay before new input.
     pub in_flight: HashMap<String, Vec<arrow::record_batch::RecordBatch>>,
     /// Checkpoints newer than this one that could not be used, and why.
@@ -25,30 +33,45 @@ impl RestoredJob {
     pub fn checkpoint_id(&self) -> u64 {
         self.metadata.checkpoint_id
     }
+
+    pub fn is_savepoint(&self) -> bool {
+        self.metadata.savepoint.is_some()
+    }
+
+    /// The keyed state of operator `uid` (none: it starts empty).
+    pub fn keyed_state(&self, uid: &str) -> &[StateSource] {
+        self.keyed.get(uid).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// Where operator subtask state lives locally (RocksDB directory).
-pub fn local_state_dir(job_dir: &Path, node: usize, subtask: usize) -> PathBuf {
-    job_dir.join("state").join(format!("node-{node}-subtask-{subtask}"))
+pub fn local_state_dir(job_dir: &Path, uid: &str, subtask: usize) -> PathBuf {
+    job_dir.join("state").join(format!("{uid}-{subtask}"))
 }
+
+/// Checks a snapshot's metadata against the job about to restore it.
+pub type Compatibility<'a> = &'a dyn Fn(&CheckpointMetadata) -> Result<(), CheckpointError>;
 
 /// Verifies checkpoint `id` and copies its state into `job_dir/state`.
 pub fn restore_one(
     storage: &CheckpointStorage,
     id: u64,
-    fingerprint: &str,
+    check: Compatibility,
     job_dir: &Path,
 ) -> Result<RestoredJob, CheckpointError> {
-    let metadata = storage.load(id)?;
-    if metadata.plan_fingerprint != fingerprint {
-        return Err(CheckpointError::Incompatible(format!(
-            "checkpoint {id} in {} was taken by a different plan (query, parallelism or options changed); \
-             rescaling and plan changes need a savepoint, which this version does not support yet. \
-             To start this job afresh instead, remove {}",
-            storage.root().display(),
-            storage.root().display()
-        )));
-    }
+    restore_dir(storage, &storage.chk_dir(id), check, job_dir)
+}
+
+/// Verifies the snapshot whose `_metadata` is in `dir` (file paths are
+/// relative to `storage`'s root) and lays its state out in `job_dir`.
+pub fn restore_dir(
+    storage: &CheckpointStorage,
+    dir: &Path,
+    check: Compatibility,
+    job_dir: &Path,
+) -> Result<RestoredJob, CheckpointError> {
+    let metadata = storage.load_dir(dir)?;
+    check(&metadata)?;
     let state_root = job_dir.join("state");
     match std::fs::remove_dir_all(&state_root) {
         Ok(()) => {}
@@ -60,23 +83,36 @@ pub fn restore_one(
             });
         }
     }
-    let mut heap = HashMap::new();
+    let mut keyed: HashMap<String, Vec<StateSource>> = HashMap::new();
+    let mut operator_state = HashMap::new();
     let mut in_flight = HashMap::new();
     for (key, state) in &metadata.operators {
-        let (node, subtask) = parse_key(key)?;
+        let (uid, subtask) = super::parse_operator_key(key)?;
         match state {
-            OperatorState::Rocksdb { files } => {
-                let dir = local_state_dir(job_dir, node, subtask);
-                std::fs::create_dir_all(&dir).map_err(|source| CheckpointError::LocalState {
-                    path: dir.clone(),
+            OperatorState::Rocksdb { files, key_groups } => {
+                let local = state_root.join("restored").join(format!("{uid}-{subtask}"));
+                std::fs::create_dir_all(&local).map_err(|source| CheckpointError::LocalState {
+                    path: local.clone(),
                     source,
                 })?;
                 for (name, f) in files {
-                    storage.restore_file(f, &dir.join(name))?;
+                    storage.restore_file(f, &local.join(name))?;
                 }
+                keyed.entry(uid.to_string()).or_default().push(StateSource::RocksDb {
+                    dir: local,
+                    key_groups: key_groups.clone(),
+                });
+            }
+            OperatorState::Entries { file, key_groups } => {
+                let bytes = storage.read_file(file)?;
+                keyed.entry(uid.to_string()).or_default().push(StateSource::Entries {
+                    bytes: Arc::new(bytes),
+                    key_groups: key_groups.clone(),
+                    path: storage.root().join(&file.path).display().to_string(),
+                });
             }
             OperatorState::Heap { file } => {
-                heap.insert(key.clone(), storage.read_file(file)?);
+                operator_state.insert(key.clone(), storage.read_file(file)?);
             }
             OperatorState::InFlight { file } => {
                 let bytes = storage.read_file(file)?;
@@ -90,21 +126,13 @@ pub fn restore_one(
     // as good as this one (it starts by wiping the state directory).
     crate::failpoint::failpoint("restore.state_laid_out");
     Ok(RestoredJob {
-        path: storage.chk_dir(id),
+        path: dir.to_path_buf(),
         metadata,
-        heap,
+        keyed,
+        operator_state,
         in_flight,
         skipped: vec![],
     })
-}
-
-fn parse_key(key: &str) -> Result<(usize, usize), CheckpointError> {
-    let mut parts = key.split('/');
-    parts
-        .next()
-        .zip(parts.next())
-        .and_then(|(n, s)| Some((n.parse().ok()?, s.parse().ok()?)))
-        .ok_or_else(|| CheckpointError::Internal(format!("bad operator key '{key}'")))
 }
 
 /// The newest complete checkpoint that verifies, falling back past ones
@@ -112,14 +140,14 @@ fn parse_key(key: &str) -> Result<(usize, usize), CheckpointError> {
 /// complete checkpoint at all; an error when every one is unusable.
 pub fn restore_latest(
     storage: &CheckpointStorage,
-    fingerprint: &str,
+    check: Compatibility,
     job_dir: &Path,
 ) -> Result<Option<RestoredJob>, CheckpointError> {
     let ids = storage.complete_ids()?;
     let mut skipped = vec![];
     let mut last_error = None;
     for id in ids.iter().rev() {
-        match restore_one(storage, *id, fingerprint, job_dir) {
+        match restore_one(storage, *id, check, job_dir) {
             Ok(mut r) => {
                 r.skipped = skipped;
                 return Ok(Some(r));
@@ -129,7 +157,7 @@ pub fn restore_latest(
             // that cannot take the state (full) is no fault of this
             // checkpoint: falling back to an older one would produce
             // again output the newer one committed.
-            Err(e @ (CheckpointError::Incompatible(_) | CheckpointError::LocalState { .. })) => {
+            Err(e @ (CheckpointError::Incompatible(_) | CheckpointError::LocalState { .. } | CheckpointError::Version { .. })) => {
                 return Err(e);
             }
             Err(e) => {

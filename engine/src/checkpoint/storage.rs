@@ -126,9 +126,15 @@ impl CheckpointStorage {
 
     /// Writes bytes as a private file of checkpoint `id`.
     pub fn write_private(&self, id: u64, name: &str, bytes: &[u8]) -> Result<FileRef, CheckpointError> {
-        let dir = self.chk_dir(id);
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let path = dir.join(name);
+        self.write_file(&format!("chk-{id}/{name}"), bytes)
+    }
+
+    /// Writes bytes to `rel` (a path below the root), synced.
+    pub fn write_file(&self, rel: &str, bytes: &[u8]) -> Result<FileRef, CheckpointError> {
+        let path = self.root.join(rel);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
         let mut f = File::create(&path).map_err(io(&path))?;
         let (head, tail) = bytes.split_at(bytes.len() / 2);
         f.write_all(head).map_err(io(&path))?;
@@ -136,7 +142,7 @@ impl CheckpointStorage {
         f.write_all(tail).map_err(io(&path))?;
         f.sync_all().map_err(io(&path))?;
         Ok(FileRef {
-            path: format!("chk-{id}/{name}"),
+            path: rel.to_string(),
             size: bytes.len() as u64,
             xxh64: super::metadata::checksum(bytes),
         })
@@ -146,8 +152,12 @@ impl CheckpointStorage {
     /// file, synced, renamed into place, directory synced. A crash at any
     /// point leaves either no `_metadata` or a whole one.
     pub fn commit_metadata(&self, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
-        let dir = self.chk_dir(meta.checkpoint_id);
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        self.commit_metadata_in(&self.chk_dir(meta.checkpoint_id), meta)
+    }
+
+    /// [`Self::commit_metadata`] into `dir` (a savepoint directory).
+    pub fn commit_metadata_in(&self, dir: &Path, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
         let tmp = dir.join("_metadata.inprogress");
         let bytes = meta.encode()?;
         failpoint("checkpoint.before_metadata_write");
@@ -162,12 +172,17 @@ impl CheckpointStorage {
         if self.shared_dir().exists() {
             sync_dir(&self.shared_dir())?;
         }
-        sync_dir(&dir)?;
+        for sub in ["state"] {
+            if dir.join(sub).exists() {
+                sync_dir(&dir.join(sub))?;
+            }
+        }
+        sync_dir(dir)?;
         sync_dir(&self.root)?;
         failpoint("checkpoint.before_metadata_rename");
         let path = dir.join(METADATA_FILE);
         std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(&dir)?;
+        sync_dir(dir)?;
         failpoint("checkpoint.after_metadata_rename");
         Ok(())
     }
@@ -214,7 +229,14 @@ impl CheckpointStorage {
     /// file it references exists with the recorded size. (Contents are
     /// verified against the checksum when restored.)
     pub fn load(&self, id: u64) -> Result<CheckpointMetadata, CheckpointError> {
-        let path = self.chk_dir(id).join(METADATA_FILE);
+        self.load_dir(&self.chk_dir(id))
+    }
+
+    /// Reads and verifies `dir/_metadata`, whose files are relative to the
+    /// storage root (a checkpoint's `chk-N`, or a savepoint directory that
+    /// is its own root).
+    pub fn load_dir(&self, dir: &Path) -> Result<CheckpointMetadata, CheckpointError> {
+        let path = dir.join(METADATA_FILE);
         let bytes = read(&path)?;
         let meta = CheckpointMetadata::decode(&bytes, &path.display().to_string())?;
         for f in meta.files() {
@@ -360,6 +382,27 @@ impl CheckpointStorage {
     /// directories and `shared/`, nothing else, so a checkpoint directory
     /// pointed at a directory holding other files never loses them; the
     /// root goes only when that leaves it empty.
+    /// Moves every checkpoint (`chk-*`, `shared/`) into `retained-<ms>/`
+    /// below the root, keeping their relative layout: restorable by path,
+    /// out of reach of later runs' cleanup. `None` when there was none.
+    pub fn retain_aside(&self, now_ms: i64) -> Result<Option<PathBuf>, CheckpointError> {
+        if self.complete_ids()?.is_empty() {
+            return Ok(None);
+        }
+        let dest = self.root.join(format!("retained-{now_ms}"));
+        std::fs::create_dir_all(&dest).map_err(io(&dest))?;
+        for entry in std::fs::read_dir(&self.root).map_err(io(&self.root))?.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name == "shared" || name.starts_with("chk-") {
+                let to = dest.join(&name);
+                std::fs::rename(entry.path(), &to).map_err(io(&to))?;
+            }
+        }
+        sync_dir(&dest)?;
+        sync_dir(&self.root)?;
+        Ok(Some(dest))
+    }
+
     pub fn clear(&self) -> Result<(), CheckpointError> {
         let entries = match std::fs::read_dir(&self.root) {
             Ok(entries) => entries,

@@ -270,7 +270,7 @@ struct DatagenSplit {
 
 impl SourceSplit for DatagenSplit {
     fn id(&self) -> String {
-        format!("datagen-{}", self.next_row % self.step)
+        format!("datagen-{}-of-{}", self.next_row % self.step, self.step)
     }
 
     fn offset(&self) -> u64 {

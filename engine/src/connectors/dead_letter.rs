@@ -47,7 +47,6 @@ use std::sync::Arc;
 use super::filesystem::part_file::{PartCommitter, PartFiles, io_err};
 use super::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
-use crate::plan::NodeId;
 
 /// The table option naming the dead-letter directory.
 pub const PATH_OPTION: &str = "scan.dead-letter.path";
@@ -121,18 +120,18 @@ pub struct DeadLetterWriter {
 }
 
 impl DeadLetterWriter {
-    pub fn new(dir: &Path, table: &str, ctx: &SinkContext, node: NodeId, subtask: usize) -> Result<Self> {
+    pub fn new(dir: &Path, table: &str, ctx: &SinkContext, uid: &str, subtask: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         Ok(Self {
             table: table.to_string(),
             files: PartFiles::new(
                 dir.to_path_buf(),
-                format!("dead-letters-{}-{}-{node}-{subtask}", ctx.job_tag, ctx.attempt),
+                format!("dead-letters-{}-{}-{uid}-{subtask}", ctx.job_tag, ctx.attempt),
                 "jsonl",
                 "dead_letter.pre_committed",
             ),
             exactly_once: ctx.exactly_once,
-            key: format!("{node}/{subtask}/dead-letters"),
+            key: format!("{uid}/{subtask}/dead-letters"),
             out: None,
         })
     }
@@ -259,11 +258,11 @@ mod tests {
     #[test]
     fn letters_become_visible_only_when_their_checkpoint_commits() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut w = DeadLetterWriter::new(dir.path(), "t", &ctx(true), 3, 1).expect("writer");
+        let mut w = DeadLetterWriter::new(dir.path(), "t", &ctx(true), "source_3", 1).expect("writer");
         w.write(&[record(2, b"a,b"), record(5, b"\xff\xfe")]).expect("write");
         let committables = w.pre_commit().expect("pre-commit");
         assert_eq!(committables.len(), 1);
-        assert_eq!(visible(dir.path()), vec![".dead-letters-job-a-1f0-3-1-0.jsonl.pending"]);
+        assert_eq!(visible(dir.path()), vec![".dead-letters-job-a-1f0-source_3-1-0.jsonl.pending"]);
         // Nothing new since: no file, no committable.
         assert!(w.pre_commit().expect("empty pre-commit").is_empty());
         w.write(&[record(9, b"x")]).expect("write");
@@ -273,8 +272,8 @@ mod tests {
         c.commit(&committables).expect("re-commit");
         // The in-progress file of the failed attempt goes.
         c.recover().expect("recover");
-        assert_eq!(visible(dir.path()), vec!["dead-letters-job-a-1f0-3-1-0.jsonl"]);
-        let text = std::fs::read_to_string(dir.path().join("dead-letters-job-a-1f0-3-1-0.jsonl")).expect("read");
+        assert_eq!(visible(dir.path()), vec!["dead-letters-job-a-1f0-source_3-1-0.jsonl"]);
+        let text = std::fs::read_to_string(dir.path().join("dead-letters-job-a-1f0-source_3-1-0.jsonl")).expect("read");
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|l| serde_json::from_str(l).expect("a JSON line"))
@@ -291,12 +290,12 @@ mod tests {
     #[test]
     fn without_checkpointing_letters_are_visible_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut w = DeadLetterWriter::new(dir.path(), "t", &ctx(false), 0, 0).expect("writer");
+        let mut w = DeadLetterWriter::new(dir.path(), "t", &ctx(false), "source_0", 0).expect("writer");
         w.write(&[record(1, b"x")]).expect("write");
-        let path = dir.path().join("dead-letters-job-a-1f0-0-0-0.jsonl");
+        let path = dir.path().join("dead-letters-job-a-1f0-source_0-0-0.jsonl");
         assert_eq!(std::fs::read_to_string(&path).expect("visible").lines().count(), 1);
         w.finish().expect("finish");
-        assert_eq!(visible(dir.path()), vec!["dead-letters-job-a-1f0-0-0-0.jsonl"]);
+        assert_eq!(visible(dir.path()), vec!["dead-letters-job-a-1f0-source_0-0-0.jsonl"]);
     }
 
     #[test]

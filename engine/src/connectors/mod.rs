@@ -79,9 +79,12 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// True when the source ends by itself.
     fn is_bounded(&self) -> bool;
 
-    /// Every split of the source. `parallelism` is the number of readers,
-    /// for connectors whose split count defaults to it.
-    fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
+    /// Every split of the source. `count` is for connectors that choose
+    /// their number of splits (generators): the parallelism on a fresh
+    /// start, the number the snapshot has positions for on a restore (so a
+    /// restore at another parallelism reassigns the same splits). A
+    /// split's id must depend only on the connector's options and `count`.
+    fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
 
     /// Where bad records go (`scan.dead-letter.path`); `None`: the source
     /// fails on them or skips them.

@@ -13,15 +13,14 @@ use crate::checkpoint::{OperatorSnapshot, operator_key};
 use crate::error::Result;
 use crate::message::{StreamMessage, Timestamp};
 use crate::operators::{Collector, Operator};
-use crate::plan::NodeId;
 use crate::runtime::metrics::NodeMetrics;
 
 pub struct Chain {
     ops: Vec<Box<dyn Operator>>,
     metrics: Vec<Arc<NodeMetrics>>,
-    /// Plan node of each operator, and this subtask's index: the keys of
-    /// their state in a checkpoint.
-    nodes: Vec<NodeId>,
+    /// Uid of each operator, and this subtask's index: the keys of their
+    /// state in a checkpoint.
+    uids: Vec<String>,
     subtask: usize,
     /// Set when an operator needs no more input (LIMIT reached).
     finished: bool,
@@ -31,15 +30,15 @@ impl Chain {
     pub fn new(
         ops: Vec<Box<dyn Operator>>,
         metrics: Vec<Arc<NodeMetrics>>,
-        nodes: Vec<NodeId>,
+        uids: Vec<String>,
         subtask: usize,
     ) -> Self {
         debug_assert_eq!(ops.len(), metrics.len());
-        debug_assert_eq!(ops.len(), nodes.len());
+        debug_assert_eq!(ops.len(), uids.len());
         Self {
             ops,
             metrics,
-            nodes,
+            uids,
             subtask,
             finished: false,
         }
@@ -48,9 +47,9 @@ impl Chain {
     /// Every operator's state at barrier `checkpoint_id`.
     pub fn snapshot(&mut self, checkpoint_id: u64) -> Result<Vec<(String, OperatorSnapshot)>> {
         let mut out = vec![];
-        for (op, node) in self.ops.iter_mut().zip(&self.nodes) {
+        for (op, uid) in self.ops.iter_mut().zip(&self.uids) {
             if let Some(s) = op.snapshot_state(checkpoint_id)? {
-                out.push((operator_key(*node, self.subtask), s));
+                out.push((operator_key(uid, self.subtask), s));
             }
         }
         Ok(out)
@@ -59,9 +58,9 @@ impl Chain {
     /// What the final checkpoint holds of this chain (after end of input).
     pub fn final_snapshot(&mut self) -> Result<Vec<(String, OperatorSnapshot)>> {
         let mut out = vec![];
-        for (op, node) in self.ops.iter_mut().zip(&self.nodes) {
+        for (op, uid) in self.ops.iter_mut().zip(&self.uids) {
             if let Some(s) = op.final_snapshot()? {
-                out.push((operator_key(*node, self.subtask), s));
+                out.push((operator_key(uid, self.subtask), s));
             }
         }
         Ok(out)

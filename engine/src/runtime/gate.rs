@@ -181,7 +181,8 @@ impl InputGate {
             started: Instant::now(),
             unaligned: false,
         });
-        if !self.mode.unaligned {
+        // Savepoints are aligned, whatever the checkpoint mode.
+        if !self.mode.unaligned || b.is_savepoint() {
             return None;
         }
         // The timeout runs from the barrier's creation (a global clock, as
@@ -460,6 +461,7 @@ mod tests {
 
     fn barrier(id: u64) -> StreamMessage {
         StreamMessage::Barrier(Barrier {
+            kind: Default::default(),
             checkpoint_id: id,
             timestamp: 0,
         })
@@ -564,6 +566,7 @@ mod tests {
 
     fn barrier_at(id: u64, timestamp: i64) -> Barrier {
         Barrier {
+            kind: Default::default(),
             checkpoint_id: id,
             timestamp,
         }

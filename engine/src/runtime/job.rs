@@ -21,11 +21,12 @@ use arrow::record_batch::RecordBatch;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::checkpoint::coordinator::{CheckpointLog, commit_all};
-use crate::checkpoint::restore::{local_state_dir, restore_one};
+use crate::checkpoint::coordinator::{CheckpointLog, SavepointQueue, commit_all};
+use crate::checkpoint::restore::{local_state_dir, restore_dir};
+use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
 use crate::checkpoint::{
-    CheckpointCoordinator, CheckpointError, CheckpointStorage, OperatorState, RestoredJob, SplitPosition,
-    TaskCheckpointing, restore_latest,
+    CheckpointCoordinator, CheckpointError, CheckpointStorage, RestoredJob, SplitPosition, TaskCheckpointing,
+    restore_latest,
 };
 use crate::config::{JobConfig, RestartStrategy, sanitize};
 use crate::connectors::dead_letter::DeadLetterWriter;
@@ -36,7 +37,7 @@ use crate::message::StreamMessage;
 use crate::operators::Operator;
 use crate::operators::calc::CalcOperator;
 use crate::operators::limit::LimitOperator;
-use crate::operators::window::aggregate::{STATE_NAMES, WindowAggregateOperator};
+use crate::operators::window::aggregate::{STATES, WindowAggregateOperator};
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
@@ -45,7 +46,7 @@ use crate::runtime::metrics::{JobMetrics, JobState, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
-use crate::state::{Restore, open_backend};
+use crate::state::open_keyed;
 
 /// Messages buffered per channel before the sender waits.
 const CHANNEL_CAPACITY: usize = 8;
@@ -68,6 +69,54 @@ pub struct JobHandle {
     job_dir: PathBuf,
     checkpointing: bool,
     done: tokio::task::JoinHandle<Result<JobOutcome>>,
+    savepoints: mpsc::UnboundedSender<SavepointRequest>,
+    /// Where savepoints go when no directory is given.
+    savepoint_dir: PathBuf,
+    /// What a stop or cancel does to the job's checkpoints.
+    retention: Retention,
+}
+
+/// `execution.checkpointing.externalized-checkpoint-retention` of a job.
+#[derive(Debug, Clone)]
+struct Retention {
+    root: Option<PathBuf>,
+    retain: bool,
+}
+
+impl Retention {
+    /// The job was stopped or cancelled: its checkpoints go, or are moved
+    /// aside (`retained-<ms>/` below the job's checkpoint directory, where
+    /// no later run's cleanup reaches) to be restored by path.
+    fn apply(&self, job: &str) {
+        let Some(root) = &self.root else { return };
+        let storage = CheckpointStorage::new(root.clone());
+        if !self.retain {
+            if let Err(e) = storage.clear() {
+                tracing::warn!(target: "weir::checkpoint", "job '{job}': could not delete its checkpoints: {e}");
+            }
+            return;
+        }
+        match storage.retain_aside(chrono::Utc::now().timestamp_millis()) {
+            Ok(Some(dir)) => tracing::info!(
+                target: "weir::checkpoint",
+                "job '{job}': checkpoints retained in {} (restore one with SET 'execution.state-recovery.path')",
+                dir.display()
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(target: "weir::checkpoint", "job '{job}': could not retain its checkpoints: {e}"),
+        }
+    }
+}
+
+/// How a savepoint ends the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavepointMode {
+    /// The job keeps running (`SAVEPOINT JOB`).
+    Keep,
+    /// `STOP JOB ... WITH SAVEPOINT`.
+    Stop,
+    /// `STOP JOB ... WITH SAVEPOINT DRAIN`.
+    StopDrain,
 }
 
 /// Asks a job to stop; can be kept while the handle is awaited.
@@ -166,8 +215,47 @@ impl JobHandle {
         let _ = self.done.await;
         if self.checkpointing {
             RunStatus::Canceled.write(&self.job_dir)?;
+            self.retention.apply(&self.name);
         }
         Ok(())
+    }
+
+    /// Takes a savepoint into `dir` (default: the job's savepoint
+    /// directory, `savepoint-<id>`), and with `Stop*` stops the job at it.
+    /// Answers once it is complete; an error leaves the job running.
+    pub async fn savepoint(&self, dir: Option<PathBuf>, mode: SavepointMode) -> Result<SavepointDone> {
+        if !self.checkpointing {
+            return Err(ExecError::Config(
+                "savepoints are taken by checkpoint barriers: this job runs without checkpointing; \
+                 SET 'execution.checkpointing.interval' before its INSERT"
+                    .into(),
+            ));
+        }
+        if self.is_finished() {
+            return Err(ExecError::Config(format!("job '{}' is no longer running", self.name)));
+        }
+        let dir = dir.unwrap_or_else(|| {
+            let id = format!("{:012x}", chrono::Utc::now().timestamp_micros() & 0xffff_ffff_ffff);
+            self.savepoint_dir.join(format!("savepoint-{id}"))
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let req = SavepointRequest {
+            dir,
+            stop: mode != SavepointMode::Keep,
+            drain: mode == SavepointMode::StopDrain,
+            reply: tx,
+        };
+        self.savepoints
+            .send(req)
+            .map_err(|_| ExecError::Config(format!("job '{}' is no longer running", self.name)))?;
+        let done = rx
+            .await
+            .map_err(|_| ExecError::Checkpoint(format!("job '{}' ended before the savepoint completed", self.name)))?
+            .map_err(ExecError::Checkpoint)?;
+        if mode != SavepointMode::Keep {
+            self.stop();
+        }
+        Ok(done)
     }
 
     pub fn stopper(&self) -> JobStopper {
@@ -255,12 +343,13 @@ impl RunStatus {
 }
 
 /// Where the first attempt starts: an explicit
-/// `execution.state-recovery.path`, or the latest checkpoint of a run that
-/// died, or nothing (and then old checkpoints of the job are cleared).
+/// `execution.state-recovery.path` (a savepoint or a checkpoint), or the
+/// latest checkpoint of a run that died, or nothing (and then old
+/// checkpoints of the job are cleared).
 fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<RestoredJob>> {
-    let fingerprint = graph.fingerprint();
+    let check = |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, graph, config);
     if let Some(path) = &config.recovery_path {
-        return Ok(Some(restore_path(path, &fingerprint, &config.job_dir)?));
+        return Ok(Some(restore_path(path, &check, &config.job_dir)?));
     }
     let Some(cp) = &config.checkpointing else {
         return Ok(None);
@@ -268,7 +357,7 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<Res
     let storage = CheckpointStorage::new(cp.root.clone());
     match RunStatus::read(&config.job_dir) {
         Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
-            Ok(restore_latest(&storage, &fingerprint, &config.job_dir)?)
+            Ok(restore_latest(&storage, &check, &config.job_dir)?)
         }
         _ => {
             // The last run ended on purpose (or there was none): start
@@ -279,21 +368,24 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<Res
     }
 }
 
-/// Restores the checkpoint directory `path` (`.../chk-<n>`).
-fn restore_path(path: &Path, fingerprint: &str, job_dir: &Path) -> Result<RestoredJob> {
-    let id = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("chk-"))
-        .and_then(|n| n.parse::<u64>().ok())
-        .ok_or_else(|| {
-            ExecError::Config(format!(
-                "'execution.state-recovery.path' = '{}' is not a checkpoint directory (chk-<n>)",
-                path.display()
-            ))
-        })?;
-    let root = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    Ok(restore_one(&CheckpointStorage::new(root), id, fingerprint, job_dir)?)
+/// Restores `path`: a savepoint directory, or a checkpoint's `chk-<n>`
+/// (its files are relative to the directory above it).
+fn restore_path(path: &Path, check: crate::checkpoint::restore::Compatibility, job_dir: &Path) -> Result<RestoredJob> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    let is_checkpoint = name.strip_prefix("chk-").is_some_and(|n| n.parse::<u64>().is_ok());
+    if !path.join(crate::checkpoint::storage::METADATA_FILE).exists() {
+        return Err(ExecError::Config(format!(
+            "'execution.state-recovery.path' = '{}' is not a savepoint or checkpoint directory (it has no {})",
+            path.display(),
+            crate::checkpoint::storage::METADATA_FILE
+        )));
+    }
+    let root = if is_checkpoint {
+        path.parent().map(Path::to_path_buf).unwrap_or_default()
+    } else {
+        path.to_path_buf()
+    };
+    Ok(restore_dir(&CheckpointStorage::new(root), path, check, job_dir)?)
 }
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
@@ -331,6 +423,14 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let name = config.name.clone();
     let metrics = build_metrics(&graph, &config, checkpoint_log);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
+    let savepoint_queue: SavepointQueue = Arc::new(tokio::sync::Mutex::new(savepoint_rx));
+    let retention = Retention {
+        root: config.checkpointing.as_ref().map(|c| c.root.clone()),
+        retain: config.retain_checkpoints,
+    };
+    let savepoint_dir = config.savepoint_dir.clone();
+    let end_retention = retention.clone();
     let job_dir = config.job_dir.clone();
     let checkpointing = config.checkpointing.is_some();
     let graph = Arc::new(graph);
@@ -351,6 +451,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 &stop_rx,
                 restored.take(),
                 attempt,
+                &savepoint_queue,
             )
             .await;
             let err = match result {
@@ -362,6 +463,9 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                     };
                     if config.checkpointing.is_some() {
                         status.write(&config.job_dir)?;
+                        if status == RunStatus::Stopped {
+                            end_retention.apply(&config.name);
+                        }
                     }
                     job_metrics.lifecycle.set(state);
                     return Ok(JobOutcome {
@@ -400,16 +504,17 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
             job_metrics.lifecycle.set(JobState::Running);
             if let Some(cp) = &config.checkpointing {
                 let storage = CheckpointStorage::new(cp.root.clone());
-                let fingerprint = graph.fingerprint();
-                let job_dir = config.job_dir.clone();
-                let recovery_path = config.recovery_path.clone();
+                let graph = graph.clone();
+                let cfg = config.clone();
                 restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
-                    match restore_latest(&storage, &fingerprint, &job_dir)? {
+                    let check =
+                        |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
+                    match restore_latest(&storage, &check, &cfg.job_dir)? {
                         Some(r) => Ok(Some(r)),
                         // No checkpoint of our own yet: the one the job
                         // started from, again.
-                        None => match recovery_path {
-                            Some(p) => Ok(Some(restore_path(&p, &fingerprint, &job_dir)?)),
+                        None => match &cfg.recovery_path {
+                            Some(p) => Ok(Some(restore_path(p, &check, &cfg.job_dir)?)),
                             None => Ok(None),
                         },
                     }
@@ -446,6 +551,9 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         checkpointing,
         done,
         restored_from,
+        savepoints: savepoint_tx,
+        savepoint_dir,
+        retention,
     })
 }
 /// Metrics of the job, and its alignment coordinators (one per group).
@@ -511,6 +619,7 @@ async fn run_attempt(
     stop_rx: &watch::Receiver<bool>,
     restored: Option<RestoredJob>,
     attempt: u32,
+    savepoints: &SavepointQueue,
 ) -> Result<()> {
     // Alignment coordinators are per attempt: alignment state is never
     // checkpointed, a restored job starts it afresh (as Flink does).
@@ -529,18 +638,18 @@ async fn run_attempt(
         attempt: format!("{:x}{attempt}", chrono::Utc::now().timestamp_micros()),
         exactly_once: config.checkpointing.is_some(),
     };
-    let mut committers: HashMap<NodeId, Arc<dyn Committer>> = HashMap::new();
+    let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
     for n in &graph.nodes {
         if let NodeKind::Sink(s) = &n.kind
             && let Some(c) = s.factory.committer(&sink_ctx)
         {
-            committers.insert(n.id, c);
+            committers.insert(n.uid.clone(), c);
         }
         // A source's dead letters are committed like a sink's output.
         if let NodeKind::Source(s) = &n.kind
             && let Some(dir) = s.factory.dead_letter_dir()
         {
-            committers.insert(n.id, crate::connectors::dead_letter::committer(dir, &sink_ctx));
+            committers.insert(n.uid.clone(), crate::connectors::dead_letter::committer(dir, &sink_ctx));
         }
     }
     if let Some(r) = &restored {
@@ -684,10 +793,19 @@ async fn run_attempt(
                     None => Output::None,
                 },
             };
-            let chain_ops = Chain::new(ops, op_metrics, chain[first_op..].to_vec(), subtask);
+            let uids = chain[first_op..].iter().map(|id| graph.node(*id).uid.clone()).collect();
+            let chain_ops = Chain::new(ops, op_metrics, uids, subtask);
             match &head.kind {
                 NodeKind::Source(src) => {
-                    let splits = src.factory.create_splits(head.parallelism)?;
+                    // Restored: the splits the snapshot has positions for,
+                    // whatever the parallelism was (split ids do not
+                    // depend on it); fresh: as many as subtasks.
+                    let recorded = restored
+                        .as_ref()
+                        .and_then(|r| r.metadata.sources.get(&head.uid))
+                        .map_or(0, Vec::len);
+                    let split_count = if recorded > 0 { recorded } else { head.parallelism };
+                    let splits = src.factory.create_splits(split_count)?;
                     let mine = splits
                         .into_iter()
                         .enumerate()
@@ -724,7 +842,7 @@ async fn run_attempt(
                         .cloned();
                     let positions: HashMap<String, SplitPosition> = restored
                         .as_ref()
-                        .and_then(|r| r.metadata.sources.get(&head.id.to_string()))
+                        .and_then(|r| r.metadata.sources.get(&head.uid))
                         .map(|ps| ps.iter().map(|p| (p.split.clone(), p.clone())).collect())
                         .unwrap_or_default();
                     let task = SourceTask {
@@ -742,14 +860,14 @@ async fn run_attempt(
                         metrics: metrics.nodes[head.id].clone(),
                         alignment,
                         status,
-                        node: head.id,
+                        uid: head.uid.clone(),
                         restored: positions,
                         triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
                         checkpointing: task_ctx(true),
                         dead_letters: src
                             .factory
                             .dead_letter_dir()
-                            .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, head.id, subtask))
+                            .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, &head.uid, subtask))
                             .transpose()?,
                     };
                     tasks.spawn(task.run());
@@ -764,7 +882,7 @@ async fn run_attempt(
                             unaligned: c.unaligned,
                             aligned_timeout: c.aligned_timeout,
                         });
-                    let in_flight_key = crate::checkpoint::in_flight_key(head.id, subtask);
+                    let in_flight_key = crate::checkpoint::in_flight_key(&head.uid, subtask);
                     let replay = restored
                         .as_ref()
                         .and_then(|r| r.in_flight.get(&in_flight_key).cloned())
@@ -791,6 +909,8 @@ async fn run_attempt(
         }
     }
 
+    // Every operator has taken its share of the restored state.
+    let _ = std::fs::remove_dir_all(config.job_dir.join("state").join("restored"));
     for c in coordinators.into_values() {
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
@@ -810,10 +930,19 @@ async fn run_attempt(
             committers,
             log: metrics.checkpoints.clone(),
             // The incremental base must live in this job's storage: a
-            // checkpoint restored from elsewhere is not shared from.
+            // snapshot restored from elsewhere is not shared from (the
+            // first checkpoint after a savepoint is full; NO_CLAIM).
             restored: restored
-                .filter(|r| r.path.parent() == Some(cp.root.as_path()))
-                .map(|r| r.metadata),
+                .as_ref()
+                .filter(|r| !r.is_savepoint() && r.path.parent() == Some(cp.root.as_path()))
+                .map(|r| r.metadata.clone()),
+            max_parallelism: config.max_parallelism,
+            operator_info: crate::checkpoint::compat::operator_info(graph),
+            savepoints: savepoints.clone(),
+            claimed: restored
+                .as_ref()
+                .filter(|r| config.claim && r.path.parent() != Some(cp.root.as_path()))
+                .map(|r| r.path.clone()),
         };
         coordinator_set.spawn(coordinator.run());
     }
@@ -881,25 +1010,18 @@ fn create_operator(
         NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
         NodeKind::Calc(c) => Box::new(CalcOperator::new(c, node.schema.clone())),
         NodeKind::Limit(l) => {
-            let key = crate::checkpoint::operator_key(id, subtask);
-            match restored.and_then(|r| r.heap.get(&key)) {
+            let key = crate::checkpoint::operator_key(&node.uid, subtask);
+            match restored.and_then(|r| r.operator_state.get(&key)) {
                 Some(bytes) => Box::new(LimitOperator::restore(bytes)?),
                 None => Box::new(LimitOperator::new(l.skip, l.fetch)),
             }
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::WindowAggregate(w) => {
-            let dir = local_state_dir(&config.job_dir, id, subtask);
-            let key = crate::checkpoint::operator_key(id, subtask);
-            let restore = match restored {
-                Some(r) => match (r.metadata.operators.get(&key), r.heap.get(&key)) {
-                    (_, Some(bytes)) => Restore::HeapBytes(bytes.clone()),
-                    (Some(OperatorState::Rocksdb { .. }), _) => Restore::RocksDbFiles,
-                    _ => Restore::Empty,
-                },
-                None => Restore::Empty,
-            };
-            let state = open_backend(config.state_backend, &dir, STATE_NAMES, restore)?;
+            let dir = local_state_dir(&config.job_dir, &node.uid, subtask);
+            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
+            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
+            let state = open_keyed(config.state_backend, &dir, STATES, groups, sources)?;
             Box::new(WindowAggregateOperator::new(
                 w,
                 &input_schema()?,

@@ -32,9 +32,8 @@ use crate::checkpoint::{OperatorSnapshot, SplitPosition, TaskCheckpointing, Task
 use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{SourceSplit, SplitPoll};
 use crate::error::{ExecError, Result};
-use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
+use crate::message::{Barrier, BarrierKind, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
 use crate::operators::calc::project;
-use crate::plan::NodeId;
 use crate::plan::WatermarkNode;
 use crate::runtime::alignment::{AlignmentCoordinator, ReaderId, SplitAlignment, max_allowed, reader_report};
 use crate::runtime::chain::Chain;
@@ -91,7 +90,8 @@ pub struct SourceTask {
     /// Where the reader publishes its splits' state (SHOW WATERMARKS).
     pub status: Option<Arc<SourceStatus>>,
     /// The source's plan node (key of its split positions).
-    pub node: NodeId,
+    /// The source's operator uid (its split positions are kept under it).
+    pub uid: String,
     /// Split positions of the checkpoint the job restored, by split id.
     pub restored: HashMap<String, SplitPosition>,
     /// Barriers the checkpoint coordinator announces, and where to report.
@@ -126,7 +126,7 @@ impl SourceTask {
     fn positions(&self, reader: &Reader) -> TaskSnapshot {
         TaskSnapshot {
             sources: vec![(
-                self.node,
+                self.uid.clone(),
                 reader
                     .splits
                     .iter()
@@ -207,6 +207,28 @@ impl SourceTask {
         .await
     }
 
+    /// Waits until the job stops or a barrier newer than `last` comes
+    /// (the savepoint failed); returns the last barrier handled.
+    async fn wait_after_stop_barrier(&mut self, last: u64) -> u64 {
+        let mut stop = self.stop.clone();
+        loop {
+            if *stop.borrow() {
+                return last;
+            }
+            let Some(rx) = self.triggers.as_mut() else { return last };
+            if rx.borrow().is_some_and(|b| b.checkpoint_id > last) {
+                // Left for the run loop to inject: seen here, so marked
+                // unseen again for its `has_changed`.
+                rx.mark_changed();
+                return last;
+            }
+            tokio::select! {
+                r = stop.changed() => if r.is_err() { return last },
+                r = rx.changed() => if r.is_err() { return last },
+            }
+        }
+    }
+
     pub async fn run(mut self) -> Result<()> {
         let now = Instant::now();
         let mut splits = vec![];
@@ -253,8 +275,19 @@ impl SourceTask {
             };
             if let Some(b) = barrier.filter(|b| b.checkpoint_id > last_barrier) {
                 last_barrier = b.checkpoint_id;
+                if let BarrierKind::Savepoint { drain: true, .. } = b.kind {
+                    // DRAIN: the end of event time, before the savepoint,
+                    // so every window and timer fires into the sinks.
+                    self.chain.process_watermark(MAX_WATERMARK, &mut outbox)?;
+                }
                 let snapshot = self.snapshot(&reader)?;
                 self.inject_barrier(snapshot, b, &mut outbox).await?;
+                if let BarrierKind::Savepoint { stop: true, .. } = b.kind {
+                    // Nothing is read after a stop-with-savepoint barrier:
+                    // the job stops once the savepoint completes, or goes
+                    // on at the next barrier if it failed.
+                    last_barrier = self.wait_after_stop_barrier(last_barrier).await;
+                }
             }
             if *self.stop.borrow() || self.chain.is_finished() || self.output.is_closed() {
                 // Stopped on purpose: end without a final watermark, so no
@@ -723,7 +756,7 @@ mod tests {
             metrics: Arc::new(NodeMetrics::new("source".into())),
             alignment: None,
             status: None,
-            node: 0,
+            uid: "source-test".into(),
             restored: HashMap::new(),
             triggers: None,
             checkpointing: None,

@@ -59,7 +59,10 @@ pub async fn checkpoint_chain(
 ) -> Result<()> {
     // Ahead of queued data on the priority lanes (unaligned checkpoints),
     // and in order with the data as the marker.
-    output.announce(barrier);
+    // Savepoints stay aligned.
+    if !barrier.is_savepoint() {
+        output.announce(barrier);
+    }
     output.broadcast(StreamMessage::Barrier(barrier)).await?;
     let Some(cp) = checkpointing else { return Ok(()) };
     let started = Instant::now();

@@ -1,9 +1,11 @@
 //! The `hashmap` backend: ordered maps on the heap (fast, bounded by RAM).
 
 use std::collections::BTreeMap;
-use std::ops::Bound;
+use std::ops::{Bound, Range};
 
+use super::transfer::EntriesWriter;
 use super::{StateBackend, StateId, WriteBatch};
+use crate::keygroup::KeyGroup;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::StateError;
 
@@ -26,55 +28,19 @@ impl HeapBackend {
     }
 }
 
-impl HeapBackend {
-    /// Rebuilds the maps from [`StateBackend::snapshot`] bytes: per state
-    /// an entry count, then length-prefixed keys and values (u32 LE).
-    pub fn restore(states: usize, bytes: &[u8]) -> Result<Self, StateError> {
-        let corrupt = |message: String| StateError::Corrupt {
-            state: "heap snapshot".into(),
-            message,
-        };
-        let mut pos = 0usize;
-        let mut take = |n: usize| -> Result<&[u8], StateError> {
-            let end = pos
-                .checked_add(n)
-                .filter(|e| *e <= bytes.len())
-                .ok_or_else(|| corrupt(format!("truncated at byte {pos} of {}", bytes.len())))?;
-            let s = &bytes[pos..end];
-            pos = end;
-            Ok(s)
-        };
-        let mut out = Self::new(states);
-        for map in out.states.iter_mut() {
-            let count = u64::from_le_bytes(take(8)?.try_into().unwrap_or_default());
-            for _ in 0..count {
-                let kl = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default()) as usize;
-                let k = take(kl)?.to_vec();
-                let vl = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default()) as usize;
-                let v = take(vl)?.to_vec();
-                map.insert(k, v);
-            }
-        }
-        if pos != bytes.len() {
-            return Err(corrupt(format!("{} trailing bytes", bytes.len() - pos)));
-        }
-        Ok(out)
-    }
-}
-
 impl StateBackend for HeapBackend {
-    fn snapshot(&mut self, _checkpoint_id: u64) -> Result<OperatorSnapshot, StateError> {
-        let mut out = vec![];
-        for map in &self.states {
-            out.extend_from_slice(&(map.len() as u64).to_le_bytes());
-            for (k, v) in map {
-                out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-                out.extend_from_slice(k);
-                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-                out.extend_from_slice(v);
-            }
-        }
-        Ok(OperatorSnapshot::Heap(out))
+    fn snapshot(
+        &mut self,
+        _checkpoint_id: u64,
+        states: &[&str],
+        key_groups: Range<KeyGroup>,
+    ) -> Result<OperatorSnapshot, StateError> {
+        let mut out = EntriesWriter::new()?;
+        super::transfer::export(self, states, key_groups.clone(), &mut out)?;
+        Ok(OperatorSnapshot::Entries {
+            bytes: out.finish()?,
+            key_groups,
+        })
     }
 
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {

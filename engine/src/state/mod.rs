@@ -1,22 +1,31 @@
-//! Keyed state. A backend stores named states (RocksDB column families, or
-//! ordered maps on the heap) of byte keys and values, accessed per batch:
-//! one multi-get for every key a batch touches, one atomic write batch for
-//! every change it makes, and ordered range scans (event-time timers).
+//! State of operators. A backend stores named states (RocksDB column
+//! families, or ordered maps on the heap) of byte keys and values, accessed
+//! per batch: one multi-get for every key a batch touches, one atomic write
+//! batch for every change it makes, and ordered range scans.
 //!
-//! Key layout used by operators: `key group (2 bytes BE) | key | namespace`,
-//! so a subtask's state splits by key-group range when parallelism changes.
+//! Operators do not use a backend directly: [`keyed::KeyedState`] owns the
+//! layout (key group first), [`codec`] the encoding of keys and values,
+//! [`transfer`] the canonical form that savepoints and heap checkpoints
+//! hold and how state is split or merged when parallelism changes.
 
+pub mod codec;
 mod heap;
+pub mod keyed;
 mod rocks;
+pub mod transfer;
 
+use std::ops::Range;
 use std::path::Path;
 
 pub use heap::HeapBackend;
+pub use keyed::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 pub use rocks::RocksDbBackend;
+pub use transfer::StateSource;
 
 use crate::checkpoint::OperatorSnapshot;
 use crate::config::StateBackendKind;
 use crate::error::StateError;
+use crate::keygroup::KeyGroup;
 
 /// Index of a named state declared when the backend was opened.
 pub type StateId = usize;
@@ -58,33 +67,44 @@ pub trait StateBackend: Send {
     ) -> Result<(), StateError>;
 
     /// The synchronous part of a checkpoint: a consistent copy of every
-    /// state as of now, cheap to take (RocksDB: flush + hard links).
-    fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError>;
+    /// state as of now, cheap to take (RocksDB: flush + hard links; heap:
+    /// the canonical entries of `key_groups`).
+    fn snapshot(
+        &mut self,
+        checkpoint_id: u64,
+        states: &[&str],
+        key_groups: Range<KeyGroup>,
+    ) -> Result<OperatorSnapshot, StateError>;
 }
 
-/// Where a subtask's state starts from.
-pub enum Restore {
-    Empty,
-    /// RocksDB files of a checkpoint, already copied into the directory.
-    RocksDbFiles,
-    /// A heap snapshot.
-    HeapBytes(Vec<u8>),
-}
-
-/// Opens the configured backend for one stateful subtask. `dir` is only
-/// used by RocksDB; unless restoring it is wiped first.
-pub fn open_backend(
+/// Opens the configured backend for one stateful subtask owning
+/// `key_groups`, filled from `sources` (empty: a fresh start). `dir` is
+/// only used by RocksDB; it is wiped first unless a RocksDB checkpoint of
+/// exactly these key groups is moved there (the same-parallelism restore).
+pub fn open_keyed(
     kind: StateBackendKind,
     dir: &Path,
-    states: &[&str],
-    restore: Restore,
-) -> Result<Box<dyn StateBackend>, StateError> {
-    Ok(match (kind, restore) {
-        (StateBackendKind::RocksDb, Restore::RocksDbFiles) => Box::new(RocksDbBackend::open_existing(dir, states)?),
-        (StateBackendKind::RocksDb, _) => Box::new(RocksDbBackend::open_fresh(dir, states)?),
-        (StateBackendKind::Heap, Restore::HeapBytes(b)) => Box::new(HeapBackend::restore(states.len(), &b)?),
-        (StateBackendKind::Heap, _) => Box::new(HeapBackend::new(states.len())),
-    })
+    decls: &[StateDecl],
+    key_groups: Range<KeyGroup>,
+    sources: &[StateSource],
+) -> Result<KeyedState, StateError> {
+    let names: Vec<&str> = decls.iter().map(|d| d.name).collect();
+    let mut backend: Box<dyn StateBackend> = match (kind, sources) {
+        (StateBackendKind::RocksDb, [StateSource::RocksDb { dir: from, key_groups: g }]) if *g == key_groups => {
+            rocks::move_dir(from, dir)?;
+            Box::new(RocksDbBackend::open_existing(dir, &names)?)
+        }
+        (StateBackendKind::RocksDb, _) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
+        (StateBackendKind::Heap, _) => Box::new(HeapBackend::new(names.len())),
+    };
+    let in_place = matches!(
+        (kind, sources),
+        (StateBackendKind::RocksDb, [StateSource::RocksDb { key_groups: g, .. }]) if *g == key_groups
+    );
+    if !in_place && !sources.is_empty() {
+        transfer::import(backend.as_mut(), &names, sources, key_groups.clone())?;
+    }
+    Ok(KeyedState::new(backend, decls, key_groups))
 }
 
 #[cfg(test)]
@@ -123,39 +143,67 @@ mod tests {
     }
 
     #[test]
-    fn snapshots_restore_what_was_there_and_not_what_came_after() {
+    fn snapshots_restore_what_was_there_and_not_what_came_after_at_any_split() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("db");
-        let mut rocks = RocksDbBackend::open_fresh(&db, &["s0", "s1"]).expect("open");
+        let names = ["s0", "s1"];
+        let mut rocks = RocksDbBackend::open_fresh(&db, &names).expect("open");
         let mut heap = HeapBackend::new(2);
         for b in [&mut rocks as &mut dyn StateBackend, &mut heap] {
-            exercise(b);
+            exercise_groups(b);
         }
-        let (OperatorSnapshot::RocksDb { dir: chk }, OperatorSnapshot::Heap(bytes)) = (
-            rocks.snapshot(1).expect("snapshot"),
-            heap.snapshot(1).expect("snapshot"),
+        let (OperatorSnapshot::RocksDb { dir: chk, .. }, OperatorSnapshot::Entries { bytes, .. }) = (
+            rocks.snapshot(1, &names, 0..8).expect("snapshot"),
+            heap.snapshot(1, &names, 0..8).expect("snapshot"),
         ) else {
             panic!("unexpected snapshot kinds");
         };
         let before = (dump(&rocks, 0), dump(&rocks, 1));
         for b in [&mut rocks as &mut dyn StateBackend, &mut heap] {
             let mut w = WriteBatch::default();
-            w.put(0, b"later".to_vec(), b"x".to_vec());
+            w.put(0, b"\0\x01later".to_vec(), b"x".to_vec());
             b.write(w).expect("write");
         }
         drop(rocks);
-        let restored_dir = dir.path().join("restored");
-        std::fs::rename(&chk, &restored_dir).expect("move checkpoint");
-        let rocks = RocksDbBackend::open_existing(&restored_dir, &["s0", "s1"]).expect("reopen");
-        let heap = HeapBackend::restore(2, &bytes).expect("restore heap");
-        assert_eq!((dump(&rocks, 0), dump(&rocks, 1)), before);
-        assert_eq!((dump(&heap, 0), dump(&heap, 1)), before);
-        for cut in [1, bytes.len() / 2, bytes.len() - 1] {
-            assert!(
-                HeapBackend::restore(2, &bytes[..cut]).is_err(),
-                "truncated heap snapshot accepted"
-            );
+        let decls = [
+            StateDecl { name: "s0", kind: StateKind::Value },
+            StateDecl { name: "s1", kind: StateKind::Value },
+        ];
+        let sources = [
+            StateSource::RocksDb { dir: chk.clone(), key_groups: 0..8 },
+            StateSource::Entries { bytes: std::sync::Arc::new(bytes.clone()), key_groups: 0..8, path: "heap".into() },
+        ];
+        for source in &sources {
+            for kind in [StateBackendKind::RocksDb, StateBackendKind::Heap] {
+                // Split in two halves (rescale 1 -> 2), then both halves
+                // together hold exactly what was there.
+                let mut all = (vec![], vec![]);
+                for (i, range) in [0..3u16, 3..8].into_iter().enumerate() {
+                    let target = dir.path().join(format!("t-{i}-{kind:?}"));
+                    let s = open_keyed(kind, &target, &decls, range.clone(), std::slice::from_ref(source)).expect("open");
+                    let (a, b) = (dump(s.backend(), 0), dump(s.backend(), 1));
+                    assert!(a.iter().chain(&b).all(|(k, _)| range.contains(&u16::from_be_bytes([k[0], k[1]]))));
+                    all.0.extend(a);
+                    all.1.extend(b);
+                }
+                assert_eq!(all, before, "{source:?} into {kind:?}");
+            }
         }
+        let cut = bytes.len() / 2;
+        let truncated = StateSource::Entries { bytes: std::sync::Arc::new(bytes[..cut].to_vec()), key_groups: 0..8, path: "heap".into() };
+        assert!(open_keyed(StateBackendKind::Heap, &dir.path().join("x"), &decls, 0..8, &[truncated]).is_err());
+    }
+
+    fn exercise_groups(backend: &mut dyn StateBackend) {
+        let mut b = WriteBatch::default();
+        for g in 0u16..8 {
+            for k in [b"a".as_slice(), b"bb"] {
+                let mut key = g.to_be_bytes().to_vec();
+                key.extend_from_slice(k);
+                b.put((g % 2) as usize, key, k.to_vec());
+            }
+        }
+        backend.write(b).expect("write");
     }
 
     #[test]

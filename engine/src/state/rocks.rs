@@ -2,6 +2,7 @@
 //! subtask, one column family per named state. The WAL is off: durability
 //! comes from checkpoints, not from RocksDB's log (as in Flink).
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteOptions};
@@ -9,6 +10,7 @@ use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, Writ
 use super::{StateBackend, StateId, WriteBatch};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::StateError;
+use crate::keygroup::KeyGroup;
 
 pub struct RocksDbBackend {
     db: DB,
@@ -89,7 +91,12 @@ impl RocksDbBackend {
 }
 
 impl StateBackend for RocksDbBackend {
-    fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError> {
+    fn snapshot(
+        &mut self,
+        checkpoint_id: u64,
+        _states: &[&str],
+        key_groups: Range<KeyGroup>,
+    ) -> Result<OperatorSnapshot, StateError> {
         // The WAL is off: memtables must reach SST files to be in the
         // checkpoint. Then a native checkpoint hard-links the live files.
         let mut flush = rocksdb::FlushOptions::default();
@@ -118,7 +125,7 @@ impl StateBackend for RocksDbBackend {
         let op = || format!("taking the local snapshot for checkpoint {checkpoint_id}");
         let chk = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(op(), e))?;
         chk.create_checkpoint(&dir).map_err(|e| self.err(op(), e))?;
-        Ok(OperatorSnapshot::RocksDb { dir })
+        Ok(OperatorSnapshot::RocksDb { dir, key_groups })
     }
 
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
@@ -168,4 +175,23 @@ impl StateBackend for RocksDbBackend {
         }
         Ok(())
     }
+}
+
+/// Moves a restored checkpoint's files to where the subtask keeps its
+/// state (same file system: a rename).
+pub fn move_dir(from: &Path, to: &Path) -> Result<(), StateError> {
+    let io = |source| StateError::Io {
+        op: "moving restored state into place",
+        path: to.to_path_buf(),
+        source,
+    };
+    match std::fs::remove_dir_all(to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    std::fs::rename(from, to).map_err(io)
 }

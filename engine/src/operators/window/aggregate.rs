@@ -1,11 +1,12 @@
 //! Window aggregation (`GROUP BY window_start, window_end, keys...` over a
 //! TUMBLE/HOP/CUMULATE window TVF, or the legacy `GROUP BY TUMBLE(...)`).
 //!
-//! State, per subtask, in the state backend:
-//! - `window-acc`: `key group | key | window end` → the DataFusion
-//!   accumulator state of every aggregate, row-encoded;
-//! - `window-timers`: `window end | key group | key` → empty. An event-time
-//!   timer: ordered by end, so firing is one range scan.
+//! State, per subtask, through the keyed-state layer ([`KeyedState`]):
+//! - `window-acc` (value state): key, namespace = window end → the
+//!   DataFusion accumulator state of every aggregate, in Weir's row
+//!   encoding;
+//! - `window-timers` (timers): an event-time timer per (key, window) at the
+//!   window's last millisecond (`end - 1`, Flink's `maxTimestamp`).
 //!
 //! Per batch: rows are assigned to windows, grouped by (key, window), the
 //! existing accumulator states of all touched groups are fetched with one
@@ -25,7 +26,6 @@ use arrow::array::{Array, ArrayRef, AsArray, TimestampMillisecondArray, UInt32Ar
 use arrow::compute::{cast, take};
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use arrow::record_batch::RecordBatch;
-use arrow::row::{RowConverter, SortField};
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::GroupsAccumulatorAdapter;
 use datafusion::physical_expr::PhysicalExpr;
@@ -40,11 +40,23 @@ use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::{StateBackend, WriteBatch};
+use crate::state::codec::RowCodec;
+use crate::state::keyed::{decode_time, encode_time};
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
 const ACC: usize = 0;
 const TIMERS: usize = 1;
-pub const STATE_NAMES: &[&str] = &["window-acc", "window-timers"];
+/// The operator's states; their names are part of savepoints.
+pub const STATES: &[StateDecl] = &[
+    StateDecl {
+        name: "window-acc",
+        kind: StateKind::Value,
+    },
+    StateDecl {
+        name: "window-timers",
+        kind: StateKind::Timers,
+    },
+];
 
 /// Windows fired per state round trip; bounds memory when a watermark
 /// jump fires many windows at once.
@@ -60,10 +72,10 @@ pub struct WindowAggregateOperator {
     aggregates: Vec<Arc<AggregateFunctionExpr>>,
     /// Types of each aggregate's state columns, in order.
     state_types: Vec<Vec<DataType>>,
-    state_codec: RowConverter,
+    state_codec: RowCodec,
     schema: SchemaRef,
     max_parallelism: u16,
-    state: Box<dyn StateBackend>,
+    state: KeyedState,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
     /// This subtask's live state bytes and newest event time, for the
@@ -71,8 +83,6 @@ pub struct WindowAggregateOperator {
     live_bytes: i64,
     max_ts: Timestamp,
     parallelism: usize,
-    /// Every timer below this key has fired (where timer scans start).
-    fired_below: Vec<u8>,
 }
 
 impl WindowAggregateOperator {
@@ -81,7 +91,7 @@ impl WindowAggregateOperator {
         input_schema: &SchemaRef,
         schema: SchemaRef,
         max_parallelism: u16,
-        state: Box<dyn StateBackend>,
+        state: KeyedState,
         metrics: Arc<NodeMetrics>,
         parallelism: usize,
     ) -> Result<Self> {
@@ -103,7 +113,11 @@ impl WindowAggregateOperator {
                     .map(|fs| fs.iter().map(|f| f.data_type().clone()).collect::<Vec<_>>())
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let state_codec = RowConverter::new(state_types.iter().flatten().cloned().map(SortField::new).collect())?;
+        let flat: Vec<DataType> = state_types.iter().flatten().cloned().collect();
+        let state_codec = RowCodec::new(&flat).map_err(|m| {
+            let names: Vec<&str> = node.aggregates.iter().map(|a| a.name()).collect();
+            ExecError::Config(format!("window aggregate [{}]: {m}", names.join(", ")))
+        })?;
         Ok(Self {
             name: format!("WindowAggregate {}", node.window),
             window: node.window,
@@ -122,7 +136,6 @@ impl WindowAggregateOperator {
             live_bytes: 0,
             max_ts: MIN_WATERMARK,
             parallelism,
-            fired_below: encode_ts(i64::MIN).to_vec(),
         })
     }
 
@@ -152,9 +165,7 @@ impl WindowAggregateOperator {
         if stored.is_empty() {
             return Ok(());
         }
-        let parser = self.state_codec.parser();
-        let rows = stored.iter().map(|b| parser.parse(b));
-        let columns = self.state_codec.convert_rows(rows)?;
+        let columns = self.state_codec.decode(stored.iter().map(Vec::as_slice))?;
         let mut offset = 0;
         for (acc, types) in accs.iter_mut().zip(&self.state_types) {
             let cols = &columns[offset..offset + types.len()];
@@ -172,8 +183,8 @@ impl WindowAggregateOperator {
                 columns.push(if col.data_type() == ty { col } else { cast(&col, ty)? });
             }
         }
-        let rows = self.state_codec.convert_columns(&columns)?;
-        Ok(rows.iter().map(|r| r.as_ref().to_vec()).collect())
+        let rows = self.state_codec.encode(&columns)?;
+        Ok(rows.iter().map(<[u8]>::to_vec).collect())
     }
 
     fn event_times(&self, batch: &RecordBatch) -> Result<TimestampMillisecondArray> {
@@ -186,58 +197,47 @@ impl WindowAggregateOperator {
     }
 
     fn fire(&mut self, up_to: Timestamp, out: &mut Collector) -> Result<()> {
-        // Windows with end - 1 <= up_to, i.e. end < up_to + 2.
-        let bound = up_to.checked_add(2);
-        let end = match bound {
-            Some(b) => encode_ts(b).to_vec(),
-            None => vec![0xff; 9],
-        };
-        // Fired timers are deleted, but RocksDB keeps their tombstones until
-        // compaction: scanning from the beginning every time would walk all
-        // of them (quadratic). Every timer below the last bound has fired,
-        // and a new timer is never below it (its window would be late), so
-        // each scan starts where the previous one ended.
-        let mut start = self.fired_below.clone();
+        // A window fires when the watermark reaches its last millisecond
+        // (end - 1), which is its timer's time.
         loop {
-            let mut timers: Vec<Vec<u8>> = vec![];
-            self.state.scan(TIMERS, &start, &end, &mut |k, _| {
-                timers.push(k.to_vec());
-                timers.len() < FIRE_CHUNK
-            })?;
-            let Some(last) = timers.last() else {
-                self.fired_below = end;
+            let timers = self.state.due_timers(TIMERS, up_to, FIRE_CHUNK)?;
+            if timers.is_empty() {
                 return Ok(());
-            };
-            // The next chunk starts right after this one's last key.
-            start = last.clone();
-            start.push(0);
+            }
+            let more = timers.len() == FIRE_CHUNK;
             self.fire_timers(&timers, out)?;
+            if !more {
+                return Ok(());
+            }
         }
     }
 
-    fn fire_timers(&mut self, timers: &[Vec<u8>], out: &mut Collector) -> Result<()> {
-        let corrupt = || ExecError::internal("window timer key is shorter than its header");
-        let mut acc_keys = Vec::with_capacity(timers.len());
+    fn fire_timers(&mut self, timers: &[Timer], out: &mut Collector) -> Result<()> {
         let mut ends = Vec::with_capacity(timers.len());
-        let mut key_rows: Vec<&[u8]> = Vec::with_capacity(timers.len());
         for t in timers {
-            if t.len() < 10 {
-                return Err(corrupt());
-            }
-            let end = decode_ts(&t[..8]);
-            ends.push(end);
-            key_rows.push(&t[10..]);
-            acc_keys.push(acc_key(&t[8..10], &t[10..], end));
+            let ns: [u8; 8] = t
+                .namespace
+                .as_slice()
+                .try_into()
+                .map_err(|_| ExecError::internal("window timer without a window end"))?;
+            ends.push(decode_time(ns));
         }
-        let refs: Vec<&[u8]> = acc_keys.iter().map(Vec::as_slice).collect();
-        let stored = self.state.multi_get(ACC, &refs)?;
+        let entries: Vec<EntryRef> = timers
+            .iter()
+            .map(|t| EntryRef {
+                key_group: t.key_group,
+                key: &t.key,
+                namespace: &t.namespace,
+            })
+            .collect();
+        let stored = self.state.get(ACC, &entries)?;
         let mut present = vec![];
         let mut groups = vec![];
         let mut freed: i64 = 0;
         for (i, s) in stored.into_iter().enumerate() {
-            freed += timers[i].len() as i64;
+            freed += (timers[i].key.len() + 22) as i64;
             if let Some(s) = s {
-                freed += (acc_keys[i].len() + s.len()) as i64;
+                freed += (timers[i].key.len() + 10 + s.len()) as i64;
                 present.push(s);
                 groups.push(i);
             }
@@ -253,10 +253,7 @@ impl WindowAggregateOperator {
             agg_columns.push(acc.evaluate(EmitTo::All)?);
         }
         let key_columns = match &self.key_encoder {
-            Some(enc) => {
-                let parser = enc.converter().parser();
-                enc.converter().convert_rows(key_rows.iter().map(|b| parser.parse(b)))?
-            }
+            Some(enc) => enc.codec().decode(timers.iter().map(|t| t.key.as_slice()))?,
             None => vec![],
         };
         let starts: TimestampMillisecondArray = ends.iter().map(|e| Some(window_start(&self.window, *e))).collect();
@@ -276,42 +273,15 @@ impl WindowAggregateOperator {
         }
         columns.extend(agg_columns);
         let batch = batch_with_schema(&self.schema, columns)?;
-        let mut wb = WriteBatch::default();
-        for (t, k) in timers.iter().zip(acc_keys) {
-            wb.delete(TIMERS, t.clone());
-            wb.delete(ACC, k);
+        let mut w = KeyedWrite::default();
+        for (t, e) in timers.iter().zip(&entries) {
+            w.delete_timer(TIMERS, t);
+            w.delete(ACC, *e);
         }
-        self.state.write(wb)?;
+        self.state.write(w)?;
         out.emit(batch);
         Ok(())
     }
-}
-
-/// Big-endian with the sign bit flipped: byte order equals numeric order.
-fn encode_ts(ts: i64) -> [u8; 8] {
-    ((ts as u64) ^ (1 << 63)).to_be_bytes()
-}
-
-fn decode_ts(b: &[u8]) -> i64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    (u64::from_be_bytes(a) ^ (1 << 63)) as i64
-}
-
-fn acc_key(group: &[u8], key: &[u8], end: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(group.len() + key.len() + 8);
-    k.extend_from_slice(group);
-    k.extend_from_slice(key);
-    k.extend_from_slice(&encode_ts(end));
-    k
-}
-
-fn timer_key(group: &[u8], key: &[u8], end: i64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(group.len() + key.len() + 8);
-    k.extend_from_slice(&encode_ts(end));
-    k.extend_from_slice(group);
-    k.extend_from_slice(key);
-    k
 }
 
 impl Operator for WindowAggregateOperator {
@@ -351,7 +321,7 @@ impl Operator for WindowAggregateOperator {
                 late += 1;
                 continue;
             }
-            let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row).data());
+            let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row));
             let mut assigned = false;
             assign_windows(&self.window, times.value(row), |_, end| {
                 if is_fired(end, watermark) {
@@ -376,37 +346,37 @@ impl Operator for WindowAggregateOperator {
             return Ok(());
         }
 
-        let kg_bytes: Vec<[u8; 2]> = group_keys
+        let namespaces: Vec<[u8; 8]> = group_keys.iter().map(|(_, end)| encode_time(*end)).collect();
+        let entries: Vec<EntryRef> = group_keys
             .iter()
-            .map(|(k, _)| key_group(k, self.max_parallelism).to_be_bytes())
+            .zip(&namespaces)
+            .map(|((k, _), ns)| EntryRef {
+                key_group: key_group(k, self.max_parallelism),
+                key: k,
+                namespace: ns,
+            })
             .collect();
-        let acc_keys: Vec<Vec<u8>> = group_keys
-            .iter()
-            .zip(&kg_bytes)
-            .map(|((k, end), kg)| acc_key(kg, k, *end))
-            .collect();
-        let refs: Vec<&[u8]> = acc_keys.iter().map(Vec::as_slice).collect();
-        let stored = self.state.multi_get(ACC, &refs)?;
+        let stored = self.state.get(ACC, &entries)?;
 
         let total = group_keys.len();
         let mut accs = self.accumulators()?;
         let mut present = vec![];
         let mut present_groups = vec![];
-        let mut wb = WriteBatch::default();
+        let mut w = KeyedWrite::default();
         // Live state bytes, for the alignment sizing aid.
         let mut grown: i64 = 0;
         for (g, s) in stored.into_iter().enumerate() {
             match s {
                 Some(s) => {
-                    grown -= (acc_keys[g].len() + s.len()) as i64;
+                    grown -= (entries[g].key.len() + 10 + s.len()) as i64;
                     present.push(s);
                     present_groups.push(g);
                 }
                 None => {
-                    let (k, end) = group_keys[g];
-                    let t = timer_key(&kg_bytes[g], k, end);
-                    grown += t.len() as i64;
-                    wb.put(TIMERS, t, vec![]);
+                    // A new window of this key: its timer fires at the
+                    // window's last millisecond.
+                    let e = entries[g];
+                    w.add_timer(TIMERS, e.key_group, group_keys[g].1 - 1, e.key, e.namespace);
                 }
             }
         }
@@ -425,11 +395,11 @@ impl Operator for WindowAggregateOperator {
             }
             acc.update_batch(&values, &group_idx, None, total)?;
         }
-        for (key, value) in acc_keys.into_iter().zip(self.encode_states(&mut accs)?) {
-            grown += (key.len() + value.len()) as i64;
-            wb.put(ACC, key, value);
+        for (e, value) in entries.iter().zip(self.encode_states(&mut accs)?) {
+            w.put(ACC, *e, value);
         }
-        self.state.write(wb)?;
+        grown += w.bytes_written;
+        self.state.write(w)?;
         self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         self.live_bytes += grown;
         if let Some(max) = times.iter().flatten().max() {
@@ -452,19 +422,5 @@ impl Operator for WindowAggregateOperator {
         }
         self.watermark = watermark;
         self.fire(watermark, out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamp_encoding_orders_numerically() {
-        let vals = [i64::MIN, -5, -1, 0, 1, 1000, i64::MAX];
-        for w in vals.windows(2) {
-            assert!(encode_ts(w[0]) < encode_ts(w[1]));
-            assert_eq!(decode_ts(&encode_ts(w[0])), w[0]);
-        }
     }
 }

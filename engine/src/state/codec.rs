@@ -1,0 +1,716 @@
+//! Weir's own byte encoding of rows: keys and values of persisted state.
+//!
+//! State outlives a build of Weir: a savepoint taken today must restore in
+//! next year's release. Arrow's row format is documented as free to change
+//! between releases, so it is never the persisted form. This encoding is
+//! Weir's, versioned by [`FORMAT_VERSION`], and pinned by golden tests
+//! (fixed bytes for fixed values of every type): a change that alters a
+//! byte fails a test instead of every user's restore.
+//!
+//! Each value is a tag byte (`0` NULL, `1` present) and then:
+//! - BOOLEAN: one byte, 0 or 1;
+//! - integers, dates, times, timestamps, durations, decimals: the value's
+//!   bytes big-endian, the sign bit flipped for signed types (byte order
+//!   equals numeric order);
+//! - floats: IEEE bits big-endian, transformed so byte order is the total
+//!   order (`-NaN < -inf < ... < -0 < +0 < ... < +inf < NaN`);
+//! - strings and binaries: length (u32 big-endian) and the bytes;
+//! - lists: element count (u32 big-endian) and the elements.
+//!
+//! Types are named by [`type_name`], also Weir's, for the same reason.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayData, ArrayRef, AsArray, BinaryArray, BinaryViewArray, BooleanArray, LargeBinaryArray,
+    LargeListArray, LargeStringArray, ListArray, StringArray, StringViewArray, make_array,
+};
+use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
+use arrow::datatypes::{DataType, FieldRef, TimeUnit};
+
+use crate::error::StateError;
+
+/// Version of the encoding; stored with every checkpoint and savepoint.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Limit on nested lists: state types come from plans, not from files, but
+/// a corrupt file must not recurse without end either.
+const MAX_DEPTH: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    Signed,
+    Unsigned,
+    Float,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bytes {
+    Utf8,
+    LargeUtf8,
+    Utf8View,
+    Binary,
+    LargeBinary,
+    BinaryView,
+}
+
+/// How one column is encoded.
+#[derive(Debug, Clone)]
+enum Kind {
+    Bool,
+    Fixed { width: usize, num: Num },
+    Bytes(Bytes),
+    List { large: bool, field: FieldRef, item: Box<Kind> },
+}
+
+fn kind_of(dt: &DataType, depth: usize) -> Option<Kind> {
+    use DataType::*;
+    let fixed = |width, num| Some(Kind::Fixed { width, num });
+    match dt {
+        Boolean => Some(Kind::Bool),
+        Int8 => fixed(1, Num::Signed),
+        Int16 => fixed(2, Num::Signed),
+        Int32 | Date32 | Time32(_) => fixed(4, Num::Signed),
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => fixed(8, Num::Signed),
+        Decimal128(_, _) => fixed(16, Num::Signed),
+        Decimal256(_, _) => fixed(32, Num::Signed),
+        UInt8 => fixed(1, Num::Unsigned),
+        UInt16 => fixed(2, Num::Unsigned),
+        UInt32 => fixed(4, Num::Unsigned),
+        UInt64 => fixed(8, Num::Unsigned),
+        Float32 => fixed(4, Num::Float),
+        Float64 => fixed(8, Num::Float),
+        Utf8 => Some(Kind::Bytes(Bytes::Utf8)),
+        LargeUtf8 => Some(Kind::Bytes(Bytes::LargeUtf8)),
+        Utf8View => Some(Kind::Bytes(Bytes::Utf8View)),
+        Binary => Some(Kind::Bytes(Bytes::Binary)),
+        LargeBinary => Some(Kind::Bytes(Bytes::LargeBinary)),
+        BinaryView => Some(Kind::Bytes(Bytes::BinaryView)),
+        List(f) | LargeList(f) if depth < MAX_DEPTH => Some(Kind::List {
+            large: matches!(dt, LargeList(_)),
+            field: f.clone(),
+            item: Box::new(kind_of(f.data_type(), depth + 1)?),
+        }),
+        _ => None,
+    }
+}
+
+/// Weir's stable name of a type (plan fingerprints, state compatibility).
+pub fn type_name(dt: &DataType) -> String {
+    use DataType::*;
+    let unit = |u: &TimeUnit| match u {
+        TimeUnit::Second => "s",
+        TimeUnit::Millisecond => "ms",
+        TimeUnit::Microsecond => "us",
+        TimeUnit::Nanosecond => "ns",
+    };
+    match dt {
+        Boolean => "boolean".into(),
+        Int8 => "i8".into(),
+        Int16 => "i16".into(),
+        Int32 => "i32".into(),
+        Int64 => "i64".into(),
+        UInt8 => "u8".into(),
+        UInt16 => "u16".into(),
+        UInt32 => "u32".into(),
+        UInt64 => "u64".into(),
+        Float32 => "f32".into(),
+        Float64 => "f64".into(),
+        Date32 => "date32".into(),
+        Date64 => "date64".into(),
+        Time32(u) => format!("time32[{}]", unit(u)),
+        Time64(u) => format!("time64[{}]", unit(u)),
+        Timestamp(u, tz) => match tz {
+            Some(tz) => format!("timestamp[{},{tz}]", unit(u)),
+            None => format!("timestamp[{}]", unit(u)),
+        },
+        Duration(u) => format!("duration[{}]", unit(u)),
+        Decimal128(p, s) => format!("decimal128({p},{s})"),
+        Decimal256(p, s) => format!("decimal256({p},{s})"),
+        Utf8 | LargeUtf8 | Utf8View => "string".into(),
+        Binary | LargeBinary | BinaryView => "binary".into(),
+        List(f) | LargeList(f) => format!("list<{}>", type_name(f.data_type())),
+        Null => "null".into(),
+        other => format!("unsupported:{other}"),
+    }
+}
+
+/// Encodes and decodes rows of fixed column types.
+#[derive(Debug, Clone)]
+pub struct RowCodec {
+    types: Vec<DataType>,
+    kinds: Vec<Kind>,
+}
+
+/// Encoded rows in one buffer.
+#[derive(Debug, Default)]
+pub struct Rows {
+    data: Vec<u8>,
+    offsets: Vec<usize>,
+}
+
+impl Rows {
+    pub fn len(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn row(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+}
+
+/// Error for a type the encoding does not cover.
+pub fn unsupported(dt: &DataType) -> String {
+    format!("values of type {dt} cannot be kept in state yet")
+}
+
+impl RowCodec {
+    /// `None`'s error names the first type the encoding does not cover.
+    pub fn new(types: &[DataType]) -> Result<Self, String> {
+        let kinds = types
+            .iter()
+            .map(|t| kind_of(t, 0).ok_or_else(|| unsupported(t)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            types: types.to_vec(),
+            kinds,
+        })
+    }
+
+    pub fn types(&self) -> &[DataType] {
+        &self.types
+    }
+
+    /// Encodes every row of `columns` (one per type, equal lengths).
+    pub fn encode(&self, columns: &[ArrayRef]) -> Result<Rows, StateError> {
+        if columns.len() != self.kinds.len() {
+            return Err(internal(format!(
+                "{} columns given to a codec of {}",
+                columns.len(),
+                self.kinds.len()
+            )));
+        }
+        let n = columns.first().map_or(0, |c| c.len());
+        let cols = columns
+            .iter()
+            .zip(&self.kinds)
+            .map(|(c, k)| Col::new(c.as_ref(), k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut rows = Rows {
+            data: Vec::with_capacity(n * 16),
+            offsets: Vec::with_capacity(n + 1),
+        };
+        rows.offsets.push(0);
+        for i in 0..n {
+            for c in &cols {
+                c.encode(i, &mut rows.data);
+            }
+            rows.offsets.push(rows.data.len());
+        }
+        Ok(rows)
+    }
+
+    /// Decodes rows made by [`RowCodec::encode`] with the same types.
+    pub fn decode<'a>(&self, rows: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<ArrayRef>, StateError> {
+        let mut builders: Vec<Builder> = self.kinds.iter().map(Builder::new).collect();
+        for (r, row) in rows.into_iter().enumerate() {
+            let mut cur = Cursor { bytes: row, pos: 0 };
+            for b in builders.iter_mut() {
+                b.read(&mut cur).map_err(|m| corrupt(format!("row {r}: {m}")))?;
+            }
+            if cur.pos != row.len() {
+                return Err(corrupt(format!("row {r}: {} trailing bytes", row.len() - cur.pos)));
+            }
+        }
+        builders
+            .into_iter()
+            .zip(&self.types)
+            .map(|(b, t)| b.finish(t))
+            .collect()
+    }
+}
+
+fn internal(message: String) -> StateError {
+    StateError::Corrupt {
+        state: "row codec".into(),
+        message,
+    }
+}
+
+fn corrupt(message: String) -> StateError {
+    StateError::Corrupt {
+        state: "encoded row".into(),
+        message,
+    }
+}
+
+/// A column prepared for encoding.
+struct Col<'a> {
+    nulls: Option<NullBuffer>,
+    body: Body<'a>,
+}
+
+enum Body<'a> {
+    Bool(&'a BooleanArray),
+    Fixed { buf: Buffer, width: usize, num: Num },
+    Bytes(&'a dyn Array, Bytes),
+    List { offsets: Vec<usize>, item: Box<Col<'a>> },
+}
+
+impl<'a> Col<'a> {
+    fn new(a: &'a dyn Array, kind: &Kind) -> Result<Self, StateError> {
+        let nulls = a.logical_nulls();
+        let body = match kind {
+            Kind::Bool => Body::Bool(a.as_boolean_opt().ok_or_else(|| mismatch(a))?),
+            Kind::Fixed { width, num } => {
+                let data = a.to_data();
+                let buf = data.buffers().first().ok_or_else(|| mismatch(a))?;
+                let start = data.offset() * width;
+                let len = data.len() * width;
+                if buf.len() < start + len {
+                    return Err(mismatch(a));
+                }
+                Body::Fixed {
+                    buf: buf.slice_with_length(start, len),
+                    width: *width,
+                    num: *num,
+                }
+            }
+            Kind::Bytes(b) => Body::Bytes(a, *b),
+            Kind::List { large, item, .. } => {
+                let (offsets, values): (Vec<usize>, &ArrayRef) = if *large {
+                    let l = a.as_list_opt::<i64>().ok_or_else(|| mismatch(a))?;
+                    (l.value_offsets().iter().map(|o| *o as usize).collect(), l.values())
+                } else {
+                    let l = a.as_list_opt::<i32>().ok_or_else(|| mismatch(a))?;
+                    (l.value_offsets().iter().map(|o| *o as usize).collect(), l.values())
+                };
+                Body::List {
+                    offsets,
+                    item: Box::new(Col::new(values.as_ref(), item)?),
+                }
+            }
+        };
+        Ok(Self { nulls, body })
+    }
+
+    fn encode(&self, i: usize, out: &mut Vec<u8>) {
+        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
+            out.push(0);
+            return;
+        }
+        out.push(1);
+        match &self.body {
+            Body::Bool(a) => out.push(u8::from(a.value(i))),
+            Body::Fixed { buf, width, num } => {
+                let le = &buf.as_slice()[i * width..(i + 1) * width];
+                let at = out.len();
+                out.extend(le.iter().rev());
+                let be = &mut out[at..];
+                match num {
+                    Num::Signed => be[0] ^= 0x80,
+                    Num::Unsigned => {}
+                    Num::Float => {
+                        if be[0] & 0x80 != 0 {
+                            be.iter_mut().for_each(|b| *b = !*b);
+                        } else {
+                            be[0] ^= 0x80;
+                        }
+                    }
+                }
+            }
+            Body::Bytes(a, kind) => {
+                let v: &[u8] = match kind {
+                    Bytes::Utf8 => a.as_string::<i32>().value(i).as_bytes(),
+                    Bytes::LargeUtf8 => a.as_string::<i64>().value(i).as_bytes(),
+                    Bytes::Utf8View => a.as_string_view().value(i).as_bytes(),
+                    Bytes::Binary => a.as_binary::<i32>().value(i),
+                    Bytes::LargeBinary => a.as_binary::<i64>().value(i),
+                    Bytes::BinaryView => a.as_binary_view().value(i),
+                };
+                out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                out.extend_from_slice(v);
+            }
+            Body::List { offsets, item } => {
+                let (s, e) = (offsets[i], offsets[i + 1]);
+                out.extend_from_slice(&((e - s) as u32).to_be_bytes());
+                for j in s..e {
+                    item.encode(j, out);
+                }
+            }
+        }
+    }
+}
+
+fn mismatch(a: &dyn Array) -> StateError {
+    internal(format!("column of type {} does not match the codec", a.data_type()))
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.bytes.len());
+        let end = end.ok_or_else(|| format!("truncated at byte {} of {}", self.pos, self.bytes.len()))?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn len(&mut self) -> Result<usize, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+}
+
+/// A column being decoded.
+enum Builder {
+    Bool {
+        values: Vec<bool>,
+        valid: Vec<bool>,
+    },
+    Fixed {
+        bytes: Vec<u8>,
+        valid: Vec<bool>,
+        width: usize,
+        num: Num,
+    },
+    Bytes {
+        values: Vec<u8>,
+        offsets: Vec<usize>,
+        valid: Vec<bool>,
+    },
+    List {
+        offsets: Vec<usize>,
+        valid: Vec<bool>,
+        field: FieldRef,
+        item: Box<Builder>,
+    },
+}
+
+impl Builder {
+    fn new(kind: &Kind) -> Self {
+        match kind {
+            Kind::Bool => Builder::Bool {
+                values: vec![],
+                valid: vec![],
+            },
+            Kind::Fixed { width, num } => Builder::Fixed {
+                bytes: vec![],
+                valid: vec![],
+                width: *width,
+                num: *num,
+            },
+            Kind::Bytes(_) => Builder::Bytes {
+                values: vec![],
+                offsets: vec![0],
+                valid: vec![],
+            },
+            Kind::List { field, item, .. } => Builder::List {
+                offsets: vec![0],
+                valid: vec![],
+                field: field.clone(),
+                item: Box::new(Builder::new(item)),
+            },
+        }
+    }
+
+    fn read(&mut self, cur: &mut Cursor) -> Result<(), String> {
+        let tag = cur.take(1)?[0];
+        let present = match tag {
+            0 => false,
+            1 => true,
+            t => return Err(format!("bad null tag {t} at byte {}", cur.pos - 1)),
+        };
+        match self {
+            Builder::Bool { values, valid } => {
+                valid.push(present);
+                values.push(present && cur.take(1)?[0] != 0);
+            }
+            Builder::Fixed {
+                bytes,
+                valid,
+                width,
+                num,
+            } => {
+                valid.push(present);
+                if !present {
+                    bytes.extend(std::iter::repeat_n(0, *width));
+                    return Ok(());
+                }
+                let mut be = cur.take(*width)?.to_vec();
+                match num {
+                    Num::Signed => be[0] ^= 0x80,
+                    Num::Unsigned => {}
+                    Num::Float => {
+                        if be[0] & 0x80 != 0 {
+                            be[0] ^= 0x80;
+                        } else {
+                            be.iter_mut().for_each(|b| *b = !*b);
+                        }
+                    }
+                }
+                bytes.extend(be.iter().rev());
+            }
+            Builder::Bytes { values, offsets, valid } => {
+                valid.push(present);
+                if present {
+                    let n = cur.len()?;
+                    values.extend_from_slice(cur.take(n)?);
+                }
+                offsets.push(values.len());
+            }
+            Builder::List {
+                offsets, valid, item, ..
+            } => {
+                valid.push(present);
+                let mut count = 0;
+                if present {
+                    count = cur.len()?;
+                    if count > cur.bytes.len() {
+                        return Err(format!("list of {count} elements in a row of {} bytes", cur.bytes.len()));
+                    }
+                    for _ in 0..count {
+                        item.read(cur)?;
+                    }
+                }
+                let last = offsets.last().copied().unwrap_or(0);
+                offsets.push(last + count);
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self, dt: &DataType) -> Result<ArrayRef, StateError> {
+        let nulls = |valid: Vec<bool>| {
+            let n = NullBuffer::from(valid);
+            (n.null_count() > 0).then_some(n)
+        };
+        let arrow = |e: arrow::error::ArrowError| corrupt(e.to_string());
+        Ok(match self {
+            Builder::Bool { values, valid } => Arc::new(BooleanArray::new(values.into(), nulls(valid))),
+            Builder::Fixed { bytes, valid, .. } => {
+                let len = valid.len();
+                let data = ArrayData::builder(dt.clone())
+                    .len(len)
+                    .add_buffer(Buffer::from_vec(bytes))
+                    .nulls(nulls(valid))
+                    .build()
+                    .map_err(arrow)?;
+                make_array(data)
+            }
+            Builder::Bytes { values, offsets, valid } => {
+                let nulls = nulls(valid);
+                let values = Buffer::from_vec(values);
+                let offsets32 = || -> Result<OffsetBuffer<i32>, StateError> {
+                    let o: Vec<i32> = offsets
+                        .iter()
+                        .map(|o| i32::try_from(*o).map_err(|_| corrupt("value over 2 GiB".into())))
+                        .collect::<Result<_, _>>()?;
+                    Ok(OffsetBuffer::new(o.into()))
+                };
+                let offsets64 = || OffsetBuffer::new(offsets.iter().map(|o| *o as i64).collect::<Vec<_>>().into());
+                match dt {
+                    DataType::Utf8 => Arc::new(StringArray::try_new(offsets32()?, values, nulls).map_err(arrow)?),
+                    DataType::LargeUtf8 => {
+                        Arc::new(LargeStringArray::try_new(offsets64(), values, nulls).map_err(arrow)?)
+                    }
+                    DataType::Utf8View => {
+                        let s = StringArray::try_new(offsets32()?, values, nulls).map_err(arrow)?;
+                        Arc::new(StringViewArray::from_iter(s.iter()))
+                    }
+                    DataType::Binary => Arc::new(BinaryArray::try_new(offsets32()?, values, nulls).map_err(arrow)?),
+                    DataType::LargeBinary => {
+                        Arc::new(LargeBinaryArray::try_new(offsets64(), values, nulls).map_err(arrow)?)
+                    }
+                    _ => {
+                        let b = BinaryArray::try_new(offsets32()?, values, nulls).map_err(arrow)?;
+                        Arc::new(BinaryViewArray::from_iter(b.iter()))
+                    }
+                }
+            }
+            Builder::List {
+                offsets,
+                valid,
+                field,
+                item,
+            } => {
+                let values = item.finish(field.data_type())?;
+                let nulls = nulls(valid);
+                match dt {
+                    DataType::LargeList(_) => {
+                        let o = OffsetBuffer::new(offsets.iter().map(|o| *o as i64).collect::<Vec<_>>().into());
+                        Arc::new(LargeListArray::try_new(field, o, values, nulls).map_err(arrow)?)
+                    }
+                    _ => {
+                        let o: Vec<i32> = offsets
+                            .iter()
+                            .map(|o| i32::try_from(*o).map_err(|_| corrupt("list over 2^31 elements".into())))
+                            .collect::<Result<_, _>>()?;
+                        Arc::new(ListArray::try_new(field, OffsetBuffer::new(o.into()), values, nulls).map_err(arrow)?)
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::*;
+    use arrow::datatypes::{Field, Int64Type, i256};
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// Encodes one column; returns every row's bytes in hex.
+    fn golden(col: ArrayRef) -> Vec<String> {
+        let codec = RowCodec::new(&[col.data_type().clone()]).expect("codec");
+        let rows = codec.encode(std::slice::from_ref(&col)).expect("encode");
+        let back = codec.decode(rows.iter()).expect("decode");
+        assert_eq!(back[0].as_ref(), col.as_ref(), "round trip of {}", col.data_type());
+        rows.iter().map(hex).collect()
+    }
+
+    /// Fixed bytes for fixed values: persisted state depends on them.
+    #[test]
+    fn golden_encodings_of_every_key_type() {
+        assert_eq!(golden(Arc::new(BooleanArray::from(vec![Some(true), Some(false), None]))), [
+            "0101", "0100", "00"
+        ]);
+        assert_eq!(golden(Arc::new(Int8Array::from(vec![Some(-1), Some(5), None]))), [
+            "017f", "0185", "00"
+        ]);
+        assert_eq!(golden(Arc::new(Int16Array::from(vec![-2, 300]))), ["017ffe", "01812c"]);
+        assert_eq!(golden(Arc::new(Int32Array::from(vec![-1, 0, 7]))), [
+            "017fffffff",
+            "0180000000",
+            "0180000007"
+        ]);
+        assert_eq!(golden(Arc::new(Int64Array::from(vec![i64::MIN, 1000]))), [
+            "010000000000000000",
+            "0180000000000003e8"
+        ]);
+        assert_eq!(golden(Arc::new(UInt8Array::from(vec![200]))), ["01c8"]);
+        assert_eq!(golden(Arc::new(UInt16Array::from(vec![258]))), ["010102"]);
+        assert_eq!(golden(Arc::new(UInt32Array::from(vec![1]))), ["0100000001"]);
+        assert_eq!(golden(Arc::new(UInt64Array::from(vec![u64::MAX]))), ["01ffffffffffffffff"]);
+        assert_eq!(golden(Arc::new(Float32Array::from(vec![1.5, -1.5]))), [
+            "01bfc00000",
+            "01403fffff"
+        ]);
+        assert_eq!(golden(Arc::new(Float64Array::from(vec![0.0, -0.0, 2.0]))), [
+            "018000000000000000",
+            "017fffffffffffffff",
+            "01c000000000000000"
+        ]);
+        assert_eq!(golden(Arc::new(Date32Array::from(vec![19000]))), ["0180004a38"]);
+        assert_eq!(
+            golden(Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_000]))),
+            ["018000018bcfe56800"]
+        );
+        assert_eq!(
+            golden(Arc::new(
+                TimestampMicrosecondArray::from(vec![-1]).with_timezone("UTC")
+            )),
+            ["017fffffffffffffff"]
+        );
+        assert_eq!(
+            golden(Arc::new(
+                Decimal128Array::from(vec![Some(-12345), None])
+                    .with_precision_and_scale(10, 2)
+                    .expect("decimal")
+            )),
+            ["017fffffffffffffffffffffffffffcfc7", "00"]
+        );
+        assert_eq!(
+            golden(Arc::new(
+                Decimal256Array::from(vec![i256::from_i128(1)])
+                    .with_precision_and_scale(40, 0)
+                    .expect("decimal")
+            )),
+            ["018000000000000000000000000000000000000000000000000000000000000001"]
+        );
+        for strings in [
+            Arc::new(StringArray::from(vec![Some("héllo"), Some(""), None])) as ArrayRef,
+            Arc::new(LargeStringArray::from(vec![Some("héllo"), Some(""), None])),
+            Arc::new(StringViewArray::from(vec![Some("héllo"), Some(""), None])),
+        ] {
+            assert_eq!(golden(strings), ["010000000668c3a96c6c6f", "0100000000", "00"]);
+        }
+        for binaries in [
+            Arc::new(BinaryArray::from(vec![Some(&b"\x00\xff"[..]), None])) as ArrayRef,
+            Arc::new(LargeBinaryArray::from(vec![Some(&b"\x00\xff"[..]), None])),
+            Arc::new(BinaryViewArray::from(vec![Some(&b"\x00\xff"[..]), None])),
+        ] {
+            assert_eq!(golden(binaries), ["010000000200ff", "00"]);
+        }
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
+            Some(vec![Some(1), None]),
+            None,
+            Some(vec![]),
+        ]);
+        assert_eq!(golden(Arc::new(list)), [
+            "0100000002018000000000000001" .to_string() + "00",
+            "00".to_string(),
+            "0100000000".to_string()
+        ]);
+    }
+
+    #[test]
+    fn multi_column_rows_and_slices() {
+        let a: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]).slice(1, 2));
+        let b: ArrayRef = Arc::new(StringArray::from(vec!["x", "yy", "zzz"]).slice(1, 2));
+        let codec = RowCodec::new(&[DataType::Int64, DataType::Utf8]).expect("codec");
+        let rows = codec.encode(&[a.clone(), b.clone()]).expect("encode");
+        assert_eq!(hex(rows.row(0)), "018000000000000002010000000279 79".replace(' ', ""));
+        let back = codec.decode(rows.iter()).expect("decode");
+        assert_eq!(back[0].as_ref(), a.as_ref());
+        assert_eq!(back[1].as_ref(), b.as_ref());
+    }
+
+    #[test]
+    fn order_of_bytes_is_order_of_numbers() {
+        let v = vec![f64::NEG_INFINITY, -2.5, -0.0, 0.0, 1e-300, 3.0, f64::INFINITY];
+        let codec = RowCodec::new(&[DataType::Float64]).expect("codec");
+        let rows = codec.encode(&[Arc::new(Float64Array::from(v)) as ArrayRef]).expect("encode");
+        let r: Vec<&[u8]> = rows.iter().collect();
+        assert!(r.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn corrupt_rows_are_errors_not_panics() {
+        let codec = RowCodec::new(&[
+            DataType::Utf8,
+            DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
+        ])
+        .expect("codec");
+        for bad in [&b""[..], b"\x02", b"\x01\xff\xff\xff\xff", b"\x00\x01\x7f\xff\xff\xff", b"\x00\x00\x00"] {
+            assert!(codec.decode([bad]).is_err(), "{bad:?} accepted");
+        }
+        assert!(RowCodec::new(&[DataType::Interval(arrow::datatypes::IntervalUnit::DayTime)]).is_err());
+    }
+
+    #[test]
+    fn type_names_are_weirs() {
+        assert_eq!(type_name(&DataType::Timestamp(TimeUnit::Millisecond, None)), "timestamp[ms]");
+        assert_eq!(type_name(&DataType::Utf8View), "string");
+        assert_eq!(
+            type_name(&DataType::List(Arc::new(Field::new("x", DataType::Int32, true)))),
+            "list<i32>"
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! Stable operator uids: what a checkpoint or savepoint matches state by.
+//!
+//! A node's uid is derived from what the node means in the SQL plan: its
+//! kind, its inputs' uids and its defining expressions, written in a
+//! canonical form Weir owns ([`canonical_expr`]: column indexes, Weir's
+//! type names, operator symbols, function names, literals in Weir's row
+//! encoding), never a dependency's `Display` text, and never parallelism.
+//! So the same query gets the same uids in every build and at every
+//! parallelism, and a savepoint taken at parallelism 2 restores into the
+//! same query at 3. A node whose meaning changed gets a new uid: its old
+//! state matches no operator (an error unless
+//! `execution.state-recovery.ignore-unclaimed-state`).
+
+use std::sync::Arc;
+
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr};
+use datafusion::physical_expr::ScalarFunctionExpr;
+
+use crate::checkpoint::metadata::checksum;
+use crate::plan::{Exchange, NodeKind, StreamGraph};
+use crate::state::codec::{RowCodec, type_name};
+
+/// Canonical text of a physical expression (Weir's, stable across builds).
+pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
+    let children = |e: &Arc<dyn PhysicalExpr>| -> String {
+        e.children().iter().map(|c| canonical_expr(c)).collect::<Vec<_>>().join(",")
+    };
+    if let Some(c) = e.downcast_ref::<Column>() {
+        return format!("#{}", c.index());
+    }
+    if let Some(l) = e.downcast_ref::<Literal>() {
+        let v = l.value();
+        let dt = v.data_type();
+        let encoded = v
+            .to_array()
+            .ok()
+            .and_then(|a| RowCodec::new(&[dt.clone()]).ok()?.encode(&[a]).ok())
+            .map(|rows| rows.iter().flatten().map(|b| format!("{b:02x}")).collect::<String>())
+            .unwrap_or_else(|| "?".into());
+        return format!("lit:{}:{encoded}", type_name(&dt));
+    }
+    if let Some(b) = e.downcast_ref::<BinaryExpr>() {
+        return format!("({} {} {})", canonical_expr(b.left()), b.op(), canonical_expr(b.right()));
+    }
+    if let Some(c) = e.downcast_ref::<CastExpr>() {
+        return format!("cast({} as {})", canonical_expr(c.expr()), type_name(c.cast_type()));
+    }
+    if let Some(f) = e.downcast_ref::<ScalarFunctionExpr>() {
+        return format!("{}({})", f.name().to_ascii_lowercase(), children(e));
+    }
+    if e.downcast_ref::<NotExpr>().is_some() {
+        return format!("not({})", children(e));
+    }
+    if e.downcast_ref::<IsNullExpr>().is_some() {
+        return format!("is_null({})", children(e));
+    }
+    if e.downcast_ref::<IsNotNullExpr>().is_some() {
+        return format!("is_not_null({})", children(e));
+    }
+    // Other expression kinds: their children only. Two such nodes of
+    // different meaning may share a uid; the node's other parts (kind,
+    // inputs, output types) still tell most apart.
+    format!("expr({})", children(e))
+}
+
+fn canonical_exprs(es: &[Arc<dyn PhysicalExpr>]) -> String {
+    es.iter().map(canonical_expr).collect::<Vec<_>>().join(",")
+}
+
+/// The uid of every node, in node order (inputs come first), from its
+/// canonical description; inputs are referred to by their uid, so a
+/// node's uid covers everything upstream.
+pub fn assign(graph: &StreamGraph) -> Vec<String> {
+    let mut uids: Vec<String> = Vec::with_capacity(graph.nodes.len());
+    for n in &graph.nodes {
+        let inputs: Vec<String> = graph
+            .inputs(n.id)
+            .map(|e| {
+                let how = match &e.exchange {
+                    Exchange::Forward => "forward".to_string(),
+                    Exchange::Hash(k) => format!("hash[{}]", canonical_exprs(k)),
+                    Exchange::Rebalance => "rebalance".into(),
+                    Exchange::Global => "global".into(),
+                };
+                format!("{}:{how}", uids.get(e.from).cloned().unwrap_or_default())
+            })
+            .collect();
+        let out_types: Vec<String> = n.schema.fields().iter().map(|f| type_name(f.data_type())).collect();
+        let (kind, body) = match &n.kind {
+            NodeKind::Source(s) => (
+                "source",
+                format!("table={};connector={}", s.table.name, s.factory.name()),
+            ),
+            NodeKind::Calc(c) => (
+                "calc",
+                format!(
+                    "filter={};project={}",
+                    c.filter.as_ref().map(canonical_expr).unwrap_or_default(),
+                    c.projection.as_deref().map(canonical_exprs).unwrap_or_default()
+                ),
+            ),
+            NodeKind::WindowAggregate(w) => (
+                "window",
+                format!(
+                    "{:?}:{}:{}:{};time=#{};keys={};aggs={}",
+                    w.window.kind,
+                    w.window.size,
+                    w.window.slide,
+                    w.window.offset,
+                    w.time_column,
+                    canonical_exprs(&w.keys),
+                    w.aggregates
+                        .iter()
+                        .map(|a| format!(
+                            "{}{}({})",
+                            a.fun().name().to_ascii_lowercase(),
+                            if a.is_distinct() { " distinct" } else { "" },
+                            canonical_exprs(&a.expressions())
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
+            NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
+            NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
+        };
+        let text = format!(
+            "{kind}|{body}|in=[{}]|out=[{}]",
+            inputs.join(";"),
+            out_types.join(",")
+        );
+        uids.push(format!("{kind}_{}", &checksum(text.as_bytes())[..12]));
+    }
+    uids
+}
