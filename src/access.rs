@@ -85,6 +85,7 @@ pub fn is_read_only(stmt: &Statement) -> bool {
             | Statement::Describe(_)
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)
+            | Statement::ShowSavepoints(_)
             | Statement::ShowJobs
             | Statement::DescribeJob(_)
             | Statement::Explain(_)
@@ -99,7 +100,8 @@ fn statement_kind(stmt: &Statement) -> &'static str {
         Statement::Drop { view: true, .. } => "DROP VIEW",
         Statement::Drop { .. } => "DROP TABLE",
         Statement::Insert { .. } => "INSERT",
-        Statement::StopJob(_) => "STOP JOB",
+        Statement::StopJob(_) | Statement::StopJobWithSavepoint { .. } => "STOP JOB",
+        Statement::SavepointJob { .. } => "SAVEPOINT JOB",
         Statement::CancelJob(_) => "CANCEL JOB",
         Statement::Set(_) => "SET",
         Statement::Reset(_) => "RESET",

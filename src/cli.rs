@@ -50,7 +50,13 @@ pub struct Args {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Execute a .sql file's statements in order and wait for its jobs.
-    Run { file: PathBuf },
+    Run {
+        file: PathBuf,
+        /// Start the file's jobs from this savepoint (or retained
+        /// checkpoint) directory: `SET 'execution.state-recovery.path'`.
+        #[arg(long = "from-savepoint", value_name = "DIR")]
+        from_savepoint: Option<PathBuf>,
+    },
     /// Serve Arrow Flight SQL (ADBC/JDBC clients) until Ctrl-C / SIGTERM.
     Serve(ServeArgs),
     /// Benchmarks.
@@ -223,7 +229,16 @@ pub fn main_with(args: Args) -> i32 {
         }
     };
     match (&args.sub, &args.command) {
-        (Some(Command::Run { file }), _) => {
+        (Some(Command::Run { file, from_savepoint }), _) => {
+            if let Some(dir) = from_savepoint
+                && let Err(e) = session.set_option(
+                    weir_engine::config::RECOVERY_PATH,
+                    &dir.display().to_string(),
+                )
+            {
+                eprintln!("error: --from-savepoint: {e}");
+                return EXIT_ERROR;
+            }
             let text = match std::fs::read_to_string(file) {
                 Ok(t) => t,
                 Err(e) => {
@@ -261,7 +276,7 @@ fn remote_main(rt: &Runtime, args: &Args, url: &str) -> i32 {
         }
     };
     let script = match (&args.sub, &args.command) {
-        (Some(Command::Run { file }), _) => match std::fs::read_to_string(file) {
+        (Some(Command::Run { file, from_savepoint: None }), _) => match std::fs::read_to_string(file) {
             Ok(t) => Some((t, file.display().to_string())),
             Err(e) => {
                 eprintln!("error: cannot read {}: {e}", file.display());

@@ -230,6 +230,14 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     if let Some((id, path)) = m.checkpoints.restored_from.lock().ok().and_then(|r| r.clone()) {
         rows.push(("restored_from".into(), format!("checkpoint {id} ({path})")));
     }
+    for sp in m.checkpoints.savepoints.lock().map(|l| l.clone()).unwrap_or_default() {
+        let how = match (sp.stopped, sp.drained) {
+            (true, true) => ", stopped, drained",
+            (true, false) => ", stopped",
+            _ => "",
+        };
+        rows.push(("savepoint".into(), format!("{} ({} bytes{how})", sp.path.display(), sp.bytes)));
+    }
     if let Some(owner) = &j.record.owner {
         rows.push(("owner".into(), owner.clone()));
     }

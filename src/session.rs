@@ -18,7 +18,7 @@ use weir_engine::ExecError;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
 use weir_engine::paths::PathPolicy;
 use weir_engine::runtime::metrics::JobMetrics;
-use weir_engine::runtime::{JobHandle, deploy};
+use weir_engine::runtime::{JobHandle, SavepointMode, deploy};
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
 
@@ -453,6 +453,106 @@ impl Session {
         Ok(result)
     }
 
+    /// `SET 'key' = 'value'` (also `weir run --from-savepoint`).
+    pub fn set_option(&mut self, k: &str, v: &str) -> Result<StatementResult, SessionError> {
+        JobConfig::validate_pair(k, v)?;
+        let (k, v) = (k.to_string(), v.to_string());
+        // A path option must be allowed now; a new
+        // `allowed-directories` must lie inside the current ones.
+        let current = self.paths()?;
+        if k == ALLOWED_DIRECTORIES {
+            narrowed(&current, &BTreeMap::from([(k.clone(), v.clone())]))?;
+        }
+        current.check_options(
+            &BTreeMap::from([(k.clone(), v.clone())]),
+            weir_engine::config::JOB_OPTIONS,
+        )?;
+        self.settings.insert(k.clone(), v.clone());
+        Ok(StatementResult::Done("option set".into()))
+    }
+
+    /// `SAVEPOINT JOB` and `STOP JOB ... WITH SAVEPOINT [DRAIN]`: answers
+    /// the savepoint's path once it is complete (and, stopping, once the
+    /// job has stopped).
+    async fn savepoint_job(
+        &mut self,
+        key: &str,
+        dir: Option<&str>,
+        mode: SavepointMode,
+    ) -> Result<StatementResult, SessionError> {
+        let dir = match dir {
+            Some(d) => Some(self.paths()?.check(weir_engine::config::SAVEPOINT_DIR, d)?),
+            None => None,
+        };
+        let (name, metrics, controller) = {
+            let jobs = self.shared.jobs();
+            let job = find_in(&jobs, key)?;
+            let verb = if mode == SavepointMode::Keep { "take a savepoint of" } else { "stop" };
+            self.check_control(&job, verb)?;
+            let name = job.record.name.clone();
+            let state = job.metrics.lifecycle.state();
+            let handle = jobs.running.iter().find(|j| j.name == name && !j.is_finished());
+            let (false, Some(handle)) = (state.is_terminal(), handle) else {
+                return Err(SqlError::plan(format!("job '{name}' is {}; it has no state to save", state.name())).into());
+            };
+            (name, job.metrics.clone(), handle.controller())
+        };
+        let done = controller.savepoint(dir, mode).await?;
+        if mode != SavepointMode::Keep {
+            let _ = Stopping { name, metrics }.finish().await;
+            self.shared.jobs().running.retain(|j| !j.is_finished());
+        }
+        let schema = Arc::new(Schema::new(vec![Field::new("savepoint_path", DataType::Utf8, false)]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(StringArray::from(vec![done.path.display().to_string()])) as ArrayRef],
+        )
+        .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
+    }
+
+    /// `SHOW SAVEPOINTS FOR JOB`: the savepoints the job took, and those in
+    /// its default savepoint directory (earlier runs).
+    fn show_savepoints(&self, key: &str) -> Result<StatementResult, SessionError> {
+        use arrow::array::{BooleanArray, UInt64Array};
+        let job = self.find_job(key)?;
+        let mut list = job.metrics.checkpoints.savepoints.lock().map(|l| l.clone()).unwrap_or_default();
+        if let Ok(config) = JobConfig::from_settings(&job.record.settings, &job.record.name, &self.shared.data_dir) {
+            for s in weir_engine::checkpoint::savepoint::list(&config.savepoint_dir) {
+                if !list.iter().any(|x| x.path == s.path) {
+                    list.push(s);
+                }
+            }
+        }
+        list.sort_by_key(|s| (s.trigger_time_ms, s.checkpoint_id));
+        let time = |t: i64| {
+            chrono::DateTime::from_timestamp_millis(t)
+                .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f").to_string())
+                .unwrap_or_default()
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("path", DataType::Utf8, false),
+            Field::new("checkpoint_id", DataType::UInt64, false),
+            Field::new("time", DataType::Utf8, false),
+            Field::new("bytes", DataType::UInt64, false),
+            Field::new("drained", DataType::Boolean, false),
+            Field::new("stopped", DataType::Boolean, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(list.iter().map(|s| s.path.display().to_string()))) as ArrayRef,
+                Arc::new(UInt64Array::from_iter_values(list.iter().map(|s| s.checkpoint_id))),
+                Arc::new(StringArray::from_iter_values(list.iter().map(|s| time(s.trigger_time_ms)))),
+                Arc::new(UInt64Array::from_iter_values(list.iter().map(|s| s.bytes))),
+                Arc::new(BooleanArray::from(list.iter().map(|s| s.drained).collect::<Vec<_>>())),
+                Arc::new(BooleanArray::from(list.iter().map(|s| s.stopped).collect::<Vec<_>>())),
+            ],
+        )
+        .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
+    }
+
     /// Only the job's owner or an admin controls a job.
     fn check_control(&self, job: &SessionJob, verb: &str) -> Result<(), SessionError> {
         if self.principal.may_control(job.record.owner.as_deref()) {
@@ -644,6 +744,12 @@ impl Session {
                 Ok(StatementResult::Rows(batch.schema(), vec![batch]))
             }
             Statement::StopJob(key) => self.stop_job(key).await,
+            Statement::StopJobWithSavepoint { job, dir, drain } => {
+                let mode = if *drain { SavepointMode::StopDrain } else { SavepointMode::Stop };
+                self.savepoint_job(job, dir.as_deref(), mode).await
+            }
+            Statement::SavepointJob { job, dir } => self.savepoint_job(job, dir.as_deref(), SavepointMode::Keep).await,
+            Statement::ShowSavepoints(job) => self.show_savepoints(job),
             Statement::CancelJob(key) => self.cancel_job(key).await,
             Statement::Set(None) => {
                 let schema = Arc::new(Schema::new(vec![
@@ -662,21 +768,7 @@ impl Session {
                 .map_err(ExecError::from)?;
                 Ok(StatementResult::Rows(schema, vec![batch]))
             }
-            Statement::Set(Some((k, v))) => {
-                JobConfig::validate_pair(k, v)?;
-                // A path option must be allowed now; a new
-                // `allowed-directories` must lie inside the current ones.
-                let current = self.paths()?;
-                if k == ALLOWED_DIRECTORIES {
-                    narrowed(&current, &BTreeMap::from([(k.clone(), v.clone())]))?;
-                }
-                current.check_options(
-                    &BTreeMap::from([(k.clone(), v.clone())]),
-                    weir_engine::config::JOB_OPTIONS,
-                )?;
-                self.settings.insert(k.clone(), v.clone());
-                Ok(StatementResult::Done("option set".into()))
-            }
+            Statement::Set(Some((k, v))) => self.set_option(k, v),
             Statement::Reset(None) => {
                 // A session that narrowed its directories keeps them.
                 self.settings.retain(|k, _| k == ALLOWED_DIRECTORIES);
@@ -891,6 +983,7 @@ impl Session {
             | Statement::ShowJobs
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)
+            | Statement::ShowSavepoints(_)
             | Statement::DescribeJob(_)
             | Statement::Describe(_)
             | Statement::Explain(_)

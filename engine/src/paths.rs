@@ -39,6 +39,7 @@ const DATA_DIR_ENTRIES: &[&str] = &["catalog.json", "jobs", "server", "checkpoin
 /// Below `<data-dir>/checkpoints` a job's checkpoint directory and a
 /// recovery path are at home.
 const CHECKPOINTS: &str = "checkpoints";
+const SAVEPOINTS: &str = "savepoints";
 
 /// A path option that points outside the allowed directories (or cannot
 /// be resolved to decide): the user's request is refused.
@@ -116,8 +117,11 @@ impl PathPolicy {
         };
         let resolved = resolve(value).map_err(denied)?;
         for r in self.reserved.iter() {
-            let at_home = matches!(key, crate::config::CHECKPOINT_DIR | crate::config::RECOVERY_PATH)
-                && r.ends_with(CHECKPOINTS)
+            // Checkpoints and savepoints may go where Weir keeps them by
+            // default, and be restored from there.
+            let at_home = ((matches!(key, crate::config::CHECKPOINT_DIR | crate::config::RECOVERY_PATH)
+                && r.ends_with(CHECKPOINTS))
+                || (matches!(key, crate::config::SAVEPOINT_DIR | crate::config::RECOVERY_PATH) && r.ends_with(SAVEPOINTS)))
                 && resolved.starts_with(r);
             if !at_home && (resolved.starts_with(r) || r.starts_with(&resolved)) {
                 return Err(denied(format!(

@@ -71,6 +71,7 @@ fn start_coordinator(
         operator_info: Default::default(),
         savepoints: Arc::new(tokio::sync::Mutex::new(tokio::sync::mpsc::unbounded_channel().1)),
         claimed: None,
+        stop: None,
     };
     Harness {
         triggers,

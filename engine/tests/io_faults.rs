@@ -125,6 +125,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
         operator_info: Default::default(),
         savepoints: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),
         claimed: None,
+        stop: None,
     };
     Harness {
         triggers,

@@ -82,6 +82,19 @@ pub enum Statement {
     /// `CANCEL JOB '<id or name>'`: ends the job at once, no final
     /// checkpoint (its last completed checkpoint stays).
     CancelJob(String),
+    /// `STOP JOB '<id or name>' WITH SAVEPOINT ['dir'] [DRAIN]`: an aligned
+    /// savepoint, the sinks commit, the job stops; with `DRAIN` every
+    /// watermark first advances to the end (windows and timers fire).
+    StopJobWithSavepoint {
+        job: String,
+        dir: Option<String>,
+        drain: bool,
+    },
+    /// `SAVEPOINT JOB '<id or name>' ['dir']`: a savepoint of a job that
+    /// keeps running.
+    SavepointJob { job: String, dir: Option<String> },
+    /// `SHOW SAVEPOINTS FOR JOB 'name'`
+    ShowSavepoints(String),
     /// `SUBSCRIBE TO <table or view> | (<query>)`: the query's rows as a
     /// changelog with a leading `_op` column.
     Subscribe(Box<Query>),
@@ -414,6 +427,7 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         for (word, make) in [
             ("WATERMARKS", Statement::ShowWatermarks as fn(String) -> Statement),
             ("CHECKPOINTS", Statement::ShowCheckpoints),
+            ("SAVEPOINTS", Statement::ShowSavepoints),
         ] {
             if parse_word(p, word) {
                 p.expect_keyword(Keyword::FOR)?;
@@ -428,7 +442,8 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         }
         let t = p.peek_token();
         return Err(SqlError::unsupported(format!(
-            "SHOW {} is not supported; try SHOW TABLES, SHOW JOBS, SHOW WATERMARKS FOR JOB or SHOW CHECKPOINTS FOR JOB",
+            "SHOW {} is not supported; try SHOW TABLES, SHOW JOBS, SHOW WATERMARKS FOR JOB, SHOW CHECKPOINTS FOR JOB \
+             or SHOW SAVEPOINTS FOR JOB",
             t.token
         ))
         .at(loc(&t)));
@@ -440,17 +455,48 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         }
         return Ok(Statement::Describe(object_name(&p.parse_object_name(false)?)));
     }
-    for (word, make) in [
-        ("STOP", Statement::StopJob as fn(String) -> Statement),
-        ("CANCEL", Statement::CancelJob),
-    ] {
-        if parse_word(p, word) {
-            if !parse_word(p, "JOB") {
-                let t = p.peek_token();
-                return Err(SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)));
-            }
-            return Ok(make(parse_string_literal(p)?));
+    let expect_job = |p: &mut Parser| -> Result<()> {
+        if parse_word(p, "JOB") {
+            return Ok(());
         }
+        let t = p.peek_token();
+        Err(SqlError::new(ErrorKind::Parse, format!("expected JOB, found {}", t.token)).at(loc(&t)))
+    };
+    // An optional directory: a string literal.
+    let optional_dir = |p: &mut Parser| -> Result<Option<String>> {
+        match p.peek_token().token {
+            Token::SingleQuotedString(_) => Ok(Some(parse_string_literal(p)?)),
+            _ => Ok(None),
+        }
+    };
+    if parse_word(p, "STOP") {
+        expect_job(p)?;
+        let job = parse_string_literal(p)?;
+        if !p.parse_keyword(Keyword::WITH) {
+            return Ok(Statement::StopJob(job));
+        }
+        if !parse_word(p, "SAVEPOINT") {
+            let t = p.peek_token();
+            return Err(
+                SqlError::new(ErrorKind::Parse, format!("expected SAVEPOINT after WITH, found {}", t.token)).at(loc(&t)),
+            );
+        }
+        let dir = optional_dir(p)?;
+        let drain = parse_word(p, "DRAIN");
+        return Ok(Statement::StopJobWithSavepoint { job, dir, drain });
+    }
+    if parse_word(p, "CANCEL") {
+        expect_job(p)?;
+        return Ok(Statement::CancelJob(parse_string_literal(p)?));
+    }
+    // `SAVEPOINT JOB 'x'`; SQL's transaction `SAVEPOINT name` is not ours.
+    if matches!(p.peek_nth_token(1).token, Token::Word(ref w) if w.value.eq_ignore_ascii_case("JOB"))
+        && parse_word(p, "SAVEPOINT")
+    {
+        expect_job(p)?;
+        let job = parse_string_literal(p)?;
+        let dir = optional_dir(p)?;
+        return Ok(Statement::SavepointJob { job, dir });
     }
     if parse_word(p, "SUBSCRIBE") {
         p.expect_keyword(Keyword::TO)?;

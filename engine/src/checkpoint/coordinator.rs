@@ -102,6 +102,8 @@ pub struct CheckpointLog {
     /// Asks the coordinator for a checkpoint now (then as soon as the one
     /// in progress ends), e.g. before a job is suspended.
     pub trigger_now: tokio::sync::Notify,
+    /// Savepoints this job took, oldest first.
+    pub savepoints: Mutex<Vec<super::savepoint::SavepointListing>>,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -184,6 +186,10 @@ pub struct CheckpointCoordinator {
     pub max_parallelism: u16,
     pub operator_info: BTreeMap<String, OperatorInfo>,
     pub savepoints: SavepointQueue,
+    /// Stops the job: a stop-with-savepoint stops it the moment its
+    /// savepoint completes, before any other barrier could let the sources
+    /// read on.
+    pub stop: Option<Arc<watch::Sender<bool>>>,
     /// A snapshot restored in CLAIM mode: deleted once a checkpoint of
     /// this job completes.
     pub claimed: Option<std::path::PathBuf>,
@@ -246,8 +252,11 @@ impl CheckpointCoordinator {
         let mut next_trigger = Instant::now() + self.config.interval;
         let queue = self.savepoints.clone();
         let mut savepoints = queue.lock().await;
+        let mut stopping = false;
         loop {
-            let can_trigger = pending.is_none() && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
+            let can_trigger = !stopping
+                && pending.is_none()
+                && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
             let deadline = pending.as_ref().map(|p| p.deadline);
             tokio::select! {
                 _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
@@ -304,7 +313,11 @@ impl CheckpointCoordinator {
                 match p.savepoint.take() {
                     Some(req) => {
                         let stop = req.stop;
-                        if !self.complete_savepoint(&mut st, p, req).await? && stop {
+                        if self.complete_savepoint(&mut st, p, req).await? {
+                            // Stopped at the savepoint: no barrier may
+                            // follow (it would let the sources read on).
+                            stopping |= stop;
+                        } else if stop {
                             // The sources wait at the failed stop barrier:
                             // the next checkpoint lets them go on.
                             next_trigger = Instant::now();
@@ -548,6 +561,22 @@ impl CheckpointCoordinator {
                 format!("savepoint {}", req.dir.display()),
             )
         });
+        if req.stop
+            && let Some(stop) = &self.stop
+        {
+            // Before anyone hears of it: the job ends at this savepoint.
+            let _ = stop.send(true);
+        }
+        if let Ok(mut l) = self.log.savepoints.lock() {
+            l.push(super::savepoint::SavepointListing {
+                path: req.dir.clone(),
+                checkpoint_id: id,
+                trigger_time_ms: p.barrier.timestamp,
+                bytes,
+                drained: req.drain,
+                stopped: req.stop,
+            });
+        }
         let _ = req.reply.send(Ok(SavepointDone {
             path: req.dir,
             checkpoint_id: id,

@@ -38,7 +38,7 @@ use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
 use tokio::time::{Instant, Sleep};
 
 use crate::checkpoint::CheckpointMode;
-use crate::message::{Barrier, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
+use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Timestamp, WatermarkStatus};
 
 #[derive(Debug)]
 pub enum GateEvent {
@@ -109,6 +109,12 @@ enum Polled {
 pub struct InputGate {
     channels: Vec<Channel>,
     output_watermark: Timestamp,
+    /// A channel ended before its watermark reached the end: its producer
+    /// was stopped (STOP JOB, a stop-with-savepoint). The watermark stays
+    /// where it is from then on: the channels still open must not move it
+    /// past what the stopped one held back, which would fire windows on
+    /// partial input after the job's last snapshot.
+    frozen: bool,
     idle: bool,
     next_poll: usize,
     mode: BarrierMode,
@@ -159,6 +165,7 @@ impl InputGate {
                 })
                 .collect(),
             output_watermark: MIN_WATERMARK,
+            frozen: false,
             idle: false,
             next_poll: 0,
             mode,
@@ -334,6 +341,9 @@ impl InputGate {
                 // reports the upstream error.
                 None | Some(StreamMessage::EndOfInput) => {
                     self.channels[index].ended = true;
+                    if self.channels[index].watermark < MAX_WATERMARK {
+                        self.frozen = true;
+                    }
                     if self.channels.iter().all(|c| c.ended) {
                         // A checkpoint still collecting (unaligned markers)
                         // completes first: its snapshot must not be lost.
@@ -394,6 +404,9 @@ impl InputGate {
 
     /// Min over active, not-ended channels; an event if it advanced.
     fn recompute(&mut self) -> Option<GateEvent> {
+        if self.frozen {
+            return None;
+        }
         let active = self
             .channels
             .iter()
@@ -457,6 +470,38 @@ mod tests {
         expect_wm(&mut gate, 30).await;
         drop(b_tx);
         assert!(matches!(gate.next().await, GateEvent::End));
+    }
+
+    #[tokio::test]
+    async fn a_stopped_channel_freezes_the_watermark_a_finished_one_does_not() {
+        for finished in [false, true] {
+            let (a_tx, a) = channel(16);
+            let (b_tx, b) = channel(16);
+            let mut gate = InputGate::new(vec![a, b]);
+            a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
+            b_tx.send(StreamMessage::Watermark(50)).await.expect("send");
+            expect_wm(&mut gate, 10).await;
+            if finished {
+                a_tx.send(StreamMessage::Watermark(MAX_WATERMARK)).await.expect("send");
+            }
+            a_tx.send(StreamMessage::EndOfInput).await.expect("send");
+            drop(a_tx);
+            b_tx.send(StreamMessage::Watermark(60)).await.expect("send");
+            drop(b_tx);
+            let mut seen = vec![];
+            loop {
+                match gate.next().await {
+                    GateEvent::Watermark(w) => seen.push(w),
+                    GateEvent::End => break,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            if finished {
+                assert_eq!(seen.last(), Some(&60), "a finished channel lets b's watermark on");
+            } else {
+                assert!(seen.is_empty(), "a stopped channel freezes the watermark at 10: {seen:?}");
+            }
+        }
     }
 
     fn barrier(id: u64) -> StreamMessage {

@@ -123,6 +123,53 @@ pub enum SavepointMode {
 #[derive(Clone)]
 pub struct JobStopper(Arc<watch::Sender<bool>>);
 
+/// Stops a job or takes its savepoints, without holding its handle.
+#[derive(Clone)]
+pub struct JobController {
+    name: String,
+    stop: Arc<watch::Sender<bool>>,
+    savepoints: mpsc::UnboundedSender<SavepointRequest>,
+    savepoint_dir: PathBuf,
+    checkpointing: bool,
+}
+
+impl JobController {
+    /// The directory a savepoint goes to when none is given:
+    /// `<savepoint-dir>/savepoint-<12 hex digits>`.
+    pub fn default_savepoint_path(&self) -> PathBuf {
+        let id = format!("{:012x}", chrono::Utc::now().timestamp_micros() & 0xffff_ffff_ffff);
+        self.savepoint_dir.join(format!("savepoint-{id}"))
+    }
+
+    /// Takes a savepoint into `dir` (default: [`Self::default_savepoint_path`])
+    /// and with `Stop*` stops the job at it. Answers once it is complete;
+    /// an error leaves the job running.
+    pub async fn savepoint(&self, dir: Option<PathBuf>, mode: SavepointMode) -> Result<SavepointDone> {
+        if !self.checkpointing {
+            return Err(ExecError::Config(format!(
+                "job '{}' runs without checkpointing, and savepoints are taken by checkpoint barriers: \
+                 SET 'execution.checkpointing.interval' before its INSERT",
+                self.name
+            )));
+        }
+        let dir = dir.unwrap_or_else(|| self.default_savepoint_path());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let req = SavepointRequest {
+            dir,
+            stop: mode != SavepointMode::Keep,
+            drain: mode == SavepointMode::StopDrain,
+            reply: tx,
+        };
+        let gone = || ExecError::Config(format!("job '{}' is no longer running", self.name));
+        self.savepoints.send(req).map_err(|_| gone())?;
+        let done = rx.await.map_err(|_| gone())?.map_err(ExecError::Checkpoint)?;
+        if mode != SavepointMode::Keep {
+            let _ = self.stop.send(true);
+        }
+        Ok(done)
+    }
+}
+
 impl JobStopper {
     pub fn stop(&self) {
         let _ = self.0.send(true);
@@ -220,42 +267,20 @@ impl JobHandle {
         Ok(())
     }
 
-    /// Takes a savepoint into `dir` (default: the job's savepoint
-    /// directory, `savepoint-<id>`), and with `Stop*` stops the job at it.
-    /// Answers once it is complete; an error leaves the job running.
+    /// Takes a savepoint (see [`JobController::savepoint`]).
     pub async fn savepoint(&self, dir: Option<PathBuf>, mode: SavepointMode) -> Result<SavepointDone> {
-        if !self.checkpointing {
-            return Err(ExecError::Config(
-                "savepoints are taken by checkpoint barriers: this job runs without checkpointing; \
-                 SET 'execution.checkpointing.interval' before its INSERT"
-                    .into(),
-            ));
+        self.controller().savepoint(dir, mode).await
+    }
+
+    /// What controls the job from elsewhere (a session, a signal handler).
+    pub fn controller(&self) -> JobController {
+        JobController {
+            name: self.name.clone(),
+            stop: self.stop.clone(),
+            savepoints: self.savepoints.clone(),
+            savepoint_dir: self.savepoint_dir.clone(),
+            checkpointing: self.checkpointing,
         }
-        if self.is_finished() {
-            return Err(ExecError::Config(format!("job '{}' is no longer running", self.name)));
-        }
-        let dir = dir.unwrap_or_else(|| {
-            let id = format!("{:012x}", chrono::Utc::now().timestamp_micros() & 0xffff_ffff_ffff);
-            self.savepoint_dir.join(format!("savepoint-{id}"))
-        });
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let req = SavepointRequest {
-            dir,
-            stop: mode != SavepointMode::Keep,
-            drain: mode == SavepointMode::StopDrain,
-            reply: tx,
-        };
-        self.savepoints
-            .send(req)
-            .map_err(|_| ExecError::Config(format!("job '{}' is no longer running", self.name)))?;
-        let done = rx
-            .await
-            .map_err(|_| ExecError::Checkpoint(format!("job '{}' ended before the savepoint completed", self.name)))?
-            .map_err(ExecError::Checkpoint)?;
-        if mode != SavepointMode::Keep {
-            self.stop();
-        }
-        Ok(done)
     }
 
     pub fn stopper(&self) -> JobStopper {
@@ -423,6 +448,8 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let name = config.name.clone();
     let metrics = build_metrics(&graph, &config, checkpoint_log);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let stop_for_attempts = stop_tx.clone();
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoint_queue: SavepointQueue = Arc::new(tokio::sync::Mutex::new(savepoint_rx));
     let retention = Retention {
@@ -452,6 +479,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 restored.take(),
                 attempt,
                 &savepoint_queue,
+                &stop_for_attempts,
             )
             .await;
             let err = match result {
@@ -546,7 +574,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     Ok(JobHandle {
         name,
         metrics,
-        stop: Arc::new(stop_tx),
+        stop: stop_tx,
         job_dir,
         checkpointing,
         done,
@@ -620,6 +648,7 @@ async fn run_attempt(
     restored: Option<RestoredJob>,
     attempt: u32,
     savepoints: &SavepointQueue,
+    stop: &Arc<watch::Sender<bool>>,
 ) -> Result<()> {
     // Alignment coordinators are per attempt: alignment state is never
     // checkpointed, a restored job starts it afresh (as Flink does).
@@ -939,6 +968,7 @@ async fn run_attempt(
             max_parallelism: config.max_parallelism,
             operator_info: crate::checkpoint::compat::operator_info(graph),
             savepoints: savepoints.clone(),
+            stop: Some(stop.clone()),
             claimed: restored
                 .as_ref()
                 .filter(|r| config.claim && r.path.parent() != Some(cp.root.as_path()))

@@ -18,4 +18,4 @@ pub mod output;
 pub mod source_task;
 pub mod task;
 
-pub use job::{JobHandle, JobOutcome, deploy};
+pub use job::{JobController, JobHandle, JobOutcome, SavepointMode, deploy};

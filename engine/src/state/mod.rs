@@ -213,3 +213,48 @@ mod tests {
         exercise(&mut RocksDbBackend::open_fresh(&dir.path().join("db"), &["s0", "s1"]).expect("open"));
     }
 }
+
+#[cfg(test)]
+mod import_tests {
+    use super::*;
+    use crate::checkpoint::OperatorSnapshot;
+
+    const DECLS: &[StateDecl] = &[
+        StateDecl { name: "v", kind: StateKind::Value },
+        StateDecl { name: "t", kind: StateKind::Timers },
+    ];
+
+    /// Entries imported from a snapshot, then deleted, are gone from the
+    /// next snapshot (the state a savepoint exports).
+    #[test]
+    fn imported_entries_deleted_stay_deleted_in_the_next_snapshot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut a = open_keyed(StateBackendKind::RocksDb, &dir.path().join("a"), DECLS, 0..8, &[]).expect("open");
+        let mut w = KeyedWrite::default();
+        for g in 0u16..8 {
+            let e = EntryRef { key_group: g, key: b"k", namespace: b"ns" };
+            w.put(0, e, vec![g as u8]);
+            w.add_timer(1, g, 10, b"k", b"ns");
+        }
+        a.write(w).expect("write");
+        let OperatorSnapshot::RocksDb { dir: chk, key_groups } = a.snapshot(1).expect("snapshot") else { panic!() };
+        let source = StateSource::RocksDb { dir: chk, key_groups };
+        let mut b = open_keyed(StateBackendKind::RocksDb, &dir.path().join("b"), DECLS, 0..4, &[source]).expect("import");
+        let due = b.due_timers(1, 100, 100).expect("due");
+        assert_eq!(due.len(), 4);
+        let mut w = KeyedWrite::default();
+        for t in &due {
+            w.delete_timer(1, t);
+            w.delete(0, EntryRef { key_group: t.key_group, key: &t.key, namespace: &t.namespace });
+        }
+        b.write(w).expect("delete");
+        let OperatorSnapshot::RocksDb { dir: chk2, .. } = b.snapshot(2).expect("snapshot") else { panic!() };
+        let mut left = 0;
+        transfer::for_each_in_rocksdb(&chk2, 0..8, &mut |_, _, _, _| {
+            left += 1;
+            Ok(())
+        })
+        .expect("export");
+        assert_eq!(left, 0, "deleted entries came back");
+    }
+}

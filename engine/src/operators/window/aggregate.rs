@@ -356,6 +356,13 @@ impl Operator for WindowAggregateOperator {
                 namespace: ns,
             })
             .collect();
+        let groups = self.state.groups();
+        if let Some(e) = entries.iter().find(|e| !groups.contains(&e.key_group)) {
+            return Err(ExecError::internal(format!(
+                "a row of key group {} reached the subtask owning key groups {groups:?}",
+                e.key_group
+            )));
+        }
         let stored = self.state.get(ACC, &entries)?;
 
         let total = group_keys.len();

@@ -1,0 +1,532 @@
+//! Savepoints and rescaling, end to end through SQL: a windowed job stopped
+//! midway with a savepoint and restored at another parallelism (2 → 3 → 1)
+//! writes exactly what an undisturbed run writes, on both state backends
+//! and from a retained native RocksDB checkpoint; DRAIN fires every window
+//! first; NO_CLAIM leaves the savepoint untouched; a savepoint that cannot
+//! be restored is refused with a message and nothing starts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use weir::{Session, StatementResult};
+
+const FILES: usize = 3;
+const ROWS_PER_FILE: usize = 6000;
+
+/// Input: three CSV files (`k, ts`), 20 ms of event time apart, read at a
+/// bounded pace so a job can be stopped midway.
+fn write_input(dir: &Path) -> PathBuf {
+    let input = dir.join("input");
+    std::fs::create_dir_all(&input).expect("input dir");
+    for f in 0..FILES {
+        let mut text = String::new();
+        for r in 0..ROWS_PER_FILE {
+            let i = r * FILES + f;
+            let ms = i * 20;
+            text.push_str(&format!(
+                "{},1970-01-01 00:{:02}:{:02}.{:03}\n",
+                i % 37,
+                ms / 60_000,
+                ms / 1000 % 60,
+                ms % 1000
+            ));
+        }
+        std::fs::write(input.join(format!("part-{f}.csv")), text).expect("write input");
+    }
+    input
+}
+
+fn ddl(input: &Path, out: &Path) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS events (k BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '4000');
+         CREATE TABLE IF NOT EXISTS counts (k BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), n BIGINT, mx TIMESTAMP(3))
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');",
+        input.display(),
+        out.display()
+    )
+}
+
+const INSERT: &str = "INSERT INTO counts SELECT k, window_start, window_end, COUNT(*), MAX(ts)
+    FROM TABLE(HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '5' SECOND, INTERVAL '10' SECOND))
+    GROUP BY k, window_start, window_end;";
+
+/// The committed output, sorted.
+fn output(out: &Path) -> Vec<String> {
+    let mut lines: Vec<String> = match std::fs::read_dir(out) {
+        Ok(d) => d
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .flat_map(|e| {
+                std::fs::read_to_string(e.path())
+                    .expect("read output")
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        Err(_) => vec![],
+    };
+    lines.sort();
+    lines
+}
+
+struct Run<'a> {
+    parallelism: usize,
+    backend: &'a str,
+    from: Option<&'a Path>,
+    /// Wait for the job to end.
+    sync: bool,
+    extra: &'a str,
+}
+
+async fn start(session: &mut Session, run: Run<'_>) -> Vec<StatementResult> {
+    let mut sql = format!(
+        "SET 'pipeline.name' = 'golden';
+         SET 'parallelism.default' = '{}';
+         SET 'state.backend.type' = '{}';
+         SET 'execution.checkpointing.interval' = '150 ms';
+         SET 'table.dml-sync' = '{}';
+         {}",
+        run.parallelism, run.backend, run.sync, run.extra
+    );
+    if let Some(p) = run.from {
+        sql.push_str(&format!("SET 'execution.state-recovery.path' = '{}';", p.display()));
+    }
+    sql.push_str(INSERT);
+    session.execute_sql(&sql).await.expect("job starts")
+}
+
+async fn text_of(session: &mut Session, sql: &str) -> String {
+    let rows = session.execute_sql(sql).await.expect(sql);
+    let Some(StatementResult::Rows(_, batches)) = rows.into_iter().next() else {
+        panic!("rows expected from {sql}")
+    };
+    weir::display::table(&batches)
+}
+
+/// Waits (bounded) until the running job 'golden' completed `n` checkpoints.
+async fn wait_for_checkpoints(session: &mut Session, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = text_of(session, "SHOW CHECKPOINTS FOR JOB 'golden';").await;
+        if text.lines().filter(|l| l.contains("COMPLETED")).count() >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint within 60 s:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn savepoint(session: &mut Session, stmt: &str) -> PathBuf {
+    let text = text_of(session, stmt).await;
+    let path = text
+        .lines()
+        .map(|l| l.trim_matches(|c: char| c == '|' || c.is_whitespace()))
+        .find(|l| l.contains("savepoint-") || l.starts_with('/'))
+        .unwrap_or_else(|| panic!("a savepoint path in\n{text}"));
+    let path = PathBuf::from(path);
+    assert!(path.join("_metadata").exists(), "{} has no _metadata", path.display());
+    path
+}
+
+async fn undisturbed(dir: &Path, input: &Path, backend: &str) -> Vec<String> {
+    let out = dir.join(format!("expected-{backend}"));
+    let mut session = Session::open(dir.join(format!("data-expected-{backend}"))).expect("session");
+    session.execute_sql(&ddl(input, &out)).await.expect("ddl");
+    start(
+        &mut session,
+        Run {
+            parallelism: 2,
+            backend,
+            from: None,
+            sync: true,
+            extra: "",
+        },
+    )
+    .await;
+    let rows = output(&out);
+    assert!(rows.len() > 1000, "{} rows", rows.len());
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn savepoint_restores_at_parallelism_2_then_3_then_1_exactly_as_undisturbed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    for backend in ["rocksdb", "hashmap"] {
+        let expected = undisturbed(dir.path(), &input, backend).await;
+        let out = dir.path().join(format!("out-{backend}"));
+        let mut session = Session::open(dir.path().join(format!("data-{backend}"))).expect("session");
+        session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+        let mut from: Option<PathBuf> = None;
+        for p in [2, 3] {
+            start(
+                &mut session,
+                Run {
+                    parallelism: p,
+                    backend,
+                    from: from.as_deref(),
+                    sync: false,
+                    extra: "",
+                },
+            )
+            .await;
+            wait_for_checkpoints(&mut session, 1).await;
+            let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+            let so_far = output(&out);
+            assert!(
+                so_far.len() < expected.len(),
+                "{backend} p={p}: stopped midway ({} of {} rows)",
+                so_far.len(),
+                expected.len()
+            );
+            from = Some(sp);
+        }
+        start(
+            &mut session,
+            Run {
+                parallelism: 1,
+                backend,
+                from: from.as_deref(),
+                sync: true,
+                extra: "",
+            },
+        )
+        .await;
+        let got = output(&out);
+        assert_eq!(got.len(), expected.len(), "{backend}: row count");
+        assert_eq!(got, expected, "{backend}: rows");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retained_rocksdb_checkpoint_restores_at_another_parallelism() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let expected = undisturbed(dir.path(), &input, "rocksdb").await;
+    let out = dir.path().join("out");
+    let data = dir.path().join("data");
+    let mut session = Session::open(&data).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let retain = "SET 'execution.checkpointing.externalized-checkpoint-retention' = 'RETAIN_ON_CANCELLATION';";
+    start(
+        &mut session,
+        Run {
+            parallelism: 2,
+            backend: "rocksdb",
+            from: None,
+            sync: false,
+            extra: retain,
+        },
+    )
+    .await;
+    wait_for_checkpoints(&mut session, 2).await;
+    session.execute_sql("CANCEL JOB 'golden';").await.expect("cancel");
+    // The retained checkpoints moved aside; the newest complete one.
+    let root = data.join("checkpoints").join("golden");
+    let retained = std::fs::read_dir(&root)
+        .expect("checkpoint root")
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("retained-"))
+        .expect("a retained directory")
+        .path();
+    let chk = std::fs::read_dir(&retained)
+        .expect("retained")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("_metadata").exists())
+        .max_by_key(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("chk-"))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .expect("a complete retained checkpoint");
+    assert!(output(&out).len() < expected.len(), "cancelled midway");
+    start(
+        &mut session,
+        Run {
+            parallelism: 3,
+            backend: "rocksdb",
+            from: Some(&chk),
+            sync: true,
+            extra: "",
+        },
+    )
+    .await;
+    assert_eq!(output(&out), expected);
+}
+
+/// Sum of the `n` column of TUMBLE output rows.
+fn counted(rows: &[String]) -> u64 {
+    rows.iter()
+        .map(|l| l.split(',').nth(3).and_then(|n| n.parse::<u64>().ok()).expect("n column"))
+        .sum()
+}
+
+fn state_entries(savepoint: &Path) -> usize {
+    let manifest = std::fs::read_to_string(savepoint.join("_metadata")).expect("manifest");
+    let mut n = 0;
+    for line in manifest.lines().filter(|l| l.contains("\"path\": \"state/window")) {
+        let rel = line.split('"').nth(3).expect("path value");
+        let bytes = std::fs::read(savepoint.join(rel)).expect("state file");
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).expect("ipc");
+        n += reader.map(|b| b.expect("batch").num_rows()).sum::<usize>();
+    }
+    n
+}
+
+fn lines_read(savepoint: &Path) -> u64 {
+    let manifest = std::fs::read_to_string(savepoint.join("_metadata")).expect("manifest");
+    manifest
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("\"position\": "))
+        .map(|v| v.trim_end_matches(',').parse::<u64>().expect("position"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_fires_every_window_before_the_savepoint_and_no_drain_keeps_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let tumble = "INSERT INTO counts SELECT k, window_start, window_end, COUNT(*), MAX(ts)
+        FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '10' SECOND))
+        GROUP BY k, window_start, window_end;";
+    for drain in [false, true] {
+        let out = dir.path().join(format!("out-{drain}"));
+        let mut session = Session::open(dir.path().join(format!("data-{drain}"))).expect("session");
+        session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+        session
+            .execute_sql(&format!(
+                "SET 'pipeline.name' = 'golden'; SET 'parallelism.default' = '2';
+                 SET 'execution.checkpointing.interval' = '150 ms'; {tumble}"
+            ))
+            .await
+            .expect("start");
+        wait_for_checkpoints(&mut session, 1).await;
+        let stmt = if drain {
+            "STOP JOB 'golden' WITH SAVEPOINT DRAIN;"
+        } else {
+            "STOP JOB 'golden' WITH SAVEPOINT;"
+        };
+        let sp = savepoint(&mut session, stmt).await;
+        let rows = output(&out);
+        let read = lines_read(&sp);
+        assert!(read > 0 && read < (FILES * ROWS_PER_FILE) as u64, "stopped midway: {read}");
+        if drain {
+            // Every row read is in a window that fired into the sink.
+            assert_eq!(counted(&rows), read, "drained");
+            assert_eq!(state_entries(&sp), 0, "a drained savepoint holds no window");
+        } else {
+            assert!(counted(&rows) < read, "open windows did not fire");
+            assert!(state_entries(&sp) > 0, "open windows are in the savepoint");
+        }
+        let describe = text_of(&mut session, "SHOW SAVEPOINTS FOR JOB 'golden';").await;
+        assert!(
+            describe.contains(&sp.display().to_string()) && describe.contains(if drain { "true" } else { "false" }),
+            "{describe}"
+        );
+    }
+}
+
+/// Every file below `dir` with its bytes.
+fn snapshot_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((p.clone(), std::fs::read(&p).expect("read")));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_claim_leaves_the_savepoint_byte_identical_and_checkpoints_full() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    start(
+        &mut session,
+        Run {
+            parallelism: 2,
+            backend: "rocksdb",
+            from: None,
+            sync: false,
+            extra: "",
+        },
+    )
+    .await;
+    wait_for_checkpoints(&mut session, 1).await;
+    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let before = snapshot_files(&sp);
+    start(
+        &mut session,
+        Run {
+            parallelism: 3,
+            backend: "rocksdb",
+            from: Some(&sp),
+            sync: false,
+            extra: "",
+        },
+    )
+    .await;
+    wait_for_checkpoints(&mut session, 2).await;
+    let text = text_of(&mut session, "SHOW CHECKPOINTS FOR JOB 'golden';").await;
+    session.execute_sql("STOP JOB 'golden';").await.expect("stop");
+    assert_eq!(snapshot_files(&sp), before, "NO_CLAIM: the savepoint is untouched");
+    // The first checkpoint after the savepoint uploads all its state.
+    let first = text.lines().find(|l| l.contains("COMPLETED")).expect("a checkpoint");
+    let cells: Vec<&str> = first.split('|').map(str::trim).collect();
+    let (full, incremental) = (cells[9], cells[10]);
+    assert_eq!(full, incremental, "first checkpoint after the savepoint is full:\n{text}");
+
+    // CLAIM: the job owns the savepoint and deletes it once it checkpointed.
+    start(
+        &mut session,
+        Run {
+            parallelism: 1,
+            backend: "rocksdb",
+            from: Some(&sp),
+            sync: false,
+            extra: "SET 'execution.state-recovery.claim-mode' = 'CLAIM';",
+        },
+    )
+    .await;
+    wait_for_checkpoints(&mut session, 1).await;
+    session.execute_sql("STOP JOB 'golden';").await.expect("stop");
+    assert!(!sp.exists(), "CLAIM deletes the savepoint after a checkpoint");
+}
+
+async fn refused(session: &mut Session, from: &Path, extra: &str, expect: &[&str]) {
+    let sql = format!(
+        "SET 'pipeline.name' = 'golden'; SET 'parallelism.default' = '2';
+         SET 'execution.checkpointing.interval' = '150 ms'; {extra}
+         SET 'execution.state-recovery.path' = '{}'; {INSERT}",
+        from.display()
+    );
+    let Err(err) = session.execute_sql(&sql).await else {
+        panic!("{} was restored", from.display())
+    };
+    let err = err.to_string();
+    for e in expect {
+        assert!(err.contains(e), "'{e}' not in: {err}");
+    }
+    // Nothing started.
+    let jobs = text_of(session, "SHOW JOBS;").await;
+    assert!(!jobs.contains("RUNNING"), "{jobs}");
+    session.execute_sql("RESET;").await.expect("reset");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for (p, bytes) in snapshot_files(from) {
+        let dest = to.join(p.strip_prefix(from).expect("below"));
+        std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+        std::fs::write(dest, bytes).expect("copy");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    start(
+        &mut session,
+        Run {
+            parallelism: 2,
+            backend: "rocksdb",
+            from: None,
+            sync: false,
+            extra: "",
+        },
+    )
+    .await;
+    wait_for_checkpoints(&mut session, 1).await;
+    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let rows_before = output(&out);
+    let state_file = snapshot_files(&sp)
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| p.to_string_lossy().contains("window_"))
+        .expect("a window state file");
+    let rel = state_file.strip_prefix(&sp).expect("below").to_path_buf();
+    let variant = |name: &str| {
+        let d = dir.path().join(name);
+        copy_dir(&sp, &d);
+        d
+    };
+
+    let truncated = variant("truncated");
+    let f = truncated.join(&rel);
+    let len = std::fs::metadata(&f).expect("len").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .and_then(|h| h.set_len(len / 2))
+        .expect("truncate");
+    refused(&mut session, &truncated, "", &["corrupt", "size"]).await;
+
+    let flipped = variant("flipped");
+    let f = flipped.join(&rel);
+    let mut bytes = std::fs::read(&f).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&f, bytes).expect("flip");
+    refused(&mut session, &flipped, "", &["corrupt", "does not match"]).await;
+
+    let missing = variant("missing");
+    std::fs::remove_file(missing.join(&rel)).expect("remove");
+    refused(&mut session, &missing, "", &["missing"]).await;
+
+    let future = variant("future");
+    let meta = std::fs::read_to_string(future.join("_metadata")).expect("manifest");
+    let body = meta.rsplit_once("xxh64:").expect("trailer").0.replace("\"format\": 2", "\"format\": 99");
+    let sum = weir_engine::checkpoint::metadata::checksum(body.as_bytes());
+    std::fs::write(future.join("_metadata"), format!("{body}xxh64:{sum}\n")).expect("rewrite");
+    refused(&mut session, &future, "", &["format version 99", "reads version 2"]).await;
+
+    refused(
+        &mut session,
+        &sp,
+        "SET 'pipeline.max-parallelism' = '256';",
+        &["'pipeline.max-parallelism' = 128", "256"],
+    )
+    .await;
+
+    // Another query: its window aggregate is another operator.
+    let other = INSERT.replace("COUNT(*), MAX(ts)", "COUNT(*), MIN(ts)");
+    let sql = format!(
+        "SET 'pipeline.name' = 'golden'; SET 'parallelism.default' = '2';
+         SET 'execution.checkpointing.interval' = '150 ms';
+         SET 'execution.state-recovery.path' = '{}'; {other}",
+        sp.display()
+    );
+    let Err(err) = session.execute_sql(&sql).await else {
+        panic!("restored into another query")
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("matches no operator") && err.contains("ignore-unclaimed-state"),
+        "{err}"
+    );
+    assert_eq!(output(&out), rows_before, "nothing ran");
+    // Allowed: the unclaimed state is dropped, the new operator starts empty.
+    session
+        .execute_sql(&format!(
+            "SET 'execution.state-recovery.ignore-unclaimed-state' = 'true'; SET 'table.dml-sync' = 'true'; {sql}"
+        ))
+        .await
+        .expect("restored without the unclaimed state");
+}
