@@ -359,6 +359,7 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     // Kills after some dead letters were committed and before all were.
     let mut kills_amid_dead_letters = 0;
     let mut restores = 0;
+    let mut rescaled_restores = 0;
     let mut unaligned_in_flight = 0;
     let mut replays = 0;
     let mut checkpoints_before_kills = 0;
@@ -397,10 +398,21 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
                 };
                 (None, Some(format!("{fp}:{k}")))
             };
-            plan.push(format!("{kill_after:?}/{failpoint:?}"));
+            // Aligned trials restart at another parallelism each time
+            // (2, 3, 1, ...): the native RocksDB checkpoint is split or
+            // merged by key-group range on restore.
+            let parallelism = if trial % 3 == 0 { [2, 3, 1][(attempt as usize - 1) % 3] } else { 2 };
+            if trial % 3 == 0 {
+                let set = format!("SET 'parallelism.default' = '{parallelism}';");
+                std::fs::write(&ws.sql, job_sql(&ws.out, &ws.dead, &set)).expect("rewrite sql");
+            }
+            plan.push(format!("p{parallelism} {kill_after:?}/{failpoint:?}"));
             let run = run_once(&ws.data, &ws.sql, kill_after, failpoint.as_deref());
             if run.stderr.contains("restoring from checkpoint") {
                 restores += 1;
+                if trial % 3 == 0 && attempt > 1 {
+                    rescaled_restores += 1;
+                }
             }
             if trial % 3 != 0 {
                 unaligned_in_flight += in_flight_bytes(&run.stderr);
@@ -445,6 +457,10 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         restores >= trials as usize / 2,
         "only {restores} restores from a checkpoint"
     );
+    assert!(
+        rescaled_restores >= 1 || trials < 3,
+        "no restore at another parallelism after a kill"
+    );
     // Dead letters were committed before kills and restored past: a kill
     // between the first and the last commit of them.
     assert!(
@@ -453,7 +469,8 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     );
     eprintln!(
         "{trials} trials: {kills} kills ({kills_amid_dead_letters} amid dead letters), \
-         {checkpoints_before_kills} checkpoints completed before them, {restores} restores, \
+         {checkpoints_before_kills} checkpoints completed before them, {restores} restores \
+         ({rescaled_restores} at another parallelism), \
          {unaligned_in_flight} bytes in flight persisted by unaligned checkpoints, {replays} in-flight replays"
     );
 }
