@@ -28,7 +28,7 @@ use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointStorage, RestoredJob, SplitPosition, TaskCheckpointing,
     restore_latest,
 };
-use crate::config::{JobConfig, RestartStrategy, sanitize};
+use crate::config::{JobConfig, RestartStrategy, StateBackendKind, sanitize};
 use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
@@ -37,7 +37,7 @@ use crate::message::StreamMessage;
 use crate::operators::Operator;
 use crate::operators::calc::CalcOperator;
 use crate::operators::limit::LimitOperator;
-use crate::operators::window::aggregate::{STATES, WindowAggregateOperator};
+use crate::operators::window::aggregate::{STATES, WindowAggregateOperator, WindowStore};
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
@@ -1051,16 +1051,30 @@ fn create_operator(
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
             let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let state = open_keyed(config.state_backend, &dir, STATES, groups, sources)?;
-            Box::new(WindowAggregateOperator::new(
+            // RocksDB: bytes through the keyed-state layer; heap: live
+            // accumulators, filled from the same canonical state.
+            let store = match config.state_backend {
+                StateBackendKind::RocksDb => {
+                    WindowStore::Keyed(open_keyed(config.state_backend, &dir, STATES, groups.clone(), sources)?)
+                }
+                StateBackendKind::Heap => WindowStore::Live {
+                    panes: Default::default(),
+                    groups: groups.clone(),
+                },
+            };
+            let mut op = WindowAggregateOperator::new(
                 w,
                 &input_schema()?,
                 node.schema.clone(),
                 config.max_parallelism,
-                state,
+                store,
                 metrics.nodes[id].clone(),
                 node.parallelism,
-            )?)
+            )?;
+            if config.state_backend == StateBackendKind::Heap && !sources.is_empty() {
+                op.restore_live(groups, sources)?;
+            }
+            Box::new(op)
         }
     })
 }

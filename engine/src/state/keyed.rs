@@ -88,6 +88,12 @@ fn timer_key(group: KeyGroup, time: Timestamp, key: &[u8], namespace: &[u8]) -> 
     k
 }
 
+/// A timer's stored key without its key-group prefix (the `key` of its
+/// canonical entry).
+pub fn stored_timer_key(time: Timestamp, key: &[u8], namespace: &[u8]) -> Vec<u8> {
+    timer_key(0, time, key, namespace).split_off(2)
+}
+
 fn parse_timer(k: &[u8]) -> Result<Timer, StateError> {
     let corrupt = || StateError::Corrupt {
         state: "timers".into(),

@@ -1,7 +1,10 @@
 //! Window aggregation (`GROUP BY window_start, window_end, keys...` over a
 //! TUMBLE/HOP/CUMULATE window TVF, or the legacy `GROUP BY TUMBLE(...)`).
 //!
-//! State, per subtask, through the keyed-state layer ([`KeyedState`]):
+//! State, per subtask, in one of two stores:
+//!
+//! **RocksDB** (`state.backend.type = rocksdb`), through the keyed-state
+//! layer ([`KeyedState`]):
 //! - `window-acc` (value state): key, namespace = window end → the
 //!   DataFusion accumulator state of every aggregate, in Weir's row
 //!   encoding;
@@ -13,12 +16,19 @@
 //! multi-get, merged and updated with DataFusion `GroupsAccumulator`s for the
 //! whole batch at once, and written back in one write batch.
 //!
+//! **Heap** (`hashmap`): live accumulators, one pane per window end
+//! ([`super::panes`]); a batch updates them in place and a window fires by
+//! evaluating its pane. They become bytes only at a snapshot, in the same
+//! canonical entries the RocksDB store exports, so either store restores
+//! the other's snapshots at any parallelism.
+//!
 //! On watermark `w`: every window with `end - 1 <= w` fires (Flink's rule),
 //! its result is emitted and its state deleted, before `w` moves on.
 //! Rows are late when every window containing them has fired: they are
 //! dropped and counted (`late_rows_dropped`).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -31,18 +41,20 @@ use datafusion::physical_expr::GroupsAccumulatorAdapter;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 
+use super::panes::{Pane, Panes};
 use super::{assign_windows, is_fired, window_start};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
-use crate::state::keyed::{decode_time, encode_time};
-use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
+use crate::state::keyed::{decode_time, encode_time, stored_timer_key};
+use crate::state::transfer::EntriesWriter;
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, StateSource, Timer};
 
 const ACC: usize = 0;
 const TIMERS: usize = 1;
@@ -62,6 +74,112 @@ pub const STATES: &[StateDecl] = &[
 /// jump fires many windows at once.
 const FIRE_CHUNK: usize = 8192;
 
+/// Bytes a live group is counted as (key aside) in the state-size metric.
+const LIVE_GROUP_BYTES: i64 = 32;
+
+/// Where the windows live.
+pub enum WindowStore {
+    /// Bytes in a state backend (RocksDB), through the keyed-state layer.
+    Keyed(KeyedState),
+    /// Live accumulators on the heap, owning `groups`.
+    Live { panes: Panes, groups: Range<KeyGroup> },
+}
+
+/// The aggregates of the operator: their accumulators and how their state
+/// becomes bytes.
+struct Aggs {
+    aggregates: Vec<Arc<AggregateFunctionExpr>>,
+    /// Types of each aggregate's state columns, in order.
+    state_types: Vec<Vec<DataType>>,
+    state_codec: RowCodec,
+}
+
+impl Aggs {
+    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
+        self.aggregates
+            .iter()
+            .map(|a| {
+                if a.groups_accumulator_supported() {
+                    Ok(a.create_groups_accumulator()?)
+                } else {
+                    let a = Arc::clone(a);
+                    Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
+                        as Box<dyn GroupsAccumulator>)
+                }
+            })
+            .collect()
+    }
+
+    /// Merges encoded states (one per group) into `accs`.
+    fn merge_stored(
+        &self,
+        accs: &mut [Box<dyn GroupsAccumulator>],
+        stored: &[&[u8]],
+        groups: &[usize],
+        total_groups: usize,
+    ) -> Result<()> {
+        if stored.is_empty() {
+            return Ok(());
+        }
+        let columns = self.state_codec.decode(stored.iter().copied())?;
+        self.merge_columns(accs, &columns, groups, total_groups)
+    }
+
+    fn merge_columns(
+        &self,
+        accs: &mut [Box<dyn GroupsAccumulator>],
+        columns: &[ArrayRef],
+        groups: &[usize],
+        total_groups: usize,
+    ) -> Result<()> {
+        let mut offset = 0;
+        for (acc, types) in accs.iter_mut().zip(&self.state_types) {
+            let cols = &columns[offset..offset + types.len()];
+            offset += types.len();
+            acc.merge_batch(cols, groups, total_groups)?;
+        }
+        Ok(())
+    }
+
+    /// The state columns of every group of `accs` (which it empties).
+    fn state_columns(&self, accs: &mut [Box<dyn GroupsAccumulator>]) -> Result<Vec<ArrayRef>> {
+        let mut columns: Vec<ArrayRef> = vec![];
+        for (acc, types) in accs.iter_mut().zip(&self.state_types) {
+            for (col, ty) in acc.state(EmitTo::All)?.into_iter().zip(types) {
+                columns.push(if col.data_type() == ty { col } else { cast(&col, ty)? });
+            }
+        }
+        Ok(columns)
+    }
+
+    /// Encodes the state of every group of `accs` (which it empties).
+    fn encode_states(&self, accs: &mut [Box<dyn GroupsAccumulator>]) -> Result<Vec<Vec<u8>>> {
+        let columns = self.state_columns(accs)?;
+        let rows = self.state_codec.encode(&columns)?;
+        Ok(rows.iter().map(<[u8]>::to_vec).collect())
+    }
+
+    /// The values each aggregate reads from `batch`, taken at `indices`.
+    fn inputs(&self, batch: &RecordBatch, indices: Option<&UInt32Array>) -> Result<Vec<Vec<ArrayRef>>> {
+        let n = batch.num_rows();
+        self.aggregates
+            .iter()
+            .map(|agg| {
+                agg.expressions()
+                    .iter()
+                    .map(|e| {
+                        let v = e.evaluate(batch)?.into_array(n)?;
+                        Ok(match indices {
+                            Some(ix) => take(&v, ix, None)?,
+                            None => v,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect()
+    }
+}
+
 pub struct WindowAggregateOperator {
     name: String,
     window: WindowSpec,
@@ -69,13 +187,10 @@ pub struct WindowAggregateOperator {
     keys: Vec<Arc<dyn PhysicalExpr>>,
     key_encoder: Option<KeyEncoder>,
     group_outputs: Vec<GroupOutput>,
-    aggregates: Vec<Arc<AggregateFunctionExpr>>,
-    /// Types of each aggregate's state columns, in order.
-    state_types: Vec<Vec<DataType>>,
-    state_codec: RowCodec,
+    aggs: Aggs,
     schema: SchemaRef,
     max_parallelism: u16,
-    state: KeyedState,
+    store: WindowStore,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
     /// This subtask's live state bytes and newest event time, for the
@@ -91,7 +206,7 @@ impl WindowAggregateOperator {
         input_schema: &SchemaRef,
         schema: SchemaRef,
         max_parallelism: u16,
-        state: KeyedState,
+        store: WindowStore,
         metrics: Arc<NodeMetrics>,
         parallelism: usize,
     ) -> Result<Self> {
@@ -125,12 +240,14 @@ impl WindowAggregateOperator {
             keys: node.keys.clone(),
             key_encoder,
             group_outputs: node.group_outputs.clone(),
-            aggregates: node.aggregates.clone(),
-            state_types,
-            state_codec,
+            aggs: Aggs {
+                aggregates: node.aggregates.clone(),
+                state_types,
+                state_codec,
+            },
             schema,
             max_parallelism,
-            state,
+            store,
             watermark: MIN_WATERMARK,
             metrics,
             live_bytes: 0,
@@ -139,52 +256,54 @@ impl WindowAggregateOperator {
         })
     }
 
-    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
-        self.aggregates
-            .iter()
-            .map(|a| {
-                if a.groups_accumulator_supported() {
-                    Ok(a.create_groups_accumulator()?)
-                } else {
-                    let a = Arc::clone(a);
-                    Ok(Box::new(GroupsAccumulatorAdapter::new(move || a.create_accumulator()))
-                        as Box<dyn GroupsAccumulator>)
-                }
-            })
-            .collect()
-    }
-
-    /// Merges stored states (row-encoded, one per group) into `accs`.
-    fn merge_stored(
-        &self,
-        accs: &mut [Box<dyn GroupsAccumulator>],
-        stored: &[Vec<u8>],
-        groups: &[usize],
-        total_groups: usize,
-    ) -> Result<()> {
-        if stored.is_empty() {
-            return Ok(());
-        }
-        let columns = self.state_codec.decode(stored.iter().map(Vec::as_slice))?;
-        let mut offset = 0;
-        for (acc, types) in accs.iter_mut().zip(&self.state_types) {
-            let cols = &columns[offset..offset + types.len()];
-            offset += types.len();
-            acc.merge_batch(cols, groups, total_groups)?;
-        }
-        Ok(())
-    }
-
-    /// Row-encodes the state of every group of `accs`.
-    fn encode_states(&self, accs: &mut [Box<dyn GroupsAccumulator>]) -> Result<Vec<Vec<u8>>> {
-        let mut columns: Vec<ArrayRef> = vec![];
-        for (acc, types) in accs.iter_mut().zip(&self.state_types) {
-            for (col, ty) in acc.state(EmitTo::All)?.into_iter().zip(types) {
-                columns.push(if col.data_type() == ty { col } else { cast(&col, ty)? });
+    /// The heap store for key groups `groups`, filled from `sources`
+    /// (canonical entries or RocksDB checkpoints of any parallelism).
+    pub fn restore_live(&mut self, groups: Range<KeyGroup>, sources: &[StateSource]) -> Result<()> {
+        // Window end → (keys, encoded accumulator states).
+        let mut by_end: HashMap<i64, (Vec<Vec<u8>>, Vec<Vec<u8>>)> = HashMap::new();
+        for source in sources {
+            let sr = source.key_groups();
+            let overlap = sr.start.max(groups.start)..sr.end.min(groups.end);
+            if overlap.is_empty() {
+                continue;
             }
+            source.for_each(overlap, &mut |state, _group, key, value| {
+                if state == STATES[TIMERS].name {
+                    // Every live group has its timer: implied.
+                    return Ok(());
+                }
+                if state != STATES[ACC].name || key.len() < 8 {
+                    return Err(crate::error::StateError::Corrupt {
+                        state: state.to_string(),
+                        message: format!("unexpected window state entry of {} bytes", key.len()),
+                    });
+                }
+                let (k, ns) = key.split_at(key.len() - 8);
+                let end = decode_time(ns.try_into().unwrap_or_default());
+                let e = by_end.entry(end).or_default();
+                e.0.push(k.to_vec());
+                e.1.push(value.to_vec());
+                Ok(())
+            })?;
         }
-        let rows = self.state_codec.encode(&columns)?;
-        Ok(rows.iter().map(<[u8]>::to_vec).collect())
+        let mut panes = Panes::default();
+        let mut bytes = 0i64;
+        for (end, (keys, values)) in by_end {
+            let pane = panes.pane(end);
+            let mut idx = Vec::with_capacity(keys.len());
+            for k in &keys {
+                idx.push(pane.group(k, || key_group(k, self.max_parallelism)).0);
+                bytes += k.len() as i64 + LIVE_GROUP_BYTES;
+            }
+            let mut accs = self.aggs.accumulators()?;
+            let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            self.aggs.merge_stored(&mut accs, &refs, &idx, pane.len())?;
+            pane.accs = accs;
+        }
+        self.metrics.state_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.live_bytes += bytes;
+        self.store = WindowStore::Live { panes, groups };
+        Ok(())
     }
 
     fn event_times(&self, batch: &RecordBatch) -> Result<TimestampMillisecondArray> {
@@ -197,10 +316,35 @@ impl WindowAggregateOperator {
     }
 
     fn fire(&mut self, up_to: Timestamp, out: &mut Collector) -> Result<()> {
+        if let WindowStore::Live { panes, .. } = &mut self.store {
+            let mut fired = vec![];
+            while let Some(p) = panes.pop_fired(up_to) {
+                fired.push(p);
+            }
+            for (end, mut pane) in fired {
+                let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
+                self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+                self.live_bytes = (self.live_bytes - freed).max(0);
+                if pane.is_empty() {
+                    continue;
+                }
+                let mut agg_columns = Vec::with_capacity(pane.accs.len());
+                for acc in pane.accs.iter_mut() {
+                    agg_columns.push(acc.evaluate(EmitTo::All)?);
+                }
+                let ends = vec![end; pane.len()];
+                let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
+                out.emit(batch);
+            }
+            return Ok(());
+        }
         // A window fires when the watermark reaches its last millisecond
         // (end - 1), which is its timer's time.
         loop {
-            let timers = self.state.due_timers(TIMERS, up_to, FIRE_CHUNK)?;
+            let WindowStore::Keyed(state) = &mut self.store else {
+                return Ok(());
+            };
+            let timers = state.due_timers(TIMERS, up_to, FIRE_CHUNK)?;
             if timers.is_empty() {
                 return Ok(());
             }
@@ -213,6 +357,9 @@ impl WindowAggregateOperator {
     }
 
     fn fire_timers(&mut self, timers: &[Timer], out: &mut Collector) -> Result<()> {
+        let WindowStore::Keyed(state) = &mut self.store else {
+            return Ok(());
+        };
         let mut ends = Vec::with_capacity(timers.len());
         for t in timers {
             let ns: [u8; 8] = t
@@ -230,11 +377,11 @@ impl WindowAggregateOperator {
                 namespace: &t.namespace,
             })
             .collect();
-        let stored = self.state.get(ACC, &entries)?;
-        let mut present = vec![];
+        let stored = state.get(ACC, &entries)?;
+        let mut present: Vec<&[u8]> = vec![];
         let mut groups = vec![];
         let mut freed: i64 = 0;
-        for (i, s) in stored.into_iter().enumerate() {
+        for (i, s) in stored.iter().enumerate() {
             freed += (timers[i].key.len() + 22) as i64;
             if let Some(s) = s {
                 freed += (timers[i].key.len() + 10 + s.len()) as i64;
@@ -242,46 +389,105 @@ impl WindowAggregateOperator {
                 groups.push(i);
             }
         }
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        // After a restore, state from before it is freed too: not below 0.
-        self.live_bytes = (self.live_bytes - freed).max(0);
         let n = timers.len();
-        let mut accs = self.accumulators()?;
-        self.merge_stored(&mut accs, &present, &groups, n)?;
+        let mut accs = self.aggs.accumulators()?;
+        self.aggs.merge_stored(&mut accs, &present, &groups, n)?;
         let mut agg_columns = Vec::with_capacity(accs.len());
         for acc in accs.iter_mut() {
             agg_columns.push(acc.evaluate(EmitTo::All)?);
         }
-        let key_columns = match &self.key_encoder {
-            Some(enc) => enc.codec().decode(timers.iter().map(|t| t.key.as_slice()))?,
-            None => vec![],
-        };
-        let starts: TimestampMillisecondArray = ends.iter().map(|e| Some(window_start(&self.window, *e))).collect();
-        let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
-        let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e - 1)).collect();
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
-        for g in &self.group_outputs {
-            columns.push(match g {
-                GroupOutput::WindowStart => Arc::new(starts.clone()),
-                GroupOutput::WindowEnd => Arc::new(end_arr.clone()),
-                GroupOutput::WindowTime => Arc::new(times.clone()),
-                GroupOutput::Key(i) => key_columns
-                    .get(*i)
-                    .cloned()
-                    .ok_or_else(|| ExecError::internal("window key index out of range"))?,
-            });
-        }
-        columns.extend(agg_columns);
-        let batch = batch_with_schema(&self.schema, columns)?;
         let mut w = KeyedWrite::default();
         for (t, e) in timers.iter().zip(&entries) {
             w.delete_timer(TIMERS, t);
             w.delete(ACC, *e);
         }
-        self.state.write(w)?;
+        state.write(w)?;
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        // After a restore, state from before it is freed too: not below 0.
+        self.live_bytes = (self.live_bytes - freed).max(0);
+        let batch = output_batch(self, &ends, timers.iter().map(|t| t.key.as_slice()), agg_columns)?;
         out.emit(batch);
         Ok(())
     }
+
+    /// The heap store's snapshot: every pane's groups as canonical
+    /// entries (`window-acc` and `window-timers`, as the RocksDB store
+    /// keeps them), in key order.
+    fn snapshot_live(&mut self) -> Result<OperatorSnapshot> {
+        let WindowStore::Live { panes, groups } = &mut self.store else {
+            return Err(ExecError::internal("not the heap window store"));
+        };
+        // (state, key group, key) → value.
+        let mut entries: Vec<(usize, KeyGroup, Vec<u8>, Vec<u8>)> = vec![];
+        for (end, pane) in panes.iter_mut() {
+            if pane.is_empty() {
+                continue;
+            }
+            // `state` empties the accumulators: they are rebuilt from it.
+            let columns = self.aggs.state_columns(&mut pane.accs)?;
+            let mut fresh = self.aggs.accumulators()?;
+            let all: Vec<usize> = (0..pane.len()).collect();
+            self.aggs.merge_columns(&mut fresh, &columns, &all, pane.len())?;
+            pane.accs = fresh;
+            let rows = self.aggs.state_codec.encode(&columns)?;
+            let ns = encode_time(*end);
+            for (i, value) in rows.iter().enumerate() {
+                let key = &pane.keys[i];
+                let g = pane.groups[i];
+                let mut acc_key = Vec::with_capacity(key.len() + 8);
+                acc_key.extend_from_slice(key);
+                acc_key.extend_from_slice(&ns);
+                entries.push((ACC, g, acc_key, value.to_vec()));
+                entries.push((TIMERS, g, stored_timer_key(end - 1, key, &ns), vec![]));
+            }
+        }
+        entries.sort_unstable_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+        let mut out = EntriesWriter::new()?;
+        for (state, g, key, value) in &entries {
+            out.push(STATES[*state].name, *g, key, value)?;
+        }
+        Ok(OperatorSnapshot::Entries {
+            bytes: out.finish()?,
+            key_groups: groups.clone(),
+        })
+    }
+}
+
+/// The output rows of fired windows: window columns, keys, aggregates.
+fn output_batch<'a>(
+    op: &WindowAggregateOperator,
+    ends: &[i64],
+    keys: impl Iterator<Item = &'a [u8]>,
+    agg_columns: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
+    let key_columns = match &op.key_encoder {
+        Some(enc) => enc.codec().decode(keys)?,
+        None => vec![],
+    };
+    let starts: TimestampMillisecondArray = ends.iter().map(|e| Some(window_start(&op.window, *e))).collect();
+    let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
+    let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e - 1)).collect();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(op.schema.fields().len());
+    for g in &op.group_outputs {
+        columns.push(match g {
+            GroupOutput::WindowStart => Arc::new(starts.clone()),
+            GroupOutput::WindowEnd => Arc::new(end_arr.clone()),
+            GroupOutput::WindowTime => Arc::new(times.clone()),
+            GroupOutput::Key(i) => key_columns
+                .get(*i)
+                .cloned()
+                .ok_or_else(|| ExecError::internal("window key index out of range"))?,
+        });
+    }
+    columns.extend(agg_columns);
+    Ok(batch_with_schema(&op.schema, columns)?)
+}
+
+/// Rows of one batch that go to one pane, and their groups in it.
+#[derive(Default)]
+struct PaneWork {
+    rows: Vec<u32>,
+    groups: Vec<usize>,
 }
 
 impl Operator for WindowAggregateOperator {
@@ -291,9 +497,12 @@ impl Operator for WindowAggregateOperator {
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
         crate::failpoint::failpoint_error("window.snapshot").map_err(ExecError::internal)?;
-        // Accumulators and timers are both in the backend: one snapshot
+        // Accumulators and timers are both in the store: one snapshot
         // holds the windows and when they fire.
-        Ok(Some(self.state.snapshot(checkpoint_id)?))
+        Ok(Some(match &mut self.store {
+            WindowStore::Keyed(state) => state.snapshot(checkpoint_id)?,
+            WindowStore::Live { .. } => self.snapshot_live()?,
+        }))
     }
 
     fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
@@ -308,105 +517,66 @@ impl Operator for WindowAggregateOperator {
             Some(enc) => Some(enc.encode(&key_arrays)?),
             None => None,
         };
-
-        // (key, window end) → group index; rows expanded per window.
-        let mut group_of: HashMap<(&[u8], i64), usize> = HashMap::new();
-        let mut group_keys: Vec<(&[u8], i64)> = vec![];
-        let mut row_idx: Vec<u32> = Vec::with_capacity(n);
-        let mut group_idx: Vec<usize> = Vec::with_capacity(n);
-        let mut late = 0u64;
         let watermark = self.watermark;
-        for row in 0..n {
-            if times.is_null(row) {
-                late += 1;
-                continue;
-            }
-            let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row));
-            let mut assigned = false;
-            assign_windows(&self.window, times.value(row), |_, end| {
-                if is_fired(end, watermark) {
-                    return;
+        let mut late = 0u64;
+        let grown = if let WindowStore::Live { panes, groups } = &mut self.store {
+            // Live: each (row, window) finds its group in the window's pane.
+            let mut work: HashMap<i64, PaneWork> = HashMap::new();
+            let mut grown = 0i64;
+            let maxp = self.max_parallelism;
+            for row in 0..n {
+                if times.is_null(row) {
+                    late += 1;
+                    continue;
                 }
-                assigned = true;
-                let g = *group_of.entry((key, end)).or_insert_with(|| {
-                    group_keys.push((key, end));
-                    group_keys.len() - 1
+                let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row));
+                let mut assigned = false;
+                let mut foreign = None;
+                assign_windows(&self.window, times.value(row), |_, end| {
+                    if is_fired(end, watermark) {
+                        return;
+                    }
+                    assigned = true;
+                    let pane = panes.pane(end);
+                    let (g, new) = pane.group(key, || key_group(key, maxp));
+                    if new {
+                        grown += key.len() as i64 + LIVE_GROUP_BYTES;
+                        if !groups.contains(&pane.groups[g]) {
+                            foreign = Some(pane.groups[g]);
+                        }
+                    }
+                    let w = work.entry(end).or_default();
+                    w.rows.push(row as u32);
+                    w.groups.push(g);
                 });
-                row_idx.push(row as u32);
-                group_idx.push(g);
-            });
-            if !assigned {
-                late += 1;
+                if let Some(g) = foreign {
+                    return Err(ExecError::internal(format!(
+                        "a row of key group {g} reached the subtask owning key groups {groups:?}"
+                    )));
+                }
+                if !assigned {
+                    late += 1;
+                }
             }
-        }
+            for (end, w) in work {
+                let pane: &mut Pane = panes.pane(end);
+                if pane.accs.is_empty() {
+                    pane.accs = self.aggs.accumulators()?;
+                }
+                let indices = (w.rows.len() != n).then(|| UInt32Array::from(w.rows));
+                let inputs = self.aggs.inputs(&batch, indices.as_ref())?;
+                let total = pane.len();
+                for (acc, values) in pane.accs.iter_mut().zip(inputs) {
+                    acc.update_batch(&values, &w.groups, None, total)?;
+                }
+            }
+            grown
+        } else {
+            self.process_keyed(&batch, &times, key_rows.as_ref(), &mut late)?
+        };
         if late > 0 {
             self.metrics.late_rows_dropped.fetch_add(late, Ordering::Relaxed);
         }
-        if group_keys.is_empty() {
-            return Ok(());
-        }
-
-        let namespaces: Vec<[u8; 8]> = group_keys.iter().map(|(_, end)| encode_time(*end)).collect();
-        let entries: Vec<EntryRef> = group_keys
-            .iter()
-            .zip(&namespaces)
-            .map(|((k, _), ns)| EntryRef {
-                key_group: key_group(k, self.max_parallelism),
-                key: k,
-                namespace: ns,
-            })
-            .collect();
-        let groups = self.state.groups();
-        if let Some(e) = entries.iter().find(|e| !groups.contains(&e.key_group)) {
-            return Err(ExecError::internal(format!(
-                "a row of key group {} reached the subtask owning key groups {groups:?}",
-                e.key_group
-            )));
-        }
-        let stored = self.state.get(ACC, &entries)?;
-
-        let total = group_keys.len();
-        let mut accs = self.accumulators()?;
-        let mut present = vec![];
-        let mut present_groups = vec![];
-        let mut w = KeyedWrite::default();
-        // Live state bytes, for the alignment sizing aid.
-        let mut grown: i64 = 0;
-        for (g, s) in stored.into_iter().enumerate() {
-            match s {
-                Some(s) => {
-                    grown -= (entries[g].key.len() + 10 + s.len()) as i64;
-                    present.push(s);
-                    present_groups.push(g);
-                }
-                None => {
-                    // A new window of this key: its timer fires at the
-                    // window's last millisecond.
-                    let e = entries[g];
-                    w.add_timer(TIMERS, e.key_group, group_keys[g].1 - 1, e.key, e.namespace);
-                }
-            }
-        }
-        self.merge_stored(&mut accs, &present, &present_groups, total)?;
-
-        let identity = row_idx.len() == n;
-        let indices = (!identity).then(|| UInt32Array::from(row_idx));
-        for (acc, agg) in accs.iter_mut().zip(&self.aggregates) {
-            let mut values = vec![];
-            for e in agg.expressions() {
-                let v = e.evaluate(&batch)?.into_array(n)?;
-                values.push(match &indices {
-                    Some(ix) => take(&v, ix, None)?,
-                    None => v,
-                });
-            }
-            acc.update_batch(&values, &group_idx, None, total)?;
-        }
-        for (e, value) in entries.iter().zip(self.encode_states(&mut accs)?) {
-            w.put(ACC, *e, value);
-        }
-        grown += w.bytes_written;
-        self.state.write(w)?;
         self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         self.live_bytes += grown;
         if let Some(max) = times.iter().flatten().max() {
@@ -429,5 +599,112 @@ impl Operator for WindowAggregateOperator {
         }
         self.watermark = watermark;
         self.fire(watermark, out)
+    }
+}
+
+impl WindowAggregateOperator {
+    /// A batch into the RocksDB store: one multi-get of every touched
+    /// (key, window), one merge and update for all of them, one write.
+    /// Returns the bytes of state added.
+    fn process_keyed(
+        &mut self,
+        batch: &RecordBatch,
+        times: &TimestampMillisecondArray,
+        key_rows: Option<&crate::state::codec::Rows>,
+        late: &mut u64,
+    ) -> Result<i64> {
+        let n = batch.num_rows();
+        // (key, window end) → group index; rows expanded per window.
+        let mut group_of: HashMap<(&[u8], i64), usize> = HashMap::new();
+        let mut group_keys: Vec<(&[u8], i64)> = vec![];
+        let mut row_idx: Vec<u32> = Vec::with_capacity(n);
+        let mut group_idx: Vec<usize> = Vec::with_capacity(n);
+        let watermark = self.watermark;
+        for row in 0..n {
+            if times.is_null(row) {
+                *late += 1;
+                continue;
+            }
+            let key: &[u8] = key_rows.map_or(&[], |r| r.row(row));
+            let mut assigned = false;
+            assign_windows(&self.window, times.value(row), |_, end| {
+                if is_fired(end, watermark) {
+                    return;
+                }
+                assigned = true;
+                let g = *group_of.entry((key, end)).or_insert_with(|| {
+                    group_keys.push((key, end));
+                    group_keys.len() - 1
+                });
+                row_idx.push(row as u32);
+                group_idx.push(g);
+            });
+            if !assigned {
+                *late += 1;
+            }
+        }
+        if group_keys.is_empty() {
+            return Ok(0);
+        }
+        let WindowStore::Keyed(state) = &mut self.store else {
+            return Err(ExecError::internal("not the keyed window store"));
+        };
+        let namespaces: Vec<[u8; 8]> = group_keys.iter().map(|(_, end)| encode_time(*end)).collect();
+        let entries: Vec<EntryRef> = group_keys
+            .iter()
+            .zip(&namespaces)
+            .map(|((k, _), ns)| EntryRef {
+                key_group: key_group(k, self.max_parallelism),
+                key: k,
+                namespace: ns,
+            })
+            .collect();
+        let groups = state.groups();
+        if let Some(e) = entries.iter().find(|e| !groups.contains(&e.key_group)) {
+            return Err(ExecError::internal(format!(
+                "a row of key group {} reached the subtask owning key groups {groups:?}",
+                e.key_group
+            )));
+        }
+        let stored = state.get(ACC, &entries)?;
+
+        let total = group_keys.len();
+        let mut accs = self.aggs.accumulators()?;
+        let mut present: Vec<&[u8]> = vec![];
+        let mut present_groups = vec![];
+        let mut w = KeyedWrite::default();
+        // Live state bytes, for the alignment sizing aid.
+        let mut grown: i64 = 0;
+        for (g, s) in stored.iter().enumerate() {
+            match s {
+                Some(s) => {
+                    grown -= (entries[g].key.len() + 10 + s.len()) as i64;
+                    present.push(s);
+                    present_groups.push(g);
+                }
+                None => {
+                    // A new window of this key: its timer fires at the
+                    // window's last millisecond.
+                    let e = entries[g];
+                    w.add_timer(TIMERS, e.key_group, group_keys[g].1 - 1, e.key, e.namespace);
+                }
+            }
+        }
+        self.aggs.merge_stored(&mut accs, &present, &present_groups, total)?;
+        let identity = row_idx.len() == n;
+        let indices = (!identity).then(|| UInt32Array::from(row_idx));
+        let inputs = self.aggs.inputs(batch, indices.as_ref())?;
+        for (acc, values) in accs.iter_mut().zip(inputs) {
+            acc.update_batch(&values, &group_idx, None, total)?;
+        }
+        for (e, value) in entries.iter().zip(self.aggs.encode_states(&mut accs)?) {
+            w.put(ACC, *e, value);
+        }
+        grown += w.bytes_written;
+        let WindowStore::Keyed(state) = &mut self.store else {
+            return Err(ExecError::internal("not the keyed window store"));
+        };
+        state.write(w)?;
+        Ok(grown)
     }
 }

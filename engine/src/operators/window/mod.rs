@@ -2,6 +2,7 @@
 //! window aggregate operator.
 
 pub mod aggregate;
+pub mod panes;
 
 use crate::message::Timestamp;
 use crate::plan::{WindowKind, WindowSpec};
