@@ -260,6 +260,41 @@ fn assert_same_rows(got: &[String], expected: &[String], what: &str) {
     );
 }
 
+/// A savepoint of one state backend restores into the other: RocksDB at
+/// parallelism 2, the heap at 3, RocksDB at 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn savepoints_move_between_state_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let query = GOLDEN_QUERIES[0].1;
+    let expected = undisturbed_query(dir.path(), &input, "rocksdb", query).await;
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let mut from: Option<PathBuf> = None;
+    for (p, backend) in [(2, "rocksdb"), (3, "hashmap")] {
+        let run = Run {
+            parallelism: p,
+            backend,
+            from: from.as_deref(),
+            sync: false,
+            extra: "",
+        };
+        start_query(&mut session, run, query).await;
+        wait_for_checkpoints(&mut session, 1).await;
+        from = Some(savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await);
+    }
+    let run = Run {
+        parallelism: 1,
+        backend: "rocksdb",
+        from: from.as_deref(),
+        sync: true,
+        extra: "",
+    };
+    start_query(&mut session, run, query).await;
+    assert_same_rows(&output(&out), &expected, "rocksdb -> hashmap -> rocksdb");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_hop() {
     golden_rerun(GOLDEN_QUERIES[0].1).await;

@@ -268,6 +268,28 @@ impl KeyedState {
         Ok(out)
     }
 
+    /// The distinct times of every timer of `state` (a scan of all of
+    /// them: for an operator that needs to know what a restore brought).
+    pub fn timer_times(&self, state: StateId) -> Result<std::collections::BTreeSet<Timestamp>, StateError> {
+        let mut times = std::collections::BTreeSet::new();
+        let (start, end) = (self.groups.start.to_be_bytes(), self.groups.end.to_be_bytes());
+        let mut err = None;
+        self.backend.scan(state, &start, &end, &mut |k, _| match parse_timer(k) {
+            Ok(t) => {
+                times.insert(t.time);
+                true
+            }
+            Err(e) => {
+                err = Some(e);
+                false
+            }
+        })?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(times),
+        }
+    }
+
     /// The synchronous part of a checkpoint, with the key groups it covers.
     pub fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError> {
         let names: Vec<&str> = self.decls.iter().map(|d| d.name).collect();

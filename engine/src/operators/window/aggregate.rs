@@ -11,10 +11,15 @@
 //! - `window-timers` (timers): an event-time timer per (key, window) at the
 //!   window's last millisecond (`end - 1`, Flink's `maxTimestamp`).
 //!
-//! Per batch: rows are assigned to windows, grouped by (key, window), the
-//! existing accumulator states of all touched groups are fetched with one
-//! multi-get, merged and updated with DataFusion `GroupsAccumulator`s for the
-//! whole batch at once, and written back in one write batch.
+//! Rows first pre-aggregate in memory (the same live panes as the heap
+//! store; Flink's window buffer), so RocksDB sees one read and one write
+//! per (key, window) per flush, not per row. A flush — at every snapshot,
+//! and when the buffer holds [`FLUSH_GROUPS`] groups — fetches the stored
+//! states of all buffered groups with one multi-get per window, merges
+//! them into the buffer's accumulators, and writes them back in one write
+//! batch with a timer for each new group. A window due to fire whose end
+//! was never flushed (nor restored) fires straight from the buffer; one
+//! that was is flushed first and fires from RocksDB.
 //!
 //! **Heap** (`hashmap`): live accumulators, one pane per window end
 //! ([`super::panes`]); a batch updates them in place and a window fires by
@@ -27,7 +32,7 @@
 //! Rows are late when every window containing them has fired: they are
 //! dropped and counted (`late_rows_dropped`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -77,12 +82,37 @@ const FIRE_CHUNK: usize = 8192;
 /// Bytes a live group is counted as (key aside) in the state-size metric.
 const LIVE_GROUP_BYTES: i64 = 32;
 
+/// Groups the RocksDB store buffers in memory before it flushes.
+pub const FLUSH_GROUPS: usize = 100_000;
+
 /// Where the windows live.
 pub enum WindowStore {
-    /// Bytes in a state backend (RocksDB), through the keyed-state layer.
-    Keyed(KeyedState),
+    /// Bytes in a state backend (RocksDB), through the keyed-state layer,
+    /// behind an in-memory pre-aggregation buffer of `buffered` groups.
+    Keyed {
+        state: KeyedState,
+        buffer: Panes,
+        buffered: usize,
+        /// Window ends RocksDB may hold state of (flushed, or restored):
+        /// a buffered window of any other end fires from memory alone.
+        spilled: BTreeSet<i64>,
+    },
     /// Live accumulators on the heap, owning `groups`.
     Live { panes: Panes, groups: Range<KeyGroup> },
+}
+
+impl WindowStore {
+    /// The RocksDB store, with an empty buffer.
+    pub fn keyed(state: KeyedState) -> Result<Self> {
+        // Restored windows are in RocksDB: their ends are spilled.
+        let spilled = state.timer_times(TIMERS)?.into_iter().map(|t| t + 1).collect();
+        Ok(WindowStore::Keyed {
+            state,
+            buffer: Panes::default(),
+            buffered: 0,
+            spilled,
+        })
+    }
 }
 
 /// The aggregates of the operator: their accumulators and how their state
@@ -338,10 +368,40 @@ impl WindowAggregateOperator {
             }
             return Ok(());
         }
+        // Buffered windows due now: from memory if RocksDB holds nothing
+        // of their end, else merged into RocksDB to fire with the rest.
+        let mut from_memory = vec![];
+        if let WindowStore::Keyed { state, buffer, buffered, spilled } = &mut self.store {
+            while let Some((end, pane)) = buffer.pop_fired(up_to) {
+                *buffered = buffered.saturating_sub(pane.len());
+                if spilled.contains(&end) {
+                    let grown = flush_pane(state, &self.aggs, end, pane)?;
+                    self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+                    self.live_bytes += grown;
+                } else if !pane.is_empty() {
+                    from_memory.push((end, pane));
+                }
+            }
+        }
+        for (end, mut pane) in from_memory {
+            let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
+            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+            self.live_bytes = (self.live_bytes - freed).max(0);
+            let mut agg_columns = Vec::with_capacity(pane.accs.len());
+            for acc in pane.accs.iter_mut() {
+                agg_columns.push(acc.evaluate(EmitTo::All)?);
+            }
+            let ends = vec![end; pane.len()];
+            let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
+            out.emit(batch);
+        }
+        if let WindowStore::Keyed { spilled, .. } = &mut self.store {
+            spilled.retain(|end| end.saturating_sub(1) > up_to);
+        }
         // A window fires when the watermark reaches its last millisecond
         // (end - 1), which is its timer's time.
         loop {
-            let WindowStore::Keyed(state) = &mut self.store else {
+            let WindowStore::Keyed { state, .. } = &mut self.store else {
                 return Ok(());
             };
             let timers = state.due_timers(TIMERS, up_to, FIRE_CHUNK)?;
@@ -357,7 +417,7 @@ impl WindowAggregateOperator {
     }
 
     fn fire_timers(&mut self, timers: &[Timer], out: &mut Collector) -> Result<()> {
-        let WindowStore::Keyed(state) = &mut self.store else {
+        let WindowStore::Keyed { state, .. } = &mut self.store else {
             return Ok(());
         };
         let mut ends = Vec::with_capacity(timers.len());
@@ -453,6 +513,63 @@ impl WindowAggregateOperator {
     }
 }
 
+/// Merges one buffered window into RocksDB: one multi-get of its keys'
+/// stored states, merged into the buffered accumulators, one write of the
+/// results and of a timer for each new (key, window). Returns the bytes
+/// of state added.
+fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> Result<i64> {
+    if pane.is_empty() {
+        return Ok(0);
+    }
+    let owned = state.groups();
+    if let Some(g) = pane.groups.iter().find(|g| !owned.contains(g)) {
+        return Err(ExecError::internal(format!(
+            "a row of key group {g} reached the subtask owning key groups {owned:?}"
+        )));
+    }
+    let ns = encode_time(end);
+    let entries: Vec<EntryRef> = pane
+        .keys
+        .iter()
+        .zip(&pane.groups)
+        .map(|(k, g)| EntryRef {
+            key_group: *g,
+            key: k,
+            namespace: &ns,
+        })
+        .collect();
+    let stored = state.get(ACC, &entries)?;
+    let mut present: Vec<&[u8]> = vec![];
+    let mut present_groups = vec![];
+    let mut w = KeyedWrite::default();
+    let mut grown = 0i64;
+    for (g, s) in stored.iter().enumerate() {
+        match s {
+            Some(s) => {
+                grown -= (entries[g].key.len() + 10 + s.len()) as i64;
+                present.push(s);
+                present_groups.push(g);
+            }
+            None => {
+                // A new window of this key: its timer fires at the window's
+                // last millisecond.
+                let e = entries[g];
+                w.add_timer(TIMERS, e.key_group, end - 1, e.key, e.namespace);
+            }
+        }
+    }
+    // The buffer's estimate of the pane gives way to its bytes in RocksDB.
+    grown -= pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum::<i64>();
+    let total = pane.len();
+    aggs.merge_stored(&mut pane.accs, &present, &present_groups, total)?;
+    for (e, value) in entries.iter().zip(aggs.encode_states(&mut pane.accs)?) {
+        w.put(ACC, *e, value);
+    }
+    grown += w.bytes_written;
+    state.write(w)?;
+    Ok(grown)
+}
+
 /// The output rows of fired windows: window columns, keys, aggregates.
 fn output_batch<'a>(
     op: &WindowAggregateOperator,
@@ -499,8 +616,9 @@ impl Operator for WindowAggregateOperator {
         crate::failpoint::failpoint_error("window.snapshot").map_err(ExecError::internal)?;
         // Accumulators and timers are both in the store: one snapshot
         // holds the windows and when they fire.
+        self.flush()?;
         Ok(Some(match &mut self.store {
-            WindowStore::Keyed(state) => state.snapshot(checkpoint_id)?,
+            WindowStore::Keyed { state, .. } => state.snapshot(checkpoint_id)?,
             WindowStore::Live { .. } => self.snapshot_live()?,
         }))
     }
@@ -519,47 +637,58 @@ impl Operator for WindowAggregateOperator {
         };
         let watermark = self.watermark;
         let mut late = 0u64;
-        let grown = if let WindowStore::Live { panes, groups } = &mut self.store {
-            // Live: each (row, window) finds its group in the window's pane.
-            let mut work: HashMap<i64, PaneWork> = HashMap::new();
-            let mut grown = 0i64;
-            let maxp = self.max_parallelism;
+        let (panes, groups, buffered) = match &mut self.store {
+            WindowStore::Live { panes, groups } => (panes, groups.clone(), None),
+            WindowStore::Keyed {
+                state,
+                buffer,
+                buffered,
+                ..
+            } => (buffer, state.groups(), Some(buffered)),
+        };
+        let grown = {
+            // Rows by window first, then each window's rows find their
+            // groups in its pane, and the pane's accumulators take them in
+            // one update.
+            let mut work: datafusion::common::HashMap<i64, PaneWork> = Default::default();
             for row in 0..n {
                 if times.is_null(row) {
                     late += 1;
                     continue;
                 }
-                let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row));
                 let mut assigned = false;
-                let mut foreign = None;
                 assign_windows(&self.window, times.value(row), |_, end| {
                     if is_fired(end, watermark) {
                         return;
                     }
                     assigned = true;
-                    let pane = panes.pane(end);
-                    let (g, new) = pane.group(key, || key_group(key, maxp));
-                    if new {
-                        grown += key.len() as i64 + LIVE_GROUP_BYTES;
-                        if !groups.contains(&pane.groups[g]) {
-                            foreign = Some(pane.groups[g]);
-                        }
-                    }
-                    let w = work.entry(end).or_default();
-                    w.rows.push(row as u32);
-                    w.groups.push(g);
+                    work.entry(end).or_default().rows.push(row as u32);
                 });
-                if let Some(g) = foreign {
-                    return Err(ExecError::internal(format!(
-                        "a row of key group {g} reached the subtask owning key groups {groups:?}"
-                    )));
-                }
                 if !assigned {
                     late += 1;
                 }
             }
-            for (end, w) in work {
+            let mut grown = 0i64;
+            let mut new_groups = 0usize;
+            let maxp = self.max_parallelism;
+            for (end, mut w) in work {
                 let pane: &mut Pane = panes.pane(end);
+                w.groups.reserve(w.rows.len());
+                for &row in &w.rows {
+                    let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row as usize));
+                    let (g, new) = pane.group(key, || key_group(key, maxp));
+                    if new {
+                        new_groups += 1;
+                        grown += key.len() as i64 + LIVE_GROUP_BYTES;
+                        if !groups.contains(&pane.groups[g]) {
+                            return Err(ExecError::internal(format!(
+                                "a row of key group {} reached the subtask owning key groups {groups:?}",
+                                pane.groups[g]
+                            )));
+                        }
+                    }
+                    w.groups.push(g);
+                }
                 if pane.accs.is_empty() {
                     pane.accs = self.aggs.accumulators()?;
                 }
@@ -570,15 +699,41 @@ impl Operator for WindowAggregateOperator {
                     acc.update_batch(&values, &w.groups, None, total)?;
                 }
             }
-            grown
-        } else {
-            self.process_keyed(&batch, &times, key_rows.as_ref(), &mut late)?
+            (grown, new_groups)
         };
+        let (grown, new_groups) = grown;
+        // Buffered groups count as state until they reach RocksDB (where
+        // a flush counts their bytes instead).
+        if let Some(b) = buffered {
+            *b += new_groups;
+            if *b >= FLUSH_GROUPS {
+                self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+                self.live_bytes += grown;
+                self.flush()?;
+                return self.after_batch(&times);
+            }
+        }
         if late > 0 {
             self.metrics.late_rows_dropped.fetch_add(late, Ordering::Relaxed);
         }
         self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         self.live_bytes += grown;
+        self.after_batch(&times)
+    }
+
+    fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
+        if watermark <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = watermark;
+        self.fire(watermark, out)
+    }
+}
+
+impl WindowAggregateOperator {
+    /// Event-time bookkeeping after a batch: the newest event time, and the
+    /// state held per second of event time (the alignment sizing aid).
+    fn after_batch(&mut self, times: &TimestampMillisecondArray) -> Result<()> {
         if let Some(max) = times.iter().flatten().max() {
             self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
             self.max_ts = self.max_ts.max(max);
@@ -592,119 +747,34 @@ impl Operator for WindowAggregateOperator {
         }
         Ok(())
     }
-
-    fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
-        if watermark <= self.watermark {
-            return Ok(());
-        }
-        self.watermark = watermark;
-        self.fire(watermark, out)
-    }
 }
 
 impl WindowAggregateOperator {
-    /// A batch into the RocksDB store: one multi-get of every touched
-    /// (key, window), one merge and update for all of them, one write.
-    /// Returns the bytes of state added.
-    fn process_keyed(
-        &mut self,
-        batch: &RecordBatch,
-        times: &TimestampMillisecondArray,
-        key_rows: Option<&crate::state::codec::Rows>,
-        late: &mut u64,
-    ) -> Result<i64> {
-        let n = batch.num_rows();
-        // (key, window end) → group index; rows expanded per window.
-        let mut group_of: HashMap<(&[u8], i64), usize> = HashMap::new();
-        let mut group_keys: Vec<(&[u8], i64)> = vec![];
-        let mut row_idx: Vec<u32> = Vec::with_capacity(n);
-        let mut group_idx: Vec<usize> = Vec::with_capacity(n);
-        let watermark = self.watermark;
-        for row in 0..n {
-            if times.is_null(row) {
-                *late += 1;
-                continue;
-            }
-            let key: &[u8] = key_rows.map_or(&[], |r| r.row(row));
-            let mut assigned = false;
-            assign_windows(&self.window, times.value(row), |_, end| {
-                if is_fired(end, watermark) {
-                    return;
-                }
-                assigned = true;
-                let g = *group_of.entry((key, end)).or_insert_with(|| {
-                    group_keys.push((key, end));
-                    group_keys.len() - 1
-                });
-                row_idx.push(row as u32);
-                group_idx.push(g);
-            });
-            if !assigned {
-                *late += 1;
-            }
-        }
-        if group_keys.is_empty() {
-            return Ok(0);
-        }
-        let WindowStore::Keyed(state) = &mut self.store else {
-            return Err(ExecError::internal("not the keyed window store"));
+    /// Moves the RocksDB store's buffer into RocksDB: per window, one
+    /// multi-get of the stored states of its buffered keys, merged into the
+    /// buffered accumulators, then one write of every new state and a
+    /// timer for each new (key, window). A no-op for the heap store.
+    fn flush(&mut self) -> Result<()> {
+        let WindowStore::Keyed {
+            state,
+            buffer,
+            buffered,
+            spilled,
+        } = &mut self.store
+        else {
+            return Ok(());
         };
-        let namespaces: Vec<[u8; 8]> = group_keys.iter().map(|(_, end)| encode_time(*end)).collect();
-        let entries: Vec<EntryRef> = group_keys
-            .iter()
-            .zip(&namespaces)
-            .map(|((k, _), ns)| EntryRef {
-                key_group: key_group(k, self.max_parallelism),
-                key: k,
-                namespace: ns,
-            })
-            .collect();
-        let groups = state.groups();
-        if let Some(e) = entries.iter().find(|e| !groups.contains(&e.key_group)) {
-            return Err(ExecError::internal(format!(
-                "a row of key group {} reached the subtask owning key groups {groups:?}",
-                e.key_group
-            )));
+        if *buffered == 0 {
+            return Ok(());
         }
-        let stored = state.get(ACC, &entries)?;
-
-        let total = group_keys.len();
-        let mut accs = self.aggs.accumulators()?;
-        let mut present: Vec<&[u8]> = vec![];
-        let mut present_groups = vec![];
-        let mut w = KeyedWrite::default();
-        // Live state bytes, for the alignment sizing aid.
+        *buffered = 0;
         let mut grown: i64 = 0;
-        for (g, s) in stored.iter().enumerate() {
-            match s {
-                Some(s) => {
-                    grown -= (entries[g].key.len() + 10 + s.len()) as i64;
-                    present.push(s);
-                    present_groups.push(g);
-                }
-                None => {
-                    // A new window of this key: its timer fires at the
-                    // window's last millisecond.
-                    let e = entries[g];
-                    w.add_timer(TIMERS, e.key_group, group_keys[g].1 - 1, e.key, e.namespace);
-                }
-            }
+        for (end, pane) in buffer.take_all() {
+            spilled.insert(end);
+            grown += flush_pane(state, &self.aggs, end, pane)?;
         }
-        self.aggs.merge_stored(&mut accs, &present, &present_groups, total)?;
-        let identity = row_idx.len() == n;
-        let indices = (!identity).then(|| UInt32Array::from(row_idx));
-        let inputs = self.aggs.inputs(batch, indices.as_ref())?;
-        for (acc, values) in accs.iter_mut().zip(inputs) {
-            acc.update_batch(&values, &group_idx, None, total)?;
-        }
-        for (e, value) in entries.iter().zip(self.aggs.encode_states(&mut accs)?) {
-            w.put(ACC, *e, value);
-        }
-        grown += w.bytes_written;
-        let WindowStore::Keyed(state) = &mut self.store else {
-            return Err(ExecError::internal("not the keyed window store"));
-        };
-        state.write(w)?;
-        Ok(grown)
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        self.live_bytes += grown;
+        Ok(())
     }
 }

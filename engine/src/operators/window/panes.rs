@@ -1,5 +1,8 @@
-//! Live window state of the heap backend: per window end, a pane of
-//! DataFusion `GroupsAccumulator`s over the keys that have rows in it.
+//! Live window state: per window end, a pane of DataFusion
+//! `GroupsAccumulator`s over the keys that have rows in it. The heap
+//! backend's whole window state, and the RocksDB store's in-memory
+//! pre-aggregation buffer (flushed into RocksDB before windows fire and at
+//! every snapshot).
 //!
 //! Rows update the accumulators in place, a batch at a time (no bytes, no
 //! per-access serialisation); a window fires by evaluating its pane whole.
@@ -8,8 +11,11 @@
 //! key group, see [`crate::state::keyed`]), so a heap snapshot restores
 //! into RocksDB and back, at any parallelism.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
+// hashbrown with a fast hasher (DataFusion's default map): keys are looked
+// up once per row and window.
+use datafusion::common::HashMap;
 use datafusion::logical_expr::GroupsAccumulator;
 
 use crate::keygroup::KeyGroup;
@@ -72,5 +78,10 @@ impl Panes {
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&i64, &mut Pane)> {
         self.panes.iter_mut()
+    }
+
+    /// Every pane, emptying the set.
+    pub fn take_all(&mut self) -> BTreeMap<i64, Pane> {
+        std::mem::take(&mut self.panes)
     }
 }
