@@ -205,6 +205,11 @@ async fn undisturbed_query(dir: &Path, input: &Path, backend: &str, insert: &str
 /// restored at parallelism 2, then 3, then 1, on both state backends: the
 /// committed output is the same, row for row.
 async fn golden_rerun(query: &str) {
+    golden_rerun_with(query, "").await;
+}
+
+/// [`golden_rerun`] with `extra` SET statements in the disturbed runs.
+async fn golden_rerun_with(query: &str, extra: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = write_input(dir.path());
     for backend in ["rocksdb", "hashmap"] {
@@ -219,7 +224,7 @@ async fn golden_rerun(query: &str) {
                 backend,
                 from: from.as_deref(),
                 sync: false,
-                extra: "",
+                extra,
             };
             start_query(&mut session, run, query).await;
             wait_for_checkpoints(&mut session, 1).await;
@@ -238,7 +243,7 @@ async fn golden_rerun(query: &str) {
             backend,
             from: from.as_deref(),
             sync: true,
-            extra: "",
+            extra,
         };
         start_query(&mut session, run, query).await;
         let got = output(&out);
@@ -298,6 +303,13 @@ async fn savepoints_move_between_state_backends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_hop() {
     golden_rerun(GOLDEN_QUERIES[0].1).await;
+}
+
+/// RocksDB's in-memory buffer overflowing all the time: windows are
+/// flushed mid-life, merged with more rows, and fire from RocksDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_hop_with_a_tiny_window_buffer() {
+    golden_rerun_with(GOLDEN_QUERIES[0].1, "SET 'table.exec.window-agg.buffer-size-limit' = '7';").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -38,6 +38,7 @@ pub const CLAIM_MODE: &str = "execution.state-recovery.claim-mode";
 pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
 pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
+pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
 pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
@@ -203,6 +204,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("DELETE_ON_CANCELLATION"),
     OptionSpec::new(
+        WINDOW_BUFFER_LIMIT,
+        OptionKind::Int { min: 1, max: i32::MAX as i64 },
+        "with RocksDB state: (key, window) groups a window aggregate pre-aggregates in memory before it writes them to RocksDB",
+    )
+    .with_default("100000"),
+    OptionSpec::new(
         RESTART_STRATEGY,
         OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
         "what a failed job does (default: fixed-delay with checkpointing, none without)",
@@ -262,6 +269,8 @@ pub struct JobConfig {
     pub savepoint_dir: PathBuf,
     /// `RETAIN_ON_CANCELLATION`: checkpoints outlive a stop or cancel.
     pub retain_checkpoints: bool,
+    /// `table.exec.window-agg.buffer-size-limit`.
+    pub window_buffer_limit: usize,
     /// Where the job's SQL may make Weir read and write files (checked for
     /// every path option of the job and of its tables).
     pub paths: crate::paths::PathPolicy,
@@ -375,6 +384,7 @@ impl JobConfig {
                 None => data_dir.join("savepoints").join(sanitize(&name)),
             },
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
+            window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(100_000) as usize,
             paths: crate::paths::PathPolicy::unrestricted(),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,

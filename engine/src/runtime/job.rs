@@ -1055,7 +1055,10 @@ fn create_operator(
             // accumulators, filled from the same canonical state.
             let store = match config.state_backend {
                 StateBackendKind::RocksDb => {
-                    WindowStore::keyed(open_keyed(config.state_backend, &dir, STATES, groups.clone(), sources)?)?
+                    WindowStore::keyed(
+                    open_keyed(config.state_backend, &dir, STATES, groups.clone(), sources)?,
+                    config.window_buffer_limit,
+                )?
                 }
                 StateBackendKind::Heap => WindowStore::Live {
                     panes: Default::default(),

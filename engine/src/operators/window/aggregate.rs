@@ -14,7 +14,8 @@
 //! Rows first pre-aggregate in memory (the same live panes as the heap
 //! store; Flink's window buffer), so RocksDB sees one read and one write
 //! per (key, window) per flush, not per row. A flush — at every snapshot,
-//! and when the buffer holds [`FLUSH_GROUPS`] groups — fetches the stored
+//! and when the buffer holds `table.exec.window-agg.buffer-size-limit`
+//! groups (100 000) — fetches the stored
 //! states of all buffered groups with one multi-get per window, merges
 //! them into the buffer's accumulators, and writes them back in one write
 //! batch with a timer for each new group. A window due to fire whose end
@@ -82,9 +83,6 @@ const FIRE_CHUNK: usize = 8192;
 /// Bytes a live group is counted as (key aside) in the state-size metric.
 const LIVE_GROUP_BYTES: i64 = 32;
 
-/// Groups the RocksDB store buffers in memory before it flushes.
-pub const FLUSH_GROUPS: usize = 100_000;
-
 /// Where the windows live.
 pub enum WindowStore {
     /// Bytes in a state backend (RocksDB), through the keyed-state layer,
@@ -93,6 +91,9 @@ pub enum WindowStore {
         state: KeyedState,
         buffer: Panes,
         buffered: usize,
+        /// Groups buffered before a flush
+        /// (`table.exec.window-agg.buffer-size-limit`).
+        limit: usize,
         /// Window ends RocksDB may hold state of (flushed, or restored):
         /// a buffered window of any other end fires from memory alone.
         spilled: BTreeSet<i64>,
@@ -103,13 +104,14 @@ pub enum WindowStore {
 
 impl WindowStore {
     /// The RocksDB store, with an empty buffer.
-    pub fn keyed(state: KeyedState) -> Result<Self> {
+    pub fn keyed(state: KeyedState, limit: usize) -> Result<Self> {
         // Restored windows are in RocksDB: their ends are spilled.
         let spilled = state.timer_times(TIMERS)?.into_iter().map(|t| t + 1).collect();
         Ok(WindowStore::Keyed {
             state,
             buffer: Panes::default(),
             buffered: 0,
+            limit: limit.max(1),
             spilled,
         })
     }
@@ -371,7 +373,14 @@ impl WindowAggregateOperator {
         // Buffered windows due now: from memory if RocksDB holds nothing
         // of their end, else merged into RocksDB to fire with the rest.
         let mut from_memory = vec![];
-        if let WindowStore::Keyed { state, buffer, buffered, spilled } = &mut self.store {
+        if let WindowStore::Keyed {
+            state,
+            buffer,
+            buffered,
+            spilled,
+            ..
+        } = &mut self.store
+        {
             while let Some((end, pane)) = buffer.pop_fired(up_to) {
                 *buffered = buffered.saturating_sub(pane.len());
                 if spilled.contains(&end) {
@@ -643,8 +652,9 @@ impl Operator for WindowAggregateOperator {
                 state,
                 buffer,
                 buffered,
+                limit,
                 ..
-            } => (buffer, state.groups(), Some(buffered)),
+            } => (buffer, state.groups(), Some((buffered, *limit))),
         };
         let grown = {
             // Rows by window first, then each window's rows find their
@@ -704,9 +714,9 @@ impl Operator for WindowAggregateOperator {
         let (grown, new_groups) = grown;
         // Buffered groups count as state until they reach RocksDB (where
         // a flush counts their bytes instead).
-        if let Some(b) = buffered {
+        if let Some((b, limit)) = buffered {
             *b += new_groups;
-            if *b >= FLUSH_GROUPS {
+            if *b >= limit {
                 self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
                 self.live_bytes += grown;
                 self.flush()?;
@@ -760,6 +770,7 @@ impl WindowAggregateOperator {
             buffer,
             buffered,
             spilled,
+            ..
         } = &mut self.store
         else {
             return Ok(());
