@@ -288,3 +288,184 @@ pub async fn run_alignment(args: &AlignmentArgs) -> i32 {
     }
     0
 }
+
+#[derive(Args, Debug, Clone)]
+pub struct SavepointArgs {
+    /// RocksDB state to build before the savepoint, in MiB (on disk).
+    #[arg(long, default_value_t = 1024)]
+    pub state_mib: u64,
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: usize,
+    /// Where the job's data dir goes (a temporary directory below it).
+    #[arg(long, default_value = "/tmp")]
+    pub dir: std::path::PathBuf,
+}
+
+/// Bytes of the files below `dir`, local checkpoint copies (`*.chk-N`,
+/// hard links of the live files) left out.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().contains(".chk-"))
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+/// The table text of one statement's rows.
+async fn rows_text(session: &mut Session, sql: &str) -> Result<String, String> {
+    match session.execute_sql(sql).await.map_err(|e| e.to_string())?.into_iter().next() {
+        Some(crate::session::StatementResult::Rows(_, b)) => Ok(crate::display::table(&b)),
+        _ => Err(format!("no rows from {sql}")),
+    }
+}
+
+/// The value of column `col` (0-based, after the leading `|`) of the
+/// first line of `text` containing `needle` (one job runs at a time here).
+fn cell(text: &str, needle: &str, col: usize) -> Option<String> {
+    let line = text.lines().find(|l| l.contains(needle))?;
+    line.split('|').map(str::trim).nth(col + 1).map(str::to_string)
+}
+
+/// Starts the state-building job (or a restore of it) and returns when it runs.
+async fn start_state_job(
+    session: &mut Session,
+    parallelism: usize,
+    from: Option<&std::path::Path>,
+    extra: &str,
+) -> Result<f64, String> {
+    let from = from
+        .map(|p| format!("SET 'execution.state-recovery.path' = '{}';", p.display()))
+        .unwrap_or_default();
+    let sql = format!(
+        "SET 'pipeline.name' = 'big'; SET 'parallelism.default' = '{parallelism}';
+         SET 'execution.checkpointing.interval' = '20 s'; {extra} {from}
+         INSERT INTO sink SELECT k, COUNT(*), MAX(s)
+         FROM TABLE(TUMBLE(TABLE src, DESCRIPTOR(ts), INTERVAL '1' HOUR))
+         GROUP BY k, window_start, window_end;"
+    );
+    let started = Instant::now();
+    session.execute_sql(&sql).await.map_err(|e| e.to_string())?;
+    if from.is_empty() {
+        return Ok(0.0);
+    }
+    // Restored once every operator has opened its state.
+    let deadline = Instant::now() + std::time::Duration::from_secs(900);
+    loop {
+        let jobs = rows_text(session, "DESCRIBE JOB 'big';").await?;
+        if cell(&jobs, "restore_open_ms", 1).is_some() {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the job did not start reading within 15 min:\n{jobs}"));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `weir bench savepoint`: for the same ≥ 1 GiB of RocksDB state, the
+/// savepoint's time and size beside a native incremental checkpoint's, and
+/// restore times from the savepoint at the same, half and double
+/// parallelism and from the native checkpoint at the same parallelism.
+pub async fn run_savepoint(args: &SavepointArgs) -> i32 {
+    match savepoint_figures(args).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
+    let tmp = tempfile::tempdir_in(&args.dir).map_err(|e| e.to_string())?;
+    let data = tmp.path().join("data");
+    let mut session = Session::open(&data).map_err(|e| e.to_string())?;
+    session
+        .execute_sql(
+            "CREATE TABLE src (k BIGINT, s STRING,
+               ts AS CAST(TIMESTAMP '2024-01-01 00:00:00' AS TIMESTAMP(3)), WATERMARK FOR ts AS ts)
+             WITH ('connector' = 'datagen', 'fields.k.kind' = 'sequence', 'fields.k.start' = '1',
+                   'fields.k.end' = '1000000000', 'fields.s.length' = '48', 'rows-per-second' = '100000000');
+             CREATE TABLE sink (k BIGINT, n BIGINT, s STRING) WITH ('connector' = 'blackhole');",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let p = args.parallelism;
+    let retain = "SET 'execution.checkpointing.externalized-checkpoint-retention' = 'RETAIN_ON_CANCELLATION';";
+    start_state_job(&mut session, p, None, retain).await?;
+    let state_dir = data.join("jobs").join("big").join("state");
+    let target = args.state_mib << 20;
+    let started = Instant::now();
+    while dir_bytes(&state_dir) < target {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        if started.elapsed().as_secs() > 1800 {
+            return Err("state did not reach the target in 30 min".into());
+        }
+    }
+    let built = started.elapsed().as_secs_f64();
+    // A periodic checkpoint of this state: wait for one to complete.
+    let before = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?.matches("COMPLETED").count();
+    loop {
+        let text = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?;
+        if text.matches("COMPLETED").count() > before {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let text = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?;
+    let last = text.lines().filter(|l| l.contains("COMPLETED")).last().unwrap_or_default().to_string();
+    let cells: Vec<&str> = last.split('|').map(str::trim).collect();
+    let (chk_ms, chk_full, chk_incr) = (cells[5].to_string(), cells[9].to_string(), cells[10].to_string());
+    let t = Instant::now();
+    let sp_text = rows_text(&mut session, "STOP JOB 'big' WITH SAVEPOINT;").await?;
+    let sp_secs = t.elapsed().as_secs_f64();
+    let sp = sp_text
+        .lines()
+        .map(|l| l.trim_matches(|c: char| c == '|' || c.is_whitespace()))
+        .find(|l| l.contains("savepoint-"))
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| format!("no savepoint path in\n{sp_text}"))?;
+    let sp_bytes = dir_bytes(&sp);
+    println!(
+        "state built in {built:.0} s ({} MiB of RocksDB files across {p} subtasks)\n",
+        dir_bytes(&state_dir) >> 20
+    );
+    println!("| snapshot | time | size |\n|---|---:|---:|");
+    println!("| incremental checkpoint (periodic) | {chk_ms} ms | {chk_full} bytes referenced, {chk_incr} uploaded |");
+    println!(
+        "| savepoint (STOP JOB ... WITH SAVEPOINT, canonical) | {:.0} ms | {sp_bytes} bytes |",
+        sp_secs * 1000.0
+    );
+    // The retained native checkpoint: the newest that is not the final one.
+    let root = data.join("checkpoints").join("big");
+    let mut native = None;
+    for retained in std::fs::read_dir(&root).map_err(|e| e.to_string())?.flatten() {
+        for chk in std::fs::read_dir(retained.path()).into_iter().flatten().flatten() {
+            let meta = std::fs::read_to_string(chk.path().join("_metadata")).unwrap_or_default();
+            if meta.contains("\"is_final\": false") {
+                let id: u64 = chk.file_name().to_string_lossy().trim_start_matches("chk-").parse().unwrap_or(0);
+                if native.as_ref().is_none_or(|(n, _)| id > *n) {
+                    native = Some((id, chk.path()));
+                }
+            }
+        }
+    }
+    println!("\n| restore | parallelism | seconds until every operator opened its state |\n|---|---:|---:|");
+    let mut restores: Vec<(String, usize, std::path::PathBuf)> = vec![];
+    if let Some((_, chk)) = native {
+        restores.push(("native RocksDB checkpoint".into(), p, chk));
+    }
+    for q in [p, (p / 2).max(1), p * 2] {
+        restores.push(("savepoint".into(), q, sp.clone()));
+    }
+    for (what, q, from) in restores {
+        let secs = start_state_job(&mut session, q, Some(&from), "").await?;
+        println!("| {what} | {q} | {secs:.2} |");
+        session.execute_sql("CANCEL JOB 'big';").await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

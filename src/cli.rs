@@ -140,6 +140,9 @@ pub enum BenchCommand {
     Nexmark(crate::bench::NexmarkArgs),
     /// The seed's skewed backfill, with and without watermark alignment.
     Alignment(crate::bench::AlignmentArgs),
+    /// Savepoint and restore times for ≥ 1 GiB of RocksDB state, at the
+    /// same, half and double parallelism.
+    Savepoint(crate::bench::SavepointArgs),
 }
 
 /// A session on `data_dir`; with `restrict`, SQL may name files only in
@@ -186,6 +189,9 @@ pub fn main_with(args: Args) -> i32 {
         Some(Command::Bench {
             which: BenchCommand::Nexmark(b),
         }) => return rt.block_on(crate::bench::run_nexmark(b)),
+        Some(Command::Bench {
+            which: BenchCommand::Savepoint(b),
+        }) => return rt.block_on(crate::bench::run_savepoint(b)),
         Some(Command::Bench {
             which: BenchCommand::Alignment(b),
         }) => {

@@ -229,6 +229,10 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     }
     if let Some((id, path)) = m.checkpoints.restored_from.lock().ok().and_then(|r| r.clone()) {
         rows.push(("restored_from".into(), format!("checkpoint {id} ({path})")));
+        let ms = m.checkpoints.restore_open_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if ms > 0 {
+            rows.push(("restore_open_ms".into(), ms.to_string()));
+        }
     }
     for sp in m.checkpoints.savepoints.lock().map(|l| l.clone()).unwrap_or_default() {
         let how = match (sp.stopped, sp.drained) {

@@ -348,6 +348,7 @@ fn sample_metadata() -> CheckpointMetadata {
         OperatorState::Rocksdb {
             files: [("000012.sst".to_string(), file("shared/3-0-c1-000012.sst"))].into(),
             key_groups: 0..64,
+            identity: "i".into(),
         },
     );
     operators.insert(

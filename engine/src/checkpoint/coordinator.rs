@@ -104,6 +104,9 @@ pub struct CheckpointLog {
     pub trigger_now: tokio::sync::Notify,
     /// Savepoints this job took, oldest first.
     pub savepoints: Mutex<Vec<super::savepoint::SavepointListing>>,
+    /// Milliseconds the last restore took to open every operator's state
+    /// (laying files out excluded); set once the restored attempt runs.
+    pub restore_open_ms: std::sync::atomic::AtomicU64,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -803,9 +806,20 @@ fn write_checkpoint(
         }
         for (key, op) in snapshot.operators {
             let state = match op {
-                OperatorSnapshot::RocksDb { dir, key_groups } => {
+                OperatorSnapshot::RocksDb {
+                    dir,
+                    key_groups,
+                    identity,
+                } => {
+                    // Files are shared by name with the base only if it
+                    // comes from the same RocksDB instance (a restore into
+                    // a fresh instance numbers its files anew).
                     let base_files = match base.and_then(|b| b.operators.get(&key)) {
-                        Some(OperatorState::Rocksdb { files, .. }) if incremental => Some(files),
+                        Some(OperatorState::Rocksdb {
+                            files,
+                            identity: base_identity,
+                            ..
+                        }) if incremental && *base_identity == identity && !identity.is_empty() => Some(files),
                         _ => None,
                     };
                     let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded, shared);
@@ -813,6 +827,7 @@ fn write_checkpoint(
                     OperatorState::Rocksdb {
                         files: files?,
                         key_groups,
+                        identity,
                     }
                 }
                 OperatorSnapshot::Entries { bytes, key_groups } => {

@@ -43,6 +43,10 @@ pub enum OperatorState {
     Rocksdb {
         files: BTreeMap<String, FileRef>,
         key_groups: Range<u16>,
+        /// The RocksDB instance's identity: a later checkpoint references
+        /// these files by name only from the same instance.
+        #[serde(default)]
+        identity: String,
     },
     /// Keyed state of `key_groups` in canonical form (Arrow IPC entries):
     /// heap checkpoints and savepoints.
@@ -213,7 +217,14 @@ mod tests {
             },
         );
         let mut operators = BTreeMap::new();
-        operators.insert("window-1/0".into(), OperatorState::Rocksdb { files, key_groups: 0..128 });
+        operators.insert(
+            "window-1/0".into(),
+            OperatorState::Rocksdb {
+                files,
+                key_groups: 0..128,
+                identity: "i".into(),
+            },
+        );
         operators.insert(
             "sink-2/0".into(),
             OperatorState::Sink {

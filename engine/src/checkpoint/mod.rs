@@ -93,7 +93,13 @@ pub struct CheckpointConfig {
 pub enum OperatorSnapshot {
     /// A RocksDB native checkpoint (hard links) in a local directory of
     /// keyed state; the coordinator uploads from it and then deletes it.
-    RocksDb { dir: PathBuf, key_groups: Range<KeyGroup> },
+    RocksDb {
+        dir: PathBuf,
+        key_groups: Range<KeyGroup>,
+        /// RocksDB's identity of the instance: SST files of the same name
+        /// are the same file only within one instance.
+        identity: String,
+    },
     /// Keyed state in canonical form (Arrow IPC entries, see
     /// [`crate::state::transfer`]): the heap backend's snapshot.
     Entries { bytes: Vec<u8>, key_groups: Range<KeyGroup> },

@@ -44,9 +44,12 @@ impl RestoredJob {
     }
 }
 
-/// Where operator subtask state lives locally (RocksDB directory).
-pub fn local_state_dir(job_dir: &Path, uid: &str, subtask: usize) -> PathBuf {
-    job_dir.join("state").join(format!("{uid}-{subtask}"))
+/// Where operator subtask state lives locally (RocksDB directory), per
+/// attempt: an attempt that was aborted may still hold its instance open
+/// for a moment (RocksDB locks by path within a process), and the next one
+/// must not wait for it.
+pub fn local_state_dir(job_dir: &Path, uid: &str, subtask: usize, attempt: &str) -> PathBuf {
+    job_dir.join("state").join(format!("{uid}-{subtask}-{attempt}"))
 }
 
 /// Checks a snapshot's metadata against the job about to restore it.
@@ -89,7 +92,7 @@ pub fn restore_dir(
     for (key, state) in &metadata.operators {
         let (uid, subtask) = super::parse_operator_key(key)?;
         match state {
-            OperatorState::Rocksdb { files, key_groups } => {
+            OperatorState::Rocksdb { files, key_groups, .. } => {
                 let local = state_root.join("restored").join(format!("{uid}-{subtask}"));
                 std::fs::create_dir_all(&local).map_err(|source| CheckpointError::LocalState {
                     path: local.clone(),

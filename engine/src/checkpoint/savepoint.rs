@@ -105,7 +105,9 @@ fn write_inner(
             for (key, op) in snapshot.operators {
                 let name = key.replace('/', "-");
                 let state = match op {
-                    OperatorSnapshot::RocksDb { dir: local, key_groups } => {
+                    OperatorSnapshot::RocksDb {
+                        dir: local, key_groups, ..
+                    } => {
                         let mut out = EntriesWriter::new()?;
                         for_each_in_rocksdb(&local, key_groups.clone(), &mut |state, g, k, v| {
                             out.push(state, g, k, v)

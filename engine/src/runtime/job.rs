@@ -794,6 +794,7 @@ async fn run_attempt(
         }
     }
 
+    let opening = Instant::now();
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
@@ -940,6 +941,19 @@ async fn run_attempt(
 
     // Every operator has taken its share of the restored state.
     let _ = std::fs::remove_dir_all(config.job_dir.join("state").join("restored"));
+    if let Some(r) = &restored {
+        let ms = opening.elapsed().as_millis() as u64;
+        metrics
+            .checkpoints
+            .restore_open_ms
+            .store(ms.max(1), std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(
+            target: "weir::checkpoint",
+            "job '{}': state of {} opened in {ms} ms",
+            config.name,
+            r.path.display()
+        );
+    }
     for c in coordinators.into_values() {
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
@@ -1048,7 +1062,7 @@ fn create_operator(
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::WindowAggregate(w) => {
-            let dir = local_state_dir(&config.job_dir, &node.uid, subtask);
+            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
             let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
             // RocksDB: bytes through the keyed-state layer; heap: live

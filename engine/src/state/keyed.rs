@@ -268,26 +268,24 @@ impl KeyedState {
         Ok(out)
     }
 
-    /// The distinct times of every timer of `state` (a scan of all of
-    /// them: for an operator that needs to know what a restore brought).
-    pub fn timer_times(&self, state: StateId) -> Result<std::collections::BTreeSet<Timestamp>, StateError> {
-        let mut times = std::collections::BTreeSet::new();
-        let (start, end) = (self.groups.start.to_be_bytes(), self.groups.end.to_be_bytes());
-        let mut err = None;
-        self.backend.scan(state, &start, &end, &mut |k, _| match parse_timer(k) {
-            Ok(t) => {
-                times.insert(t.time);
-                true
+    /// The latest time of any timer of `state`: one reverse seek per key
+    /// group (for an operator that needs to know what a restore brought).
+    pub fn max_timer_time(&self, state: StateId) -> Result<Option<Timestamp>, StateError> {
+        let mut max = None;
+        for group in self.groups.clone() {
+            let start = group.to_be_bytes();
+            let end = u32::from(group) + 1;
+            let end = if end > u32::from(KeyGroup::MAX) {
+                vec![0xff; 3]
+            } else {
+                (end as u16).to_be_bytes().to_vec()
+            };
+            if let Some(k) = self.backend.last_in(state, &start, &end)? {
+                let t = parse_timer(&k)?.time;
+                max = Some(max.map_or(t, |m: Timestamp| m.max(t)));
             }
-            Err(e) => {
-                err = Some(e);
-                false
-            }
-        })?;
-        match err {
-            Some(e) => Err(e),
-            None => Ok(times),
         }
+        Ok(max)
     }
 
     /// The synchronous part of a checkpoint, with the key groups it covers.

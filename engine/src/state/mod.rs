@@ -66,6 +66,31 @@ pub trait StateBackend: Send {
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), StateError>;
 
+    /// Loads entries of one state during a restore (RocksDB: written to an
+    /// SST file and ingested, bypassing the memtable and the WAL). Later
+    /// entries of the same key win.
+    fn ingest(&mut self, state: StateId, mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StateError> {
+        let mut batch = WriteBatch::default();
+        for (k, v) in entries.drain(..) {
+            batch.put(state, k, v);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.write(batch)
+    }
+
+    /// The greatest key in `[start, end)`, if any (RocksDB: one reverse
+    /// seek).
+    fn last_in(&self, state: StateId, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        let mut last = None;
+        self.scan(state, start, end, &mut |k, _| {
+            last = Some(k.to_vec());
+            true
+        })?;
+        Ok(last)
+    }
+
     /// The synchronous part of a checkpoint: a consistent copy of every
     /// state as of now, cheap to take (RocksDB: flush + hard links; heap:
     /// the canonical entries of `key_groups`).
@@ -237,7 +262,7 @@ mod import_tests {
             w.add_timer(1, g, 10, b"k", b"ns");
         }
         a.write(w).expect("write");
-        let OperatorSnapshot::RocksDb { dir: chk, key_groups } = a.snapshot(1).expect("snapshot") else { panic!() };
+        let OperatorSnapshot::RocksDb { dir: chk, key_groups, .. } = a.snapshot(1).expect("snapshot") else { panic!() };
         let source = StateSource::RocksDb { dir: chk, key_groups };
         let mut b = open_keyed(StateBackendKind::RocksDb, &dir.path().join("b"), DECLS, 0..4, &[source]).expect("import");
         let due = b.due_timers(1, 100, 100).expect("due");

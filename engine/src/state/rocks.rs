@@ -17,6 +17,9 @@ pub struct RocksDbBackend {
     path: PathBuf,
     names: Vec<String>,
     write_options: WriteOptions,
+    options: Options,
+    /// SST files written for ingestion so far (their names).
+    ingested: u64,
 }
 
 impl RocksDbBackend {
@@ -57,6 +60,8 @@ impl RocksDbBackend {
             path: path.to_path_buf(),
             names: states.iter().map(|s| s.to_string()).collect(),
             write_options,
+            options: opts,
+            ingested: 0,
         })
     }
 
@@ -125,7 +130,80 @@ impl StateBackend for RocksDbBackend {
         let op = || format!("taking the local snapshot for checkpoint {checkpoint_id}");
         let chk = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(op(), e))?;
         chk.create_checkpoint(&dir).map_err(|e| self.err(op(), e))?;
-        Ok(OperatorSnapshot::RocksDb { dir, key_groups })
+        let identity = self
+            .db
+            .get_db_identity()
+            .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+            .map_err(|e| self.err("reading the instance identity", e))?;
+        Ok(OperatorSnapshot::RocksDb {
+            dir,
+            key_groups,
+            identity,
+        })
+    }
+
+    fn ingest(&mut self, state: StateId, mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StateError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // An SST holds strictly increasing keys: sorted, the last of equal
+        // keys kept.
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|later, earlier| {
+            if later.0 == earlier.0 {
+                std::mem::swap(&mut later.1, &mut earlier.1);
+                true
+            } else {
+                false
+            }
+        });
+        let mut dir = self.path.clone().into_os_string();
+        dir.push(".ingest");
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).map_err(|source| StateError::Io {
+            op: "preparing state ingestion",
+            path: dir.clone(),
+            source,
+        })?;
+        self.ingested += 1;
+        let file = dir.join(format!("{}.sst", self.ingested));
+        let op = || format!("writing {} for ingestion", file.display());
+        let writer = rocksdb::SstFileWriter::create(&self.options);
+        writer.open(&file).map_err(|e| self.err(op(), e))?;
+        let mut writer = writer;
+        for (k, v) in &entries {
+            writer.put(k, v).map_err(|e| self.err(op(), e))?;
+        }
+        writer.finish().map_err(|e| self.err(op(), e))?;
+        drop(writer);
+        let cf = self.cf(state)?;
+        let mut io = rocksdb::IngestExternalFileOptions::default();
+        io.set_move_files(true);
+        self.db
+            .ingest_external_file_cf_opts(cf, &io, vec![&file])
+            .map_err(|e| self.err("ingesting restored state", e))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    fn last_in(&self, state: StateId, start: &[u8], end: &[u8]) -> Result<Option<Vec<u8>>, StateError> {
+        let cf = self.cf(state)?;
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_iterate_lower_bound(start.to_vec());
+        let mut iter = self
+            .db
+            .iterator_cf_opt(cf, ro, IteratorMode::From(end, Direction::Reverse));
+        match iter.next() {
+            // `From(end, Reverse)` may land on `end` itself.
+            Some(Ok((k, _))) if k.as_ref() == end => match iter.next() {
+                Some(Ok((k, _))) => Ok(Some(k.to_vec())),
+                Some(Err(e)) => Err(self.err("scanning state", e)),
+                None => Ok(None),
+            },
+            Some(Ok((k, _))) => Ok(Some(k.to_vec())),
+            Some(Err(e)) => Err(self.err("scanning state", e)),
+            None => Ok(None),
+        }
     }
 
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {

@@ -22,7 +22,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt16Type};
 use arrow::record_batch::RecordBatch;
 use rocksdb::{DB, IteratorMode, Options};
 
-use super::{StateBackend, WriteBatch};
+use super::StateBackend;
 use crate::error::StateError;
 use crate::keygroup::KeyGroup;
 
@@ -255,13 +255,15 @@ pub fn for_each_in_rocksdb(
 
 /// Copies the entries of `range` from every source into `backend`, whose
 /// states are `states` (an entry of another state is an error: the
-/// operator changed its states).
+/// operator changed its states). Entries go in by [`StateBackend::ingest`]
+/// in chunks of one state (RocksDB: SST files ingested directly).
 pub fn import(
     backend: &mut dyn StateBackend,
     states: &[&str],
     sources: &[StateSource],
     range: Range<KeyGroup>,
 ) -> Result<u64, StateError> {
+    const INGEST_CHUNK: usize = 256 * 1024;
     let mut total = 0u64;
     for source in sources {
         let sr = source.key_groups();
@@ -269,25 +271,25 @@ pub fn import(
         if overlap.is_empty() {
             continue;
         }
-        let mut batch = WriteBatch::default();
+        let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut chunk_state = 0usize;
         source.for_each(overlap, &mut |state, g, key, value| {
             let id = states.iter().position(|s| *s == state).ok_or_else(|| StateError::Corrupt {
                 state: state.to_string(),
                 message: format!("the restored state has a state '{state}' this operator does not declare ({states:?})"),
             })?;
+            if id != chunk_state || chunk.len() >= INGEST_CHUNK {
+                backend.ingest(chunk_state, std::mem::take(&mut chunk))?;
+                chunk_state = id;
+            }
             let mut k = Vec::with_capacity(2 + key.len());
             k.extend_from_slice(&g.to_be_bytes());
             k.extend_from_slice(key);
-            batch.put(id, k, value.to_vec());
+            chunk.push((k, value.to_vec()));
             total += 1;
-            if batch.ops.len() >= CHUNK {
-                backend.write(std::mem::take(&mut batch))?;
-            }
             Ok(())
         })?;
-        if !batch.is_empty() {
-            backend.write(batch)?;
-        }
+        backend.ingest(chunk_state, chunk)?;
     }
     Ok(total)
 }

@@ -94,9 +94,12 @@ pub enum WindowStore {
         /// Groups buffered before a flush
         /// (`table.exec.window-agg.buffer-size-limit`).
         limit: usize,
-        /// Window ends RocksDB may hold state of (flushed, or restored):
-        /// a buffered window of any other end fires from memory alone.
+        /// Window ends RocksDB may hold state of (flushed): a buffered
+        /// window of any other end fires from memory alone...
         spilled: BTreeSet<i64>,
+        /// ...unless it ends at or before this, the latest end of the
+        /// restored windows.
+        restored_until: Option<i64>,
     },
     /// Live accumulators on the heap, owning `groups`.
     Live { panes: Panes, groups: Range<KeyGroup> },
@@ -105,14 +108,16 @@ pub enum WindowStore {
 impl WindowStore {
     /// The RocksDB store, with an empty buffer.
     pub fn keyed(state: KeyedState, limit: usize) -> Result<Self> {
-        // Restored windows are in RocksDB: their ends are spilled.
-        let spilled = state.timer_times(TIMERS)?.into_iter().map(|t| t + 1).collect();
+        // Restored windows are in RocksDB: a window ending no later than
+        // the last of them may have state there.
+        let restored_until = state.max_timer_time(TIMERS)?.map(|t| t.saturating_add(1));
         Ok(WindowStore::Keyed {
             state,
             buffer: Panes::default(),
             buffered: 0,
             limit: limit.max(1),
-            spilled,
+            spilled: BTreeSet::new(),
+            restored_until,
         })
     }
 }
@@ -378,12 +383,13 @@ impl WindowAggregateOperator {
             buffer,
             buffered,
             spilled,
+            restored_until,
             ..
         } = &mut self.store
         {
             while let Some((end, pane)) = buffer.pop_fired(up_to) {
                 *buffered = buffered.saturating_sub(pane.len());
-                if spilled.contains(&end) {
+                if spilled.contains(&end) || restored_until.is_some_and(|u| end <= u) {
                     let grown = flush_pane(state, &self.aggs, end, pane)?;
                     self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
                     self.live_bytes += grown;
