@@ -419,15 +419,16 @@ impl CheckpointCoordinator {
         Ok(())
     }
 
-    async fn complete(&self, st: &mut State, p: Pending) -> Result<()> {
-        let id = p.barrier.checkpoint_id;
-        let alignment = p.acks.values().map(|a| a.1).max().unwrap_or_default();
-        let sync = p.acks.values().map(|a| a.2).max().unwrap_or_default();
+    /// Every task's part of a snapshot: its acknowledgement, or, for a
+    /// task that finished before acknowledging, its final output (those
+    /// tasks are returned too). A task that acknowledged before finishing
+    /// is represented by its ack; its final output waits for the next one.
+    fn task_snapshots(
+        &self,
+        st: &State,
+        mut acks: HashMap<usize, (TaskSnapshot, Duration, Duration)>,
+    ) -> (Vec<TaskSnapshot>, Vec<usize>) {
         let mut snapshots = vec![];
-        let mut acks = p.acks;
-        // Finished tasks whose final output this checkpoint holds (a task
-        // that acknowledged before finishing is represented by its ack; its
-        // final output waits for the next checkpoint).
         let mut from_finished = vec![];
         for t in 0..self.tasks {
             match acks.remove(&t) {
@@ -440,6 +441,14 @@ impl CheckpointCoordinator {
                 }
             }
         }
+        (snapshots, from_finished)
+    }
+
+    async fn complete(&self, st: &mut State, p: Pending) -> Result<()> {
+        let id = p.barrier.checkpoint_id;
+        let alignment = p.acks.values().map(|a| a.1).max().unwrap_or_default();
+        let sync = p.acks.values().map(|a| a.2).max().unwrap_or_default();
+        let (snapshots, from_finished) = self.task_snapshots(st, p.acks);
         let async_started = Instant::now();
         let header = self.header(id, p.barrier.timestamp, false);
         match self.materialize(st, header, snapshots).await {
@@ -486,20 +495,7 @@ impl CheckpointCoordinator {
     /// failed (answered with the reason; the job goes on).
     async fn complete_savepoint(&self, st: &mut State, p: Pending, req: SavepointRequest) -> Result<bool> {
         let id = p.barrier.checkpoint_id;
-        let mut snapshots = vec![];
-        let mut acks = p.acks;
-        let mut from_finished = vec![];
-        for t in 0..self.tasks {
-            match acks.remove(&t) {
-                Some((s, _, _)) => snapshots.push(s),
-                None => {
-                    if let Some(f) = st.finished.get(&t) {
-                        snapshots.push(clone_finished(f));
-                        from_finished.push(t);
-                    }
-                }
-            }
-        }
+        let (snapshots, from_finished) = self.task_snapshots(st, p.acks);
         let carried = std::mem::take(&mut st.carried);
         let mut kept = carried.clone();
         for s in &snapshots {
@@ -858,18 +854,7 @@ fn write_checkpoint(
         }
     }
     // Output of aborted checkpoints whose sink did not report this time.
-    for (key, committables) in carried {
-        match operators.entry(key) {
-            std::collections::btree_map::Entry::Occupied(mut e) => {
-                if let OperatorState::Sink { committables: c } = e.get_mut() {
-                    c.extend(committables);
-                }
-            }
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(OperatorState::Sink { committables });
-            }
-        }
-    }
+    add_carried(&mut operators, carried);
     let meta = CheckpointMetadata {
         format: FORMAT_VERSION,
         checkpoint_id: id,
@@ -886,6 +871,25 @@ fn write_checkpoint(
     };
     storage.commit_metadata(&meta)?;
     Ok((meta, uploaded))
+}
+
+/// Adds sink output carried over from aborted checkpoints to `operators`.
+pub fn add_carried(
+    operators: &mut BTreeMap<String, OperatorState>,
+    carried: BTreeMap<String, Vec<serde_json::Value>>,
+) {
+    for (key, committables) in carried {
+        match operators.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if let OperatorState::Sink { committables: c } = e.get_mut() {
+                    c.extend(committables);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(OperatorState::Sink { committables });
+            }
+        }
+    }
 }
 
 fn upload_rocksdb(

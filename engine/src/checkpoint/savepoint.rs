@@ -140,18 +140,7 @@ fn write_inner(
                 operators.insert(key, state);
             }
         }
-        for (key, committables) in std::mem::take(&mut carried) {
-            match operators.entry(key) {
-                std::collections::btree_map::Entry::Occupied(mut e) => {
-                    if let OperatorState::Sink { committables: c } = e.get_mut() {
-                        c.extend(committables);
-                    }
-                }
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(OperatorState::Sink { committables });
-                }
-            }
-        }
+        super::coordinator::add_carried(&mut operators, std::mem::take(&mut carried));
         Ok(())
     })();
     for d in local_dirs {

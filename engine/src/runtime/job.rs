@@ -51,6 +51,9 @@ use crate::state::open_keyed;
 /// Messages buffered per channel before the sender waits.
 const CHANNEL_CAPACITY: usize = 8;
 
+/// How long `cancel` waits for the tasks to be gone before it aborts.
+const CANCEL_WAIT: Duration = Duration::from_secs(30);
+
 #[derive(Debug)]
 pub struct JobOutcome {
     pub elapsed: std::time::Duration,
@@ -74,6 +77,8 @@ pub struct JobHandle {
     savepoint_dir: PathBuf,
     /// What a stop or cancel does to the job's checkpoints.
     retention: Retention,
+    /// Cancels the running attempt, which ends once every task is gone.
+    cancel: Arc<watch::Sender<bool>>,
 }
 
 /// `execution.checkpointing.externalized-checkpoint-retention` of a job.
@@ -255,11 +260,16 @@ impl JobHandle {
     /// Ends the job at once: no drain, no final checkpoint. Its completed
     /// checkpoints stay on disk, but the next run starts afresh (Flink's
     /// cancel).
-    pub async fn cancel(self) -> Result<()> {
+    pub async fn cancel(mut self) -> Result<()> {
         self.metrics.lifecycle.set(JobState::Canceled);
-        self.done.abort();
-        // Waits for the supervisor to be gone so nothing writes after us.
-        let _ = self.done.await;
+        // The attempt aborts its tasks and waits until every one is gone
+        // (their state closed): a new run of the job may then open the
+        // same state at once. Bounded, in case a task never yields.
+        let _ = self.cancel.send(true);
+        if tokio::time::timeout(CANCEL_WAIT, &mut self.done).await.is_err() {
+            self.done.abort();
+            let _ = (&mut self.done).await;
+        }
         if self.checkpointing {
             RunStatus::Canceled.write(&self.job_dir)?;
             self.retention.apply(&self.name);
@@ -450,6 +460,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
     let (stop_tx, stop_rx) = watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
     let stop_for_attempts = stop_tx.clone();
+    let (cancel_tx, cancel_rx) = watch::channel(false);
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoint_queue: SavepointQueue = Arc::new(tokio::sync::Mutex::new(savepoint_rx));
     let retention = Retention {
@@ -480,6 +491,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 attempt,
                 &savepoint_queue,
                 &stop_for_attempts,
+                &cancel_rx,
             )
             .await;
             let err = match result {
@@ -504,7 +516,9 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
                 Err(e) => e,
             };
             let retry = match config.restart {
-                RestartStrategy::FixedDelay { attempts, delay } if attempt < attempts && !*stop_rx.borrow() => {
+                RestartStrategy::FixedDelay { attempts, delay }
+                    if attempt < attempts && !*stop_rx.borrow() && !*cancel_rx.borrow() =>
+                {
                     Some(delay)
                 }
                 _ => None,
@@ -582,6 +596,7 @@ pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Send
         savepoints: savepoint_tx,
         savepoint_dir,
         retention,
+        cancel: Arc::new(cancel_tx),
     })
 }
 /// Metrics of the job, and its alignment coordinators (one per group).
@@ -649,6 +664,7 @@ async fn run_attempt(
     attempt: u32,
     savepoints: &SavepointQueue,
     stop: &Arc<watch::Sender<bool>>,
+    cancel: &watch::Receiver<bool>,
 ) -> Result<()> {
     // Alignment coordinators are per attempt: alignment state is never
     // checkpointed, a restored job starts it afresh (as Flink does).
@@ -1001,8 +1017,23 @@ async fn run_attempt(
             tasks.abort_all();
         }
     };
+    let mut cancel = cancel.clone();
+    let mut cancelling = *cancel.borrow();
+    // A handle dropped without cancelling: nothing more can come.
+    let mut cancel_gone = false;
+    if cancelling {
+        fail(ExecError::Cancelled, &mut tasks);
+    }
     loop {
         tokio::select! {
+            r = cancel.changed(), if !cancelling && !cancel_gone => {
+                if r.is_err() {
+                    cancel_gone = true;
+                } else if *cancel.borrow() {
+                    cancelling = true;
+                    fail(ExecError::Cancelled, &mut tasks);
+                }
+            }
             res = tasks.join_next() => match res {
                 None => break,
                 Some(Ok(Ok(()))) => {}

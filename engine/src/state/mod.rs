@@ -114,20 +114,32 @@ pub fn open_keyed(
     sources: &[StateSource],
 ) -> Result<KeyedState, StateError> {
     let names: Vec<&str> = decls.iter().map(|d| d.name).collect();
-    let mut backend: Box<dyn StateBackend> = match (kind, sources) {
+    let overlapping: Vec<&StateSource> = sources
+        .iter()
+        .filter(|s| {
+            let g = s.key_groups();
+            g.start < key_groups.end && key_groups.start < g.end
+        })
+        .collect();
+    // Same parallelism: the one RocksDB checkpoint of exactly these key
+    // groups becomes this subtask's instance as it is.
+    let in_place = match (kind, overlapping.as_slice()) {
         (StateBackendKind::RocksDb, [StateSource::RocksDb { dir: from, key_groups: g }]) if *g == key_groups => {
+            Some(from.clone())
+        }
+        _ => None,
+    };
+    let mut backend: Box<dyn StateBackend> = match (kind, &in_place) {
+        (StateBackendKind::RocksDb, Some(from)) => {
             rocks::move_dir(from, dir)?;
             Box::new(RocksDbBackend::open_existing(dir, &names)?)
         }
-        (StateBackendKind::RocksDb, _) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
+        (StateBackendKind::RocksDb, None) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
         (StateBackendKind::Heap, _) => Box::new(HeapBackend::new(names.len())),
     };
-    let in_place = matches!(
-        (kind, sources),
-        (StateBackendKind::RocksDb, [StateSource::RocksDb { key_groups: g, .. }]) if *g == key_groups
-    );
-    if !in_place && !sources.is_empty() {
-        transfer::import(backend.as_mut(), &names, sources, key_groups.clone())?;
+    if in_place.is_none() && !overlapping.is_empty() {
+        let owned: Vec<StateSource> = overlapping.into_iter().cloned().collect();
+        transfer::import(backend.as_mut(), &names, &owned, key_groups.clone())?;
     }
     Ok(KeyedState::new(backend, decls, key_groups))
 }

@@ -358,20 +358,8 @@ impl WindowAggregateOperator {
             while let Some(p) = panes.pop_fired(up_to) {
                 fired.push(p);
             }
-            for (end, mut pane) in fired {
-                let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
-                self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-                self.live_bytes = (self.live_bytes - freed).max(0);
-                if pane.is_empty() {
-                    continue;
-                }
-                let mut agg_columns = Vec::with_capacity(pane.accs.len());
-                for acc in pane.accs.iter_mut() {
-                    agg_columns.push(acc.evaluate(EmitTo::All)?);
-                }
-                let ends = vec![end; pane.len()];
-                let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
-                out.emit(batch);
+            for (end, pane) in fired {
+                self.emit_pane(end, pane, out)?;
             }
             return Ok(());
         }
@@ -398,17 +386,8 @@ impl WindowAggregateOperator {
                 }
             }
         }
-        for (end, mut pane) in from_memory {
-            let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-            self.live_bytes = (self.live_bytes - freed).max(0);
-            let mut agg_columns = Vec::with_capacity(pane.accs.len());
-            for acc in pane.accs.iter_mut() {
-                agg_columns.push(acc.evaluate(EmitTo::All)?);
-            }
-            let ends = vec![end; pane.len()];
-            let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
-            out.emit(batch);
+        for (end, pane) in from_memory {
+            self.emit_pane(end, pane, out)?;
         }
         if let WindowStore::Keyed { spilled, .. } = &mut self.store {
             spilled.retain(|end| end.saturating_sub(1) > up_to);
@@ -429,6 +408,24 @@ impl WindowAggregateOperator {
                 return Ok(());
             }
         }
+    }
+
+    /// A fired window held live: its results, and its state freed.
+    fn emit_pane(&mut self, end: i64, mut pane: Pane, out: &mut Collector) -> Result<()> {
+        let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        self.live_bytes = (self.live_bytes - freed).max(0);
+        if pane.is_empty() {
+            return Ok(());
+        }
+        let mut agg_columns = Vec::with_capacity(pane.accs.len());
+        for acc in pane.accs.iter_mut() {
+            agg_columns.push(acc.evaluate(EmitTo::All)?);
+        }
+        let ends = vec![end; pane.len()];
+        let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
+        out.emit(batch);
+        Ok(())
     }
 
     fn fire_timers(&mut self, timers: &[Timer], out: &mut Collector) -> Result<()> {
