@@ -457,7 +457,9 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
     println!("\n| restore | parallelism | seconds until every operator opened its state |\n|---|---:|---:|");
     let mut restores: Vec<(String, usize, std::path::PathBuf)> = vec![];
     if let Some((_, chk)) = native {
-        restores.push(("native RocksDB checkpoint".into(), p, chk));
+        for q in [p, (p / 2).max(1), p * 2] {
+            restores.push(("native RocksDB checkpoint".into(), q, chk.clone()));
+        }
     }
     for q in [p, (p / 2).max(1), p * 2] {
         restores.push(("savepoint".into(), q, sp.clone()));

@@ -208,7 +208,7 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         OptionKind::Int { min: 1, max: i32::MAX as i64 },
         "with RocksDB state: (key, window) groups a window aggregate pre-aggregates in memory before it writes them to RocksDB",
     )
-    .with_default("100000"),
+    .with_default("500000"),
     OptionSpec::new(
         RESTART_STRATEGY,
         OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
@@ -384,7 +384,7 @@ impl JobConfig {
                 None => data_dir.join("savepoints").join(sanitize(&name)),
             },
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
-            window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(100_000) as usize,
+            window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
             paths: crate::paths::PathPolicy::unrestricted(),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,

@@ -679,7 +679,9 @@ mod tests {
         match gate.next().await {
             GateEvent::SnapshotUnaligned(x, aligned_for) => {
                 assert_eq!(x.checkpoint_id, 1);
-                assert!(aligned_for >= Duration::from_secs(10), "{aligned_for:?}");
+                // The timeout counts from the barrier's creation (wall
+                // clock): a loaded machine may start aligning a little later.
+                assert!(aligned_for >= Duration::from_secs(9), "{aligned_for:?}");
             }
             other => panic!("switch expected, got {other:?}"),
         }

@@ -122,24 +122,49 @@ pub fn open_keyed(
         })
         .collect();
     // Same parallelism: the one RocksDB checkpoint of exactly these key
-    // groups becomes this subtask's instance as it is.
-    let in_place = match (kind, overlapping.as_slice()) {
+    // groups becomes this subtask's instance as it is. Another parallelism:
+    // the RocksDB checkpoint overlapping most is cloned (SSTs hard-linked)
+    // and clipped to these key groups by range deletions; the others are
+    // imported (SST ingestion).
+    let overlap = |s: &StateSource| {
+        let g = s.key_groups();
+        usize::from(g.end.min(key_groups.end).saturating_sub(g.start.max(key_groups.start)))
+    };
+    let exact = match (kind, overlapping.as_slice()) {
         (StateBackendKind::RocksDb, [StateSource::RocksDb { dir: from, key_groups: g }]) if *g == key_groups => {
             Some(from.clone())
         }
         _ => None,
     };
-    let mut backend: Box<dyn StateBackend> = match (kind, &in_place) {
-        (StateBackendKind::RocksDb, Some(from)) => {
+    let base = match kind {
+        StateBackendKind::RocksDb if exact.is_none() => overlapping
+            .iter()
+            .filter(|s| matches!(s, StateSource::RocksDb { .. }))
+            .max_by_key(|s| overlap(s))
+            .copied(),
+        _ => None,
+    };
+    let mut backend: Box<dyn StateBackend> = match (kind, &exact, base) {
+        (StateBackendKind::RocksDb, Some(from), _) => {
             rocks::move_dir(from, dir)?;
             Box::new(RocksDbBackend::open_existing(dir, &names)?)
         }
-        (StateBackendKind::RocksDb, None) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
-        (StateBackendKind::Heap, _) => Box::new(HeapBackend::new(names.len())),
+        (StateBackendKind::RocksDb, None, Some(StateSource::RocksDb { dir: from, .. })) => {
+            rocks::clone_dir(from, dir)?;
+            let db = RocksDbBackend::open_existing(dir, &names)?;
+            db.delete_outside(&key_groups)?;
+            Box::new(db)
+        }
+        (StateBackendKind::RocksDb, _, _) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
+        (StateBackendKind::Heap, _, _) => Box::new(HeapBackend::new(names.len())),
     };
-    if in_place.is_none() && !overlapping.is_empty() {
-        let owned: Vec<StateSource> = overlapping.into_iter().cloned().collect();
-        transfer::import(backend.as_mut(), &names, &owned, key_groups.clone())?;
+    let rest: Vec<StateSource> = overlapping
+        .into_iter()
+        .filter(|s| exact.is_none() && !base.is_some_and(|b| std::ptr::eq(*s, b)))
+        .cloned()
+        .collect();
+    if !rest.is_empty() {
+        transfer::import(backend.as_mut(), &names, &rest, key_groups.clone())?;
     }
     Ok(KeyedState::new(backend, decls, key_groups))
 }

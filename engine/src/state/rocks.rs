@@ -255,6 +255,51 @@ impl StateBackend for RocksDbBackend {
     }
 }
 
+/// Makes `to` a copy of the RocksDB checkpoint in `from` that `from` can
+/// still be read and copied from: SST files (immutable) are hard-linked,
+/// the few others copied.
+pub fn clone_dir(from: &Path, to: &Path) -> Result<(), StateError> {
+    let io = |path: &Path, source| StateError::Io {
+        op: "cloning restored state",
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::remove_dir_all(to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(to, e)),
+    }
+    std::fs::create_dir_all(to).map_err(|e| io(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| io(from, e))? {
+        let entry = entry.map_err(|e| io(from, e))?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let linked = entry.file_name().to_string_lossy().ends_with(".sst") && std::fs::hard_link(&src, &dst).is_ok();
+        if !linked {
+            std::fs::copy(&src, &dst).map_err(|e| io(&dst, e))?;
+        }
+    }
+    Ok(())
+}
+
+impl RocksDbBackend {
+    /// Drops every entry outside `groups` (keys start with their key
+    /// group): RocksDB range deletions, reclaimed by compaction.
+    pub fn delete_outside(&self, groups: &Range<KeyGroup>) -> Result<(), StateError> {
+        for name in &self.names {
+            let Some(cf) = self.db.cf_handle(name) else { continue };
+            if groups.start > 0 {
+                self.db
+                    .delete_range_cf(cf, [0u8, 0], groups.start.to_be_bytes())
+                    .map_err(|e| self.err("dropping other key groups", e))?;
+            }
+            self.db
+                .delete_range_cf(cf, groups.end.to_be_bytes().as_slice(), [0xffu8; 3].as_slice())
+                .map_err(|e| self.err("dropping other key groups", e))?;
+        }
+        Ok(())
+    }
+}
+
 /// Moves a restored checkpoint's files to where the subtask keeps its
 /// state (same file system: a rename).
 pub fn move_dir(from: &Path, to: &Path) -> Result<(), StateError> {

@@ -15,7 +15,7 @@
 //! store; Flink's window buffer), so RocksDB sees one read and one write
 //! per (key, window) per flush, not per row. A flush — at every snapshot,
 //! and when the buffer holds `table.exec.window-agg.buffer-size-limit`
-//! groups (100 000) — fetches the stored
+//! groups (500 000) — fetches the stored
 //! states of all buffered groups with one multi-get per window, merges
 //! them into the buffer's accumulators, and writes them back in one write
 //! batch with a timer for each new group. A window due to fire whose end
