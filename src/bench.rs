@@ -317,7 +317,13 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 
 /// The table text of one statement's rows.
 async fn rows_text(session: &mut Session, sql: &str) -> Result<String, String> {
-    match session.execute_sql(sql).await.map_err(|e| e.to_string())?.into_iter().next() {
+    match session
+        .execute_sql(sql)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .next()
+    {
         Some(crate::session::StatementResult::Rows(_, b)) => Ok(crate::display::table(&b)),
         _ => Err(format!("no rows from {sql}")),
     }
@@ -408,7 +414,10 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
     }
     let built = started.elapsed().as_secs_f64();
     // A periodic checkpoint of this state: wait for one to complete.
-    let before = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?.matches("COMPLETED").count();
+    let before = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';")
+        .await?
+        .matches("COMPLETED")
+        .count();
     loop {
         let text = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?;
         if text.matches("COMPLETED").count() > before {
@@ -417,7 +426,12 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     let text = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?;
-    let last = text.lines().filter(|l| l.contains("COMPLETED")).last().unwrap_or_default().to_string();
+    let last = text
+        .lines()
+        .filter(|l| l.contains("COMPLETED"))
+        .last()
+        .unwrap_or_default()
+        .to_string();
     let cells: Vec<&str> = last.split('|').map(str::trim).collect();
     let (chk_ms, chk_full, chk_incr) = (cells[5].to_string(), cells[9].to_string(), cells[10].to_string());
     let t = Instant::now();
@@ -447,7 +461,12 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
         for chk in std::fs::read_dir(retained.path()).into_iter().flatten().flatten() {
             let meta = std::fs::read_to_string(chk.path().join("_metadata")).unwrap_or_default();
             if meta.contains("\"is_final\": false") {
-                let id: u64 = chk.file_name().to_string_lossy().trim_start_matches("chk-").parse().unwrap_or(0);
+                let id: u64 = chk
+                    .file_name()
+                    .to_string_lossy()
+                    .trim_start_matches("chk-")
+                    .parse()
+                    .unwrap_or(0);
                 if native.as_ref().is_none_or(|(n, _)| id > *n) {
                     native = Some((id, chk.path()));
                 }
@@ -467,7 +486,10 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
     for (what, q, from) in restores {
         let secs = start_state_job(&mut session, q, Some(&from), "").await?;
         println!("| {what} | {q} | {secs:.2} |");
-        session.execute_sql("CANCEL JOB 'big';").await.map_err(|e| e.to_string())?;
+        session
+            .execute_sql("CANCEL JOB 'big';")
+            .await
+            .map_err(|e| e.to_string())?;
     }
     Ok(())
 }

@@ -237,10 +237,7 @@ pub fn main_with(args: Args) -> i32 {
     match (&args.sub, &args.command) {
         (Some(Command::Run { file, from_savepoint }), _) => {
             if let Some(dir) = from_savepoint
-                && let Err(e) = session.set_option(
-                    weir_engine::config::RECOVERY_PATH,
-                    &dir.display().to_string(),
-                )
+                && let Err(e) = session.set_option(weir_engine::config::RECOVERY_PATH, &dir.display().to_string())
             {
                 eprintln!("error: --from-savepoint: {e}");
                 return EXIT_ERROR;
@@ -282,7 +279,13 @@ fn remote_main(rt: &Runtime, args: &Args, url: &str) -> i32 {
         }
     };
     let script = match (&args.sub, &args.command) {
-        (Some(Command::Run { file, from_savepoint: None }), _) => match std::fs::read_to_string(file) {
+        (
+            Some(Command::Run {
+                file,
+                from_savepoint: None,
+            }),
+            _,
+        ) => match std::fs::read_to_string(file) {
             Ok(t) => Some((t, file.display().to_string())),
             Err(e) => {
                 eprintln!("error: cannot read {}: {e}", file.display());

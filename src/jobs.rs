@@ -240,7 +240,10 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
             (true, false) => ", stopped",
             _ => "",
         };
-        rows.push(("savepoint".into(), format!("{} ({} bytes{how})", sp.path.display(), sp.bytes)));
+        rows.push((
+            "savepoint".into(),
+            format!("{} ({} bytes{how})", sp.path.display(), sp.bytes),
+        ));
     }
     if let Some(owner) = &j.record.owner {
         rows.push(("owner".into(), owner.clone()));

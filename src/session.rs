@@ -487,13 +487,19 @@ impl Session {
         let (name, metrics, controller) = {
             let jobs = self.shared.jobs();
             let job = find_in(&jobs, key)?;
-            let verb = if mode == SavepointMode::Keep { "take a savepoint of" } else { "stop" };
+            let verb = if mode == SavepointMode::Keep {
+                "take a savepoint of"
+            } else {
+                "stop"
+            };
             self.check_control(&job, verb)?;
             let name = job.record.name.clone();
             let state = job.metrics.lifecycle.state();
             let handle = jobs.running.iter().find(|j| j.name == name && !j.is_finished());
             let (false, Some(handle)) = (state.is_terminal(), handle) else {
-                return Err(SqlError::plan(format!("job '{name}' is {}; it has no state to save", state.name())).into());
+                return Err(
+                    SqlError::plan(format!("job '{name}' is {}; it has no state to save", state.name())).into(),
+                );
             };
             (name, job.metrics.clone(), handle.controller())
         };
@@ -516,7 +522,13 @@ impl Session {
     fn show_savepoints(&self, key: &str) -> Result<StatementResult, SessionError> {
         use arrow::array::{BooleanArray, UInt64Array};
         let job = self.find_job(key)?;
-        let mut list = job.metrics.checkpoints.savepoints.lock().map(|l| l.clone()).unwrap_or_default();
+        let mut list = job
+            .metrics
+            .checkpoints
+            .savepoints
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default();
         if let Ok(config) = JobConfig::from_settings(&job.record.settings, &job.record.name, &self.shared.data_dir) {
             for s in weir_engine::checkpoint::savepoint::list(&config.savepoint_dir) {
                 if !list.iter().any(|x| x.path == s.path) {
@@ -541,9 +553,13 @@ impl Session {
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![
-                Arc::new(StringArray::from_iter_values(list.iter().map(|s| s.path.display().to_string()))) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(
+                    list.iter().map(|s| s.path.display().to_string()),
+                )) as ArrayRef,
                 Arc::new(UInt64Array::from_iter_values(list.iter().map(|s| s.checkpoint_id))),
-                Arc::new(StringArray::from_iter_values(list.iter().map(|s| time(s.trigger_time_ms)))),
+                Arc::new(StringArray::from_iter_values(
+                    list.iter().map(|s| time(s.trigger_time_ms)),
+                )),
                 Arc::new(UInt64Array::from_iter_values(list.iter().map(|s| s.bytes))),
                 Arc::new(BooleanArray::from(list.iter().map(|s| s.drained).collect::<Vec<_>>())),
                 Arc::new(BooleanArray::from(list.iter().map(|s| s.stopped).collect::<Vec<_>>())),
@@ -745,7 +761,11 @@ impl Session {
             }
             Statement::StopJob(key) => self.stop_job(key).await,
             Statement::StopJobWithSavepoint { job, dir, drain } => {
-                let mode = if *drain { SavepointMode::StopDrain } else { SavepointMode::Stop };
+                let mode = if *drain {
+                    SavepointMode::StopDrain
+                } else {
+                    SavepointMode::Stop
+                };
                 self.savepoint_job(job, dir.as_deref(), mode).await
             }
             Statement::SavepointJob { job, dir } => self.savepoint_job(job, dir.as_deref(), SavepointMode::Keep).await,

@@ -401,7 +401,11 @@ fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             // Aligned trials restart at another parallelism each time
             // (2, 3, 1, ...): the native RocksDB checkpoint is split or
             // merged by key-group range on restore.
-            let parallelism = if trial % 3 == 0 { [2, 3, 1][(attempt as usize - 1) % 3] } else { 2 };
+            let parallelism = if trial % 3 == 0 {
+                [2, 3, 1][(attempt as usize - 1) % 3]
+            } else {
+                2
+            };
             if trial % 3 == 0 {
                 let set = format!("SET 'parallelism.default' = '{parallelism}';");
                 std::fs::write(&ws.sql, job_sql(&ws.out, &ws.dead, &set)).expect("rewrite sql");

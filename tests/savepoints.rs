@@ -309,7 +309,11 @@ async fn golden_rerun_hop() {
 /// flushed mid-life, merged with more rows, and fire from RocksDB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_hop_with_a_tiny_window_buffer() {
-    golden_rerun_with(GOLDEN_QUERIES[0].1, "SET 'table.exec.window-agg.buffer-size-limit' = '7';").await;
+    golden_rerun_with(
+        GOLDEN_QUERIES[0].1,
+        "SET 'table.exec.window-agg.buffer-size-limit' = '7';",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -393,7 +397,12 @@ async fn a_retained_rocksdb_checkpoint_restores_at_another_parallelism() {
 /// Sum of the `n` column of TUMBLE output rows.
 fn counted(rows: &[String]) -> u64 {
     rows.iter()
-        .map(|l| l.split(',').nth(3).and_then(|n| n.parse::<u64>().ok()).expect("n column"))
+        .map(|l| {
+            l.split(',')
+                .nth(3)
+                .and_then(|n| n.parse::<u64>().ok())
+                .expect("n column")
+        })
         .sum()
 }
 
@@ -445,7 +454,10 @@ async fn drain_fires_every_window_before_the_savepoint_and_no_drain_keeps_them()
         let sp = savepoint(&mut session, stmt).await;
         let rows = output(&out);
         let read = lines_read(&sp);
-        assert!(read > 0 && read < (FILES * ROWS_PER_FILE) as u64, "stopped midway: {read}");
+        assert!(
+            read > 0 && read < (FILES * ROWS_PER_FILE) as u64,
+            "stopped midway: {read}"
+        );
         if drain {
             // Every row read is in a window that fired into the sink.
             assert_eq!(counted(&rows), read, "drained");
@@ -520,7 +532,10 @@ async fn no_claim_leaves_the_savepoint_byte_identical_and_checkpoints_full() {
     let first = text.lines().find(|l| l.contains("COMPLETED")).expect("a checkpoint");
     let cells: Vec<&str> = first.split('|').map(str::trim).collect();
     let (full, incremental) = (cells[9], cells[10]);
-    assert_eq!(full, incremental, "first checkpoint after the savepoint is full:\n{text}");
+    assert_eq!(
+        full, incremental,
+        "first checkpoint after the savepoint is full:\n{text}"
+    );
 
     // CLAIM: the job owns the savepoint and deletes it once it checkpointed.
     start(
@@ -624,7 +639,11 @@ async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
 
     let future = variant("future");
     let meta = std::fs::read_to_string(future.join("_metadata")).expect("manifest");
-    let body = meta.rsplit_once("xxh64:").expect("trailer").0.replace("\"format\": 2", "\"format\": 99");
+    let body = meta
+        .rsplit_once("xxh64:")
+        .expect("trailer")
+        .0
+        .replace("\"format\": 2", "\"format\": 99");
     let sum = weir_engine::checkpoint::metadata::checksum(body.as_bytes());
     std::fs::write(future.join("_metadata"), format!("{body}xxh64:{sum}\n")).expect("rewrite");
     refused(&mut session, &future, "", &["format version 99", "reads version 2"]).await;

@@ -119,7 +119,11 @@ mod tests {
             Arc::new(BooleanArray::from(vec![true])),
             Arc::new(Float64Array::from(vec![2.5])),
             Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_000])),
-            Arc::new(Decimal128Array::from(vec![12345]).with_precision_and_scale(10, 2).expect("decimal")),
+            Arc::new(
+                Decimal128Array::from(vec![12345])
+                    .with_precision_and_scale(10, 2)
+                    .expect("decimal"),
+            ),
             Arc::new(Date32Array::from(vec![19000])),
             Arc::new(StringArray::from(vec![None::<&str>])),
         ];
@@ -133,6 +137,11 @@ mod tests {
         assert_eq!(groups, GOLDEN_GROUPS);
     }
 
-    const GOLDEN: [u64; 4] = [4654505885621677629, 1670019746057965472, 16436619137035492202, 4483727716364471552];
+    const GOLDEN: [u64; 4] = [
+        4654505885621677629,
+        1670019746057965472,
+        16436619137035492202,
+        4483727716364471552,
+    ];
     const GOLDEN_GROUPS: [KeyGroup; 9] = [94, 8, 99, 3, 5, 8, 48, 97, 63];
 }

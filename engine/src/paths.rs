@@ -121,7 +121,8 @@ impl PathPolicy {
             // default, and be restored from there.
             let at_home = ((matches!(key, crate::config::CHECKPOINT_DIR | crate::config::RECOVERY_PATH)
                 && r.ends_with(CHECKPOINTS))
-                || (matches!(key, crate::config::SAVEPOINT_DIR | crate::config::RECOVERY_PATH) && r.ends_with(SAVEPOINTS)))
+                || (matches!(key, crate::config::SAVEPOINT_DIR | crate::config::RECOVERY_PATH)
+                    && r.ends_with(SAVEPOINTS)))
                 && resolved.starts_with(r);
             if !at_home && (resolved.starts_with(r) || r.starts_with(&resolved)) {
                 return Err(denied(format!(

@@ -14,8 +14,10 @@
 use std::sync::Arc;
 
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr};
 use datafusion::physical_expr::ScalarFunctionExpr;
+use datafusion::physical_expr::expressions::{
+    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+};
 
 use crate::checkpoint::metadata::checksum;
 use crate::plan::{Exchange, NodeKind, StreamGraph};
@@ -24,7 +26,11 @@ use crate::state::codec::{RowCodec, type_name};
 /// Canonical text of a physical expression (Weir's, stable across builds).
 pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
     let children = |e: &Arc<dyn PhysicalExpr>| -> String {
-        e.children().iter().map(|c| canonical_expr(c)).collect::<Vec<_>>().join(",")
+        e.children()
+            .iter()
+            .map(|c| canonical_expr(c))
+            .collect::<Vec<_>>()
+            .join(",")
     };
     if let Some(c) = e.downcast_ref::<Column>() {
         return format!("#{}", c.index());
@@ -41,7 +47,12 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
         return format!("lit:{}:{encoded}", type_name(&dt));
     }
     if let Some(b) = e.downcast_ref::<BinaryExpr>() {
-        return format!("({} {} {})", canonical_expr(b.left()), b.op(), canonical_expr(b.right()));
+        return format!(
+            "({} {} {})",
+            canonical_expr(b.left()),
+            b.op(),
+            canonical_expr(b.right())
+        );
     }
     if let Some(c) = e.downcast_ref::<CastExpr>() {
         return format!("cast({} as {})", canonical_expr(c.expr()), type_name(c.cast_type()));
@@ -125,11 +136,7 @@ pub fn assign(graph: &StreamGraph) -> Vec<String> {
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
-        let text = format!(
-            "{kind}|{body}|in=[{}]|out=[{}]",
-            inputs.join(";"),
-            out_types.join(",")
-        );
+        let text = format!("{kind}|{body}|in=[{}]|out=[{}]", inputs.join(";"), out_types.join(","));
         uids.push(format!("{kind}_{}", &checksum(text.as_bytes())[..12]));
     }
     uids

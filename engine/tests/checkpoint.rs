@@ -333,7 +333,8 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
             restored.skipped
         );
         // The restored state is the older checkpoint's, complete.
-        let db = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"]).expect("open");
+        let db = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"])
+            .expect("open");
         assert_eq!(count_keys(&db), 5_000, "{name}");
     }
 
@@ -343,8 +344,12 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     for id in [older, newer] {
         truncate(&root.join(format!("chk-{id}/_metadata")));
     }
-    let err = restore_latest(&CheckpointStorage::new(root), &|_| Ok(()), &dir.path().join("job-all-bad"))
-        .expect_err("nothing restorable");
+    let err = restore_latest(
+        &CheckpointStorage::new(root),
+        &|_| Ok(()),
+        &dir.path().join("job-all-bad"),
+    )
+    .expect_err("nothing restorable");
     let msg = err.to_string();
     assert!(
         msg.contains("no complete checkpoint can be restored") && msg.contains("truncated"),
@@ -395,7 +400,10 @@ impl Harness {
 
     fn ack(&self, task: usize, id: u64, committables: Option<Vec<serde_json::Value>>) {
         let operators = match committables {
-            Some(c) => vec![("sink-2/0".to_string(), weir_engine::checkpoint::OperatorSnapshot::Sink(c))],
+            Some(c) => vec![(
+                "sink-2/0".to_string(),
+                weir_engine::checkpoint::OperatorSnapshot::Sink(c),
+            )],
             None => vec![],
         };
         self.reports

@@ -289,8 +289,8 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
         .expect("restore")
         .expect("a checkpoint");
     assert_eq!(restored.checkpoint_id(), recovered);
-    let copy =
-        RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"]).expect("open");
+    let copy = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"])
+        .expect("open");
     assert_eq!(count_keys(&copy), 20_000, "the restored state is the whole state");
     drop(copy);
     // The failed attempts' files are gone; so are their empty directories
@@ -306,8 +306,12 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
     // A restore into a full local disk is the disk's fault, not the
     // checkpoint's: it does not fall back to an older checkpoint (whose
     // committed output would then be produced again).
-    let err = restore_latest(&CheckpointStorage::new(root.clone()), &|_| Ok(()), &fs.path().join("job"))
-        .expect_err("no room to lay the state out");
+    let err = restore_latest(
+        &CheckpointStorage::new(root.clone()),
+        &|_| Ok(()),
+        &fs.path().join("job"),
+    )
+    .expect_err("no room to lay the state out");
     assert!(
         matches!(err, weir_engine::checkpoint::CheckpointError::LocalState { .. })
             && err.to_string().contains("No space left on device"),

@@ -92,7 +92,10 @@ pub enum Statement {
     },
     /// `SAVEPOINT JOB '<id or name>' ['dir']`: a savepoint of a job that
     /// keeps running.
-    SavepointJob { job: String, dir: Option<String> },
+    SavepointJob {
+        job: String,
+        dir: Option<String>,
+    },
     /// `SHOW SAVEPOINTS FOR JOB 'name'`
     ShowSavepoints(String),
     /// `SUBSCRIBE TO <table or view> | (<query>)`: the query's rows as a
@@ -477,9 +480,11 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         }
         if !parse_word(p, "SAVEPOINT") {
             let t = p.peek_token();
-            return Err(
-                SqlError::new(ErrorKind::Parse, format!("expected SAVEPOINT after WITH, found {}", t.token)).at(loc(&t)),
-            );
+            return Err(SqlError::new(
+                ErrorKind::Parse,
+                format!("expected SAVEPOINT after WITH, found {}", t.token),
+            )
+            .at(loc(&t)));
         }
         let dir = optional_dir(p)?;
         let drain = parse_word(p, "DRAIN");

@@ -50,7 +50,11 @@ fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
 /// The uids of the snapshot whose state is restored into `graph`:
 /// everything, or an error naming what cannot be.
 pub fn check(meta: &CheckpointMetadata, graph: &StreamGraph, config: &JobConfig) -> Result<(), CheckpointError> {
-    let what = if meta.savepoint.is_some() { "savepoint" } else { "checkpoint" };
+    let what = if meta.savepoint.is_some() {
+        "savepoint"
+    } else {
+        "checkpoint"
+    };
     if meta.max_parallelism != config.max_parallelism {
         return Err(CheckpointError::Incompatible(format!(
             "the {what} was taken with '{MAX_PARALLELISM}' = {} and the job has {}: state is split into that \

@@ -257,9 +257,8 @@ impl CheckpointCoordinator {
         let mut savepoints = queue.lock().await;
         let mut stopping = false;
         loop {
-            let can_trigger = !stopping
-                && pending.is_none()
-                && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
+            let can_trigger =
+                !stopping && pending.is_none() && self.source_tasks.iter().any(|t| !st.finished.contains_key(t));
             let deadline = pending.as_ref().map(|p| p.deadline);
             tokio::select! {
                 _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
@@ -386,7 +385,9 @@ impl CheckpointCoordinator {
 
     fn abandon(&self, st: &mut State, mut p: Pending, reason: String) {
         if let Some(req) = p.savepoint.take() {
-            let _ = req.reply.send(Err(format!("savepoint {} failed: {reason}", p.barrier.checkpoint_id)));
+            let _ = req
+                .reply
+                .send(Err(format!("savepoint {} failed: {reason}", p.barrier.checkpoint_id)));
         }
         for (_, (snapshot, _, _)) in p.acks {
             discard(snapshot, &mut st.carried);
@@ -658,8 +659,12 @@ impl CheckpointCoordinator {
             // CLAIM: the job owns the snapshot it started from, and no
             // longer needs it now that one of its own checkpoints exists.
             match std::fs::remove_dir_all(&path) {
-                Ok(()) => tracing::info!(target: "weir::checkpoint", "job '{}': deleted the claimed snapshot {}", self.job, path.display()),
-                Err(e) => tracing::warn!(target: "weir::checkpoint", "job '{}': could not delete the claimed snapshot {}: {e}", self.job, path.display()),
+                Ok(()) => {
+                    tracing::info!(target: "weir::checkpoint", "job '{}': deleted the claimed snapshot {}", self.job, path.display())
+                }
+                Err(e) => {
+                    tracing::warn!(target: "weir::checkpoint", "job '{}': could not delete the claimed snapshot {}: {e}", self.job, path.display())
+                }
             }
         }
         while st.retained.len() > self.config.num_retained.max(1) {
@@ -718,7 +723,10 @@ pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: 
     for (key, state) in &meta.operators {
         if let OperatorState::Sink { committables } = state {
             let (uid, _) = super::parse_operator_key(key)?;
-            by_uid.entry(uid.to_string()).or_default().extend(committables.iter().cloned());
+            by_uid
+                .entry(uid.to_string())
+                .or_default()
+                .extend(committables.iter().cloned());
         }
     }
     for (uid, committables) in by_uid {
@@ -795,10 +803,7 @@ fn write_checkpoint(
     let mut operators = BTreeMap::new();
     for snapshot in snapshots {
         for (uid, positions) in snapshot.sources {
-            sources
-                .entry(uid)
-                .or_insert_with(Vec::new)
-                .extend(positions);
+            sources.entry(uid).or_insert_with(Vec::new).extend(positions);
         }
         for (key, op) in snapshot.operators {
             let state = match op {
@@ -874,10 +879,7 @@ fn write_checkpoint(
 }
 
 /// Adds sink output carried over from aborted checkpoints to `operators`.
-pub fn add_carried(
-    operators: &mut BTreeMap<String, OperatorState>,
-    carried: BTreeMap<String, Vec<serde_json::Value>>,
-) {
+pub fn add_carried(operators: &mut BTreeMap<String, OperatorState>, carried: BTreeMap<String, Vec<serde_json::Value>>) {
     for (key, committables) in carried {
         match operators.entry(key) {
             std::collections::btree_map::Entry::Occupied(mut e) => {

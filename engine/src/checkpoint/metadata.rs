@@ -112,9 +112,9 @@ impl CheckpointMetadata {
             .flat_map(|s| -> Box<dyn Iterator<Item = &FileRef>> {
                 match s {
                     OperatorState::Rocksdb { files, .. } => Box::new(files.values()),
-                    OperatorState::Heap { file } | OperatorState::InFlight { file } | OperatorState::Entries { file, .. } => {
-                        Box::new(std::iter::once(file))
-                    }
+                    OperatorState::Heap { file }
+                    | OperatorState::InFlight { file }
+                    | OperatorState::Entries { file, .. } => Box::new(std::iter::once(file)),
                     OperatorState::Sink { .. } => Box::new(std::iter::empty()),
                 }
             })

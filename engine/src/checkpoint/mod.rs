@@ -57,7 +57,11 @@ pub enum CheckpointError {
     Incompatible(String),
     /// Written by another version of Weir.
     #[error("{path} has format version {found}; this build of Weir reads version {supported}")]
-    Version { path: String, found: String, supported: u32 },
+    Version {
+        path: String,
+        found: String,
+        supported: u32,
+    },
     #[error("internal error in checkpointing: {0}")]
     Internal(String),
     #[error(transparent)]
@@ -102,7 +106,10 @@ pub enum OperatorSnapshot {
     },
     /// Keyed state in canonical form (Arrow IPC entries, see
     /// [`crate::state::transfer`]): the heap backend's snapshot.
-    Entries { bytes: Vec<u8>, key_groups: Range<KeyGroup> },
+    Entries {
+        bytes: Vec<u8>,
+        key_groups: Range<KeyGroup>,
+    },
     /// Operator state that is not keyed (a LIMIT's counters).
     Heap(Vec<u8>),
     /// Pre-committed, invisible output of a two-phase-commit sink.

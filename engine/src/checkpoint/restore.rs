@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::CheckpointError;
-use crate::state::StateSource;
 use super::metadata::{CheckpointMetadata, OperatorState};
 use super::storage::CheckpointStorage;
+use crate::state::StateSource;
 
 /// A verified checkpoint or savepoint, with its state files copied where
 /// the tasks read them. Nothing in it depends on the parallelism the
@@ -160,7 +160,11 @@ pub fn restore_latest(
             // that cannot take the state (full) is no fault of this
             // checkpoint: falling back to an older one would produce
             // again output the newer one committed.
-            Err(e @ (CheckpointError::Incompatible(_) | CheckpointError::LocalState { .. } | CheckpointError::Version { .. })) => {
+            Err(
+                e @ (CheckpointError::Incompatible(_)
+                | CheckpointError::LocalState { .. }
+                | CheckpointError::Version { .. }),
+            ) => {
                 return Err(e);
             }
             Err(e) => {

@@ -262,7 +262,10 @@ mod tests {
         w.write(&[record(2, b"a,b"), record(5, b"\xff\xfe")]).expect("write");
         let committables = w.pre_commit().expect("pre-commit");
         assert_eq!(committables.len(), 1);
-        assert_eq!(visible(dir.path()), vec![".dead-letters-job-a-1f0-source_3-1-0.jsonl.pending"]);
+        assert_eq!(
+            visible(dir.path()),
+            vec![".dead-letters-job-a-1f0-source_3-1-0.jsonl.pending"]
+        );
         // Nothing new since: no file, no committable.
         assert!(w.pre_commit().expect("empty pre-commit").is_empty());
         w.write(&[record(9, b"x")]).expect("write");

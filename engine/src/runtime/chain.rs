@@ -27,12 +27,7 @@ pub struct Chain {
 }
 
 impl Chain {
-    pub fn new(
-        ops: Vec<Box<dyn Operator>>,
-        metrics: Vec<Arc<NodeMetrics>>,
-        uids: Vec<String>,
-        subtask: usize,
-    ) -> Self {
+    pub fn new(ops: Vec<Box<dyn Operator>>, metrics: Vec<Arc<NodeMetrics>>, uids: Vec<String>, subtask: usize) -> Self {
         debug_assert_eq!(ops.len(), metrics.len());
         debug_assert_eq!(ops.len(), uids.len());
         Self {

@@ -499,7 +499,10 @@ mod tests {
             if finished {
                 assert_eq!(seen.last(), Some(&60), "a finished channel lets b's watermark on");
             } else {
-                assert!(seen.is_empty(), "a stopped channel freezes the watermark at 10: {seen:?}");
+                assert!(
+                    seen.is_empty(),
+                    "a stopped channel freezes the watermark at 10: {seen:?}"
+                );
             }
         }
     }

@@ -1099,12 +1099,10 @@ fn create_operator(
             // RocksDB: bytes through the keyed-state layer; heap: live
             // accumulators, filled from the same canonical state.
             let store = match config.state_backend {
-                StateBackendKind::RocksDb => {
-                    WindowStore::keyed(
+                StateBackendKind::RocksDb => WindowStore::keyed(
                     open_keyed(config.state_backend, &dir, STATES, groups.clone(), sources)?,
                     config.window_buffer_limit,
-                )?
-                }
+                )?,
                 StateBackendKind::Heap => WindowStore::Live {
                     panes: Default::default(),
                     groups: groups.clone(),

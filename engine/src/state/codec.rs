@@ -22,8 +22,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, BinaryArray, BinaryViewArray, BooleanArray, LargeBinaryArray,
-    LargeListArray, LargeStringArray, ListArray, StringArray, StringViewArray, make_array,
+    Array, ArrayData, ArrayRef, AsArray, BinaryArray, BinaryViewArray, BooleanArray, LargeBinaryArray, LargeListArray,
+    LargeStringArray, ListArray, StringArray, StringViewArray, make_array,
 };
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, FieldRef, TimeUnit};
@@ -58,9 +58,16 @@ enum Bytes {
 #[derive(Debug, Clone)]
 enum Kind {
     Bool,
-    Fixed { width: usize, num: Num },
+    Fixed {
+        width: usize,
+        num: Num,
+    },
     Bytes(Bytes),
-    List { large: bool, field: FieldRef, item: Box<Kind> },
+    List {
+        large: bool,
+        field: FieldRef,
+        item: Box<Kind>,
+    },
 }
 
 fn kind_of(dt: &DataType, depth: usize) -> Option<Kind> {
@@ -479,7 +486,10 @@ impl Builder {
                 if present {
                     count = cur.len()?;
                     if count > cur.bytes.len() {
-                        return Err(format!("list of {count} elements in a row of {} bytes", cur.bytes.len()));
+                        return Err(format!(
+                            "list of {count} elements in a row of {} bytes",
+                            cur.bytes.len()
+                        ));
                     }
                     for _ in 0..count {
                         item.read(cur)?;
@@ -588,44 +598,45 @@ mod tests {
     /// Fixed bytes for fixed values: persisted state depends on them.
     #[test]
     fn golden_encodings_of_every_key_type() {
-        assert_eq!(golden(Arc::new(BooleanArray::from(vec![Some(true), Some(false), None]))), [
-            "0101", "0100", "00"
-        ]);
-        assert_eq!(golden(Arc::new(Int8Array::from(vec![Some(-1), Some(5), None]))), [
-            "017f", "0185", "00"
-        ]);
+        assert_eq!(
+            golden(Arc::new(BooleanArray::from(vec![Some(true), Some(false), None]))),
+            ["0101", "0100", "00"]
+        );
+        assert_eq!(
+            golden(Arc::new(Int8Array::from(vec![Some(-1), Some(5), None]))),
+            ["017f", "0185", "00"]
+        );
         assert_eq!(golden(Arc::new(Int16Array::from(vec![-2, 300]))), ["017ffe", "01812c"]);
-        assert_eq!(golden(Arc::new(Int32Array::from(vec![-1, 0, 7]))), [
-            "017fffffff",
-            "0180000000",
-            "0180000007"
-        ]);
-        assert_eq!(golden(Arc::new(Int64Array::from(vec![i64::MIN, 1000]))), [
-            "010000000000000000",
-            "0180000000000003e8"
-        ]);
+        assert_eq!(
+            golden(Arc::new(Int32Array::from(vec![-1, 0, 7]))),
+            ["017fffffff", "0180000000", "0180000007"]
+        );
+        assert_eq!(
+            golden(Arc::new(Int64Array::from(vec![i64::MIN, 1000]))),
+            ["010000000000000000", "0180000000000003e8"]
+        );
         assert_eq!(golden(Arc::new(UInt8Array::from(vec![200]))), ["01c8"]);
         assert_eq!(golden(Arc::new(UInt16Array::from(vec![258]))), ["010102"]);
         assert_eq!(golden(Arc::new(UInt32Array::from(vec![1]))), ["0100000001"]);
-        assert_eq!(golden(Arc::new(UInt64Array::from(vec![u64::MAX]))), ["01ffffffffffffffff"]);
-        assert_eq!(golden(Arc::new(Float32Array::from(vec![1.5, -1.5]))), [
-            "01bfc00000",
-            "01403fffff"
-        ]);
-        assert_eq!(golden(Arc::new(Float64Array::from(vec![0.0, -0.0, 2.0]))), [
-            "018000000000000000",
-            "017fffffffffffffff",
-            "01c000000000000000"
-        ]);
+        assert_eq!(
+            golden(Arc::new(UInt64Array::from(vec![u64::MAX]))),
+            ["01ffffffffffffffff"]
+        );
+        assert_eq!(
+            golden(Arc::new(Float32Array::from(vec![1.5, -1.5]))),
+            ["01bfc00000", "01403fffff"]
+        );
+        assert_eq!(
+            golden(Arc::new(Float64Array::from(vec![0.0, -0.0, 2.0]))),
+            ["018000000000000000", "017fffffffffffffff", "01c000000000000000"]
+        );
         assert_eq!(golden(Arc::new(Date32Array::from(vec![19000]))), ["0180004a38"]);
         assert_eq!(
             golden(Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_000]))),
             ["018000018bcfe56800"]
         );
         assert_eq!(
-            golden(Arc::new(
-                TimestampMicrosecondArray::from(vec![-1]).with_timezone("UTC")
-            )),
+            golden(Arc::new(TimestampMicrosecondArray::from(vec![-1]).with_timezone("UTC"))),
             ["017fffffffffffffff"]
         );
         assert_eq!(
@@ -658,16 +669,16 @@ mod tests {
         ] {
             assert_eq!(golden(binaries), ["010000000200ff", "00"]);
         }
-        let list = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
-            Some(vec![Some(1), None]),
-            None,
-            Some(vec![]),
-        ]);
-        assert_eq!(golden(Arc::new(list)), [
-            "0100000002018000000000000001" .to_string() + "00",
-            "00".to_string(),
-            "0100000000".to_string()
-        ]);
+        let list =
+            ListArray::from_iter_primitive::<Int64Type, _, _>(vec![Some(vec![Some(1), None]), None, Some(vec![])]);
+        assert_eq!(
+            golden(Arc::new(list)),
+            [
+                "0100000002018000000000000001".to_string() + "00",
+                "00".to_string(),
+                "0100000000".to_string()
+            ]
+        );
     }
 
     #[test]
@@ -686,7 +697,9 @@ mod tests {
     fn order_of_bytes_is_order_of_numbers() {
         let v = vec![f64::NEG_INFINITY, -2.5, -0.0, 0.0, 1e-300, 3.0, f64::INFINITY];
         let codec = RowCodec::new(&[DataType::Float64]).expect("codec");
-        let rows = codec.encode(&[Arc::new(Float64Array::from(v)) as ArrayRef]).expect("encode");
+        let rows = codec
+            .encode(&[Arc::new(Float64Array::from(v)) as ArrayRef])
+            .expect("encode");
         let r: Vec<&[u8]> = rows.iter().collect();
         assert!(r.windows(2).all(|w| w[0] < w[1]));
     }
@@ -698,7 +711,13 @@ mod tests {
             DataType::List(Arc::new(Field::new("item", DataType::Int32, true))),
         ])
         .expect("codec");
-        for bad in [&b""[..], b"\x02", b"\x01\xff\xff\xff\xff", b"\x00\x01\x7f\xff\xff\xff", b"\x00\x00\x00"] {
+        for bad in [
+            &b""[..],
+            b"\x02",
+            b"\x01\xff\xff\xff\xff",
+            b"\x00\x01\x7f\xff\xff\xff",
+            b"\x00\x00\x00",
+        ] {
             assert!(codec.decode([bad]).is_err(), "{bad:?} accepted");
         }
         assert!(RowCodec::new(&[DataType::Interval(arrow::datatypes::IntervalUnit::DayTime)]).is_err());
@@ -706,7 +725,10 @@ mod tests {
 
     #[test]
     fn type_names_are_weirs() {
-        assert_eq!(type_name(&DataType::Timestamp(TimeUnit::Millisecond, None)), "timestamp[ms]");
+        assert_eq!(
+            type_name(&DataType::Timestamp(TimeUnit::Millisecond, None)),
+            "timestamp[ms]"
+        );
         assert_eq!(type_name(&DataType::Utf8View), "string");
         assert_eq!(
             type_name(&DataType::List(Arc::new(Field::new("x", DataType::Int32, true)))),

@@ -5,9 +5,9 @@ use std::ops::{Bound, Range};
 
 use super::transfer::EntriesWriter;
 use super::{StateBackend, StateId, WriteBatch};
-use crate::keygroup::KeyGroup;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::StateError;
+use crate::keygroup::KeyGroup;
 
 pub struct HeapBackend {
     states: Vec<BTreeMap<Vec<u8>, Vec<u8>>>,

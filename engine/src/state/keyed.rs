@@ -237,26 +237,27 @@ impl KeyedState {
             let mut err = None;
             let room = limit.saturating_sub(out.len());
             let mut taken = 0;
-            self.backend.scan(state, &start[..10], &end, &mut |k, _| match parse_timer(k) {
-                Ok(t) if t.time > up_to => {
-                    next = t.time;
-                    false
-                }
-                Ok(t) => {
-                    if taken == room {
-                        // Full: the rest of this group waits for the next call.
+            self.backend
+                .scan(state, &start[..10], &end, &mut |k, _| match parse_timer(k) {
+                    Ok(t) if t.time > up_to => {
                         next = t.time;
-                        return false;
+                        false
                     }
-                    taken += 1;
-                    out.push(t);
-                    true
-                }
-                Err(e) => {
-                    err = Some(e);
-                    false
-                }
-            })?;
+                    Ok(t) => {
+                        if taken == room {
+                            // Full: the rest of this group waits for the next call.
+                            next = t.time;
+                            return false;
+                        }
+                        taken += 1;
+                        out.push(t);
+                        true
+                    }
+                    Err(e) => {
+                        err = Some(e);
+                        false
+                    }
+                })?;
             if let Some(e) = err {
                 return Err(e);
             }
@@ -319,7 +320,10 @@ mod tests {
             namespace: &encode_time(5),
         };
         assert_eq!(value_key(e), b"\x01\x02k\x80\0\0\0\0\0\0\x05");
-        assert_eq!(timer_key(3, -1, b"ab", b"n"), b"\0\x03\x7f\xff\xff\xff\xff\xff\xff\xff\0\0\0\x02abn");
+        assert_eq!(
+            timer_key(3, -1, b"ab", b"n"),
+            b"\0\x03\x7f\xff\xff\xff\xff\xff\xff\xff\0\0\0\x02abn"
+        );
     }
 
     #[test]
@@ -342,6 +346,9 @@ mod tests {
         // Chunks: a limit of one hands them out one at a time.
         let first = s.due_timers(1, i64::MAX, 1).expect("due");
         assert_eq!(first.len(), 1);
-        assert_eq!((first[0].key_group, first[0].time, first[0].key.as_slice()), (1, 100, &b"k1"[..]));
+        assert_eq!(
+            (first[0].key_group, first[0].time, first[0].key.as_slice()),
+            (1, 100, &b"k1"[..])
+        );
     }
 }

@@ -131,9 +131,15 @@ pub fn open_keyed(
         usize::from(g.end.min(key_groups.end).saturating_sub(g.start.max(key_groups.start)))
     };
     let exact = match (kind, overlapping.as_slice()) {
-        (StateBackendKind::RocksDb, [StateSource::RocksDb { dir: from, key_groups: g }]) if *g == key_groups => {
-            Some(from.clone())
-        }
+        (
+            StateBackendKind::RocksDb,
+            [
+                StateSource::RocksDb {
+                    dir: from,
+                    key_groups: g,
+                },
+            ],
+        ) if *g == key_groups => Some(from.clone()),
         _ => None,
     };
     let base = match kind {
@@ -228,12 +234,25 @@ mod tests {
         }
         drop(rocks);
         let decls = [
-            StateDecl { name: "s0", kind: StateKind::Value },
-            StateDecl { name: "s1", kind: StateKind::Value },
+            StateDecl {
+                name: "s0",
+                kind: StateKind::Value,
+            },
+            StateDecl {
+                name: "s1",
+                kind: StateKind::Value,
+            },
         ];
         let sources = [
-            StateSource::RocksDb { dir: chk.clone(), key_groups: 0..8 },
-            StateSource::Entries { bytes: std::sync::Arc::new(bytes.clone()), key_groups: 0..8, path: "heap".into() },
+            StateSource::RocksDb {
+                dir: chk.clone(),
+                key_groups: 0..8,
+            },
+            StateSource::Entries {
+                bytes: std::sync::Arc::new(bytes.clone()),
+                key_groups: 0..8,
+                path: "heap".into(),
+            },
         ];
         for source in &sources {
             for kind in [StateBackendKind::RocksDb, StateBackendKind::Heap] {
@@ -242,9 +261,14 @@ mod tests {
                 let mut all = (vec![], vec![]);
                 for (i, range) in [0..3u16, 3..8].into_iter().enumerate() {
                     let target = dir.path().join(format!("t-{i}-{kind:?}"));
-                    let s = open_keyed(kind, &target, &decls, range.clone(), std::slice::from_ref(source)).expect("open");
+                    let s =
+                        open_keyed(kind, &target, &decls, range.clone(), std::slice::from_ref(source)).expect("open");
                     let (a, b) = (dump(s.backend(), 0), dump(s.backend(), 1));
-                    assert!(a.iter().chain(&b).all(|(k, _)| range.contains(&u16::from_be_bytes([k[0], k[1]]))));
+                    assert!(
+                        a.iter()
+                            .chain(&b)
+                            .all(|(k, _)| range.contains(&u16::from_be_bytes([k[0], k[1]])))
+                    );
                     all.0.extend(a);
                     all.1.extend(b);
                 }
@@ -252,8 +276,21 @@ mod tests {
             }
         }
         let cut = bytes.len() / 2;
-        let truncated = StateSource::Entries { bytes: std::sync::Arc::new(bytes[..cut].to_vec()), key_groups: 0..8, path: "heap".into() };
-        assert!(open_keyed(StateBackendKind::Heap, &dir.path().join("x"), &decls, 0..8, &[truncated]).is_err());
+        let truncated = StateSource::Entries {
+            bytes: std::sync::Arc::new(bytes[..cut].to_vec()),
+            key_groups: 0..8,
+            path: "heap".into(),
+        };
+        assert!(
+            open_keyed(
+                StateBackendKind::Heap,
+                &dir.path().join("x"),
+                &decls,
+                0..8,
+                &[truncated]
+            )
+            .is_err()
+        );
     }
 
     fn exercise_groups(backend: &mut dyn StateBackend) {
@@ -282,8 +319,14 @@ mod import_tests {
     use crate::checkpoint::OperatorSnapshot;
 
     const DECLS: &[StateDecl] = &[
-        StateDecl { name: "v", kind: StateKind::Value },
-        StateDecl { name: "t", kind: StateKind::Timers },
+        StateDecl {
+            name: "v",
+            kind: StateKind::Value,
+        },
+        StateDecl {
+            name: "t",
+            kind: StateKind::Timers,
+        },
     ];
 
     /// Entries imported from a snapshot, then deleted, are gone from the
@@ -294,23 +337,42 @@ mod import_tests {
         let mut a = open_keyed(StateBackendKind::RocksDb, &dir.path().join("a"), DECLS, 0..8, &[]).expect("open");
         let mut w = KeyedWrite::default();
         for g in 0u16..8 {
-            let e = EntryRef { key_group: g, key: b"k", namespace: b"ns" };
+            let e = EntryRef {
+                key_group: g,
+                key: b"k",
+                namespace: b"ns",
+            };
             w.put(0, e, vec![g as u8]);
             w.add_timer(1, g, 10, b"k", b"ns");
         }
         a.write(w).expect("write");
-        let OperatorSnapshot::RocksDb { dir: chk, key_groups, .. } = a.snapshot(1).expect("snapshot") else { panic!() };
+        let OperatorSnapshot::RocksDb {
+            dir: chk, key_groups, ..
+        } = a.snapshot(1).expect("snapshot")
+        else {
+            panic!()
+        };
         let source = StateSource::RocksDb { dir: chk, key_groups };
-        let mut b = open_keyed(StateBackendKind::RocksDb, &dir.path().join("b"), DECLS, 0..4, &[source]).expect("import");
+        let mut b =
+            open_keyed(StateBackendKind::RocksDb, &dir.path().join("b"), DECLS, 0..4, &[source]).expect("import");
         let due = b.due_timers(1, 100, 100).expect("due");
         assert_eq!(due.len(), 4);
         let mut w = KeyedWrite::default();
         for t in &due {
             w.delete_timer(1, t);
-            w.delete(0, EntryRef { key_group: t.key_group, key: &t.key, namespace: &t.namespace });
+            w.delete(
+                0,
+                EntryRef {
+                    key_group: t.key_group,
+                    key: &t.key,
+                    namespace: &t.namespace,
+                },
+            );
         }
         b.write(w).expect("delete");
-        let OperatorSnapshot::RocksDb { dir: chk2, .. } = b.snapshot(2).expect("snapshot") else { panic!() };
+        let OperatorSnapshot::RocksDb { dir: chk2, .. } = b.snapshot(2).expect("snapshot") else {
+            panic!()
+        };
         let mut left = 0;
         transfer::for_each_in_rocksdb(&chk2, 0..8, &mut |_, _, _, _| {
             left += 1;

@@ -274,10 +274,15 @@ pub fn import(
         let mut chunk: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let mut chunk_state = 0usize;
         source.for_each(overlap, &mut |state, g, key, value| {
-            let id = states.iter().position(|s| *s == state).ok_or_else(|| StateError::Corrupt {
-                state: state.to_string(),
-                message: format!("the restored state has a state '{state}' this operator does not declare ({states:?})"),
-            })?;
+            let id = states
+                .iter()
+                .position(|s| *s == state)
+                .ok_or_else(|| StateError::Corrupt {
+                    state: state.to_string(),
+                    message: format!(
+                        "the restored state has a state '{state}' this operator does not declare ({states:?})"
+                    ),
+                })?;
             if id != chunk_state || chunk.len() >= INGEST_CHUNK {
                 backend.ingest(chunk_state, std::mem::take(&mut chunk))?;
                 chunk_state = id;
