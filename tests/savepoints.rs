@@ -681,3 +681,68 @@ async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
         .await
         .expect("restored without the unclaimed state");
 }
+
+/// `pipeline.operator-uids` pins the window's uid: its state survives a
+/// changed filter upstream (which changes the derived uid), and a changed
+/// key type is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pinned_uids_keep_window_state_across_a_changed_filter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let query = |filter: &str| INSERT.replace("GROUP BY", &format!("WHERE {filter} GROUP BY"));
+    let (before, after) = (query("k >= 0"), query("k >= 0 AND k < 1000"));
+    let expected = undisturbed_query(dir.path(), &input, "rocksdb", &before).await;
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let pin = "SET 'pipeline.operator-uids' = 'window=counts, sink:counts=counts-sink';";
+    let run = Run {
+        parallelism: 2,
+        backend: "rocksdb",
+        from: None,
+        sync: false,
+        extra: pin,
+    };
+    start_query(&mut session, run, &before).await;
+    wait_for_checkpoints(&mut session, 1).await;
+    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+
+    // Without the pin the changed query's window is another operator.
+    let sql = format!(
+        "RESET 'pipeline.operator-uids';
+         SET 'pipeline.name' = 'golden'; SET 'execution.checkpointing.interval' = '150 ms';
+         SET 'execution.state-recovery.path' = '{}'; {after}",
+        sp.display()
+    );
+    let Err(err) = session.execute_sql(&sql).await else {
+        panic!("restored without the pin")
+    };
+    assert!(err.to_string().contains("counts"), "{err}");
+    session.execute_sql("RESET;").await.expect("reset");
+
+    // A pinned window whose key type changed: refused by name.
+    let retyped = before
+        .replace("SELECT k,", "SELECT CAST(k AS STRING),")
+        .replace("GROUP BY k,", "GROUP BY CAST(k AS STRING),");
+    let sql = format!(
+        "SET 'pipeline.name' = 'golden'; SET 'execution.checkpointing.interval' = '150 ms'; {pin}
+         SET 'execution.state-recovery.path' = '{}'; {retyped}",
+        sp.display()
+    );
+    let Err(err) = session.execute_sql(&sql).await else {
+        panic!("restored with other key types")
+    };
+    assert!(err.to_string().contains("key types cannot change"), "{err}");
+    session.execute_sql("RESET;").await.expect("reset");
+
+    // Pinned: the state is the window's, the output as if undisturbed.
+    let run = Run {
+        parallelism: 3,
+        backend: "rocksdb",
+        from: Some(&sp),
+        sync: true,
+        extra: pin,
+    };
+    start_query(&mut session, run, &after).await;
+    assert_same_rows(&output(&out), &expected, "pinned uids");
+}

@@ -38,6 +38,7 @@ pub const CLAIM_MODE: &str = "execution.state-recovery.claim-mode";
 pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
 pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
+pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
@@ -204,6 +205,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("DELETE_ON_CANCELLATION"),
     OptionSpec::new(
+        OPERATOR_UIDS,
+        OptionKind::String,
+        "explicit operator uids, 'selector=uid,...': selectors window, window#2, limit, source:<table>, \
+         sink:<table>; keeps an operator's state across query changes that would change its derived uid",
+    ),
+    OptionSpec::new(
         WINDOW_BUFFER_LIMIT,
         OptionKind::Int { min: 1, max: i32::MAX as i64 },
         "with RocksDB state: (key, window) groups a window aggregate pre-aggregates in memory before it writes them to RocksDB",
@@ -271,6 +278,8 @@ pub struct JobConfig {
     pub retain_checkpoints: bool,
     /// `table.exec.window-agg.buffer-size-limit`.
     pub window_buffer_limit: usize,
+    /// `pipeline.operator-uids`: (selector, uid).
+    pub operator_uids: Vec<(String, String)>,
     /// Where the job's SQL may make Weir read and write files (checked for
     /// every path option of the job and of its tables).
     pub paths: crate::paths::PathPolicy,
@@ -282,6 +291,9 @@ impl JobConfig {
         let mut m = BTreeMap::new();
         m.insert(key.to_string(), value.to_string());
         Options::validate(&m, JOB_OPTIONS, "SET")?;
+        if key == OPERATOR_UIDS {
+            crate::uid::parse_pinned(value).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?;
+        }
         Ok(())
     }
 
@@ -385,6 +397,12 @@ impl JobConfig {
             },
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
+            operator_uids: match o.get(OPERATOR_UIDS) {
+                Some(v) => {
+                    crate::uid::parse_pinned(v).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?
+                }
+                None => vec![],
+            },
             paths: crate::paths::PathPolicy::unrestricted(),
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,

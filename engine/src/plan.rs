@@ -178,10 +178,10 @@ pub struct SinkNode {
 
 impl StreamGraph {
     /// A graph of `nodes` (inputs before the nodes they feed) with their
-    /// uids assigned.
-    pub fn new(nodes: Vec<StreamNode>, edges: Vec<StreamEdge>) -> Self {
+    /// uids assigned (`pinned`: `pipeline.operator-uids`).
+    pub fn new(nodes: Vec<StreamNode>, edges: Vec<StreamEdge>, pinned: &[(String, String)]) -> Self {
         let mut g = Self { nodes, edges };
-        let uids = crate::uid::assign(&g);
+        let uids = crate::uid::assign(&g, pinned);
         for (n, uid) in g.nodes.iter_mut().zip(uids) {
             n.uid = uid;
         }

@@ -10,6 +10,12 @@
 //! same query at 3. A node whose meaning changed gets a new uid: its old
 //! state matches no operator (an error unless
 //! `execution.state-recovery.ignore-unclaimed-state`).
+//!
+//! A user pins uids with `pipeline.operator-uids` = `'selector=uid,...'`
+//! (selectors: `window` / `window#N` for the N-th window aggregate in plan
+//! order, `limit`, `source:<table>`, `sink:<table>`), to keep an
+//! operator's state across a change upstream of it. Nodes downstream of a
+//! pinned one derive their uid from the pinned uid.
 
 use std::sync::Arc;
 
@@ -82,8 +88,9 @@ fn canonical_exprs(es: &[Arc<dyn PhysicalExpr>]) -> String {
 /// The uid of every node, in node order (inputs come first), from its
 /// canonical description; inputs are referred to by their uid, so a
 /// node's uid covers everything upstream.
-pub fn assign(graph: &StreamGraph) -> Vec<String> {
+pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
     let mut uids: Vec<String> = Vec::with_capacity(graph.nodes.len());
+    let mut ordinal: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for n in &graph.nodes {
         let inputs: Vec<String> = graph
             .inputs(n.id)
@@ -137,7 +144,49 @@ pub fn assign(graph: &StreamGraph) -> Vec<String> {
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
         let text = format!("{kind}|{body}|in=[{}]|out=[{}]", inputs.join(";"), out_types.join(","));
-        uids.push(format!("{kind}_{}", &checksum(text.as_bytes())[..12]));
+        let nth = ordinal.entry(kind).or_insert(0);
+        *nth += 1;
+        let selectors = match &n.kind {
+            NodeKind::Source(s) => vec![format!("source:{}", s.table.name)],
+            NodeKind::Sink(s) => vec![format!("sink:{}", s.name)],
+            _ if *nth == 1 => vec![kind.to_string(), format!("{kind}#1")],
+            _ => vec![format!("{kind}#{nth}")],
+        };
+        let given = pinned
+            .iter()
+            .find(|(sel, _)| selectors.iter().any(|s| s.eq_ignore_ascii_case(sel)))
+            .map(|(_, uid)| uid.clone());
+        uids.push(given.unwrap_or_else(|| format!("{kind}_{}", &checksum(text.as_bytes())[..12])));
     }
     uids
+}
+
+/// Parses `pipeline.operator-uids`: `selector=uid` pairs, comma-separated.
+/// A uid is letters, digits, `-` and `_` (it names files and metadata
+/// keys), and is given once.
+pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = vec![];
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (sel, uid) = part
+            .split_once('=')
+            .ok_or_else(|| format!("'{part}' is not selector=uid"))?;
+        let (sel, uid) = (sel.trim(), uid.trim());
+        let kind_ok = matches!(
+            sel.split(['#', ':']).next(),
+            Some("window" | "limit" | "calc" | "source" | "sink")
+        );
+        if !kind_ok || sel.is_empty() {
+            return Err(format!(
+                "unknown selector '{sel}'; use window, window#N, limit, source:<table> or sink:<table>"
+            ));
+        }
+        if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("uid '{uid}' must be letters, digits, '-' and '_'"));
+        }
+        if out.iter().any(|(_, u)| u == uid) {
+            return Err(format!("uid '{uid}' is given twice"));
+        }
+        out.push((sel.to_string(), uid.to_string()));
+    }
+    Ok(out)
 }

@@ -352,7 +352,7 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn finish(self) -> StreamGraph {
-        StreamGraph::new(self.nodes, self.edges)
+        StreamGraph::new(self.nodes, self.edges, &self.config.operator_uids)
     }
 
     fn add(
