@@ -428,8 +428,7 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
     let text = rows_text(&mut session, "SHOW CHECKPOINTS FOR JOB 'big';").await?;
     let last = text
         .lines()
-        .filter(|l| l.contains("COMPLETED"))
-        .last()
+        .rfind(|l| l.contains("COMPLETED"))
         .unwrap_or_default()
         .to_string();
     let cells: Vec<&str> = last.split('|').map(str::trim).collect();

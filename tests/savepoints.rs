@@ -226,9 +226,7 @@ async fn golden_rerun_with(query: &str, extra: &str) {
                 sync: false,
                 extra,
             };
-            start_query(&mut session, run, query).await;
-            wait_for_checkpoints(&mut session, 1).await;
-            let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+            let sp = run_to_savepoint(&mut session, run, query).await;
             let so_far = output(&out);
             assert!(
                 so_far.len() < expected.len(),
@@ -285,9 +283,7 @@ async fn savepoints_move_between_state_backends() {
             sync: false,
             extra: "",
         };
-        start_query(&mut session, run, query).await;
-        wait_for_checkpoints(&mut session, 1).await;
-        from = Some(savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await);
+        from = Some(run_to_savepoint(&mut session, run, query).await);
     }
     let run = Run {
         parallelism: 1,
@@ -474,6 +470,32 @@ async fn drain_fires_every_window_before_the_savepoint_and_no_drain_keeps_them()
     }
 }
 
+/// A session over `dir` with the tables, and the HOP job stopped midway
+/// (parallelism 2, RocksDB) with a savepoint: (session, output dir,
+/// savepoint).
+async fn stopped_with_savepoint(dir: &Path) -> (Session, PathBuf, PathBuf) {
+    let input = write_input(dir);
+    let out = dir.join("out");
+    let mut session = Session::open(dir.join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let run = Run {
+        parallelism: 2,
+        backend: "rocksdb",
+        from: None,
+        sync: false,
+        extra: "",
+    };
+    let sp = run_to_savepoint(&mut session, run, INSERT).await;
+    (session, out, sp)
+}
+
+/// Starts `query`, waits for a checkpoint, and stops it with a savepoint.
+async fn run_to_savepoint(session: &mut Session, run: Run<'_>, query: &str) -> PathBuf {
+    start_query(session, run, query).await;
+    wait_for_checkpoints(session, 1).await;
+    savepoint(session, "STOP JOB 'golden' WITH SAVEPOINT;").await
+}
+
 /// Every file below `dir` with its bytes.
 fn snapshot_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = vec![];
@@ -495,23 +517,7 @@ fn snapshot_files(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_claim_leaves_the_savepoint_byte_identical_and_checkpoints_full() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let input = write_input(dir.path());
-    let out = dir.path().join("out");
-    let mut session = Session::open(dir.path().join("data")).expect("session");
-    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
-    start(
-        &mut session,
-        Run {
-            parallelism: 2,
-            backend: "rocksdb",
-            from: None,
-            sync: false,
-            extra: "",
-        },
-    )
-    .await;
-    wait_for_checkpoints(&mut session, 1).await;
-    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let (mut session, _out, sp) = stopped_with_savepoint(dir.path()).await;
     let before = snapshot_files(&sp);
     start(
         &mut session,
@@ -585,23 +591,7 @@ fn copy_dir(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let input = write_input(dir.path());
-    let out = dir.path().join("out");
-    let mut session = Session::open(dir.path().join("data")).expect("session");
-    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
-    start(
-        &mut session,
-        Run {
-            parallelism: 2,
-            backend: "rocksdb",
-            from: None,
-            sync: false,
-            extra: "",
-        },
-    )
-    .await;
-    wait_for_checkpoints(&mut session, 1).await;
-    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let (mut session, out, sp) = stopped_with_savepoint(dir.path()).await;
     let rows_before = output(&out);
     let state_file = snapshot_files(&sp)
         .into_iter()
@@ -703,9 +693,7 @@ async fn pinned_uids_keep_window_state_across_a_changed_filter() {
         sync: false,
         extra: pin,
     };
-    start_query(&mut session, run, &before).await;
-    wait_for_checkpoints(&mut session, 1).await;
-    let sp = savepoint(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let sp = run_to_savepoint(&mut session, run, &before).await;
 
     // Without the pin the changed query's window is another operator.
     let sql = format!(

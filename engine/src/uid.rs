@@ -47,7 +47,7 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
         let encoded = v
             .to_array()
             .ok()
-            .and_then(|a| RowCodec::new(&[dt.clone()]).ok()?.encode(&[a]).ok())
+            .and_then(|a| RowCodec::new(std::slice::from_ref(&dt)).ok()?.encode(&[a]).ok())
             .map(|rows| rows.iter().flatten().map(|b| format!("{b:02x}")).collect::<String>())
             .unwrap_or_else(|| "?".into());
         return format!("lit:{}:{encoded}", type_name(&dt));

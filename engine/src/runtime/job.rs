@@ -654,6 +654,7 @@ fn build_metrics_and_groups(
 /// One attempt: deploys every subtask (from `restored` if given), runs
 /// them with a checkpoint coordinator when checkpointing is on, and ends
 /// when all finished or one failed.
+#[allow(clippy::too_many_arguments)]
 async fn run_attempt(
     graph: &StreamGraph,
     config: &JobConfig,

@@ -163,7 +163,7 @@ impl Output {
                     let rows = encoder.encode(&arrays)?;
                     let mut per_target: Vec<Vec<u32>> = vec![vec![]; n];
                     for (i, row) in rows.iter().enumerate() {
-                        let g = key_group(row.as_ref(), *max_parallelism);
+                        let g = key_group(row, *max_parallelism);
                         per_target[subtask_for_group(g, *max_parallelism, n)].push(i as u32);
                     }
                     for (t, idx) in per_target.into_iter().enumerate() {

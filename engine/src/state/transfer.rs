@@ -29,6 +29,9 @@ use crate::keygroup::KeyGroup;
 /// Entries per Arrow batch when writing, and per write batch on import.
 const CHUNK: usize = 16 * 1024;
 
+/// Called with each entry: state name, key group, key, value.
+pub type EntryVisitor<'a> = dyn FnMut(&str, KeyGroup, &[u8], &[u8]) -> Result<(), StateError> + 'a;
+
 /// One old subtask's state of an operator, as a restore finds it.
 #[derive(Debug, Clone)]
 pub enum StateSource {
@@ -51,11 +54,7 @@ impl StateSource {
     }
 
     /// Visits every entry of the key groups in `range`.
-    pub fn for_each(
-        &self,
-        range: Range<KeyGroup>,
-        visit: &mut dyn FnMut(&str, KeyGroup, &[u8], &[u8]) -> Result<(), StateError>,
-    ) -> Result<(), StateError> {
+    pub fn for_each(&self, range: Range<KeyGroup>, visit: &mut EntryVisitor) -> Result<(), StateError> {
         match self {
             StateSource::RocksDb { dir, .. } => for_each_in_rocksdb(dir, range, visit),
             StateSource::Entries { bytes, path, .. } => for_each_entry(bytes, path, range, visit),
@@ -190,7 +189,7 @@ pub fn for_each_entry(
     bytes: &[u8],
     path: &str,
     range: Range<KeyGroup>,
-    visit: &mut dyn FnMut(&str, KeyGroup, &[u8], &[u8]) -> Result<(), StateError>,
+    visit: &mut EntryVisitor,
 ) -> Result<(), StateError> {
     let corrupt = |message: String| StateError::Corrupt {
         state: path.to_string(),
@@ -230,11 +229,7 @@ fn rocks_err(dir: &Path, op: &str, e: rocksdb::Error) -> StateError {
 
 /// Visits the entries of `range` in the RocksDB instance at `dir`, opened
 /// read-only (a checkpoint's files are never modified).
-pub fn for_each_in_rocksdb(
-    dir: &Path,
-    range: Range<KeyGroup>,
-    visit: &mut dyn FnMut(&str, KeyGroup, &[u8], &[u8]) -> Result<(), StateError>,
-) -> Result<(), StateError> {
+pub fn for_each_in_rocksdb(dir: &Path, range: Range<KeyGroup>, visit: &mut EntryVisitor) -> Result<(), StateError> {
     let opts = Options::default();
     let names = DB::list_cf(&opts, dir).map_err(|e| rocks_err(dir, "listing the states of a checkpoint", e))?;
     let db = DB::open_cf_for_read_only(&opts, dir, &names, false)

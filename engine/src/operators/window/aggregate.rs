@@ -80,6 +80,9 @@ pub const STATES: &[StateDecl] = &[
 /// jump fires many windows at once.
 const FIRE_CHUNK: usize = 8192;
 
+/// A restored window's keys and encoded accumulator states.
+type RestoredPane = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 /// Bytes a live group is counted as (key aside) in the state-size metric.
 const LIVE_GROUP_BYTES: i64 = 32;
 
@@ -297,7 +300,7 @@ impl WindowAggregateOperator {
     /// (canonical entries or RocksDB checkpoints of any parallelism).
     pub fn restore_live(&mut self, groups: Range<KeyGroup>, sources: &[StateSource]) -> Result<()> {
         // Window end → (keys, encoded accumulator states).
-        let mut by_end: HashMap<i64, (Vec<Vec<u8>>, Vec<Vec<u8>>)> = HashMap::new();
+        let mut by_end: HashMap<i64, RestoredPane> = HashMap::new();
         for source in sources {
             let sr = source.key_groups();
             let overlap = sr.start.max(groups.start)..sr.end.min(groups.end);
@@ -609,7 +612,7 @@ fn output_batch<'a>(
         });
     }
     columns.extend(agg_columns);
-    Ok(batch_with_schema(&op.schema, columns)?)
+    batch_with_schema(&op.schema, columns)
 }
 
 /// Rows of one batch that go to one pane, and their groups in it.
