@@ -72,6 +72,7 @@ fn start_coordinator(
         savepoints: Arc::new(tokio::sync::Mutex::new(tokio::sync::mpsc::unbounded_channel().1)),
         claimed: None,
         stop: None,
+        protected: None,
     };
     Harness {
         triggers,

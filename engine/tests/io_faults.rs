@@ -126,6 +126,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
         savepoints: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),
         claimed: None,
         stop: None,
+        protected: None,
     };
     Harness {
         triggers,

@@ -193,6 +193,9 @@ pub struct CheckpointCoordinator {
     /// savepoint completes, before any other barrier could let the sources
     /// read on.
     pub stop: Option<Arc<watch::Sender<bool>>>,
+    /// A checkpoint of this job's directory restored under NO_CLAIM: kept
+    /// by garbage collection whatever is retained.
+    pub protected: Option<CheckpointMetadata>,
     /// A snapshot restored in CLAIM mode: deleted once a checkpoint of
     /// this job completes.
     pub claimed: Option<std::path::PathBuf>,
@@ -671,7 +674,8 @@ impl CheckpointCoordinator {
             st.retained.pop_front();
         }
         let storage = self.storage.clone();
-        let retained: Vec<CheckpointMetadata> = st.retained.iter().cloned().collect();
+        let mut retained: Vec<CheckpointMetadata> = st.retained.iter().cloned().collect();
+        retained.extend(self.protected.clone());
         let gc = tokio::task::spawn_blocking(move || storage.collect_garbage(&retained.iter().collect::<Vec<_>>()))
             .await
             .map_err(|e| ExecError::internal(format!("garbage collection task failed: {e}")))?;

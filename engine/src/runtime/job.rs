@@ -994,7 +994,15 @@ async fn run_attempt(
             // first checkpoint after a savepoint is full; NO_CLAIM).
             restored: restored
                 .as_ref()
-                .filter(|r| !r.is_savepoint() && r.path.parent() == Some(cp.root.as_path()))
+                .filter(|r| {
+                    !r.is_savepoint() && r.path.parent() == Some(cp.root.as_path()) && !no_claim_restore(r, config)
+                })
+                .map(|r| r.metadata.clone()),
+            // A checkpoint of this job's own directory named by the user
+            // under NO_CLAIM: never deleted by garbage collection.
+            protected: restored
+                .as_ref()
+                .filter(|r| r.path.parent() == Some(cp.root.as_path()) && no_claim_restore(r, config))
                 .map(|r| r.metadata.clone()),
             max_parallelism: config.max_parallelism,
             operator_info: crate::checkpoint::compat::operator_info(graph),
@@ -1063,6 +1071,13 @@ async fn run_attempt(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// `r` is the snapshot the user named (`execution.state-recovery.path`)
+/// and the claim mode is NO_CLAIM: the job must neither build on nor
+/// delete it.
+fn no_claim_restore(r: &RestoredJob, config: &JobConfig) -> bool {
+    !config.claim && config.recovery_path.as_deref().is_some_and(|p| p == r.path.as_path())
 }
 
 fn create_operator(
