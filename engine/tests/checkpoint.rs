@@ -29,7 +29,7 @@ struct Harness {
 }
 
 fn start(root: &Path, retained: usize) -> Harness {
-    start_coordinator(root, retained, Duration::from_secs(60), 0, 1, Default::default())
+    start_coordinator(root, retained, Duration::from_secs(60), 0, 1, Default::default(), None)
 }
 
 /// A coordinator over `tasks` tasks (task 0 is the only source reader).
@@ -40,6 +40,7 @@ fn start_coordinator(
     tolerable: u32,
     tasks: usize,
     committers: std::collections::HashMap<String, Arc<dyn weir_engine::connectors::Committer>>,
+    protected: Option<weir_engine::checkpoint::CheckpointMetadata>,
 ) -> Harness {
     let (trigger_tx, triggers) = watch::channel(None);
     let (reports, report_rx) = mpsc::unbounded_channel();
@@ -72,7 +73,7 @@ fn start_coordinator(
         savepoints: Arc::new(tokio::sync::Mutex::new(tokio::sync::mpsc::unbounded_channel().1)),
         claimed: None,
         stop: None,
-        protected: None,
+        protected,
     };
     Harness {
         triggers,
@@ -387,7 +388,7 @@ fn start_with_sink(root: &Path, timeout: Duration, tolerable: u32, committer: Ar
     let mut committers: std::collections::HashMap<String, Arc<dyn weir_engine::connectors::Committer>> =
         Default::default();
     committers.insert("sink-2".into(), committer);
-    start_coordinator(root, 2, timeout, tolerable, 2, committers)
+    start_coordinator(root, 2, timeout, tolerable, 2, committers, None)
 }
 
 impl Harness {
@@ -553,4 +554,31 @@ async fn final_output_of_a_task_that_finished_during_a_checkpoint_is_committed()
         .expect("join")
         .expect("ok");
     assert_eq!(*committed.0.lock().expect("lock"), vec![v("before-n"), v("after-n")]);
+}
+
+/// NO_CLAIM of a checkpoint in the job's own directory: later checkpoints
+/// and their garbage collection leave it and its shared files in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protected_checkpoint_survives_garbage_collection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("checkpoints");
+    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"]).expect("open");
+    let mut h = start(&root, 1);
+    write_keys(&mut db, 0..20_000, 0);
+    let first = h.checkpoint(&mut db).await;
+    h.triggers.changed().await.expect("barrier after the first");
+    drop(h);
+    let storage = CheckpointStorage::new(root.clone());
+    let meta = storage.load(first).expect("load");
+    let files: Vec<std::path::PathBuf> = meta.files().map(|f| root.join(&f.path)).collect();
+
+    let mut h = start_coordinator(&root, 1, Duration::from_secs(60), 0, 1, Default::default(), Some(meta));
+    for round in 1..4u8 {
+        write_keys(&mut db, 0..20_000, round);
+        db.compact_all();
+        h.checkpoint(&mut db).await;
+    }
+    h.triggers.changed().await.expect("barrier after the last");
+    assert!(storage.load(first).is_ok(), "the protected checkpoint still verifies");
+    assert!(files.iter().all(|f| f.exists()), "its files are all there");
 }
