@@ -199,21 +199,16 @@ impl Aggs {
         Ok(rows.iter().map(<[u8]>::to_vec).collect())
     }
 
-    /// The values each aggregate reads from `batch`, taken at `indices`.
-    fn inputs(&self, batch: &RecordBatch, indices: Option<&UInt32Array>) -> Result<Vec<Vec<ArrayRef>>> {
+    /// The values each aggregate reads from `batch`, evaluated once per
+    /// batch (each window's rows are then taken from them).
+    fn evaluate(&self, batch: &RecordBatch) -> Result<Vec<Vec<ArrayRef>>> {
         let n = batch.num_rows();
         self.aggregates
             .iter()
             .map(|agg| {
                 agg.expressions()
                     .iter()
-                    .map(|e| {
-                        let v = e.evaluate(batch)?.into_array(n)?;
-                        Ok(match indices {
-                            Some(ix) => take(&v, ix, None)?,
-                            None => v,
-                        })
-                    })
+                    .map(|e| Ok(e.evaluate(batch)?.into_array(n)?))
                     .collect::<Result<Vec<_>>>()
             })
             .collect()
@@ -687,6 +682,12 @@ impl Operator for WindowAggregateOperator {
             let mut grown = 0i64;
             let mut new_groups = 0usize;
             let maxp = self.max_parallelism;
+            // Aggregate inputs once per batch, not once per window.
+            let evaluated = if work.is_empty() {
+                vec![]
+            } else {
+                self.aggs.evaluate(&batch)?
+            };
             for (end, mut w) in work {
                 let pane: &mut Pane = panes.pane(end);
                 w.groups.reserve(w.rows.len());
@@ -709,9 +710,15 @@ impl Operator for WindowAggregateOperator {
                     pane.accs = self.aggs.accumulators()?;
                 }
                 let indices = (w.rows.len() != n).then(|| UInt32Array::from(w.rows));
-                let inputs = self.aggs.inputs(&batch, indices.as_ref())?;
                 let total = pane.len();
-                for (acc, values) in pane.accs.iter_mut().zip(inputs) {
+                for (acc, values) in pane.accs.iter_mut().zip(&evaluated) {
+                    let values = match &indices {
+                        Some(ix) => values
+                            .iter()
+                            .map(|v| take(v, ix, None))
+                            .collect::<Result<Vec<_>, _>>()?,
+                        None => values.clone(),
+                    };
                     acc.update_batch(&values, &w.groups, None, total)?;
                 }
             }
