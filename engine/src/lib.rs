@@ -20,11 +20,13 @@
 //!   `_metadata`, incremental RocksDB uploads, restore with fallback.
 //! - [`state`]: the [`state::StateBackend`] trait, RocksDB and heap backends.
 //! - [`error`]: [`error::ExecError`] and friends.
+//! - [`expr`]: faster physical expressions swapped in after planning.
 
 pub mod checkpoint;
 pub mod config;
 pub mod connectors;
 pub mod error;
+pub mod expr;
 pub mod failpoint;
 pub mod keygroup;
 pub mod message;

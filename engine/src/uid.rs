@@ -52,7 +52,10 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
             .unwrap_or_else(|| "?".into());
         return format!("lit:{}:{encoded}", type_name(&dt));
     }
-    if let Some(b) = e.downcast_ref::<BinaryExpr>() {
+    // The same text as the expression it replaced: uids do not change
+    // when Weir evaluates an expression another way.
+    let shifted = e.downcast_ref::<crate::expr::TimestampShift>().map(|s| s.binary());
+    if let Some(b) = e.downcast_ref::<BinaryExpr>().or(shifted) {
         return format!(
             "({} {} {})",
             canonical_expr(b.left()),

@@ -164,6 +164,7 @@ impl Planner {
         lowercase_functions(&mut expr);
         let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
         let physical = self.state.create_physical_expr(logical.clone(), schema)?;
+        let physical = weir_engine::expr::fast_paths(physical, schema.as_arrow())?;
         Ok((logical, physical))
     }
 
@@ -393,7 +394,8 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn physical(&self, e: &Expr, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
-        Ok(self.planner.state.create_physical_expr(e.clone(), schema)?)
+        let physical = self.planner.state.create_physical_expr(e.clone(), schema)?;
+        Ok(weir_engine::expr::fast_paths(physical, schema.as_arrow())?)
     }
 
     fn convert(&mut self, plan: &LogicalPlan) -> Result<NodeId> {

@@ -86,6 +86,13 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// split's id must depend only on the connector's options and `count`.
     fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
 
+    /// The splits of a restore whose snapshot has positions for `ids`: by
+    /// default as many as it recorded. Connectors whose split ids carry
+    /// their layout (a file's byte ranges) rebuild it from them.
+    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        self.create_splits(ids.len())
+    }
+
     /// Where bad records go (`scan.dead-letter.path`); `None`: the source
     /// fails on them or skips them.
     fn dead_letter_dir(&self) -> Option<&std::path::Path> {

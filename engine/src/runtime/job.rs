@@ -847,12 +847,16 @@ async fn run_attempt(
                     // Restored: the splits the snapshot has positions for,
                     // whatever the parallelism was (split ids do not
                     // depend on it); fresh: as many as subtasks.
-                    let recorded = restored
+                    let recorded: Vec<String> = restored
                         .as_ref()
                         .and_then(|r| r.metadata.sources.get(&head.uid))
-                        .map_or(0, Vec::len);
-                    let split_count = if recorded > 0 { recorded } else { head.parallelism };
-                    let splits = src.factory.create_splits(split_count)?;
+                        .map(|positions| positions.iter().map(|p| p.split.clone()).collect())
+                        .unwrap_or_default();
+                    let splits = if recorded.is_empty() {
+                        src.factory.create_splits(head.parallelism)?
+                    } else {
+                        src.factory.restore_splits(&recorded)?
+                    };
                     let mine = splits
                         .into_iter()
                         .enumerate()

@@ -10,8 +10,10 @@
 //!   dead letters.
 
 pub(crate) mod part_file;
+mod records;
 mod sink;
 mod source;
+mod text_time;
 
 pub use sink::FileSink;
 pub use source::FileSource;
@@ -66,6 +68,12 @@ pub const OPTIONS: &[OptionSpec] = &[
         "read at most this many lines a second from each file (json, csv; 0 = unlimited): replays at a steady pace",
     )
     .with_default("0"),
+    OptionSpec::new(
+        source::MIN_SPLIT_OPTION,
+        OptionKind::Int { min: 1, max: i64::MAX },
+        "bytes: with fewer files than readers, json and csv files are cut into byte ranges of at least this size, read by several subtasks",
+    )
+    .with_default("8388608"),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +150,7 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
     for key in options.raw().keys() {
         let wrong = (key.starts_with("json.") && f.format != Format::Json)
             || (key.starts_with("csv.") && f.format != Format::Csv)
-            || (key == "scan.lines-per-second" && f.format == Format::Parquet);
+            || ((key == "scan.lines-per-second" || key == source::MIN_SPLIT_OPTION) && f.format == Format::Parquet);
         if wrong {
             return Err(config_error(
                 "filesystem",

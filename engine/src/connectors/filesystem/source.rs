@@ -13,7 +13,6 @@
 //! have no lines: their position is rows.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,10 +22,15 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
+use super::records::{Chunk, RawRecord, RecordReader, range_starts};
+use super::text_time;
 use super::{Format, FormatOptions, dead_letter_path_of, format_options, path_of};
 use crate::connectors::dead_letter::BadRecord;
 use crate::connectors::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::{ConnectorError, Result};
+
+pub const MIN_SPLIT_OPTION: &str = "source.split.min-size";
+pub const DEFAULT_MIN_SPLIT: i64 = 8 << 20;
 
 #[derive(Debug)]
 pub struct FileSource {
@@ -36,6 +40,8 @@ pub struct FileSource {
     dead_letters: Option<PathBuf>,
     /// `scan.lines-per-second` (0: unlimited).
     lines_per_second: u64,
+    /// `source.split.min-size`: the smallest byte range a file is cut into.
+    min_range_bytes: u64,
 }
 
 impl FileSource {
@@ -46,6 +52,7 @@ impl FileSource {
             schema,
             dead_letters: dead_letter_path_of(options),
             lines_per_second: options.i64("scan.lines-per-second")?.unwrap_or(0).max(0) as u64,
+            min_range_bytes: options.i64(MIN_SPLIT_OPTION)?.unwrap_or(DEFAULT_MIN_SPLIT).max(1) as u64,
         })
     }
 
@@ -77,6 +84,52 @@ impl FileSource {
     }
 }
 
+impl FileSource {
+    /// Whether text files may be cut into byte ranges: not with comment
+    /// lines (a quote in a comment would unbalance the quote count).
+    fn splittable(&self) -> bool {
+        match self.format.format {
+            Format::Json => true,
+            Format::Csv => !self.format.allow_comments,
+            Format::Parquet => false,
+        }
+    }
+
+    /// A split per (file, number of byte ranges) and range.
+    fn splits(&self, plan: Vec<(PathBuf, usize)>) -> Vec<Box<dyn SourceSplit>> {
+        let on_bad = if self.dead_letters.is_some() {
+            OnBadRecord::SetAside
+        } else if self.format.ignore_parse_errors {
+            OnBadRecord::Skip
+        } else {
+            OnBadRecord::Fail
+        };
+        let mut splits: Vec<Box<dyn SourceSplit>> = vec![];
+        for (f, ranges) in plan {
+            for index in 0..ranges {
+                let mut split = FileSplit::new(
+                    f.clone(),
+                    self.format.clone(),
+                    self.schema.clone(),
+                    on_bad,
+                    self.lines_per_second,
+                );
+                split.range = (ranges > 1).then_some(ByteRange { index, of: ranges });
+                splits.push(Box::new(split));
+            }
+        }
+        splits
+    }
+}
+
+/// `path`, or `path#i-of-n` for byte range `i` of `n`.
+fn split_id(path: &std::path::Path, range: Option<ByteRange>) -> String {
+    match range {
+        None => path.display().to_string(),
+        Some(r) => format!("{}#{}-of-{}", path.display(), r.index, r.of),
+    }
+}
+
 impl SourceFactory for FileSource {
     fn name(&self) -> &str {
         "filesystem"
@@ -86,27 +139,41 @@ impl SourceFactory for FileSource {
         true
     }
 
-    fn create_splits(&self, _parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
-        let on_bad = if self.dead_letters.is_some() {
-            OnBadRecord::SetAside
-        } else if self.format.ignore_parse_errors {
-            OnBadRecord::Skip
-        } else {
-            OnBadRecord::Fail
-        };
-        Ok(self
+    fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let files = self.files()?;
+        // Fewer files than readers: cut each into byte ranges, so that
+        // one big file is read by several subtasks.
+        let per_file = count.div_ceil(files.len().max(1));
+        let mut plan = vec![];
+        for f in files {
+            let ranges = if per_file > 1 && self.splittable() {
+                let size = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+                per_file.min((size / self.min_range_bytes.max(1)) as usize).max(1)
+            } else {
+                1
+            };
+            plan.push((f, ranges));
+        }
+        Ok(self.splits(plan))
+    }
+
+    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        // The ranges the snapshot read each file in; files it did not know
+        // (new in the directory) are read whole.
+        let plan = self
             .files()?
             .into_iter()
-            .map(|f| -> Box<dyn SourceSplit> {
-                Box::new(FileSplit::new(
-                    f,
-                    self.format.clone(),
-                    self.schema.clone(),
-                    on_bad,
-                    self.lines_per_second,
-                ))
+            .map(|f| {
+                let whole = split_id(&f, None);
+                let ranges = ids
+                    .iter()
+                    .filter_map(|id| id.strip_prefix(whole.as_str())?.strip_prefix('#'))
+                    .find_map(|r| r.split_once("-of-")?.1.parse::<usize>().ok())
+                    .unwrap_or(1);
+                (f, ranges)
             })
-            .collect())
+            .collect();
+        Ok(self.splits(plan))
     }
 
     fn dead_letter_dir(&self) -> Option<&std::path::Path> {
@@ -126,28 +193,29 @@ enum OnBadRecord {
 }
 
 enum Reader {
-    Lines(BufReader<File>),
+    Records(RecordReader),
     Parquet(ParquetRecordBatchReader),
 }
 
-/// One line as read: its number, where it starts, and its text (the
-/// bytes if they are not UTF-8).
-struct RawLine {
-    number: u64,
-    byte_offset: u64,
-    text: std::result::Result<String, Vec<u8>>,
+/// Part `index` of `of` byte ranges of a file (see [`super::records`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ByteRange {
+    index: usize,
+    of: usize,
 }
 
 pub struct FileSplit {
     path: PathBuf,
+    /// `None`: the whole file.
+    range: Option<ByteRange>,
     format: FormatOptions,
     schema: SchemaRef,
     on_bad: OnBadRecord,
+    /// CSV: the schema with timestamps read as text (see [`text_time`]).
+    text_schema: Option<SchemaRef>,
     reader: Option<Reader>,
-    /// Lines consumed (json, csv): the checkpointed position.
+    /// Lines consumed (json, csv) in the split: the checkpointed position.
     line: u64,
-    /// Bytes consumed (json, csv).
-    byte: u64,
     /// Rows produced (parquet: the checkpointed position).
     rows: u64,
     /// After a seek: lines (json, csv) or rows (parquet) read again
@@ -170,14 +238,19 @@ impl FileSplit {
         on_bad: OnBadRecord,
         lines_per_second: u64,
     ) -> Self {
+        let text_schema = match format.format {
+            Format::Csv => text_time::text_schema(&schema),
+            _ => None,
+        };
         Self {
             path,
+            range: None,
+            text_schema,
             format,
             schema,
             on_bad,
             reader: None,
             line: 0,
-            byte: 0,
             rows: 0,
             skip: 0,
             set_aside: vec![],
@@ -233,7 +306,20 @@ impl FileSplit {
                     .map_err(|e| self.data_error(0, e))?;
                 Reader::Parquet(reader)
             }
-            _ => Reader::Lines(BufReader::with_capacity(1 << 20, file)),
+            _ => {
+                let quote = (self.format.format == Format::Csv).then_some(self.format.quote);
+                let (range, first_line) = match self.range {
+                    None => (0..u64::MAX, 0),
+                    Some(r) => {
+                        let need = r.index + 2;
+                        let starts = range_starts(&self.path, r.of, need, quote).map_err(|e| self.io(e))?;
+                        let end = starts.get(r.index + 1).map_or(u64::MAX, |s| s.0);
+                        let (start, lines) = starts.get(r.index).copied().unwrap_or((u64::MAX, 0));
+                        (start..end, lines)
+                    }
+                };
+                Reader::Records(RecordReader::open(file, range, first_line, quote).map_err(|e| self.io(e))?)
+            }
         });
         Ok(())
     }
@@ -255,58 +341,52 @@ impl FileSplit {
         Ok(((self.lines_per_second / 20) as usize).clamp(1, self.max_lines))
     }
 
-    /// Reads up to `max` lines.
-    fn read_lines(&mut self, max: usize) -> Result<Vec<RawLine>> {
-        let mut lines = vec![];
-        let Some(Reader::Lines(r)) = &mut self.reader else {
-            return Ok(lines);
+    /// Reads up to `max` records, and no more than `max_lines` lines.
+    fn read_records(&mut self, max: usize, max_lines: u64) -> Result<Chunk> {
+        let Some(Reader::Records(r)) = &mut self.reader else {
+            return Ok(Chunk::default());
         };
-        let mut buf = Vec::new();
-        while lines.len() < max {
-            buf.clear();
-            let n = r.read_until(b'\n', &mut buf).map_err(|e| ConnectorError::Io {
-                path: self.path.display().to_string(),
-                source: e,
-            })?;
-            if n == 0 {
-                break;
-            }
-            while matches!(buf.last(), Some(b'\n' | b'\r')) {
-                buf.pop();
-            }
-            let number = self.line + lines.len() as u64 + 1;
-            lines.push(RawLine {
-                number,
-                byte_offset: self.byte,
-                text: String::from_utf8(std::mem::take(&mut buf)).map_err(|e| e.into_bytes()),
-            });
-            self.byte += n as u64;
-        }
-        self.line += lines.len() as u64;
-        Ok(lines)
+        let chunk = r.read(max, max_lines).map_err(|e| ConnectorError::Io {
+            path: self.path.display().to_string(),
+            source: e,
+        })?;
+        self.line += chunk.lines();
+        Ok(chunk)
     }
 
-    /// Decodes a chunk of lines into one batch. Bad lines are found by
-    /// bisection (a chunk with a few bad lines costs a few decodes of its
-    /// halves, not one per line) and failed on, skipped or set aside;
-    /// `replay` (lines read again after a seek) only counts.
-    fn decode_chunk(&mut self, lines: Vec<RawLine>, replay: bool) -> Result<Option<RecordBatch>> {
+    /// Decodes a chunk of records into one batch. A chunk of only good
+    /// records is decoded as it was read, in one go; otherwise bad records
+    /// are found by bisection (a chunk with a few bad records costs a few
+    /// decodes of its halves, not one per record) and failed on, skipped
+    /// or set aside; `replay` (records read again after a seek) only counts.
+    fn decode_chunk(&mut self, chunk: Chunk, replay: bool) -> Result<Option<RecordBatch>> {
         let decoder = LineDecoder {
             format: self.format.clone(),
             schema: self.schema.clone(),
+            text_schema: self.text_schema.clone(),
         };
-        let is_comment =
-            |l: &str| self.format.allow_comments && self.format.format == Format::Csv && l.starts_with('#');
-        let mut texts: Vec<(&RawLine, &str)> = vec![];
-        let mut bad: Vec<(&RawLine, String)> = vec![];
-        for l in &lines {
-            match &l.text {
-                Ok(t) if t.trim().is_empty() || is_comment(t) => {}
-                Ok(t) => texts.push((l, t.as_str())),
-                Err(bytes) => {
-                    let valid = std::str::from_utf8(bytes).err().map_or(0, |e| e.valid_up_to());
-                    bad.push((l, format!("invalid UTF-8 after byte {valid} of the line")));
+        let comments = self.format.allow_comments && self.format.format == Format::Csv;
+        let is_comment = |l: &str| comments && l.starts_with('#');
+        let whole = std::str::from_utf8(&chunk.text).ok();
+        if let Some(text) = whole {
+            // The common case: every record has content.
+            let plain = chunk.records.iter().all(|r| {
+                let t = &text[r.span.clone()];
+                !t.trim().is_empty() && !is_comment(t)
+            });
+            if plain {
+                if let Ok(b) = decoder.decode_records(text, chunk.records.len()) {
+                    return Ok(b);
                 }
+            }
+        }
+        let mut texts: Vec<(&RawRecord, &str)> = vec![];
+        let mut bad: Vec<(&RawRecord, String)> = vec![];
+        for r in &chunk.records {
+            match std::str::from_utf8(chunk.bytes(r)) {
+                Ok(t) if t.trim().is_empty() || is_comment(t) => {}
+                Ok(t) => texts.push((r, t)),
+                Err(e) => bad.push((r, format!("invalid UTF-8 after byte {} of the line", e.valid_up_to()))),
             }
         }
         let all: Vec<&str> = texts.iter().map(|(_, t)| *t).collect();
@@ -329,7 +409,7 @@ impl FileSplit {
                     .filter(|(l, _)| !bad_numbers.contains(&l.number))
                     .map(|(_, t)| *t)
                     .collect();
-                let first = lines.first().map_or(self.line, |l| l.number);
+                let first = chunk.records.first().map_or(self.line, |l| l.number);
                 decoder
                     .decode_lines(&good)
                     .map_err(|e| self.data_error(first, format!("the lines decode one by one but not together: {e}")))?
@@ -356,10 +436,7 @@ impl FileSplit {
                     file: file.clone(),
                     line: l.number,
                     byte_offset: l.byte_offset,
-                    raw: match &l.text {
-                        Ok(t) => t.as_bytes().to_vec(),
-                        Err(b) => b.clone(),
-                    },
+                    raw: chunk.bytes(l).to_vec(),
                     reason,
                 }));
             }
@@ -408,15 +485,17 @@ impl FileSplit {
                 Ok(n) => n,
                 Err(due) => return Ok(SplitPoll::Wait(due)),
             };
-            let lines = self.read_lines(max)?;
-            if lines.is_empty() {
+            // A chunk never straddles the position: positions are record
+            // boundaries, and a replay reads no more lines than it skips.
+            let max_lines = if replay { self.skip } else { u64::MAX };
+            let chunk = self.read_records(max, max_lines)?;
+            if chunk.records.is_empty() {
                 return Ok(SplitPoll::Finished);
             }
             if replay {
-                // A chunk never straddles the position (`max` above).
-                self.skip -= lines.len() as u64;
+                self.skip = self.skip.saturating_sub(chunk.lines());
             }
-            let batch = self.decode_chunk(lines, replay)?;
+            let batch = self.decode_chunk(chunk, replay)?;
             let rows = batch.as_ref().map_or(0, |b| b.num_rows() as u64);
             self.rows += rows;
             match batch {
@@ -435,6 +514,8 @@ impl FileSplit {
 struct LineDecoder {
     format: FormatOptions,
     schema: SchemaRef,
+    /// CSV: the schema with timestamps read as text, for the fast parser.
+    text_schema: Option<SchemaRef>,
 }
 
 impl LineDecoder {
@@ -449,7 +530,36 @@ impl LineDecoder {
             d.decode(text.as_bytes())?;
             return d.flush();
         }
-        let reader = arrow::csv::ReaderBuilder::new(self.schema.clone())
+        if let Some(text_schema) = &self.text_schema {
+            if let Some(b) = self.decode_csv_fast(text, text_schema) {
+                return Ok(Some(b));
+            }
+        }
+        self.decode_csv(text, &self.schema)
+    }
+
+    /// CSV with timestamps parsed by [`text_time`]; `None` when anything
+    /// does not decode that way (the general decode then says why).
+    fn decode_csv_fast(&self, text: &str, text_schema: &SchemaRef) -> Option<RecordBatch> {
+        let b = self.decode_csv(text, text_schema).ok()??;
+        let mut columns = Vec::with_capacity(b.num_columns());
+        for (c, f) in b.columns().iter().zip(self.schema.fields()) {
+            columns.push(match f.data_type() {
+                arrow::datatypes::DataType::Timestamp(unit, None) => {
+                    text_time::parse_column(c.as_any().downcast_ref()?, *unit)?
+                }
+                _ => c.clone(),
+            });
+        }
+        RecordBatch::try_new(self.schema.clone(), columns).ok()
+    }
+
+    fn decode_csv(
+        &self,
+        text: &str,
+        schema: &SchemaRef,
+    ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        let reader = arrow::csv::ReaderBuilder::new(schema.clone())
             .with_header(false)
             .with_delimiter(self.format.delimiter)
             .with_quote(self.format.quote)
@@ -461,8 +571,26 @@ impl LineDecoder {
         }
         match out.len() {
             0 => Ok(None),
-            _ => arrow::compute::concat_batches(&self.schema, &out).map(Some),
+            1 => Ok(out.pop()),
+            _ => arrow::compute::concat_batches(schema, &out).map(Some),
         }
+    }
+
+    /// Decodes `text`, `records` records separated by line breaks, into a
+    /// batch of that many rows.
+    fn decode_records(
+        &self,
+        text: &str,
+        records: usize,
+    ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        let batch = self.decode(text)?;
+        let rows = batch.as_ref().map_or(0, |b| b.num_rows());
+        if rows != records {
+            return Err(arrow::error::ArrowError::ParseError(format!(
+                "{records} records decode as {rows} rows"
+            )));
+        }
+        Ok(batch)
     }
 
     /// Decodes `lines` into one row each. Joined, an unfinished line can
@@ -510,7 +638,7 @@ impl LineDecoder {
 
 impl SourceSplit for FileSplit {
     fn id(&self) -> String {
-        self.path.display().to_string()
+        split_id(&self.path, self.range)
     }
 
     fn offset(&self) -> u64 {

@@ -1,0 +1,359 @@
+//! Whole records of a text file (json lines, csv), read in chunks, and the
+//! byte ranges that let several subtasks read one file.
+//!
+//! A record is a line; in CSV, a line break inside a quoted field
+//! continues the record (RFC 4180), so a record may span lines. Records
+//! are handed out in chunks of contiguous bytes, one allocation a chunk
+//! (not one per line), which the decoder reads whole.
+//!
+//! A byte range starts at a record boundary: the first record starting at
+//! or after `size * i / n`, found by one pass over the bytes before it
+//! that counts quote characters (an even count means the line break is
+//! outside quotes; `""` inside a quoted field counts twice, as it
+//! should). JSON strings cannot hold a raw line break, so any line break
+//! is a boundary there. So a range reads exactly the records that start
+//! in it, and the ranges together read the file's records once each.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::Path;
+
+/// One record of a chunk.
+#[derive(Debug, Clone)]
+pub struct RawRecord {
+    /// The file's line number of its first line (1-based).
+    pub number: u64,
+    /// The file offset of its first byte.
+    pub byte_offset: u64,
+    /// Its bytes in [`Chunk::text`], without the line terminator.
+    pub span: Range<usize>,
+    /// Physical lines it takes (more than one: line breaks in quotes).
+    pub lines: u64,
+}
+
+/// Contiguous records as they were in the file, terminators included.
+#[derive(Debug, Default)]
+pub struct Chunk {
+    pub text: Vec<u8>,
+    pub records: Vec<RawRecord>,
+}
+
+impl Chunk {
+    pub fn lines(&self) -> u64 {
+        self.records.iter().map(|r| r.lines).sum()
+    }
+
+    pub fn bytes(&self, r: &RawRecord) -> &[u8] {
+        &self.text[r.span.clone()]
+    }
+}
+
+/// Reads records from a byte range of a file.
+pub struct RecordReader {
+    file: File,
+    buf: Vec<u8>,
+    /// `buf[pos..len]` is read but not handed out.
+    pos: usize,
+    len: usize,
+    /// Bytes of the range not read into `buf` yet.
+    remaining: u64,
+    /// CSV: records continue over line breaks inside quotes.
+    quote: Option<u8>,
+    /// The file offset of `buf[pos]` and the line number of its line.
+    offset: u64,
+    line: u64,
+}
+
+const READ_SIZE: usize = 1 << 20;
+
+impl RecordReader {
+    /// Reads `range` of `file`; `first_line` is the line number (0-based)
+    /// at `range.start`.
+    pub fn open(mut file: File, range: Range<u64>, first_line: u64, quote: Option<u8>) -> std::io::Result<Self> {
+        if range.start > 0 {
+            file.seek(SeekFrom::Start(range.start))?;
+        }
+        Ok(Self {
+            file,
+            buf: vec![0; READ_SIZE],
+            pos: 0,
+            len: 0,
+            remaining: range.end - range.start,
+            quote,
+            offset: range.start,
+            line: first_line,
+        })
+    }
+
+    #[cfg(test)]
+    fn with_buffer(mut self, size: usize) -> Self {
+        self.buf = vec![0; size];
+        self
+    }
+
+    /// Refills the buffer, keeping `buf[pos..len]`; false at the end.
+    fn fill(&mut self) -> std::io::Result<bool> {
+        if self.remaining == 0 {
+            return Ok(false);
+        }
+        if self.pos > 0 {
+            self.buf.copy_within(self.pos..self.len, 0);
+            self.len -= self.pos;
+            self.pos = 0;
+        }
+        if self.len == self.buf.len() {
+            // One record longer than the buffer: grow.
+            self.buf.resize(self.buf.len() * 2, 0);
+        }
+        let want = (self.buf.len() - self.len).min(self.remaining.min(usize::MAX as u64) as usize);
+        let n = loop {
+            match self.file.read(&mut self.buf[self.len..self.len + want]) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        };
+        if n == 0 {
+            self.remaining = 0;
+            return Ok(false);
+        }
+        self.len += n;
+        self.remaining -= n as u64;
+        Ok(true)
+    }
+
+    /// The end of the record starting at `buf[start]` if it is complete in
+    /// the buffer: (end of its text, start of the next, its lines).
+    fn record_end(&self, start: usize, at_end: bool) -> Option<(usize, usize, u64)> {
+        let data = &self.buf[..self.len];
+        let mut scan = start;
+        let mut lines = 1;
+        let mut open = false;
+        loop {
+            let Some(nl) = memchr::memchr(b'\n', &data[scan..]).map(|i| scan + i) else {
+                // The last record of the file may have no line break.
+                return (at_end && start < self.len).then(|| (trim_cr(data, start, self.len), self.len, lines));
+            };
+            if let Some(q) = self.quote {
+                open ^= count_byte(&data[scan..nl], q) % 2 == 1;
+            }
+            if !open {
+                return Some((trim_cr(data, start, nl), nl + 1, lines));
+            }
+            lines += 1;
+            scan = nl + 1;
+        }
+    }
+
+    /// Up to `max_records` records, stopping once `max_lines` lines are
+    /// read; an empty chunk at the end of the range.
+    pub fn read(&mut self, max_records: usize, max_lines: u64) -> std::io::Result<Chunk> {
+        let mut chunk = Chunk::default();
+        let mut lines = 0;
+        let mut at_end = false;
+        let mut start = self.pos;
+        let mut pending = 0;
+        while chunk.records.len() < max_records && lines < max_lines {
+            match self.record_end(start, at_end) {
+                Some((text_end, next, n)) => {
+                    chunk.records.push(RawRecord {
+                        number: self.line + lines + 1,
+                        byte_offset: self.offset + (start - self.pos) as u64,
+                        span: start..text_end,
+                        lines: n,
+                    });
+                    lines += n;
+                    start = next;
+                }
+                None if at_end => break,
+                None => {
+                    // Hand out what is complete, keep the partial record.
+                    self.take(&mut chunk, start, &mut pending);
+                    at_end = !self.fill()?;
+                    start = self.pos;
+                }
+            }
+        }
+        self.take(&mut chunk, start, &mut pending);
+        self.line += lines;
+        Ok(chunk)
+    }
+
+    /// Moves `buf[pos..upto]` (whole records) into `chunk`; the records
+    /// from `pending` on still index the buffer and are moved with it.
+    fn take(&mut self, chunk: &mut Chunk, upto: usize, pending: &mut usize) {
+        let base = chunk.text.len();
+        for r in &mut chunk.records[*pending..] {
+            r.span = (r.span.start - self.pos + base)..(r.span.end - self.pos + base);
+        }
+        *pending = chunk.records.len();
+        chunk.text.extend_from_slice(&self.buf[self.pos..upto]);
+        self.offset += (upto - self.pos) as u64;
+        self.pos = upto;
+    }
+}
+
+fn trim_cr(data: &[u8], start: usize, end: usize) -> usize {
+    if end > start && data[end - 1] == b'\r' {
+        end - 1
+    } else {
+        end
+    }
+}
+
+/// How often `b` occurs in `data` (vectorised by the compiler).
+fn count_byte(data: &[u8], b: u8) -> usize {
+    data.iter().filter(|&&x| x == b).count()
+}
+
+/// Where the first `need` of `n` byte ranges of a file start: (byte
+/// offset, lines before it), from one pass over the bytes before the last.
+pub fn range_starts(path: &Path, n: usize, need: usize, quote: Option<u8>) -> std::io::Result<Vec<(u64, u64)>> {
+    range_starts_with(path, n, need, quote, READ_SIZE)
+}
+
+fn range_starts_with(
+    path: &Path,
+    n: usize,
+    need: usize,
+    quote: Option<u8>,
+    buf_size: usize,
+) -> std::io::Result<Vec<(u64, u64)>> {
+    let n = n.max(1);
+    let need = need.clamp(1, n);
+    let mut file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let targets: Vec<u64> = (0..n).map(|i| size * i as u64 / n as u64).collect();
+    let mut starts = vec![(0u64, 0u64)];
+    let mut buf = vec![0u8; buf_size];
+    let (mut offset, mut lines, mut quotes) = (0u64, 0u64, 0usize);
+    let mut next = 1;
+    while next < need {
+        let got = file.read(&mut buf)?;
+        if got == 0 {
+            break;
+        }
+        let data = &buf[..got];
+        let mut from = 0usize;
+        while next < need {
+            let target = targets[next];
+            let end = offset + got as u64;
+            // The search starts at `target - 1`: is it in this buffer?
+            if target.saturating_sub(1) >= end {
+                break;
+            }
+            // Count up to the target, then look for a line break outside
+            // quotes at or after `target - 1` (a record starting exactly
+            // at the target starts there).
+            let t = (target.saturating_sub(1).max(offset) - offset) as usize;
+            let t = t.max(from);
+            lines += count_byte(&data[from..t], b'\n') as u64;
+            if let Some(q) = quote {
+                quotes += count_byte(&data[from..t], q);
+            }
+            from = t;
+            let mut found = None;
+            while let Some(i) = memchr::memchr(b'\n', &data[from..]).map(|i| from + i) {
+                if let Some(q) = quote {
+                    quotes += count_byte(&data[from..i], q);
+                }
+                lines += 1;
+                from = i + 1;
+                if quotes % 2 == 0 {
+                    found = Some(offset + from as u64);
+                    break;
+                }
+            }
+            match found {
+                Some(start) => {
+                    // Several targets may fall in one record: they share it.
+                    while next < need && targets[next] <= start {
+                        starts.push((start, lines));
+                        next += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        if from < got {
+            lines += count_byte(&data[from..], b'\n') as u64;
+            if let Some(q) = quote {
+                quotes += count_byte(&data[from..], q);
+            }
+        }
+        offset += got as u64;
+    }
+    while starts.len() < need {
+        starts.push((size, lines));
+    }
+    Ok(starts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(path: &Path, range: Range<u64>, first_line: u64, quote: Option<u8>, max: usize) -> Vec<(u64, String)> {
+        let mut r = RecordReader::open(File::open(path).unwrap(), range, first_line, quote)
+            .unwrap()
+            .with_buffer(max.min(4));
+        let mut out = vec![];
+        loop {
+            let c = r.read(max, u64::MAX).unwrap();
+            if c.records.is_empty() {
+                return out;
+            }
+            for rec in &c.records {
+                out.push((rec.number, String::from_utf8(c.bytes(rec).to_vec()).unwrap()));
+            }
+        }
+    }
+
+    fn whole_and_ranges(text: &str, quote: Option<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, text).unwrap();
+        let size = text.len() as u64;
+        for max in [1, 2, 1000] {
+            let whole = records(&path, 0..size, 0, quote, max);
+            for n in 1..=7 {
+                let starts = range_starts_with(&path, n, n, quote, max.min(5)).unwrap();
+                for need in 1..n {
+                    let first = range_starts_with(&path, n, need, quote, 3).unwrap();
+                    assert_eq!(first, starts[..need]);
+                }
+                let mut parts = vec![];
+                for i in 0..n {
+                    let end = starts.get(i + 1).map_or(size, |s| s.0);
+                    parts.extend(records(&path, starts[i].0..end, starts[i].1, quote, max));
+                }
+                assert_eq!(parts, whole, "{n} ranges, {max} records a read, of {text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_read_every_record_once_with_its_line_number() {
+        whole_and_ranges("a,1\nb,2\nc,3\n", Some(b'"'));
+        // No trailing newline, CRLF, empty lines.
+        whole_and_ranges("a,1\r\nb,2\r\n\r\nc,3", Some(b'"'));
+        // Line breaks inside quotes, and doubled quotes.
+        whole_and_ranges(
+            "1,\"two\nlines\"\n2,\"x\"\"y\"\n3,\"a\n\nb\n\"\n4,z\n5,\"\"\"\nq\"\n",
+            Some(b'"'),
+        );
+        // JSON lines: every line break is a boundary.
+        whole_and_ranges("{\"a\":1}\n{\"a\":\"x,\\\"y\"}\n{\"a\":3}", None);
+        whole_and_ranges("", Some(b'"'));
+    }
+
+    #[test]
+    fn a_quoted_line_break_continues_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "1,\"a\nb\"\n2,c\n").unwrap();
+        let got = records(&path, 0..12, 0, Some(b'"'), 10);
+        assert_eq!(got, vec![(1, "1,\"a\nb\"".to_string()), (3, "2,c".to_string())]);
+    }
+}
