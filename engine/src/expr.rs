@@ -205,19 +205,27 @@ mod tests {
 
     fn check(dt: DataType, array: ArrayRef, op: Operator, interval: ScalarValue, swapped: bool) {
         let s = schema(dt);
-        let c = col("ts", &s).unwrap();
+        let c = col("ts", &s).expect("test");
         let l: Arc<dyn PhysicalExpr> = Arc::new(Literal::new(interval));
         let general: Arc<dyn PhysicalExpr> = if swapped {
             Arc::new(BinaryExpr::new(l, op, c))
         } else {
             Arc::new(BinaryExpr::new(c, op, l))
         };
-        let fast = fast_paths(general.clone(), &s).unwrap();
+        let fast = fast_paths(general.clone(), &s).expect("test");
         assert!(fast.downcast_ref::<TimestampShift>().is_some(), "{fast}");
         assert_eq!(fast.to_string(), general.to_string());
-        let batch = RecordBatch::try_new(Arc::new(s), vec![array]).unwrap();
-        let want = general.evaluate(&batch).unwrap().into_array(batch.num_rows()).unwrap();
-        let got = fast.evaluate(&batch).unwrap().into_array(batch.num_rows()).unwrap();
+        let batch = RecordBatch::try_new(Arc::new(s), vec![array]).expect("test");
+        let want = general
+            .evaluate(&batch)
+            .expect("test")
+            .into_array(batch.num_rows())
+            .expect("test");
+        let got = fast
+            .evaluate(&batch)
+            .expect("test")
+            .into_array(batch.num_rows())
+            .expect("test");
         assert_eq!(got.as_ref(), want.as_ref());
     }
 
@@ -264,11 +272,11 @@ mod tests {
             IntervalMonthDayNano::new(0, 0, 1_000),
         ] {
             let e: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-                col("ts", &s).unwrap(),
+                col("ts", &s).expect("test"),
                 Operator::Minus,
                 Arc::new(Literal::new(ScalarValue::IntervalMonthDayNano(Some(interval)))),
             ));
-            let fast = fast_paths(e, &s).unwrap();
+            let fast = fast_paths(e, &s).expect("test");
             assert!(fast.downcast_ref::<TimestampShift>().is_none());
         }
     }
@@ -277,15 +285,15 @@ mod tests {
     fn overflow_is_an_error_not_a_wrap() {
         let s = schema(DataType::Timestamp(TimeUnit::Millisecond, None));
         let e: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
-            col("ts", &s).unwrap(),
+            col("ts", &s).expect("test"),
             Operator::Minus,
             Arc::new(Literal::new(ScalarValue::IntervalMonthDayNano(Some(
                 IntervalMonthDayNano::new(0, 0, 1_000_000_000),
             )))),
         ));
-        let fast = fast_paths(e, &s).unwrap();
+        let fast = fast_paths(e, &s).expect("test");
         let a: ArrayRef = Arc::new(TimestampMillisecondArray::from(vec![i64::MIN]));
-        let batch = RecordBatch::try_new(Arc::new(s), vec![a]).unwrap();
+        let batch = RecordBatch::try_new(Arc::new(s), vec![a]).expect("test");
         assert!(fast.evaluate(&batch).is_err());
     }
 }

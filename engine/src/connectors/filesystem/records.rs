@@ -295,32 +295,32 @@ mod tests {
     use super::*;
 
     fn records(path: &Path, range: Range<u64>, first_line: u64, quote: Option<u8>, max: usize) -> Vec<(u64, String)> {
-        let mut r = RecordReader::open(File::open(path).unwrap(), range, first_line, quote)
-            .unwrap()
+        let mut r = RecordReader::open(File::open(path).expect("test"), range, first_line, quote)
+            .expect("test")
             .with_buffer(max.min(4));
         let mut out = vec![];
         loop {
-            let c = r.read(max, u64::MAX).unwrap();
+            let c = r.read(max, u64::MAX).expect("test");
             if c.records.is_empty() {
                 return out;
             }
             for rec in &c.records {
-                out.push((rec.number, String::from_utf8(c.bytes(rec).to_vec()).unwrap()));
+                out.push((rec.number, String::from_utf8(c.bytes(rec).to_vec()).expect("test")));
             }
         }
     }
 
     fn whole_and_ranges(text: &str, quote: Option<u8>) {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test");
         let path = dir.path().join("f");
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, text).expect("test");
         let size = text.len() as u64;
         for max in [1, 2, 1000] {
             let whole = records(&path, 0..size, 0, quote, max);
             for n in 1..=7 {
-                let starts = range_starts_with(&path, n, n, quote, max.min(5)).unwrap();
+                let starts = range_starts_with(&path, n, n, quote, max.min(5)).expect("test");
                 for need in 1..n {
-                    let first = range_starts_with(&path, n, need, quote, 3).unwrap();
+                    let first = range_starts_with(&path, n, need, quote, 3).expect("test");
                     assert_eq!(first, starts[..need]);
                 }
                 let mut parts = vec![];
@@ -350,9 +350,9 @@ mod tests {
 
     #[test]
     fn a_quoted_line_break_continues_the_record() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("test");
         let path = dir.path().join("f");
-        std::fs::write(&path, "1,\"a\nb\"\n2,c\n").unwrap();
+        std::fs::write(&path, "1,\"a\nb\"\n2,c\n").expect("test");
         let got = records(&path, 0..12, 0, Some(b'"'), 10);
         assert_eq!(got, vec![(1, "1,\"a\nb\"".to_string()), (3, "2,c".to_string())]);
     }

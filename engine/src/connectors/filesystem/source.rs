@@ -374,10 +374,8 @@ impl FileSplit {
                 let t = &text[r.span.clone()];
                 !t.trim().is_empty() && !is_comment(t)
             });
-            if plain {
-                if let Ok(b) = decoder.decode_records(text, chunk.records.len()) {
-                    return Ok(b);
-                }
+            if plain && let Ok(b) = decoder.decode_records(text, chunk.records.len()) {
+                return Ok(b);
             }
         }
         let mut texts: Vec<(&RawRecord, &str)> = vec![];
@@ -530,10 +528,8 @@ impl LineDecoder {
             d.decode(text.as_bytes())?;
             return d.flush();
         }
-        if let Some(text_schema) = &self.text_schema {
-            if let Some(b) = self.decode_csv_fast(text, text_schema) {
-                return Ok(Some(b));
-            }
+        if let Some(b) = self.text_schema.as_ref().and_then(|t| self.decode_csv_fast(text, t)) {
+            return Ok(Some(b));
         }
         self.decode_csv(text, &self.schema)
     }
@@ -759,6 +755,56 @@ mod tests {
             // The resumed split counts the rows it skipped.
             assert_eq!(second.offset(), good.len() as u64);
         }
+    }
+
+    /// One file cut into byte ranges reads the rows of the whole file,
+    /// each once, and a restore rebuilds the same ranges from their ids.
+    #[test]
+    fn byte_ranges_read_the_whole_file_and_restore_by_id() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.csv");
+        let text: String = (1..=50i64).map(|i| format!("{i},{}\n", i * 3)).collect();
+        std::fs::write(&path, text).expect("write");
+        let template = csv_split(&path, 4);
+        let source = FileSource {
+            path: path.clone(),
+            format: template.format.clone(),
+            schema: template.schema.clone(),
+            dead_letters: None,
+            lines_per_second: 0,
+            min_range_bytes: 1,
+        };
+        let splits = source.create_splits(3).expect("splits");
+        let ids: Vec<String> = splits.iter().map(|s| s.id()).collect();
+        assert_eq!(
+            ids,
+            (0..3)
+                .map(|i| format!("{}#{i}-of-3", path.display()))
+                .collect::<Vec<_>>()
+        );
+        let restored = source.restore_splits(&ids[1..]).expect("restore");
+        assert_eq!(restored.iter().map(|s| s.id()).collect::<Vec<_>>(), ids);
+        let whole = source.restore_splits(&[path.display().to_string()]).expect("restore");
+        assert_eq!(whole.len(), 1);
+        let mut rows = vec![];
+        for mut s in splits {
+            loop {
+                match s.poll_batch().expect("poll") {
+                    SplitPoll::Batch(b) => {
+                        rows.extend(b.column(0).as_primitive::<Int64Type>().values().iter().copied())
+                    }
+                    SplitPoll::Wait(_) => {}
+                    SplitPoll::Finished => break,
+                }
+            }
+        }
+        assert_eq!(rows, (1..=50).collect::<Vec<_>>());
+        // Fewer readers than files, or small files: whole files.
+        let one = FileSource {
+            min_range_bytes: 1 << 20,
+            ..source
+        };
+        assert_eq!(one.create_splits(3).expect("splits").len(), 1);
     }
 
     #[test]

@@ -142,8 +142,8 @@ mod tests {
         ];
         let text = StringArray::from(values.iter().map(|v| Some(*v)).chain([None]).collect::<Vec<_>>());
         for unit in [TimeUnit::Second, TimeUnit::Millisecond, TimeUnit::Microsecond] {
-            let want = cast(&text, &DataType::Timestamp(unit, None)).unwrap();
-            let got = parse_column(&text, unit).unwrap();
+            let want = cast(&text, &DataType::Timestamp(unit, None)).expect("test");
+            let got = parse_column(&text, unit).expect("test");
             assert_eq!(got.as_ref(), want.as_ref(), "{unit:?}");
         }
     }
