@@ -47,7 +47,7 @@ use datafusion::physical_expr::GroupsAccumulatorAdapter;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 
-use super::panes::{Pane, Panes};
+use super::panes::{KeyHasher, Pane, Panes};
 use super::{assign_windows, is_fired, window_start};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
@@ -231,6 +231,8 @@ pub struct WindowAggregateOperator {
     /// This subtask's live state bytes and newest event time, for the
     /// state-per-event-time estimate.
     live_bytes: i64,
+    /// Hashes group keys for the panes' indexes.
+    hasher: KeyHasher,
     max_ts: Timestamp,
     parallelism: usize,
 }
@@ -286,6 +288,7 @@ impl WindowAggregateOperator {
             watermark: MIN_WATERMARK,
             metrics,
             live_bytes: 0,
+            hasher: KeyHasher::default(),
             max_ts: MIN_WATERMARK,
             parallelism,
         })
@@ -327,7 +330,10 @@ impl WindowAggregateOperator {
             let pane = panes.pane(end);
             let mut idx = Vec::with_capacity(keys.len());
             for k in &keys {
-                idx.push(pane.group(k, || key_group(k, self.max_parallelism)).0);
+                idx.push(
+                    pane.group(k, self.hasher.hash(k), || key_group(k, self.max_parallelism))
+                        .0,
+                );
                 bytes += k.len() as i64 + LIVE_GROUP_BYTES;
             }
             let mut accs = self.aggs.accumulators()?;
@@ -410,7 +416,7 @@ impl WindowAggregateOperator {
 
     /// A fired window held live: its results, and its state freed.
     fn emit_pane(&mut self, end: i64, mut pane: Pane, out: &mut Collector) -> Result<()> {
-        let freed: i64 = pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
+        let freed: i64 = pane.keys().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum();
         self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
         self.live_bytes = (self.live_bytes - freed).max(0);
         if pane.is_empty() {
@@ -421,7 +427,7 @@ impl WindowAggregateOperator {
             agg_columns.push(acc.evaluate(EmitTo::All)?);
         }
         let ends = vec![end; pane.len()];
-        let batch = output_batch(self, &ends, pane.keys.iter().map(|k| &k[..]), agg_columns)?;
+        let batch = output_batch(self, &ends, pane.keys(), agg_columns)?;
         out.emit(batch);
         Ok(())
     }
@@ -502,7 +508,7 @@ impl WindowAggregateOperator {
             let rows = self.aggs.state_codec.encode(&columns)?;
             let ns = encode_time(*end);
             for (i, value) in rows.iter().enumerate() {
-                let key = &pane.keys[i];
+                let key = pane.key(i);
                 let g = pane.groups[i];
                 let mut acc_key = Vec::with_capacity(key.len() + 8);
                 acc_key.extend_from_slice(key);
@@ -538,9 +544,9 @@ fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> 
         )));
     }
     let ns = encode_time(end);
+    let mut accs = std::mem::take(&mut pane.accs);
     let entries: Vec<EntryRef> = pane
-        .keys
-        .iter()
+        .keys()
         .zip(&pane.groups)
         .map(|(k, g)| EntryRef {
             key_group: *g,
@@ -569,10 +575,10 @@ fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> 
         }
     }
     // The buffer's estimate of the pane gives way to its bytes in RocksDB.
-    grown -= pane.keys.iter().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum::<i64>();
+    grown -= pane.keys().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum::<i64>();
     let total = pane.len();
-    aggs.merge_stored(&mut pane.accs, &present, &present_groups, total)?;
-    for (e, value) in entries.iter().zip(aggs.encode_states(&mut pane.accs)?) {
+    aggs.merge_stored(&mut accs, &present, &present_groups, total)?;
+    for (e, value) in entries.iter().zip(aggs.encode_states(&mut accs)?) {
         w.put(ACC, *e, value);
     }
     grown += w.bytes_written;
@@ -682,6 +688,11 @@ impl Operator for WindowAggregateOperator {
             let mut grown = 0i64;
             let mut new_groups = 0usize;
             let maxp = self.max_parallelism;
+            // Each row's key hash, once for all the windows it is in.
+            let hashes: Vec<u64> = match &key_rows {
+                Some(r) => (0..n).map(|i| self.hasher.hash(r.row(i))).collect(),
+                None => vec![],
+            };
             // Aggregate inputs once per batch, not once per window.
             let evaluated = if work.is_empty() {
                 vec![]
@@ -691,9 +702,20 @@ impl Operator for WindowAggregateOperator {
             for (end, mut w) in work {
                 let pane: &mut Pane = panes.pane(end);
                 w.groups.reserve(w.rows.len());
-                for &row in &w.rows {
+                // Without keys (a global window aggregate) every row is
+                // the one group: one lookup for the window, not one a row.
+                let rows: &[u32] = if key_rows.is_none() {
+                    &w.rows[..w.rows.len().min(1)]
+                } else {
+                    &w.rows
+                };
+                for &row in rows {
                     let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row as usize));
-                    let (g, new) = pane.group(key, || key_group(key, maxp));
+                    let hash = match hashes.get(row as usize) {
+                        Some(h) => *h,
+                        None => self.hasher.hash(key),
+                    };
+                    let (g, new) = pane.group(key, hash, || key_group(key, maxp));
                     if new {
                         new_groups += 1;
                         grown += key.len() as i64 + LIVE_GROUP_BYTES;
@@ -705,6 +727,9 @@ impl Operator for WindowAggregateOperator {
                         }
                     }
                     w.groups.push(g);
+                }
+                if let (None, Some(&g)) = (&key_rows, w.groups.first()) {
+                    w.groups.resize(w.rows.len(), g);
                 }
                 if pane.accs.is_empty() {
                     pane.accs = self.aggs.accumulators()?;

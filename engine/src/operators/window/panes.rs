@@ -12,45 +12,79 @@
 //! into RocksDB and back, at any parallelism.
 
 use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 
-// hashbrown with a fast hasher (DataFusion's default map): keys are looked
-// up once per row and window.
-use datafusion::common::HashMap;
 use datafusion::logical_expr::GroupsAccumulator;
+use hashbrown::HashTable;
 
 use crate::keygroup::KeyGroup;
 
+/// Hashes keys for [`Pane::group`]: once a row, whatever the number of
+/// windows (panes) it updates.
+#[derive(Clone, Default)]
+pub struct KeyHasher(hashbrown::DefaultHashBuilder);
+
+impl KeyHasher {
+    pub fn hash(&self, key: &[u8]) -> u64 {
+        self.0.hash_one(key)
+    }
+}
+
 /// One window's groups.
+///
+/// Keys live end to end in one buffer and the index holds (hash, group):
+/// a lookup compares bytes in a compact array, not behind a pointer per
+/// key (the pointer chase was a third of a many-keys HOP's CPU).
 #[derive(Default)]
 pub struct Pane {
-    index: HashMap<Box<[u8]>, usize>,
-    /// Group index → key (Weir's encoding) and its key group.
-    pub keys: Vec<Box<[u8]>>,
+    index: HashTable<(u64, u32)>,
+    bytes: Vec<u8>,
+    /// Where key `g` ends in `bytes` (it starts where `g - 1` ends).
+    ends: Vec<usize>,
+    /// Group index → its key group.
     pub groups: Vec<KeyGroup>,
     /// Created on the first update.
     pub accs: Vec<Box<dyn GroupsAccumulator>>,
 }
 
 impl Pane {
-    /// The group index of `key`, added if new (`group` is its key group).
-    pub fn group(&mut self, key: &[u8], group: impl FnOnce() -> KeyGroup) -> (usize, bool) {
-        if let Some(g) = self.index.get(key) {
-            return (*g, false);
+    /// Key (Weir's encoding) of group `g`.
+    pub fn key(&self, g: usize) -> &[u8] {
+        let start = if g == 0 { 0 } else { self.ends[g - 1] };
+        &self.bytes[start..self.ends[g]]
+    }
+
+    /// Every key, in group order.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|g| self.key(g))
+    }
+
+    /// The group index of `key` (whose hash is `hash`), added if new
+    /// (`group` is its key group).
+    pub fn group(&mut self, key: &[u8], hash: u64, group: impl FnOnce() -> KeyGroup) -> (usize, bool) {
+        let (bytes, ends) = (&self.bytes, &self.ends);
+        let key_of = |g: u32| {
+            let g = g as usize;
+            let start = if g == 0 { 0 } else { ends[g - 1] };
+            &bytes[start..ends[g]]
+        };
+        if let Some(&(_, g)) = self.index.find(hash, |&(h, g)| h == hash && key_of(g) == key) {
+            return (g as usize, false);
         }
-        let g = self.keys.len();
-        let boxed: Box<[u8]> = key.into();
-        self.index.insert(boxed.clone(), g);
-        self.keys.push(boxed);
+        let g = self.ends.len();
+        self.index.insert_unique(hash, (hash, g as u32), |&(h, _)| h);
+        self.bytes.extend_from_slice(key);
+        self.ends.push(self.bytes.len());
         self.groups.push(group());
         (g, true)
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.ends.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.ends.is_empty()
     }
 }
 
