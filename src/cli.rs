@@ -143,6 +143,9 @@ pub enum BenchCommand {
     /// Savepoint and restore times for ≥ 1 GiB of RocksDB state, at the
     /// same, half and double parallelism.
     Savepoint(crate::bench::SavepointArgs),
+    /// The same Flink SQL files on Weir and on Flink 2.3, side by side:
+    /// rows/s, CPU seconds and peak memory of both, runs alternating.
+    Compare(crate::compare::CompareArgs),
 }
 
 /// A session on `data_dir`; with `restrict`, SQL may name files only in
@@ -192,6 +195,9 @@ pub fn main_with(args: Args) -> i32 {
         Some(Command::Bench {
             which: BenchCommand::Savepoint(b),
         }) => return rt.block_on(crate::bench::run_savepoint(b)),
+        Some(Command::Bench {
+            which: BenchCommand::Compare(b),
+        }) => return crate::compare::run_compare(b),
         Some(Command::Bench {
             which: BenchCommand::Alignment(b),
         }) => {

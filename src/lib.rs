@@ -17,6 +17,7 @@
 pub mod access;
 pub mod bench;
 pub mod cli;
+pub mod compare;
 pub mod display;
 pub mod jobs;
 pub mod remote;

@@ -1,0 +1,489 @@
+//! `weir bench compare FILE.sql...`: the same Flink SQL on Weir and on
+//! Flink 2.3, side by side, over the same input, runs alternating.
+//!
+//! Each engine runs as its own process: Weir as `weir run` (this binary),
+//! credited with its whole wall time, start-up included; Flink through
+//! `../shared/tools/flink/run_flink_sql.py` on a local mini-cluster,
+//! credited with its job's net runtime (JVM and cluster start-up
+//! excluded) and the JVM's CPU from planning to the end. Peak memory is
+//! the peak RSS (`VmHWM`) of the Weir process and of Flink's JVM, sampled
+//! from `/proc` every 20 ms.
+//!
+//! `${BIDS}` in a file is the many-keys bid CSV (generated on first use):
+//! `--rows` bids of 10 000 auctions drawn uniformly, 10 bids per
+//! millisecond of event time from 2024-01-01. Other `${NAME}`s come from
+//! `-D NAME=VALUE`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Flink SQL files (DDL and one INSERT), e.g. benches/queries/*.sql.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Rows of the generated bids (`${BIDS}`), and the rows each query reads.
+    #[arg(long, default_value_t = 5_000_000)]
+    pub rows: u64,
+    /// Runs of each engine, alternating.
+    #[arg(long, default_value_t = 2)]
+    pub runs: usize,
+    #[arg(long, short = 'p', default_value_t = 1)]
+    pub parallelism: usize,
+    /// hashmap or rocksdb (both engines).
+    #[arg(long, default_value = "hashmap")]
+    pub state_backend: String,
+    /// NAME=VALUE for `${NAME}` in the files.
+    #[arg(short = 'D', value_name = "NAME=VALUE")]
+    pub defines: Vec<String>,
+    /// The Python of a venv with apache-flink 2.3.0 installed; without
+    /// one, only Weir runs. Install: `python3 -m venv ~/.cache/flink23 &&
+    /// ~/.cache/flink23/bin/pip install apache-flink==2.3.0`.
+    /// Default: $FLINK_PYTHON, else ~/.cache/flink23/bin/python.
+    #[arg(long)]
+    pub flink_python: Option<PathBuf>,
+    /// Flink's runner script.
+    #[arg(long, default_value = "../shared/tools/flink/run_flink_sql.py")]
+    pub flink_runner: PathBuf,
+    /// Where inputs are generated (default: $BENCH_DIR, else
+    /// ~/.cache/weir-bench).
+    #[arg(long)]
+    pub bench_dir: Option<PathBuf>,
+}
+
+/// One run of one engine.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    seconds: f64,
+    cpu_seconds: f64,
+    peak_rss_bytes: u64,
+}
+
+pub fn run_compare(args: &CompareArgs) -> i32 {
+    match compare(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+fn compare(args: &CompareArgs) -> Result<(), String> {
+    let bench_dir = args
+        .bench_dir
+        .clone()
+        .or_else(|| std::env::var_os("BENCH_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| home().join(".cache/weir-bench"))
+        .join("compare");
+    std::fs::create_dir_all(&bench_dir).map_err(|e| format!("{}: {e}", bench_dir.display()))?;
+    let flink = flink_python(args);
+    if flink.is_none() {
+        eprintln!(
+            "Flink is not installed: Weir only. To compare, install Flink 2.3 with\n  \
+             python3 -m venv ~/.cache/flink23 && ~/.cache/flink23/bin/pip install apache-flink==2.3.0\n\
+             and pass --flink-python ~/.cache/flink23/bin/python (or set FLINK_PYTHON)."
+        );
+    }
+    let weir = std::env::current_exe().map_err(|e| format!("cannot find the weir binary: {e}"))?;
+    println!(
+        "{} | parallelism {} | state {} | {} rows | {}",
+        machine(),
+        args.parallelism,
+        args.state_backend,
+        args.rows,
+        commit()
+    );
+    match startup(&weir, &bench_dir) {
+        Ok(secs) => println!("Weir start-up, SQL file to first row (one-row CSV into print): {secs:.3} s\n"),
+        Err(e) => eprintln!("start-up not measured: {e}"),
+    }
+    println!(
+        "| query | engine | run | seconds | rows/s | CPU s | CPU s per M rows | peak RSS MB |\n|---|---|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut summary = vec![];
+    for file in &args.files {
+        let name = file
+            .file_stem()
+            .map_or("query".into(), |s| s.to_string_lossy().to_string());
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let body = substitute(&text, args, &bench_dir)?;
+        let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let weir_sql = work.path().join("weir.sql");
+        let flink_sql = work.path().join("flink.sql");
+        write(
+            &weir_sql,
+            &format!(
+                "SET 'parallelism.default' = '{}';\nSET 'state.backend.type' = '{}';\nSET 'table.dml-sync' = 'true';\n{body}",
+                args.parallelism, args.state_backend
+            ),
+        )?;
+        write(&flink_sql, &body)?;
+        let (mut w, mut f) = (vec![], vec![]);
+        for run in 1..=args.runs {
+            let data = work.path().join(format!("data-{run}"));
+            let fig = run_weir(&weir, &data, &weir_sql)?;
+            print_row(&name, "Weir", run, args.rows, &fig);
+            w.push(fig);
+            if let Some(py) = &flink {
+                let fig = run_flink(py, args, &flink_sql)?;
+                print_row(&name, "Flink 2.3", run, args.rows, &fig);
+                f.push(fig);
+            }
+        }
+        summary.push((name, best(&w), (!f.is_empty()).then(|| best(&f))));
+    }
+    println!(
+        "\nBest run of each (rows/s, CPU s per M rows, peak RSS):\n\n| query | Weir rows/s | Flink rows/s | Weir / Flink | Weir CPU s/M | Flink CPU s/M | Weir MB | Flink MB |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (name, w, f) in summary {
+        let rate = |x: &Figures| args.rows as f64 / x.seconds;
+        let cpu = |x: &Figures| x.cpu_seconds / (args.rows as f64 / 1e6);
+        let mb = |x: &Figures| x.peak_rss_bytes as f64 / 1e6;
+        match f {
+            Some(f) => println!(
+                "| {name} | {:.0} | {:.0} | {:.1}× | {:.2} | {:.2} | {:.0} | {:.0} |",
+                rate(&w),
+                rate(&f),
+                rate(&w) / rate(&f),
+                cpu(&w),
+                cpu(&f),
+                mb(&w),
+                mb(&f)
+            ),
+            None => println!("| {name} | {:.0} | | | {:.2} | | {:.0} | |", rate(&w), cpu(&w), mb(&w)),
+        }
+    }
+    Ok(())
+}
+
+fn best(runs: &[Figures]) -> Figures {
+    let mut b = runs[0];
+    for r in runs {
+        if r.seconds < b.seconds {
+            b = *r;
+        }
+    }
+    b
+}
+
+fn print_row(query: &str, engine: &str, run: usize, rows: u64, f: &Figures) {
+    println!(
+        "| {query} | {engine} | {run} | {:.2} | {:.0} | {:.2} | {:.2} | {:.0} |",
+        f.seconds,
+        rows as f64 / f.seconds,
+        f.cpu_seconds,
+        f.cpu_seconds / (rows as f64 / 1e6),
+        f.peak_rss_bytes as f64 / 1e6
+    );
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn flink_python(args: &CompareArgs) -> Option<PathBuf> {
+    let py = args
+        .flink_python
+        .clone()
+        .or_else(|| std::env::var_os("FLINK_PYTHON").map(PathBuf::from))
+        .unwrap_or_else(|| home().join(".cache/flink23/bin/python"));
+    (py.is_file() && args.flink_runner.is_file()).then_some(py)
+}
+
+/// `${BIDS}` (generated if missing) and `-D` values substituted; an
+/// unknown `${NAME}` is an error naming it.
+fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String, String> {
+    let mut out = text.to_string();
+    for d in &args.defines {
+        let (k, v) = d
+            .split_once('=')
+            .ok_or_else(|| format!("-D {d}: expected NAME=VALUE"))?;
+        out = out.replace(&format!("${{{k}}}"), v);
+    }
+    if out.contains("${BIDS}") {
+        let bids = bids_csv(bench_dir, args.rows)?;
+        out = out.replace("${BIDS}", &bids.display().to_string());
+    }
+    if let Some(i) = out.find("${") {
+        let name: String = out[i + 2..].chars().take_while(|c| *c != '}').collect();
+        return Err(format!("${{{name}}} is not defined: pass -D {name}=VALUE"));
+    }
+    Ok(out)
+}
+
+/// The many-keys bid CSV with `rows` rows (deterministic), made once.
+pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
+    let path = dir.join(format!("bids-uniform10k-{rows}.csv"));
+    if path.is_file() {
+        return Ok(path);
+    }
+    let tmp = path.with_extension("tmp");
+    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .ok_or("bad base date")?;
+    let mut state = 7u64;
+    let mut next = || {
+        // splitmix64
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut stamp = String::new();
+    for i in 0..rows {
+        let ms = (i / 10) as i64;
+        if i % 10 == 0 {
+            stamp = (base + chrono::Duration::milliseconds(ms))
+                .format("%Y-%m-%d %H:%M:%S%.3f")
+                .to_string();
+        }
+        writeln!(out, "{},{},{stamp}", next() % 10_000, 1 + next() % 9_999).map_err(io)?;
+    }
+    out.flush().map_err(io)?;
+    drop(out);
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Seconds from starting `weir run` on a SQL file to its first output row.
+fn startup(weir: &Path, bench_dir: &Path) -> Result<f64, String> {
+    use std::io::BufRead;
+    let work = tempfile::tempdir_in(bench_dir).map_err(|e| e.to_string())?;
+    let csv = work.path().join("one.csv");
+    write(&csv, "1,2024-01-01 00:00:00.000\n")?;
+    let sql = work.path().join("one.sql");
+    write(
+        &sql,
+        &format!(
+            "CREATE TABLE t (id BIGINT, ts TIMESTAMP(3)) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n\
+             CREATE TABLE out (id BIGINT, ts TIMESTAMP(3)) WITH ('connector' = 'print');\n\
+             INSERT INTO out SELECT id, ts FROM t;\n",
+            csv.display()
+        ),
+    )?;
+    let started = Instant::now();
+    let mut child = Command::new(weir)
+        .arg("--data-dir")
+        .arg(work.path().join("data"))
+        .arg("run")
+        .arg(&sql)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut first = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        if first.is_none() && line.contains("+I[") {
+            first = Some(started.elapsed().as_secs_f64());
+        }
+    }
+    child.wait().map_err(|e| e.to_string())?;
+    first.ok_or_else(|| "the job printed no row".to_string())
+}
+
+fn run_weir(weir: &Path, data: &Path, sql: &Path) -> Result<Figures, String> {
+    let started = Instant::now();
+    let child = Command::new(weir)
+        .arg("--data-dir")
+        .arg(data)
+        .arg("run")
+        .arg(sql)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", weir.display()))?;
+    let (peak, cpu, output) = watch(child)?;
+    let seconds = started.elapsed().as_secs_f64();
+    if !output.status.success() {
+        return Err(format!(
+            "weir run failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(data);
+    Ok(Figures {
+        seconds,
+        cpu_seconds: cpu,
+        peak_rss_bytes: peak,
+    })
+}
+
+fn run_flink(python: &Path, args: &CompareArgs, sql: &Path) -> Result<Figures, String> {
+    let child = Command::new(python)
+        .arg(&args.flink_runner)
+        .arg(sql)
+        .arg("-p")
+        .arg(args.parallelism.to_string())
+        .arg("--state-backend")
+        .arg(&args.state_backend)
+        .arg("--rows")
+        .arg(args.rows.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
+    let (peak, _, output) = watch(child)?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let number_after = |label: &str| -> Option<f64> {
+        let rest = &text[text.find(label)? + label.len()..];
+        rest.trim_start()
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()?
+            .parse()
+            .ok()
+    };
+    match (number_after("job net runtime:"), number_after("jvm cpu (plan..end):")) {
+        (Some(seconds), Some(cpu)) if output.status.success() => Ok(Figures {
+            seconds,
+            cpu_seconds: cpu,
+            peak_rss_bytes: peak,
+        }),
+        _ => Err(format!(
+            "the Flink run failed:\n{}\n{}",
+            text.trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+    }
+}
+
+/// Waits for `child`, sampling its process tree every 20 ms: (the largest
+/// peak RSS of a process in it, the child's CPU seconds, its output).
+fn watch(mut child: std::process::Child) -> Result<(u64, f64, std::process::Output), String> {
+    let pid = child.id();
+    let mut peak = 0u64;
+    let mut cpu = 0f64;
+    // Drain pipes in threads so a chatty child never blocks on them.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = vec![];
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    );
+    loop {
+        for p in tree(pid) {
+            peak = peak.max(hwm_bytes(p));
+        }
+        // A zombie still reports its CPU time; read it before reaping.
+        if let Some((state, seconds)) = stat(pid) {
+            cpu = seconds;
+            if state == 'Z' {
+                break;
+            }
+        }
+        if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = child.wait().map_err(|e| e.to_string())?;
+    let output = std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    };
+    Ok((peak, cpu, output))
+}
+
+/// `pid` and its descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut parents: Vec<(u32, u32)> = vec![];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(ppid) = std::fs::read_to_string(format!("/proc/{p}/stat")).ok().and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok())
+            }) {
+                parents.push((p, ppid));
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    out
+}
+
+fn hwm_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// (state, user + system CPU seconds) of a process.
+fn stat(pid: u32) -> Option<(char, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some((state, ticks / clock_ticks()))
+}
+
+fn clock_ticks() -> f64 {
+    // USER_HZ is 100 on every Linux Weir runs on (getconf CLK_TCK).
+    100.0
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    format!("{cores} cores, {cpu}")
+}
+
+fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| format!("commit {}", String::from_utf8_lossy(&o.stdout).trim()))
+        .unwrap_or_else(|| "commit unknown".into())
+}
