@@ -40,6 +40,11 @@ pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
 pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
+pub const ROCKSDB_MANAGED: &str = "state.backend.rocksdb.memory.managed";
+pub const ROCKSDB_PER_SLOT: &str = "state.backend.rocksdb.memory.fixed-per-slot";
+pub const ROCKSDB_BLOOM: &str = "state.backend.rocksdb.use-bloom-filter";
+pub const ROCKSDB_BLOCK_CACHE: &str = "state.backend.rocksdb.block.cache-size";
+pub const ROCKSDB_WRITE_BUFFER: &str = "state.backend.rocksdb.writebuffer.size";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
 pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
@@ -87,6 +92,36 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         "where keyed state lives",
     )
     .with_default("rocksdb"),
+    OptionSpec::new(
+        ROCKSDB_MANAGED,
+        OptionKind::Bool,
+        "all RocksDB instances of a job share one block cache and one write-buffer budget of 'state.backend.rocksdb.memory.fixed-per-slot' per parallel subtask",
+    )
+    .with_default("true"),
+    OptionSpec::new(
+        ROCKSDB_PER_SLOT,
+        OptionKind::MemorySize,
+        "RocksDB memory per parallel subtask (slot) with managed memory: half write buffers, the rest block cache (index and filter blocks included)",
+    )
+    .with_default("128 mb"),
+    OptionSpec::new(
+        ROCKSDB_BLOOM,
+        OptionKind::Bool,
+        "bloom filters (10 bits a key) on state keys, so reads of absent keys skip SST files",
+    )
+    .with_default("true"),
+    OptionSpec::new(
+        ROCKSDB_BLOCK_CACHE,
+        OptionKind::MemorySize,
+        "block cache of each RocksDB instance when memory is not managed",
+    )
+    .with_default("8 mb"),
+    OptionSpec::new(
+        ROCKSDB_WRITE_BUFFER,
+        OptionKind::MemorySize,
+        "memtable size of each column family when memory is not managed",
+    )
+    .with_default("64 mb"),
     OptionSpec::new(
         ALIGNMENT_BUFFER_SIZE,
         OptionKind::Int { min: 0, max: 1000 },
@@ -242,6 +277,31 @@ pub enum RestartStrategy {
     FixedDelay { attempts: u32, delay: Duration },
 }
 
+/// How RocksDB instances use memory (Flink's `state.backend.rocksdb.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RocksDbConfig {
+    /// One budget for the job: `per_slot` × parallelism.
+    pub managed: bool,
+    pub per_slot: u64,
+    pub bloom_filter: bool,
+    /// Unmanaged: per instance.
+    pub block_cache: u64,
+    /// Unmanaged: per column family.
+    pub write_buffer: u64,
+}
+
+impl Default for RocksDbConfig {
+    fn default() -> Self {
+        Self {
+            managed: true,
+            per_slot: 128 << 20,
+            bloom_filter: true,
+            block_cache: 8 << 20,
+            write_buffer: 64 << 20,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateBackendKind {
     RocksDb,
@@ -278,6 +338,8 @@ pub struct JobConfig {
     pub retain_checkpoints: bool,
     /// `table.exec.window-agg.buffer-size-limit`.
     pub window_buffer_limit: usize,
+    /// `state.backend.rocksdb.*`: memory and filters.
+    pub rocksdb: RocksDbConfig,
     /// `pipeline.operator-uids`: (selector, uid).
     pub operator_uids: Vec<(String, String)>,
     /// Where the job's SQL may make Weir read and write files (checked for
@@ -397,6 +459,13 @@ impl JobConfig {
             },
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
+            rocksdb: RocksDbConfig {
+                managed: o.bool(ROCKSDB_MANAGED)?.unwrap_or(true),
+                per_slot: o.memory_size(ROCKSDB_PER_SLOT)?.unwrap_or(128 << 20),
+                bloom_filter: o.bool(ROCKSDB_BLOOM)?.unwrap_or(true),
+                block_cache: o.memory_size(ROCKSDB_BLOCK_CACHE)?.unwrap_or(8 << 20),
+                write_buffer: o.memory_size(ROCKSDB_WRITE_BUFFER)?.unwrap_or(64 << 20),
+            },
             operator_uids: match o.get(OPERATOR_UIDS) {
                 Some(v) => {
                     crate::uid::parse_pinned(v).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?

@@ -17,7 +17,7 @@ use weir_engine::checkpoint::{
     OperatorState, TaskReport, TaskSnapshot, restore_latest,
 };
 use weir_engine::message::Barrier;
-use weir_engine::state::{RocksDbBackend, StateBackend, WriteBatch};
+use weir_engine::state::{RocksDbBackend, RocksDbTuning, StateBackend, WriteBatch};
 
 const KEY: &str = "window-1/0";
 
@@ -169,7 +169,7 @@ fn shared_files(root: &Path) -> Vec<String> {
 async fn incremental_checkpoints_upload_only_new_files_and_unreferenced_ones_are_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("checkpoints");
-    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"]).expect("open");
+    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"], &RocksDbTuning::default()).expect("open");
     let mut h = start(&root, 1);
 
     write_keys(&mut db, 0..50_000, 0);
@@ -253,7 +253,7 @@ fn truncate(path: &Path) {
 async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pristine = dir.path().join("pristine");
-    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"]).expect("open");
+    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"], &RocksDbTuning::default()).expect("open");
     let mut h = start(&pristine, 3);
     write_keys(&mut db, 0..5_000, 0);
     let older = h.checkpoint(&mut db).await;
@@ -335,8 +335,12 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
             restored.skipped
         );
         // The restored state is the older checkpoint's, complete.
-        let db = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"])
-            .expect("open");
+        let db = RocksDbBackend::open_existing(
+            &job_dir.join("state").join("restored").join("window-1-0"),
+            &["s"],
+            &RocksDbTuning::default(),
+        )
+        .expect("open");
         assert_eq!(count_keys(&db), 5_000, "{name}");
     }
 
@@ -562,7 +566,7 @@ async fn final_output_of_a_task_that_finished_during_a_checkpoint_is_committed()
 async fn a_protected_checkpoint_survives_garbage_collection() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("checkpoints");
-    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"]).expect("open");
+    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"], &RocksDbTuning::default()).expect("open");
     let mut h = start(&root, 1);
     write_keys(&mut db, 0..20_000, 0);
     let first = h.checkpoint(&mut db).await;

@@ -27,7 +27,7 @@ use weir_engine::checkpoint::{
     TaskSnapshot, restore_latest,
 };
 use weir_engine::message::Barrier;
-use weir_engine::state::{RocksDbBackend, StateBackend, WriteBatch};
+use weir_engine::state::{RocksDbBackend, RocksDbTuning, StateBackend, WriteBatch};
 
 /// A tmpfs mounted on a fresh directory, unmounted when dropped.
 struct Tmpfs {
@@ -254,7 +254,7 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
     };
     let root = fs.path().join("checkpoints");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"]).expect("open");
+    let mut db = RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"], &RocksDbTuning::default()).expect("open");
     let mut h = start(&root, 2);
 
     write_keys(&mut db, 0..10_000);
@@ -290,8 +290,12 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
         .expect("restore")
         .expect("a checkpoint");
     assert_eq!(restored.checkpoint_id(), recovered);
-    let copy = RocksDbBackend::open_existing(&job_dir.join("state").join("restored").join("window-1-0"), &["s"])
-        .expect("open");
+    let copy = RocksDbBackend::open_existing(
+        &job_dir.join("state").join("restored").join("window-1-0"),
+        &["s"],
+        &RocksDbTuning::default(),
+    )
+    .expect("open");
     assert_eq!(count_keys(&copy), 20_000, "the restored state is the whole state");
     drop(copy);
     // The failed attempts' files are gone; so are their empty directories

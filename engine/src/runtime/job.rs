@@ -813,6 +813,9 @@ async fn run_attempt(
 
     let opening = Instant::now();
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
+    // One RocksDB memory budget for the whole attempt (every stateful
+    // subtask's instance shares its cache and write buffers).
+    let tuning = crate::state::RocksDbTuning::for_job(config.rocksdb, config.parallelism);
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
         for subtask in 0..head.parallelism {
@@ -825,6 +828,7 @@ async fn run_attempt(
                     id,
                     subtask,
                     config,
+                    &tuning,
                     &metrics,
                     restored.as_ref(),
                     &sink_ctx,
@@ -1084,11 +1088,13 @@ fn no_claim_restore(r: &RestoredJob, config: &JobConfig) -> bool {
     !config.claim && config.recovery_path.as_deref().is_some_and(|p| p == r.path.as_path())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn create_operator(
     graph: &StreamGraph,
     id: NodeId,
     subtask: usize,
     config: &JobConfig,
+    tuning: &crate::state::RocksDbTuning,
     metrics: &Arc<JobMetrics>,
     restored: Option<&RestoredJob>,
     sink_ctx: &SinkContext,
@@ -1120,7 +1126,7 @@ fn create_operator(
             // accumulators, filled from the same canonical state.
             let store = match config.state_backend {
                 StateBackendKind::RocksDb => WindowStore::keyed(
-                    open_keyed(config.state_backend, &dir, STATES, groups.clone(), sources)?,
+                    open_keyed(config.state_backend, tuning, &dir, STATES, groups.clone(), sources)?,
                     config.window_buffer_limit,
                 )?,
                 StateBackendKind::Heap => WindowStore::Live {

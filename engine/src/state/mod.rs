@@ -19,7 +19,7 @@ use std::path::Path;
 
 pub use heap::HeapBackend;
 pub use keyed::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
-pub use rocks::RocksDbBackend;
+pub use rocks::{RocksDbBackend, RocksDbTuning};
 pub use transfer::StateSource;
 
 use crate::checkpoint::OperatorSnapshot;
@@ -108,6 +108,7 @@ pub trait StateBackend: Send {
 /// exactly these key groups is moved there (the same-parallelism restore).
 pub fn open_keyed(
     kind: StateBackendKind,
+    tuning: &RocksDbTuning,
     dir: &Path,
     decls: &[StateDecl],
     key_groups: Range<KeyGroup>,
@@ -153,15 +154,15 @@ pub fn open_keyed(
     let mut backend: Box<dyn StateBackend> = match (kind, &exact, base) {
         (StateBackendKind::RocksDb, Some(from), _) => {
             rocks::move_dir(from, dir)?;
-            Box::new(RocksDbBackend::open_existing(dir, &names)?)
+            Box::new(RocksDbBackend::open_existing(dir, &names, tuning)?)
         }
         (StateBackendKind::RocksDb, None, Some(StateSource::RocksDb { dir: from, .. })) => {
             rocks::clone_dir(from, dir)?;
-            let db = RocksDbBackend::open_existing(dir, &names)?;
+            let db = RocksDbBackend::open_existing(dir, &names, tuning)?;
             db.delete_outside(&key_groups)?;
             Box::new(db)
         }
-        (StateBackendKind::RocksDb, _, _) => Box::new(RocksDbBackend::open_fresh(dir, &names)?),
+        (StateBackendKind::RocksDb, _, _) => Box::new(RocksDbBackend::open_fresh(dir, &names, tuning)?),
         (StateBackendKind::Heap, _, _) => Box::new(HeapBackend::new(names.len())),
     };
     let rest: Vec<StateSource> = overlapping
@@ -215,7 +216,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("db");
         let names = ["s0", "s1"];
-        let mut rocks = RocksDbBackend::open_fresh(&db, &names).expect("open");
+        let mut rocks = RocksDbBackend::open_fresh(&db, &names, &RocksDbTuning::default()).expect("open");
         let mut heap = HeapBackend::new(2);
         for b in [&mut rocks as &mut dyn StateBackend, &mut heap] {
             exercise_groups(b);
@@ -261,8 +262,15 @@ mod tests {
                 let mut all = (vec![], vec![]);
                 for (i, range) in [0..3u16, 3..8].into_iter().enumerate() {
                     let target = dir.path().join(format!("t-{i}-{kind:?}"));
-                    let s =
-                        open_keyed(kind, &target, &decls, range.clone(), std::slice::from_ref(source)).expect("open");
+                    let s = open_keyed(
+                        kind,
+                        &RocksDbTuning::default(),
+                        &target,
+                        &decls,
+                        range.clone(),
+                        std::slice::from_ref(source),
+                    )
+                    .expect("open");
                     let (a, b) = (dump(s.backend(), 0), dump(s.backend(), 1));
                     assert!(
                         a.iter()
@@ -284,6 +292,7 @@ mod tests {
         assert!(
             open_keyed(
                 StateBackendKind::Heap,
+                &RocksDbTuning::default(),
                 &dir.path().join("x"),
                 &decls,
                 0..8,
@@ -309,7 +318,10 @@ mod tests {
     fn heap_and_rocksdb_agree() {
         let dir = tempfile::tempdir().expect("tempdir");
         exercise(&mut HeapBackend::new(2));
-        exercise(&mut RocksDbBackend::open_fresh(&dir.path().join("db"), &["s0", "s1"]).expect("open"));
+        exercise(
+            &mut RocksDbBackend::open_fresh(&dir.path().join("db"), &["s0", "s1"], &RocksDbTuning::default())
+                .expect("open"),
+        );
     }
 }
 
@@ -334,7 +346,15 @@ mod import_tests {
     #[test]
     fn imported_entries_deleted_stay_deleted_in_the_next_snapshot() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut a = open_keyed(StateBackendKind::RocksDb, &dir.path().join("a"), DECLS, 0..8, &[]).expect("open");
+        let mut a = open_keyed(
+            StateBackendKind::RocksDb,
+            &RocksDbTuning::default(),
+            &dir.path().join("a"),
+            DECLS,
+            0..8,
+            &[],
+        )
+        .expect("open");
         let mut w = KeyedWrite::default();
         for g in 0u16..8 {
             let e = EntryRef {
@@ -353,8 +373,15 @@ mod import_tests {
             panic!()
         };
         let source = StateSource::RocksDb { dir: chk, key_groups };
-        let mut b =
-            open_keyed(StateBackendKind::RocksDb, &dir.path().join("b"), DECLS, 0..4, &[source]).expect("import");
+        let mut b = open_keyed(
+            StateBackendKind::RocksDb,
+            &RocksDbTuning::default(),
+            &dir.path().join("b"),
+            DECLS,
+            0..4,
+            &[source],
+        )
+        .expect("import");
         let due = b.due_timers(1, 100, 100).expect("due");
         assert_eq!(due.len(), 4);
         let mut w = KeyedWrite::default();

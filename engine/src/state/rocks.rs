@@ -1,6 +1,16 @@
 //! The `rocksdb` backend (default): one RocksDB instance per stateful
 //! subtask, one column family per named state. The WAL is off: durability
 //! comes from checkpoints, not from RocksDB's log (as in Flink).
+//!
+//! Memory ([`RocksDbTuning`]): with `state.backend.rocksdb.memory.managed`
+//! (the default) every instance of a job shares one LRU block cache of
+//! `fixed-per-slot` × parallelism bytes, and a write-buffer manager that
+//! charges memtables to that cache, capped at half of it — Flink's managed
+//! memory model, so a job's RocksDB memory is bounded by its budget
+//! however many operators and subtasks it has. Index and filter blocks
+//! live in the cache too (pinned for L0). Bloom filters (10 bits a key,
+//! whole keys) let point reads of absent keys — the first flush of every
+//! new (key, window) — skip SST files.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -11,6 +21,67 @@ use super::{StateBackend, StateId, WriteBatch};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::StateError;
 use crate::keygroup::KeyGroup;
+
+/// Memory and filter settings shared by the RocksDB instances of one job.
+#[derive(Clone)]
+pub struct RocksDbTuning {
+    config: crate::config::RocksDbConfig,
+    /// Managed: the job's cache and write-buffer budget.
+    shared: Option<(rocksdb::Cache, rocksdb::WriteBufferManager)>,
+}
+
+impl Default for RocksDbTuning {
+    /// RocksDB's own defaults, unmanaged (tests and tools).
+    fn default() -> Self {
+        Self {
+            config: crate::config::RocksDbConfig {
+                managed: false,
+                ..Default::default()
+            },
+            shared: None,
+        }
+    }
+}
+
+impl RocksDbTuning {
+    /// The settings of a job whose parallel subtasks are `slots`.
+    pub fn for_job(config: crate::config::RocksDbConfig, slots: usize) -> Self {
+        let shared = config.managed.then(|| {
+            let budget = config.per_slot.saturating_mul(slots.max(1) as u64) as usize;
+            let cache = rocksdb::Cache::new_lru_cache(budget);
+            let buffers =
+                rocksdb::WriteBufferManager::new_write_buffer_manager_with_cache(budget / 2, false, cache.clone());
+            (cache, buffers)
+        });
+        Self { config, shared }
+    }
+
+    fn options(&self) -> Options {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let mut table = rocksdb::BlockBasedOptions::default();
+        match &self.shared {
+            Some((cache, buffers)) => {
+                table.set_block_cache(cache);
+                table.set_cache_index_and_filter_blocks(true);
+                table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+                opts.set_write_buffer_manager(buffers);
+            }
+            None => {
+                table.set_block_cache(&rocksdb::Cache::new_lru_cache(self.config.block_cache as usize));
+                opts.set_write_buffer_size(self.config.write_buffer as usize);
+            }
+        }
+        if self.config.bloom_filter {
+            table.set_bloom_filter(10.0, false);
+            table.set_whole_key_filtering(true);
+        }
+        opts.set_block_based_table_factory(&table);
+        opts
+    }
+}
 
 pub struct RocksDbBackend {
     db: DB,
@@ -24,7 +95,7 @@ pub struct RocksDbBackend {
 
 impl RocksDbBackend {
     /// Opens an empty database at `path`, removing whatever was there.
-    pub fn open_fresh(path: &Path, states: &[&str]) -> Result<Self, StateError> {
+    pub fn open_fresh(path: &Path, states: &[&str], tuning: &RocksDbTuning) -> Result<Self, StateError> {
         let io = |source| StateError::Io {
             op: "preparing the state directory",
             path: path.to_path_buf(),
@@ -36,15 +107,12 @@ impl RocksDbBackend {
             Err(e) => return Err(io(e)),
         }
         std::fs::create_dir_all(path).map_err(io)?;
-        Self::open_existing(path, states)
+        Self::open_existing(path, states, tuning)
     }
 
     /// Opens the database at `path` as it is (restored checkpoint files).
-    pub fn open_existing(path: &Path, states: &[&str]) -> Result<Self, StateError> {
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
-        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    pub fn open_existing(path: &Path, states: &[&str], tuning: &RocksDbTuning) -> Result<Self, StateError> {
+        let opts = tuning.options();
         let cfs = states
             .iter()
             .map(|name| ColumnFamilyDescriptor::new(*name, opts.clone()));
