@@ -40,6 +40,7 @@ pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
 pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
+pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
 pub const ROCKSDB_MANAGED: &str = "state.backend.rocksdb.memory.managed";
 pub const ROCKSDB_PER_SLOT: &str = "state.backend.rocksdb.memory.fixed-per-slot";
 pub const ROCKSDB_BLOOM: &str = "state.backend.rocksdb.use-bloom-filter";
@@ -252,6 +253,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("500000"),
     OptionSpec::new(
+        WINDOW_SLICING,
+        OptionKind::Bool,
+        "HOP and CUMULATE rows update one slice each and windows merge their slices when they fire; false: each row updates every window it is in",
+    )
+    .with_default("true"),
+    OptionSpec::new(
         RESTART_STRATEGY,
         OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
         "what a failed job does (default: fixed-delay with checkpointing, none without)",
@@ -338,6 +345,8 @@ pub struct JobConfig {
     pub retain_checkpoints: bool,
     /// `table.exec.window-agg.buffer-size-limit`.
     pub window_buffer_limit: usize,
+    /// `table.exec.window-agg.slicing`.
+    pub window_slicing: bool,
     /// `state.backend.rocksdb.*`: memory and filters.
     pub rocksdb: RocksDbConfig,
     /// `pipeline.operator-uids`: (selector, uid).
@@ -459,6 +468,7 @@ impl JobConfig {
             },
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
+            window_slicing: o.bool(WINDOW_SLICING)?.unwrap_or(true),
             rocksdb: RocksDbConfig {
                 managed: o.bool(ROCKSDB_MANAGED)?.unwrap_or(true),
                 per_slot: o.memory_size(ROCKSDB_PER_SLOT)?.unwrap_or(128 << 20),

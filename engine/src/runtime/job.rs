@@ -1143,6 +1143,9 @@ fn create_operator(
                 metrics.nodes[id].clone(),
                 node.parallelism,
             )?;
+            if !config.window_slicing {
+                op = op.without_slicing();
+            }
             if config.state_backend == StateBackendKind::Heap && !sources.is_empty() {
                 op.restore_live(groups, sources)?;
             }

@@ -131,18 +131,27 @@ impl RecordReader {
         let mut lines = 1;
         let mut open = false;
         loop {
-            let Some(nl) = memchr::memchr(b'\n', &data[scan..]).map(|i| scan + i) else {
-                // The last record of the file may have no line break.
+            // The next line break or quote: most lines have no quote, and
+            // are found in one search.
+            let found = match self.quote {
+                Some(q) => memchr::memchr2(b'\n', q, &data[scan..]),
+                None => memchr::memchr(b'\n', &data[scan..]),
+            };
+            let Some(at) = found.map(|i| scan + i) else {
+                // The last record of the file may have no line break (an
+                // open quote at the end of the file ends it too).
                 return (at_end && start < self.len).then(|| (trim_cr(data, start, self.len), self.len, lines));
             };
-            if let Some(q) = self.quote {
-                open ^= count_byte(&data[scan..nl], q) % 2 == 1;
+            if data[at] != b'\n' {
+                open = !open;
+                scan = at + 1;
+                continue;
             }
             if !open {
-                return Some((trim_cr(data, start, nl), nl + 1, lines));
+                return Some((trim_cr(data, start, at), at + 1, lines));
             }
             lines += 1;
-            scan = nl + 1;
+            scan = at + 1;
         }
     }
 

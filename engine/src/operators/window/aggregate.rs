@@ -48,6 +48,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 
 use super::panes::{KeyHasher, Pane, Panes};
+use super::slices::{Frozen, Slicer, Slices, pane_bytes};
 use super::{assign_windows, is_fired, window_start};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
@@ -233,6 +234,9 @@ pub struct WindowAggregateOperator {
     live_bytes: i64,
     /// Hashes group keys for the panes' indexes.
     hasher: KeyHasher,
+    /// HOP and CUMULATE: rows go to slices, windows are merged from them.
+    slicer: Option<Slicer>,
+    slices: Slices,
     max_ts: Timestamp,
     parallelism: usize,
 }
@@ -289,9 +293,18 @@ impl WindowAggregateOperator {
             metrics,
             live_bytes: 0,
             hasher: KeyHasher::default(),
+            slicer: Slicer::new(&node.window),
+            slices: Slices::default(),
             max_ts: MIN_WATERMARK,
             parallelism,
         })
+    }
+
+    /// Turns slicing off (`table.exec.window-agg.slicing` = false): every
+    /// row updates each of its windows.
+    pub fn without_slicing(mut self) -> Self {
+        self.slicer = None;
+        self
     }
 
     /// The heap store for key groups `groups`, filled from `sources`
@@ -529,6 +542,30 @@ impl WindowAggregateOperator {
     }
 }
 
+/// Merges a frozen slice into a window's pane: (bytes, groups added).
+fn merge_slice(pane: &mut Pane, slice: &Frozen, aggs: &Aggs) -> Result<(i64, usize)> {
+    if slice.states.is_empty() || slice.pane.is_empty() {
+        return Ok((0, 0));
+    }
+    let (mut grown, mut new_groups) = (0i64, 0usize);
+    let mut indices = Vec::with_capacity(slice.pane.len());
+    for g in 0..slice.pane.len() {
+        let key = slice.pane.key(g);
+        let (i, new) = pane.group(key, slice.pane.hash(g), || slice.pane.groups[g]);
+        if new {
+            grown += key.len() as i64 + LIVE_GROUP_BYTES;
+            new_groups += 1;
+        }
+        indices.push(i);
+    }
+    if pane.accs.is_empty() {
+        pane.accs = aggs.accumulators()?;
+    }
+    let total = pane.len();
+    aggs.merge_columns(&mut pane.accs, &slice.states, &indices, total)?;
+    Ok((grown, new_groups))
+}
+
 /// Merges one buffered window into RocksDB: one multi-get of its keys'
 /// stored states, merged into the buffered accumulators, one write of the
 /// results and of a timer for each new (key, window). Returns the bytes
@@ -616,11 +653,76 @@ fn output_batch<'a>(
     batch_with_schema(&op.schema, columns)
 }
 
-/// Rows of one batch that go to one pane, and their groups in it.
+/// Rows of one batch that go to one pane.
 #[derive(Default)]
 struct PaneWork {
     rows: Vec<u32>,
-    groups: Vec<usize>,
+}
+
+/// What every pane a batch updates shares.
+struct BatchUpdate<'a> {
+    /// Each aggregate's input values for the whole batch.
+    evaluated: Vec<Vec<ArrayRef>>,
+    /// Each row's key hash (empty without keys).
+    hashes: Vec<u64>,
+    key_rows: Option<&'a crate::state::codec::Rows>,
+    rows: usize,
+    hasher: &'a KeyHasher,
+    aggs: &'a Aggs,
+    max_parallelism: u16,
+}
+
+impl BatchUpdate<'_> {
+    /// Adds the rows `w` to `pane`: (state bytes added, groups added).
+    fn apply(&self, pane: &mut Pane, w: PaneWork, owned: &Range<KeyGroup>) -> Result<(i64, usize)> {
+        let (mut grown, mut new_groups) = (0i64, 0usize);
+        let mut groups = Vec::with_capacity(w.rows.len());
+        // Without keys (a global window aggregate) every row is the one
+        // group: one lookup for the pane, not one a row.
+        let rows: &[u32] = if self.key_rows.is_none() {
+            &w.rows[..w.rows.len().min(1)]
+        } else {
+            &w.rows
+        };
+        for &row in rows {
+            let key: &[u8] = self.key_rows.map_or(&[], |r| r.row(row as usize));
+            let hash = match self.hashes.get(row as usize) {
+                Some(h) => *h,
+                None => self.hasher.hash(key),
+            };
+            let (g, new) = pane.group(key, hash, || key_group(key, self.max_parallelism));
+            if new {
+                new_groups += 1;
+                grown += key.len() as i64 + LIVE_GROUP_BYTES;
+                if !owned.contains(&pane.groups[g]) {
+                    return Err(ExecError::internal(format!(
+                        "a row of key group {} reached the subtask owning key groups {owned:?}",
+                        pane.groups[g]
+                    )));
+                }
+            }
+            groups.push(g);
+        }
+        if let (None, Some(&g)) = (self.key_rows, groups.first()) {
+            groups.resize(w.rows.len(), g);
+        }
+        if pane.accs.is_empty() {
+            pane.accs = self.aggs.accumulators()?;
+        }
+        let indices = (w.rows.len() != self.rows).then(|| UInt32Array::from(w.rows));
+        let total = pane.len();
+        for (acc, values) in pane.accs.iter_mut().zip(&self.evaluated) {
+            let values = match &indices {
+                Some(ix) => values
+                    .iter()
+                    .map(|v| take(v, ix, None))
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => values.clone(),
+            };
+            acc.update_batch(&values, &groups, None, total)?;
+        }
+        Ok((grown, new_groups))
+    }
 }
 
 impl Operator for WindowAggregateOperator {
@@ -631,7 +733,9 @@ impl Operator for WindowAggregateOperator {
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
         crate::failpoint::failpoint_error("window.snapshot").map_err(ExecError::internal)?;
         // Accumulators and timers are both in the store: one snapshot
-        // holds the windows and when they fire.
+        // holds the windows and when they fire. Slices are memory only:
+        // their windows take them first.
+        self.spill_slices()?;
         self.flush()?;
         Ok(Some(match &mut self.store {
             WindowStore::Keyed { state, .. } => state.snapshot(checkpoint_id)?,
@@ -653,119 +757,84 @@ impl Operator for WindowAggregateOperator {
         };
         let watermark = self.watermark;
         let mut late = 0u64;
-        let (panes, groups, buffered) = match &mut self.store {
-            WindowStore::Live { panes, groups } => (panes, groups.clone(), None),
-            WindowStore::Keyed {
-                state,
-                buffer,
-                buffered,
-                limit,
-                ..
-            } => (buffer, state.groups(), Some((buffered, *limit))),
-        };
-        let grown = {
-            // Rows by window first, then each window's rows find their
-            // groups in its pane, and the pane's accumulators take them in
-            // one update.
-            let mut work: datafusion::common::HashMap<i64, PaneWork> = Default::default();
-            for row in 0..n {
-                if times.is_null(row) {
-                    late += 1;
-                    continue;
-                }
-                let mut assigned = false;
-                assign_windows(&self.window, times.value(row), |_, end| {
-                    if is_fired(end, watermark) {
-                        return;
-                    }
-                    assigned = true;
-                    work.entry(end).or_default().rows.push(row as u32);
-                });
-                if !assigned {
-                    late += 1;
-                }
+        // Rows by pane first (a slice, or a window for rows whose slice
+        // has ended and for unsliced windows), then each pane's rows find
+        // their groups in it, and its accumulators take them in one update.
+        let mut work: datafusion::common::HashMap<i64, PaneWork> = Default::default();
+        let mut slice_work: datafusion::common::HashMap<i64, PaneWork> = Default::default();
+        for row in 0..n {
+            if times.is_null(row) {
+                late += 1;
+                continue;
             }
-            let mut grown = 0i64;
-            let mut new_groups = 0usize;
-            let maxp = self.max_parallelism;
-            // Each row's key hash, once for all the windows it is in.
-            let hashes: Vec<u64> = match &key_rows {
-                Some(r) => (0..n).map(|i| self.hasher.hash(r.row(i))).collect(),
-                None => vec![],
-            };
-            // Aggregate inputs once per batch, not once per window.
-            let evaluated = if work.is_empty() {
-                vec![]
-            } else {
-                self.aggs.evaluate(&batch)?
-            };
-            for (end, mut w) in work {
-                let pane: &mut Pane = panes.pane(end);
-                w.groups.reserve(w.rows.len());
-                // Without keys (a global window aggregate) every row is
-                // the one group: one lookup for the window, not one a row.
-                let rows: &[u32] = if key_rows.is_none() {
-                    &w.rows[..w.rows.len().min(1)]
-                } else {
-                    &w.rows
-                };
-                for &row in rows {
-                    let key: &[u8] = key_rows.as_ref().map_or(&[], |r| r.row(row as usize));
-                    let hash = match hashes.get(row as usize) {
-                        Some(h) => *h,
-                        None => self.hasher.hash(key),
-                    };
-                    let (g, new) = pane.group(key, hash, || key_group(key, maxp));
-                    if new {
-                        new_groups += 1;
-                        grown += key.len() as i64 + LIVE_GROUP_BYTES;
-                        if !groups.contains(&pane.groups[g]) {
-                            return Err(ExecError::internal(format!(
-                                "a row of key group {} reached the subtask owning key groups {groups:?}",
-                                pane.groups[g]
-                            )));
-                        }
-                    }
-                    w.groups.push(g);
-                }
-                if let (None, Some(&g)) = (&key_rows, w.groups.first()) {
-                    w.groups.resize(w.rows.len(), g);
-                }
-                if pane.accs.is_empty() {
-                    pane.accs = self.aggs.accumulators()?;
-                }
-                let indices = (w.rows.len() != n).then(|| UInt32Array::from(w.rows));
-                let total = pane.len();
-                for (acc, values) in pane.accs.iter_mut().zip(&evaluated) {
-                    let values = match &indices {
-                        Some(ix) => values
-                            .iter()
-                            .map(|v| take(v, ix, None))
-                            .collect::<Result<Vec<_>, _>>()?,
-                        None => values.clone(),
-                    };
-                    acc.update_batch(&values, &w.groups, None, total)?;
-                }
+            let ts = times.value(row);
+            if let Some(end) = self.slicer.and_then(|s| s.slice_end(ts))
+                && !is_fired(end, watermark)
+            {
+                slice_work.entry(end).or_default().rows.push(row as u32);
+                continue;
             }
-            (grown, new_groups)
-        };
-        let (grown, new_groups) = grown;
-        // Buffered groups count as state until they reach RocksDB (where
-        // a flush counts their bytes instead).
-        if let Some((b, limit)) = buffered {
-            *b += new_groups;
-            if *b >= limit {
-                self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-                self.live_bytes += grown;
-                self.flush()?;
-                return self.after_batch(&times);
+            let mut assigned = false;
+            assign_windows(&self.window, ts, |_, end| {
+                if is_fired(end, watermark) {
+                    return;
+                }
+                assigned = true;
+                work.entry(end).or_default().rows.push(row as u32);
+            });
+            if !assigned {
+                late += 1;
             }
         }
         if late > 0 {
             self.metrics.late_rows_dropped.fetch_add(late, Ordering::Relaxed);
         }
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-        self.live_bytes += grown;
+        let mut grown = 0i64;
+        if !work.is_empty() || !slice_work.is_empty() {
+            // Aggregate inputs once per batch, not once per pane; each
+            // row's key hash once for all its panes.
+            let update = BatchUpdate {
+                evaluated: self.aggs.evaluate(&batch)?,
+                hashes: match &key_rows {
+                    Some(r) => (0..n).map(|i| self.hasher.hash(r.row(i))).collect(),
+                    None => vec![],
+                },
+                key_rows: key_rows.as_ref(),
+                rows: n,
+                hasher: &self.hasher,
+                aggs: &self.aggs,
+                max_parallelism: self.max_parallelism,
+            };
+            let (panes, owned, buffered) = match &mut self.store {
+                WindowStore::Live { panes, groups } => (panes, groups.clone(), None),
+                WindowStore::Keyed {
+                    state,
+                    buffer,
+                    buffered,
+                    ..
+                } => (buffer, state.groups(), Some(buffered)),
+            };
+            let mut new_groups = 0;
+            for (end, w) in work {
+                let (g, new) = update.apply(panes.pane(end), w, &owned)?;
+                grown += g;
+                new_groups += new;
+            }
+            if let Some(b) = buffered {
+                *b += new_groups;
+            }
+            for (end, w) in slice_work {
+                grown += update.apply(self.slices.live.entry(end).or_default(), w, &owned)?.0;
+            }
+        }
+        // Buffered groups count as state until they reach RocksDB (where
+        // a flush counts their bytes instead).
+        self.account(grown);
+        if let WindowStore::Keyed { buffered, limit, .. } = &self.store
+            && *buffered + self.slices.groups() >= *limit
+        {
+            self.flush()?;
+        }
         self.after_batch(&times)
     }
 
@@ -774,6 +843,7 @@ impl Operator for WindowAggregateOperator {
             return Ok(());
         }
         self.watermark = watermark;
+        self.advance_slices(watermark)?;
         self.fire(watermark, out)
     }
 }
@@ -798,11 +868,104 @@ impl WindowAggregateOperator {
 }
 
 impl WindowAggregateOperator {
+    fn account(&mut self, grown: i64) {
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        self.live_bytes += grown;
+    }
+
+    /// The pane of window `end` in the store's memory (the heap store's
+    /// panes, or the RocksDB store's buffer, counted as buffered).
+    fn window_pane(store: &mut WindowStore, end: i64) -> (&mut Pane, Option<&mut usize>) {
+        match store {
+            WindowStore::Live { panes, .. } => (panes.pane(end), None),
+            WindowStore::Keyed { buffer, buffered, .. } => (buffer.pane(end), Some(buffered)),
+        }
+    }
+
+    /// Freezes the slices the watermark passed, and merges frozen slices
+    /// into their windows that are due (they fire next).
+    fn advance_slices(&mut self, watermark: Timestamp) -> Result<()> {
+        let Some(slicer) = self.slicer else {
+            return Ok(());
+        };
+        for (end, pane) in self.slices.take_ended(watermark) {
+            self.freeze(&slicer, end, pane)?;
+        }
+        self.merge_frozen(Some(watermark))
+    }
+
+    /// Every slice merged into every window it has not reached yet, and
+    /// dropped: before a snapshot or a flush, which see windows only.
+    fn spill_slices(&mut self) -> Result<()> {
+        let Some(slicer) = self.slicer else {
+            return Ok(());
+        };
+        for (end, pane) in self.slices.take_live() {
+            self.freeze(&slicer, end, pane)?;
+        }
+        self.merge_frozen(None)
+    }
+
+    fn freeze(&mut self, slicer: &Slicer, end: i64, mut pane: Pane) -> Result<()> {
+        let states = if pane.accs.is_empty() {
+            vec![]
+        } else {
+            self.aggs.state_columns(&mut pane.accs)?
+        };
+        let (next_window, last_window) = slicer.windows(end);
+        self.slices.frozen.insert(
+            end,
+            Frozen {
+                pane,
+                states,
+                next_window,
+                last_window,
+            },
+        );
+        Ok(())
+    }
+
+    /// Merges each frozen slice into its windows up to `due` (all with
+    /// `None`), dropping the slices whose last window it reached.
+    fn merge_frozen(&mut self, due: Option<Timestamp>) -> Result<()> {
+        let Some(slicer) = self.slicer else {
+            return Ok(());
+        };
+        let slide = slicer.slide();
+        let mut done = vec![];
+        let mut grown = 0i64;
+        for (end, f) in self.slices.frozen.iter_mut() {
+            while f.next_window <= f.last_window && due.is_none_or(|w| is_fired(f.next_window, w)) {
+                let (pane, buffered) = Self::window_pane(&mut self.store, f.next_window);
+                let (g, new) = merge_slice(pane, f, &self.aggs)?;
+                grown += g;
+                if let Some(b) = buffered {
+                    *b += new;
+                }
+                match f.next_window.checked_add(slide) {
+                    Some(next) => f.next_window = next,
+                    None => break,
+                }
+            }
+            if f.next_window > f.last_window || due.is_none() {
+                done.push(*end);
+            }
+        }
+        for end in done {
+            if let Some(f) = self.slices.frozen.remove(&end) {
+                grown -= pane_bytes(&f.pane, LIVE_GROUP_BYTES);
+            }
+        }
+        self.account(grown);
+        Ok(())
+    }
+
     /// Moves the RocksDB store's buffer into RocksDB: per window, one
     /// multi-get of the stored states of its buffered keys, merged into the
     /// buffered accumulators, then one write of every new state and a
     /// timer for each new (key, window). A no-op for the heap store.
     fn flush(&mut self) -> Result<()> {
+        self.spill_slices()?;
         let WindowStore::Keyed {
             state,
             buffer,

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod panes;
+pub mod slices;
 
 use crate::message::Timestamp;
 use crate::plan::{WindowKind, WindowSpec};

@@ -41,6 +41,8 @@ pub struct Pane {
     bytes: Vec<u8>,
     /// Where key `g` ends in `bytes` (it starts where `g - 1` ends).
     ends: Vec<usize>,
+    /// Key `g`'s hash, so merging the pane elsewhere does not rehash.
+    hashes: Vec<u64>,
     /// Group index → its key group.
     pub groups: Vec<KeyGroup>,
     /// Created on the first update.
@@ -52,6 +54,10 @@ impl Pane {
     pub fn key(&self, g: usize) -> &[u8] {
         let start = if g == 0 { 0 } else { self.ends[g - 1] };
         &self.bytes[start..self.ends[g]]
+    }
+
+    pub fn hash(&self, g: usize) -> u64 {
+        self.hashes[g]
     }
 
     /// Every key, in group order.
@@ -75,6 +81,7 @@ impl Pane {
         self.index.insert_unique(hash, (hash, g as u32), |&(h, _)| h);
         self.bytes.extend_from_slice(key);
         self.ends.push(self.bytes.len());
+        self.hashes.push(hash);
         self.groups.push(group());
         (g, true)
     }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Every query of benches/queries on Weir and Flink 2.3, side by side, at
+# parallelism 1 and 2, heap and RocksDB state (docs/benchmarks.md).
+#   benches/compare.sh            (needs a release build; Flink optional)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin="${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}"
+q=benches/queries
+for p in 1 2; do
+  "$bin" bench compare $q/passthrough.sql $q/projection.sql $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend hashmap --runs 2
+  "$bin" bench compare $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend rocksdb --runs 2
+done
