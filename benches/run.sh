@@ -15,3 +15,4 @@ echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model na
 "$bin" bench alignment --events "$events" --rate 400000 --buffer-size 0 | tail -n 1
 "$(dirname "$0")/checkpoint.sh" 22000000 15
 WEIR="$bin" "$(dirname "$0")/flight.sh"
+WEIR="$bin" "$(dirname "$0")/compare.sh"

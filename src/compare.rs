@@ -338,6 +338,9 @@ fn run_flink(python: &Path, args: &CompareArgs, sql: &Path) -> Result<Figures, S
         .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
     let (peak, _, output) = watch(child)?;
     let text = String::from_utf8_lossy(&output.stdout);
+    // The JVM may outlive the Python that started it by a moment; the next
+    // (Weir) run must not share the CPUs with its shutdown.
+    settle(Duration::from_secs(30));
     let number_after = |label: &str| -> Option<f64> {
         let rest = &text[text.find(label)? + label.len()..];
         rest.trim_start()
@@ -411,6 +414,24 @@ fn watch(mut child: std::process::Child) -> Result<(u64, f64, std::process::Outp
         stderr: err.join().unwrap_or_default(),
     };
     Ok((peak, cpu, output))
+}
+
+/// Waits (up to `limit`) until no Java process runs on the machine.
+fn settle(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline && java_running() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn java_running() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name().to_str().is_some_and(|s| s.parse::<u32>().is_ok())
+            && std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == "java")
+    })
 }
 
 /// `pid` and its descendants.

@@ -22,7 +22,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
-use super::records::{Chunk, RawRecord, RecordReader, range_starts};
+use super::records::{Chunk, RawRecord, RecordReader, lines_before, range_starts};
 use super::text_time;
 use super::{Format, FormatOptions, dead_letter_path_of, format_options, path_of};
 use crate::connectors::dead_letter::BadRecord;
@@ -213,6 +213,11 @@ pub struct FileSplit {
     on_bad: OnBadRecord,
     /// CSV: the schema with timestamps read as text (see [`text_time`]).
     text_schema: Option<SchemaRef>,
+    /// Where the split's byte range starts, and the file's lines before
+    /// it once a record had to be reported (counting them costs a read of
+    /// everything before the range).
+    range_start: u64,
+    lines_before: Option<u64>,
     reader: Option<Reader>,
     /// Lines consumed (json, csv) in the split: the checkpointed position.
     line: u64,
@@ -245,6 +250,8 @@ impl FileSplit {
         Self {
             path,
             range: None,
+            range_start: 0,
+            lines_before: None,
             text_schema,
             format,
             schema,
@@ -265,6 +272,22 @@ impl FileSplit {
             path: self.path.display().to_string(),
             source,
         }
+    }
+
+    /// The file's line number of the split's line `line` (1-based).
+    fn line_number(&mut self, line: u64) -> u64 {
+        if self.range_start == 0 {
+            return line;
+        }
+        let before = match self.lines_before {
+            Some(n) => n,
+            None => {
+                let n = lines_before(&self.path, self.range_start).unwrap_or(0);
+                self.lines_before = Some(n);
+                n
+            }
+        };
+        before + line
     }
 
     fn data_error(&self, line: u64, message: impl std::fmt::Display) -> ConnectorError {
@@ -308,17 +331,20 @@ impl FileSplit {
             }
             _ => {
                 let quote = (self.format.format == Format::Csv).then_some(self.format.quote);
-                let (range, first_line) = match self.range {
-                    None => (0..u64::MAX, 0),
+                let range = match self.range {
+                    None => 0..u64::MAX,
                     Some(r) => {
                         let need = r.index + 2;
                         let starts = range_starts(&self.path, r.of, need, quote).map_err(|e| self.io(e))?;
-                        let end = starts.get(r.index + 1).map_or(u64::MAX, |s| s.0);
-                        let (start, lines) = starts.get(r.index).copied().unwrap_or((u64::MAX, 0));
-                        (start..end, lines)
+                        let end = starts.get(r.index + 1).copied().unwrap_or(u64::MAX);
+                        let start = starts.get(r.index).copied().unwrap_or(u64::MAX);
+                        start..end
                     }
                 };
-                Reader::Records(RecordReader::open(file, range, first_line, quote).map_err(|e| self.io(e))?)
+                // Line numbers count from the range's start until a record
+                // is reported (see `line_number`).
+                self.range_start = range.start.min(range.end);
+                Reader::Records(RecordReader::open(file, range, 0, quote).map_err(|e| self.io(e))?)
             }
         });
         Ok(())
@@ -408,6 +434,7 @@ impl FileSplit {
                     .map(|(_, t)| *t)
                     .collect();
                 let first = chunk.records.first().map_or(self.line, |l| l.number);
+                let first = self.line_number(first);
                 decoder
                     .decode_lines(&good)
                     .map_err(|e| self.data_error(first, format!("the lines decode one by one but not together: {e}")))?
@@ -420,19 +447,22 @@ impl FileSplit {
         match self.on_bad {
             OnBadRecord::Fail => {
                 if let Some((l, reason)) = bad.first() {
-                    return Err(self.data_error(l.number, reason).into());
+                    let line = self.line_number(l.number);
+                    return Err(self.data_error(line, reason).into());
                 }
             }
             OnBadRecord::Skip => {
                 for (l, reason) in &bad {
-                    tracing::debug!("{}:{}: skipped: {reason}", self.path.display(), l.number);
+                    let line = self.line_number(l.number);
+                    tracing::debug!("{}:{line}: skipped: {reason}", self.path.display());
                 }
             }
             OnBadRecord::SetAside => {
                 let file = self.path.display().to_string();
+                let base = if bad.is_empty() { 0 } else { self.line_number(0) };
                 self.set_aside.extend(bad.into_iter().map(|(l, reason)| BadRecord {
                     file: file.clone(),
-                    line: l.number,
+                    line: base + l.number,
                     byte_offset: l.byte_offset,
                     raw: chunk.bytes(l).to_vec(),
                     reason,
@@ -805,6 +835,42 @@ mod tests {
             ..source
         };
         assert_eq!(one.create_splits(3).expect("splits").len(), 1);
+    }
+
+    /// A bad record in a later byte range is reported with its line in the
+    /// file, not in the range.
+    #[test]
+    fn a_bad_record_in_a_byte_range_names_its_line_in_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("in.csv");
+        let text: String = (1..=50i64)
+            .map(|i| {
+                if i == 40 {
+                    "40,x\n".to_string()
+                } else {
+                    format!("{i},{i}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&path, text).expect("write");
+        let template = csv_split(&path, 4);
+        let source = FileSource {
+            path: path.clone(),
+            format: template.format.clone(),
+            schema: template.schema.clone(),
+            dead_letters: None,
+            lines_per_second: 0,
+            min_range_bytes: 1,
+        };
+        let mut last = source.create_splits(2).expect("splits").pop().expect("a split");
+        let err = loop {
+            match last.poll_batch() {
+                Ok(SplitPoll::Finished) => panic!("the bad line was not reported"),
+                Ok(_) => {}
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains("in.csv:40: invalid CSV record"), "{err}");
     }
 
     #[test]
