@@ -787,6 +787,19 @@ mod tests {
         }
     }
 
+    /// A CSV source over `path` that cuts files into ranges of any size.
+    fn ranged_source(path: &std::path::Path) -> FileSource {
+        let template = csv_split(path, 4);
+        FileSource {
+            path: path.to_path_buf(),
+            format: template.format.clone(),
+            schema: template.schema.clone(),
+            dead_letters: None,
+            lines_per_second: 0,
+            min_range_bytes: 1,
+        }
+    }
+
     /// One file cut into byte ranges reads the rows of the whole file,
     /// each once, and a restore rebuilds the same ranges from their ids.
     #[test]
@@ -795,15 +808,7 @@ mod tests {
         let path = dir.path().join("in.csv");
         let text: String = (1..=50i64).map(|i| format!("{i},{}\n", i * 3)).collect();
         std::fs::write(&path, text).expect("write");
-        let template = csv_split(&path, 4);
-        let source = FileSource {
-            path: path.clone(),
-            format: template.format.clone(),
-            schema: template.schema.clone(),
-            dead_letters: None,
-            lines_per_second: 0,
-            min_range_bytes: 1,
-        };
+        let source = ranged_source(&path);
         let splits = source.create_splits(3).expect("splits");
         let ids: Vec<String> = splits.iter().map(|s| s.id()).collect();
         assert_eq!(
@@ -853,15 +858,7 @@ mod tests {
             })
             .collect();
         std::fs::write(&path, text).expect("write");
-        let template = csv_split(&path, 4);
-        let source = FileSource {
-            path: path.clone(),
-            format: template.format.clone(),
-            schema: template.schema.clone(),
-            dead_letters: None,
-            lines_per_second: 0,
-            min_range_bytes: 1,
-        };
+        let source = ranged_source(&path);
         let mut last = source.create_splits(2).expect("splits").pop().expect("a split");
         let err = loop {
             match last.poll_batch() {
