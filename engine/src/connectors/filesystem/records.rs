@@ -2,16 +2,18 @@
 //! byte ranges that let several subtasks read one file.
 //!
 //! A record is a line; in CSV, a line break inside a quoted field
-//! continues the record (RFC 4180), so a record may span lines. Records
+//! continues the record (RFC 4180), so a record may span lines. Quotes are
+//! read as the CSV decoder (csv_core) reads them: a quote opens a quoted
+//! field only at the start of a field; inside one, a quote closes it and
+//! `""` is a quote; elsewhere (`6" pipe`) a quote is a character. Records
 //! are handed out in chunks of contiguous bytes, one allocation a chunk
 //! (not one per line), which the decoder reads whole.
 //!
 //! A byte range starts at a record boundary: the first record starting at
 //! or after `size * i / n`, found by one pass over the bytes before it
-//! that counts quote characters (an even count means the line break is
-//! outside quotes; `""` inside a quoted field counts twice, as it
-//! should). JSON strings cannot hold a raw line break, so any line break
-//! is a boundary there. So a range reads exactly the records that start
+//! that follows the quotes (by the same rules, visiting only the quote
+//! characters). JSON strings cannot hold a raw line break, so any line
+//! break is a boundary there. So a range reads exactly the records that start
 //! in it, and the ranges together read the file's records once each.
 
 use std::fs::File;
@@ -49,6 +51,45 @@ impl Chunk {
     }
 }
 
+/// How a CSV file quotes: its quote character and field delimiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvQuoting {
+    pub quote: u8,
+    pub delimiter: u8,
+}
+
+/// Whether the reader is inside a quoted field, as csv_core decides it.
+#[derive(Debug, Clone, Copy, Default)]
+struct QuoteState {
+    open: bool,
+    /// Where the last quoted field closed: a quote right after it is an
+    /// escaped quote (`""`), which reopens it.
+    last_close: Option<u64>,
+}
+
+impl QuoteState {
+    /// A quote character at `at`, after the byte `prev` (`\n` at the
+    /// start of a record).
+    fn quote(&mut self, q: CsvQuoting, prev: u8, at: u64) {
+        if self.open {
+            self.open = false;
+            self.last_close = Some(at);
+        } else if prev == q.delimiter || prev == b'\n' || prev == b'\r' || self.last_close == at.checked_sub(1) {
+            self.open = true;
+        }
+    }
+
+    /// Every quote character of `data[from..to]`; `base` is the offset of
+    /// `data[0]` and `prev0` the byte before it.
+    fn scan(&mut self, q: CsvQuoting, data: &[u8], from: usize, to: usize, base: u64, prev0: u8) {
+        for i in memchr::memchr_iter(q.quote, &data[from..to]) {
+            let p = from + i;
+            let prev = if p == 0 { prev0 } else { data[p - 1] };
+            self.quote(q, prev, base + p as u64);
+        }
+    }
+}
+
 /// Reads records from a byte range of a file.
 pub struct RecordReader {
     file: File,
@@ -59,7 +100,7 @@ pub struct RecordReader {
     /// Bytes of the range not read into `buf` yet.
     remaining: u64,
     /// CSV: records continue over line breaks inside quotes.
-    quote: Option<u8>,
+    csv: Option<CsvQuoting>,
     /// The file offset of `buf[pos]` and the line number of its line.
     offset: u64,
     line: u64,
@@ -70,7 +111,7 @@ const READ_SIZE: usize = 1 << 20;
 impl RecordReader {
     /// Reads `range` of `file`; `first_line` is the line number (0-based)
     /// at `range.start`.
-    pub fn open(mut file: File, range: Range<u64>, first_line: u64, quote: Option<u8>) -> std::io::Result<Self> {
+    pub fn open(mut file: File, range: Range<u64>, first_line: u64, csv: Option<CsvQuoting>) -> std::io::Result<Self> {
         if range.start > 0 {
             file.seek(SeekFrom::Start(range.start))?;
         }
@@ -80,7 +121,7 @@ impl RecordReader {
             pos: 0,
             len: 0,
             remaining: range.end - range.start,
-            quote,
+            csv,
             offset: range.start,
             line: first_line,
         })
@@ -129,12 +170,12 @@ impl RecordReader {
         let data = &self.buf[..self.len];
         let mut scan = start;
         let mut lines = 1;
-        let mut open = false;
+        let mut quotes = QuoteState::default();
         loop {
             // The next line break or quote: most lines have no quote, and
             // are found in one search.
-            let found = match self.quote {
-                Some(q) => memchr::memchr2(b'\n', q, &data[scan..]),
+            let found = match self.csv {
+                Some(q) => memchr::memchr2(b'\n', q.quote, &data[scan..]),
                 None => memchr::memchr(b'\n', &data[scan..]),
             };
             let Some(at) = found.map(|i| scan + i) else {
@@ -143,11 +184,14 @@ impl RecordReader {
                 return (at_end && start < self.len).then(|| (trim_cr(data, start, self.len), self.len, lines));
             };
             if data[at] != b'\n' {
-                open = !open;
+                if let Some(q) = self.csv {
+                    let prev = if at == start { b'\n' } else { data[at - 1] };
+                    quotes.quote(q, prev, at as u64);
+                }
                 scan = at + 1;
                 continue;
             }
-            if !open {
+            if !quotes.open {
                 return Some((trim_cr(data, start, at), at + 1, lines));
             }
             lines += 1;
@@ -215,19 +259,15 @@ fn trim_cr(data: &[u8], start: usize, end: usize) -> usize {
 /// pass over the bytes before the last. Only quote characters are counted
 /// (with memchr: a file without quotes is scanned at memory speed); line
 /// numbers are [`lines_before`]'s, asked only when a record is reported.
-pub fn range_starts(path: &Path, n: usize, need: usize, quote: Option<u8>) -> std::io::Result<Vec<u64>> {
-    range_starts_with(path, n, need, quote, READ_SIZE)
-}
-
-fn count_quotes(data: &[u8], quote: Option<u8>) -> usize {
-    quote.map_or(0, |q| memchr::memchr_iter(q, data).count())
+pub fn range_starts(path: &Path, n: usize, need: usize, csv: Option<CsvQuoting>) -> std::io::Result<Vec<u64>> {
+    range_starts_with(path, n, need, csv, READ_SIZE)
 }
 
 fn range_starts_with(
     path: &Path,
     n: usize,
     need: usize,
-    quote: Option<u8>,
+    csv: Option<CsvQuoting>,
     buf_size: usize,
 ) -> std::io::Result<Vec<u64>> {
     let n = n.max(1);
@@ -237,7 +277,15 @@ fn range_starts_with(
     let targets: Vec<u64> = (0..n).map(|i| size * i as u64 / n as u64).collect();
     let mut starts = vec![0u64];
     let mut buf = vec![0u8; buf_size];
-    let (mut offset, mut quotes) = (0u64, 0usize);
+    let mut offset = 0u64;
+    let mut quotes = QuoteState::default();
+    // The byte before the buffer: the file starts a record.
+    let mut prev0 = b'\n';
+    let scan = |quotes: &mut QuoteState, data: &[u8], from: usize, to: usize, base: u64, prev0: u8| {
+        if let Some(q) = csv {
+            quotes.scan(q, data, from, to, base, prev0);
+        }
+    };
     let mut next = 1;
     while next < need {
         let got = file.read(&mut buf)?;
@@ -258,13 +306,13 @@ fn range_starts_with(
             // at the target starts there).
             let t = (target.saturating_sub(1).max(offset) - offset) as usize;
             let t = t.max(from);
-            quotes += count_quotes(&data[from..t], quote);
+            scan(&mut quotes, data, from, t, offset, prev0);
             from = t;
             let mut found = None;
             while let Some(i) = memchr::memchr(b'\n', &data[from..]).map(|i| from + i) {
-                quotes += count_quotes(&data[from..i], quote);
+                scan(&mut quotes, data, from, i, offset, prev0);
                 from = i + 1;
-                if quotes % 2 == 0 {
+                if !quotes.open {
                     found = Some(offset + from as u64);
                     break;
                 }
@@ -281,8 +329,9 @@ fn range_starts_with(
             }
         }
         if from < got {
-            quotes += count_quotes(&data[from..], quote);
+            scan(&mut quotes, data, from, got, offset, prev0);
         }
+        prev0 = data[got - 1];
         offset += got as u64;
     }
     while starts.len() < need {
@@ -313,7 +362,18 @@ pub fn lines_before(path: &Path, offset: u64) -> std::io::Result<u64> {
 mod tests {
     use super::*;
 
-    fn records(path: &Path, range: Range<u64>, first_line: u64, quote: Option<u8>, max: usize) -> Vec<(u64, String)> {
+    const CSV: Option<CsvQuoting> = Some(CsvQuoting {
+        quote: b'"',
+        delimiter: b',',
+    });
+
+    fn records(
+        path: &Path,
+        range: Range<u64>,
+        first_line: u64,
+        quote: Option<CsvQuoting>,
+        max: usize,
+    ) -> Vec<(u64, String)> {
         let mut r = RecordReader::open(File::open(path).expect("test"), range, first_line, quote)
             .expect("test")
             .with_buffer(max.min(4));
@@ -329,7 +389,7 @@ mod tests {
         }
     }
 
-    fn whole_and_ranges(text: &str, quote: Option<u8>) {
+    fn whole_and_ranges(text: &str, quote: Option<CsvQuoting>) {
         let dir = tempfile::tempdir().expect("test");
         let path = dir.path().join("f");
         std::fs::write(&path, text).expect("test");
@@ -358,17 +418,55 @@ mod tests {
 
     #[test]
     fn ranges_read_every_record_once_with_its_line_number() {
-        whole_and_ranges("a,1\nb,2\nc,3\n", Some(b'"'));
+        whole_and_ranges("a,1\nb,2\nc,3\n", CSV);
         // No trailing newline, CRLF, empty lines.
-        whole_and_ranges("a,1\r\nb,2\r\n\r\nc,3", Some(b'"'));
+        whole_and_ranges("a,1\r\nb,2\r\n\r\nc,3", CSV);
         // Line breaks inside quotes, and doubled quotes.
         whole_and_ranges(
             "1,\"two\nlines\"\n2,\"x\"\"y\"\n3,\"a\n\nb\n\"\n4,z\n5,\"\"\"\nq\"\n",
-            Some(b'"'),
+            CSV,
         );
         // JSON lines: every line break is a boundary.
         whole_and_ranges("{\"a\":1}\n{\"a\":\"x,\\\"y\"}\n{\"a\":3}", None);
-        whole_and_ranges("", Some(b'"'));
+        whole_and_ranges("", CSV);
+        // Quotes that are characters (not at a field's start), next to
+        // quoted fields with line breaks.
+        whole_and_ranges(
+            "1,6\" pipe,x\n2,\"a \"\"b\"\" c\"\n3,x\"y\"z\n4,\"q\"\n5,a\"b,\"c\nd\"\n6,\"\"\n7,e\n",
+            CSV,
+        );
+    }
+
+    /// Records as csv_core splits them: a quote inside an unquoted field
+    /// is a character and does not swallow the next line.
+    #[test]
+    fn quotes_inside_unquoted_fields_are_characters() {
+        let dir = tempfile::tempdir().expect("test");
+        let path = dir.path().join("f");
+        let text = "1,6\" pipe\n2,\"a \"\"b\"\" c\"\n3,x\"y\"z\n4,\"l1\nl2\"\n5,a\"b,\"c\nd\"\n";
+        std::fs::write(&path, text).expect("test");
+        let got: Vec<String> = records(&path, 0..text.len() as u64, 0, CSV, 100)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
+        let mut want = vec![];
+        let mut reader = csv_core::Reader::new();
+        let mut input = text.as_bytes();
+        let (mut out, mut ends) = ([0u8; 256], [0usize; 16]);
+        loop {
+            let (res, n_in, _, _) = reader.read_record(input, &mut out, &mut ends);
+            let consumed = &input[..n_in];
+            input = &input[n_in..];
+            match res {
+                csv_core::ReadRecordResult::Record => {
+                    want.push(String::from_utf8_lossy(consumed).trim_end_matches('\n').to_string())
+                }
+                csv_core::ReadRecordResult::End => break,
+                _ => {}
+            }
+        }
+        assert_eq!(got, want);
+        assert_eq!(got.len(), 5);
     }
 
     #[test]
@@ -376,7 +474,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("test");
         let path = dir.path().join("f");
         std::fs::write(&path, "1,\"a\nb\"\n2,c\n").expect("test");
-        let got = records(&path, 0..12, 0, Some(b'"'), 10);
+        let got = records(&path, 0..12, 0, CSV, 10);
         assert_eq!(got, vec![(1, "1,\"a\nb\"".to_string()), (3, "2,c".to_string())]);
     }
 }

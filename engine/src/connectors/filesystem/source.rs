@@ -22,7 +22,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
-use super::records::{Chunk, RawRecord, RecordReader, lines_before, range_starts};
+use super::records::{Chunk, CsvQuoting, RawRecord, RecordReader, lines_before, range_starts};
 use super::text_time;
 use super::{Format, FormatOptions, dead_letter_path_of, format_options, path_of};
 use crate::connectors::dead_letter::BadRecord;
@@ -330,7 +330,10 @@ impl FileSplit {
                 Reader::Parquet(reader)
             }
             _ => {
-                let quote = (self.format.format == Format::Csv).then_some(self.format.quote);
+                let quote = (self.format.format == Format::Csv).then_some(CsvQuoting {
+                    quote: self.format.quote,
+                    delimiter: self.format.delimiter,
+                });
                 let range = match self.range {
                     None => 0..u64::MAX,
                     Some(r) => {
