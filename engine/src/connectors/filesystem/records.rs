@@ -437,6 +437,20 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Any text of commas, quotes, line breaks and letters: the byte
+        /// ranges read exactly the records of the whole file, with their
+        /// line numbers.
+        #[test]
+        fn ranges_of_any_csv_text_read_the_whole_files_records(
+            text in proptest::collection::vec(proptest::sample::select(vec![b'a', b',', b'"', b'\n', b'\r']), 0..60)
+        ) {
+            whole_and_ranges(&String::from_utf8(text).expect("ascii"), CSV);
+        }
+    }
+
     /// Records as csv_core splits them: a quote inside an unquoted field
     /// is a character and does not swallow the next line.
     #[test]
