@@ -211,7 +211,7 @@ pub struct FileSplit {
     format: FormatOptions,
     schema: SchemaRef,
     on_bad: OnBadRecord,
-    /// CSV: the schema with timestamps read as text (see [`text_time`]).
+    /// json, csv: the schema with timestamps read as text (see [`text_time`]).
     text_schema: Option<SchemaRef>,
     /// Where the split's byte range starts, and the file's lines before
     /// it once a record had to be reported (counting them costs a read of
@@ -244,8 +244,8 @@ impl FileSplit {
         lines_per_second: u64,
     ) -> Self {
         let text_schema = match format.format {
-            Format::Csv => text_time::text_schema(&schema),
-            _ => None,
+            Format::Csv | Format::Json => text_time::text_schema(&schema),
+            Format::Parquet => None,
         };
         Self {
             path,
@@ -545,7 +545,7 @@ impl FileSplit {
 struct LineDecoder {
     format: FormatOptions,
     schema: SchemaRef,
-    /// CSV: the schema with timestamps read as text, for the fast parser.
+    /// json, csv: the schema with timestamps read as text, for the fast parser.
     text_schema: Option<SchemaRef>,
 }
 
@@ -554,23 +554,33 @@ impl LineDecoder {
         if text.is_empty() {
             return Ok(None);
         }
+        if let Some(b) = self.text_schema.as_ref().and_then(|t| self.decode_fast(text, t)) {
+            return Ok(Some(b));
+        }
+        self.decode_as(text, &self.schema)
+    }
+
+    /// `text` decoded into `schema` by arrow's json or csv reader.
+    fn decode_as(
+        &self,
+        text: &str,
+        schema: &SchemaRef,
+    ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
         if self.format.format == Format::Json {
-            let mut d = arrow::json::ReaderBuilder::new(self.schema.clone())
+            let mut d = arrow::json::ReaderBuilder::new(schema.clone())
                 .with_batch_size(DEFAULT_BATCH_ROWS)
                 .build_decoder()?;
             d.decode(text.as_bytes())?;
             return d.flush();
         }
-        if let Some(b) = self.text_schema.as_ref().and_then(|t| self.decode_csv_fast(text, t)) {
-            return Ok(Some(b));
-        }
-        self.decode_csv(text, &self.schema)
+        self.decode_csv(text, schema)
     }
 
-    /// CSV with timestamps parsed by [`text_time`]; `None` when anything
-    /// does not decode that way (the general decode then says why).
-    fn decode_csv_fast(&self, text: &str, text_schema: &SchemaRef) -> Option<RecordBatch> {
-        let b = self.decode_csv(text, text_schema).ok()??;
+    /// Timestamps read as text and parsed by [`text_time`]; `None` when
+    /// anything does not decode that way (the general decode then says
+    /// why, or takes what only it reads: time zones, JSON numbers).
+    fn decode_fast(&self, text: &str, text_schema: &SchemaRef) -> Option<RecordBatch> {
+        let b = self.decode_as(text, text_schema).ok()??;
         let mut columns = Vec::with_capacity(b.num_columns());
         for (c, f) in b.columns().iter().zip(self.schema.fields()) {
             columns.push(match f.data_type() {
