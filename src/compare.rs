@@ -106,6 +106,7 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
         "| query | engine | run | seconds | rows/s | CPU s | CPU s per M rows | peak RSS MB |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
     let mut summary = vec![];
+    let mut failed = false;
     for file in &args.files {
         let name = file
             .file_stem()
@@ -126,16 +127,34 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
         let (mut w, mut f) = (vec![], vec![]);
         for run in 1..=args.runs {
             let data = work.path().join(format!("data-{run}"));
-            let fig = run_weir(&weir, &data, &weir_sql)?;
-            print_row(&name, "Weir", run, args.rows, &fig);
-            w.push(fig);
+            // A query one engine cannot run is reported and the others go on.
+            match run_weir(&weir, &data, &weir_sql) {
+                Ok(fig) => {
+                    print_row(&name, "Weir", run, args.rows, &fig);
+                    w.push(fig);
+                }
+                Err(e) => {
+                    failed = true;
+                    eprintln!("{name}: {e}");
+                    println!("| {name} | Weir | {run} | failed | | | | |");
+                }
+            }
             if let Some(py) = &flink {
-                let fig = run_flink(py, args, &flink_sql)?;
-                print_row(&name, "Flink 2.3", run, args.rows, &fig);
-                f.push(fig);
+                match run_flink(py, args, &flink_sql) {
+                    Ok(fig) => {
+                        print_row(&name, "Flink 2.3", run, args.rows, &fig);
+                        f.push(fig);
+                    }
+                    Err(e) => {
+                        eprintln!("{name}: {e}");
+                        println!("| {name} | Flink 2.3 | {run} | failed | | | | |");
+                    }
+                }
             }
         }
-        summary.push((name, best(&w), (!f.is_empty()).then(|| best(&f))));
+        if let Some(w) = best(&w) {
+            summary.push((name, w, best(&f)));
+        }
     }
     println!(
         "\nBest run of each (rows/s, CPU s per M rows, peak RSS):\n\n| query | Weir rows/s | Flink rows/s | Weir / Flink | Weir CPU s/M | Flink CPU s/M | Weir MB | Flink MB |\n|---|---:|---:|---:|---:|---:|---:|---:|"
@@ -158,17 +177,14 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
             None => println!("| {name} | {:.0} | | | {:.2} | | {:.0} | |", rate(&w), cpu(&w), mb(&w)),
         }
     }
+    if failed {
+        return Err("a query failed on Weir (see above)".into());
+    }
     Ok(())
 }
 
-fn best(runs: &[Figures]) -> Figures {
-    let mut b = runs[0];
-    for r in runs {
-        if r.seconds < b.seconds {
-            b = *r;
-        }
-    }
-    b
+fn best(runs: &[Figures]) -> Option<Figures> {
+    runs.iter().copied().min_by(|a, b| a.seconds.total_cmp(&b.seconds))
 }
 
 fn print_row(query: &str, engine: &str, run: usize, rows: u64, f: &Figures) {

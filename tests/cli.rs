@@ -157,3 +157,53 @@ fn sigint_stops_an_unbounded_job_gracefully() {
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("job 'forever' stopped"), "{stderr}");
 }
+
+/// `weir bench compare` without Flink: it generates the bids, runs each
+/// file on Weir, prints the table and says how to install Flink; a query
+/// Weir cannot run is reported by name and fails the command.
+#[test]
+fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let queries = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/queries");
+    let bad = dir.path().join("bad.sql");
+    std::fs::write(&bad, "INSERT INTO nowhere SELECT 1;\n").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "compare", "--rows", "20000", "--runs", "1", "--bench-dir"])
+        .arg(dir.path())
+        .arg("--flink-python")
+        .arg(dir.path().join("no-python"))
+        .arg(queries.join("hop_count.sql"))
+        .arg(&bad)
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a failing query fails the command\n{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("Flink is not installed"), "{stderr}");
+    assert!(
+        stderr.contains("bad: weir run failed") && stderr.contains("nowhere"),
+        "{stderr}"
+    );
+    let hop = stdout
+        .lines()
+        .find(|l| l.starts_with("| hop_count | Weir | 1 |"))
+        .unwrap_or_else(|| panic!("a hop_count row\n{stdout}"));
+    let rate: f64 = hop
+        .split('|')
+        .nth(5)
+        .and_then(|c| c.trim().parse().ok())
+        .expect("rows/s");
+    assert!(rate > 0.0, "{hop}");
+    assert!(stdout.contains("| bad | Weir | 1 | failed |"), "{stdout}");
+    let csv = dir.path().join("compare/bids-uniform10k-20000.csv");
+    let text = std::fs::read_to_string(&csv).expect("the generated bids");
+    assert_eq!(text.lines().count(), 20_000);
+    // auction (of 10 000), price, event time: 10 rows per millisecond.
+    let last: Vec<&str> = text.lines().last().unwrap_or_default().split(',').collect();
+    assert_eq!(last.len(), 3, "{last:?}");
+    assert!(last[0].parse::<u64>().is_ok_and(|a| a < 10_000), "{last:?}");
+    assert_eq!(last[2], "2024-01-01 00:00:01.999", "{last:?}");
+}
