@@ -205,7 +205,13 @@ impl KeyedState {
         if w.batch.is_empty() {
             return Ok(());
         }
-        self.backend.write(w.batch)
+        // In key order: RocksDB's memtable inserts keys that follow the
+        // previous one without searching its skiplist from the top (a
+        // window flush writes tens of thousands of keys in hash order).
+        // Stable, so operations on one key keep their order.
+        let mut batch = w.batch;
+        batch.ops.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        self.backend.write(batch)
     }
 
     fn floor_mut(&mut self, state: StateId, group: KeyGroup) -> Option<&mut Timestamp> {
