@@ -548,6 +548,10 @@ fn merge_slice(pane: &mut Pane, slice: &Frozen, aggs: &Aggs) -> Result<(i64, usi
         return Ok((0, 0));
     }
     let (mut grown, mut new_groups) = (0i64, 0usize);
+    // A window's slices mostly hold the same keys: size for the first.
+    if pane.is_empty() {
+        pane.reserve(slice.pane.len(), slice.pane.key(0).len());
+    }
     let mut indices = Vec::with_capacity(slice.pane.len());
     for g in 0..slice.pane.len() {
         let key = slice.pane.key(g);

@@ -86,6 +86,15 @@ impl Pane {
         (g, true)
     }
 
+    /// Room for `n` more groups of about `key_len` bytes each.
+    pub fn reserve(&mut self, n: usize, key_len: usize) {
+        self.index.reserve(n, |&(h, _)| h);
+        self.bytes.reserve(n * key_len);
+        self.ends.reserve(n);
+        self.hashes.reserve(n);
+        self.groups.reserve(n);
+    }
+
     pub fn len(&self) -> usize {
         self.ends.len()
     }
