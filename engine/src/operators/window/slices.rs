@@ -128,10 +128,6 @@ impl Slices {
         self.live.values().map(Pane::len).sum::<usize>() + self.frozen.values().map(|f| f.pane.len()).sum::<usize>()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty() && self.frozen.is_empty()
-    }
-
     /// Live slices whose end the watermark passed, in end order.
     pub fn take_ended(&mut self, watermark: i64) -> Vec<(i64, Pane)> {
         let mut out = vec![];
