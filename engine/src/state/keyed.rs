@@ -303,11 +303,12 @@ impl KeyedState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::state::HeapBackend;
 
-    const DECLS: &[StateDecl] = &[
+    /// A value state and a timer state, for the state layer's tests.
+    pub(crate) const DECLS: &[StateDecl] = &[
         StateDecl {
             name: "v",
             kind: StateKind::Value,

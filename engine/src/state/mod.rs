@@ -330,16 +330,7 @@ mod import_tests {
     use super::*;
     use crate::checkpoint::OperatorSnapshot;
 
-    const DECLS: &[StateDecl] = &[
-        StateDecl {
-            name: "v",
-            kind: StateKind::Value,
-        },
-        StateDecl {
-            name: "t",
-            kind: StateKind::Timers,
-        },
-    ];
+    use super::keyed::tests::DECLS;
 
     /// Entries imported from a snapshot, then deleted, are gone from the
     /// next snapshot (the state a savepoint exports).
