@@ -6,20 +6,48 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::ArrayFormatter;
 
-pub use weir_engine::connectors::print::format_rows;
+pub use weir_engine::connectors::print::{format_changes, format_rows};
 
 /// Prints streaming rows as a table, header first, one line per row, as
 /// they arrive (column widths fixed by the header, like Flink's tableau).
 pub struct Tableau {
     widths: Vec<usize>,
     header_done: bool,
+    /// The first column is `_op`: it fills the op column.
+    changelog: bool,
+}
+
+/// Whether a result's first column is the `_op` of a changelog.
+pub fn is_changelog(schema: &SchemaRef) -> bool {
+    schema.fields().first().is_some_and(|f| f.name() == "_op")
+}
+
+/// A changelog batch (`_op` first) as the changes it holds.
+pub fn changes_of(batch: &RecordBatch) -> Result<weir_engine::change::ChangeBatch, arrow::error::ArrowError> {
+    use weir_engine::change::{ChangeBatch, RowKind};
+    let ops = batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<arrow::array::StringArray>()
+        .ok_or_else(|| arrow::error::ArrowError::InvalidArgumentError("_op is not a string column".into()))?;
+    let kinds = (0..ops.len())
+        .map(|i| {
+            RowKind::from_short(ops.value(i)).ok_or_else(|| {
+                arrow::error::ArrowError::InvalidArgumentError(format!("'{}' is not a row kind", ops.value(i)))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = batch.project(&(1..batch.num_columns()).collect::<Vec<_>>())?;
+    Ok(ChangeBatch::new(rows, kinds))
 }
 
 impl Tableau {
     pub fn new(schema: &SchemaRef) -> Self {
+        let changelog = is_changelog(schema);
         let widths = schema
             .fields()
             .iter()
+            .skip(usize::from(changelog))
             .map(|f| {
                 f.name().len().max(match f.data_type() {
                     arrow::datatypes::DataType::Timestamp(_, _) => 23,
@@ -30,6 +58,7 @@ impl Tableau {
         Self {
             widths,
             header_done: false,
+            changelog,
         }
     }
 
@@ -52,11 +81,22 @@ impl Tableau {
 
     pub fn header(&mut self, schema: &SchemaRef) -> String {
         self.header_done = true;
-        let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        let names: Vec<String> = schema
+            .fields()
+            .iter()
+            .skip(usize::from(self.changelog))
+            .map(|f| f.name().clone())
+            .collect();
         format!("{}\n{}\n{}", self.rule(), self.line("op", &names), self.rule())
     }
 
     pub fn rows(&mut self, batch: &RecordBatch) -> Result<String, arrow::error::ArrowError> {
+        let changes = if self.changelog {
+            changes_of(batch)?
+        } else {
+            batch.clone().into()
+        };
+        let batch = &changes.rows;
         let opts = weir_engine::connectors::print::format_options();
         let fmts = batch
             .columns()
@@ -66,7 +106,7 @@ impl Tableau {
         let mut out = String::new();
         for row in 0..batch.num_rows() {
             let vals: Vec<String> = fmts.iter().map(|f| f.value(row).to_string()).collect();
-            out.push_str(&self.line("+I", &vals));
+            out.push_str(&self.line(changes.kind(row).short(), &vals));
             out.push('\n');
         }
         Ok(out)

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use weir_catalog::store::Entry;
 use weir_catalog::{Catalog, ViewDef};
 use weir_engine::ExecError;
+use weir_engine::change::ChangeBatch;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
 use weir_engine::paths::PathPolicy;
 use weir_engine::runtime::metrics::JobMetrics;
@@ -64,6 +65,31 @@ pub struct ResultStream {
     pub schema: SchemaRef,
     pub rows: mpsc::Receiver<RecordBatch>,
     pub job: JobHandle,
+    /// The first column is `_op` (Flink's row kind of each row): a
+    /// `SUBSCRIBE`, or a query whose result is updating.
+    pub changelog: bool,
+}
+
+/// The rows of a job's result channel as clients read them: with an `_op`
+/// column first when `with_op`, else as they are (an insert-only query).
+fn result_rows(mut changes: mpsc::Receiver<ChangeBatch>, with_op: bool) -> mpsc::Receiver<RecordBatch> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Some(batch) = changes.recv().await {
+            let rows = if with_op {
+                match with_op_column(&batch) {
+                    Ok(b) => b,
+                    Err(_) => break,
+                }
+            } else {
+                batch.rows
+            };
+            if tx.send(rows).await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 pub enum StatementResult {
@@ -816,14 +842,22 @@ impl Session {
                         Ok(StatementResult::Rows(schema, rows))
                     }
                     QueryPlan::Stream(graph) => {
-                        let schema = graph
-                            .nodes
-                            .last()
-                            .map(|n| n.schema.clone())
-                            .ok_or_else(|| ExecError::internal("empty plan"))?;
+                        let last = graph.nodes.last().ok_or_else(|| ExecError::internal("empty plan"))?;
+                        // An updating result shows each row's kind.
+                        let changelog = !last.changelog.is_insert_only();
+                        let schema = if changelog {
+                            changelog_schema(&last.schema)
+                        } else {
+                            last.schema.clone()
+                        };
                         let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
-                        Ok(StatementResult::Stream(ResultStream { schema, rows: rx, job }))
+                        Ok(StatementResult::Stream(ResultStream {
+                            schema,
+                            rows: result_rows(rx, changelog),
+                            job,
+                            changelog,
+                        }))
                     }
                 }
             }
@@ -832,7 +866,10 @@ impl Session {
                 match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => {
                         let rows = self.shared.planner.execute_batch(plan).await?;
-                        let rows = rows.iter().map(with_op_column).collect::<Result<Vec<_>, _>>()?;
+                        let rows = rows
+                            .into_iter()
+                            .map(|b| with_op_column(&b.into()))
+                            .collect::<Result<Vec<_>, _>>()?;
                         let schema = match rows.first() {
                             Some(b) => b.schema(),
                             None => changelog_schema(&Schema::empty()),
@@ -845,22 +882,13 @@ impl Session {
                             .last()
                             .map(|n| changelog_schema(&n.schema))
                             .ok_or_else(|| ExecError::internal("empty plan"))?;
-                        let (tx, mut rx) = mpsc::channel::<RecordBatch>(16);
-                        let (changes_tx, changes_rx) = mpsc::channel(16);
+                        let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
-                        // Every row of an append-only query is an insert.
-                        tokio::spawn(async move {
-                            while let Some(batch) = rx.recv().await {
-                                let Ok(b) = with_op_column(&batch) else { break };
-                                if changes_tx.send(b).await.is_err() {
-                                    break;
-                                }
-                            }
-                        });
                         Ok(StatementResult::Stream(ResultStream {
                             schema,
-                            rows: changes_rx,
+                            rows: result_rows(rx, true),
                             job,
+                            changelog: true,
                         }))
                     }
                 }
@@ -1244,11 +1272,12 @@ pub fn changelog_schema(schema: &Schema) -> SchemaRef {
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }
 
-/// Prepends `_op = '+I'` to every row (Weir's queries are append-only).
-fn with_op_column(batch: &RecordBatch) -> Result<RecordBatch, ExecError> {
-    let schema = changelog_schema(&batch.schema());
-    let mut columns = vec![Arc::new(StringArray::from(vec!["+I"; batch.num_rows()])) as ArrayRef];
-    columns.extend(batch.columns().iter().cloned());
+/// Prepends `_op` (`+I`, `-U`, `+U`, `-D`) to every row.
+fn with_op_column(batch: &ChangeBatch) -> Result<RecordBatch, ExecError> {
+    let schema = changelog_schema(&batch.rows.schema());
+    let ops = StringArray::from_iter_values((0..batch.num_rows()).map(|i| batch.kind(i).short()));
+    let mut columns = vec![Arc::new(ops) as ArrayRef];
+    columns.extend(batch.rows.columns().iter().cloned());
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 

@@ -111,7 +111,13 @@ async fn collect_rows(result: StatementResult) -> Result<Vec<String>, String> {
         StatementResult::Stream(mut rs) => {
             let mut out = vec![];
             while let Some(b) = rs.rows.recv().await {
-                out.extend(weir::display::format_rows(&b).map_err(|e| e.to_string())?);
+                // Changes print as Flink prints them: `-U[a, 1]`.
+                let b = if rs.changelog {
+                    weir::display::changes_of(&b).map_err(|e| e.to_string())?
+                } else {
+                    b.into()
+                };
+                out.extend(weir::display::format_changes(&b).map_err(|e| e.to_string())?);
             }
             rs.job.wait().await.map_err(|e| e.to_string())?;
             Ok(out)

@@ -5,6 +5,7 @@
 //! barriers in-band.
 //!
 //! # Layout
+//! - [`change`]: change batches (rows with Flink's row kinds).
 //! - [`message`]: what flows on a channel ([`message::StreamMessage`]).
 //! - [`plan`]: immutable plan descriptions (`...Node`) and `EXPLAIN` text.
 //! - [`config`]: job options (`parallelism.default`, `state.backend.type`, ...).
@@ -22,6 +23,7 @@
 //! - [`error`]: [`error::ExecError`] and friends.
 //! - [`expr`]: faster physical expressions swapped in after planning.
 
+pub mod change;
 pub mod checkpoint;
 pub mod config;
 pub mod connectors;

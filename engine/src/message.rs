@@ -2,7 +2,7 @@
 //! checkpoint barriers share one ordered stream, so an operator always sees
 //! a watermark or barrier exactly between the batches it separates.
 
-use arrow::record_batch::RecordBatch;
+use crate::change::ChangeBatch;
 
 /// Event time in epoch milliseconds, Flink's convention.
 pub type Timestamp = i64;
@@ -46,7 +46,8 @@ impl Barrier {
 
 #[derive(Debug, Clone)]
 pub enum StreamMessage {
-    Batch(RecordBatch),
+    /// Rows, with their row kinds when they are changes.
+    Batch(ChangeBatch),
     /// All later rows on this channel have event time > the watermark.
     Watermark(Timestamp),
     WatermarkStatus(WatermarkStatus),

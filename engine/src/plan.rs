@@ -30,6 +30,70 @@ pub struct StreamNode {
     pub parallelism: usize,
     pub schema: SchemaRef,
     pub kind: NodeKind,
+    /// The row kinds the node's output may hold, and its upsert key.
+    pub changelog: ChangelogMode,
+}
+
+/// Which row kinds a node's output may hold (Flink's `ChangelogMode`), and
+/// its upsert key. Weir's updating operators emit full retractions: an
+/// update is `-U` (the old row) then `+U` (the new one), a delete carries
+/// the whole row (Flink's BEFORE_AND_AFTER with full deletes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangelogMode {
+    /// `-U`/`+U` pairs.
+    pub updates: bool,
+    /// `-D`.
+    pub deletes: bool,
+    /// Output columns that identify a row among the live rows (a GROUP BY's
+    /// keys); `None` when unknown. Empty: at most one live row.
+    pub upsert_key: Option<Vec<usize>>,
+}
+
+impl ChangelogMode {
+    pub fn insert_only() -> Self {
+        Self::default()
+    }
+
+    pub fn is_insert_only(&self) -> bool {
+        !self.updates && !self.deletes
+    }
+
+    /// Flink's EXPLAIN text: `[I]`, `[I,UB,UA]`, `[I,UB,UA,D]`.
+    pub fn kinds(&self) -> String {
+        let mut k = vec!["I"];
+        if self.updates {
+            k.extend(["UB", "UA"]);
+        }
+        if self.deletes {
+            k.push("D");
+        }
+        format!("[{}]", k.join(","))
+    }
+
+    /// Flink's words for what an insert-only consumer cannot take:
+    /// `update`, `delete` or `update and delete`.
+    pub fn changes_text(&self) -> &'static str {
+        match (self.updates, self.deletes) {
+            (true, true) => "update and delete",
+            (true, false) => "update",
+            (false, true) => "delete",
+            (false, false) => "insert",
+        }
+    }
+
+    /// The mode after a projection: the kinds stay, the upsert key
+    /// survives when every key column is projected as a plain column.
+    pub fn through_projection(&self, projected: &[Option<usize>]) -> Self {
+        let upsert_key = self.upsert_key.as_ref().and_then(|key| {
+            key.iter()
+                .map(|k| projected.iter().position(|p| *p == Some(*k)))
+                .collect::<Option<Vec<usize>>>()
+        });
+        ChangelogMode {
+            upsert_key,
+            ..self.clone()
+        }
+    }
 }
 
 // Built once per job: variant sizes do not matter.
@@ -39,6 +103,7 @@ pub enum NodeKind {
     Source(SourceNode),
     Calc(CalcNode),
     WindowAggregate(WindowAggregateNode),
+    GroupAggregate(GroupAggregateNode),
     Limit(LimitNode),
     Sink(SinkNode),
 }
@@ -164,6 +229,65 @@ pub struct WindowAggregateNode {
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
 }
 
+/// An aggregate function of a non-windowed GROUP BY. Weir's own
+/// accumulators (they retract exactly, which DataFusion's grouped
+/// accumulators cannot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggFunc {
+    Count,
+    Sum,
+    /// Flink's AVG: `SUM / COUNT` in the input's type for integers.
+    Avg,
+    Min,
+    Max,
+}
+
+impl AggFunc {
+    pub fn name(self) -> &'static str {
+        match self {
+            AggFunc::Count => "COUNT",
+            AggFunc::Sum => "SUM",
+            AggFunc::Avg => "AVG",
+            AggFunc::Min => "MIN",
+            AggFunc::Max => "MAX",
+        }
+    }
+}
+
+/// One aggregate call: `func([DISTINCT] arg) [FILTER (WHERE filter)]`.
+#[derive(Debug, Clone)]
+pub struct AggCall {
+    pub func: AggFunc,
+    /// `None`: `COUNT(*)`.
+    pub arg: Option<Arc<dyn PhysicalExpr>>,
+    pub distinct: bool,
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+    /// The type of `arg` (Null for `COUNT(*)`).
+    pub input_type: arrow::datatypes::DataType,
+    /// The planned result type.
+    pub output_type: arrow::datatypes::DataType,
+}
+
+impl std::fmt::Display for AggCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let arg = self.arg.as_ref().map_or("*".to_string(), |a| a.to_string());
+        let distinct = if self.distinct { "DISTINCT " } else { "" };
+        write!(f, "{}({distinct}{arg})", self.func.name())?;
+        if let Some(w) = &self.filter {
+            write!(f, " FILTER (WHERE {w})")?;
+        }
+        Ok(())
+    }
+}
+
+/// `GROUP BY keys` without a window (or a global aggregate, no keys): an
+/// updating result, one live row per key.
+#[derive(Debug)]
+pub struct GroupAggregateNode {
+    pub keys: Vec<Arc<dyn PhysicalExpr>>,
+    pub aggregates: Vec<AggCall>,
+}
+
 #[derive(Debug)]
 pub struct LimitNode {
     pub skip: usize,
@@ -285,7 +409,26 @@ impl StreamGraph {
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
                     );
                 }
+                NodeKind::GroupAggregate(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, accumulators and row count by key group|key; MIN/MAX/DISTINCT value counts by key group|key|aggregate|value"
+                    );
+                }
                 _ => {}
+            }
+            {
+                let key = match &node.changelog.upsert_key {
+                    Some(k) => format!(
+                        ", upsertKey=[{}]",
+                        k.iter()
+                            .map(|i| node.schema.field(*i).name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    None => String::new(),
+                };
+                let _ = writeln!(s, "      changelogMode={}{key}", node.changelog.kinds());
             }
             for e in self.outputs(node.id) {
                 let how = match &e.exchange {
@@ -324,6 +467,15 @@ impl StreamNode {
                 format!(
                     "WindowAggregate: {} keys [{}] aggregates [{}]",
                     w.window,
+                    keys.join(", "),
+                    aggs.join(", ")
+                )
+            }
+            NodeKind::GroupAggregate(g) => {
+                let keys: Vec<String> = g.keys.iter().map(|k| k.to_string()).collect();
+                let aggs: Vec<String> = g.aggregates.iter().map(|a| a.to_string()).collect();
+                format!(
+                    "GroupAggregate: keys [{}] aggregates [{}]",
                     keys.join(", "),
                     aggs.join(", ")
                 )

@@ -143,6 +143,28 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         .join(",")
                 ),
             ),
+            NodeKind::GroupAggregate(g) => (
+                "group",
+                format!(
+                    "keys={};aggs={}",
+                    canonical_exprs(&g.keys),
+                    g.aggregates
+                        .iter()
+                        .map(|a| format!(
+                            "{}{}({}){}:{}",
+                            a.func.name().to_ascii_lowercase(),
+                            if a.distinct { " distinct" } else { "" },
+                            a.arg.as_ref().map(canonical_expr).unwrap_or_else(|| "*".into()),
+                            a.filter
+                                .as_ref()
+                                .map(|f| format!(" filter {}", canonical_expr(f)))
+                                .unwrap_or_default(),
+                            type_name(&a.output_type)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
@@ -176,11 +198,11 @@ pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
         let (sel, uid) = (sel.trim(), uid.trim());
         let kind_ok = matches!(
             sel.split(['#', ':']).next(),
-            Some("window" | "limit" | "calc" | "source" | "sink")
+            Some("window" | "group" | "limit" | "calc" | "source" | "sink")
         );
         if !kind_ok || sel.is_empty() {
             return Err(format!(
-                "unknown selector '{sel}'; use window, window#N, limit, source:<table> or sink:<table>"
+                "unknown selector '{sel}'; use window, window#N, group, group#N, limit, source:<table> or sink:<table>"
             ));
         }
         if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

@@ -200,6 +200,7 @@ fn drain(
     tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
             if let StreamMessage::Batch(b) = m {
+                let b = b.rows;
                 let ids = b.column(0).as_any().downcast_ref::<Int64Array>().expect("ids");
                 let ts = b
                     .column(1)

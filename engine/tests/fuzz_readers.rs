@@ -526,9 +526,9 @@ fn sample_in_flight() -> Vec<u8> {
             ])),
         ],
     );
-    match batch
-        .and_then(|b| encode_batches(&[b.clone(), b]).map_err(|e| arrow::error::ArrowError::IpcError(e.to_string())))
-    {
+    match batch.and_then(|b| {
+        encode_batches(&[b.clone().into(), b.into()]).map_err(|e| arrow::error::ArrowError::IpcError(e.to_string()))
+    }) {
         Ok(bytes) => bytes,
         Err(e) => panic!("encoding the sample batches: {e}"),
     }
@@ -576,7 +576,7 @@ fn check_in_flight(bytes: &[u8]) -> Result<(), TestCaseError> {
         Ok(batches) => {
             for b in &batches {
                 // A decoded batch must be usable: display reads every value.
-                let _ = arrow::util::pretty::pretty_format_batches(std::slice::from_ref(b));
+                let _ = arrow::util::pretty::pretty_format_batches(std::slice::from_ref(&b.rows));
             }
             Ok(())
         }

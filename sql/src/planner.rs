@@ -39,8 +39,9 @@ use sqlparser::ast;
 use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
-    CalcNode, Exchange, GroupOutput, LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge, StreamGraph,
-    StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, LimitNode, NodeId, NodeKind,
+    SinkNode, SourceNode, StreamEdge, StreamGraph, StreamNode, WatermarkNode, WindowAggregateNode, WindowKind,
+    WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -364,17 +365,70 @@ impl<'a> GraphBuilder<'a> {
         input: Option<(NodeId, Exchange)>,
     ) -> NodeId {
         let id = self.nodes.len();
+        let changelog = self.mode_of(&kind, input.as_ref().map(|(from, _)| *from));
         self.nodes.push(StreamNode {
             id,
             uid: String::new(),
             parallelism,
             schema,
             kind,
+            changelog,
         });
         if let Some((from, exchange)) = input {
             self.edges.push(StreamEdge { from, to: id, exchange });
         }
         id
+    }
+
+    /// The changelog mode of a node of `kind` fed by `input` (Flink's
+    /// inference, for the operators Weir has).
+    fn mode_of(&self, kind: &NodeKind, input: Option<NodeId>) -> ChangelogMode {
+        let input = input.map(|i| self.nodes[i].changelog.clone()).unwrap_or_default();
+        match kind {
+            NodeKind::Source(_) | NodeKind::WindowAggregate(_) => ChangelogMode::insert_only(),
+            NodeKind::Calc(c) => match &c.projection {
+                Some(p) => input.through_projection(
+                    &p.iter()
+                        .map(|e| e.downcast_ref::<Column>().map(|c| c.index()))
+                        .collect::<Vec<_>>(),
+                ),
+                None => input,
+            },
+            // Updates always; deletes when input rows can leave a key.
+            NodeKind::GroupAggregate(g) => ChangelogMode {
+                updates: true,
+                deletes: !input.is_insert_only(),
+                upsert_key: Some((0..g.keys.len()).collect()),
+            },
+            NodeKind::Limit(_) | NodeKind::Sink(_) => input,
+        }
+    }
+
+    /// The node that makes `id`'s output updating: `id` itself, or the
+    /// first updating node up its chain of calcs (what errors name).
+    fn updating_origin(&self, mut id: NodeId) -> NodeId {
+        while let NodeKind::Calc(_) | NodeKind::Sink(_) = self.nodes[id].kind {
+            match self.edges.iter().find(|e| e.to == id) {
+                Some(e) if !self.nodes[e.from].changelog.is_insert_only() => id = e.from,
+                _ => break,
+            }
+        }
+        id
+    }
+
+    /// Flink's refusal when an insert-only consumer (`what`) is fed
+    /// updates by `input`.
+    fn require_insert_only(&self, input: NodeId, what: &str) -> Result<()> {
+        let mode = &self.nodes[input].changelog;
+        if mode.is_insert_only() {
+            return Ok(());
+        }
+        let origin = self.updating_origin(input);
+        Err(SqlError::unsupported(format!(
+            "{what} doesn't support consuming {} changes which is produced by node {}",
+            mode.changes_text(),
+            self.nodes[origin].describe()
+        )))
     }
 
     fn calc(
@@ -421,7 +475,7 @@ impl<'a> GraphBuilder<'a> {
                 let pred = self.physical(&f.predicate, f.input.schema())?;
                 Ok(self.calc(input, Arc::new(f.input.schema().as_arrow().clone()), Some(pred), None))
             }
-            LogicalPlan::Aggregate(agg) => self.window_aggregate(agg),
+            LogicalPlan::Aggregate(agg) => self.aggregate(agg),
             LogicalPlan::Limit(l) => {
                 let fetch = match l.get_fetch_type()? {
                     FetchType::Literal(Some(n)) => n,
@@ -432,6 +486,7 @@ impl<'a> GraphBuilder<'a> {
                     _ => return Err(SqlError::unsupported("OFFSET needs a constant row count")),
                 };
                 let input = self.convert(&l.input)?;
+                self.require_insert_only(input, "Limit")?;
                 let schema = self.nodes[input].schema.clone();
                 Ok(self.add(
                     1,
@@ -443,9 +498,19 @@ impl<'a> GraphBuilder<'a> {
             LogicalPlan::Sort(_) => Err(SqlError::unsupported("ORDER BY on a stream is not supported")),
             LogicalPlan::Join(_) => Err(SqlError::unsupported("joins are not supported yet")),
             LogicalPlan::Union(_) => Err(SqlError::unsupported("UNION is not supported yet")),
-            LogicalPlan::Distinct(_) => Err(SqlError::unsupported(
-                "SELECT DISTINCT on a stream is not supported yet",
-            )),
+            LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(input)) => {
+                // A GROUP BY of every column without aggregates.
+                let source = self.convert(input)?;
+                let n = input.schema().fields().len();
+                let keys = (0..n)
+                    .map(|i| {
+                        let f = input.schema().field(i);
+                        Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>
+                    })
+                    .collect::<Vec<_>>();
+                Ok(self.group_node(source, Arc::new(input.schema().as_arrow().clone()), keys, vec![]))
+            }
+            LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT ON on a stream is not supported")),
             LogicalPlan::Window(_) => Err(SqlError::unsupported("OVER windows are not supported yet")),
             other => Err(SqlError::unsupported(format!(
                 "{} is not supported in a streaming query",
@@ -548,6 +613,138 @@ impl<'a> GraphBuilder<'a> {
         ))
     }
 
+    /// A GROUP BY: over a window's columns a window aggregate, else a
+    /// group aggregate.
+    fn aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
+        let input_schema = agg.input.schema();
+        let windowed = agg.group_expr.iter().any(|g| match g {
+            Expr::Column(c) => input_schema
+                .index_of_column(c)
+                .ok()
+                .is_some_and(|i| trace_marker(&agg.input, i).is_some()),
+            _ => false,
+        });
+        if windowed {
+            self.window_aggregate(agg)
+        } else {
+            self.group_aggregate(agg)
+        }
+    }
+
+    fn group_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
+        let input_schema = agg.input.schema();
+        if agg.group_expr.iter().any(|g| matches!(g, Expr::GroupingSet(_))) {
+            return Err(SqlError::unsupported(
+                "GROUPING SETS, CUBE and ROLLUP are not supported on a stream yet",
+            ));
+        }
+        let keys = agg
+            .group_expr
+            .iter()
+            .map(|g| self.physical(g, input_schema))
+            .collect::<Result<Vec<_>>>()?;
+        let physical_input = input_schema.as_arrow();
+        let mut calls = vec![];
+        for e in &agg.aggr_expr {
+            let lowered = LoweredAggregateBuilder::new(
+                e,
+                input_schema,
+                physical_input,
+                self.planner.state.execution_props(),
+                &PhysicalPlanningContext::default(),
+            )
+            .build()?;
+            let a = lowered.aggregate;
+            let name = a.fun().name().to_ascii_lowercase();
+            let func = match name.as_str() {
+                "count" => AggFunc::Count,
+                "sum" => AggFunc::Sum,
+                "avg" => AggFunc::Avg,
+                "min" => AggFunc::Min,
+                "max" => AggFunc::Max,
+                other => {
+                    return Err(SqlError::unsupported(format!(
+                        "aggregate function {} is not supported in a GROUP BY without a window yet \
+                         (supported: COUNT, SUM, AVG, MIN, MAX, each with DISTINCT and FILTER)",
+                        other.to_ascii_uppercase()
+                    )));
+                }
+            };
+            if !a.order_bys().is_empty() {
+                return Err(SqlError::unsupported(format!(
+                    "{}(... ORDER BY ...) is not supported on a stream",
+                    func.name()
+                )));
+            }
+            let exprs = a.expressions();
+            if exprs.len() > 1 {
+                return Err(SqlError::unsupported(format!(
+                    "{} of several arguments is not supported on a stream",
+                    func.name()
+                )));
+            }
+            // COUNT(*) is planned as COUNT(1): a constant counts every row.
+            let arg = exprs.into_iter().next().filter(|e| {
+                !(func == AggFunc::Count
+                    && e.downcast_ref::<datafusion::physical_expr::expressions::Literal>()
+                        .is_some_and(|l| !l.value().is_null()))
+            });
+            let input_type = match &arg {
+                Some(a) => a.data_type(physical_input)?,
+                None => DataType::Null,
+            };
+            if matches!(func, AggFunc::Sum | AggFunc::Avg)
+                && !(input_type.is_integer()
+                    || matches!(
+                        input_type,
+                        DataType::Float16 | DataType::Float32 | DataType::Float64 | DataType::Decimal128(_, _)
+                    ))
+            {
+                return Err(SqlError::unsupported(format!(
+                    "{} of {} is not supported in a GROUP BY without a window",
+                    func.name(),
+                    crate::types::flink_name(&input_type)
+                )));
+            }
+            if matches!(func, AggFunc::Min | AggFunc::Max) || a.is_distinct() {
+                weir_engine::state::codec::RowCodec::new(std::slice::from_ref(&input_type))
+                    .map_err(|e| SqlError::unsupported(format!("{}: {e}", func.name())))?;
+            }
+            calls.push(AggCall {
+                func,
+                arg,
+                distinct: a.is_distinct(),
+                filter: lowered.filter,
+                input_type,
+                output_type: a.field().data_type().clone(),
+            });
+        }
+        let input = self.convert(&agg.input)?;
+        Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls))
+    }
+
+    /// A group aggregate of `input` by `keys`: hash-exchanged by its keys,
+    /// or on one subtask without keys.
+    fn group_node(
+        &mut self,
+        input: NodeId,
+        schema: SchemaRef,
+        keys: Vec<Arc<dyn PhysicalExpr>>,
+        aggregates: Vec<AggCall>,
+    ) -> NodeId {
+        let (parallelism, exchange) = if keys.is_empty() {
+            (1, Exchange::Global)
+        } else {
+            (self.config.parallelism, Exchange::Hash(keys.clone()))
+        };
+        self.add(
+            parallelism,
+            schema,
+            NodeKind::GroupAggregate(GroupAggregateNode { keys, aggregates }),
+            Some((input, exchange)),
+        )
+    }
+
     fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
         let input_schema = agg.input.schema();
         let mut group_outputs = vec![];
@@ -581,7 +778,7 @@ impl<'a> GraphBuilder<'a> {
         }
         let Some(spec) = spec else {
             return Err(SqlError::unsupported(
-                "GROUP BY without a window is not supported yet; group by window_start, window_end of a TUMBLE/HOP/CUMULATE window TVF",
+                "a window aggregation must GROUP BY both window_start and window_end",
             ));
         };
         if !group_outputs.contains(&GroupOutput::WindowEnd) {
@@ -613,6 +810,7 @@ impl<'a> GraphBuilder<'a> {
         let input = self.convert(&agg.input);
         self.under_window_aggregate = was;
         let input = input?;
+        self.require_insert_only(input, "WindowAggregate")?;
         let (parallelism, exchange) = if keys.is_empty() {
             (1, Exchange::Global)
         } else {
@@ -634,6 +832,17 @@ impl<'a> GraphBuilder<'a> {
 
     fn add_sink(&mut self, last: NodeId, sink: &TableDef) -> Result<NodeId> {
         let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
+        let mode = &self.nodes[last].changelog;
+        if !mode.is_insert_only() && !factory.accepts_changes() {
+            let origin = self.updating_origin(last);
+            return Err(SqlError::unsupported(format!(
+                "Table sink '{}' doesn't support consuming {} changes which is produced by node {}{}",
+                sink.name,
+                mode.changes_text(),
+                self.nodes[origin].describe(),
+                factory.changes_hint()
+            )));
+        }
         let target = sink.physical_schema();
         let have = self.nodes[last].schema.clone();
         if have.fields().len() != target.fields().len() {

@@ -35,14 +35,15 @@ pub fn operator_info(graph: &StreamGraph) -> BTreeMap<String, OperatorInfo> {
 
 /// Weir's names of the key types of a keyed node.
 fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
-    let NodeKind::WindowAggregate(w) = &graph.node(id).kind else {
-        return vec![];
+    let keys = match &graph.node(id).kind {
+        NodeKind::WindowAggregate(w) => &w.keys,
+        NodeKind::GroupAggregate(g) => &g.keys,
+        _ => return vec![],
     };
     let Some(input) = graph.inputs(id).next().map(|e| graph.node(e.from).schema.clone()) else {
         return vec![];
     };
-    w.keys
-        .iter()
+    keys.iter()
         .map(|k| k.data_type(&input).map_or_else(|e| format!("?{e}"), |t| type_name(&t)))
         .collect()
 }

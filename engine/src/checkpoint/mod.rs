@@ -125,20 +125,26 @@ pub fn in_flight_key(uid: &str, subtask: usize) -> String {
 }
 
 /// Encodes recorded in-flight batches as an Arrow IPC stream.
-pub fn encode_batches(batches: &[arrow::record_batch::RecordBatch]) -> Result<Vec<u8>, CheckpointError> {
-    let Some(first) = batches.first() else {
+pub fn encode_batches(batches: &[crate::change::ChangeBatch]) -> Result<Vec<u8>, CheckpointError> {
+    if batches.is_empty() {
         return Ok(vec![]);
-    };
+    }
     let err = |e: arrow::error::ArrowError| CheckpointError::Internal(format!("encoding in-flight data: {e}"));
-    let mut w = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &first.schema()).map_err(err)?;
-    for b in batches {
+    // Row kinds ride as a last column, so changes replay as changes.
+    let encoded = batches
+        .iter()
+        .map(|b| b.encode())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    let mut w = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &encoded[0].schema()).map_err(err)?;
+    for b in &encoded {
         w.write(b).map_err(err)?;
     }
     w.into_inner().map_err(err)
 }
 
 /// Decodes [`encode_batches`] output; `path` names the file in errors.
-pub fn decode_batches(bytes: &[u8], path: &str) -> Result<Vec<arrow::record_batch::RecordBatch>, CheckpointError> {
+pub fn decode_batches(bytes: &[u8], path: &str) -> Result<Vec<crate::change::ChangeBatch>, CheckpointError> {
     if bytes.is_empty() {
         return Ok(vec![]);
     }
@@ -147,7 +153,9 @@ pub fn decode_batches(bytes: &[u8], path: &str) -> Result<Vec<arrow::record_batc
         message: format!("in-flight data unreadable: {e}"),
     };
     let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).map_err(corrupt)?;
-    reader.map(|b| b.map_err(corrupt)).collect()
+    reader
+        .map(|b| b.and_then(crate::change::ChangeBatch::decode).map_err(corrupt))
+        .collect()
 }
 
 /// Key of an operator subtask's state in the metadata.

@@ -24,7 +24,7 @@ pub struct RestoredJob {
     /// `<uid>/<subtask>` → operator state that is not keyed.
     pub operator_state: HashMap<String, Vec<u8>>,
     /// In-flight key → the batches to replay before new input.
-    pub in_flight: HashMap<String, Vec<arrow::record_batch::RecordBatch>>,
+    pub in_flight: HashMap<String, Vec<crate::change::ChangeBatch>>,
     /// Checkpoints newer than this one that could not be used, and why.
     pub skipped: Vec<String>,
 }

@@ -1,8 +1,6 @@
 //! `blackhole`: discards every row (for benchmarks: measures everything
 //! but the sink).
 
-use arrow::record_batch::RecordBatch;
-
 use super::SinkFactory;
 use crate::error::Result;
 use crate::operators::{Collector, Operator};
@@ -13,6 +11,10 @@ pub struct BlackholeSink;
 impl SinkFactory for BlackholeSink {
     fn name(&self) -> &str {
         "blackhole"
+    }
+
+    fn accepts_changes(&self) -> bool {
+        true
     }
 
     fn create_writer(
@@ -32,7 +34,7 @@ impl Operator for BlackholeWriter {
         "Sink: blackhole"
     }
 
-    fn process_batch(&mut self, _batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, _batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
         Ok(())
     }
 }

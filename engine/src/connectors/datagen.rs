@@ -365,9 +365,10 @@ impl SourceSplit for DatagenSplit {
             };
             arrays.push(a);
         }
-        Ok(SplitPoll::Batch(crate::operators::calc::batch_with_schema(
+        Ok(SplitPoll::Batch(crate::operators::calc::batch_of_rows(
             &self.schema,
             arrays,
+            rows.len(),
         )?))
     }
 }

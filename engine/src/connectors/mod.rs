@@ -118,6 +118,17 @@ pub trait SinkFactory: Debug + Send + Sync {
     /// The writer of one sink subtask (the last operator of its chain).
     fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>>;
 
+    /// Whether the sink takes updates and deletes (`-U`, `+U`, `-D`), not
+    /// only inserts (Flink's `getChangelogMode`).
+    fn accepts_changes(&self) -> bool {
+        false
+    }
+
+    /// Appended to the planner's refusal of updates: what would take them.
+    fn changes_hint(&self) -> String {
+        String::new()
+    }
+
     /// The committer of a two-phase-commit sink; `None` for sinks whose
     /// output is visible at once (print, blackhole).
     fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {

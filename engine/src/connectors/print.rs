@@ -10,6 +10,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
 use super::SinkFactory;
+use crate::change::ChangeBatch;
 use crate::error::{ConnectorError, Result};
 use crate::operators::{Collector, Operator};
 
@@ -36,6 +37,10 @@ impl PrintSink {
 impl SinkFactory for PrintSink {
     fn name(&self) -> &str {
         "print"
+    }
+
+    fn accepts_changes(&self) -> bool {
+        true
     }
 
     fn create_writer(
@@ -77,6 +82,13 @@ pub fn format_options() -> FormatOptions<'static> {
 
 /// Renders each row of `batch` as `+I[v1, v2, ...]`.
 pub fn format_rows(batch: &RecordBatch) -> Result<Vec<String>> {
+    format_changes(&ChangeBatch::from(batch.clone()))
+}
+
+/// Renders each change as Flink's `Row.toString()`: its kind, then
+/// `[v1, v2, ...]` (`+I[a, 1]`, `-U[a, 1]`, `+U[a, 2]`, `-D[b, 1]`).
+pub fn format_changes(changes: &ChangeBatch) -> Result<Vec<String>> {
+    let batch = &changes.rows;
     let opts = format_options();
     let formatters = batch
         .columns()
@@ -86,7 +98,7 @@ pub fn format_rows(batch: &RecordBatch) -> Result<Vec<String>> {
     Ok((0..batch.num_rows())
         .map(|row| {
             let vals: Vec<String> = formatters.iter().map(|f| f.value(row).to_string()).collect();
-            format!("+I[{}]", vals.join(", "))
+            format!("{}[{}]", changes.kind(row).short(), vals.join(", "))
         })
         .collect())
 }
@@ -96,9 +108,9 @@ impl Operator for PrintWriter {
         "Sink: print"
     }
 
-    fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, batch: ChangeBatch, _out: &mut Collector) -> Result<()> {
         let mut text = String::new();
-        for line in format_rows(&batch)? {
+        for line in format_changes(&batch)? {
             text.push_str(&self.prefix);
             text.push_str(&line);
             text.push('\n');

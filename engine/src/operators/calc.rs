@@ -10,6 +10,7 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
 
 use super::{Collector, Operator};
+use crate::change::ChangeBatch;
 use crate::error::{ExecError, Result};
 use crate::plan::CalcNode;
 
@@ -45,6 +46,13 @@ pub fn project(batch: &RecordBatch, exprs: &[Arc<dyn PhysicalExpr>], schema: &Sc
 /// differs (a connector's natural type to the declared one, an aggregate's
 /// result to the planned one).
 pub fn batch_with_schema(schema: &SchemaRef, columns: Vec<arrow::array::ArrayRef>) -> Result<RecordBatch> {
+    let rows = columns.first().map_or(0, |c| c.len());
+    batch_of_rows(schema, columns, rows)
+}
+
+/// [`batch_with_schema`] with its row count given: a batch of no columns
+/// (a source read only for `COUNT(*)`) still has rows.
+pub fn batch_of_rows(schema: &SchemaRef, columns: Vec<arrow::array::ArrayRef>, rows: usize) -> Result<RecordBatch> {
     let columns = columns
         .into_iter()
         .zip(schema.fields())
@@ -56,7 +64,8 @@ pub fn batch_with_schema(schema: &SchemaRef, columns: Vec<arrow::array::ArrayRef
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(schema.clone(), columns, &options)?)
 }
 
 /// Rows of `batch` for which `predicate` is true (null counts as false).
@@ -72,21 +81,41 @@ pub fn filter(batch: &RecordBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<
     Ok(filter_record_batch(batch, mask)?)
 }
 
+/// [`filter`] over a change batch: kinds follow their rows.
+fn filter_changes(batch: ChangeBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<ChangeBatch> {
+    if batch.is_insert_only() {
+        return Ok(filter(&batch.rows, predicate)?.into());
+    }
+    let mask = predicate.evaluate(&batch.rows)?.into_array(batch.num_rows())?;
+    let mask = mask
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| ExecError::internal("filter predicate is not boolean"))?;
+    if mask.true_count() == batch.num_rows() && mask.null_count() == 0 {
+        return Ok(batch);
+    }
+    // Null counts as false, as in `filter_record_batch`.
+    let mask = crate::change::null_as_false(mask);
+    Ok(batch.filter(&mask)?)
+}
+
 impl Operator for CalcOperator {
     fn name(&self) -> &str {
         &self.name
     }
 
-    fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        // Row kinds pass through: a filtered-out change is dropped with
+        // its row, a projected one keeps its kind.
         let batch = match &self.filter {
-            Some(f) => filter(&batch, f)?,
+            Some(f) => filter_changes(batch, f)?,
             None => batch,
         };
         if batch.num_rows() == 0 {
             return Ok(());
         }
         let batch = match &self.projection {
-            Some(p) => project(&batch, p, &self.schema)?,
+            Some(p) => batch.with_rows(project(&batch.rows, p, &self.schema)?),
             None => batch,
         };
         out.emit(batch);

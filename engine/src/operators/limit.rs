@@ -2,8 +2,6 @@
 //! then tells the runtime it needs no more input so the job can end. Its
 //! two counters are its checkpointed state.
 
-use arrow::record_batch::RecordBatch;
-
 use super::{Collector, Operator};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
@@ -45,7 +43,7 @@ impl Operator for LimitOperator {
         Ok(Some(OperatorSnapshot::Heap(bytes)))
     }
 
-    fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, batch: crate::change::ChangeBatch, out: &mut Collector) -> Result<()> {
         let mut batch = batch;
         if self.skip > 0 {
             let n = self.skip.min(batch.num_rows());

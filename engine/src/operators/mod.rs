@@ -12,10 +12,11 @@
 //!   operator (after alignment); the runtime forwards the barrier.
 
 pub mod calc;
+pub mod group;
 pub mod limit;
 pub mod window;
 
-use arrow::record_batch::RecordBatch;
+use crate::change::ChangeBatch;
 
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
@@ -25,19 +26,21 @@ use crate::message::Timestamp;
 /// statuses are forwarded by the runtime so an operator cannot lose them.
 #[derive(Default)]
 pub struct Collector {
-    batches: Vec<RecordBatch>,
+    batches: Vec<ChangeBatch>,
     /// Set by an operator that needs no more input (e.g. `LIMIT` reached).
     finished: bool,
 }
 
 impl Collector {
-    pub fn emit(&mut self, batch: RecordBatch) {
+    /// Emits rows: a `RecordBatch` (inserts) or a [`ChangeBatch`].
+    pub fn emit(&mut self, batch: impl Into<ChangeBatch>) {
+        let batch = batch.into();
         if batch.num_rows() > 0 {
             self.batches.push(batch);
         }
     }
 
-    pub fn take(&mut self) -> Vec<RecordBatch> {
+    pub fn take(&mut self) -> Vec<ChangeBatch> {
         std::mem::take(&mut self.batches)
     }
 
@@ -53,7 +56,7 @@ impl Collector {
 pub trait Operator: Send {
     fn name(&self) -> &str;
 
-    fn process_batch(&mut self, batch: RecordBatch, out: &mut Collector) -> Result<()>;
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()>;
 
     /// The input watermark advanced to `watermark`.
     fn on_watermark(&mut self, _watermark: Timestamp, _out: &mut Collector) -> Result<()> {

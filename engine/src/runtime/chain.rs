@@ -7,8 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::record_batch::RecordBatch;
-
+use crate::change::ChangeBatch;
 use crate::checkpoint::{OperatorSnapshot, operator_key};
 use crate::error::Result;
 use crate::message::{StreamMessage, Timestamp};
@@ -65,11 +64,11 @@ impl Chain {
         self.finished
     }
 
-    pub fn process_batch(&mut self, batch: RecordBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+    pub fn process_batch(&mut self, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
         self.push(0, batch, out)
     }
 
-    fn push(&mut self, idx: usize, batch: RecordBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+    fn push(&mut self, idx: usize, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
         if idx == self.ops.len() {
             out.push(StreamMessage::Batch(batch));
             return Ok(());

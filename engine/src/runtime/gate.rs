@@ -33,7 +33,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use arrow::record_batch::RecordBatch;
+use crate::change::ChangeBatch;
 use tokio::sync::mpsc::{Receiver, UnboundedReceiver};
 use tokio::time::{Instant, Sleep};
 
@@ -42,7 +42,7 @@ use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Times
 
 #[derive(Debug)]
 pub enum GateEvent {
-    Batch(RecordBatch),
+    Batch(ChangeBatch),
     Watermark(Timestamp),
     Status(WatermarkStatus),
     /// Barrier N was received on every open channel; with the time from
@@ -53,7 +53,7 @@ pub enum GateEvent {
     SnapshotUnaligned(Barrier, Duration),
     /// Unaligned: a batch that was in flight at the snapshot: process it
     /// and record it.
-    InFlight(RecordBatch),
+    InFlight(ChangeBatch),
     /// Unaligned: every channel delivered checkpoint N's marker; the
     /// recorded in-flight data is complete.
     InFlightComplete(u64),
@@ -457,9 +457,9 @@ mod tests {
         // b catches up past the output: aligned again, and now holds it.
         // (A batch behind it on the same channel proves it was consumed.)
         b_tx.send(StreamMessage::Watermark(25)).await.expect("send");
-        b_tx.send(StreamMessage::Batch(RecordBatch::new_empty(std::sync::Arc::new(
-            arrow::datatypes::Schema::empty(),
-        ))))
+        b_tx.send(StreamMessage::Batch(
+            arrow::record_batch::RecordBatch::new_empty(std::sync::Arc::new(arrow::datatypes::Schema::empty())).into(),
+        ))
         .await
         .expect("send");
         assert!(matches!(gate.next().await, GateEvent::Batch(_)));
@@ -516,9 +516,9 @@ mod tests {
     }
 
     fn one_row() -> StreamMessage {
-        StreamMessage::Batch(RecordBatch::new_empty(std::sync::Arc::new(
-            arrow::datatypes::Schema::empty(),
-        )))
+        StreamMessage::Batch(
+            arrow::record_batch::RecordBatch::new_empty(std::sync::Arc::new(arrow::datatypes::Schema::empty())).into(),
+        )
     }
 
     async fn expect_barrier(gate: &mut InputGate, id: u64) {

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow::datatypes::DataType;
-use arrow::record_batch::RecordBatch;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -425,7 +424,11 @@ fn restore_path(path: &Path, check: crate::checkpoint::restore::Compatibility, j
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
 /// `SELECT` (a graph whose last node has no sink).
-pub fn deploy(graph: StreamGraph, config: &JobConfig, results: Option<mpsc::Sender<RecordBatch>>) -> Result<JobHandle> {
+pub fn deploy(
+    graph: StreamGraph,
+    config: &JobConfig,
+    results: Option<mpsc::Sender<crate::change::ChangeBatch>>,
+) -> Result<JobHandle> {
     let mut config = config.clone();
     if results.is_some() {
         // A query's rows go to its client; there is nothing to resume.
@@ -658,7 +661,7 @@ fn build_metrics_and_groups(
 async fn run_attempt(
     graph: &StreamGraph,
     config: &JobConfig,
-    results: Option<mpsc::Sender<RecordBatch>>,
+    results: Option<mpsc::Sender<crate::change::ChangeBatch>>,
     job_metrics: &Arc<JobMetrics>,
     stop_rx: &watch::Receiver<bool>,
     restored: Option<RestoredJob>,
@@ -1118,6 +1121,27 @@ fn create_operator(
             }
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
+        NodeKind::GroupAggregate(g) => {
+            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
+            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
+            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
+            let state = open_keyed(
+                config.state_backend,
+                tuning,
+                &dir,
+                crate::operators::group::aggregate::STATES,
+                groups,
+                sources,
+            )?;
+            Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
+                g,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::WindowAggregate(w) => {
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);

@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow::array::UInt32Array;
-use arrow::compute::take_record_batch;
-use arrow::record_batch::RecordBatch;
 use datafusion::physical_expr::PhysicalExpr;
 use tokio::sync::mpsc::{Sender, UnboundedSender};
 
+use crate::change::ChangeBatch;
 use crate::error::Result;
 use crate::keygroup::{KeyEncoder, key_group, subtask_for_group};
 use crate::message::{Barrier, StreamMessage};
@@ -43,7 +42,7 @@ pub enum Output {
         backpressured: Option<Arc<AtomicU64>>,
     },
     /// The rows of a bare `SELECT`, to the session that asked.
-    Results(Sender<RecordBatch>),
+    Results(Sender<ChangeBatch>),
     /// A sink chain: nothing leaves the task.
     None,
 }
@@ -110,7 +109,7 @@ impl Output {
         }
     }
 
-    pub async fn send_batch(&mut self, batch: RecordBatch) -> Result<()> {
+    pub async fn send_batch(&mut self, batch: ChangeBatch) -> Result<()> {
         let counter = match &*self {
             Output::Channels {
                 backpressured: Some(c), ..
@@ -126,7 +125,7 @@ impl Output {
         result
     }
 
-    async fn send_batch_now(&mut self, batch: RecordBatch) -> Result<()> {
+    async fn send_batch_now(&mut self, batch: ChangeBatch) -> Result<()> {
         match self {
             Output::None => Ok(()),
             Output::Results(tx) => {
@@ -158,7 +157,7 @@ impl Output {
                     }
                     let arrays = keys
                         .iter()
-                        .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(batch.num_rows())))
+                        .map(|k| k.evaluate(&batch.rows).and_then(|v| v.into_array(batch.num_rows())))
                         .collect::<Result<Vec<_>, _>>()?;
                     let rows = encoder.encode(&arrays)?;
                     let mut per_target: Vec<Vec<u32>> = vec![vec![]; n];
@@ -173,7 +172,7 @@ impl Output {
                         let part = if idx.len() == batch.num_rows() {
                             batch.clone()
                         } else {
-                            take_record_batch(&batch, &UInt32Array::from(idx))?
+                            batch.take(&UInt32Array::from(idx))?
                         };
                         send(&senders[t], &mut closed[t], StreamMessage::Batch(part)).await?;
                     }

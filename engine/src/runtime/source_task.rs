@@ -548,7 +548,7 @@ impl SourceTask {
         outbox: &mut Vec<StreamMessage>,
     ) -> Result<()> {
         let Some(wm) = &self.watermark else {
-            return self.chain.process_batch(b, outbox);
+            return self.chain.process_batch(b.into(), outbox);
         };
         let values = to_millis(&wm.expr.evaluate(&b)?.into_array(b.num_rows())?)?;
         if self.emit == EmitStrategy::OnPeriodic {
@@ -556,7 +556,7 @@ impl SourceTask {
                 let s = &mut reader.splits[i];
                 s.watermark = s.watermark.max(*max);
             }
-            return self.chain.process_batch(b, outbox);
+            return self.chain.process_batch(b.into(), outbox);
         }
         let rowtime = match self.rowtime_index {
             Some(r) => Some(to_millis(b.column(r))?),
@@ -572,7 +572,7 @@ impl SourceTask {
             let ts = rowtime.as_ref().and_then(|r| r[row]);
             if effective > reader.emitted && ts.is_some_and(|t| t <= effective) {
                 if row > start {
-                    self.chain.process_batch(b.slice(start, row - start), outbox)?;
+                    self.chain.process_batch(b.slice(start, row - start).into(), outbox)?;
                 }
                 start = row;
                 reader.emitted = effective;
@@ -583,7 +583,8 @@ impl SourceTask {
             }
         }
         if start < b.num_rows() {
-            self.chain.process_batch(b.slice(start, b.num_rows() - start), outbox)?;
+            self.chain
+                .process_batch(b.slice(start, b.num_rows() - start).into(), outbox)?;
         }
         reader.splits[i].watermark = own;
         Ok(())

@@ -4,8 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use arrow::record_batch::RecordBatch;
-
+use crate::change::ChangeBatch;
 use crate::checkpoint::{OperatorSnapshot, TaskCheckpointing, TaskReport, TaskSnapshot, encode_batches};
 use crate::error::Result;
 use crate::message::{Barrier, StreamMessage};
@@ -21,7 +20,7 @@ pub struct OperatorTask {
     pub checkpointing: Option<TaskCheckpointing>,
     /// In-flight data of the restored unaligned checkpoint: processed
     /// before any new input.
-    pub replay: Vec<RecordBatch>,
+    pub replay: Vec<ChangeBatch>,
     /// Key of this task's in-flight data in a checkpoint.
     pub in_flight_key: String,
 }
@@ -30,7 +29,7 @@ pub struct OperatorTask {
 struct UnalignedPending {
     barrier: Barrier,
     snapshot: TaskSnapshot,
-    recorded: Vec<RecordBatch>,
+    recorded: Vec<ChangeBatch>,
     alignment: Duration,
     sync: Duration,
 }

@@ -88,6 +88,19 @@ fn timer_key(group: KeyGroup, time: Timestamp, key: &[u8], namespace: &[u8]) -> 
     k
 }
 
+/// The least byte string greater than every string starting with `p`.
+fn successor(p: &[u8]) -> Vec<u8> {
+    let mut s = p.to_vec();
+    while let Some(last) = s.pop() {
+        if last < 0xff {
+            s.push(last + 1);
+            return s;
+        }
+    }
+    // All 0xff: nothing of this length is above; a longer run is.
+    vec![0xff; p.len() + 1]
+}
+
 /// A timer's stored key without its key-group prefix (the `key` of its
 /// canonical entry).
 pub fn stored_timer_key(time: Timestamp, key: &[u8], namespace: &[u8]) -> Vec<u8> {
@@ -273,6 +286,22 @@ impl KeyedState {
             }
         }
         Ok(out)
+    }
+
+    /// Visits the entries of value state `state` under `key` whose
+    /// namespace starts with `prefix`, in byte order, with the rest of
+    /// their namespace, until `visit` returns false.
+    pub fn scan_namespaces(
+        &self,
+        state: StateId,
+        e: EntryRef,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StateError> {
+        let start = value_key(e);
+        let end = successor(&start);
+        let skip = start.len();
+        self.backend
+            .scan(state, &start, &end, &mut |k, v| visit(&k[skip.min(k.len())..], v))
     }
 
     /// The latest time of any timer of `state`: one reverse seek per key

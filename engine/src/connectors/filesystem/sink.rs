@@ -213,7 +213,8 @@ impl Operator for FileWriter {
         "Sink: filesystem"
     }
 
-    fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
+        let batch = batch.into_inserts("filesystem sink")?;
         // Columns arrive named as the query named them; files carry the
         // sink table's column names (types already match: the planner casts).
         let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())?;

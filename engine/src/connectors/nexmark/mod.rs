@@ -24,7 +24,6 @@ use weir_catalog::{OptionKind, OptionSpec, Options};
 use self::generator::{EventKind, EventTime, Rng, kind_of};
 use super::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::Result;
-use crate::operators::calc::batch_with_schema;
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -420,6 +419,7 @@ impl SourceSplit for NexmarkSplit {
         let epochs = (budget / epoch_len).max(1) * speed;
         let mut cols = self.builders((epochs * (hi - lo)) as usize);
         let mut scratch = String::with_capacity(128);
+        let mut rows = 0;
         for _ in 0..epochs {
             let first = self.next_epoch.saturating_mul(epoch_len);
             if first >= end {
@@ -427,6 +427,7 @@ impl SourceSplit for NexmarkSplit {
             }
             for n in (first + lo)..(first + hi).min(end) {
                 self.append(n, &mut cols, &mut scratch);
+                rows += 1;
             }
             self.events_read += epoch_len.min(end - first);
             self.next_epoch += self.splits;
@@ -441,7 +442,7 @@ impl SourceSplit for NexmarkSplit {
                 }
             })
             .collect();
-        let batch = batch_with_schema(&self.schema, arrays)?;
+        let batch = crate::operators::calc::batch_of_rows(&self.schema, arrays, rows)?;
         if batch.num_rows() == 0 {
             // The bounded end fell before this kind's events in the epoch.
             return Ok(SplitPoll::Finished);

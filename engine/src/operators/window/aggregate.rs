@@ -747,7 +747,8 @@ impl Operator for WindowAggregateOperator {
         }))
     }
 
-    fn process_batch(&mut self, batch: RecordBatch, _out: &mut Collector) -> Result<()> {
+    fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
+        let batch = batch.into_inserts("window aggregate")?;
         let n = batch.num_rows();
         let times = self.event_times(&batch)?;
         let key_arrays = self

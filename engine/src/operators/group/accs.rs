@@ -1,0 +1,471 @@
+//! Retractable accumulators of the non-windowed GROUP BY, one per
+//! aggregate call, and their bytes in state.
+//!
+//! DataFusion's grouped accumulators cannot take rows back, and its
+//! sliding MIN/MAX retract the *oldest* value (window frames), not the
+//! value a changelog retracts. So Weir keeps Flink's accumulators:
+//! - COUNT, SUM, AVG: a running sum and count of non-null values (SUM is
+//!   NULL when the count is 0, as Flink's `SumWithRetract`);
+//! - MIN, MAX: the current extreme, plus a per-key map value → count in
+//!   state (`group-agg-map`); when the extreme's count drops to 0 the map
+//!   is scanned for the next one (Flink's `MaxWithRetract`);
+//! - DISTINCT: the same map; the inner aggregate takes a value when its
+//!   count goes 0 → 1 and gives it back when it goes 1 → 0.
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type};
+use datafusion::common::ScalarValue;
+
+use crate::error::{ExecError, Result};
+use crate::plan::{AggCall, AggFunc};
+use crate::state::codec::RowCodec;
+
+/// How a SUM/AVG adds its input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NumClass {
+    Int,
+    Float,
+    /// Decimal of this scale.
+    Decimal(i8),
+}
+
+impl NumClass {
+    pub fn of(t: &DataType) -> Option<NumClass> {
+        match t {
+            t if t.is_integer() => Some(NumClass::Int),
+            DataType::Float16 | DataType::Float32 | DataType::Float64 => Some(NumClass::Float),
+            DataType::Decimal128(_, s) => Some(NumClass::Decimal(*s)),
+            _ => None,
+        }
+    }
+
+    /// The type a batch's input is cast to before it is added.
+    fn wide_type(self) -> DataType {
+        match self {
+            NumClass::Int => DataType::Int64,
+            NumClass::Float => DataType::Float64,
+            NumClass::Decimal(s) => DataType::Decimal128(38, s),
+        }
+    }
+}
+
+/// A running sum in its class.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    Int(i64),
+    Float(f64),
+    Dec(i128),
+}
+
+impl Num {
+    fn zero(class: NumClass) -> Num {
+        match class {
+            NumClass::Int => Num::Int(0),
+            NumClass::Float => Num::Float(0.0),
+            NumClass::Decimal(_) => Num::Dec(0),
+        }
+    }
+}
+
+/// One aggregate call as the operator runs it.
+#[derive(Debug)]
+pub struct AggSpec {
+    pub call: AggCall,
+    /// SUM/AVG: how values add.
+    pub class: Option<NumClass>,
+    /// Keeps a value → count map (MIN, MAX, DISTINCT): encodes values.
+    pub codec: Option<RowCodec>,
+}
+
+impl AggSpec {
+    pub fn new(call: &AggCall) -> Result<AggSpec> {
+        let class = match call.func {
+            AggFunc::Sum | AggFunc::Avg => Some(NumClass::of(&call.input_type).ok_or_else(|| {
+                ExecError::internal(format!(
+                    "{} of {} has no accumulator",
+                    call.func.name(),
+                    call.input_type
+                ))
+            })?),
+            _ => None,
+        };
+        let uses_map = call.distinct || matches!(call.func, AggFunc::Min | AggFunc::Max);
+        let codec = if uses_map {
+            Some(RowCodec::new(std::slice::from_ref(&call.input_type)).map_err(ExecError::internal)?)
+        } else {
+            None
+        };
+        Ok(AggSpec {
+            call: call.clone(),
+            class,
+            codec,
+        })
+    }
+
+    pub fn uses_map(&self) -> bool {
+        self.codec.is_some()
+    }
+
+    /// The batch's input of this call cast for adding (SUM/AVG), else as
+    /// evaluated.
+    pub fn prepare(&self, arg: ArrayRef) -> Result<ArrayRef> {
+        match self.class {
+            Some(c) if arg.data_type() != &c.wide_type() => Ok(cast(&arg, &c.wide_type())?),
+            _ => Ok(arg),
+        }
+    }
+
+    /// A fresh accumulator.
+    pub fn empty(&self) -> Acc {
+        match self.call.func {
+            AggFunc::Count => Acc::Count(0),
+            AggFunc::Sum | AggFunc::Avg => Acc::Sum {
+                sum: Num::zero(self.class.unwrap_or(NumClass::Int)),
+                n: 0,
+            },
+            AggFunc::Min | AggFunc::Max => Acc::Extreme(None),
+        }
+    }
+
+    /// Row `i` of `arg` (prepared) added (`sign` 1) or taken back (-1).
+    /// For map-keeping calls this is the inner step, called on 0 → 1 and
+    /// 1 → 0 transitions only (MIN/MAX: see [`AggSpec::offer`]).
+    pub fn add(&self, acc: &mut Acc, arg: Option<&ArrayRef>, i: usize, sign: i64) {
+        match acc {
+            Acc::Count(n) => *n += sign,
+            Acc::Sum { sum, n } => {
+                let Some(a) = arg else { return };
+                *n += sign;
+                match sum {
+                    Num::Int(s) => {
+                        let v = a.as_primitive::<Int64Type>().value(i);
+                        *s = s.wrapping_add(v.wrapping_mul(sign));
+                    }
+                    Num::Float(s) => *s += a.as_primitive::<Float64Type>().value(i) * sign as f64,
+                    Num::Dec(s) => {
+                        let v = a.as_primitive::<Decimal128Type>().value(i);
+                        *s = s.wrapping_add(v.wrapping_mul(i128::from(sign)));
+                    }
+                }
+            }
+            Acc::Extreme(_) => {}
+        }
+    }
+
+    /// MIN/MAX: `v` is present (again): it becomes the extreme if better.
+    pub fn offer(&self, acc: &mut Acc, v: ScalarValue) {
+        if let Acc::Extreme(cur) = acc {
+            let better = match cur {
+                None => true,
+                Some(c) => match v.partial_cmp(c) {
+                    Some(o) => {
+                        (self.call.func == AggFunc::Min && o.is_lt()) || (self.call.func == AggFunc::Max && o.is_gt())
+                    }
+                    None => false,
+                },
+            };
+            if better {
+                *cur = Some(v);
+            }
+        }
+    }
+
+    /// The best of `candidates` (values whose count is positive).
+    pub fn best(&self, candidates: impl Iterator<Item = ScalarValue>) -> Option<ScalarValue> {
+        let mut acc = Acc::Extreme(None);
+        for v in candidates {
+            self.offer(&mut acc, v);
+        }
+        match acc {
+            Acc::Extreme(v) => v,
+            _ => None,
+        }
+    }
+
+    /// The call's result.
+    pub fn value(&self, acc: &Acc) -> Result<ScalarValue> {
+        let out = &self.call.output_type;
+        let v = match acc {
+            Acc::Count(n) => ScalarValue::Int64(Some(*n)),
+            Acc::Sum { n: 0, .. } => return Ok(ScalarValue::try_from(out)?),
+            Acc::Sum { sum, n } => match (self.call.func, sum) {
+                (AggFunc::Sum, Num::Int(s)) => ScalarValue::Int64(Some(*s)),
+                (AggFunc::Sum, Num::Float(s)) => ScalarValue::Float64(Some(*s)),
+                (AggFunc::Sum, Num::Dec(s)) => match out {
+                    DataType::Decimal128(p, sc) => ScalarValue::Decimal128(Some(*s), *p, *sc),
+                    _ => ScalarValue::Decimal128(Some(*s), 38, self.scale()),
+                },
+                // Flink: SUM / COUNT in the input's type, truncated.
+                (_, Num::Int(s)) => ScalarValue::Int64(Some(s / n)),
+                (_, Num::Float(s)) => ScalarValue::Float64(Some(s / *n as f64)),
+                (_, Num::Dec(s)) => {
+                    let (p, target) = match out {
+                        DataType::Decimal128(p, sc) => (*p, *sc),
+                        _ => (38, self.scale()),
+                    };
+                    let shift = i32::from(target) - i32::from(self.scale());
+                    let scaled = if shift >= 0 {
+                        s.saturating_mul(10i128.saturating_pow(shift as u32))
+                    } else {
+                        s / 10i128.pow((-shift) as u32)
+                    };
+                    ScalarValue::Decimal128(Some(scaled / i128::from(*n)), p, target)
+                }
+            },
+            Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
+            Acc::Extreme(Some(v)) => v.clone(),
+        };
+        if &v.data_type() == out {
+            Ok(v)
+        } else {
+            Ok(v.cast_to(out)?)
+        }
+    }
+
+    fn scale(&self) -> i8 {
+        match self.class {
+            Some(NumClass::Decimal(s)) => s,
+            _ => 0,
+        }
+    }
+
+    /// Encodes a MIN/MAX value in the call's key encoding.
+    fn encode_value(&self, v: &ScalarValue) -> Result<Vec<u8>> {
+        let codec = self
+            .codec
+            .as_ref()
+            .ok_or_else(|| ExecError::internal("no value codec"))?;
+        let rows = codec.encode(&[v.to_array()?])?;
+        Ok(rows.row(0).to_vec())
+    }
+
+    /// Decodes values encoded by the call's codec.
+    pub fn decode_values<'a>(&self, values: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<ScalarValue>> {
+        let codec = self
+            .codec
+            .as_ref()
+            .ok_or_else(|| ExecError::internal("no value codec"))?;
+        let cols = codec.decode(values)?;
+        let col = cols.first().ok_or_else(|| ExecError::internal("no value column"))?;
+        (0..col.len())
+            .map(|i| Ok(ScalarValue::try_from_array(col, i)?))
+            .collect()
+    }
+}
+
+/// One call's accumulator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acc {
+    Count(i64),
+    Sum {
+        sum: Num,
+        n: i64,
+    },
+    /// MIN/MAX: the current extreme (the map in state holds the rest).
+    Extreme(Option<ScalarValue>),
+}
+
+/// A key's accumulators and its row count (`+I`/`+U` minus `-U`/`-D`):
+/// when it reaches 0 the key's row is deleted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyAccs {
+    pub rows: i64,
+    pub accs: Vec<Acc>,
+}
+
+/// First byte of a stored [`KeyAccs`].
+const FORMAT: u8 = 1;
+
+impl KeyAccs {
+    pub fn new(specs: &[AggSpec]) -> Self {
+        KeyAccs {
+            rows: 0,
+            accs: specs.iter().map(AggSpec::empty).collect(),
+        }
+    }
+
+    pub fn encode(&self, specs: &[AggSpec]) -> Result<Vec<u8>> {
+        let mut b = vec![FORMAT];
+        b.extend_from_slice(&self.rows.to_be_bytes());
+        for (acc, spec) in self.accs.iter().zip(specs) {
+            match acc {
+                Acc::Count(n) => {
+                    b.push(0);
+                    b.extend_from_slice(&n.to_be_bytes());
+                }
+                Acc::Sum { sum, n } => {
+                    b.push(1);
+                    b.extend_from_slice(&n.to_be_bytes());
+                    match sum {
+                        Num::Int(v) => b.extend_from_slice(&v.to_be_bytes()),
+                        Num::Float(v) => b.extend_from_slice(&v.to_bits().to_be_bytes()),
+                        Num::Dec(v) => b.extend_from_slice(&v.to_be_bytes()),
+                    }
+                }
+                Acc::Extreme(None) => b.extend_from_slice(&[2, 0]),
+                Acc::Extreme(Some(v)) => {
+                    let bytes = spec.encode_value(v)?;
+                    b.extend_from_slice(&[2, 1]);
+                    b.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+                    b.extend_from_slice(&bytes);
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    pub fn decode(bytes: &[u8], specs: &[AggSpec]) -> Result<Self> {
+        let corrupt = |what: &str| {
+            crate::error::StateError::Corrupt {
+                state: "group-acc".into(),
+                message: format!("accumulators of {} bytes: {what}", bytes.len()),
+            }
+            .into()
+        };
+        let mut r = Reader { b: bytes, at: 0 };
+        if r.take(1).ok_or_else(|| corrupt("empty"))? != [FORMAT] {
+            return Err(corrupt("unknown format byte"));
+        }
+        let rows = r.i64().ok_or_else(|| corrupt("truncated row count"))?;
+        let mut accs = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let tag = r.take(1).ok_or_else(|| corrupt("truncated"))?[0];
+            let acc = match (tag, spec.class) {
+                (0, _) => Acc::Count(r.i64().ok_or_else(|| corrupt("truncated count"))?),
+                (1, Some(class)) => {
+                    let n = r.i64().ok_or_else(|| corrupt("truncated sum"))?;
+                    let sum = match class {
+                        NumClass::Int => Num::Int(r.i64().ok_or_else(|| corrupt("truncated sum"))?),
+                        NumClass::Float => {
+                            Num::Float(f64::from_bits(r.i64().ok_or_else(|| corrupt("truncated sum"))? as u64))
+                        }
+                        NumClass::Decimal(_) => {
+                            let b = r.take(16).ok_or_else(|| corrupt("truncated sum"))?;
+                            Num::Dec(i128::from_be_bytes(b.try_into().map_err(|_| corrupt("sum"))?))
+                        }
+                    };
+                    Acc::Sum { sum, n }
+                }
+                (2, _) => match r.take(1).ok_or_else(|| corrupt("truncated extreme"))?[0] {
+                    0 => Acc::Extreme(None),
+                    _ => {
+                        let len = r.take(4).ok_or_else(|| corrupt("truncated extreme"))?;
+                        let len = u32::from_be_bytes(len.try_into().map_err(|_| corrupt("extreme"))?) as usize;
+                        let v = r.take(len).ok_or_else(|| corrupt("truncated extreme"))?;
+                        let mut vals = spec.decode_values([v])?;
+                        Acc::Extreme(vals.pop())
+                    }
+                },
+                _ => return Err(corrupt("accumulator does not match the aggregate")),
+            };
+            accs.push(acc);
+        }
+        Ok(KeyAccs { rows, accs })
+    }
+
+    /// Every call's result.
+    pub fn values(&self, specs: &[AggSpec]) -> Result<Vec<ScalarValue>> {
+        self.accs.iter().zip(specs).map(|(a, s)| s.value(a)).collect()
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+
+    fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+/// The count stored for a map entry.
+pub fn decode_count(v: &[u8]) -> Option<i64> {
+    Some(i64::from_be_bytes(v.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn call(func: AggFunc, input: DataType, output: DataType, distinct: bool) -> AggCall {
+        AggCall {
+            func,
+            arg: None,
+            distinct,
+            filter: None,
+            input_type: input,
+            output_type: output,
+        }
+    }
+
+    #[test]
+    fn accumulators_round_trip_through_bytes() {
+        let specs = vec![
+            AggSpec::new(&call(AggFunc::Count, DataType::Null, DataType::Int64, false)).expect("count"),
+            AggSpec::new(&call(AggFunc::Sum, DataType::Int32, DataType::Int64, false)).expect("sum"),
+            AggSpec::new(&call(
+                AggFunc::Avg,
+                DataType::Decimal128(10, 2),
+                DataType::Decimal128(14, 6),
+                false,
+            ))
+            .expect("avg"),
+            AggSpec::new(&call(AggFunc::Max, DataType::Utf8, DataType::Utf8, false)).expect("max"),
+            AggSpec::new(&call(AggFunc::Min, DataType::Float64, DataType::Float64, false)).expect("min"),
+        ];
+        let k = KeyAccs {
+            rows: 3,
+            accs: vec![
+                Acc::Count(3),
+                Acc::Sum {
+                    sum: Num::Int(-7),
+                    n: 2,
+                },
+                Acc::Sum {
+                    sum: Num::Dec(1001),
+                    n: 2,
+                },
+                Acc::Extreme(Some(ScalarValue::Utf8(Some("zebra".into())))),
+                Acc::Extreme(None),
+            ],
+        };
+        let bytes = k.encode(&specs).expect("encode");
+        assert_eq!(KeyAccs::decode(&bytes, &specs).expect("decode"), k);
+        let values = k.values(&specs).expect("values");
+        assert_eq!(values[1], ScalarValue::Int64(Some(-7)));
+        // AVG(DECIMAL(10,2)) of 10.01 over 2 rows = 5.005000 (DECIMAL(14,6)).
+        assert_eq!(values[2], ScalarValue::Decimal128(Some(5_005_000), 14, 6));
+        assert_eq!(values[4], ScalarValue::Float64(None));
+        for cut in 0..bytes.len() {
+            assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn sum_is_null_without_values_and_int_avg_truncates() {
+        let sum = AggSpec::new(&call(AggFunc::Sum, DataType::Int64, DataType::Int64, false)).expect("sum");
+        let avg = AggSpec::new(&call(AggFunc::Avg, DataType::Int32, DataType::Int32, false)).expect("avg");
+        let mut acc = sum.empty();
+        assert_eq!(sum.value(&acc).expect("v"), ScalarValue::Int64(None));
+        let a: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![5, -8]));
+        sum.add(&mut acc, Some(&a), 0, 1);
+        sum.add(&mut acc, Some(&a), 1, 1);
+        assert_eq!(sum.value(&acc).expect("v"), ScalarValue::Int64(Some(-3)));
+        let mut acc = avg.empty();
+        avg.add(&mut acc, Some(&a), 0, 1);
+        avg.add(&mut acc, Some(&a), 1, 1);
+        // -3 / 2 truncates toward zero, as Java's integer division.
+        assert_eq!(avg.value(&acc).expect("v"), ScalarValue::Int32(Some(-1)));
+        sum.add(&mut acc, Some(&a), 1, -1);
+    }
+}

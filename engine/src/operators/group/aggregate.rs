@@ -1,0 +1,445 @@
+//! Non-windowed GROUP BY (and global aggregates): an updating result with
+//! one live row per key, Flink's `GroupAggFunction` row by row.
+//!
+//! State, through the keyed-state layer ([`KeyedState`]), on either
+//! backend:
+//! - `group-acc` (value state): key → the key's row count and every
+//!   call's accumulator ([`KeyAccs`]);
+//! - `group-agg-map` (value state): key, namespace = call index (u16 BE) |
+//!   value in Weir's key encoding → count (i64 BE), for MIN/MAX and
+//!   DISTINCT calls.
+//!
+//! A batch costs one multi-get of its keys' accumulators, one of its
+//! map entries, and one write; rows are then applied in order, each
+//! emitting what Flink's operator emits for it:
+//! - a retraction (`-U`/`-D`) for a key without state is dropped (its row
+//!   was never seen, or its state expired);
+//! - the key's first row: `+I(key, values)`;
+//! - later rows: `-U(key, old)` `+U(key, new)`, or nothing when the values
+//!   did not change;
+//! - the key's row count back to 0: `-D(key, old)`, state cleared.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array};
+use arrow::compute::take;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
+use datafusion::physical_expr::PhysicalExpr;
+
+use super::accs::{Acc, AggSpec, KeyAccs, decode_count};
+use crate::change::{ChangeBatch, RowKind};
+use crate::checkpoint::OperatorSnapshot;
+use crate::error::{ExecError, Result};
+use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::operators::calc::batch_with_schema;
+use crate::operators::{Collector, Operator};
+use crate::plan::{AggFunc, GroupAggregateNode};
+use crate::runtime::metrics::NodeMetrics;
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+
+const ACC: usize = 0;
+const MAP: usize = 1;
+/// The operator's states; their names are part of savepoints.
+pub const STATES: &[StateDecl] = &[
+    StateDecl {
+        name: "group-acc",
+        kind: StateKind::Value,
+    },
+    StateDecl {
+        name: "group-agg-map",
+        kind: StateKind::Value,
+    },
+];
+
+pub struct GroupAggregateOperator {
+    name: String,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// `None` for a global aggregate (one key: the empty row).
+    key_encoder: Option<KeyEncoder>,
+    specs: Vec<AggSpec>,
+    schema: SchemaRef,
+    state: KeyedState,
+    max_parallelism: u16,
+    metrics: Arc<NodeMetrics>,
+}
+
+/// A key of the batch: where it lives and what it holds.
+struct Slot {
+    group: KeyGroup,
+    /// First row of the key in the batch (its key bytes).
+    row: usize,
+    /// Stored size of its accumulators before the batch (state metric).
+    stored_len: usize,
+    accs: Option<KeyAccs>,
+    /// Its live result row (what a later change retracts).
+    shown: Option<Vec<ScalarValue>>,
+    dirty: bool,
+}
+
+/// One emitted change: its kind, the input row whose key it carries, and
+/// the aggregate values.
+struct Emitted {
+    kind: RowKind,
+    row: u32,
+    values: Vec<ScalarValue>,
+}
+
+impl GroupAggregateOperator {
+    pub fn new(
+        node: &GroupAggregateNode,
+        input_schema: &SchemaRef,
+        schema: SchemaRef,
+        max_parallelism: u16,
+        state: KeyedState,
+        metrics: Arc<NodeMetrics>,
+    ) -> Result<Self> {
+        let key_types = node
+            .keys
+            .iter()
+            .map(|k| k.data_type(input_schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_encoder = if key_types.is_empty() {
+            None
+        } else {
+            Some(KeyEncoder::new(&key_types)?)
+        };
+        let specs = node.aggregates.iter().map(AggSpec::new).collect::<Result<Vec<_>>>()?;
+        let keys: Vec<String> = node.keys.iter().map(|k| k.to_string()).collect();
+        Ok(Self {
+            name: format!("GroupAggregate [{}]", keys.join(", ")),
+            keys: node.keys.clone(),
+            key_encoder,
+            specs,
+            schema,
+            state,
+            max_parallelism,
+            metrics,
+        })
+    }
+
+    fn entry<'a>(&self, slot: &Slot, key: &'a [u8], namespace: &'a [u8]) -> EntryRef<'a> {
+        EntryRef {
+            key_group: slot.group,
+            key,
+            namespace,
+        }
+    }
+
+    /// MIN/MAX after its extreme left: the best value with a positive
+    /// count, from state overlaid with this batch's counts.
+    fn rescan(
+        &self,
+        agg: usize,
+        slot: &Slot,
+        key: &[u8],
+        counts: &HashMap<(u32, Vec<u8>), i64>,
+        slot_id: u32,
+    ) -> Result<Option<ScalarValue>> {
+        let ns = (agg as u16).to_be_bytes();
+        let mut live: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+        let mut bad = None;
+        self.state
+            .scan_namespaces(MAP, self.entry(slot, key, &ns), &mut |rest, v| {
+                match decode_count(v) {
+                    Some(c) => {
+                        live.insert(rest.to_vec(), c);
+                    }
+                    None => bad = Some(v.len()),
+                }
+                true
+            })?;
+        if let Some(len) = bad {
+            return Err(crate::error::StateError::Corrupt {
+                state: "group-agg-map".into(),
+                message: format!("a value count of {len} bytes"),
+            }
+            .into());
+        }
+        for ((s, nsv), c) in counts {
+            if *s == slot_id && nsv.starts_with(&ns) {
+                live.insert(nsv[2..].to_vec(), *c);
+            }
+        }
+        let present: Vec<&[u8]> = live
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(v, _)| v.as_slice())
+            .collect();
+        if present.is_empty() {
+            return Ok(None);
+        }
+        let spec = &self.specs[agg];
+        Ok(spec.best(spec.decode_values(present)?.into_iter()))
+    }
+}
+
+impl Operator for GroupAggregateOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let rows = &batch.rows;
+        let key_arrays = self
+            .keys
+            .iter()
+            .map(|k| k.evaluate(rows).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_rows = match &self.key_encoder {
+            Some(enc) => Some(enc.encode(&key_arrays)?),
+            None => None,
+        };
+        let key_of = |i: usize| -> &[u8] { key_rows.as_ref().map_or(&[][..], |r| r.row(i)) };
+
+        // The batch's keys, in order of first appearance.
+        let mut slot_of: HashMap<&[u8], u32> = HashMap::new();
+        let mut slots: Vec<Slot> = vec![];
+        let mut row_slot: Vec<u32> = Vec::with_capacity(n);
+        for i in 0..n {
+            let k = key_of(i);
+            let s = *slot_of.entry(k).or_insert_with(|| {
+                slots.push(Slot {
+                    group: key_group(k, self.max_parallelism),
+                    row: i,
+                    stored_len: 0,
+                    accs: None,
+                    shown: None,
+                    dirty: false,
+                });
+                (slots.len() - 1) as u32
+            });
+            row_slot.push(s);
+        }
+        let stored = {
+            let entries: Vec<EntryRef> = slots.iter().map(|s| self.entry(s, key_of(s.row), &[])).collect();
+            self.state.get(ACC, &entries)?
+        };
+        for (slot, bytes) in slots.iter_mut().zip(stored) {
+            if let Some(b) = bytes {
+                let accs = KeyAccs::decode(&b, &self.specs)?;
+                slot.shown = Some(accs.values(&self.specs)?);
+                slot.stored_len = b.len();
+                slot.accs = Some(accs);
+            }
+        }
+
+        // Each call's input and filter for the batch.
+        let mut args: Vec<Option<ArrayRef>> = Vec::with_capacity(self.specs.len());
+        let mut filters: Vec<Option<BooleanArray>> = Vec::with_capacity(self.specs.len());
+        let mut encoded: Vec<Option<crate::state::codec::Rows>> = Vec::with_capacity(self.specs.len());
+        for spec in &self.specs {
+            let arg = match &spec.call.arg {
+                Some(a) => Some(spec.prepare(a.evaluate(rows)?.into_array(n)?)?),
+                None => None,
+            };
+            let filter = match &spec.call.filter {
+                Some(f) => {
+                    let m = f.evaluate(rows)?.into_array(n)?;
+                    let m = m
+                        .as_any()
+                        .downcast_ref::<BooleanArray>()
+                        .ok_or_else(|| ExecError::internal("aggregate FILTER is not boolean"))?;
+                    Some(crate::change::null_as_false(m))
+                }
+                None => None,
+            };
+            encoded.push(match (&spec.codec, &arg) {
+                (Some(codec), Some(a)) => Some(codec.encode(std::slice::from_ref(a))?),
+                _ => None,
+            });
+            args.push(arg);
+            filters.push(filter);
+        }
+        // Whether row i takes part in call j: its FILTER holds and its
+        // argument is not NULL (COUNT(*) counts every row).
+        let takes = |j: usize, i: usize| -> bool {
+            filters[j].as_ref().is_none_or(|f| f.value(i)) && args[j].as_ref().is_none_or(|a| a.is_valid(i))
+        };
+
+        // Value counts of MIN/MAX/DISTINCT calls touched by the batch.
+        let mut counts: HashMap<(u32, Vec<u8>), i64> = HashMap::new();
+        if encoded.iter().any(Option::is_some) {
+            let mut wanted: Vec<(u32, Vec<u8>)> = vec![];
+            for (j, enc) in encoded.iter().enumerate() {
+                let Some(enc) = enc else { continue };
+                for i in (0..n).filter(|i| takes(j, *i)) {
+                    let mut ns = (j as u16).to_be_bytes().to_vec();
+                    ns.extend_from_slice(enc.row(i));
+                    let k = (row_slot[i], ns);
+                    if !counts.contains_key(&k) {
+                        counts.insert(k.clone(), 0);
+                        wanted.push(k);
+                    }
+                }
+            }
+            let entries: Vec<EntryRef> = wanted
+                .iter()
+                .map(|(s, ns)| {
+                    let slot = &slots[*s as usize];
+                    self.entry(slot, key_of(slot.row), ns)
+                })
+                .collect();
+            for (k, v) in wanted.iter().zip(self.state.get(MAP, &entries)?) {
+                if let Some(v) = v {
+                    let c = decode_count(&v).ok_or_else(|| crate::error::StateError::Corrupt {
+                        state: "group-agg-map".into(),
+                        message: format!("a value count of {} bytes", v.len()),
+                    })?;
+                    counts.insert(k.clone(), c);
+                }
+            }
+        }
+        let mut changed: Vec<(u32, Vec<u8>)> = vec![];
+
+        let mut emitted: Vec<Emitted> = vec![];
+        let mut dropped = 0u64;
+        for (i, &s) in row_slot.iter().enumerate() {
+            let kind = batch.kind(i);
+            let sign: i64 = if kind.is_accumulate() { 1 } else { -1 };
+            let first = slots[s as usize].accs.is_none();
+            if first && kind.is_retract() {
+                // Nothing to retract from: never seen, or expired.
+                dropped += 1;
+                continue;
+            }
+            let mut accs = slots[s as usize]
+                .accs
+                .take()
+                .unwrap_or_else(|| KeyAccs::new(&self.specs));
+            accs.rows += sign;
+            for (j, spec) in self.specs.iter().enumerate() {
+                if !takes(j, i) {
+                    continue;
+                }
+                let acc = &mut accs.accs[j];
+                let Some(enc) = &encoded[j] else {
+                    spec.add(acc, args[j].as_ref(), i, sign);
+                    continue;
+                };
+                let mut ns = (j as u16).to_be_bytes().to_vec();
+                ns.extend_from_slice(enc.row(i));
+                let key = (s, ns);
+                let before = counts.get(&key).copied().unwrap_or(0);
+                let after = before + sign;
+                counts.insert(key.clone(), after);
+                changed.push(key);
+                match spec.call.func {
+                    AggFunc::Min | AggFunc::Max => {
+                        let v = || args[j].as_ref().map(|a| ScalarValue::try_from_array(a, i)).transpose();
+                        if sign > 0 && after > 0 {
+                            if let Some(v) = v()? {
+                                spec.offer(acc, v);
+                            }
+                        } else if sign < 0
+                            && after == 0
+                            && matches!(&*acc, Acc::Extreme(Some(c)) if Some(c) == v()?.as_ref())
+                        {
+                            let best = self.rescan(j, &slots[s as usize], key_of(slots[s as usize].row), &counts, s)?;
+                            *acc = Acc::Extreme(best);
+                        }
+                    }
+                    // DISTINCT: the inner call sees a value when it
+                    // appears and when it is gone.
+                    _ if sign > 0 && before == 0 && after == 1 => spec.add(acc, args[j].as_ref(), i, 1),
+                    _ if sign < 0 && before == 1 && after == 0 => spec.add(acc, args[j].as_ref(), i, -1),
+                    _ => {}
+                }
+            }
+            let slot = &mut slots[s as usize];
+            slot.dirty = true;
+            if accs.rows == 0 {
+                if let Some(old) = slot.shown.take() {
+                    emitted.push(Emitted {
+                        kind: RowKind::Delete,
+                        row: i as u32,
+                        values: old,
+                    });
+                }
+                continue;
+            }
+            let new = accs.values(&self.specs)?;
+            match slot.shown.take() {
+                None => emitted.push(Emitted {
+                    kind: RowKind::Insert,
+                    row: i as u32,
+                    values: new.clone(),
+                }),
+                Some(old) if old == new => {}
+                Some(old) => {
+                    emitted.push(Emitted {
+                        kind: RowKind::UpdateBefore,
+                        row: i as u32,
+                        values: old,
+                    });
+                    emitted.push(Emitted {
+                        kind: RowKind::UpdateAfter,
+                        row: i as u32,
+                        values: new.clone(),
+                    });
+                }
+            }
+            slot.shown = Some(new);
+            slot.accs = Some(accs);
+        }
+        if dropped > 0 {
+            self.metrics.late_rows_dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+
+        // One write for the batch.
+        let mut w = KeyedWrite::default();
+        let mut grown: i64 = 0;
+        for slot in slots.iter().filter(|s| s.dirty) {
+            let e = self.entry(slot, key_of(slot.row), &[]);
+            match &slot.accs {
+                Some(accs) => {
+                    let b = accs.encode(&self.specs)?;
+                    grown += b.len() as i64 - slot.stored_len as i64;
+                    w.put(ACC, e, b);
+                }
+                None => {
+                    grown -= slot.stored_len as i64;
+                    w.delete(ACC, e);
+                }
+            }
+        }
+        changed.sort();
+        changed.dedup();
+        for k in changed {
+            let slot = &slots[k.0 as usize];
+            let e = self.entry(slot, key_of(slot.row), &k.1);
+            match counts.get(&k).copied().unwrap_or(0) {
+                0 => w.delete(MAP, e),
+                c => w.put(MAP, e, c.to_be_bytes().to_vec()),
+            }
+        }
+        self.state.write(w)?;
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+
+        if emitted.is_empty() {
+            return Ok(());
+        }
+        let idx = UInt32Array::from_iter_values(emitted.iter().map(|e| e.row));
+        let mut columns: Vec<ArrayRef> = key_arrays
+            .iter()
+            .map(|a| take(a.as_ref(), &idx, None))
+            .collect::<Result<_, _>>()?;
+        for j in 0..self.specs.len() {
+            let vals = emitted.iter().map(|e| e.values[j].clone());
+            columns.push(ScalarValue::iter_to_array(vals)?);
+        }
+        let kinds = emitted.iter().map(|e| e.kind).collect();
+        out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
+        Ok(())
+    }
+}

@@ -1,0 +1,5 @@
+//! The non-windowed GROUP BY: [`aggregate`] is the operator, [`accs`] its
+//! retractable accumulators.
+
+pub mod accs;
+pub mod aggregate;

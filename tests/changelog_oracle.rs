@@ -1,0 +1,190 @@
+//! Differential oracle for updating queries: the changelog Weir emits,
+//! applied to a table (`+I`/`+U` add a row, `-U`/`-D` remove one equal
+//! row), must end as DataFusion's batch answer to the same SQL over the
+//! same input, at parallelism 1 and 4, on both state backends. A
+//! retraction of a row that is not in the table fails the test too.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float64Array, Int64Array, StringArray};
+use arrow::datatypes::{DataType, Field, Schema};
+use arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use weir::{Session, StatementResult};
+use weir_engine::change::RowKind;
+
+/// Rows `(k, v, w)`: few keys with NULLs, duplicates, NULL values, and
+/// doubles that add exactly (quarters), in a fixed pseudo-random order.
+fn input() -> RecordBatch {
+    let n = 600;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut k, mut v, mut w) = (vec![], vec![], vec![]);
+    for _ in 0..n {
+        let r = next();
+        k.push(match r % 6 {
+            5 => None,
+            i => Some(["a", "b", "c", "dd", "e"][i as usize].to_string()),
+        });
+        v.push(if (r >> 8) % 11 == 0 {
+            None
+        } else {
+            Some(((r >> 16) % 40) as i64 - 10)
+        });
+        w.push(Some(((r >> 32) % 64) as f64 / 4.0));
+    }
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new("w", DataType::Float64, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(k)) as ArrayRef,
+            Arc::new(Int64Array::from(v)),
+            Arc::new(Float64Array::from(w)),
+        ],
+    )
+    .expect("input batch")
+}
+
+const QUERIES: &[&str] = &[
+    "SELECT k, COUNT(*), COUNT(v), SUM(v), MIN(v), MAX(v), AVG(v) FROM t GROUP BY k",
+    "SELECT k, COUNT(DISTINCT v), SUM(DISTINCT v), MIN(DISTINCT w) FROM t GROUP BY k",
+    "SELECT k, COUNT(*) FILTER (WHERE v > 10), MAX(v) FILTER (WHERE w < 8), SUM(w) FILTER (WHERE v IS NULL) FROM t GROUP BY k",
+    "SELECT COUNT(*), SUM(v), MIN(w), MAX(w), COUNT(DISTINCT k) FROM t",
+    "SELECT k, SUM(v) FROM t GROUP BY k HAVING COUNT(*) > 100",
+    "SELECT DISTINCT k, v % 3 FROM t",
+    "SELECT k, v % 7, SUM(w), AVG(w) FROM t WHERE v > 0 GROUP BY k, v % 7",
+    // Aggregates over an updating input: retraction of every kind.
+    "SELECT c, COUNT(*) FROM (SELECT k, v % 7 AS g, COUNT(*) AS c FROM t GROUP BY k, v % 7) GROUP BY c",
+    "SELECT k, MIN(s), MAX(s), COUNT(DISTINCT s), SUM(s) FROM (SELECT k, v % 5 AS g, SUM(v) AS s FROM t GROUP BY k, v % 5) GROUP BY k",
+    "SELECT MAX(c), MIN(c), COUNT(*) FROM (SELECT v, COUNT(*) AS c FROM t GROUP BY v)",
+    "SELECT g, MIN(k), MAX(k) FROM (SELECT v % 4 AS g, k FROM t) GROUP BY g",
+    "SELECT mx, COUNT(*) FROM (SELECT k, MAX(v) AS mx FROM t GROUP BY k) GROUP BY mx",
+    "SELECT c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) WHERE c > 110",
+];
+
+/// Applies a changelog to a multiset of rows; `Err` on a retraction of a
+/// row that is not there.
+fn apply(table: &mut BTreeMap<String, i64>, kind: RowKind, row: String) -> Result<(), String> {
+    let n = table.entry(row.clone()).or_insert(0);
+    if kind.is_accumulate() {
+        *n += 1;
+    } else {
+        if *n == 0 {
+            return Err(format!("{} of a row not in the table: {row}", kind.short()));
+        }
+        *n -= 1;
+    }
+    if *n == 0 {
+        table.remove(&row);
+    }
+    Ok(())
+}
+
+fn rows_of(batch: &RecordBatch) -> Vec<String> {
+    weir::display::format_rows(batch)
+        .expect("format")
+        .into_iter()
+        .map(|r| r.trim_start_matches("+I").to_string())
+        .collect()
+}
+
+async fn batch_answer(sql: &str, input: &RecordBatch) -> BTreeMap<String, i64> {
+    let ctx = SessionContext::new();
+    ctx.register_udaf(weir_sql::flink_functions::FlinkAvg::udaf());
+    let table = MemTable::try_new(input.schema(), vec![vec![input.clone()]]).expect("mem table");
+    ctx.register_table("t", Arc::new(table)).expect("register");
+    let batches = ctx
+        .sql(sql)
+        .await
+        .expect("batch plan")
+        .collect()
+        .await
+        .expect("batch run");
+    let mut out = BTreeMap::new();
+    for b in &batches {
+        for r in rows_of(b) {
+            *out.entry(r).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+async fn streaming_answer(
+    session: &mut Session,
+    sql: &str,
+    parallelism: usize,
+    backend: &str,
+) -> Result<BTreeMap<String, i64>, String> {
+    for s in [
+        format!("SET 'parallelism.default' = '{parallelism}'"),
+        format!("SET 'state.backend.type' = '{backend}'"),
+    ] {
+        let stmt = weir_sql::parse(&s).map_err(|e| e.to_string())?;
+        session.execute(&stmt[0]).await.map_err(|e| e.to_string())?;
+    }
+    let stmt = weir_sql::parse(sql).map_err(|e| e.to_string())?;
+    let StatementResult::Stream(mut rs) = session.execute(&stmt[0]).await.map_err(|e| e.to_string())? else {
+        return Err("not a streaming result".into());
+    };
+    let mut table = BTreeMap::new();
+    while let Some(b) = rs.rows.recv().await {
+        let changes = if rs.changelog {
+            weir::display::changes_of(&b).map_err(|e| e.to_string())?
+        } else {
+            b.into()
+        };
+        for (i, row) in rows_of(&changes.rows).into_iter().enumerate() {
+            apply(&mut table, changes.kind(i), row)?;
+        }
+    }
+    rs.job.wait().await.map_err(|e| e.to_string())?;
+    Ok(table)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn changelogs_end_as_the_batch_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let input = input();
+    let path = dir.path().join("t.json");
+    {
+        let f = std::fs::File::create(&path).expect("create");
+        let mut w = arrow::json::LineDelimitedWriter::new(f);
+        w.write(&input).expect("write json");
+        w.finish().expect("finish json");
+    }
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    let ddl = format!(
+        "CREATE TABLE t (k STRING, v BIGINT, w DOUBLE) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json', 'source.split.min-size' = '1024')",
+        path.display()
+    );
+    let stmt = weir_sql::parse(&ddl).expect("ddl");
+    session.execute(&stmt[0]).await.expect("create table");
+    let mut failures = vec![];
+    for sql in QUERIES {
+        let expected = batch_answer(sql, &input).await;
+        assert!(
+            !expected.is_empty(),
+            "{sql}: the batch answer is empty; the query tests nothing"
+        );
+        for (p, backend) in [(1, "rocksdb"), (4, "rocksdb"), (1, "hashmap"), (4, "hashmap")] {
+            match streaming_answer(&mut session, sql, p, backend).await {
+                Ok(actual) if actual == expected => {}
+                Ok(actual) => failures.push(format!(
+                    "{sql} (p {p}, {backend}):\n  expected {expected:?}\n  actual   {actual:?}"
+                )),
+                Err(e) => failures.push(format!("{sql} (p {p}, {backend}): {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
