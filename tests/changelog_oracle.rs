@@ -55,6 +55,44 @@ fn input() -> RecordBatch {
     .expect("input batch")
 }
 
+/// A small second table `u (k, x)`: duplicate keys, a NULL key, a key
+/// `t` lacks, and one `t` has that `u` lacks (`e`).
+fn second() -> RecordBatch {
+    let k = [
+        Some("a"),
+        Some("a"),
+        Some("b"),
+        None,
+        Some("dd"),
+        Some("zz"),
+        Some("b"),
+        Some("c"),
+        Some("a"),
+    ];
+    let x = [
+        Some(1),
+        Some(5),
+        Some(2),
+        Some(7),
+        None,
+        Some(3),
+        Some(2),
+        Some(-4),
+        Some(9),
+    ];
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("x", DataType::Int64, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(k.to_vec())) as ArrayRef,
+            Arc::new(Int64Array::from(x.to_vec())),
+        ],
+    )
+    .expect("second batch")
+}
+
 const QUERIES: &[&str] = &[
     "SELECT k, COUNT(*), COUNT(v), SUM(v), MIN(v), MAX(v), AVG(v) FROM t GROUP BY k",
     "SELECT k, COUNT(DISTINCT v), SUM(DISTINCT v), MIN(DISTINCT w) FROM t GROUP BY k",
@@ -70,6 +108,16 @@ const QUERIES: &[&str] = &[
     "SELECT g, MIN(k), MAX(k) FROM (SELECT v % 4 AS g, k FROM t) GROUP BY g",
     "SELECT mx, COUNT(*) FROM (SELECT k, MAX(v) AS mx FROM t GROUP BY k) GROUP BY mx",
     "SELECT c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) WHERE c > 110",
+    // Regular joins: NULL keys, duplicate keys, keys on one side only.
+    "SELECT t.k, t.v, u.x FROM t JOIN u ON t.k = u.k",
+    "SELECT t.k, t.v, u.x FROM t LEFT JOIN u ON t.k = u.k AND t.v > u.x",
+    "SELECT t.k, u.k, t.v, u.x FROM t RIGHT JOIN u ON t.k = u.k AND t.v < u.x",
+    "SELECT t.k, u.k, t.v, u.x FROM t FULL JOIN u ON t.k = u.k AND t.v = u.x",
+    // Joins of updating inputs, and aggregates over them (q4's shape).
+    "SELECT a.k, a.c, u.x FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a LEFT JOIN u ON a.k = u.k",
+    "SELECT u.x, SUM(a.c), COUNT(*) FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a JOIN u ON a.k = u.k GROUP BY u.x",
+    "SELECT a.k, b.k, a.m, b.n FROM (SELECT k, MAX(v) AS m FROM t GROUP BY k) a FULL JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k",
+    "SELECT b.n, COUNT(*), MAX(a.m) FROM (SELECT k, v % 3 AS g, MAX(v) AS m FROM t GROUP BY k, v % 3) a RIGHT JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k GROUP BY b.n",
 ];
 
 /// Applies a changelog to a multiset of rows; `Err` on a retraction of a
@@ -98,11 +146,13 @@ fn rows_of(batch: &RecordBatch) -> Vec<String> {
         .collect()
 }
 
-async fn batch_answer(sql: &str, input: &RecordBatch) -> BTreeMap<String, i64> {
+async fn batch_answer(sql: &str, input: &RecordBatch, second: &RecordBatch) -> BTreeMap<String, i64> {
     let ctx = SessionContext::new();
     ctx.register_udaf(weir_sql::flink_functions::FlinkAvg::udaf());
     let table = MemTable::try_new(input.schema(), vec![vec![input.clone()]]).expect("mem table");
     ctx.register_table("t", Arc::new(table)).expect("register");
+    let table = MemTable::try_new(second.schema(), vec![vec![second.clone()]]).expect("mem table");
+    ctx.register_table("u", Arc::new(table)).expect("register");
     let batches = ctx
         .sql(sql)
         .await
@@ -155,11 +205,13 @@ async fn streaming_answer(
 async fn changelogs_end_as_the_batch_answer() {
     let dir = tempfile::tempdir().expect("tmp");
     let input = input();
+    let second = second();
     let path = dir.path().join("t.json");
-    {
-        let f = std::fs::File::create(&path).expect("create");
+    let path_u = dir.path().join("u.json");
+    for (p, b) in [(&path, &input), (&path_u, &second)] {
+        let f = std::fs::File::create(p).expect("create");
         let mut w = arrow::json::LineDelimitedWriter::new(f);
-        w.write(&input).expect("write json");
+        w.write(b).expect("write json");
         w.finish().expect("finish json");
     }
     let mut session = Session::open(dir.path().join("data")).expect("session");
@@ -169,9 +221,15 @@ async fn changelogs_end_as_the_batch_answer() {
     );
     let stmt = weir_sql::parse(&ddl).expect("ddl");
     session.execute(&stmt[0]).await.expect("create table");
+    let ddl = format!(
+        "CREATE TABLE u (k STRING, x BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json')",
+        path_u.display()
+    );
+    let stmt = weir_sql::parse(&ddl).expect("ddl");
+    session.execute(&stmt[0]).await.expect("create table u");
     let mut failures = vec![];
     for sql in QUERIES {
-        let expected = batch_answer(sql, &input).await;
+        let expected = batch_answer(sql, &input, &second).await;
         assert!(
             !expected.is_empty(),
             "{sql}: the batch answer is empty; the query tests nothing"

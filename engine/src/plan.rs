@@ -104,6 +104,7 @@ pub enum NodeKind {
     Calc(CalcNode),
     WindowAggregate(WindowAggregateNode),
     GroupAggregate(GroupAggregateNode),
+    Join(JoinNode),
     Limit(LimitNode),
     Sink(SinkNode),
 }
@@ -126,6 +127,9 @@ pub struct StreamEdge {
     pub from: NodeId,
     pub to: NodeId,
     pub exchange: Exchange,
+    /// Which input of `to` the edge feeds: 0, or 1 for a join's right
+    /// side.
+    pub input: usize,
 }
 
 /// Per-split watermark generation from a table's `WATERMARK` clause.
@@ -288,6 +292,49 @@ pub struct GroupAggregateNode {
     pub aggregates: Vec<AggCall>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinType {
+    Inner,
+    Left,
+    Right,
+    Full,
+}
+
+impl JoinType {
+    /// Whether the left side's rows are kept without a match (padded).
+    pub fn keeps_left(self) -> bool {
+        matches!(self, JoinType::Left | JoinType::Full)
+    }
+
+    pub fn keeps_right(self) -> bool {
+        matches!(self, JoinType::Right | JoinType::Full)
+    }
+
+    pub fn sql(self) -> &'static str {
+        match self {
+            JoinType::Inner => "INNER",
+            JoinType::Left => "LEFT",
+            JoinType::Right => "RIGHT",
+            JoinType::Full => "FULL OUTER",
+        }
+    }
+}
+
+/// A regular (non-windowed) equi-join of input 0 (left) and input 1
+/// (right): both sides kept in state, every change matched against the
+/// other side's rows.
+#[derive(Debug)]
+pub struct JoinNode {
+    pub join_type: JoinType,
+    /// Equality keys, evaluated on each side's rows.
+    pub left_keys: Vec<Arc<dyn PhysicalExpr>>,
+    pub right_keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// The rest of the ON condition, over `left ++ right` columns.
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+    pub left_schema: SchemaRef,
+    pub right_schema: SchemaRef,
+}
+
 #[derive(Debug)]
 pub struct LimitNode {
     pub skip: usize,
@@ -409,6 +456,12 @@ impl StreamGraph {
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
                     );
                 }
+                NodeKind::Join(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each side's rows by key group|join key|row → (count, matches of an outer side)"
+                    );
+                }
                 NodeKind::GroupAggregate(_) => {
                     let _ = writeln!(
                         s,
@@ -479,6 +532,16 @@ impl StreamNode {
                     keys.join(", "),
                     aggs.join(", ")
                 )
+            }
+            NodeKind::Join(j) => {
+                let on: Vec<String> = j
+                    .left_keys
+                    .iter()
+                    .zip(&j.right_keys)
+                    .map(|(l, r)| format!("{l} = {r}"))
+                    .collect();
+                let filter = j.filter.as_ref().map(|f| format!(" AND {f}")).unwrap_or_default();
+                format!("Join: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
             }
             NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),

@@ -104,7 +104,14 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     Exchange::Rebalance => "rebalance".into(),
                     Exchange::Global => "global".into(),
                 };
-                format!("{}:{how}", uids.get(e.from).cloned().unwrap_or_default())
+                // A join's right input says so (input 0 keeps the
+                // single-input text, so existing uids stay).
+                let port = if e.input > 0 {
+                    format!(":in{}", e.input)
+                } else {
+                    String::new()
+                };
+                format!("{}:{how}{port}", uids.get(e.from).cloned().unwrap_or_default())
             })
             .collect();
         let out_types: Vec<String> = n.schema.fields().iter().map(|f| type_name(f.data_type())).collect();
@@ -165,6 +172,16 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         .join(",")
                 ),
             ),
+            NodeKind::Join(j) => (
+                "join",
+                format!(
+                    "{:?};left={};right={};filter={}",
+                    j.join_type,
+                    canonical_exprs(&j.left_keys),
+                    canonical_exprs(&j.right_keys),
+                    j.filter.as_ref().map(canonical_expr).unwrap_or_default()
+                ),
+            ),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
@@ -198,11 +215,11 @@ pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
         let (sel, uid) = (sel.trim(), uid.trim());
         let kind_ok = matches!(
             sel.split(['#', ':']).next(),
-            Some("window" | "group" | "limit" | "calc" | "source" | "sink")
+            Some("window" | "group" | "join" | "limit" | "calc" | "source" | "sink")
         );
         if !kind_ok || sel.is_empty() {
             return Err(format!(
-                "unknown selector '{sel}'; use window, window#N, group, group#N, limit, source:<table> or sink:<table>"
+                "unknown selector '{sel}'; use window, window#N, group, group#N, join, join#N, limit, source:<table> or sink:<table>"
             ));
         }
         if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

@@ -39,9 +39,9 @@ use sqlparser::ast;
 use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
-    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, LimitNode, NodeId, NodeKind,
-    SinkNode, SourceNode, StreamEdge, StreamGraph, StreamNode, WatermarkNode, WindowAggregateNode, WindowKind,
-    WindowSpec,
+    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
+    LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge, StreamGraph, StreamNode, WatermarkNode,
+    WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -189,9 +189,11 @@ impl Planner {
             .analyzer()
             .execute_and_check(plan, self.state.config_options(), |_, _| {})?;
         // Only rules that keep the plan's shape: column pruning (so sources
-        // generate only what is used) and expression simplification.
+        // generate only what is used), expression simplification, and the
+        // equalities of a join's ON moved to its keys.
         let optimizer = Optimizer::with_rules(vec![
             Arc::new(SimplifyExpressions::new()),
+            Arc::new(datafusion::optimizer::extract_equijoin_predicate::ExtractEquijoinPredicate::new()),
             Arc::new(OptimizeProjections::new()),
         ]);
         let plan = optimizer.optimize(plan, &OptimizerContext::new(), |_, _| {})?;
@@ -375,7 +377,12 @@ impl<'a> GraphBuilder<'a> {
             changelog,
         });
         if let Some((from, exchange)) = input {
-            self.edges.push(StreamEdge { from, to: id, exchange });
+            self.edges.push(StreamEdge {
+                from,
+                to: id,
+                exchange,
+                input: 0,
+            });
         }
         id
     }
@@ -401,6 +408,8 @@ impl<'a> GraphBuilder<'a> {
                 upsert_key: Some((0..g.keys.len()).collect()),
             },
             NodeKind::Limit(_) | NodeKind::Sink(_) => input,
+            // Set by `join` once both inputs are known.
+            NodeKind::Join(_) => input,
         }
     }
 
@@ -496,7 +505,7 @@ impl<'a> GraphBuilder<'a> {
                 ))
             }
             LogicalPlan::Sort(_) => Err(SqlError::unsupported("ORDER BY on a stream is not supported")),
-            LogicalPlan::Join(_) => Err(SqlError::unsupported("joins are not supported yet")),
+            LogicalPlan::Join(j) => self.join(j),
             LogicalPlan::Union(_) => Err(SqlError::unsupported("UNION is not supported yet")),
             LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(input)) => {
                 // A GROUP BY of every column without aggregates.
@@ -721,6 +730,89 @@ impl<'a> GraphBuilder<'a> {
         }
         let input = self.convert(&agg.input)?;
         Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls))
+    }
+
+    fn join(&mut self, join: &datafusion::logical_expr::Join) -> Result<NodeId> {
+        use datafusion::logical_expr::JoinType as J;
+        let join_type = match join.join_type {
+            J::Inner => JoinType::Inner,
+            J::Left => JoinType::Left,
+            J::Right => JoinType::Right,
+            J::Full => JoinType::Full,
+            other => {
+                return Err(SqlError::unsupported(format!(
+                    "{other} joins (IN / EXISTS subqueries) are not supported on a stream yet"
+                )));
+            }
+        };
+        if join.null_equality == datafusion::common::NullEquality::NullEqualsNull {
+            return Err(SqlError::unsupported(
+                "a join on IS NOT DISTINCT FROM is not supported on a stream yet",
+            ));
+        }
+        if join.on.is_empty() {
+            return Err(SqlError::unsupported(
+                "a join on a stream needs at least one equality between the two sides \
+                 (cross joins and joins on other conditions alone are not supported)",
+            ));
+        }
+        let (ls, rs) = (join.left.schema(), join.right.schema());
+        let mut left_keys = vec![];
+        let mut right_keys = vec![];
+        for (l, r) in &join.on {
+            let (lk, rk) = (self.physical(l, ls)?, self.physical(r, rs)?);
+            let (lt, rt) = (lk.data_type(ls.as_arrow())?, rk.data_type(rs.as_arrow())?);
+            if lt != rt {
+                return Err(SqlError::plan(format!(
+                    "join keys {l} ({}) and {r} ({}) have different types; CAST one to the other",
+                    crate::types::flink_name(&lt),
+                    crate::types::flink_name(&rt)
+                )));
+            }
+            left_keys.push(lk);
+            right_keys.push(rk);
+        }
+        weir_engine::keygroup::KeyEncoder::new(
+            &left_keys
+                .iter()
+                .map(|k| k.data_type(ls.as_arrow()))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+        )?;
+        let filter = match &join.filter {
+            Some(f) => Some(self.physical(f, &join.schema)?),
+            None => None,
+        };
+        let left = self.convert(&join.left)?;
+        let right = self.convert(&join.right)?;
+        let (lm, rm) = (self.nodes[left].changelog.clone(), self.nodes[right].changelog.clone());
+        let node = JoinNode {
+            join_type,
+            left_keys: left_keys.clone(),
+            right_keys: right_keys.clone(),
+            filter,
+            left_schema: Arc::new(ls.as_arrow().clone()),
+            right_schema: Arc::new(rs.as_arrow().clone()),
+        };
+        let id = self.add(
+            self.config.parallelism,
+            Arc::new(join.schema.as_arrow().clone()),
+            NodeKind::Join(node),
+            Some((left, Exchange::Hash(left_keys))),
+        );
+        self.edges.push(StreamEdge {
+            from: right,
+            to: id,
+            exchange: Exchange::Hash(right_keys),
+            input: 1,
+        });
+        // Flink: an inner join passes its inputs' kinds on; an outer join
+        // emits inserts and deletes (padded rows come and go).
+        self.nodes[id].changelog = ChangelogMode {
+            updates: join_type == JoinType::Inner && (lm.updates || rm.updates),
+            deletes: join_type != JoinType::Inner || lm.deletes || rm.deletes,
+            upsert_key: None,
+        };
+        Ok(id)
     }
 
     /// A group aggregate of `input` by `keys`: hash-exchanged by its keys,

@@ -38,6 +38,7 @@ fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
     let keys = match &graph.node(id).kind {
         NodeKind::WindowAggregate(w) => &w.keys,
         NodeKind::GroupAggregate(g) => &g.keys,
+        NodeKind::Join(j) => &j.left_keys,
         _ => return vec![],
     };
     let Some(input) = graph.inputs(id).next().map(|e| graph.node(e.from).schema.clone()) else {
@@ -98,7 +99,7 @@ pub fn check(meta: &CheckpointMetadata, graph: &StreamGraph, config: &JobConfig)
         let has_in_flight = meta
             .operators
             .keys()
-            .any(|k| k.starts_with(&format!("{uid}/")) && k.ends_with("/in-flight"));
+            .any(|k| k.starts_with(&format!("{uid}/")) && k.contains("/in-flight"));
         if has_in_flight && node.parallelism != info.parallelism {
             return Err(CheckpointError::Incompatible(format!(
                 "the unaligned checkpoint holds in-flight data of operator {uid} ({}) at parallelism {}; it \

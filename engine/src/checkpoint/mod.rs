@@ -124,6 +124,16 @@ pub fn in_flight_key(uid: &str, subtask: usize) -> String {
     format!("{uid}/{subtask}/in-flight")
 }
 
+/// Key of the in-flight data of input `input` of a task whose input 0 is
+/// under `key` (see [`in_flight_key`]).
+pub fn in_flight_input_key(key: &str, input: usize) -> String {
+    if input == 0 {
+        key.to_string()
+    } else {
+        format!("{key}-{input}")
+    }
+}
+
 /// Encodes recorded in-flight batches as an Arrow IPC stream.
 pub fn encode_batches(batches: &[crate::change::ChangeBatch]) -> Result<Vec<u8>, CheckpointError> {
     if batches.is_empty() {

@@ -13,6 +13,7 @@
 
 pub mod calc;
 pub mod group;
+pub mod join;
 pub mod limit;
 pub mod window;
 
@@ -57,6 +58,13 @@ pub trait Operator: Send {
     fn name(&self) -> &str;
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()>;
+
+    /// A batch from input `input` (0 or 1) of a two-input operator (a
+    /// join); single-input operators take every batch as input 0.
+    fn process_input(&mut self, input: usize, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        let _ = input;
+        self.process_batch(batch, out)
+    }
 
     /// The input watermark advanced to `watermark`.
     fn on_watermark(&mut self, _watermark: Timestamp, _out: &mut Collector) -> Result<()> {

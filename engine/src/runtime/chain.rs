@@ -65,10 +65,15 @@ impl Chain {
     }
 
     pub fn process_batch(&mut self, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
-        self.push(0, batch, out)
+        self.push(0, 0, batch, out)
     }
 
-    fn push(&mut self, idx: usize, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+    /// A batch for input `input` of the chain's first operator.
+    pub fn process_input(&mut self, input: usize, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
+        self.push(0, input, batch, out)
+    }
+
+    fn push(&mut self, idx: usize, input: usize, batch: ChangeBatch, out: &mut Vec<StreamMessage>) -> Result<()> {
         if idx == self.ops.len() {
             out.push(StreamMessage::Batch(batch));
             return Ok(());
@@ -77,7 +82,7 @@ impl Chain {
             .rows_in
             .fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
         let mut c = Collector::default();
-        self.ops[idx].process_batch(batch, &mut c)?;
+        self.ops[idx].process_input(input, batch, &mut c)?;
         self.forward(idx, c, out)
     }
 
@@ -89,7 +94,7 @@ impl Chain {
             self.metrics[idx]
                 .rows_out
                 .fetch_add(b.num_rows() as u64, Ordering::Relaxed);
-            self.push(idx + 1, b, out)?;
+            self.push(idx + 1, 0, b, out)?;
         }
         Ok(())
     }

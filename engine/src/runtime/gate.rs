@@ -42,7 +42,8 @@ use crate::message::{Barrier, MAX_WATERMARK, MIN_WATERMARK, StreamMessage, Times
 
 #[derive(Debug)]
 pub enum GateEvent {
-    Batch(ChangeBatch),
+    /// A batch, and the operator input (port) its channel feeds.
+    Batch(usize, ChangeBatch),
     Watermark(Timestamp),
     Status(WatermarkStatus),
     /// Barrier N was received on every open channel; with the time from
@@ -53,7 +54,7 @@ pub enum GateEvent {
     SnapshotUnaligned(Barrier, Duration),
     /// Unaligned: a batch that was in flight at the snapshot: process it
     /// and record it.
-    InFlight(ChangeBatch),
+    InFlight(usize, ChangeBatch),
     /// Unaligned: every channel delivered checkpoint N's marker; the
     /// recorded in-flight data is complete.
     InFlightComplete(u64),
@@ -82,6 +83,8 @@ impl Default for BarrierMode {
 
 struct Channel {
     rx: Receiver<StreamMessage>,
+    /// The operator input this channel feeds (0 or 1 for a join).
+    input: usize,
     /// Barrier announcements that overtake the data (unaligned mode).
     priority: Option<UnboundedReceiver<Barrier>>,
     watermark: Timestamp,
@@ -147,6 +150,14 @@ impl InputGate {
         )
     }
 
+    /// Tags channel `i`'s batches with operator input `inputs[i]`.
+    pub fn with_inputs(mut self, inputs: &[usize]) -> Self {
+        for (ch, input) in self.channels.iter_mut().zip(inputs) {
+            ch.input = *input;
+        }
+        self
+    }
+
     /// Channels with their optional priority lanes.
     pub fn with_lanes(
         lanes: Vec<(Receiver<StreamMessage>, Option<UnboundedReceiver<Barrier>>)>,
@@ -157,6 +168,7 @@ impl InputGate {
                 .into_iter()
                 .map(|(rx, priority)| Channel {
                     rx,
+                    input: 0,
                     priority,
                     watermark: MIN_WATERMARK,
                     idle: false,
@@ -365,8 +377,10 @@ impl InputGate {
                         (None, None) => {}
                     }
                 }
-                Some(StreamMessage::Batch(b)) if self.in_flight(index) => return GateEvent::InFlight(b),
-                Some(StreamMessage::Batch(b)) => return GateEvent::Batch(b),
+                Some(StreamMessage::Batch(b)) if self.in_flight(index) => {
+                    return GateEvent::InFlight(self.channels[index].input, b);
+                }
+                Some(StreamMessage::Batch(b)) => return GateEvent::Batch(self.channels[index].input, b),
                 Some(StreamMessage::Barrier(b)) => {
                     if let Some(ev) = self.on_barrier(index, b, true) {
                         return ev;
@@ -462,7 +476,7 @@ mod tests {
         ))
         .await
         .expect("send");
-        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        assert!(matches!(gate.next().await, GateEvent::Batch(..)));
         a_tx.send(StreamMessage::Watermark(40)).await.expect("send");
         expect_wm(&mut gate, 25).await;
         a_tx.send(StreamMessage::EndOfInput).await.expect("send");
@@ -538,7 +552,7 @@ mod tests {
         a_tx.send(StreamMessage::Watermark(99)).await.expect("send");
         b_tx.send(one_row()).await.expect("send");
         assert!(
-            matches!(gate.next().await, GateEvent::Batch(_)),
+            matches!(gate.next().await, GateEvent::Batch(..)),
             "b's pre-barrier data flows"
         );
         b_tx.send(barrier(1)).await.expect("send");
@@ -563,7 +577,7 @@ mod tests {
         expect_barrier(&mut gate, 2).await;
         b_tx.send(barrier(1)).await.expect("send");
         b_tx.send(one_row()).await.expect("send");
-        assert!(matches!(gate.next().await, GateEvent::Batch(_)), "old barrier ignored");
+        assert!(matches!(gate.next().await, GateEvent::Batch(..)), "old barrier ignored");
     }
 
     #[tokio::test]
@@ -587,7 +601,7 @@ mod tests {
         a_tx.send(one_row()).await.expect("send");
         // Records after the barrier on the fast channel are processed
         // before the checkpoint (duplicates after a restore).
-        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        assert!(matches!(gate.next().await, GateEvent::Batch(..)));
         b_tx.send(barrier(1)).await.expect("send");
         expect_barrier(&mut gate, 1).await;
     }
@@ -646,7 +660,7 @@ mod tests {
         data[1].send(one_row()).await.expect("send after the marker");
         loop {
             match gate.next().await {
-                GateEvent::InFlight(_) => in_flight += 1,
+                GateEvent::InFlight(..) => in_flight += 1,
                 GateEvent::InFlightComplete(id) => {
                     assert_eq!(id, 1);
                     break;
@@ -656,7 +670,7 @@ mod tests {
         }
         assert_eq!(in_flight, 2, "both batches ahead of b's marker are recorded");
         assert!(
-            matches!(gate.next().await, GateEvent::Batch(_)),
+            matches!(gate.next().await, GateEvent::Batch(..)),
             "after the marker: normal data"
         );
     }
@@ -676,7 +690,7 @@ mod tests {
         data[0].send(one_row()).await.expect("after a's marker");
         data[1].send(one_row()).await.expect("b, before its barrier");
         // Aligning: a is blocked, b's data flows as normal data.
-        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        assert!(matches!(gate.next().await, GateEvent::Batch(..)));
         // Nothing else can be read until the timeout (the driven clock
         // advances to it): then the checkpoint goes unaligned.
         match gate.next().await {
@@ -689,9 +703,9 @@ mod tests {
             other => panic!("switch expected, got {other:?}"),
         }
         // a is unblocked; its post-marker batch is not in flight.
-        assert!(matches!(gate.next().await, GateEvent::Batch(_)));
+        assert!(matches!(gate.next().await, GateEvent::Batch(..)));
         data[1].send(one_row()).await.expect("b, still before its barrier");
-        assert!(matches!(gate.next().await, GateEvent::InFlight(_)));
+        assert!(matches!(gate.next().await, GateEvent::InFlight(..)));
         data[1].send(StreamMessage::Barrier(b)).await.expect("marker");
         assert!(matches!(gate.next().await, GateEvent::InFlightComplete(1)));
     }

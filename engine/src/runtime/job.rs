@@ -752,6 +752,11 @@ async fn run_attempt(
         .iter()
         .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
         .collect();
+    // The operator input each of those channels feeds.
+    let mut ports: Vec<Vec<Vec<usize>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
     let mut outputs: Vec<Vec<Option<Output>>> = chains
         .iter()
         .map(|c| (0..graph.node(c[0]).parallelism).map(|_| None).collect())
@@ -782,6 +787,7 @@ async fn run_attempt(
                     prx
                 });
                 inputs[to_chain][t].push((rx, lane));
+                ports[to_chain][t].push(edge.input);
             }
             let partitioner = match &edge.exchange {
                 Exchange::Hash(keys) => {
@@ -941,20 +947,25 @@ async fn run_attempt(
                             aligned_timeout: c.aligned_timeout,
                         });
                     let in_flight_key = crate::checkpoint::in_flight_key(&head.uid, subtask);
-                    let replay = restored
-                        .as_ref()
-                        .and_then(|r| r.in_flight.get(&in_flight_key).cloned())
-                        .unwrap_or_default();
+                    let mut replay = vec![];
+                    if let Some(r) = restored.as_ref() {
+                        for input in 0..graph.inputs(head.id).map(|e| e.input + 1).max().unwrap_or(1) {
+                            let key = crate::checkpoint::in_flight_input_key(&in_flight_key, input);
+                            for b in r.in_flight.get(&key).cloned().unwrap_or_default() {
+                                replay.push((input, b));
+                            }
+                        }
+                    }
                     if !replay.is_empty() {
                         tracing::info!(
                             target: "weir::checkpoint",
                             "job '{}': task {in_flight_key} replays {} in-flight rows of the unaligned checkpoint",
                             config.name,
-                            replay.iter().map(|b| b.num_rows()).sum::<usize>()
+                            replay.iter().map(|(_, b)| b.num_rows()).sum::<usize>()
                         );
                     }
                     let task = OperatorTask {
-                        gate: InputGate::with_lanes(receivers, mode),
+                        gate: InputGate::with_lanes(receivers, mode).with_inputs(&ports[ci][subtask]),
                         chain: chain_ops,
                         output,
                         checkpointing: task_ctx(false),
@@ -1121,6 +1132,26 @@ fn create_operator(
             }
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
+        NodeKind::Join(j) => {
+            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
+            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
+            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
+            let state = open_keyed(
+                config.state_backend,
+                tuning,
+                &dir,
+                crate::operators::join::STATES,
+                groups,
+                sources,
+            )?;
+            Box::new(crate::operators::join::JoinOperator::new(
+                j,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::GroupAggregate(g) => {
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);

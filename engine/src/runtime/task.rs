@@ -20,7 +20,7 @@ pub struct OperatorTask {
     pub checkpointing: Option<TaskCheckpointing>,
     /// In-flight data of the restored unaligned checkpoint: processed
     /// before any new input.
-    pub replay: Vec<ChangeBatch>,
+    pub replay: Vec<(usize, ChangeBatch)>,
     /// Key of this task's in-flight data in a checkpoint.
     pub in_flight_key: String,
 }
@@ -29,7 +29,8 @@ pub struct OperatorTask {
 struct UnalignedPending {
     barrier: Barrier,
     snapshot: TaskSnapshot,
-    recorded: Vec<ChangeBatch>,
+    /// Per input of the first operator.
+    recorded: Vec<(usize, ChangeBatch)>,
     alignment: Duration,
     sync: Duration,
 }
@@ -100,10 +101,22 @@ impl OperatorTask {
         let Some(cp) = self.checkpointing.as_ref() else {
             return Ok(());
         };
-        let bytes = encode_batches(&u.recorded)?;
-        u.snapshot
-            .operators
-            .push((self.in_flight_key.clone(), OperatorSnapshot::InFlight(bytes)));
+        // One stream per input (a join's inputs have different schemas):
+        // input 0 under the task's key, input i under `<key>-i`.
+        let inputs = u.recorded.iter().map(|(i, _)| *i).max().unwrap_or(0);
+        for input in 0..=inputs {
+            let batches: Vec<ChangeBatch> = u
+                .recorded
+                .iter()
+                .filter(|(i, _)| *i == input)
+                .map(|(_, b)| b.clone())
+                .collect();
+            let bytes = encode_batches(&batches)?;
+            u.snapshot.operators.push((
+                crate::checkpoint::in_flight_input_key(&self.in_flight_key, input),
+                OperatorSnapshot::InFlight(bytes),
+            ));
+        }
         cp.report(TaskReport::Ack {
             checkpoint_id: u.barrier.checkpoint_id,
             task: cp.task,
@@ -116,14 +129,14 @@ impl OperatorTask {
 
     pub async fn run(mut self) -> Result<()> {
         let mut outbox = Vec::new();
-        for b in std::mem::take(&mut self.replay) {
-            self.chain.process_batch(b, &mut outbox)?;
+        for (input, b) in std::mem::take(&mut self.replay) {
+            self.chain.process_input(input, b, &mut outbox)?;
             flush(&mut outbox, &mut self.output).await?;
         }
         let mut unaligned: Option<UnalignedPending> = None;
         loop {
             match self.gate.next().await {
-                GateEvent::Batch(b) => self.chain.process_batch(b, &mut outbox)?,
+                GateEvent::Batch(input, b) => self.chain.process_input(input, b, &mut outbox)?,
                 GateEvent::SnapshotUnaligned(b, alignment) => {
                     // Snapshot now: the barrier overtakes queued data
                     // downstream; what overtook us here is recorded.
@@ -151,11 +164,11 @@ impl OperatorTask {
                         });
                     }
                 }
-                GateEvent::InFlight(b) => {
+                GateEvent::InFlight(input, b) => {
                     if let Some(u) = unaligned.as_mut() {
-                        u.recorded.push(b.clone());
+                        u.recorded.push((input, b.clone()));
                     }
-                    self.chain.process_batch(b, &mut outbox)?;
+                    self.chain.process_input(input, b, &mut outbox)?;
                 }
                 GateEvent::InFlightComplete(_) => {
                     if let Some(u) = unaligned.take() {

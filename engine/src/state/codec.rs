@@ -512,9 +512,16 @@ impl Builder {
             Builder::Bool { values, valid } => Arc::new(BooleanArray::new(values.into(), nulls(valid))),
             Builder::Fixed { bytes, valid, .. } => {
                 let len = valid.len();
+                // An empty Vec's pointer is dangling (address 1): arrow
+                // would refuse it as misaligned for wider types.
+                let buffer = if bytes.is_empty() {
+                    Buffer::from(arrow::buffer::MutableBuffer::new(0))
+                } else {
+                    Buffer::from_vec(bytes)
+                };
                 let data = ArrayData::builder(dt.clone())
                     .len(len)
-                    .add_buffer(Buffer::from_vec(bytes))
+                    .add_buffer(buffer)
                     .nulls(nulls(valid))
                     .build()
                     .map_err(arrow)?;

@@ -1,0 +1,439 @@
+//! Regular joins (INNER, LEFT, RIGHT, FULL OUTER) on equality keys, with
+//! an optional extra condition: Flink's `StreamingJoinOperator` over
+//! insert-only or updating inputs. Input 0 is the left side, input 1 the
+//! right; each arrives hash-exchanged by its join key.
+//!
+//! State, through the keyed-state layer ([`KeyedState`]): per side a value
+//! state (`join-left`, `join-right`) keyed by the join key, namespace =
+//! the whole row in Weir's key encoding, value = (count, associations):
+//! a multiset of the side's live rows (Flink's `NoUniqueKey` layout), and
+//! for a row-preserving (outer) side the number of rows of the other side
+//! it matches, so the null-padded row is retracted when its first match
+//! comes and re-emitted when its last match goes.
+//!
+//! A batch of one side costs one multi-get of its own rows and one prefix
+//! scan of the other side per distinct key; the extra condition is
+//! evaluated once over every candidate pair; then rows apply in order,
+//! emitting what Flink emits for each:
+//! - inner joins forward the input's kind (`+I`/`+U` for matches of an
+//!   added row, `-U`/`-D` for a retracted one); outer joins emit `+I`/`-D`;
+//! - an added row without a match on a row-preserving side: `+I[row, nulls]`;
+//!   retracted: `-D[row, nulls]`;
+//! - the first match of a row-preserving other-side row retracts its padded
+//!   row first; its last match gone re-emits it.
+//!
+//! Rows whose join key has a NULL never match (they are not stored: a
+//! row-preserving side emits and retracts them padded).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, new_null_array};
+use arrow::compute::take;
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::physical_expr::PhysicalExpr;
+
+use crate::change::{ChangeBatch, RowKind};
+use crate::checkpoint::OperatorSnapshot;
+use crate::error::{ExecError, Result, StateError};
+use crate::keygroup::{KeyEncoder, key_group};
+use crate::operators::calc::batch_with_schema;
+use crate::operators::{Collector, Operator};
+use crate::plan::{JoinNode, JoinType};
+use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::RowCodec;
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+
+/// The operator's states (index = input); names are part of savepoints.
+pub const STATES: &[StateDecl] = &[
+    StateDecl {
+        name: "join-left",
+        kind: StateKind::Value,
+    },
+    StateDecl {
+        name: "join-right",
+        kind: StateKind::Value,
+    },
+];
+
+pub struct JoinOperator {
+    name: String,
+    join_type: JoinType,
+    keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
+    key_encoder: KeyEncoder,
+    /// Encodes each side's whole rows.
+    row_codecs: [RowCodec; 2],
+    schemas: [SchemaRef; 2],
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    /// `left ++ right`, for the extra condition.
+    pair_schema: SchemaRef,
+    schema: SchemaRef,
+    state: KeyedState,
+    max_parallelism: u16,
+    metrics: Arc<NodeMetrics>,
+}
+
+/// A stored row's (count, associations).
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    count: i64,
+    assoc: i64,
+}
+
+fn encode_entry(e: Entry) -> Vec<u8> {
+    let mut v = e.count.to_be_bytes().to_vec();
+    v.extend_from_slice(&e.assoc.to_be_bytes());
+    v
+}
+
+fn decode_entry(side: usize, v: &[u8]) -> Result<Entry> {
+    let corrupt = || StateError::Corrupt {
+        state: STATES[side].name.into(),
+        message: format!("a row entry of {} bytes (16 expected)", v.len()),
+    };
+    let (c, a) = (v.get(..8).ok_or_else(corrupt)?, v.get(8..16).ok_or_else(corrupt)?);
+    Ok(Entry {
+        count: i64::from_be_bytes(c.try_into().map_err(|_| corrupt())?),
+        assoc: i64::from_be_bytes(a.try_into().map_err(|_| corrupt())?),
+    })
+}
+
+/// The stored entry of namespace `ns` under the key of slot `s`.
+fn entry_of<'a>(slots: &[(u16, usize)], keys: &'a crate::state::codec::Rows, s: u32, ns: &'a [u8]) -> EntryRef<'a> {
+    let (group, first) = slots[s as usize];
+    EntryRef {
+        key_group: group,
+        key: keys.row(first),
+        namespace: ns,
+    }
+}
+
+/// A stored row of the other side, met by this batch.
+struct Other {
+    slot: u32,
+    row: Vec<u8>,
+    entry: Entry,
+    dirty: bool,
+}
+
+impl JoinOperator {
+    pub fn new(
+        node: &JoinNode,
+        schema: SchemaRef,
+        max_parallelism: u16,
+        state: KeyedState,
+        metrics: Arc<NodeMetrics>,
+    ) -> Result<Self> {
+        let key_types = node
+            .left_keys
+            .iter()
+            .map(|k| k.data_type(&node.left_schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let codec = |s: &SchemaRef| {
+            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
+            RowCodec::new(&types).map_err(ExecError::internal)
+        };
+        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
+        fields.extend(node.right_schema.fields().iter().cloned());
+        let keys: Vec<String> = node
+            .left_keys
+            .iter()
+            .zip(&node.right_keys)
+            .map(|(l, r)| format!("{l} = {r}"))
+            .collect();
+        Ok(Self {
+            name: format!("Join {} ON {}", node.join_type.sql(), keys.join(" AND ")),
+            join_type: node.join_type,
+            keys: [node.left_keys.clone(), node.right_keys.clone()],
+            key_encoder: KeyEncoder::new(&key_types)?,
+            row_codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
+            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            filter: node.filter.clone(),
+            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
+            schema,
+            state,
+            max_parallelism,
+            metrics,
+        })
+    }
+
+    /// Whether side `side`'s rows are kept without a match.
+    fn keeps(&self, side: usize) -> bool {
+        if side == 0 {
+            self.join_type.keeps_left()
+        } else {
+            self.join_type.keeps_right()
+        }
+    }
+
+    /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
+    /// ordered left ++ right (`None` indexes are NULL rows).
+    fn pairs(
+        &self,
+        side: usize,
+        rows: &RecordBatch,
+        this_idx: &UInt32Array,
+        others: &RecordBatch,
+        other_idx: &UInt32Array,
+    ) -> Result<Vec<ArrayRef>> {
+        let pick = |b: &RecordBatch, idx: &UInt32Array| -> Result<Vec<ArrayRef>> {
+            if b.num_rows() == 0 {
+                return Ok(b
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| new_null_array(f.data_type(), idx.len()))
+                    .collect());
+            }
+            Ok(b.columns()
+                .iter()
+                .map(|c| take(c.as_ref(), idx, None))
+                .collect::<Result<Vec<_>, _>>()?)
+        };
+        let (mine, theirs) = (pick(rows, this_idx)?, pick(others, other_idx)?);
+        Ok(if side == 0 {
+            mine.into_iter().chain(theirs).collect()
+        } else {
+            theirs.into_iter().chain(mine).collect()
+        })
+    }
+}
+
+impl Operator for JoinOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        self.process_input(0, batch, out)
+    }
+
+    fn process_input(&mut self, side: usize, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        if side > 1 {
+            return Err(ExecError::internal(format!("a join has inputs 0 and 1, not {side}")));
+        }
+        let other = 1 - side;
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let rows = &batch.rows;
+        let key_arrays = self.keys[side]
+            .iter()
+            .map(|k| k.evaluate(rows).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let null_key = |i: usize| key_arrays.iter().any(|a| a.is_null(i));
+        let key_rows = self.key_encoder.encode(&key_arrays)?;
+        let row_bytes = self.row_codecs[side].encode(rows.columns())?;
+
+        // The batch's join keys, and this side's stored rows it touches.
+        let mut slot_of: HashMap<&[u8], u32> = HashMap::new();
+        let mut slots: Vec<(u16, usize)> = vec![];
+        let mut row_slot: Vec<Option<u32>> = Vec::with_capacity(n);
+        for i in 0..n {
+            if null_key(i) {
+                row_slot.push(None);
+                continue;
+            }
+            let k = key_rows.row(i);
+            let s = *slot_of.entry(k).or_insert_with(|| {
+                slots.push((key_group(k, self.max_parallelism), i));
+                (slots.len() - 1) as u32
+            });
+            row_slot.push(Some(s));
+        }
+        let mut mine: HashMap<(u32, &[u8]), (Entry, usize)> = HashMap::new();
+        let mut wanted: Vec<(u32, &[u8])> = vec![];
+        for (i, s) in row_slot.iter().enumerate() {
+            if let Some(s) = s
+                && !mine.contains_key(&(*s, row_bytes.row(i)))
+            {
+                mine.insert((*s, row_bytes.row(i)), (Entry::default(), 0));
+                wanted.push((*s, row_bytes.row(i)));
+            }
+        }
+        let refs: Vec<EntryRef> = wanted.iter().map(|(s, r)| entry_of(&slots, &key_rows, *s, r)).collect();
+        for (k, v) in wanted.iter().zip(self.state.get(side, &refs)?) {
+            if let Some(v) = v {
+                mine.insert(*k, (decode_entry(side, &v)?, v.len()));
+            }
+        }
+
+        // The other side's rows under each key.
+        let mut others: Vec<Other> = vec![];
+        let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(slots.len());
+        for s in 0..slots.len() as u32 {
+            let start = others.len();
+            let mut bad = None;
+            self.state
+                .scan_namespaces(other, entry_of(&slots, &key_rows, s, &[]), &mut |row, v| {
+                    match decode_entry(other, v) {
+                        Ok(e) if e.count > 0 => others.push(Other {
+                            slot: s,
+                            row: row.to_vec(),
+                            entry: e,
+                            dirty: false,
+                        }),
+                        Ok(_) => {}
+                        Err(e) => bad = Some(e),
+                    }
+                    true
+                })?;
+            if let Some(e) = bad {
+                return Err(e);
+            }
+            ranges.push(start..others.len());
+        }
+        let other_rows = {
+            let cols = self.row_codecs[other].decode(others.iter().map(|o| o.row.as_slice()))?;
+            let options = RecordBatchOptions::new().with_row_count(Some(others.len()));
+            RecordBatch::try_new_with_options(self.schemas[other].clone(), cols, &options)?
+        };
+
+        // Matches: every candidate pair, minus those the extra condition
+        // rejects (evaluated once for the batch).
+        let mut cand_this = vec![];
+        let mut cand_other = vec![];
+        for (i, s) in row_slot.iter().enumerate() {
+            if let Some(s) = s {
+                for j in ranges[*s as usize].clone() {
+                    cand_this.push(i as u32);
+                    cand_other.push(j as u32);
+                }
+            }
+        }
+        let keep: Option<BooleanArray> = match &self.filter {
+            Some(f) if !cand_this.is_empty() => {
+                let cols = self.pairs(
+                    side,
+                    rows,
+                    &UInt32Array::from(cand_this.clone()),
+                    &other_rows,
+                    &UInt32Array::from(cand_other.clone()),
+                )?;
+                let options = RecordBatchOptions::new().with_row_count(Some(cand_this.len()));
+                let pairs = RecordBatch::try_new_with_options(self.pair_schema.clone(), cols, &options)?;
+                let m = f.evaluate(&pairs)?.into_array(pairs.num_rows())?;
+                let m = m
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .ok_or_else(|| ExecError::internal("join condition is not boolean"))?;
+                Some(crate::change::null_as_false(m))
+            }
+            _ => None,
+        };
+        let mut matches: Vec<Vec<usize>> = vec![vec![]; n];
+        for (p, (i, j)) in cand_this.iter().zip(&cand_other).enumerate() {
+            if keep.as_ref().is_none_or(|k| k.value(p)) {
+                matches[*i as usize].push(*j as usize);
+            }
+        }
+
+        // Rows in order: state changes and what Flink emits for each.
+        let (this_outer, other_outer) = (self.keeps(side), self.keeps(other));
+        let inner = self.join_type == JoinType::Inner;
+        let mut kinds: Vec<RowKind> = vec![];
+        let mut this_idx: Vec<Option<u32>> = vec![];
+        let mut other_idx: Vec<Option<u32>> = vec![];
+        let mut emit = |kind: RowKind, i: Option<usize>, j: Option<usize>, times: i64| {
+            for _ in 0..times.max(0) {
+                kinds.push(kind);
+                this_idx.push(i.map(|i| i as u32));
+                other_idx.push(j.map(|j| j as u32));
+            }
+        };
+        for i in 0..n {
+            let kind = batch.kind(i);
+            let add = kind.is_accumulate();
+            let Some(s) = row_slot[i] else {
+                if this_outer {
+                    emit(if add { RowKind::Insert } else { RowKind::Delete }, Some(i), None, 1);
+                }
+                continue;
+            };
+            let ms = &matches[i];
+            let total: i64 = ms.iter().map(|j| others[*j].entry.count).sum();
+            if let Some((e, _)) = mine.get_mut(&(s, row_bytes.row(i))) {
+                if add {
+                    e.count += 1;
+                    if this_outer {
+                        e.assoc = total;
+                    }
+                } else if e.count > 0 {
+                    e.count -= 1;
+                }
+            }
+            if ms.is_empty() {
+                if this_outer {
+                    emit(if add { RowKind::Insert } else { RowKind::Delete }, Some(i), None, 1);
+                }
+                continue;
+            }
+            for &j in ms {
+                let o = &mut others[j];
+                let c = o.entry.count;
+                if add {
+                    if other_outer {
+                        if o.entry.assoc == 0 {
+                            emit(RowKind::Delete, None, Some(j), c);
+                        }
+                        o.entry.assoc += 1;
+                        o.dirty = true;
+                    }
+                    emit(if inner { kind } else { RowKind::Insert }, Some(i), Some(j), c);
+                } else {
+                    emit(if inner { kind } else { RowKind::Delete }, Some(i), Some(j), c);
+                    if other_outer {
+                        o.entry.assoc -= 1;
+                        o.dirty = true;
+                        if o.entry.assoc == 0 {
+                            emit(RowKind::Insert, None, Some(j), c);
+                        }
+                    }
+                }
+            }
+        }
+
+        // One write for the batch.
+        let mut w = KeyedWrite::default();
+        let mut grown = 0i64;
+        for (&(s, row), &(e, stored)) in &mine {
+            let size = (row.len() + 18) as i64;
+            if e.count > 0 {
+                grown += if stored == 0 { size } else { 0 };
+                w.put(side, entry_of(&slots, &key_rows, s, row), encode_entry(e));
+            } else if stored > 0 {
+                grown -= size;
+                w.delete(side, entry_of(&slots, &key_rows, s, row));
+            }
+        }
+        for o in others.iter().filter(|o| o.dirty) {
+            w.put(
+                other,
+                entry_of(&slots, &key_rows, o.slot, &o.row),
+                encode_entry(o.entry),
+            );
+        }
+        self.state.write(w)?;
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+
+        if kinds.is_empty() {
+            return Ok(());
+        }
+        let cols = self.pairs(
+            side,
+            rows,
+            &UInt32Array::from(this_idx),
+            &other_rows,
+            &UInt32Array::from(other_idx),
+        )?;
+        out.emit(ChangeBatch::new(batch_with_schema(&self.schema, cols)?, kinds));
+        Ok(())
+    }
+}
