@@ -538,3 +538,131 @@ SHOW WATERMARKS FOR JOB 'aligned';
     assert!(clean.len() > 100, "a meaningful amount of output");
     assert_eq!(restored, clean, "same rows, once each, after the restore");
 }
+
+/// An updating job: a per-auction aggregate joined with the auctions'
+/// categories, aggregated again per category, written as debezium-json
+/// through the exactly-once file sink.
+fn changelog_job_sql(out: &Path, extra: &str) -> String {
+    let auctions = input().0.join("auctions.json");
+    if !auctions.exists() {
+        let text: String = (0..200)
+            .map(|id| format!("{{\"id\":{id},\"category\":\"c{}\"}}\n", id % 7))
+            .collect();
+        let tmp = input().0.join(format!(".auctions.json.{}", std::process::id()));
+        std::fs::write(&tmp, text).expect("write auctions");
+        std::fs::rename(&tmp, &auctions).expect("rename auctions");
+    }
+    format!(
+        "SET 'parallelism.default' = '2';
+SET 'execution.checkpointing.interval' = '150 ms';
+SET 'pipeline.name' = 'changelog-crash';
+{extra}
+CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3))
+WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json',
+      'scan.lines-per-second' = '50000', 'json.ignore-parse-errors' = 'true');
+CREATE TABLE auction (id BIGINT, category STRING)
+WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+CREATE TABLE out (category STRING, auctions BIGINT, bids BIGINT, top BIGINT)
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'debezium-json');
+INSERT INTO out SELECT a.category, COUNT(*), SUM(x.n), MAX(x.top)
+FROM (SELECT auction, COUNT(*) AS n, MAX(price) AS top FROM bid GROUP BY auction) x
+JOIN auction a ON x.auction = a.id
+GROUP BY a.category;
+",
+        input().0.join("bids-0.json").display(),
+        auctions.display(),
+        out.display()
+    )
+}
+
+/// The table the committed changes of `out` build: every `+I`/`+U` adds
+/// its row, every `-U`/`-D` takes one back. `Err` if a row would be taken
+/// back more often than it was added (a change committed twice, or lost).
+fn applied_changelog(out: &Path) -> Result<BTreeMap<String, i64>, String> {
+    let mut table: BTreeMap<String, i64> = BTreeMap::new();
+    for (line, n) in finished_rows(out) {
+        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| format!("{line}: {e}"))?;
+        let (row, sign) = match v["op"].as_str() {
+            Some("c") => (v["after"].to_string(), 1),
+            Some("d") => (v["before"].to_string(), -1),
+            other => return Err(format!("unexpected op {other:?} in {line}")),
+        };
+        *table.entry(row).or_default() += sign * n as i64;
+    }
+    if let Some((row, n)) = table.iter().find(|(_, n)| **n < 0) {
+        return Err(format!("{row} retracted {} more times than added", -n));
+    }
+    table.retain(|_, n| *n != 0);
+    Ok(table)
+}
+
+#[test]
+fn sigkill_during_an_updating_job_commits_each_change_once() {
+    let trials: u64 = std::env::var("WEIR_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(4, |t| t.div_ceil(5));
+    let seed: u64 = std::env::var("WEIR_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5EED);
+    let workspace = |extra: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sql = dir.path().join("job.sql");
+        let out = dir.path().join("out");
+        std::fs::write(&sql, changelog_job_sql(&out, extra)).expect("write sql");
+        (dir, sql, out)
+    };
+    // The failure-free final table, checked against a run without
+    // checkpointing.
+    let (golden_dir, golden_sql, golden_out) = workspace("");
+    let run = run_once(&golden_dir.path().join("data"), &golden_sql, None, None);
+    assert!(run.exited.is_some_and(|s| s.success()), "{}", run.stderr);
+    let golden = applied_changelog(&golden_out).expect("failure-free changelog");
+    let (plain_dir, plain_sql, plain_out) = workspace("RESET 'execution.checkpointing.interval';");
+    let plain = run_once(&plain_dir.path().join("data"), &plain_sql, None, None);
+    assert!(plain.exited.is_some_and(|s| s.success()), "{}", plain.stderr);
+    assert_eq!(applied_changelog(&plain_out).expect("plain changelog"), golden);
+    assert_eq!(golden.len(), 7, "one row per category: {golden:?}");
+    assert!(
+        completed_checkpoints(&run.stderr) >= 5,
+        "too few checkpoints to test anything"
+    );
+
+    let (mut kills, mut restores) = (0, 0);
+    for trial in 0..trials {
+        let mut rng = Rng(seed ^ trial.wrapping_mul(0x1000_0000_01B3) ^ 0xC4A9);
+        let unaligned = trial % 2 == 1;
+        let mode = if unaligned {
+            "SET 'execution.checkpointing.unaligned.enabled' = 'true';"
+        } else {
+            ""
+        };
+        let (dir, sql, out) = workspace(mode);
+        let data = dir.path().join("data");
+        let mut plan = vec![];
+        for attempt in 1.. {
+            assert!(attempt < 20, "trial {trial} (seed {seed}): no end; plan {plan:?}");
+            // Aligned trials come back at another parallelism each time.
+            let p = if unaligned { 2 } else { [2, 3, 1][(attempt - 1) % 3] };
+            let extra = format!("{mode}\nSET 'parallelism.default' = '{p}';");
+            std::fs::write(&sql, changelog_job_sql(&out, &extra)).expect("rewrite sql");
+            let kill_after = (attempt <= 3).then(|| Duration::from_millis(300 + rng.below(1700)));
+            plan.push(format!("p{p} {kill_after:?}"));
+            let run = run_once(&data, &sql, kill_after, None);
+            restores += usize::from(run.stderr.contains("restoring from checkpoint"));
+            let finished = std::fs::read_to_string(data.join("jobs").join("changelog-crash").join("status"))
+                .is_ok_and(|s| s.trim() == "FINISHED");
+            match run.exited {
+                Some(s) if s.success() => break,
+                None if finished => break,
+                None => kills += 1,
+                Some(s) => panic!("trial {trial} (plan {plan:?}): weir exited with {s}:\n{}", run.stderr),
+            }
+        }
+        let table = applied_changelog(&out).unwrap_or_else(|e| panic!("trial {trial} (plan {plan:?}): {e}"));
+        assert_eq!(table, golden, "trial {trial} (seed {seed}, plan {plan:?})");
+    }
+    assert!(kills >= trials as usize, "only {kills} kills in {trials} trials");
+    assert!(restores >= trials as usize / 2, "only {restores} restores");
+}

@@ -262,6 +262,10 @@ fn read_file(contents: &[u8], schema: SchemaRef, options: &[(&str, String)]) -> 
                     assert_eq!(b.schema().fields(), schema.fields(), "a batch of another schema");
                     rows += b.num_rows();
                 }
+                SplitPoll::Changes(c) => {
+                    assert_eq!(c.rows.schema().fields(), schema.fields(), "changes of another schema");
+                    rows += c.num_rows();
+                }
                 SplitPoll::Wait(_) => {}
                 SplitPoll::Finished => break,
             }

@@ -392,6 +392,12 @@ impl<'a> GraphBuilder<'a> {
     fn mode_of(&self, kind: &NodeKind, input: Option<NodeId>) -> ChangelogMode {
         let input = input.map(|i| self.nodes[i].changelog.clone()).unwrap_or_default();
         match kind {
+            // A changelog format reads updates and deletes.
+            NodeKind::Source(s) if s.factory.produces_changes() => ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: None,
+            },
             NodeKind::Source(_) | NodeKind::WindowAggregate(_) => ChangelogMode::insert_only(),
             NodeKind::Calc(c) => match &c.projection {
                 Some(p) => input.through_projection(

@@ -35,6 +35,8 @@ pub const DEFAULT_BATCH_ROWS: usize = 8192;
 
 pub enum SplitPoll {
     Batch(RecordBatch),
+    /// Changes with their row kinds (a changelog format).
+    Changes(crate::change::ChangeBatch),
     /// Nothing before this instant (rate limited or waiting for data).
     Wait(tokio::time::Instant),
     Finished,
@@ -78,6 +80,12 @@ pub trait SourceFactory: Debug + Send + Sync {
 
     /// True when the source ends by itself.
     fn is_bounded(&self) -> bool;
+
+    /// Whether the source reads changes (`-U`, `+U`, `-D`), not only
+    /// inserts (a changelog format such as debezium-json).
+    fn produces_changes(&self) -> bool {
+        false
+    }
 
     /// Every split of the source. `count` is for connectors that choose
     /// their number of splits (generators): the parallelism on a fresh

@@ -23,11 +23,11 @@ use std::time::Duration;
 use arrow::array::{Array, AsArray};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
-use arrow::record_batch::RecordBatch;
 use datafusion::physical_expr::PhysicalExpr;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::change::ChangeBatch;
 use crate::checkpoint::{OperatorSnapshot, SplitPosition, TaskCheckpointing, TaskSnapshot};
 use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{SourceSplit, SplitPoll};
@@ -318,8 +318,13 @@ impl SourceTask {
                 }
                 let polled = s.split.poll_batch()?;
                 self.write_dead_letters(s.split.as_mut())?;
+                let polled = match polled {
+                    SplitPoll::Batch(b) => SplitPoll::Changes(b.into()),
+                    other => other,
+                };
                 match polled {
-                    SplitPoll::Batch(b) => {
+                    SplitPoll::Batch(_) => unreachable_batch()?,
+                    SplitPoll::Changes(b) => {
                         s.last_activity = now;
                         s.wait_until = None;
                         let was_idle = std::mem::replace(&mut s.idle, false);
@@ -329,7 +334,7 @@ impl SourceTask {
                         }
                         self.metrics.rows_out.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
                         let b = match &self.computed {
-                            Some(exprs) => project(&b, exprs, &self.schema)?,
+                            Some(exprs) => b.with_rows(project(&b.rows, exprs, &self.schema)?),
                             None => b,
                         };
                         self.on_split_batch(&mut reader, i, b, &mut outbox)?;
@@ -544,22 +549,22 @@ impl SourceTask {
         &mut self,
         reader: &mut Reader,
         i: usize,
-        b: RecordBatch,
+        b: ChangeBatch,
         outbox: &mut Vec<StreamMessage>,
     ) -> Result<()> {
         let Some(wm) = &self.watermark else {
-            return self.chain.process_batch(b.into(), outbox);
+            return self.chain.process_batch(b, outbox);
         };
-        let values = to_millis(&wm.expr.evaluate(&b)?.into_array(b.num_rows())?)?;
+        let values = to_millis(&wm.expr.evaluate(&b.rows)?.into_array(b.num_rows())?)?;
         if self.emit == EmitStrategy::OnPeriodic {
             if let Some(max) = values.iter().flatten().max() {
                 let s = &mut reader.splits[i];
                 s.watermark = s.watermark.max(*max);
             }
-            return self.chain.process_batch(b.into(), outbox);
+            return self.chain.process_batch(b, outbox);
         }
         let rowtime = match self.rowtime_index {
-            Some(r) => Some(to_millis(b.column(r))?),
+            Some(r) => Some(to_millis(b.rows.column(r))?),
             None => None,
         };
         let mut own = reader.splits[i].watermark;
@@ -572,7 +577,7 @@ impl SourceTask {
             let ts = rowtime.as_ref().and_then(|r| r[row]);
             if effective > reader.emitted && ts.is_some_and(|t| t <= effective) {
                 if row > start {
-                    self.chain.process_batch(b.slice(start, row - start).into(), outbox)?;
+                    self.chain.process_batch(b.slice(start, row - start), outbox)?;
                 }
                 start = row;
                 reader.emitted = effective;
@@ -583,8 +588,7 @@ impl SourceTask {
             }
         }
         if start < b.num_rows() {
-            self.chain
-                .process_batch(b.slice(start, b.num_rows() - start).into(), outbox)?;
+            self.chain.process_batch(b.slice(start, b.num_rows() - start), outbox)?;
         }
         reader.splits[i].watermark = own;
         Ok(())
@@ -654,6 +658,13 @@ fn set_paused(s: &mut SplitState, paused: bool, now: Instant) {
     }
 }
 
+/// `SplitPoll::Batch` is turned into `Changes` before the match.
+fn unreachable_batch() -> Result<()> {
+    Err(crate::error::ExecError::internal(
+        "a split batch was not converted to changes",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
@@ -665,6 +676,7 @@ mod tests {
 
     use super::*;
     use crate::runtime::output::Partitioner;
+    use arrow::record_batch::RecordBatch;
 
     /// Emits its batches, then has nothing more for a long time.
     struct ScriptedSplit {

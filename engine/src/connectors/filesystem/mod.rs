@@ -9,6 +9,7 @@
 //! - `part_file`: the two-phase commit of files, shared by the sink and
 //!   dead letters.
 
+mod changelog;
 pub(crate) mod part_file;
 mod records;
 mod sink;
@@ -33,9 +34,27 @@ pub const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::new(
         "format",
-        OptionKind::Enum(&["json", "csv", "parquet"]),
-        "the file format",
+        OptionKind::Enum(&["json", "csv", "parquet", "debezium-json"]),
+        "the file format; debezium-json holds changes (an update is a delete and an insert)",
     ),
+    OptionSpec::new(
+        "debezium-json.ignore-parse-errors",
+        OptionKind::Bool,
+        "skip lines that do not parse",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        "debezium-json.schema-include",
+        OptionKind::Bool,
+        "messages carry a schema ('schema' and 'payload'): not supported",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        "debezium-json.timestamp-format.standard",
+        OptionKind::Enum(&["SQL", "ISO-8601"]),
+        "how timestamps are written: 'yyyy-MM-dd HH:mm:ss.SSS' or 'yyyy-MM-ddTHH:mm:ss.SSS'",
+    )
+    .with_default("SQL"),
     OptionSpec::new(
         "json.ignore-parse-errors",
         OptionKind::Bool,
@@ -81,6 +100,26 @@ pub enum Format {
     Json,
     Csv,
     Parquet,
+    /// Debezium's change envelope, one JSON object per line:
+    /// `{"before":{..},"after":{..},"op":"c|r|u|d"}`.
+    DebeziumJson,
+}
+
+impl Format {
+    /// One JSON document per line (json, debezium-json).
+    pub fn is_json(self) -> bool {
+        matches!(self, Format::Json | Format::DebeziumJson)
+    }
+
+    /// The option prefix of the format's own options.
+    fn prefix(self) -> &'static str {
+        match self {
+            Format::Json => "json.",
+            Format::Csv => "csv.",
+            Format::Parquet => "parquet.",
+            Format::DebeziumJson => "debezium-json.",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -126,17 +165,20 @@ pub fn format_options(options: &Options) -> Result<FormatOptions> {
     let format = match options.require("format")?.to_ascii_lowercase().as_str() {
         "json" => Format::Json,
         "csv" => Format::Csv,
+        "debezium-json" => Format::DebeziumJson,
         _ => Format::Parquet,
     };
     let ignore = match format {
-        Format::Json => options.bool("json.ignore-parse-errors")?,
-        Format::Csv => options.bool("csv.ignore-parse-errors")?,
         Format::Parquet => None,
+        f => options.bool(&format!("{}ignore-parse-errors", f.prefix()))?,
     };
     Ok(FormatOptions {
         format,
         ignore_parse_errors: ignore.unwrap_or(false),
-        iso_timestamps: options.enum_value("json.timestamp-format.standard").as_deref() == Some("iso-8601"),
+        iso_timestamps: options
+            .enum_value(&format!("{}timestamp-format.standard", format.prefix()))
+            .as_deref()
+            == Some("iso-8601"),
         delimiter: single_byte(options, "csv.field-delimiter")?,
         quote: single_byte(options, "csv.quote-character")?,
         allow_comments: options.bool("csv.allow-comments")?.unwrap_or(false),
@@ -148,8 +190,9 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
     let path = path_of(options)?;
     let f = format_options(options)?;
     for key in options.raw().keys() {
-        let wrong = (key.starts_with("json.") && f.format != Format::Json)
-            || (key.starts_with("csv.") && f.format != Format::Csv)
+        let wrong = ["json.", "csv.", "debezium-json."]
+            .iter()
+            .any(|p| key.starts_with(p) && f.format.prefix() != *p)
             || ((key == "scan.lines-per-second" || key == source::MIN_SPLIT_OPTION) && f.format == Format::Parquet);
         if wrong {
             return Err(config_error(
@@ -162,6 +205,14 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
             .into());
         }
     }
+    if f.format == Format::DebeziumJson && options.bool("debezium-json.schema-include")? == Some(true) {
+        return Err(config_error(
+            "filesystem",
+            "'debezium-json.schema-include' = 'true' is not supported: messages must be the bare envelope \
+             {\"before\":..,\"after\":..,\"op\":..}",
+        )
+        .into());
+    }
     if let Some(dead) = dead_letter_path_of(options) {
         let refuse = |message: String| -> Result<()> { Err(config_error("filesystem", message).into()) };
         if f.format == Format::Parquet {
@@ -172,11 +223,7 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
         }
         if f.ignore_parse_errors {
             // Two answers to one question: say which, rather than pick one.
-            let key = if f.format == Format::Json {
-                "json.ignore-parse-errors"
-            } else {
-                "csv.ignore-parse-errors"
-            };
+            let key = format!("{}ignore-parse-errors", f.format.prefix());
             return refuse(format!(
                 "options '{DEAD_LETTER_PATH}' and '{key}' = 'true' contradict each other: bad records go to the \
                  dead-letter directory or are skipped; remove one of them"

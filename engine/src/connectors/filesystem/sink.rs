@@ -50,13 +50,21 @@ impl SinkFactory for FileSink {
         "filesystem"
     }
 
+    fn accepts_changes(&self) -> bool {
+        self.format.format == Format::DebeziumJson
+    }
+
+    fn changes_hint(&self) -> String {
+        "; format 'debezium-json' writes changes (an update as a delete and an insert)".into()
+    }
+
     fn create_writer(&self, subtask: usize, _parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
         std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
             path: self.dir.display().to_string(),
             source,
         })?;
         let ext = match self.format.format {
-            Format::Json => "json",
+            Format::Json | Format::DebeziumJson => "json",
             Format::Csv => "csv",
             Format::Parquet => "parquet",
         };
@@ -180,6 +188,27 @@ impl FileWriter {
         Ok(vec![self.files.pre_commit()?])
     }
 
+    /// Changes as Debezium envelopes, one line each.
+    fn write_changes(&mut self, changes: crate::change::ChangeBatch) -> Result<()> {
+        let rows = RecordBatch::try_new(self.schema.clone(), changes.rows.columns().to_vec())?;
+        let text = self.stringify_timestamps(&rows)?;
+        let path = self.in_progress_path();
+        let mut json = Vec::new();
+        {
+            let mut jw = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::LineDelimited>(&mut json);
+            jw.write(&text).map_err(|e| arrow_err(&path, e))?;
+            jw.finish().map_err(|e| arrow_err(&path, e))?;
+        }
+        let lines = super::changelog::envelopes(&changes, &json)?;
+        match self.open()? {
+            Out::Text(w) => w.write_all(&lines).map_err(|e| io_err(&path, e))?,
+            Out::Parquet(_) => return Err(crate::error::ExecError::internal("debezium-json opened a parquet file")),
+        }
+        Ok(())
+    }
+
     /// Timestamps as text the way Flink writes them.
     fn stringify_timestamps(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let format = if self.format.iso_timestamps {
@@ -214,6 +243,9 @@ impl Operator for FileWriter {
     }
 
     fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
+        if self.format.format == Format::DebeziumJson {
+            return self.write_changes(batch);
+        }
         let batch = batch.into_inserts("filesystem sink")?;
         // Columns arrive named as the query named them; files carry the
         // sink table's column names (types already match: the planner casts).

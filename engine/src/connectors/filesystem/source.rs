@@ -89,7 +89,7 @@ impl FileSource {
     /// lines (a quote in a comment would unbalance the quote count).
     fn splittable(&self) -> bool {
         match self.format.format {
-            Format::Json => true,
+            Format::Json | Format::DebeziumJson => true,
             Format::Csv => !self.format.allow_comments,
             Format::Parquet => false,
         }
@@ -137,6 +137,10 @@ impl SourceFactory for FileSource {
 
     fn is_bounded(&self) -> bool {
         true
+    }
+
+    fn produces_changes(&self) -> bool {
+        self.format.format == Format::DebeziumJson
     }
 
     fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
@@ -245,7 +249,7 @@ impl FileSplit {
     ) -> Self {
         let text_schema = match format.format {
             Format::Csv | Format::Json => text_time::text_schema(&schema),
-            Format::Parquet => None,
+            Format::Parquet | Format::DebeziumJson => None,
         };
         Self {
             path,
@@ -391,7 +395,10 @@ impl FileSplit {
     fn decode_chunk(&mut self, chunk: Chunk, replay: bool) -> Result<Option<RecordBatch>> {
         let decoder = LineDecoder {
             format: self.format.clone(),
-            schema: self.schema.clone(),
+            schema: match self.format.format {
+                Format::DebeziumJson => super::changelog::envelope_schema(&self.schema),
+                _ => self.schema.clone(),
+            },
             text_schema: self.text_schema.clone(),
         };
         let comments = self.format.allow_comments && self.format.format == Format::Csv;
@@ -530,6 +537,9 @@ impl FileSplit {
             let rows = batch.as_ref().map_or(0, |b| b.num_rows() as u64);
             self.rows += rows;
             match batch {
+                Some(b) if rows > 0 && !replay && self.format.format == Format::DebeziumJson => {
+                    return Ok(SplitPoll::Changes(super::changelog::expand(&b, &self.schema)?));
+                }
                 Some(b) if rows > 0 && !replay => return Ok(SplitPoll::Batch(b)),
                 // Only bad lines: the reader takes them before the next poll.
                 _ if !self.set_aside.is_empty() => {
@@ -557,7 +567,13 @@ impl LineDecoder {
         if let Some(b) = self.text_schema.as_ref().and_then(|t| self.decode_fast(text, t)) {
             return Ok(Some(b));
         }
-        self.decode_as(text, &self.schema)
+        let b = self.decode_as(text, &self.schema)?;
+        if self.format.format == Format::DebeziumJson
+            && let Some(b) = &b
+        {
+            super::changelog::check_envelopes(b)?;
+        }
+        Ok(b)
     }
 
     /// `text` decoded into `schema` by arrow's json or csv reader.
@@ -566,7 +582,7 @@ impl LineDecoder {
         text: &str,
         schema: &SchemaRef,
     ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
-        if self.format.format == Format::Json {
+        if self.format.format.is_json() {
             let mut d = arrow::json::ReaderBuilder::new(schema.clone())
                 .with_batch_size(DEFAULT_BATCH_ROWS)
                 .build_decoder()?;
@@ -652,6 +668,7 @@ impl LineDecoder {
     fn reason(&self, e: &arrow::error::ArrowError) -> String {
         match self.format.format {
             Format::Json => format!("invalid JSON record: {e}"),
+            Format::DebeziumJson => format!("invalid Debezium JSON record: {e}"),
             // The reader numbers lines within what it was given: meaningless here.
             _ => format!(
                 "invalid CSV record: {}",
@@ -754,6 +771,7 @@ mod tests {
                     ids.extend(col.values().iter().copied());
                     batches += 1;
                 }
+                SplitPoll::Changes(_) => panic!("this split reads no changes"),
                 SplitPoll::Wait(_) => {}
                 SplitPoll::Finished => return (ids, bad, true),
             }
@@ -841,6 +859,7 @@ mod tests {
                     SplitPoll::Batch(b) => {
                         rows.extend(b.column(0).as_primitive::<Int64Type>().values().iter().copied())
                     }
+                    SplitPoll::Changes(_) => panic!("this split reads no changes"),
                     SplitPoll::Wait(_) => {}
                     SplitPoll::Finished => break,
                 }

@@ -485,6 +485,7 @@ mod tests {
                     }
                     SplitPoll::Finished => break,
                     SplitPoll::Wait(_) => panic!("unthrottled"),
+                    SplitPoll::Changes(_) => panic!("nexmark reads no changes"),
                 }
             }
             // Every split gets every kind (no split starves).
