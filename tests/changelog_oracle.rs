@@ -117,6 +117,13 @@ const QUERIES: &[&str] = &[
     "SELECT a.k, a.c, u.x FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a LEFT JOIN u ON a.k = u.k",
     "SELECT u.x, SUM(a.c), COUNT(*) FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a JOIN u ON a.k = u.k GROUP BY u.x",
     "SELECT a.k, b.k, a.m, b.n FROM (SELECT k, MAX(v) AS m FROM t GROUP BY k) a FULL JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k",
+    // UNION ALL of insert-only and updating inputs, at one parallelism or
+    // several (a global aggregate runs on one subtask), and UNION.
+    "SELECT k, v FROM t WHERE v > 20 UNION ALL SELECT k, x FROM u",
+    "SELECT k, COUNT(*) FROM (SELECT k FROM t UNION ALL SELECT k FROM u UNION ALL SELECT k FROM t WHERE v < 0) GROUP BY k",
+    "SELECT k FROM t UNION SELECT k FROM u",
+    "SELECT k, c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) UNION ALL SELECT k, COUNT(*) FROM u GROUP BY k",
+    "SELECT COUNT(*) FROM t UNION ALL SELECT x FROM u",
     "SELECT b.n, COUNT(*), MAX(a.m) FROM (SELECT k, v % 3 AS g, MAX(v) AS m FROM t GROUP BY k, v % 3) a RIGHT JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k GROUP BY b.n",
 ];
 

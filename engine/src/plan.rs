@@ -105,6 +105,9 @@ pub enum NodeKind {
     WindowAggregate(WindowAggregateNode),
     GroupAggregate(GroupAggregateNode),
     Join(JoinNode),
+    /// `UNION ALL`: every input's rows (and changes), relabelled to the
+    /// union's columns.
+    Union,
     Limit(LimitNode),
     Sink(SinkNode),
 }
@@ -543,6 +546,7 @@ impl StreamNode {
                 let filter = j.filter.as_ref().map(|f| format!(" AND {f}")).unwrap_or_default();
                 format!("Join: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
             }
+            NodeKind::Union => "Union All".to_string(),
             NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
         }

@@ -182,6 +182,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     j.filter.as_ref().map(canonical_expr).unwrap_or_default()
                 ),
             ),
+            NodeKind::Union => ("union", String::new()),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
