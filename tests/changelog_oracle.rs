@@ -124,6 +124,14 @@ const QUERIES: &[&str] = &[
     "SELECT k FROM t UNION SELECT k FROM u",
     "SELECT k, c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) UNION ALL SELECT k, COUNT(*) FROM u GROUP BY k",
     "SELECT COUNT(*) FROM t UNION ALL SELECT x FROM u",
+    // Top-N with and without the rank column, per key and global, over
+    // insert-only and updating input (ties broken by a later key).
+    "SELECT * FROM (SELECT k, v, w, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC NULLS LAST, w ASC) AS rn FROM t) WHERE rn <= 3",
+    "SELECT k, v, w FROM (SELECT k, v, w, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC NULLS LAST, w ASC) AS rn FROM t) WHERE rn <= 3",
+    "SELECT v, w, rn FROM (SELECT v, w, ROW_NUMBER() OVER (ORDER BY w DESC, v DESC NULLS LAST) AS rn FROM t) WHERE rn < 5",
+    "SELECT * FROM (SELECT k, c, ROW_NUMBER() OVER (ORDER BY c DESC, k ASC NULLS LAST) AS rn FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k)) WHERE rn <= 2",
+    "SELECT g, k, s FROM (SELECT g, k, s, ROW_NUMBER() OVER (PARTITION BY g ORDER BY s DESC, k ASC NULLS LAST) AS rn FROM (SELECT v % 3 AS g, k, SUM(w) AS s FROM t GROUP BY v % 3, k)) WHERE rn = 1",
+    "SELECT k, v, rn FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC NULLS FIRST) AS rn FROM (SELECT k, v FROM t WHERE w < 10)) WHERE rn <= 4 AND v > 0",
     "SELECT b.n, COUNT(*), MAX(a.m) FROM (SELECT k, v % 3 AS g, MAX(v) AS m FROM t GROUP BY k, v % 3) a RIGHT JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k GROUP BY b.n",
 ];
 

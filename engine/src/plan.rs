@@ -108,6 +108,7 @@ pub enum NodeKind {
     /// `UNION ALL`: every input's rows (and changes), relabelled to the
     /// union's columns.
     Union,
+    Rank(RankNode),
     Limit(LimitNode),
     Sink(SinkNode),
 }
@@ -338,6 +339,39 @@ pub struct JoinNode {
     pub right_schema: SchemaRef,
 }
 
+/// One key of an ORDER BY.
+#[derive(Debug, Clone)]
+pub struct SortKey {
+    pub expr: Arc<dyn PhysicalExpr>,
+    pub asc: bool,
+    pub nulls_first: bool,
+}
+
+/// What a rank node keeps per partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankStrategy {
+    /// Top-N: `ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) <= N`.
+    TopN,
+    /// Deduplication keeping the row with the latest event time
+    /// (`ORDER BY rowtime DESC`, `= 1`, no rank column): a later row with
+    /// an equal or greater time replaces it.
+    KeepLastRowtime,
+}
+
+/// Top-N and deduplication over `ROW_NUMBER()`.
+#[derive(Debug)]
+pub struct RankNode {
+    pub strategy: RankStrategy,
+    pub partition: Vec<Arc<dyn PhysicalExpr>>,
+    pub order: Vec<SortKey>,
+    /// The rank end N (ranks 1..=N are kept).
+    pub limit: usize,
+    /// Whether the rank column is used downstream: then a row's rank
+    /// shifting is an update (`-U`/`+U`); without it only rows entering
+    /// and leaving the top N are changes.
+    pub with_rank: bool,
+}
+
 #[derive(Debug)]
 pub struct LimitNode {
     pub skip: usize,
@@ -465,6 +499,12 @@ impl StreamGraph {
                         "      state: {backend}, each side's rows by key group|join key|row → (count, matches of an outer side)"
                     );
                 }
+                NodeKind::Rank(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, the partition's ranked rows by key group|partition key (the top N for insert-only input, every row for updating input)"
+                    );
+                }
                 NodeKind::GroupAggregate(_) => {
                     let _ = writeln!(
                         s,
@@ -547,6 +587,34 @@ impl StreamNode {
                 format!("Join: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
             }
             NodeKind::Union => "Union All".to_string(),
+            NodeKind::Rank(r) => {
+                let part: Vec<String> = r.partition.iter().map(|k| k.to_string()).collect();
+                let order: Vec<String> = r
+                    .order
+                    .iter()
+                    .map(|k| {
+                        format!(
+                            "{} {} NULLS {}",
+                            k.expr,
+                            if k.asc { "ASC" } else { "DESC" },
+                            if k.nulls_first { "FIRST" } else { "LAST" }
+                        )
+                    })
+                    .collect();
+                let what = match r.strategy {
+                    RankStrategy::TopN => format!(
+                        "Rank: ROW_NUMBER <= {}{}",
+                        r.limit,
+                        if r.with_rank { "" } else { " (rank not output)" }
+                    ),
+                    RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
+                };
+                format!(
+                    "{what} PARTITION BY [{}] ORDER BY [{}]",
+                    part.join(", "),
+                    order.join(", ")
+                )
+            }
             NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
         }

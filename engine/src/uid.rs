@@ -183,6 +183,21 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 ),
             ),
             NodeKind::Union => ("union", String::new()),
+            NodeKind::Rank(r) => (
+                "rank",
+                format!(
+                    "{:?};n={};rank={};partition={};order={}",
+                    r.strategy,
+                    r.limit,
+                    r.with_rank,
+                    canonical_exprs(&r.partition),
+                    r.order
+                        .iter()
+                        .map(|k| format!("{}:{}:{}", canonical_expr(&k.expr), k.asc, k.nulls_first))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
@@ -216,11 +231,11 @@ pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
         let (sel, uid) = (sel.trim(), uid.trim());
         let kind_ok = matches!(
             sel.split(['#', ':']).next(),
-            Some("window" | "group" | "join" | "limit" | "calc" | "source" | "sink")
+            Some("window" | "group" | "join" | "rank" | "limit" | "calc" | "source" | "sink")
         );
         if !kind_ok || sel.is_empty() {
             return Err(format!(
-                "unknown selector '{sel}'; use window, window#N, group, group#N, join, join#N, limit, source:<table> or sink:<table>"
+                "unknown selector '{sel}'; use window, window#N, group, group#N, join, join#N, rank, rank#N, limit, source:<table> or sink:<table>"
             ));
         }
         if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

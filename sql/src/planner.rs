@@ -40,8 +40,8 @@ use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
     AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
-    LimitNode, NodeId, NodeKind, SinkNode, SourceNode, StreamEdge, StreamGraph, StreamNode, WatermarkNode,
-    WindowAggregateNode, WindowKind, WindowSpec,
+    LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph,
+    StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -332,6 +332,144 @@ fn contains_multi_window_marker(e: &Expr) -> bool {
 
 use datafusion::common::tree_node::TreeNode;
 
+/// A filter that makes a Top-N: the `ROW_NUMBER()` it bounds.
+struct TopN<'a> {
+    window: &'a datafusion::logical_expr::Window,
+    window_plan: &'a LogicalPlan,
+    /// Which window expression.
+    index: usize,
+    /// The rank column in the filter's input.
+    column: usize,
+    /// N, or why the bound is not one Weir runs.
+    limit: Result<usize>,
+    /// The filter's other conjuncts.
+    rest: Vec<&'a Expr>,
+}
+
+/// The Top-N a filter makes, if its predicate bounds a window function's
+/// column from above.
+fn top_n_of(f: &datafusion::logical_expr::Filter) -> Option<TopN<'_>> {
+    use datafusion::logical_expr::{BinaryExpr, Operator};
+    let conjuncts = datafusion::logical_expr::utils::split_conjunction(&f.predicate);
+    for (k, c) in conjuncts.iter().enumerate() {
+        let Expr::BinaryExpr(BinaryExpr { left, op, right }) = c else {
+            continue;
+        };
+        let lit = |e: &Expr| match e {
+            Expr::Literal(v, _) => v.cast_to(&DataType::Int64).ok().and_then(|v| match v {
+                datafusion::common::ScalarValue::Int64(Some(n)) => Some(n),
+                _ => None,
+            }),
+            Expr::Cast(c) => match c.expr.as_ref() {
+                Expr::Literal(v, _) => v.cast_to(&DataType::Int64).ok().and_then(|v| match v {
+                    datafusion::common::ScalarValue::Int64(Some(n)) => Some(n),
+                    _ => None,
+                }),
+                _ => None,
+            },
+            _ => None,
+        };
+        let col = |e: &Expr| match e.clone().unalias() {
+            Expr::Column(c) => f.input.schema().index_of_column(&c).ok(),
+            Expr::Cast(cast) => match *cast.expr {
+                Expr::Column(c) => f.input.schema().index_of_column(&c).ok(),
+                _ => None,
+            },
+            _ => None,
+        };
+        // rn OP n, or n OP rn (flipped).
+        let (column, op, n) = match (col(left), lit(right), lit(left), col(right)) {
+            (Some(c), Some(n), _, _) => (c, *op, n),
+            (_, _, Some(n), Some(c)) => (
+                c,
+                match op {
+                    Operator::Gt => Operator::Lt,
+                    Operator::GtEq => Operator::LtEq,
+                    Operator::Lt => Operator::Gt,
+                    Operator::LtEq => Operator::GtEq,
+                    o => *o,
+                },
+                n,
+            ),
+            _ => continue,
+        };
+        let Some((window, window_plan, index)) = trace_window(&f.input, column) else {
+            continue;
+        };
+        let limit = match op {
+            Operator::LtEq => Ok(n),
+            Operator::Lt => Ok(n - 1),
+            Operator::Eq if n == 1 => Ok(1),
+            _ => Err(SqlError::unsupported(
+                "a Top-N filter must bound the rank from above starting at 1 (rn <= N, rn < N or rn = 1)",
+            )),
+        }
+        .and_then(|n| {
+            usize::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| SqlError::unsupported("a Top-N needs a rank bound of at least 1"))
+        });
+        let rest = conjuncts
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != k)
+            .map(|(_, e)| *e)
+            .collect();
+        return Some(TopN {
+            window,
+            window_plan,
+            index,
+            column,
+            limit,
+            rest,
+        });
+    }
+    None
+}
+
+/// Follows output column `idx` of `plan` down to a window function's
+/// column: (the window, its plan node, which expression).
+fn trace_window(plan: &LogicalPlan, idx: usize) -> Option<(&datafusion::logical_expr::Window, &LogicalPlan, usize)> {
+    match plan {
+        LogicalPlan::SubqueryAlias(a) => trace_window(&a.input, idx),
+        LogicalPlan::Projection(p) => match p.expr.get(idx)?.clone().unalias() {
+            Expr::Column(c) => trace_window(&p.input, p.input.schema().index_of_column(&c).ok()?),
+            _ => None,
+        },
+        LogicalPlan::Window(w) => {
+            let n = w.input.schema().fields().len();
+            (idx >= n).then_some((w, plan, idx - n))
+        }
+        _ => None,
+    }
+}
+
+/// Whether output column `idx` of `plan` is a table's event-time column
+/// (its WATERMARK column), passed through unchanged.
+fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
+    match plan {
+        LogicalPlan::SubqueryAlias(a) => is_rowtime(&a.input, idx, catalog),
+        LogicalPlan::Filter(f) => is_rowtime(&f.input, idx, catalog),
+        LogicalPlan::Projection(p) => match p.expr.get(idx).map(|e| e.clone().unalias()) {
+            Some(Expr::Column(c)) => p
+                .input
+                .schema()
+                .index_of_column(&c)
+                .is_ok_and(|i| is_rowtime(&p.input, i, catalog)),
+            _ => false,
+        },
+        LogicalPlan::TableScan(scan) => {
+            let name = scan.projected_schema.field(idx).name();
+            catalog
+                .table(scan.table_name.table())
+                .and_then(|t| t.watermark.as_ref())
+                .is_some_and(|w| &w.column == name)
+        }
+        _ => false,
+    }
+}
+
 struct GraphBuilder<'a> {
     planner: &'a Planner,
     catalog: &'a Catalog,
@@ -341,6 +479,11 @@ struct GraphBuilder<'a> {
     /// Inside the input of a window aggregate, HOP/CUMULATE markers are
     /// allowed (the aggregate assigns their windows).
     under_window_aggregate: bool,
+    /// Set by a projection over a Top-N filter: whether it uses the rank
+    /// column (taken by that filter).
+    rank_used: Option<bool>,
+    /// A plan node already converted (a Top-N's window): its stream node.
+    replaced: Option<(*const LogicalPlan, NodeId)>,
 }
 
 impl<'a> GraphBuilder<'a> {
@@ -352,6 +495,8 @@ impl<'a> GraphBuilder<'a> {
             nodes: vec![],
             edges: vec![],
             under_window_aggregate: false,
+            rank_used: None,
+            replaced: None,
         }
     }
 
@@ -415,7 +560,7 @@ impl<'a> GraphBuilder<'a> {
             },
             NodeKind::Limit(_) | NodeKind::Sink(_) => input,
             // Set by `join` and `union` once every input is known.
-            NodeKind::Join(_) | NodeKind::Union => input,
+            NodeKind::Join(_) | NodeKind::Union | NodeKind::Rank(_) => input,
         }
     }
 
@@ -468,6 +613,11 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn convert(&mut self, plan: &LogicalPlan) -> Result<NodeId> {
+        if let Some((p, id)) = self.replaced
+            && std::ptr::eq(p, plan)
+        {
+            return Ok(id);
+        }
         match plan {
             LogicalPlan::TableScan(scan) => self.source(scan),
             LogicalPlan::SubqueryAlias(a) => self.convert(&a.input),
@@ -477,6 +627,15 @@ impl<'a> GraphBuilder<'a> {
                         "HOP and CUMULATE window TVFs are supported only under GROUP BY window_start, window_end",
                     ));
                 }
+                // Over a Top-N: whether the rank column is shown decides
+                // what a rank shift emits.
+                if let LogicalPlan::Filter(f) = p.input.as_ref()
+                    && let Some(top) = top_n_of(f)
+                {
+                    let rank_col = f.input.schema().qualified_field(top.column);
+                    let rank_col = datafusion::common::Column::from(rank_col);
+                    self.rank_used = Some(p.expr.iter().any(|e| e.column_refs().contains(&rank_col)));
+                }
                 let input = self.convert(&p.input)?;
                 let exprs = p
                     .expr
@@ -485,6 +644,7 @@ impl<'a> GraphBuilder<'a> {
                     .collect::<Result<Vec<_>>>()?;
                 Ok(self.calc(input, Arc::new(p.schema.as_arrow().clone()), None, Some(exprs)))
             }
+            LogicalPlan::Filter(f) if top_n_of(f).is_some() => self.top_n(f),
             LogicalPlan::Filter(f) => {
                 let input = self.convert(&f.input)?;
                 let pred = self.physical(&f.predicate, f.input.schema())?;
@@ -526,7 +686,10 @@ impl<'a> GraphBuilder<'a> {
                 Ok(self.group_node(source, Arc::new(input.schema().as_arrow().clone()), keys, vec![]))
             }
             LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT ON on a stream is not supported")),
-            LogicalPlan::Window(_) => Err(SqlError::unsupported("OVER windows are not supported yet")),
+            LogicalPlan::Window(_) => Err(SqlError::unsupported(
+                "OVER windows are not supported yet (ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) filtered \
+                 with <= N, < N or = 1 runs as Top-N)",
+            )),
             other => Err(SqlError::unsupported(format!(
                 "{} is not supported in a streaming query",
                 other.display()
@@ -814,7 +977,7 @@ impl<'a> GraphBuilder<'a> {
         // Flink: an inner join passes its inputs' kinds on; an outer join
         // emits inserts and deletes (padded rows come and go).
         self.nodes[id].changelog = ChangelogMode {
-            updates: join_type == JoinType::Inner && (lm.updates || rm.updates),
+            updates: lm.updates || rm.updates,
             deletes: join_type != JoinType::Inner || lm.deletes || rm.deletes,
             upsert_key: None,
         };
@@ -896,6 +1059,126 @@ impl<'a> GraphBuilder<'a> {
         mode.upsert_key = None;
         self.nodes[id].changelog = mode;
         Ok(id)
+    }
+
+    /// Top-N / deduplication: `ROW_NUMBER() OVER (PARTITION BY p ORDER BY
+    /// o) AS rn` below a filter `rn <= N` (or `< N`, `= 1`). The window
+    /// becomes a rank node; what lies between it and the filter is
+    /// converted over it; the filter's other conjuncts stay a filter.
+    fn top_n(&mut self, f: &datafusion::logical_expr::Filter) -> Result<NodeId> {
+        let top = top_n_of(f).ok_or_else(|| SqlError::plan("not a Top-N"))?;
+        let with_rank = self.rank_used.take().unwrap_or(true);
+        let w = top.window;
+        let Expr::WindowFunction(wf) = &w.window_expr[top.index] else {
+            return Err(SqlError::plan("a Top-N without its window function"));
+        };
+        let name = wf.fun.name().to_ascii_lowercase();
+        if name != "row_number" {
+            return Err(SqlError::unsupported(format!(
+                "{}() on streaming table is not supported currently",
+                name.to_ascii_uppercase()
+            )));
+        }
+        if w.window_expr.len() != 1 {
+            return Err(SqlError::unsupported(
+                "a Top-N query has one ROW_NUMBER() and no other OVER function",
+            ));
+        }
+        let limit = top.limit?;
+        let ws = w.input.schema();
+        let partition = wf
+            .params
+            .partition_by
+            .iter()
+            .map(|e| self.physical(e, ws))
+            .collect::<Result<Vec<_>>>()?;
+        let order = wf
+            .params
+            .order_by
+            .iter()
+            .map(|s| {
+                Ok(SortKey {
+                    expr: self.physical(&s.expr, ws)?,
+                    asc: s.asc,
+                    nulls_first: s.nulls_first,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if order.is_empty() {
+            return Err(SqlError::unsupported("a Top-N needs an ORDER BY in its OVER clause"));
+        }
+        let input = self.convert(&w.input)?;
+        let insert_only = self.nodes[input].changelog.is_insert_only();
+        // Flink's deduplication: `= 1` on one event-time column, the rank
+        // not shown.
+        let rowtime_order = matches!(wf.params.order_by.as_slice(), [s] if matches!(&s.expr, Expr::Column(c)
+            if ws.index_of_column(c).is_ok_and(|i| is_rowtime(&w.input, i, self.catalog))));
+        let strategy = if limit == 1 && !with_rank && rowtime_order && insert_only {
+            if wf.params.order_by[0].asc {
+                return Err(SqlError::unsupported(
+                    "deduplication keeping the first row by event time (ORDER BY <rowtime> ASC, = 1) is not \
+                     supported yet; ORDER BY <rowtime> DESC keeps the last row",
+                ));
+            }
+            RankStrategy::KeepLastRowtime
+        } else {
+            RankStrategy::TopN
+        };
+        let (parallelism, exchange) = if partition.is_empty() {
+            (1, Exchange::Global)
+        } else {
+            (self.config.parallelism, Exchange::Hash(partition.clone()))
+        };
+        let partition_cols: Option<Vec<usize>> = partition
+            .iter()
+            .map(|e| e.downcast_ref::<Column>().map(|c| c.index()))
+            .collect();
+        let rank_index = ws.fields().len();
+        let node = RankNode {
+            strategy,
+            partition,
+            order,
+            limit,
+            with_rank,
+        };
+        let id = self.add(
+            parallelism,
+            Arc::new(w.schema.as_arrow().clone()),
+            NodeKind::Rank(node),
+            Some((input, exchange)),
+        );
+        self.nodes[id].changelog = match strategy {
+            RankStrategy::KeepLastRowtime => ChangelogMode {
+                updates: true,
+                deletes: false,
+                upsert_key: partition_cols,
+            },
+            RankStrategy::TopN => ChangelogMode {
+                updates: with_rank || !insert_only,
+                deletes: !with_rank || !insert_only,
+                upsert_key: if with_rank {
+                    partition_cols.map(|mut c| {
+                        c.push(rank_index);
+                        c
+                    })
+                } else {
+                    None
+                },
+            },
+        };
+        // The plan between the filter and the window, over the rank node.
+        let window_plan: *const LogicalPlan = top.window_plan;
+        let was = self.replaced.replace((window_plan, id));
+        let above = self.convert(&f.input);
+        self.replaced = was;
+        let above = above?;
+        if top.rest.is_empty() {
+            return Ok(above);
+        }
+        let rest = datafusion::logical_expr::utils::conjunction(top.rest.iter().map(|e| (*e).clone()))
+            .ok_or_else(|| SqlError::plan("empty filter"))?;
+        let pred = self.physical(&rest, f.input.schema())?;
+        Ok(self.calc(above, Arc::new(f.input.schema().as_arrow().clone()), Some(pred), None))
     }
 
     /// A group aggregate of `input` by `keys`: hash-exchanged by its keys,

@@ -439,6 +439,17 @@ impl VisitorMut for Rewriter<'_> {
     }
 
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<SqlError> {
+        // Flink orders NULL below every value: first when ascending, last
+        // when descending (DataFusion's default is the opposite).
+        if let Expr::Function(f) = expr
+            && let Some(ast::WindowType::WindowSpec(spec)) = f.over.as_mut()
+        {
+            for o in &mut spec.order_by {
+                if o.options.nulls_first.is_none() {
+                    o.options.nulls_first = Some(o.options.asc.unwrap_or(true));
+                }
+            }
+        }
         if let Expr::Function(f) = expr
             && let [part] = f.name.0.as_mut_slice()
             && let Some(ident) = part.as_ident()

@@ -39,6 +39,7 @@ fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
         NodeKind::WindowAggregate(w) => &w.keys,
         NodeKind::GroupAggregate(g) => &g.keys,
         NodeKind::Join(j) => &j.left_keys,
+        NodeKind::Rank(r) => &r.partition,
         _ => return vec![],
     };
     let Some(input) = graph.inputs(id).next().map(|e| graph.node(e.from).schema.clone()) else {

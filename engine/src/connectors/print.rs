@@ -71,8 +71,8 @@ struct PrintWriter {
     stderr: bool,
 }
 
-/// Flink's SQL rendering of values: timestamps `yyyy-MM-dd HH:mm:ss.SSS`,
-/// NULL as `<NULL>` in print output.
+/// Flink's SQL client rendering of values (the shell's tableau): timestamps
+/// `yyyy-MM-dd HH:mm:ss.SSS`, NULL as `<NULL>`.
 pub fn format_options() -> FormatOptions<'static> {
     FormatOptions::default()
         .with_null("<NULL>")
@@ -89,7 +89,8 @@ pub fn format_rows(batch: &RecordBatch) -> Result<Vec<String>> {
 /// `[v1, v2, ...]` (`+I[a, 1]`, `-U[a, 1]`, `+U[a, 2]`, `-D[b, 1]`).
 pub fn format_changes(changes: &ChangeBatch) -> Result<Vec<String>> {
     let batch = &changes.rows;
-    let opts = format_options();
+    // `Row.toString()`, as the print connector writes: NULL is `null`.
+    let opts = format_options().with_null("null");
     let formatters = batch
         .columns()
         .iter()

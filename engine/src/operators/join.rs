@@ -16,7 +16,9 @@
 //! evaluated once over every candidate pair; then rows apply in order,
 //! emitting what Flink emits for each:
 //! - inner joins forward the input's kind (`+I`/`+U` for matches of an
-//!   added row, `-U`/`-D` for a retracted one); outer joins emit `+I`/`-D`;
+//!   added row, `-U`/`-D` for a retracted one); outer joins emit `+I` for
+//!   added rows, and for retracted ones `-D` from a row-preserving side,
+//!   the input's kind from the other;
 //! - an added row without a match on a row-preserving side: `+I[row, nulls]`;
 //!   retracted: `-D[row, nulls]`;
 //! - the first match of a row-preserving other-side row retracts its padded
@@ -388,7 +390,10 @@ impl Operator for JoinOperator {
                     }
                     emit(if inner { kind } else { RowKind::Insert }, Some(i), Some(j), c);
                 } else {
-                    emit(if inner { kind } else { RowKind::Delete }, Some(i), Some(j), c);
+                    // A row-preserving side's retraction deletes; the other
+                    // side's keeps its kind (Flink: `-U[l, r]` then the
+                    // padded `+I[l, null]`).
+                    emit(if this_outer { RowKind::Delete } else { kind }, Some(i), Some(j), c);
                     if other_outer {
                         o.entry.assoc -= 1;
                         o.dirty = true;
@@ -435,5 +440,124 @@ impl Operator for JoinOperator {
         )?;
         out.emit(ChangeBatch::new(batch_with_schema(&self.schema, cols)?, kinds));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The join edge cases of the changelog reference (changelog.md §8,
+    //! cases 18-23), row by row.
+    use super::*;
+    use crate::state::HeapBackend;
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+
+    fn side(name: &str) -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new(format!("{name}k"), DataType::Utf8, true),
+            Field::new(format!("{name}v"), DataType::Int64, true),
+        ]))
+    }
+
+    fn join(join_type: JoinType) -> JoinOperator {
+        let (l, r) = (side("l"), side("r"));
+        let node = JoinNode {
+            join_type,
+            left_keys: vec![Arc::new(Column::new("lk", 0))],
+            right_keys: vec![Arc::new(Column::new("rk", 0))],
+            filter: None,
+            left_schema: l.clone(),
+            right_schema: r.clone(),
+        };
+        let out = Arc::new(Schema::new(
+            l.fields()
+                .iter()
+                .chain(r.fields().iter())
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
+        let state = KeyedState::new(Box::new(HeapBackend::new(2)), STATES, 0..128);
+        JoinOperator::new(&node, out, 128, state, Arc::new(NodeMetrics::new("join".into()))).expect("join")
+    }
+
+    /// Feeds one change to `input` and returns what the join emits.
+    fn feed(j: &mut JoinOperator, input: usize, kind: RowKind, k: Option<&str>, v: i64) -> Vec<String> {
+        let rows = RecordBatch::try_new(
+            j.schemas[input].clone(),
+            vec![
+                Arc::new(StringArray::from(vec![k])),
+                Arc::new(Int64Array::from(vec![v])),
+            ],
+        )
+        .expect("row");
+        let mut out = Collector::default();
+        j.process_input(input, ChangeBatch::new(rows, vec![kind]), &mut out)
+            .expect("process");
+        out.take()
+            .iter()
+            .flat_map(|b| crate::connectors::print::format_changes(b).expect("format"))
+            .collect()
+    }
+
+    use RowKind::*;
+
+    #[test]
+    fn inner_join_forwards_the_kind_of_the_change() {
+        let mut j = join(JoinType::Inner);
+        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
+        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 10), ["+I[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, UpdateBefore, Some("a"), 10), ["-U[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, UpdateAfter, Some("a"), 11), ["+U[a, 11, a, 1]"]);
+    }
+
+    #[test]
+    fn left_join_pads_and_retracts_the_padding_as_matches_come_and_go() {
+        let mut j = join(JoinType::Left);
+        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 10), ["+I[a, 10, null, null]"]);
+        assert_eq!(
+            feed(&mut j, 1, Insert, Some("a"), 1),
+            ["-D[a, 10, null, null]", "+I[a, 10, a, 1]"]
+        );
+        // A second match: no padding to retract.
+        assert_eq!(feed(&mut j, 1, Insert, Some("a"), 2), ["+I[a, 10, a, 2]"]);
+        // The first match goes: only its row (case 20).
+        assert_eq!(feed(&mut j, 1, Delete, Some("a"), 1), ["-D[a, 10, a, 1]"]);
+        // The last match goes (as an update's -U): the padded row returns.
+        assert_eq!(
+            feed(&mut j, 1, UpdateBefore, Some("a"), 2),
+            ["-U[a, 10, a, 2]", "+I[a, 10, null, null]"]
+        );
+        assert_eq!(feed(&mut j, 0, Delete, Some("a"), 10), ["-D[a, 10, null, null]"]);
+    }
+
+    #[test]
+    fn full_join_pads_whichever_side_comes_first() {
+        let mut j = join(JoinType::Full);
+        assert_eq!(feed(&mut j, 1, Insert, Some("a"), 1), ["+I[null, null, a, 1]"]);
+        assert_eq!(
+            feed(&mut j, 0, Insert, Some("a"), 10),
+            ["-D[null, null, a, 1]", "+I[a, 10, a, 1]"]
+        );
+        assert_eq!(
+            feed(&mut j, 0, Delete, Some("a"), 10),
+            ["-D[a, 10, a, 1]", "+I[null, null, a, 1]"]
+        );
+    }
+
+    #[test]
+    fn duplicates_match_once_per_copy_and_null_keys_never_match() {
+        let mut j = join(JoinType::Left);
+        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
+        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
+        assert_eq!(
+            feed(&mut j, 0, Insert, Some("a"), 10),
+            ["+I[a, 10, a, 1]", "+I[a, 10, a, 1]"]
+        );
+        // One copy retracted: one -D per match of it.
+        assert_eq!(feed(&mut j, 1, Delete, Some("a"), 1), ["-D[a, 10, a, 1]"]);
+        assert!(feed(&mut j, 1, Insert, None, 1).is_empty());
+        assert_eq!(feed(&mut j, 0, Insert, None, 5), ["+I[null, 5, null, null]"]);
+        assert_eq!(feed(&mut j, 0, Delete, None, 5), ["-D[null, 5, null, null]"]);
     }
 }

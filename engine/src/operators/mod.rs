@@ -15,6 +15,7 @@ pub mod calc;
 pub mod group;
 pub mod join;
 pub mod limit;
+pub mod rank;
 pub mod union;
 pub mod window;
 

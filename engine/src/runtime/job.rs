@@ -1153,6 +1153,30 @@ fn create_operator(
                 metrics.nodes[id].clone(),
             )?)
         }
+        NodeKind::Rank(r) => {
+            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
+            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
+            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
+            let state = open_keyed(
+                config.state_backend,
+                tuning,
+                &dir,
+                crate::operators::rank::STATES,
+                groups,
+                sources,
+            )?;
+            // Updating input: every row is kept, so a retracted top row
+            // has a successor.
+            let keep_all = graph.inputs(id).any(|e| !graph.node(e.from).changelog.is_insert_only());
+            Box::new(crate::operators::rank::RankOperator::new(
+                r,
+                &input_schema()?,
+                node.schema.clone(),
+                keep_all,
+                config.max_parallelism,
+                state,
+            )?)
+        }
         NodeKind::GroupAggregate(g) => {
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);

@@ -1,0 +1,413 @@
+//! Top-N and deduplication (`ROW_NUMBER() OVER (PARTITION BY .. ORDER BY
+//! ..)` filtered to the first N): Flink's `AppendOnlyTopNFunction` /
+//! `RetractableTopNFunction` and its rowtime keep-last deduplication, row
+//! by row.
+//!
+//! State, through the keyed-state layer ([`KeyedState`]): `rank-rows`
+//! (value state), partition key → the partition's rows in rank order, each
+//! in Weir's key encoding. With insert-only input only the top N are kept
+//! (a row that fell out can never come back); with updating input every
+//! row is, so a retracted top row is replaced by the next one.
+//!
+//! A new row goes after the rows it ties with (the earlier arrival ranks
+//! first). What is emitted, as Flink does:
+//! - with the rank column: a row entering at rank r shifts ranks r..N
+//!   (`-U[old, k]`, `+U[new, k]` for each), and a partition that had fewer
+//!   than N rows gains `+I[last, size]`; a retraction shifts them back and
+//!   the partition's former last rank, now empty, is `-D`;
+//! - without it: only rows entering and leaving the top N change: `+I[new]`
+//!   and `-D[evicted]`, `-D[retracted]` and `+I[promoted]`;
+//! - keep-last deduplication: the first row `+I`, then a row whose time is
+//!   at least the kept one's replaces it: `-U[old]`, `+U[new]`.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, UInt64Array};
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::common::ScalarValue;
+use datafusion::physical_expr::PhysicalExpr;
+
+use crate::change::{ChangeBatch, RowKind};
+use crate::checkpoint::OperatorSnapshot;
+use crate::error::{ExecError, Result, StateError};
+use crate::keygroup::{KeyEncoder, key_group};
+use crate::operators::calc::batch_with_schema;
+use crate::operators::{Collector, Operator};
+use crate::plan::{RankNode, RankStrategy, SortKey};
+use crate::state::codec::RowCodec;
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+
+const ROWS: usize = 0;
+/// The operator's states; their names are part of savepoints.
+pub const STATES: &[StateDecl] = &[StateDecl {
+    name: "rank-rows",
+    kind: StateKind::Value,
+}];
+
+pub struct RankOperator {
+    name: String,
+    strategy: RankStrategy,
+    partition: Vec<Arc<dyn PhysicalExpr>>,
+    /// `None`: one partition (no PARTITION BY).
+    key_encoder: Option<KeyEncoder>,
+    order: Vec<SortKey>,
+    limit: usize,
+    with_rank: bool,
+    /// Keep every row (updating input), not only the top N.
+    keep_all: bool,
+    input_schema: SchemaRef,
+    codec: RowCodec,
+    schema: SchemaRef,
+    state: KeyedState,
+    max_parallelism: u16,
+}
+
+/// A ranked row: its sort key and its bytes.
+#[derive(Clone)]
+struct Ranked {
+    sort: Vec<ScalarValue>,
+    row: Vec<u8>,
+}
+
+/// A partition met by the batch.
+struct Part {
+    group: u16,
+    /// A row of the batch holding its key.
+    first: usize,
+    rows: Vec<Ranked>,
+    stored: bool,
+    dirty: bool,
+}
+
+impl RankOperator {
+    pub fn new(
+        node: &RankNode,
+        input_schema: &SchemaRef,
+        schema: SchemaRef,
+        keep_all: bool,
+        max_parallelism: u16,
+        state: KeyedState,
+    ) -> Result<Self> {
+        let key_types = node
+            .partition
+            .iter()
+            .map(|k| k.data_type(input_schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let types: Vec<_> = input_schema.fields().iter().map(|f| f.data_type().clone()).collect();
+        Ok(Self {
+            name: match node.strategy {
+                RankStrategy::TopN => format!("Rank <= {}", node.limit),
+                RankStrategy::KeepLastRowtime => "Deduplicate (keep last)".into(),
+            },
+            strategy: node.strategy,
+            partition: node.partition.clone(),
+            key_encoder: if key_types.is_empty() {
+                None
+            } else {
+                Some(KeyEncoder::new(&key_types)?)
+            },
+            order: node.order.clone(),
+            limit: node.limit.max(1),
+            with_rank: node.with_rank,
+            keep_all,
+            input_schema: input_schema.clone(),
+            codec: RowCodec::new(&types).map_err(ExecError::internal)?,
+            schema,
+            state,
+            max_parallelism,
+        })
+    }
+
+    /// Lexicographic order of sort keys with each key's direction and NULL
+    /// placement.
+    fn compare(&self, a: &[ScalarValue], b: &[ScalarValue]) -> CmpOrdering {
+        for ((x, y), k) in a.iter().zip(b).zip(&self.order) {
+            let o = match (x.is_null(), y.is_null()) {
+                (true, true) => CmpOrdering::Equal,
+                (true, false) => {
+                    if k.nulls_first {
+                        CmpOrdering::Less
+                    } else {
+                        CmpOrdering::Greater
+                    }
+                }
+                (false, true) => {
+                    if k.nulls_first {
+                        CmpOrdering::Greater
+                    } else {
+                        CmpOrdering::Less
+                    }
+                }
+                (false, false) => {
+                    let o = x.partial_cmp(y).unwrap_or(CmpOrdering::Equal);
+                    if k.asc { o } else { o.reverse() }
+                }
+            };
+            if o != CmpOrdering::Equal {
+                return o;
+            }
+        }
+        CmpOrdering::Equal
+    }
+
+    /// Sort keys of `batch`'s rows.
+    fn sort_keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<ScalarValue>>> {
+        let cols = self
+            .order
+            .iter()
+            .map(|k| k.expr.evaluate(batch).and_then(|v| v.into_array(batch.num_rows())))
+            .collect::<Result<Vec<_>, _>>()?;
+        (0..batch.num_rows())
+            .map(|i| {
+                cols.iter()
+                    .map(|c| Ok(ScalarValue::try_from_array(c, i)?))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect()
+    }
+
+    fn decode_rows(&self, bytes: &[u8]) -> Result<Vec<Ranked>> {
+        let corrupt = |m: &str| StateError::Corrupt {
+            state: "rank-rows".into(),
+            message: format!("a partition of {} bytes: {m}", bytes.len()),
+        };
+        let mut rows: Vec<&[u8]> = vec![];
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = bytes
+                .get(at..at + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| corrupt("truncated row length"))? as usize;
+            let row = bytes
+                .get(at + 4..at + 4 + len)
+                .ok_or_else(|| corrupt("truncated row"))?;
+            rows.push(row);
+            at += 4 + len;
+        }
+        let cols = self.codec.decode(rows.iter().copied())?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        let batch = RecordBatch::try_new_with_options(self.input_schema.clone(), cols, &options)?;
+        let sorts = self.sort_keys(&batch)?;
+        Ok(rows
+            .into_iter()
+            .zip(sorts)
+            .map(|(row, sort)| Ranked {
+                sort,
+                row: row.to_vec(),
+            })
+            .collect())
+    }
+
+    fn encode_rows(rows: &[Ranked]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(rows.iter().map(|r| r.row.len() + 4).sum());
+        for r in rows {
+            b.extend_from_slice(&(r.row.len() as u32).to_be_bytes());
+            b.extend_from_slice(&r.row);
+        }
+        b
+    }
+}
+
+/// One emitted change: kind, row bytes, rank.
+type Emitted = (RowKind, Vec<u8>, u64);
+
+impl Operator for RankOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let rows = &batch.rows;
+        let key_rows = match &self.key_encoder {
+            Some(enc) => {
+                let arrays = self
+                    .partition
+                    .iter()
+                    .map(|k| k.evaluate(rows).and_then(|v| v.into_array(n)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some(enc.encode(&arrays)?)
+            }
+            None => None,
+        };
+        let key_of = |i: usize| -> &[u8] { key_rows.as_ref().map_or(&[][..], |r| r.row(i)) };
+        let row_bytes = self.codec.encode(rows.columns())?;
+        let sorts = self.sort_keys(rows)?;
+
+        let mut part_of: HashMap<&[u8], usize> = HashMap::new();
+        let mut parts: Vec<Part> = vec![];
+        let mut row_part = Vec::with_capacity(n);
+        for i in 0..n {
+            let k = key_of(i);
+            let p = *part_of.entry(k).or_insert_with(|| {
+                parts.push(Part {
+                    group: key_group(k, self.max_parallelism),
+                    first: i,
+                    rows: vec![],
+                    stored: false,
+                    dirty: false,
+                });
+                parts.len() - 1
+            });
+            row_part.push(p);
+        }
+        let entries: Vec<EntryRef> = parts
+            .iter()
+            .map(|p| EntryRef {
+                key_group: p.group,
+                key: key_of(p.first),
+                namespace: &[],
+            })
+            .collect();
+        let stored = self.state.get(ROWS, &entries)?;
+        for (p, bytes) in parts.iter_mut().zip(stored) {
+            if let Some(b) = bytes {
+                p.rows = self.decode_rows(&b)?;
+                p.stored = true;
+            }
+        }
+
+        let limit = self.limit;
+        let mut emitted: Vec<Emitted> = vec![];
+        for i in 0..n {
+            let part = &mut parts[row_part[i]];
+            let kind = batch.kind(i);
+            let new = Ranked {
+                sort: sorts[i].clone(),
+                row: row_bytes.row(i).to_vec(),
+            };
+            if self.strategy == RankStrategy::KeepLastRowtime {
+                // One kept row; equal or later time replaces it.
+                let old = part.rows.first().cloned();
+                if kind.is_retract() {
+                    if old.as_ref().is_some_and(|o| o.row == new.row) {
+                        part.rows.clear();
+                        part.dirty = true;
+                        emitted.push((RowKind::Delete, new.row, 1));
+                    }
+                    continue;
+                }
+                match old {
+                    None => emitted.push((RowKind::Insert, new.row.clone(), 1)),
+                    Some(o) if self.compare(&new.sort, &o.sort) != CmpOrdering::Greater => {
+                        emitted.push((RowKind::UpdateBefore, o.row, 1));
+                        emitted.push((RowKind::UpdateAfter, new.row.clone(), 1));
+                    }
+                    Some(_) => continue,
+                }
+                part.rows = vec![new];
+                part.dirty = true;
+                continue;
+            }
+            if kind.is_accumulate() {
+                // After the rows it ties with.
+                let at = part
+                    .rows
+                    .partition_point(|r| self.compare(&r.sort, &new.sort) != CmpOrdering::Greater);
+                let before = part.rows.len();
+                if at >= limit && !self.keep_all {
+                    continue;
+                }
+                part.rows.insert(at, new);
+                part.dirty = true;
+                if at < limit {
+                    let rows = &part.rows;
+                    if self.with_rank {
+                        for k in at..before.min(limit) {
+                            emitted.push((RowKind::UpdateBefore, rows[k + 1].row.clone(), k as u64 + 1));
+                            emitted.push((RowKind::UpdateAfter, rows[k].row.clone(), k as u64 + 1));
+                        }
+                        if before < limit {
+                            emitted.push((RowKind::Insert, rows[before].row.clone(), before as u64 + 1));
+                        }
+                    } else {
+                        if before >= limit {
+                            emitted.push((RowKind::Delete, rows[limit].row.clone(), limit as u64 + 1));
+                        }
+                        emitted.push((RowKind::Insert, rows[at].row.clone(), at as u64 + 1));
+                    }
+                }
+                if !self.keep_all {
+                    part.rows.truncate(limit);
+                }
+            } else {
+                let Some(at) = part.rows.iter().position(|r| r.row == new.row) else {
+                    // Not held: never seen, or beyond the top N.
+                    continue;
+                };
+                let before = part.rows.len();
+                // What ranks at..N showed before the row left.
+                let shown: Vec<Vec<u8>> = part.rows[at.min(before)..before.min(limit).max(at)]
+                    .iter()
+                    .map(|r| r.row.clone())
+                    .collect();
+                let gone = part.rows.remove(at);
+                part.dirty = true;
+                if at >= limit {
+                    continue;
+                }
+                let rows = &part.rows;
+                if self.with_rank {
+                    // Each rank from the retracted one down moves up a row;
+                    // the last shown rank is left empty when no row follows.
+                    for (j, old) in shown.into_iter().enumerate() {
+                        let k = at + j;
+                        match rows.get(k) {
+                            Some(r) => {
+                                emitted.push((RowKind::UpdateBefore, old, k as u64 + 1));
+                                emitted.push((RowKind::UpdateAfter, r.row.clone(), k as u64 + 1));
+                            }
+                            None => emitted.push((RowKind::Delete, old, k as u64 + 1)),
+                        }
+                    }
+                } else {
+                    emitted.push((RowKind::Delete, gone.row, at as u64 + 1));
+                    if before > limit {
+                        emitted.push((RowKind::Insert, rows[limit - 1].row.clone(), limit as u64));
+                    }
+                }
+            }
+        }
+
+        let mut w = KeyedWrite::default();
+        for p in parts.iter().filter(|p| p.dirty) {
+            let e = EntryRef {
+                key_group: p.group,
+                key: key_of(p.first),
+                namespace: &[],
+            };
+            if p.rows.is_empty() {
+                if p.stored {
+                    w.delete(ROWS, e);
+                }
+            } else {
+                w.put(ROWS, e, Self::encode_rows(&p.rows));
+            }
+        }
+        self.state.write(w)?;
+
+        if emitted.is_empty() {
+            return Ok(());
+        }
+        let mut columns: Vec<ArrayRef> = self.codec.decode(emitted.iter().map(|(_, r, _)| r.as_slice()))?;
+        if self.schema.fields().len() > columns.len() {
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                emitted.iter().map(|(_, _, r)| *r),
+            )));
+        }
+        let kinds = emitted.iter().map(|(k, _, _)| *k).collect();
+        out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
+        Ok(())
+    }
+}
