@@ -117,6 +117,12 @@ const QUERIES: &[&str] = &[
     "SELECT a.k, a.c, u.x FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a LEFT JOIN u ON a.k = u.k",
     "SELECT u.x, SUM(a.c), COUNT(*) FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a JOIN u ON a.k = u.k GROUP BY u.x",
     "SELECT a.k, b.k, a.m, b.n FROM (SELECT k, MAX(v) AS m FROM t GROUP BY k) a FULL JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k",
+    // Semi and anti joins from IN / EXISTS / NOT EXISTS subqueries.
+    "SELECT k, v FROM t WHERE k IN (SELECT k FROM u)",
+    "SELECT k, v FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.k = t.k AND u.x < t.v)",
+    "SELECT k, v, w FROM t WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.k = t.k)",
+    "SELECT k, c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a WHERE NOT EXISTS (SELECT 1 FROM (SELECT k, MAX(x) AS m FROM u GROUP BY k) b WHERE b.k = a.k AND b.m > 3)",
+    "SELECT k, c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) a WHERE a.k IN (SELECT k FROM u WHERE x > 1)",
     // UNION ALL of insert-only and updating inputs, at one parallelism or
     // several (a global aggregate runs on one subtask), and UNION.
     "SELECT k, v FROM t WHERE v > 20 UNION ALL SELECT k, x FROM u",

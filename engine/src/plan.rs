@@ -302,9 +302,23 @@ pub enum JoinType {
     Left,
     Right,
     Full,
+    /// `WHERE EXISTS` / `IN (subquery)`: left rows with a match.
+    LeftSemi,
+    /// `WHERE NOT EXISTS`: left rows without a match.
+    LeftAnti,
 }
 
 impl JoinType {
+    /// Semi (`Some(false)`) or anti (`Some(true)`) join: the output is the
+    /// left rows alone.
+    pub fn semi_anti(self) -> Option<bool> {
+        match self {
+            JoinType::LeftSemi => Some(false),
+            JoinType::LeftAnti => Some(true),
+            _ => None,
+        }
+    }
+
     /// Whether the left side's rows are kept without a match (padded).
     pub fn keeps_left(self) -> bool {
         matches!(self, JoinType::Left | JoinType::Full)
@@ -320,6 +334,8 @@ impl JoinType {
             JoinType::Left => "LEFT",
             JoinType::Right => "RIGHT",
             JoinType::Full => "FULL OUTER",
+            JoinType::LeftSemi => "LEFT SEMI",
+            JoinType::LeftAnti => "LEFT ANTI",
         }
     }
 }

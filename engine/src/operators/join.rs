@@ -163,6 +163,11 @@ impl JoinOperator {
 
     /// Whether side `side`'s rows are kept without a match.
     fn keeps(&self, side: usize) -> bool {
+        if self.join_type.semi_anti().is_some() {
+            // The left side counts its matches (its rows show or not by
+            // them); the right side is only matched against.
+            return side == 0;
+        }
         if side == 0 {
             self.join_type.keeps_left()
         } else {
@@ -340,6 +345,7 @@ impl Operator for JoinOperator {
         // Rows in order: state changes and what Flink emits for each.
         let (this_outer, other_outer) = (self.keeps(side), self.keeps(other));
         let inner = self.join_type == JoinType::Inner;
+        let semi_anti = self.join_type.semi_anti();
         let mut kinds: Vec<RowKind> = vec![];
         let mut this_idx: Vec<Option<u32>> = vec![];
         let mut other_idx: Vec<Option<u32>> = vec![];
@@ -354,6 +360,13 @@ impl Operator for JoinOperator {
             let kind = batch.kind(i);
             let add = kind.is_accumulate();
             let Some(s) = row_slot[i] else {
+                // A NULL key matches nothing: an anti join shows the row.
+                if let Some(anti) = semi_anti {
+                    if anti && side == 0 {
+                        emit(kind, Some(i), None, 1);
+                    }
+                    continue;
+                }
                 if this_outer {
                     emit(if add { RowKind::Insert } else { RowKind::Delete }, Some(i), None, 1);
                 }
@@ -370,6 +383,34 @@ impl Operator for JoinOperator {
                 } else if e.count > 0 {
                     e.count -= 1;
                 }
+            }
+            if let Some(anti) = semi_anti {
+                if side == 0 {
+                    // A left row shows while it has a match (semi) or none
+                    // (anti), with its own kind.
+                    if (total > 0) != anti {
+                        emit(kind, Some(i), None, 1);
+                    }
+                    continue;
+                }
+                // A right row changes whether its matches show.
+                for &j in ms {
+                    let o = &mut others[j];
+                    let c = o.entry.count;
+                    o.dirty = true;
+                    if add {
+                        if o.entry.assoc == 0 {
+                            emit(if anti { RowKind::Delete } else { RowKind::Insert }, None, Some(j), c);
+                        }
+                        o.entry.assoc += 1;
+                    } else {
+                        o.entry.assoc -= 1;
+                        if o.entry.assoc == 0 {
+                            emit(if anti { RowKind::Insert } else { RowKind::Delete }, None, Some(j), c);
+                        }
+                    }
+                }
+                continue;
             }
             if ms.is_empty() {
                 if this_outer {
@@ -431,13 +472,17 @@ impl Operator for JoinOperator {
         if kinds.is_empty() {
             return Ok(());
         }
-        let cols = self.pairs(
+        let mut cols = self.pairs(
             side,
             rows,
             &UInt32Array::from(this_idx),
             &other_rows,
             &UInt32Array::from(other_idx),
         )?;
+        if semi_anti.is_some() {
+            // Left columns alone.
+            cols.truncate(self.schemas[0].fields().len());
+        }
         out.emit(ChangeBatch::new(batch_with_schema(&self.schema, cols)?, kinds));
         Ok(())
     }
