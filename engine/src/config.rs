@@ -41,6 +41,7 @@ pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-che
 pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
+pub const STATE_TTL: &str = "table.exec.state.ttl";
 pub const ROCKSDB_MANAGED: &str = "state.backend.rocksdb.memory.managed";
 pub const ROCKSDB_PER_SLOT: &str = "state.backend.rocksdb.memory.fixed-per-slot";
 pub const ROCKSDB_BLOOM: &str = "state.backend.rocksdb.use-bloom-filter";
@@ -253,6 +254,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("500000"),
     OptionSpec::new(
+        STATE_TTL,
+        OptionKind::Duration,
+        "state of non-windowed operators (GROUP BY, joins, Top-N) not written for this long expires; 0 = never",
+    )
+    .with_default("0 ms"),
+    OptionSpec::new(
         WINDOW_SLICING,
         OptionKind::Bool,
         "HOP and CUMULATE rows update one slice each and windows merge their slices when they fire; false: each row updates every window it is in",
@@ -347,6 +354,8 @@ pub struct JobConfig {
     pub window_buffer_limit: usize,
     /// `table.exec.window-agg.slicing`.
     pub window_slicing: bool,
+    /// `table.exec.state.ttl` (`None`: never).
+    pub state_ttl: Option<Duration>,
     /// `state.backend.rocksdb.*`: memory and filters.
     pub rocksdb: RocksDbConfig,
     /// `pipeline.operator-uids`: (selector, uid).
@@ -469,6 +478,7 @@ impl JobConfig {
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
             window_slicing: o.bool(WINDOW_SLICING)?.unwrap_or(true),
+            state_ttl: o.duration(STATE_TTL)?.filter(|d| !d.is_zero()),
             rocksdb: RocksDbConfig {
                 managed: o.bool(ROCKSDB_MANAGED)?.unwrap_or(true),
                 per_slot: o.memory_size(ROCKSDB_PER_SLOT)?.unwrap_or(128 << 20),

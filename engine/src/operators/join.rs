@@ -49,14 +49,19 @@ use crate::state::codec::RowCodec;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 /// The operator's states (index = input); names are part of savepoints.
+/// Entries of each state looked at per processing-time tick for expiry.
+const EXPIRY_BUDGET: usize = 10_000;
+
 pub const STATES: &[StateDecl] = &[
     StateDecl {
         name: "join-left",
         kind: StateKind::Value,
+        ttl: true,
     },
     StateDecl {
         name: "join-right",
         kind: StateKind::Value,
+        ttl: true,
     },
 ];
 
@@ -215,6 +220,16 @@ impl Operator for JoinOperator {
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
         Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.state.expiry_interval()
+    }
+
+    fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
+        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        Ok(())
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {

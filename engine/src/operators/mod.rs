@@ -73,6 +73,17 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// How often the operator wants [`Operator::on_processing_time`]
+    /// (state TTL cleanup); `None`: never.
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Processing time (the wall clock, ms) reached `now`: expire state.
+    fn on_processing_time(&mut self, _now: i64, _out: &mut Collector) -> Result<()> {
+        Ok(())
+    }
+
     /// No more input will arrive. Sinks flush and close here.
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
         Ok(())

@@ -23,6 +23,7 @@
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use arrow::array::{ArrayRef, UInt64Array};
 use arrow::datatypes::SchemaRef;
@@ -42,9 +43,13 @@ use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 const ROWS: usize = 0;
 /// The operator's states; their names are part of savepoints.
+/// Entries of each state looked at per processing-time tick for expiry.
+const EXPIRY_BUDGET: usize = 10_000;
+
 pub const STATES: &[StateDecl] = &[StateDecl {
     name: "rank-rows",
     kind: StateKind::Value,
+    ttl: true,
 }];
 
 pub struct RankOperator {
@@ -63,6 +68,7 @@ pub struct RankOperator {
     schema: SchemaRef,
     state: KeyedState,
     max_parallelism: u16,
+    metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
 /// A ranked row: its sort key and its bytes.
@@ -90,6 +96,7 @@ impl RankOperator {
         keep_all: bool,
         max_parallelism: u16,
         state: KeyedState,
+        metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
         let key_types = node
             .partition
@@ -118,6 +125,7 @@ impl RankOperator {
             schema,
             state,
             max_parallelism,
+            metrics,
         })
     }
 
@@ -222,6 +230,16 @@ impl Operator for RankOperator {
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
         Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.state.expiry_interval()
+    }
+
+    fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
+        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        Ok(())
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {

@@ -110,6 +110,24 @@ impl Chain {
         Ok(())
     }
 
+    /// The shortest processing-time interval an operator asks for.
+    pub fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.ops.iter().filter_map(|o| o.processing_time_interval()).min()
+    }
+
+    /// Processing time reached `now`: every operator that asked is told.
+    pub fn process_time(&mut self, now: i64, out: &mut Vec<StreamMessage>) -> Result<()> {
+        for idx in 0..self.ops.len() {
+            if self.ops[idx].processing_time_interval().is_none() {
+                continue;
+            }
+            let mut c = Collector::default();
+            self.ops[idx].on_processing_time(now, &mut c)?;
+            self.forward(idx, c, out)?;
+        }
+        Ok(())
+    }
+
     pub fn end_of_input(&mut self, out: &mut Vec<StreamMessage>) -> Result<()> {
         for idx in 0..self.ops.len() {
             let mut c = Collector::default();

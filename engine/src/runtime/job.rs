@@ -1137,7 +1137,7 @@ fn create_operator(
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
             let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let state = open_keyed(
+            let mut state = open_keyed(
                 config.state_backend,
                 tuning,
                 &dir,
@@ -1145,6 +1145,7 @@ fn create_operator(
                 groups,
                 sources,
             )?;
+            state.set_ttl(config.state_ttl);
             Box::new(crate::operators::join::JoinOperator::new(
                 j,
                 node.schema.clone(),
@@ -1157,7 +1158,7 @@ fn create_operator(
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
             let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let state = open_keyed(
+            let mut state = open_keyed(
                 config.state_backend,
                 tuning,
                 &dir,
@@ -1165,6 +1166,7 @@ fn create_operator(
                 groups,
                 sources,
             )?;
+            state.set_ttl(config.state_ttl);
             // Updating input: every row is kept, so a retracted top row
             // has a successor.
             let keep_all = graph.inputs(id).any(|e| !graph.node(e.from).changelog.is_insert_only());
@@ -1175,13 +1177,14 @@ fn create_operator(
                 keep_all,
                 config.max_parallelism,
                 state,
+                metrics.nodes[id].clone(),
             )?)
         }
         NodeKind::GroupAggregate(g) => {
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
             let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let state = open_keyed(
+            let mut state = open_keyed(
                 config.state_backend,
                 tuning,
                 &dir,
@@ -1189,6 +1192,7 @@ fn create_operator(
                 groups,
                 sources,
             )?;
+            state.set_ttl(config.state_ttl);
             Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
                 g,
                 &input_schema()?,

@@ -134,8 +134,29 @@ impl OperatorTask {
             flush(&mut outbox, &mut self.output).await?;
         }
         let mut unaligned: Option<UnalignedPending> = None;
+        // Processing-time ticks (state TTL) for the operators that ask.
+        let mut ticker = self.chain.processing_time_interval().map(|d| {
+            let mut t = tokio::time::interval(d);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            t
+        });
         loop {
-            match self.gate.next().await {
+            let event = match ticker.as_mut() {
+                // The gate's `next` keeps what it read in itself, so
+                // dropping it for a tick loses nothing.
+                Some(t) => tokio::select! {
+                    biased;
+                    ev = self.gate.next() => ev,
+                    _ = t.tick() => {
+                        let now = crate::state::keyed::processing_time_ms();
+                        self.chain.process_time(now, &mut outbox)?;
+                        flush(&mut outbox, &mut self.output).await?;
+                        continue;
+                    }
+                },
+                None => self.gate.next().await,
+            };
+            match event {
                 GateEvent::Batch(input, b) => self.chain.process_input(input, b, &mut outbox)?,
                 GateEvent::SnapshotUnaligned(b, alignment) => {
                     // Snapshot now: the barrier overtakes queued data

@@ -42,6 +42,10 @@ pub enum StateKind {
 pub struct StateDecl {
     pub name: &'static str,
     pub kind: StateKind,
+    /// Values carry their last write time (8 bytes, processing time, ms)
+    /// so they can expire (`table.exec.state.ttl`); always stored, so a
+    /// job can turn TTL on or off across a restore.
+    pub ttl: bool,
 }
 
 /// A due timer.
@@ -174,7 +178,24 @@ pub struct KeyedState {
     groups: Range<KeyGroup>,
     /// Per state (timers only), per owned key group: no timer is below it.
     floors: Vec<Vec<Timestamp>>,
+    /// `table.exec.state.ttl` in ms: values of `ttl` states not written
+    /// for this long are gone.
+    ttl: Option<i64>,
+    /// Per state: where the incremental expiry scan goes on.
+    expiry_cursor: Vec<Vec<u8>>,
+    /// Processing time in ms ([`processing_time_ms`]; tests set their own).
+    clock: fn() -> i64,
 }
+
+/// Processing time: the wall clock, in ms.
+pub fn processing_time_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Bytes of the write time in front of a TTL state's values.
+const TTL_PREFIX: usize = 8;
 
 impl KeyedState {
     pub fn new(backend: Box<dyn StateBackend>, decls: &[StateDecl], groups: Range<KeyGroup>) -> Self {
@@ -189,9 +210,111 @@ impl KeyedState {
                     StateKind::Value => vec![],
                 })
                 .collect(),
+            expiry_cursor: vec![vec![]; decls.len()],
             decls: decls.to_vec(),
             groups,
+            ttl: None,
+            clock: processing_time_ms,
         }
+    }
+
+    /// Values of TTL states expire `ttl` after their last write (`None`
+    /// or zero: never).
+    pub fn set_ttl(&mut self, ttl: Option<std::time::Duration>) {
+        self.ttl = ttl.filter(|d| !d.is_zero()).map(|d| d.as_millis() as i64);
+    }
+
+    /// Another processing-time clock (tests).
+    pub fn set_clock(&mut self, clock: fn() -> i64) {
+        self.clock = clock;
+    }
+
+    pub fn ttl_enabled(&self) -> bool {
+        self.ttl.is_some()
+    }
+
+    /// How often expired values should be looked for: a quarter of the
+    /// TTL, between 10 ms and 1 s; `None` without TTL.
+    pub fn expiry_interval(&self) -> Option<std::time::Duration> {
+        self.ttl
+            .map(|t| std::time::Duration::from_millis((t / 4).clamp(10, 1000) as u64))
+    }
+
+    fn is_ttl(&self, state: StateId) -> bool {
+        self.decls.get(state).is_some_and(|d| d.ttl)
+    }
+
+    /// A TTL state's stored value without its write time; `None` when it
+    /// expired.
+    fn live_value(&self, state: StateId, v: &[u8], now: i64) -> Result<Option<Vec<u8>>, StateError> {
+        let corrupt = || StateError::Corrupt {
+            state: self.decls.get(state).map_or("?", |d| d.name).into(),
+            message: format!("a value of {} bytes has no write time", v.len()),
+        };
+        let t: [u8; TTL_PREFIX] = v
+            .get(..TTL_PREFIX)
+            .and_then(|t| t.try_into().ok())
+            .ok_or_else(corrupt)?;
+        let written = decode_time(t);
+        if self.ttl.is_some_and(|ttl| now.saturating_sub(written) >= ttl) {
+            return Ok(None);
+        }
+        Ok(Some(v[TTL_PREFIX..].to_vec()))
+    }
+
+    /// Deletes the expired values of every TTL state among the next
+    /// `budget` entries of each, scanning on from where the last call
+    /// stopped (Flink's incremental cleanup). Returns the bytes removed.
+    pub fn expire(&mut self, now: i64, budget: usize) -> Result<i64, StateError> {
+        let Some(ttl) = self.ttl else { return Ok(0) };
+        let mut freed = 0i64;
+        let end = if u32::from(self.groups.end) > u32::from(KeyGroup::MAX) {
+            vec![0xff; 3]
+        } else {
+            self.groups.end.to_be_bytes().to_vec()
+        };
+        for state in 0..self.decls.len() {
+            if !self.is_ttl(state) {
+                continue;
+            }
+            let from = if self.expiry_cursor[state].is_empty() {
+                self.groups.start.to_be_bytes().to_vec()
+            } else {
+                self.expiry_cursor[state].clone()
+            };
+            let mut dead: Vec<Vec<u8>> = vec![];
+            let mut seen = 0usize;
+            let mut last: Option<Vec<u8>> = None;
+            self.backend.scan(state, &from, &end, &mut |k, v| {
+                seen += 1;
+                let written = v
+                    .get(..TTL_PREFIX)
+                    .and_then(|t| t.try_into().ok())
+                    .map_or(i64::MAX, decode_time);
+                if now.saturating_sub(written) >= ttl {
+                    freed += (k.len() + v.len()) as i64;
+                    dead.push(k.to_vec());
+                }
+                last = Some(k.to_vec());
+                seen < budget
+            })?;
+            // Next time: just after the last key seen, or from the start.
+            self.expiry_cursor[state] = match last {
+                Some(mut k) if seen >= budget => {
+                    k.push(0);
+                    k
+                }
+                _ => vec![],
+            };
+            if !dead.is_empty() {
+                let mut batch = WriteBatch::default();
+                for k in dead {
+                    batch.delete(state, k);
+                }
+                self.backend.write(batch)?;
+            }
+        }
+        Ok(freed)
     }
 
     pub fn backend(&self) -> &dyn StateBackend {
@@ -206,7 +329,18 @@ impl KeyedState {
     pub fn get(&self, state: StateId, entries: &[EntryRef]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let keys: Vec<Vec<u8>> = entries.iter().map(|e| value_key(*e)).collect();
         let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        self.backend.multi_get(state, &refs)
+        let values = self.backend.multi_get(state, &refs)?;
+        if !self.is_ttl(state) {
+            return Ok(values);
+        }
+        let now = (self.clock)();
+        values
+            .into_iter()
+            .map(|v| match v {
+                Some(v) => self.live_value(state, &v, now),
+                None => Ok(None),
+            })
+            .collect()
     }
 
     pub fn write(&mut self, w: KeyedWrite) -> Result<(), StateError> {
@@ -223,6 +357,16 @@ impl KeyedState {
         // window flush writes tens of thousands of keys in hash order).
         // Stable, so operations on one key keep their order.
         let mut batch = w.batch;
+        if self.decls.iter().any(|d| d.ttl) {
+            let now = encode_time((self.clock)());
+            for (state, _, value) in &mut batch.ops {
+                if let Some(v) = value
+                    && self.decls.get(*state).is_some_and(|d| d.ttl)
+                {
+                    v.splice(0..0, now);
+                }
+            }
+        }
         batch.ops.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         self.backend.write(batch)
     }
@@ -300,8 +444,23 @@ impl KeyedState {
         let start = value_key(e);
         let end = successor(&start);
         let skip = start.len();
+        if !self.is_ttl(state) {
+            return self
+                .backend
+                .scan(state, &start, &end, &mut |k, v| visit(&k[skip.min(k.len())..], v));
+        }
+        let now = (self.clock)();
+        let mut err = None;
         self.backend
-            .scan(state, &start, &end, &mut |k, v| visit(&k[skip.min(k.len())..], v))
+            .scan(state, &start, &end, &mut |k, v| match self.live_value(state, v, now) {
+                Ok(Some(v)) => visit(&k[skip.min(k.len())..], &v),
+                Ok(None) => true,
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
+            })?;
+        err.map_or(Ok(()), Err)
     }
 
     /// The latest time of any timer of `state`: one reverse seek per key
@@ -341,12 +500,66 @@ pub(crate) mod tests {
         StateDecl {
             name: "v",
             kind: StateKind::Value,
+            ttl: false,
         },
         StateDecl {
             name: "t",
             kind: StateKind::Timers,
+            ttl: false,
         },
     ];
+
+    static NOW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1_000);
+
+    fn fake_now() -> i64 {
+        NOW.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn ttl_values_expire_unless_written_again_and_expiry_deletes_them() {
+        const TTL_DECLS: &[StateDecl] = &[StateDecl {
+            name: "v",
+            kind: StateKind::Value,
+            ttl: true,
+        }];
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
+        s.set_clock(fake_now);
+        s.set_ttl(Some(std::time::Duration::from_millis(100)));
+        let e = |k: &'static [u8]| EntryRef {
+            key_group: 1,
+            key: k,
+            namespace: b"",
+        };
+        let mut w = KeyedWrite::default();
+        w.put(0, e(b"idle"), b"1".to_vec());
+        w.put(0, e(b"busy"), b"2".to_vec());
+        s.write(w).expect("write");
+        NOW.store(1_080, std::sync::atomic::Ordering::SeqCst);
+        let mut w = KeyedWrite::default();
+        w.put(0, e(b"busy"), b"3".to_vec());
+        s.write(w).expect("rewrite");
+        NOW.store(1_150, std::sync::atomic::Ordering::SeqCst);
+        // 150 ms after its write the idle key is gone; the busy one was
+        // written 70 ms ago.
+        let got = s.get(0, &[e(b"idle"), e(b"busy")]).expect("get");
+        assert_eq!(got, vec![None, Some(b"3".to_vec())]);
+        let freed = s.expire(fake_now(), 1).expect("expire");
+        let freed = freed + s.expire(fake_now(), 1).expect("expire");
+        assert!(freed > 0, "the expired entry's bytes are freed");
+        let mut left = 0;
+        s.backend()
+            .scan(0, &[0], &[0xff], &mut |_, _| {
+                left += 1;
+                true
+            })
+            .expect("scan");
+        assert_eq!(left, 1, "only the busy key is stored");
+        // Without TTL nothing expires (the write time stays in the bytes).
+        s.set_ttl(None);
+        NOW.store(9_999_999, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(s.get(0, &[e(b"busy")]).expect("get"), vec![Some(b"3".to_vec())]);
+        assert_eq!(s.expire(fake_now(), 10).expect("expire"), 0);
+    }
 
     #[test]
     fn golden_layout() {

@@ -238,10 +238,12 @@ mod tests {
             StateDecl {
                 name: "s0",
                 kind: StateKind::Value,
+                ttl: false,
             },
             StateDecl {
                 name: "s1",
                 kind: StateKind::Value,
+                ttl: false,
             },
         ];
         let sources = [

@@ -43,14 +43,19 @@ use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 const ACC: usize = 0;
 const MAP: usize = 1;
 /// The operator's states; their names are part of savepoints.
+/// Entries of each state looked at per processing-time tick for expiry.
+const EXPIRY_BUDGET: usize = 10_000;
+
 pub const STATES: &[StateDecl] = &[
     StateDecl {
         name: "group-acc",
         kind: StateKind::Value,
+        ttl: true,
     },
     StateDecl {
         name: "group-agg-map",
         kind: StateKind::Value,
+        ttl: true,
     },
 ];
 
@@ -183,6 +188,16 @@ impl Operator for GroupAggregateOperator {
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
         Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.state.expiry_interval()
+    }
+
+    fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
+        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
+        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+        Ok(())
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -375,7 +390,9 @@ impl Operator for GroupAggregateOperator {
                     row: i as u32,
                     values: new.clone(),
                 }),
-                Some(old) if old == new => {}
+                // With TTL Flink re-emits an unchanged result, so that
+                // downstream state is not evicted too early.
+                Some(old) if old == new && !self.state.ttl_enabled() => {}
                 Some(old) => {
                     emitted.push(Emitted {
                         kind: RowKind::UpdateBefore,

@@ -70,10 +70,12 @@ pub const STATES: &[StateDecl] = &[
     StateDecl {
         name: "window-acc",
         kind: StateKind::Value,
+        ttl: false,
     },
     StateDecl {
         name: "window-timers",
         kind: StateKind::Timers,
+        ttl: false,
     },
 ];
 
