@@ -3,6 +3,7 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use tokio::runtime::Runtime;
@@ -365,8 +366,35 @@ impl Signals {
     }
 }
 
+/// How a streaming result is shown (`sql-client.execution.result-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResultMode {
+    /// A materialized view of the result, updated in place.
+    Table,
+    /// Every change as it arrives, with its op.
+    Changelog,
+}
+
+impl ResultMode {
+    /// The session's choice; without one, the interactive shell shows an
+    /// updating result as a table and everything else streams.
+    fn of(session: &Session, interactive: bool, rs_changelog: bool) -> Self {
+        match session.result_mode().map(str::to_ascii_lowercase).as_deref() {
+            Some("table") => ResultMode::Table,
+            Some(_) => ResultMode::Changelog,
+            None if interactive && rs_changelog => ResultMode::Table,
+            None => ResultMode::Changelog,
+        }
+    }
+}
+
 /// Prints a result; streams run until they end or a signal arrives.
-async fn show(result: StatementResult, signals: &mut Signals) -> Result<(), SessionError> {
+async fn show(
+    result: StatementResult,
+    signals: &mut Signals,
+    session: &Session,
+    interactive: bool,
+) -> Result<(), SessionError> {
     match result {
         StatementResult::Done(msg) => println!("[INFO] {msg}"),
         StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
@@ -381,8 +409,64 @@ async fn show(result: StatementResult, signals: &mut Signals) -> Result<(), Sess
             name,
             resumed_from: Some((checkpoint, path)),
         } => println!("[INFO] job '{name}' submitted (id {id}): resuming from checkpoint {checkpoint} ({path})"),
-        StatementResult::Stream(rs) => stream(rs, signals).await?,
+        StatementResult::Stream(rs) => match ResultMode::of(session, interactive, rs.changelog) {
+            ResultMode::Table => materialized(rs, signals).await?,
+            ResultMode::Changelog => stream(rs, signals).await?,
+        },
     }
+    Ok(())
+}
+
+/// Shows a streaming result as a table kept up to date: each change is
+/// applied (`+I`/`+U` add a row, `-U`/`-D` remove one) and, on a terminal,
+/// the table is redrawn a few times a second under a status line (rows,
+/// changes per second, elapsed time, watermark); piped, the final table is
+/// printed once. Ctrl-C stops the query and keeps the table.
+async fn materialized(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
+    let terminal = std::io::stdout().is_terminal();
+    let mut view = crate::display::Materialized::new(&rs.schema);
+    let started = Instant::now();
+    let mut redraw = tokio::time::interval(Duration::from_millis(250));
+    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let metrics = rs.job.metrics.clone();
+    let status = |view: &crate::display::Materialized| {
+        let secs = started.elapsed().as_secs_f64();
+        let watermark = metrics
+            .source_watermark()
+            .filter(|w| *w > i64::MIN && *w < i64::MAX)
+            .map(crate::display::format_millis)
+            .unwrap_or_else(|| "none".into());
+        format!(
+            "rows: {}, changes: {} ({:.0}/s), elapsed: {secs:.1} s, watermark: {watermark}",
+            view.len(),
+            view.changes(),
+            view.changes() as f64 / secs.max(0.001)
+        )
+    };
+    let mut out = std::io::stdout();
+    loop {
+        tokio::select! {
+            b = rs.rows.recv() => match b {
+                Some(batch) => view.apply(&batch).map_err(weir_engine::ExecError::from)?,
+                None => break,
+            },
+            _ = redraw.tick(), if terminal => {
+                // Clear the screen, then the table and its status.
+                let _ = write!(out, "\x1b[2J\x1b[H{}\n{}\n", view.render(), status(&view));
+                let _ = out.flush();
+            }
+            _ = signals.recv() => {
+                rs.job.stop();
+                break;
+            }
+        }
+    }
+    drop(rs.rows);
+    if terminal {
+        let _ = write!(out, "\x1b[2J\x1b[H");
+    }
+    let _ = writeln!(out, "{}\n{}", view.render(), status(&view));
+    rs.job.wait().await?;
     Ok(())
 }
 
@@ -441,7 +525,7 @@ pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 
                 return EXIT_ERROR;
             }
         };
-        if let Err(e) = show(result, &mut signals).await {
+        if let Err(e) = show(result, &mut signals, session, false).await {
             print_error(origin, &e);
             stop_all(session.take_jobs()).await;
             return EXIT_ERROR;
@@ -570,7 +654,7 @@ fn repl(rt: &Runtime, mut backend: Backend<'_>) -> i32 {
                             for s in &stmts {
                                 match session.execute(s).await {
                                     Ok(r) => {
-                                        if let Err(e) = show(r, &mut signals).await {
+                                        if let Err(e) = show(r, &mut signals, session, true).await {
                                             print_error(REPL, &e);
                                             break;
                                         }

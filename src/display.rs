@@ -121,6 +121,134 @@ impl Tableau {
     }
 }
 
+/// A streaming result applied as it comes (the shell's `table` result
+/// mode): rows in the order they first appeared, each with its
+/// multiplicity; `+I`/`+U` add a row, `-U`/`-D` take one away.
+pub struct Materialized {
+    names: Vec<String>,
+    changelog: bool,
+    rows: Vec<(Vec<String>, usize)>,
+    changes: u64,
+    /// Where the last `-U` removed a row: its `+U` goes there, so an
+    /// updated row stays in place.
+    hole: Option<usize>,
+}
+
+impl Materialized {
+    pub fn new(schema: &SchemaRef) -> Self {
+        let changelog = is_changelog(schema);
+        Self {
+            names: schema
+                .fields()
+                .iter()
+                .skip(usize::from(changelog))
+                .map(|f| f.name().clone())
+                .collect(),
+            changelog,
+            rows: vec![],
+            changes: 0,
+            hole: None,
+        }
+    }
+
+    /// Rows shown (with their multiplicity).
+    pub fn len(&self) -> usize {
+        self.rows.iter().map(|(_, n)| n).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Changes applied so far.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    pub fn apply(&mut self, batch: &RecordBatch) -> Result<(), arrow::error::ArrowError> {
+        let changes = if self.changelog {
+            changes_of(batch)?
+        } else {
+            batch.clone().into()
+        };
+        let opts = weir_engine::connectors::print::format_options();
+        let fmts = changes
+            .rows
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref() as &dyn Array, &opts))
+            .collect::<Result<Vec<_>, _>>()?;
+        for i in 0..changes.num_rows() {
+            self.changes += 1;
+            let row: Vec<String> = fmts.iter().map(|f| f.value(i).to_string()).collect();
+            let at = self.rows.iter().position(|(r, _)| *r == row);
+            let kind = changes.kind(i);
+            match (kind.is_accumulate(), at) {
+                (true, Some(at)) => self.rows[at].1 += 1,
+                (true, None) => match self
+                    .hole
+                    .take()
+                    .filter(|_| kind == weir_engine::change::RowKind::UpdateAfter)
+                {
+                    Some(h) if h <= self.rows.len() => self.rows.insert(h, (row, 1)),
+                    _ => self.rows.push((row, 1)),
+                },
+                (false, Some(at)) => {
+                    self.rows[at].1 -= 1;
+                    if self.rows[at].1 == 0 {
+                        self.rows.remove(at);
+                        self.hole = (kind == weir_engine::change::RowKind::UpdateBefore).then_some(at);
+                    }
+                }
+                // A retraction of a row not shown (dropped upstream): nothing.
+                (false, None) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The table as text.
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.names.iter().map(|n| n.len()).collect();
+        for (row, _) in &self.rows {
+            for (w, v) in widths.iter_mut().zip(row) {
+                *w = (*w).max(v.chars().count());
+            }
+        }
+        let rule = {
+            let mut s = String::from("+");
+            for w in &widths {
+                s.push_str(&"-".repeat(w + 2));
+                s.push('+');
+            }
+            s
+        };
+        let line = |vals: &[String]| {
+            let mut s = String::from("|");
+            for (v, w) in vals.iter().zip(&widths) {
+                s.push_str(&format!(" {v:>w$} |"));
+            }
+            s
+        };
+        let mut out = format!("{rule}\n{}\n{rule}\n", line(&self.names));
+        for (row, n) in &self.rows {
+            for _ in 0..*n {
+                out.push_str(&line(row));
+                out.push('\n');
+            }
+        }
+        out.push_str(&rule);
+        out
+    }
+}
+
+/// Epoch milliseconds as `yyyy-MM-dd HH:mm:ss.SSS` (UTC).
+pub fn format_millis(ms: i64) -> String {
+    let a = arrow::array::TimestampMillisecondArray::from(vec![ms]);
+    let opts = weir_engine::connectors::print::format_options();
+    ArrayFormatter::try_new(&a, &opts).map_or_else(|_| ms.to_string(), |f| f.value(0).to_string())
+}
+
 /// A whole result as a table (SHOW TABLES, DESCRIBE, SET).
 pub fn table(batches: &[RecordBatch]) -> String {
     let opts = weir_engine::connectors::print::format_options();

@@ -896,6 +896,11 @@ impl Session {
         }
     }
 
+    /// `sql-client.execution.result-mode`, if set.
+    pub fn result_mode(&self) -> Option<&str> {
+        self.settings.get(weir_engine::config::RESULT_MODE).map(String::as_str)
+    }
+
     fn job_metrics(&self, job: &str) -> Result<Arc<JobMetrics>, SessionError> {
         Ok(self.find_job(job)?.metrics)
     }

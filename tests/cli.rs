@@ -207,3 +207,64 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
     assert!(last[0].parse::<u64>().is_ok_and(|a| a < 10_000), "{last:?}");
     assert_eq!(last[2], "2024-01-01 00:00:01.999", "{last:?}");
 }
+
+#[test]
+fn result_modes_show_an_updating_query_as_a_table_or_as_its_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/orders.json");
+    let script = |mode: &str| {
+        format!(
+            "SET 'parallelism.default' = '1';
+{mode}
+CREATE TABLE IF NOT EXISTS orders (id BIGINT, `user` STRING, amount BIGINT, ts TIMESTAMP(3))
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;
+",
+            data.display()
+        )
+    };
+    let run = |text: String| {
+        let file = dir.path().join("q.sql");
+        std::fs::write(&file, text).expect("write");
+        let out = weir(&dir.path().join("data"))
+            .arg("run")
+            .arg(&file)
+            .output()
+            .expect("run");
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    // Table: the final rows only, and a status line.
+    let table = run(script("SET 'sql-client.execution.result-mode' = 'table';"));
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(
+        rows,
+        [
+            "| user | n | total |",
+            "|    a | 5 |    26 |",
+            "|    b | 3 |    30 |",
+            "|    c | 2 |    10 |"
+        ],
+        "{table}"
+    );
+    assert!(table.contains("rows: 3, changes: 17"), "{table}");
+    // A script streams changes by default: every -U/+U with its op.
+    let changes = run(script(""));
+    assert!(changes.contains("| -U |"), "{changes}");
+    assert!(changes.contains("Received a total of 17 rows"), "{changes}");
+    let bad = weir(&dir.path().join("data"))
+        .args(["-c", "SET 'sql-client.execution.result-mode' = 'grid'"])
+        .output()
+        .expect("run");
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("sql-client.execution.result-mode"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}

@@ -42,6 +42,8 @@ pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
 pub const STATE_TTL: &str = "table.exec.state.ttl";
+/// How the shell shows a query's result (Flink's SQL client option).
+pub const RESULT_MODE: &str = "sql-client.execution.result-mode";
 pub const ROCKSDB_MANAGED: &str = "state.backend.rocksdb.memory.managed";
 pub const ROCKSDB_PER_SLOT: &str = "state.backend.rocksdb.memory.fixed-per-slot";
 pub const ROCKSDB_BLOOM: &str = "state.backend.rocksdb.use-bloom-filter";
@@ -253,6 +255,12 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
         "with RocksDB state: (key, window) groups a window aggregate pre-aggregates in memory before it writes them to RocksDB",
     )
     .with_default("500000"),
+    OptionSpec::new(
+        RESULT_MODE,
+        OptionKind::Enum(&["table", "changelog", "tableau"]),
+        "how the shell shows results: 'table' a materialized view updated in place (default for updating queries \
+         in the interactive shell), 'changelog' and 'tableau' every change as it comes (with its op)",
+    ),
     OptionSpec::new(
         STATE_TTL,
         OptionKind::Duration,
