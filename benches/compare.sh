@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every query of benches/queries on Weir and Flink 2.3, side by side, at
-# parallelism 1 and 2, heap and RocksDB state (docs/benchmarks.md).
+# parallelism 1 and 2, heap and RocksDB state (docs/benchmarks.md); the
+# updating queries at parallelism 1 with RocksDB state.
 #   benches/compare.sh            (needs a release build; Flink optional)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +11,7 @@ for p in 1 2; do
   "$bin" bench compare $q/passthrough.sql $q/projection.sql $q/filter.sql $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend hashmap --runs 2
   "$bin" bench compare $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend rocksdb --runs 2
 done
+# Updating queries (GROUP BY, joins, Top-N, deduplication) with RocksDB state
+# on both engines, as the issue asks.
+"$bin" bench compare $q/group_counts.sql $q/join_auction.sql $q/join_agg_avg.sql $q/top10.sql $q/dedup_last.sql \
+  -p 1 --state-backend rocksdb --runs 1 --rows 1000000

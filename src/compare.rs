@@ -229,6 +229,10 @@ fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String
         let bids = bids_csv(bench_dir, args.rows)?;
         out = out.replace("${BIDS}", &bids.display().to_string());
     }
+    if out.contains("${AUCTIONS}") {
+        let auctions = auctions_csv(bench_dir)?;
+        out = out.replace("${AUCTIONS}", &auctions.display().to_string());
+    }
     if let Some(i) = out.find("${") {
         let name: String = out[i + 2..].chars().take_while(|c| *c != '}').collect();
         return Err(format!("${{{name}}} is not defined: pass -D {name}=VALUE"));
@@ -269,6 +273,28 @@ pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
     }
     out.flush().map_err(io)?;
     drop(out);
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The auctions the bids bid on: ids 0..10 000 (every bid's auction),
+/// `id, seller, category, dateTime` (category `10 + id % 20`, seller
+/// `id % 1000`), made once.
+pub fn auctions_csv(dir: &Path) -> Result<PathBuf, String> {
+    let path = dir.join("auctions-10k.csv");
+    if path.is_file() {
+        return Ok(path);
+    }
+    let mut text = String::new();
+    for id in 0..10_000u64 {
+        text.push_str(&format!(
+            "{id},{},{},2024-01-01 00:00:00.000\n",
+            id % 1000,
+            10 + id % 20
+        ));
+    }
+    let tmp = path.with_extension("tmp");
+    write(&tmp, &text)?;
     std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)
 }

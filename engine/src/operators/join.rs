@@ -27,7 +27,7 @@
 //! Rows whose join key has a NULL never match (they are not stored: a
 //! row-preserving side emits and retracts them padded).
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

@@ -20,8 +20,8 @@
 //! - keep-last deduplication: the first row `+I`, then a row whose time is
 //!   at least the kept one's replaces it: `-U[old]`, `+U[new]`.
 
+use hashbrown::HashMap;
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 

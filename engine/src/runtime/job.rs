@@ -1193,6 +1193,7 @@ fn create_operator(
                 sources,
             )?;
             state.set_ttl(config.state_ttl);
+            let insert_only = graph.inputs(id).all(|e| graph.node(e.from).changelog.is_insert_only());
             Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
                 g,
                 &input_schema()?,
@@ -1200,6 +1201,7 @@ fn create_operator(
                 config.max_parallelism,
                 state,
                 metrics.nodes[id].clone(),
+                insert_only,
             )?)
         }
         NodeKind::WindowAggregate(w) => {

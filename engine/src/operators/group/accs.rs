@@ -74,12 +74,16 @@ pub struct AggSpec {
     pub call: AggCall,
     /// SUM/AVG: how values add.
     pub class: Option<NumClass>,
-    /// Keeps a value → count map (MIN, MAX, DISTINCT): encodes values.
+    /// Encodes values (MIN, MAX, DISTINCT).
     pub codec: Option<RowCodec>,
+    /// Keeps a value → count map in state: DISTINCT, and MIN/MAX over an
+    /// input with retractions (over insert-only input a value never
+    /// leaves, so the extreme alone is enough, as Flink's plain MAX).
+    pub map: bool,
 }
 
 impl AggSpec {
-    pub fn new(call: &AggCall) -> Result<AggSpec> {
+    pub fn new(call: &AggCall, insert_only: bool) -> Result<AggSpec> {
         let class = match call.func {
             AggFunc::Sum | AggFunc::Avg => Some(NumClass::of(&call.input_type).ok_or_else(|| {
                 ExecError::internal(format!(
@@ -90,8 +94,8 @@ impl AggSpec {
             })?),
             _ => None,
         };
-        let uses_map = call.distinct || matches!(call.func, AggFunc::Min | AggFunc::Max);
-        let codec = if uses_map {
+        let extreme = matches!(call.func, AggFunc::Min | AggFunc::Max);
+        let codec = if call.distinct || extreme {
             Some(RowCodec::new(std::slice::from_ref(&call.input_type)).map_err(ExecError::internal)?)
         } else {
             None
@@ -100,11 +104,12 @@ impl AggSpec {
             call: call.clone(),
             class,
             codec,
+            map: call.distinct || (extreme && !insert_only),
         })
     }
 
     pub fn uses_map(&self) -> bool {
-        self.codec.is_some()
+        self.map
     }
 
     /// The batch's input of this call cast for adding (SUM/AVG), else as
@@ -411,17 +416,20 @@ mod tests {
     #[test]
     fn accumulators_round_trip_through_bytes() {
         let specs = vec![
-            AggSpec::new(&call(AggFunc::Count, DataType::Null, DataType::Int64, false)).expect("count"),
-            AggSpec::new(&call(AggFunc::Sum, DataType::Int32, DataType::Int64, false)).expect("sum"),
-            AggSpec::new(&call(
-                AggFunc::Avg,
-                DataType::Decimal128(10, 2),
-                DataType::Decimal128(14, 6),
+            AggSpec::new(&call(AggFunc::Count, DataType::Null, DataType::Int64, false), false).expect("count"),
+            AggSpec::new(&call(AggFunc::Sum, DataType::Int32, DataType::Int64, false), false).expect("sum"),
+            AggSpec::new(
+                &call(
+                    AggFunc::Avg,
+                    DataType::Decimal128(10, 2),
+                    DataType::Decimal128(14, 6),
+                    false,
+                ),
                 false,
-            ))
+            )
             .expect("avg"),
-            AggSpec::new(&call(AggFunc::Max, DataType::Utf8, DataType::Utf8, false)).expect("max"),
-            AggSpec::new(&call(AggFunc::Min, DataType::Float64, DataType::Float64, false)).expect("min"),
+            AggSpec::new(&call(AggFunc::Max, DataType::Utf8, DataType::Utf8, false), false).expect("max"),
+            AggSpec::new(&call(AggFunc::Min, DataType::Float64, DataType::Float64, false), false).expect("min"),
         ];
         let k = KeyAccs {
             rows: 3,
@@ -453,8 +461,8 @@ mod tests {
 
     #[test]
     fn sum_is_null_without_values_and_int_avg_truncates() {
-        let sum = AggSpec::new(&call(AggFunc::Sum, DataType::Int64, DataType::Int64, false)).expect("sum");
-        let avg = AggSpec::new(&call(AggFunc::Avg, DataType::Int32, DataType::Int32, false)).expect("avg");
+        let sum = AggSpec::new(&call(AggFunc::Sum, DataType::Int64, DataType::Int64, false), false).expect("sum");
+        let avg = AggSpec::new(&call(AggFunc::Avg, DataType::Int32, DataType::Int32, false), false).expect("avg");
         let mut acc = sum.empty();
         assert_eq!(sum.value(&acc).expect("v"), ScalarValue::Int64(None));
         let a: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![5, -8]));

@@ -19,7 +19,9 @@
 //!   did not change;
 //! - the key's row count back to 0: `-D(key, old)`, state cleared.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -100,6 +102,7 @@ impl GroupAggregateOperator {
         max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
+        insert_only: bool,
     ) -> Result<Self> {
         let key_types = node
             .keys
@@ -111,7 +114,11 @@ impl GroupAggregateOperator {
         } else {
             Some(KeyEncoder::new(&key_types)?)
         };
-        let specs = node.aggregates.iter().map(AggSpec::new).collect::<Result<Vec<_>>>()?;
+        let specs = node
+            .aggregates
+            .iter()
+            .map(|c| AggSpec::new(c, insert_only))
+            .collect::<Result<Vec<_>>>()?;
         let keys: Vec<String> = node.keys.iter().map(|k| k.to_string()).collect();
         Ok(Self {
             name: format!("GroupAggregate [{}]", keys.join(", ")),
@@ -270,7 +277,7 @@ impl Operator for GroupAggregateOperator {
                 None => None,
             };
             encoded.push(match (&spec.codec, &arg) {
-                (Some(codec), Some(a)) => Some(codec.encode(std::slice::from_ref(a))?),
+                (Some(codec), Some(a)) if spec.uses_map() => Some(codec.encode(std::slice::from_ref(a))?),
                 _ => None,
             });
             args.push(arg);
@@ -339,7 +346,16 @@ impl Operator for GroupAggregateOperator {
                 }
                 let acc = &mut accs.accs[j];
                 let Some(enc) = &encoded[j] else {
-                    spec.add(acc, args[j].as_ref(), i, sign);
+                    if matches!(spec.call.func, AggFunc::Min | AggFunc::Max) {
+                        // Insert-only input: no value ever leaves.
+                        if let Some(a) = &args[j]
+                            && sign > 0
+                        {
+                            spec.offer(acc, ScalarValue::try_from_array(a, i)?);
+                        }
+                    } else {
+                        spec.add(acc, args[j].as_ref(), i, sign);
+                    }
                     continue;
                 };
                 let mut ns = (j as u16).to_be_bytes().to_vec();
