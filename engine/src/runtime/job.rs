@@ -1102,6 +1102,10 @@ fn no_claim_restore(r: &RestoredJob, config: &JobConfig) -> bool {
     !config.claim && config.recovery_path.as_deref().is_some_and(|p| p == r.path.as_path())
 }
 
+/// Entries of a GROUP BY's accumulators or a Top-N's partitions kept in
+/// memory over RocksDB between snapshots.
+const STATE_CACHE_ENTRIES: usize = 100_000;
+
 #[allow(clippy::too_many_arguments)]
 fn create_operator(
     graph: &StreamGraph,
@@ -1167,6 +1171,10 @@ fn create_operator(
                 sources,
             )?;
             state.set_ttl(config.state_ttl);
+            if config.state_backend == StateBackendKind::RocksDb {
+                // Hot keys stay in memory between snapshots.
+                state.cache(&[0], STATE_CACHE_ENTRIES);
+            }
             // Updating input: every row is kept, so a retracted top row
             // has a successor.
             let keep_all = graph.inputs(id).any(|e| !graph.node(e.from).changelog.is_insert_only());
@@ -1193,6 +1201,10 @@ fn create_operator(
                 sources,
             )?;
             state.set_ttl(config.state_ttl);
+            if config.state_backend == StateBackendKind::RocksDb {
+                // Hot keys stay in memory between snapshots.
+                state.cache(&[crate::operators::group::aggregate::ACC], STATE_CACHE_ENTRIES);
+            }
             let insert_only = graph.inputs(id).all(|e| graph.node(e.from).changelog.is_insert_only());
             Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
                 g,

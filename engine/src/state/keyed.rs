@@ -185,6 +185,22 @@ pub struct KeyedState {
     expiry_cursor: Vec<Vec<u8>>,
     /// Processing time in ms ([`processing_time_ms`]; tests set their own).
     clock: fn() -> i64,
+    /// A write-back cache of point-read states (see [`KeyedState::cache`]).
+    cache: std::cell::RefCell<Cache>,
+}
+
+/// Entries of cached states held in memory: read once from the backend,
+/// written there in one sorted batch at a flush (a snapshot, a full
+/// cache, or before the layer scans them).
+#[derive(Default)]
+struct Cache {
+    /// Which states are cached.
+    states: Vec<bool>,
+    /// (state, stored key) → (stored value or absent, written since the
+    /// last flush).
+    entries: hashbrown::HashMap<(StateId, Vec<u8>), (Option<Vec<u8>>, bool)>,
+    dirty: usize,
+    limit: usize,
 }
 
 /// Processing time: the wall clock, in ms.
@@ -215,6 +231,7 @@ impl KeyedState {
             groups,
             ttl: None,
             clock: processing_time_ms,
+            cache: Default::default(),
         }
     }
 
@@ -222,6 +239,42 @@ impl KeyedState {
     /// or zero: never).
     pub fn set_ttl(&mut self, ttl: Option<std::time::Duration>) {
         self.ttl = ttl.filter(|d| !d.is_zero()).map(|d| d.as_millis() as i64);
+    }
+
+    /// Keeps `states` (value states read by key, never scanned by the
+    /// operator) in a write-back cache of up to `limit` entries: a hot
+    /// key costs no backend read or write between flushes. Flushed at
+    /// every snapshot, and emptied when it outgrows the limit.
+    pub fn cache(&mut self, states: &[StateId], limit: usize) {
+        let c = self.cache.get_mut();
+        c.states = (0..self.decls.len()).map(|s| states.contains(&s)).collect();
+        c.limit = limit.max(1);
+    }
+
+    fn cached(&self, state: StateId) -> bool {
+        self.cache.borrow().states.get(state).copied().unwrap_or(false)
+    }
+
+    /// Writes the cache's changes to the backend in one batch; empties it
+    /// when it holds more than its limit.
+    pub fn flush(&mut self) -> Result<(), StateError> {
+        let c = self.cache.get_mut();
+        if c.dirty > 0 {
+            let mut batch = WriteBatch::default();
+            for ((state, key), (value, dirty)) in c.entries.iter_mut() {
+                if std::mem::take(dirty) {
+                    batch.ops.push((*state, key.clone(), value.clone()));
+                }
+            }
+            c.dirty = 0;
+            batch.ops.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            self.backend.write(batch)?;
+        }
+        let c = self.cache.get_mut();
+        if c.entries.len() > c.limit {
+            c.entries.clear();
+        }
+        Ok(())
     }
 
     /// Another processing-time clock (tests).
@@ -267,6 +320,10 @@ impl KeyedState {
     /// stopped (Flink's incremental cleanup). Returns the bytes removed.
     pub fn expire(&mut self, now: i64, budget: usize) -> Result<i64, StateError> {
         let Some(ttl) = self.ttl else { return Ok(0) };
+        // The scan reads the backend: the cache's changes go there first,
+        // and what it deletes must not survive in the cache.
+        self.flush()?;
+        self.cache.get_mut().entries.clear();
         let mut freed = 0i64;
         let end = if u32::from(self.groups.end) > u32::from(KeyGroup::MAX) {
             vec![0xff; 3]
@@ -328,8 +385,29 @@ impl KeyedState {
     /// Values of `entries` in `state`, in order.
     pub fn get(&self, state: StateId, entries: &[EntryRef]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let keys: Vec<Vec<u8>> = entries.iter().map(|e| value_key(*e)).collect();
-        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let values = self.backend.multi_get(state, &refs)?;
+        let values = if self.cached(state) {
+            // Hits from memory, misses in one multi-get, then remembered.
+            let mut cache = self.cache.borrow_mut();
+            let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+            let mut missing: Vec<usize> = vec![];
+            for (i, k) in keys.iter().enumerate() {
+                match cache.entries.get(&(state, k.clone())) {
+                    Some((v, _)) => values[i] = v.clone(),
+                    None => missing.push(i),
+                }
+            }
+            if !missing.is_empty() {
+                let refs: Vec<&[u8]> = missing.iter().map(|i| keys[*i].as_slice()).collect();
+                for (i, v) in missing.iter().zip(self.backend.multi_get(state, &refs)?) {
+                    cache.entries.insert((state, keys[*i].clone()), (v.clone(), false));
+                    values[*i] = v;
+                }
+            }
+            values
+        } else {
+            let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            self.backend.multi_get(state, &refs)?
+        };
         if !self.is_ttl(state) {
             return Ok(values);
         }
@@ -366,6 +444,32 @@ impl KeyedState {
                     v.splice(0..0, now);
                 }
             }
+        }
+        // Cached states' changes stay in memory until a flush.
+        let mut full = false;
+        {
+            let c = self.cache.get_mut();
+            if c.states.iter().any(|s| *s) {
+                batch.ops.retain_mut(|(state, key, value)| {
+                    if !c.states.get(*state).copied().unwrap_or(false) {
+                        return true;
+                    }
+                    let e = c.entries.entry((*state, std::mem::take(key))).or_insert((None, false));
+                    e.0 = value.take();
+                    if !e.1 {
+                        e.1 = true;
+                        c.dirty += 1;
+                    }
+                    false
+                });
+                full = c.entries.len() > c.limit;
+            }
+        }
+        if full {
+            self.flush()?;
+        }
+        if batch.ops.is_empty() {
+            return Ok(());
         }
         batch.ops.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         self.backend.write(batch)
@@ -485,6 +589,7 @@ impl KeyedState {
 
     /// The synchronous part of a checkpoint, with the key groups it covers.
     pub fn snapshot(&mut self, checkpoint_id: u64) -> Result<OperatorSnapshot, StateError> {
+        self.flush()?;
         let names: Vec<&str> = self.decls.iter().map(|d| d.name).collect();
         self.backend.snapshot(checkpoint_id, &names, self.groups.clone())
     }
@@ -559,6 +664,47 @@ pub(crate) mod tests {
         NOW.store(9_999_999, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(s.get(0, &[e(b"busy")]).expect("get"), vec![Some(b"3".to_vec())]);
         assert_eq!(s.expire(fake_now(), 10).expect("expire"), 0);
+    }
+
+    #[test]
+    fn cached_states_reach_the_backend_at_a_flush_and_read_their_own_writes() {
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(2)), DECLS, 0..4);
+        s.cache(&[0], 2);
+        let e = |k: &'static [u8]| EntryRef {
+            key_group: 0,
+            key: k,
+            namespace: b"",
+        };
+        let stored = |s: &KeyedState| {
+            let mut n = 0;
+            s.backend()
+                .scan(0, &[0], &[0xff], &mut |_, _| {
+                    n += 1;
+                    true
+                })
+                .expect("scan");
+            n
+        };
+        let mut w = KeyedWrite::default();
+        w.put(0, e(b"a"), b"1".to_vec());
+        s.write(w).expect("write");
+        assert_eq!(s.get(0, &[e(b"a"), e(b"b")]).expect("get"), vec![Some(b"1".to_vec()), None]);
+        assert_eq!(stored(&s), 0, "held in memory");
+        let mut w = KeyedWrite::default();
+        w.delete(0, e(b"a"));
+        w.put(0, e(b"c"), b"3".to_vec());
+        s.write(w).expect("write");
+        assert_eq!(s.get(0, &[e(b"a")]).expect("get"), vec![None]);
+        s.snapshot(1).expect("snapshot");
+        assert_eq!(stored(&s), 1, "the snapshot flushed: c only");
+        // Past its limit the cache writes everything out and starts over.
+        let mut w = KeyedWrite::default();
+        for k in [&b"d"[..], b"e", b"f"] {
+            w.put(0, e(k), k.to_vec());
+        }
+        s.write(w).expect("write");
+        assert_eq!(stored(&s), 4);
+        assert_eq!(s.get(0, &[e(b"e")]).expect("get"), vec![Some(b"e".to_vec())]);
     }
 
     #[test]

@@ -42,7 +42,8 @@ use crate::plan::{AggFunc, GroupAggregateNode};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
-const ACC: usize = 0;
+/// The accumulators' state (cached over RocksDB: read by key only).
+pub const ACC: usize = 0;
 const MAP: usize = 1;
 /// The operator's states; their names are part of savepoints.
 /// Entries of each state looked at per processing-time tick for expiry.
