@@ -69,7 +69,15 @@ pub struct RankOperator {
     state: KeyedState,
     max_parallelism: u16,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
+    /// Partitions as the last batches left them, decoded (the state holds
+    /// the same rows as bytes): a hot partition is not decoded again.
+    /// Emptied when it outgrows [`DECODED_PARTITIONS`], and unused with
+    /// TTL (state may expire behind it).
+    decoded: hashbrown::HashMap<Vec<u8>, Vec<Ranked>>,
 }
+
+/// Decoded partitions a rank operator keeps.
+const DECODED_PARTITIONS: usize = 100_000;
 
 /// A ranked row: its sort key and its bytes.
 #[derive(Clone)]
@@ -126,6 +134,7 @@ impl RankOperator {
             state,
             max_parallelism,
             metrics,
+            decoded: hashbrown::HashMap::new(),
         })
     }
 
@@ -280,19 +289,30 @@ impl Operator for RankOperator {
             });
             row_part.push(p);
         }
-        let entries: Vec<EntryRef> = parts
+        let use_decoded = !self.state.ttl_enabled();
+        let mut unknown: Vec<usize> = vec![];
+        for (i, p) in parts.iter_mut().enumerate() {
+            match use_decoded.then(|| self.decoded.remove(key_of(p.first))).flatten() {
+                Some(rows) => {
+                    p.rows = rows;
+                    p.stored = true;
+                }
+                None => unknown.push(i),
+            }
+        }
+        let entries: Vec<EntryRef> = unknown
             .iter()
-            .map(|p| EntryRef {
-                key_group: p.group,
-                key: key_of(p.first),
+            .map(|i| EntryRef {
+                key_group: parts[*i].group,
+                key: key_of(parts[*i].first),
                 namespace: &[],
             })
             .collect();
         let stored = self.state.get(ROWS, &entries)?;
-        for (p, bytes) in parts.iter_mut().zip(stored) {
+        for (i, bytes) in unknown.into_iter().zip(stored) {
             if let Some(b) = bytes {
-                p.rows = self.decode_rows(&b)?;
-                p.stored = true;
+                parts[i].rows = self.decode_rows(&b)?;
+                parts[i].stored = true;
             }
         }
 
@@ -414,6 +434,14 @@ impl Operator for RankOperator {
             }
         }
         self.state.write(w)?;
+        if use_decoded {
+            if self.decoded.len() + parts.len() > DECODED_PARTITIONS {
+                self.decoded.clear();
+            }
+            for p in parts.into_iter().filter(|p| !p.rows.is_empty()) {
+                self.decoded.insert(key_of(p.first).to_vec(), p.rows);
+            }
+        }
 
         if emitted.is_empty() {
             return Ok(());

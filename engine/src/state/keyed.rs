@@ -688,7 +688,10 @@ pub(crate) mod tests {
         let mut w = KeyedWrite::default();
         w.put(0, e(b"a"), b"1".to_vec());
         s.write(w).expect("write");
-        assert_eq!(s.get(0, &[e(b"a"), e(b"b")]).expect("get"), vec![Some(b"1".to_vec()), None]);
+        assert_eq!(
+            s.get(0, &[e(b"a"), e(b"b")]).expect("get"),
+            vec![Some(b"1".to_vec()), None]
+        );
         assert_eq!(stored(&s), 0, "held in memory");
         let mut w = KeyedWrite::default();
         w.delete(0, e(b"a"));

@@ -72,7 +72,15 @@ pub struct GroupAggregateOperator {
     state: KeyedState,
     max_parallelism: u16,
     metrics: Arc<NodeMetrics>,
+    /// Keys as the last batches left them, decoded, with their shown row
+    /// and stored size (the state holds the same as bytes): a hot key is
+    /// not decoded again. Emptied when it outgrows [`DECODED_KEYS`], and
+    /// unused with TTL (state may expire behind it).
+    decoded: HashMap<Vec<u8>, (KeyAccs, Vec<ScalarValue>, usize)>,
 }
+
+/// Decoded keys a group aggregate keeps.
+const DECODED_KEYS: usize = 100_000;
 
 /// A key of the batch: where it lives and what it holds.
 struct Slot {
@@ -130,6 +138,7 @@ impl GroupAggregateOperator {
             state,
             max_parallelism,
             metrics,
+            decoded: HashMap::new(),
         })
     }
 
@@ -244,11 +253,27 @@ impl Operator for GroupAggregateOperator {
             });
             row_slot.push(s);
         }
+        let use_decoded = !self.state.ttl_enabled();
+        let mut unknown: Vec<usize> = vec![];
+        for (i, slot) in slots.iter_mut().enumerate() {
+            match use_decoded.then(|| self.decoded.remove(key_of(slot.row))).flatten() {
+                Some((accs, shown, len)) => {
+                    slot.accs = Some(accs);
+                    slot.shown = Some(shown);
+                    slot.stored_len = len;
+                }
+                None => unknown.push(i),
+            }
+        }
         let stored = {
-            let entries: Vec<EntryRef> = slots.iter().map(|s| self.entry(s, key_of(s.row), &[])).collect();
+            let entries: Vec<EntryRef> = unknown
+                .iter()
+                .map(|i| self.entry(&slots[*i], key_of(slots[*i].row), &[]))
+                .collect();
             self.state.get(ACC, &entries)?
         };
-        for (slot, bytes) in slots.iter_mut().zip(stored) {
+        for (i, bytes) in unknown.into_iter().zip(stored) {
+            let slot = &mut slots[i];
             if let Some(b) = bytes {
                 let accs = KeyAccs::decode(&b, &self.specs)?;
                 slot.shown = Some(accs.values(&self.specs)?);
@@ -433,12 +458,13 @@ impl Operator for GroupAggregateOperator {
         // One write for the batch.
         let mut w = KeyedWrite::default();
         let mut grown: i64 = 0;
-        for slot in slots.iter().filter(|s| s.dirty) {
+        for slot in slots.iter_mut().filter(|s| s.dirty) {
             let e = self.entry(slot, key_of(slot.row), &[]);
             match &slot.accs {
                 Some(accs) => {
                     let b = accs.encode(&self.specs)?;
                     grown += b.len() as i64 - slot.stored_len as i64;
+                    slot.stored_len = b.len();
                     w.put(ACC, e, b);
                 }
                 None => {
@@ -459,6 +485,17 @@ impl Operator for GroupAggregateOperator {
         }
         self.state.write(w)?;
         self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        if use_decoded {
+            if self.decoded.len() + slots.len() > DECODED_KEYS {
+                self.decoded.clear();
+            }
+            for slot in slots {
+                if let (Some(accs), Some(shown)) = (slot.accs, slot.shown) {
+                    self.decoded
+                        .insert(key_of(slot.row).to_vec(), (accs, shown, slot.stored_len));
+                }
+            }
+        }
 
         if emitted.is_empty() {
             return Ok(());
