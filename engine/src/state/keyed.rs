@@ -186,8 +186,12 @@ pub struct KeyedState {
     /// Processing time in ms ([`processing_time_ms`]; tests set their own).
     clock: fn() -> i64,
     /// A write-back cache of point-read states (see [`KeyedState::cache`]).
-    cache: std::cell::RefCell<Cache>,
+    cache: std::cell::RefCell<Box<Cache>>,
 }
+
+/// A cached entry: the stored value (or its absence), and whether it was
+/// written since the last flush.
+type CachedValue = (Option<Vec<u8>>, bool);
 
 /// Entries of cached states held in memory: read once from the backend,
 /// written there in one sorted batch at a flush (a snapshot, a full
@@ -196,9 +200,7 @@ pub struct KeyedState {
 struct Cache {
     /// Which states are cached.
     states: Vec<bool>,
-    /// (state, stored key) → (stored value or absent, written since the
-    /// last flush).
-    entries: hashbrown::HashMap<(StateId, Vec<u8>), (Option<Vec<u8>>, bool)>,
+    entries: hashbrown::HashMap<(StateId, Vec<u8>), CachedValue>,
     dirty: usize,
     limit: usize,
 }
