@@ -45,6 +45,9 @@ pub struct TableDef {
     /// `WITH (...)` options, keys as written (Flink option keys are
     /// case-sensitive).
     pub options: BTreeMap<String, String>,
+    /// `PRIMARY KEY (...) NOT ENFORCED`: the columns, in key order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_key: Option<Vec<String>>,
 }
 
 impl TableDef {

@@ -25,6 +25,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         columns: vec![],
         watermark: None,
         options,
+        primary_key: None,
     };
     let mut seen = HashSet::new();
     for c in &stmt.columns {
@@ -126,6 +127,28 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         )));
     }
     weir_engine::connectors::validate_table(&def)?;
+    if let Some((cols, at)) = &stmt.primary_key {
+        let mut key = vec![];
+        for c in cols {
+            let Some(col) = def.columns.iter().find(|d| d.name == c.value) else {
+                return Err(
+                    SqlError::plan(format!("PRIMARY KEY column '{}' is not a column of the table", c.value)).at(*at),
+                );
+            };
+            if col.computed.is_some() {
+                return Err(SqlError::plan(format!(
+                    "PRIMARY KEY column '{}' is a computed column; a key must be a physical column",
+                    c.value
+                ))
+                .at(*at));
+            }
+            if key.contains(&c.value) {
+                return Err(SqlError::plan(format!("PRIMARY KEY names column '{}' twice", c.value)).at(*at));
+            }
+            key.push(c.value.clone());
+        }
+        def.primary_key = Some(key);
+    }
     Ok(def)
 }
 

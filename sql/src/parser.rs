@@ -48,6 +48,8 @@ pub struct CreateTable {
     pub if_not_exists: bool,
     pub columns: Vec<ColumnSpec>,
     pub watermark: Option<WatermarkClause>,
+    /// `PRIMARY KEY (cols) NOT ENFORCED`, and where it is.
+    pub primary_key: Option<(Vec<Ident>, Location)>,
     pub options: Vec<(String, String, Location)>,
 }
 
@@ -604,6 +606,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
     let name = object_name(&p.parse_object_name(false)?);
     let mut columns = vec![];
     let mut watermark = None;
+    let mut primary_key = None;
     if p.consume_token(&Token::LParen) {
         loop {
             let start = p.peek_token();
@@ -651,7 +654,20 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                     location: loc(&start),
                 });
             } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
-                return Err(SqlError::unsupported("PRIMARY KEY is not supported yet").at(loc(&start)));
+                let cols = p.parse_parenthesized_column_list(sqlparser::parser::IsOptional::Mandatory, false)?;
+                if !p.parse_keywords(&[Keyword::NOT, Keyword::ENFORCED]) {
+                    // Flink's message, word for word.
+                    return Err(SqlError::plan(
+                        "Flink doesn't support ENFORCED mode for PRIMARY KEY constraint. ENFORCED/NOT ENFORCED \
+                         controls if the constraint checks are performed on the incoming/outgoing data. Flink \
+                         does not own the data therefore the only supported mode is the NOT ENFORCED mode",
+                    )
+                    .at(loc(&start)));
+                }
+                if primary_key.is_some() {
+                    return Err(SqlError::plan("a table can have only one PRIMARY KEY").at(loc(&start)));
+                }
+                primary_key = Some((cols, loc(&start)));
             } else {
                 let name = p.parse_identifier()?;
                 if p.parse_keyword(Keyword::AS) {
@@ -717,6 +733,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         }
     }
     Ok(CreateTable {
+        primary_key,
         name,
         if_not_exists,
         columns,

@@ -1318,6 +1318,38 @@ impl<'a> GraphBuilder<'a> {
     fn add_sink(&mut self, last: NodeId, sink: &TableDef) -> Result<NodeId> {
         let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
         let mode = &self.nodes[last].changelog;
+        if let Some(pk) = &sink.primary_key
+            && !mode.is_insert_only()
+        {
+            // Flink writes an updating result by key only when the sink's
+            // key is the query's upsert key; otherwise it adds a
+            // SinkUpsertMaterializer, which Weir does not have.
+            let names: Vec<String> = self.nodes[last]
+                .schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect();
+            let sink_cols: Vec<&str> = sink.physical_columns().map(|c| c.name.as_str()).collect();
+            let pk_positions: Option<Vec<usize>> = pk.iter().map(|k| sink_cols.iter().position(|c| c == k)).collect();
+            let mut upsert = mode.upsert_key.clone().unwrap_or_default();
+            upsert.sort_unstable();
+            let mut pk_positions = pk_positions.unwrap_or_default();
+            pk_positions.sort_unstable();
+            if mode.upsert_key.is_none() || upsert != pk_positions {
+                let upsert_names = match &mode.upsert_key {
+                    Some(k) => k.iter().map(|i| names[*i].clone()).collect::<Vec<_>>().join(", "),
+                    None => "none".into(),
+                };
+                return Err(SqlError::unsupported(format!(
+                    "INSERT INTO {}: the sink's PRIMARY KEY ({}) is not the query's upsert key ({upsert_names}); \
+                     Flink would add a SinkUpsertMaterializer to reorder the changes by the sink's key, which Weir \
+                     does not have yet",
+                    sink.name,
+                    pk.join(", ")
+                )));
+            }
+        }
         if !mode.is_insert_only() && !factory.accepts_changes() {
             let origin = self.updating_origin(last);
             return Err(SqlError::unsupported(format!(
