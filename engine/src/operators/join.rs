@@ -49,9 +49,6 @@ use crate::state::codec::RowCodec;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 /// The operator's states (index = input); names are part of savepoints.
-/// Entries of each state looked at per processing-time tick for expiry.
-const EXPIRY_BUDGET: usize = 10_000;
-
 pub const STATES: &[StateDecl] = &[
     StateDecl {
         name: "join-left",
@@ -227,9 +224,7 @@ impl Operator for JoinOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        Ok(())
+        crate::operators::expire_state(&mut self.state, now, &self.metrics)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {

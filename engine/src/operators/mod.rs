@@ -25,6 +25,22 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
 use crate::message::Timestamp;
 
+/// Deletes expired state (`table.exec.state.ttl`), a bounded amount per
+/// call, and takes what it freed off the operator's state-size metric.
+pub(crate) fn expire_state(
+    state: &mut crate::state::KeyedState,
+    now: i64,
+    metrics: &crate::runtime::metrics::NodeMetrics,
+) -> Result<()> {
+    /// Entries of each state looked at per call.
+    const BUDGET: usize = 10_000;
+    let freed = state.expire(now, BUDGET)?;
+    metrics
+        .state_bytes
+        .fetch_sub(freed, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 /// Where an operator puts its output. Batches only: watermarks, barriers and
 /// statuses are forwarded by the runtime so an operator cannot lose them.
 #[derive(Default)]

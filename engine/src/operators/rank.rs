@@ -23,7 +23,6 @@
 use hashbrown::HashMap;
 use std::cmp::Ordering as CmpOrdering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use arrow::array::{ArrayRef, UInt64Array};
 use arrow::datatypes::SchemaRef;
@@ -43,9 +42,6 @@ use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 const ROWS: usize = 0;
 /// The operator's states; their names are part of savepoints.
-/// Entries of each state looked at per processing-time tick for expiry.
-const EXPIRY_BUDGET: usize = 10_000;
-
 pub const STATES: &[StateDecl] = &[StateDecl {
     name: "rank-rows",
     kind: StateKind::Value,
@@ -246,9 +242,7 @@ impl Operator for RankOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        Ok(())
+        crate::operators::expire_state(&mut self.state, now, &self.metrics)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {

@@ -1102,6 +1102,26 @@ fn no_claim_restore(r: &RestoredJob, config: &JobConfig) -> bool {
     !config.claim && config.recovery_path.as_deref().is_some_and(|p| p == r.path.as_path())
 }
 
+/// The keyed state of subtask `subtask` of a non-windowed stateful node
+/// (GROUP BY, join, Top-N): opened from what was restored for its key
+/// groups, with `table.exec.state.ttl`.
+fn keyed_state(
+    node: &crate::plan::StreamNode,
+    subtask: usize,
+    config: &JobConfig,
+    tuning: &crate::state::RocksDbTuning,
+    restored: Option<&RestoredJob>,
+    sink_ctx: &SinkContext,
+    decls: &[crate::state::StateDecl],
+) -> Result<crate::state::KeyedState> {
+    let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
+    let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
+    let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
+    let mut state = open_keyed(config.state_backend, tuning, &dir, decls, groups, sources)?;
+    state.set_ttl(config.state_ttl);
+    Ok(state)
+}
+
 /// Entries of a GROUP BY's accumulators or a Top-N's partitions kept in
 /// memory over RocksDB between snapshots.
 const STATE_CACHE_ENTRIES: usize = 100_000;
@@ -1138,18 +1158,15 @@ fn create_operator(
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::Join(j) => {
-            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
-            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
-            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let mut state = open_keyed(
-                config.state_backend,
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
                 tuning,
-                &dir,
+                restored,
+                sink_ctx,
                 crate::operators::join::STATES,
-                groups,
-                sources,
             )?;
-            state.set_ttl(config.state_ttl);
             Box::new(crate::operators::join::JoinOperator::new(
                 j,
                 node.schema.clone(),
@@ -1159,18 +1176,15 @@ fn create_operator(
             )?)
         }
         NodeKind::Rank(r) => {
-            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
-            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
-            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let mut state = open_keyed(
-                config.state_backend,
+            let mut state = keyed_state(
+                node,
+                subtask,
+                config,
                 tuning,
-                &dir,
+                restored,
+                sink_ctx,
                 crate::operators::rank::STATES,
-                groups,
-                sources,
             )?;
-            state.set_ttl(config.state_ttl);
             if config.state_backend == StateBackendKind::RocksDb {
                 // Hot keys stay in memory between snapshots.
                 state.cache(&[0], STATE_CACHE_ENTRIES);
@@ -1189,18 +1203,15 @@ fn create_operator(
             )?)
         }
         NodeKind::GroupAggregate(g) => {
-            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
-            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
-            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            let mut state = open_keyed(
-                config.state_backend,
+            let mut state = keyed_state(
+                node,
+                subtask,
+                config,
                 tuning,
-                &dir,
+                restored,
+                sink_ctx,
                 crate::operators::group::aggregate::STATES,
-                groups,
-                sources,
             )?;
-            state.set_ttl(config.state_ttl);
             if config.state_backend == StateBackendKind::RocksDb {
                 // Hot keys stay in memory between snapshots.
                 state.cache(&[crate::operators::group::aggregate::ACC], STATE_CACHE_ENTRIES);

@@ -46,9 +46,6 @@ use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 pub const ACC: usize = 0;
 const MAP: usize = 1;
 /// The operator's states; their names are part of savepoints.
-/// Entries of each state looked at per processing-time tick for expiry.
-const EXPIRY_BUDGET: usize = 10_000;
-
 pub const STATES: &[StateDecl] = &[
     StateDecl {
         name: "group-acc",
@@ -212,9 +209,7 @@ impl Operator for GroupAggregateOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        let freed = self.state.expire(now, EXPIRY_BUDGET)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        Ok(())
+        crate::operators::expire_state(&mut self.state, now, &self.metrics)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
