@@ -202,7 +202,9 @@ impl AggSpec {
                     _ => ScalarValue::Decimal128(Some(*s), 38, self.scale()),
                 },
                 // Flink: SUM / COUNT in the input's type, truncated.
-                (_, Num::Int(s)) => ScalarValue::Int64(Some(s / n)),
+                // (`wrapping_div`: a count driven negative by retractions
+                // of unseen rows must not panic on i64::MIN / -1.)
+                (_, Num::Int(s)) => ScalarValue::Int64(Some(s.wrapping_div(*n))),
                 (_, Num::Float(s)) => ScalarValue::Float64(Some(s / *n as f64)),
                 (_, Num::Dec(s)) => {
                     let (p, target) = match out {
@@ -213,9 +215,9 @@ impl AggSpec {
                     let scaled = if shift >= 0 {
                         s.saturating_mul(10i128.saturating_pow(shift as u32))
                     } else {
-                        s / 10i128.pow((-shift) as u32)
+                        10i128.checked_pow((-shift) as u32).map_or(0, |d| s / d)
                     };
-                    ScalarValue::Decimal128(Some(scaled / i128::from(*n)), p, target)
+                    ScalarValue::Decimal128(Some(scaled.wrapping_div(i128::from(*n))), p, target)
                 }
             },
             Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
