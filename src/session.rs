@@ -843,13 +843,8 @@ impl Session {
                     }
                     QueryPlan::Stream(graph) => {
                         let last = graph.nodes.last().ok_or_else(|| ExecError::internal("empty plan"))?;
-                        // An updating result shows each row's kind.
                         let changelog = !last.changelog.is_insert_only();
-                        let schema = if changelog {
-                            changelog_schema(&last.schema)
-                        } else {
-                            last.schema.clone()
-                        };
+                        let schema = stream_result_schema(last);
                         let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
                         Ok(StatementResult::Stream(ResultStream {
@@ -1014,7 +1009,7 @@ impl Session {
                     QueryPlan::Stream(graph) => graph
                         .nodes
                         .last()
-                        .map(|n| n.schema.clone())
+                        .map(stream_result_schema)
                         .ok_or_else(|| ExecError::internal("empty plan"))?,
                 }
             }
@@ -1268,6 +1263,17 @@ impl Stopping {
 
 /// How long `STOP JOB` waits for the job to drain and checkpoint.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The columns a streaming query answers with: an updating result shows
+/// each row's kind in a leading `_op` column (the same whether asked for
+/// before running, as Flight's GetFlightInfo does, or while streaming).
+fn stream_result_schema(last: &weir_engine::plan::StreamNode) -> SchemaRef {
+    if last.changelog.is_insert_only() {
+        last.schema.clone()
+    } else {
+        changelog_schema(&last.schema)
+    }
+}
 
 /// A subscription's columns: `_op` (Flink's row kinds `+I -U +U -D`),
 /// then the query's.

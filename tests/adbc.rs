@@ -2,8 +2,8 @@
 //! driver (Go, through Python's DB-API) runs `tests/adbc/weir_adbc_test.py`
 //! (DDL, a detached job, SHOW JOBS, a prepared query with parameters,
 //! metadata through `adbc_get_objects`, a live subscription read and
-//! cancelled, STOP JOB, and statements whose results are never read
-//! taking effect exactly once). Its venv comes from `scripts/adbc-venv.sh`, which
+//! cancelled, STOP JOB, statements whose results are never read
+//! taking effect exactly once, and an updating query's changes with `_op`). Its venv comes from `scripts/adbc-venv.sh`, which
 //! `scripts/setup.sh` runs.
 
 mod common;
@@ -69,7 +69,7 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
     }
     assert!(status.success(), "ADBC client failed ({status}):\n{out}\n{err}");
     assert!(
-        out.contains("adbc: 8 passed, 0 failed"),
+        out.contains("adbc: 9 passed, 0 failed"),
         "every step ran:\n{out}\n{err}"
     );
 }

@@ -4,7 +4,7 @@ Flight SQL driver (Go, through adbc_driver_manager's Python DB-API).
 
     python weir_adbc_test.py grpc://127.0.0.1:PORT [SINK_DIR] [--skip d,f] [--keep-going]
 
-Runs the steps a-h below in order against a fresh `weir serve`; exit code 0
+Runs the steps a-i below in order against a fresh `weir serve`; exit code 0
 when every step that ran passed. The driver's pitfalls
 (`../shared/design/clients.md` §1-§2): the DB-API prepares every statement;
 a failed execute with parameters leaves that cursor unusable, so each step
@@ -197,8 +197,33 @@ def step_h_unread_statements(conn, t):
     print("    5 unread CREATEs, CREATE+INSERT+STOP unread, close-at-once: all took effect")
 
 
+def step_i_updating_query(conn, t):
+    """A GROUP BY without a window over a bounded table: its changes come
+    with their `_op`, the schema announced before running says so too, and
+    the changes applied give the grouped table."""
+    nexmark = ("CREATE TABLE few_bids (auction BIGINT, price BIGINT) WITH ('connector' = 'nexmark', "
+               "'nexmark.table' = 'bid', 'nexmark.events' = '2000')")
+    with conn.cursor() as cur:
+        cur.execute(nexmark)  # never read, as DB-API users do
+    with conn.cursor() as cur:
+        cur.execute("SELECT auction % 3 AS g, COUNT(*) AS n FROM few_bids GROUP BY auction % 3")
+        table = cur.fetch_arrow_table()
+    assert table.schema.names == ["_op", "g", "n"], f"columns {table.schema.names}"
+    final = {}
+    for r in table.to_pylist():
+        assert r["_op"] in ("+I", "-U", "+U", "-D"), f"op {r['_op']}"
+        key = (r["g"], r["n"])
+        final[key] = final.get(key, 0) + (1 if r["_op"] in ("+I", "+U") else -1)
+    live = sorted(k for k, v in final.items() if v > 0)
+    assert [g for g, _ in live] == [0, 1, 2], f"one row per group: {live}"
+    # 2000 events, 46 of every 50 bids.
+    assert sum(n for _, n in live) == 1840, f"every bid counted once: {live}"
+    assert any(r["_op"] == "-U" for r in table.to_pylist()), "updates retract the old row"
+
+
 STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
-         step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements]
+         step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements,
+         step_i_updating_query]
 
 
 def main():
