@@ -142,17 +142,19 @@ impl OperatorTask {
         });
         loop {
             let event = match ticker.as_mut() {
-                // The gate's `next` keeps what it read in itself, so
-                // dropping it for a tick loses nothing.
+                // The tick first: it is ready only once a period, so a
+                // busy gate cannot starve it (nor it the gate). The gate's
+                // `next` keeps what it read in itself, so dropping it for
+                // a tick loses nothing.
                 Some(t) => tokio::select! {
                     biased;
-                    ev = self.gate.next() => ev,
                     _ = t.tick() => {
                         let now = crate::state::keyed::processing_time_ms();
                         self.chain.process_time(now, &mut outbox)?;
                         flush(&mut outbox, &mut self.output).await?;
                         continue;
                     }
+                    ev = self.gate.next() => ev,
                 },
                 None => self.gate.next().await,
             };
