@@ -71,6 +71,22 @@ impl KeyEncoder {
         Ok(Self { codec })
     }
 
+    /// The encoder of keys `exprs` over rows of `schema`; `None` without
+    /// keys (a global aggregate, a Top-N without PARTITION BY: one key).
+    pub fn for_keys(
+        exprs: &[std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>],
+        schema: &arrow::datatypes::Schema,
+    ) -> Result<Option<Self>> {
+        let types = exprs
+            .iter()
+            .map(|k| k.data_type(schema))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if types.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self::new(&types)?))
+    }
+
     pub fn encode(&self, columns: &[ArrayRef]) -> Result<Rows> {
         Ok(self.codec.encode(columns)?)
     }

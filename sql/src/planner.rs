@@ -793,6 +793,23 @@ impl<'a> GraphBuilder<'a> {
         ))
     }
 
+    /// An aggregate call of a logical Aggregate as DataFusion's physical
+    /// aggregate (and its FILTER), over the aggregate's input.
+    fn lower_aggregate(
+        &self,
+        e: &Expr,
+        input_schema: &DFSchema,
+    ) -> Result<datafusion::physical_expr::aggregate::LoweredAggregate> {
+        Ok(LoweredAggregateBuilder::new(
+            e,
+            input_schema,
+            input_schema.as_arrow(),
+            self.planner.state.execution_props(),
+            &PhysicalPlanningContext::default(),
+        )
+        .build()?)
+    }
+
     /// A GROUP BY: over a window's columns a window aggregate, else a
     /// group aggregate.
     fn aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
@@ -826,14 +843,7 @@ impl<'a> GraphBuilder<'a> {
         let physical_input = input_schema.as_arrow();
         let mut calls = vec![];
         for e in &agg.aggr_expr {
-            let lowered = LoweredAggregateBuilder::new(
-                e,
-                input_schema,
-                physical_input,
-                self.planner.state.execution_props(),
-                &PhysicalPlanningContext::default(),
-            )
-            .build()?;
+            let lowered = self.lower_aggregate(e, input_schema)?;
             let a = lowered.aggregate;
             let name = a.fun().name().to_ascii_lowercase();
             let func = match name.as_str() {
@@ -1273,17 +1283,9 @@ impl<'a> GraphBuilder<'a> {
         }
         let time_column = time_column
             .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
-        let physical_input = input_schema.as_arrow();
         let mut aggregates = vec![];
         for e in &agg.aggr_expr {
-            let lowered = LoweredAggregateBuilder::new(
-                e,
-                input_schema,
-                physical_input,
-                self.planner.state.execution_props(),
-                &PhysicalPlanningContext::default(),
-            )
-            .build()?;
+            let lowered = self.lower_aggregate(e, input_schema)?;
             if lowered.filter.is_some() {
                 return Err(SqlError::unsupported(
                     "aggregate FILTER (WHERE ...) is not supported yet",

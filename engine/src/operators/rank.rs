@@ -102,11 +102,7 @@ impl RankOperator {
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
-        let key_types = node
-            .partition
-            .iter()
-            .map(|k| k.data_type(input_schema))
-            .collect::<Result<Vec<_>, _>>()?;
+        let key_encoder = KeyEncoder::for_keys(&node.partition, input_schema)?;
         let types: Vec<_> = input_schema.fields().iter().map(|f| f.data_type().clone()).collect();
         Ok(Self {
             name: match node.strategy {
@@ -115,11 +111,7 @@ impl RankOperator {
             },
             strategy: node.strategy,
             partition: node.partition.clone(),
-            key_encoder: if key_types.is_empty() {
-                None
-            } else {
-                Some(KeyEncoder::new(&key_types)?)
-            },
+            key_encoder,
             order: node.order.clone(),
             limit: node.limit.max(1),
             with_rank: node.with_rank,

@@ -92,6 +92,15 @@ struct Slot {
     dirty: bool,
 }
 
+/// The value counts (MIN/MAX/DISTINCT) one batch touches: each entry
+/// (slot, namespace = call | value), its count, and whether it changed.
+#[derive(Default)]
+struct ValueCounts {
+    entries: Vec<(u32, Vec<u8>)>,
+    count: Vec<i64>,
+    dirty: Vec<bool>,
+}
+
 /// One emitted change: its kind, the input row whose key it carries, and
 /// the aggregate values.
 struct Emitted {
@@ -110,16 +119,7 @@ impl GroupAggregateOperator {
         metrics: Arc<NodeMetrics>,
         insert_only: bool,
     ) -> Result<Self> {
-        let key_types = node
-            .keys
-            .iter()
-            .map(|k| k.data_type(input_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let key_encoder = if key_types.is_empty() {
-            None
-        } else {
-            Some(KeyEncoder::new(&key_types)?)
-        };
+        let key_encoder = KeyEncoder::for_keys(&node.keys, input_schema)?;
         let specs = node
             .aggregates
             .iter()
@@ -154,7 +154,7 @@ impl GroupAggregateOperator {
         agg: usize,
         slot: &Slot,
         key: &[u8],
-        counts: &HashMap<(u32, Vec<u8>), i64>,
+        counts: &ValueCounts,
         slot_id: u32,
     ) -> Result<Option<ScalarValue>> {
         let ns = (agg as u16).to_be_bytes();
@@ -177,7 +177,7 @@ impl GroupAggregateOperator {
             }
             .into());
         }
-        for ((s, nsv), c) in counts {
+        for ((s, nsv), c) in counts.entries.iter().zip(&counts.count) {
             if *s == slot_id && nsv.starts_with(&ns) {
                 live.insert(nsv[2..].to_vec(), *c);
             }
@@ -310,40 +310,49 @@ impl Operator for GroupAggregateOperator {
             filters[j].as_ref().is_none_or(|f| f.value(i)) && args[j].as_ref().is_none_or(|a| a.is_valid(i))
         };
 
-        // Value counts of MIN/MAX/DISTINCT calls touched by the batch.
-        let mut counts: HashMap<(u32, Vec<u8>), i64> = HashMap::new();
+        // Value counts of MIN/MAX/DISTINCT calls touched by the batch:
+        // each distinct (key, call, value) once, and for every row and
+        // call the index of its entry (found once, here, not per row
+        // below).
+        let mut counts = ValueCounts::default();
+        let mut row_entry: Vec<Vec<u32>> = vec![vec![]; self.specs.len()];
         if encoded.iter().any(Option::is_some) {
-            let mut wanted: Vec<(u32, Vec<u8>)> = vec![];
+            let mut index: HashMap<(u32, usize, &[u8]), u32> = HashMap::new();
             for (j, enc) in encoded.iter().enumerate() {
                 let Some(enc) = enc else { continue };
-                for i in (0..n).filter(|i| takes(j, *i)) {
-                    let mut ns = (j as u16).to_be_bytes().to_vec();
-                    ns.extend_from_slice(enc.row(i));
-                    let k = (row_slot[i], ns);
-                    if !counts.contains_key(&k) {
-                        counts.insert(k.clone(), 0);
-                        wanted.push(k);
-                    }
-                }
+                row_entry[j] = (0..n)
+                    .map(|i| {
+                        if !takes(j, i) {
+                            return u32::MAX;
+                        }
+                        *index.entry((row_slot[i], j, enc.row(i))).or_insert_with(|| {
+                            let mut ns = (j as u16).to_be_bytes().to_vec();
+                            ns.extend_from_slice(enc.row(i));
+                            counts.entries.push((row_slot[i], ns));
+                            (counts.entries.len() - 1) as u32
+                        })
+                    })
+                    .collect();
             }
-            let entries: Vec<EntryRef> = wanted
+            let entries: Vec<EntryRef> = counts
+                .entries
                 .iter()
                 .map(|(s, ns)| {
                     let slot = &slots[*s as usize];
                     self.entry(slot, key_of(slot.row), ns)
                 })
                 .collect();
-            for (k, v) in wanted.iter().zip(self.state.get(MAP, &entries)?) {
-                if let Some(v) = v {
-                    let c = decode_count(&v).ok_or_else(|| crate::error::StateError::Corrupt {
+            for v in self.state.get(MAP, &entries)? {
+                counts.count.push(match v {
+                    Some(v) => decode_count(&v).ok_or_else(|| crate::error::StateError::Corrupt {
                         state: "group-agg-map".into(),
                         message: format!("a value count of {} bytes", v.len()),
-                    })?;
-                    counts.insert(k.clone(), c);
-                }
+                    })?,
+                    None => 0,
+                });
             }
+            counts.dirty = vec![false; counts.entries.len()];
         }
-        let mut changed: Vec<(u32, Vec<u8>)> = vec![];
 
         let mut emitted: Vec<Emitted> = vec![];
         let mut dropped = 0u64;
@@ -366,7 +375,7 @@ impl Operator for GroupAggregateOperator {
                     continue;
                 }
                 let acc = &mut accs.accs[j];
-                let Some(enc) = &encoded[j] else {
+                if encoded[j].is_none() {
                     if matches!(spec.call.func, AggFunc::Min | AggFunc::Max) {
                         // Insert-only input: no value ever leaves.
                         if let Some(a) = &args[j]
@@ -378,14 +387,12 @@ impl Operator for GroupAggregateOperator {
                         spec.add(acc, args[j].as_ref(), i, sign);
                     }
                     continue;
-                };
-                let mut ns = (j as u16).to_be_bytes().to_vec();
-                ns.extend_from_slice(enc.row(i));
-                let key = (s, ns);
-                let before = counts.get(&key).copied().unwrap_or(0);
+                }
+                let e = row_entry[j][i] as usize;
+                let before = counts.count[e];
                 let after = before + sign;
-                counts.insert(key.clone(), after);
-                changed.push(key);
+                counts.count[e] = after;
+                counts.dirty[e] = true;
                 match spec.call.func {
                     AggFunc::Min | AggFunc::Max => {
                         let v = || args[j].as_ref().map(|a| ScalarValue::try_from_array(a, i)).transpose();
@@ -468,12 +475,16 @@ impl Operator for GroupAggregateOperator {
                 }
             }
         }
-        changed.sort();
-        changed.dedup();
-        for k in changed {
-            let slot = &slots[k.0 as usize];
-            let e = self.entry(slot, key_of(slot.row), &k.1);
-            match counts.get(&k).copied().unwrap_or(0) {
+        for (((s, ns), c), _) in counts
+            .entries
+            .iter()
+            .zip(&counts.count)
+            .zip(&counts.dirty)
+            .filter(|(_, d)| **d)
+        {
+            let slot = &slots[*s as usize];
+            let e = self.entry(slot, key_of(slot.row), ns);
+            match c {
                 0 => w.delete(MAP, e),
                 c => w.put(MAP, e, c.to_be_bytes().to_vec()),
             }

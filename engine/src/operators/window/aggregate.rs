@@ -253,16 +253,7 @@ impl WindowAggregateOperator {
         metrics: Arc<NodeMetrics>,
         parallelism: usize,
     ) -> Result<Self> {
-        let key_types = node
-            .keys
-            .iter()
-            .map(|k| k.data_type(input_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let key_encoder = if key_types.is_empty() {
-            None
-        } else {
-            Some(KeyEncoder::new(&key_types)?)
-        };
+        let key_encoder = KeyEncoder::for_keys(&node.keys, input_schema)?;
         let state_types = node
             .aggregates
             .iter()
