@@ -128,6 +128,10 @@ const QUERIES: &[&str] = &[
     "SELECT k, v FROM t WHERE v > 20 UNION ALL SELECT k, x FROM u",
     "SELECT k, COUNT(*) FROM (SELECT k FROM t UNION ALL SELECT k FROM u UNION ALL SELECT k FROM t WHERE v < 0) GROUP BY k",
     "SELECT k FROM t UNION SELECT k FROM u",
+    // One table read once, fed to both sides (a self-join; q7's shape: a
+    // stream joined with its own aggregate).
+    "SELECT a.k, a.v, b.w FROM t a JOIN t b ON a.k = b.k AND a.v = b.v",
+    "SELECT t.k, t.v, t.w FROM t JOIN (SELECT k, MAX(v) AS m FROM t GROUP BY k) x ON t.k = x.k AND t.v = x.m",
     "SELECT k, c FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k) UNION ALL SELECT k, COUNT(*) FROM u GROUP BY k",
     "SELECT COUNT(*) FROM t UNION ALL SELECT x FROM u",
     // Top-N with and without the rank column, per key and global, over

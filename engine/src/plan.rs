@@ -372,6 +372,10 @@ pub enum RankStrategy {
     /// (`ORDER BY rowtime DESC`, `= 1`, no rank column): a later row with
     /// an equal or greater time replaces it.
     KeepLastRowtime,
+    /// Deduplication keeping the row with the earliest event time
+    /// (`ORDER BY rowtime ASC`, `= 1`, no rank column), emitted once the
+    /// watermark passes it: insert-only.
+    KeepFirstRowtime,
 }
 
 /// Top-N and deduplication over `ROW_NUMBER()`.
@@ -624,6 +628,7 @@ impl StreamNode {
                         if r.with_rank { "" } else { " (rank not output)" }
                     ),
                     RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
+                    RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),
                 };
                 format!(
                     "{what} PARTITION BY [{}] ORDER BY [{}]",

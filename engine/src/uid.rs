@@ -214,7 +214,19 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
             .iter()
             .find(|(sel, _)| selectors.iter().any(|s| s.eq_ignore_ascii_case(sel)))
             .map(|(_, uid)| uid.clone());
-        uids.push(given.unwrap_or_else(|| format!("{kind}_{}", &checksum(text.as_bytes())[..12])));
+        let mut uid = given.unwrap_or_else(|| format!("{kind}_{}", &checksum(text.as_bytes())[..12]));
+        // Two nodes that mean the same (the same projection of a source
+        // read by both sides of a self-join) still need their own uids:
+        // the later one is numbered, in node order, so stably.
+        if uids.contains(&uid) {
+            let base = uid.clone();
+            let mut k = 2;
+            while uids.contains(&uid) {
+                uid = format!("{base}-{k}");
+                k += 1;
+            }
+        }
+        uids.push(uid);
     }
     uids
 }

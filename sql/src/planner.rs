@@ -11,7 +11,7 @@
 //!
 //! Queries without any table (`SELECT 1 + 1`) run as DataFusion batch plans.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, SchemaRef};
@@ -208,7 +208,7 @@ impl Planner {
         if !reads_a_table(&plan) {
             return Ok(QueryPlan::Batch(plan));
         }
-        let mut b = GraphBuilder::new(self, catalog, config);
+        let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.convert(&plan)?;
         Ok(QueryPlan::Stream(b.finish()))
     }
@@ -227,7 +227,7 @@ impl Planner {
                 "INSERT of a query that reads no table is not supported",
             ));
         }
-        let mut b = GraphBuilder::new(self, catalog, config);
+        let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         let last = b.convert(&plan)?;
         b.add_sink(last, sink)?;
         Ok(b.finish())
@@ -486,11 +486,31 @@ struct GraphBuilder<'a> {
     rank_used: Option<bool>,
     /// A plan node already converted (a Top-N's window): its stream node.
     replaced: Option<(*const LogicalPlan, NodeId)>,
+    /// Per table, the columns any scan of it in the query reads: a table
+    /// scanned twice (a self-join, a UNION of two filters of it) is read
+    /// by one source that feeds both (Flink's source reuse), so it is
+    /// read once, and has one uid and one set of split positions.
+    scan_columns: HashMap<String, BTreeSet<String>>,
+    /// The source node already made for a table.
+    sources: HashMap<String, NodeId>,
 }
 
 impl<'a> GraphBuilder<'a> {
-    fn new(planner: &'a Planner, catalog: &'a Catalog, config: &'a JobConfig) -> Self {
-        Self {
+    fn new(planner: &'a Planner, catalog: &'a Catalog, config: &'a JobConfig, plan: &LogicalPlan) -> Result<Self> {
+        let mut scan_columns: HashMap<String, BTreeSet<String>> = HashMap::new();
+        plan.apply_with_subqueries(|p| {
+            if let LogicalPlan::TableScan(scan) = p
+                && let Some(def) = catalog.table(scan.table_name.table())
+            {
+                let cols = scan_columns.entry(def.name.clone()).or_default();
+                match &scan.projection {
+                    Some(ix) => cols.extend(ix.iter().filter_map(|i| def.columns.get(*i)).map(|c| c.name.clone())),
+                    None => cols.extend(def.columns.iter().map(|c| c.name.clone())),
+                }
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })?;
+        Ok(Self {
             planner,
             catalog,
             config,
@@ -499,7 +519,9 @@ impl<'a> GraphBuilder<'a> {
             under_window_aggregate: false,
             rank_used: None,
             replaced: None,
-        }
+            scan_columns,
+            sources: HashMap::new(),
+        })
     }
 
     fn finish(self) -> StreamGraph {
@@ -709,9 +731,13 @@ impl<'a> GraphBuilder<'a> {
             Some(p) => p.iter().map(|i| def.columns[*i].name.clone()).collect(),
             None => def.columns.iter().map(|c| c.name.clone()).collect(),
         };
-        // Columns the source must produce: the projection, plus what the
-        // watermark and the used computed columns need.
+        if let Some(&source) = self.sources.get(&def.name) {
+            return self.project_scan(source, scan, &projected);
+        }
+        // Columns the source must produce: every scan's projection, plus
+        // what the watermark and the used computed columns need.
         let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
+        needed.extend(self.scan_columns.get(&def.name).into_iter().flatten().cloned());
         if !weir_engine::connectors::supports_column_pruning(def) {
             needed.extend(def.physical_columns().map(|c| c.name.clone()));
         }
@@ -773,10 +799,22 @@ impl<'a> GraphBuilder<'a> {
             }),
             None,
         );
-        let natural: Vec<&String> = narrowed.columns.iter().map(|c| &c.name).collect();
-        if natural
+        self.sources.insert(def.name.clone(), source);
+        self.project_scan(source, scan, &projected)
+    }
+
+    /// The columns `projected` of one scan, from the table's source.
+    fn project_scan(
+        &mut self,
+        source: NodeId,
+        scan: &datafusion::logical_expr::TableScan,
+        projected: &[String],
+    ) -> Result<NodeId> {
+        let full_schema = self.nodes[source].schema.clone();
+        if full_schema
+            .fields()
             .iter()
-            .map(|s| s.as_str())
+            .map(|f| f.name().as_str())
             .eq(projected.iter().map(|s| s.as_str()))
         {
             return Ok(source);
@@ -1152,12 +1190,10 @@ impl<'a> GraphBuilder<'a> {
             if ws.index_of_column(c).is_ok_and(|i| is_rowtime(&w.input, i, self.catalog))));
         let strategy = if limit == 1 && !with_rank && rowtime_order && insert_only {
             if wf.params.order_by[0].asc {
-                return Err(SqlError::unsupported(
-                    "deduplication keeping the first row by event time (ORDER BY <rowtime> ASC, = 1) is not \
-                     supported yet; ORDER BY <rowtime> DESC keeps the last row",
-                ));
+                RankStrategy::KeepFirstRowtime
+            } else {
+                RankStrategy::KeepLastRowtime
             }
-            RankStrategy::KeepLastRowtime
         } else {
             RankStrategy::TopN
         };
@@ -1190,6 +1226,8 @@ impl<'a> GraphBuilder<'a> {
                 deletes: false,
                 upsert_key: partition_cols,
             },
+            // Emitted once per key, when the watermark passes its row.
+            RankStrategy::KeepFirstRowtime => ChangelogMode::insert_only(),
             RankStrategy::TopN => ChangelogMode {
                 updates: with_rank || !insert_only,
                 deletes: !with_rank || !insert_only,

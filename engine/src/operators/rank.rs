@@ -108,6 +108,7 @@ impl RankOperator {
             name: match node.strategy {
                 RankStrategy::TopN => format!("Rank <= {}", node.limit),
                 RankStrategy::KeepLastRowtime => "Deduplicate (keep last)".into(),
+                RankStrategy::KeepFirstRowtime => "Deduplicate (keep first)".into(),
             },
             strategy: node.strategy,
             partition: node.partition.clone(),

@@ -809,14 +809,14 @@ async fn run_attempt(
                 _ if senders.len() == 1 => Partitioner::Forward,
                 _ => Partitioner::Rebalance { next: i },
             };
-            if outputs[from_chain][i].is_some() {
-                return Err(ExecError::internal("a node with two outputs is not supported"));
-            }
-            outputs[from_chain][i] = Some(
-                Output::channels(senders, partitioner)
-                    .with_priority(priority)
-                    .with_backpressure_counter(metrics.nodes[edge.from].backpressured_ns.clone()),
-            );
+            let output = Output::channels(senders, partitioner)
+                .with_priority(priority)
+                .with_backpressure_counter(metrics.nodes[edge.from].backpressured_ns.clone());
+            // A node with several consumers sends to each.
+            outputs[from_chain][i] = Some(match outputs[from_chain][i].take() {
+                Some(earlier) => earlier.and(output),
+                None => output,
+            });
         }
     }
 
@@ -1169,6 +1169,32 @@ fn create_operator(
             )?;
             Box::new(crate::operators::join::JoinOperator::new(
                 j,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
+        NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
+                tuning,
+                restored,
+                sink_ctx,
+                crate::operators::dedup_first::STATES,
+            )?;
+            let time_column = r
+                .order
+                .first()
+                .and_then(|k| k.expr.downcast_ref::<datafusion::physical_expr::expressions::Column>())
+                .map(|c| c.index())
+                .ok_or_else(|| ExecError::internal("a keep-first deduplication without its time column"))?;
+            Box::new(crate::operators::dedup_first::DedupFirstOperator::new(
+                &r.partition,
+                time_column,
+                &input_schema()?,
                 node.schema.clone(),
                 config.max_parallelism,
                 state,

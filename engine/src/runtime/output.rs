@@ -45,6 +45,11 @@ pub enum Output {
     Results(Sender<ChangeBatch>),
     /// A sink chain: nothing leaves the task.
     None,
+    /// One node feeding several consumers (a table read once by both sides
+    /// of a self-join, a stream both aggregated and joined): every batch
+    /// and control message goes to each, in the same order, so each
+    /// consumer sees the barriers and watermarks in place among its rows.
+    Fanout(Vec<Output>),
 }
 
 impl Output {
@@ -68,6 +73,18 @@ impl Output {
         self
     }
 
+    /// This output and `other` both: a second consumer of the same node.
+    pub fn and(self, other: Output) -> Self {
+        match self {
+            Output::Fanout(mut all) => {
+                all.push(other);
+                Output::Fanout(all)
+            }
+            Output::None => other,
+            one => Output::Fanout(vec![one, other]),
+        }
+    }
+
     /// Adds priority lanes, one per sender, in the same order.
     pub fn with_priority(mut self, lanes: Vec<UnboundedSender<Barrier>>) -> Self {
         if let Output::Channels { priority, .. } = &mut self {
@@ -79,11 +96,15 @@ impl Output {
     /// Announces barrier `b` ahead of all queued data (unaligned
     /// checkpoints); a no-op without priority lanes.
     pub fn announce(&self, b: Barrier) {
-        if let Output::Channels { priority, .. } = self {
-            for lane in priority {
-                // A gone receiver finished: it needs no barrier.
-                let _ = lane.send(b);
+        match self {
+            Output::Channels { priority, .. } => {
+                for lane in priority {
+                    // A gone receiver finished: it needs no barrier.
+                    let _ = lane.send(b);
+                }
             }
+            Output::Fanout(all) => all.iter().for_each(|o| o.announce(b)),
+            Output::Results(_) | Output::None => {}
         }
     }
 
@@ -95,6 +116,7 @@ impl Output {
             Output::Channels { closed, senders, .. } => closed.iter().zip(senders).all(|(c, tx)| *c || tx.is_closed()),
             Output::Results(tx) => tx.is_closed(),
             Output::None => false,
+            Output::Fanout(all) => all.iter().all(Output::is_closed),
         }
     }
 
@@ -106,6 +128,7 @@ impl Output {
             }
             Output::Results(tx) => tx.capacity() == 0,
             Output::None => false,
+            Output::Fanout(all) => all.iter().any(Output::is_back_pressured),
         }
     }
 
@@ -128,6 +151,14 @@ impl Output {
     async fn send_batch_now(&mut self, batch: ChangeBatch) -> Result<()> {
         match self {
             Output::None => Ok(()),
+            Output::Fanout(all) => {
+                // Boxed: the future recurses into the inner outputs. A
+                // batch's clone shares its arrays.
+                for o in all.iter_mut() {
+                    Box::pin(o.send_batch(batch.clone())).await?;
+                }
+                Ok(())
+            }
             Output::Results(tx) => {
                 // A closed result channel means the client stopped reading
                 // (Ctrl-C or LIMIT on its side): not an error.
@@ -184,10 +215,18 @@ impl Output {
 
     /// Sends a control message to every downstream subtask.
     pub async fn broadcast(&mut self, msg: StreamMessage) -> Result<()> {
-        if let Output::Channels { senders, closed, .. } = self {
-            for (tx, c) in senders.iter().zip(closed.iter_mut()) {
-                send(tx, c, msg.clone()).await?;
+        match self {
+            Output::Channels { senders, closed, .. } => {
+                for (tx, c) in senders.iter().zip(closed.iter_mut()) {
+                    send(tx, c, msg.clone()).await?;
+                }
             }
+            Output::Fanout(all) => {
+                for o in all.iter_mut() {
+                    Box::pin(o.broadcast(msg.clone())).await?;
+                }
+            }
+            Output::Results(_) | Output::None => {}
         }
         Ok(())
     }
