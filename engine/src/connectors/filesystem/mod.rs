@@ -34,9 +34,43 @@ pub const OPTIONS: &[OptionSpec] = &[
     ),
     OptionSpec::new(
         "format",
-        OptionKind::Enum(&["json", "csv", "parquet", "debezium-json"]),
-        "the file format; debezium-json holds changes (an update is a delete and an insert)",
+        OptionKind::Enum(&["json", "csv", "parquet", "debezium-json", "canal-json", "maxwell-json"]),
+        "the file format; debezium-json, canal-json and maxwell-json hold changes (an update is written as a delete and an insert)",
     ),
+    OptionSpec::new(
+        "canal-json.ignore-parse-errors",
+        OptionKind::Bool,
+        "skip lines that do not parse",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        "canal-json.timestamp-format.standard",
+        OptionKind::Enum(&["SQL", "ISO-8601"]),
+        "how timestamps are written: 'yyyy-MM-dd HH:mm:ss.SSS' or 'yyyy-MM-ddTHH:mm:ss.SSS'",
+    )
+    .with_default("SQL"),
+    OptionSpec::new(
+        "canal-json.database.include",
+        OptionKind::String,
+        "read only messages whose \"database\" matches this regular expression (the whole name)",
+    ),
+    OptionSpec::new(
+        "canal-json.table.include",
+        OptionKind::String,
+        "read only messages whose \"table\" matches this regular expression (the whole name)",
+    ),
+    OptionSpec::new(
+        "maxwell-json.ignore-parse-errors",
+        OptionKind::Bool,
+        "skip lines that do not parse",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        "maxwell-json.timestamp-format.standard",
+        OptionKind::Enum(&["SQL", "ISO-8601"]),
+        "how timestamps are written: 'yyyy-MM-dd HH:mm:ss.SSS' or 'yyyy-MM-ddTHH:mm:ss.SSS'",
+    )
+    .with_default("SQL"),
     OptionSpec::new(
         "debezium-json.ignore-parse-errors",
         OptionKind::Bool,
@@ -103,12 +137,32 @@ pub enum Format {
     /// Debezium's change envelope, one JSON object per line:
     /// `{"before":{..},"after":{..},"op":"c|r|u|d"}`.
     DebeziumJson,
+    /// Canal's: `{"data":[..],"old":[..],"type":"INSERT|UPDATE|DELETE"}`.
+    CanalJson,
+    /// Maxwell's: `{"data":{..},"old":{..},"type":"insert|update|delete"}`.
+    MaxwellJson,
 }
 
 impl Format {
-    /// One JSON document per line (json, debezium-json).
+    /// One JSON document per line (json and the changelog formats).
     pub fn is_json(self) -> bool {
-        matches!(self, Format::Json | Format::DebeziumJson)
+        !matches!(self, Format::Csv | Format::Parquet)
+    }
+
+    /// A format whose records are changes, not rows.
+    pub fn is_changelog(self) -> bool {
+        matches!(self, Format::DebeziumJson | Format::CanalJson | Format::MaxwellJson)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Csv => "csv",
+            Format::Parquet => "parquet",
+            Format::DebeziumJson => "debezium-json",
+            Format::CanalJson => "canal-json",
+            Format::MaxwellJson => "maxwell-json",
+        }
     }
 
     /// The option prefix of the format's own options.
@@ -118,6 +172,8 @@ impl Format {
             Format::Csv => "csv.",
             Format::Parquet => "parquet.",
             Format::DebeziumJson => "debezium-json.",
+            Format::CanalJson => "canal-json.",
+            Format::MaxwellJson => "maxwell-json.",
         }
     }
 }
@@ -130,6 +186,33 @@ pub struct FormatOptions {
     pub delimiter: u8,
     pub quote: u8,
     pub allow_comments: bool,
+    /// canal-json: the database and table name patterns to keep (anchored).
+    pub canal_database: Option<regex::Regex>,
+    pub canal_table: Option<regex::Regex>,
+}
+
+/// A `*.include` pattern, matched against the whole name as Java's
+/// `Pattern.matches` does.
+fn include_pattern(options: &Options, key: &str) -> Result<Option<regex::Regex>> {
+    let Some(p) = options.get(key) else {
+        return Ok(None);
+    };
+    regex::Regex::new(&format!("^(?:{p})$")).map(Some).map_err(|e| {
+        weir_catalog::CatalogError::InvalidOption {
+            key: key.into(),
+            // The parser's last line says what is wrong (the lines before
+            // draw the pattern).
+            message: format!(
+                "invalid regular expression '{p}': {}",
+                e.to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ")
+            ),
+        }
+        .into()
+    })
 }
 
 fn single_byte(options: &Options, key: &str) -> Result<u8> {
@@ -166,6 +249,8 @@ pub fn format_options(options: &Options) -> Result<FormatOptions> {
         "json" => Format::Json,
         "csv" => Format::Csv,
         "debezium-json" => Format::DebeziumJson,
+        "canal-json" => Format::CanalJson,
+        "maxwell-json" => Format::MaxwellJson,
         _ => Format::Parquet,
     };
     let ignore = match format {
@@ -182,6 +267,8 @@ pub fn format_options(options: &Options) -> Result<FormatOptions> {
         delimiter: single_byte(options, "csv.field-delimiter")?,
         quote: single_byte(options, "csv.quote-character")?,
         allow_comments: options.bool("csv.allow-comments")?.unwrap_or(false),
+        canal_database: include_pattern(options, "canal-json.database.include")?,
+        canal_table: include_pattern(options, "canal-json.table.include")?,
     })
 }
 
@@ -190,7 +277,7 @@ pub fn validate(options: &Options, _schema: &SchemaRef) -> Result<()> {
     let path = path_of(options)?;
     let f = format_options(options)?;
     for key in options.raw().keys() {
-        let wrong = ["json.", "csv.", "debezium-json."]
+        let wrong = ["json.", "csv.", "debezium-json.", "canal-json.", "maxwell-json."]
             .iter()
             .any(|p| key.starts_with(p) && f.format.prefix() != *p)
             || ((key == "scan.lines-per-second" || key == source::MIN_SPLIT_OPTION) && f.format == Format::Parquet);

@@ -51,11 +51,12 @@ impl SinkFactory for FileSink {
     }
 
     fn accepts_changes(&self) -> bool {
-        self.format.format == Format::DebeziumJson
+        self.format.format.is_changelog()
     }
 
     fn changes_hint(&self) -> String {
-        "; format 'debezium-json' writes changes (an update as a delete and an insert)".into()
+        "; formats 'debezium-json', 'canal-json' and 'maxwell-json' write changes (an update as a delete and an insert)"
+            .into()
     }
 
     fn create_writer(&self, subtask: usize, _parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
@@ -64,9 +65,9 @@ impl SinkFactory for FileSink {
             source,
         })?;
         let ext = match self.format.format {
-            Format::Json | Format::DebeziumJson => "json",
             Format::Csv => "csv",
             Format::Parquet => "parquet",
+            _ => "json",
         };
         Ok(Box::new(FileWriter {
             files: PartFiles::new(
@@ -188,7 +189,7 @@ impl FileWriter {
         Ok(vec![self.files.pre_commit()?])
     }
 
-    /// Changes as Debezium envelopes, one line each.
+    /// Changes as envelopes of the changelog format, one line each.
     fn write_changes(&mut self, changes: crate::change::ChangeBatch) -> Result<()> {
         let rows = RecordBatch::try_new(self.schema.clone(), changes.rows.columns().to_vec())?;
         let text = self.stringify_timestamps(&rows)?;
@@ -201,10 +202,14 @@ impl FileWriter {
             jw.write(&text).map_err(|e| arrow_err(&path, e))?;
             jw.finish().map_err(|e| arrow_err(&path, e))?;
         }
-        let lines = super::changelog::envelopes(&changes, &json)?;
+        let lines = super::changelog::envelopes(self.format.format, &changes, &json)?;
         match self.open()? {
             Out::Text(w) => w.write_all(&lines).map_err(|e| io_err(&path, e))?,
-            Out::Parquet(_) => return Err(crate::error::ExecError::internal("debezium-json opened a parquet file")),
+            Out::Parquet(_) => {
+                return Err(crate::error::ExecError::internal(
+                    "a changelog format opened a parquet file",
+                ));
+            }
         }
         Ok(())
     }
@@ -243,7 +248,7 @@ impl Operator for FileWriter {
     }
 
     fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
-        if self.format.format == Format::DebeziumJson {
+        if self.format.format.is_changelog() {
             return self.write_changes(batch);
         }
         let batch = batch.into_inserts("filesystem sink")?;

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -89,9 +89,9 @@ impl FileSource {
     /// lines (a quote in a comment would unbalance the quote count).
     fn splittable(&self) -> bool {
         match self.format.format {
-            Format::Json | Format::DebeziumJson => true,
             Format::Csv => !self.format.allow_comments,
             Format::Parquet => false,
+            _ => true,
         }
     }
 
@@ -140,7 +140,7 @@ impl SourceFactory for FileSource {
     }
 
     fn produces_changes(&self) -> bool {
-        self.format.format == Format::DebeziumJson
+        self.format.format.is_changelog()
     }
 
     fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
@@ -249,7 +249,7 @@ impl FileSplit {
     ) -> Self {
         let text_schema = match format.format {
             Format::Csv | Format::Json => text_time::text_schema(&schema),
-            Format::Parquet | Format::DebeziumJson => None,
+            _ => None,
         };
         Self {
             path,
@@ -396,7 +396,7 @@ impl FileSplit {
         let decoder = LineDecoder {
             format: self.format.clone(),
             schema: match self.format.format {
-                Format::DebeziumJson => super::changelog::envelope_schema(&self.schema),
+                f if f.is_changelog() => super::changelog::envelope_schema(f, &self.schema),
                 _ => self.schema.clone(),
             },
             text_schema: self.text_schema.clone(),
@@ -537,8 +537,11 @@ impl FileSplit {
             let rows = batch.as_ref().map_or(0, |b| b.num_rows() as u64);
             self.rows += rows;
             match batch {
-                Some(b) if rows > 0 && !replay && self.format.format == Format::DebeziumJson => {
-                    return Ok(SplitPoll::Changes(super::changelog::expand(&b, &self.schema)?));
+                Some(b) if rows > 0 && !replay && self.format.format.is_changelog() => {
+                    let changes = super::changelog::expand(self.format.format, &b, &self.schema)?;
+                    if changes.num_rows() > 0 {
+                        return Ok(SplitPoll::Changes(changes));
+                    }
                 }
                 Some(b) if rows > 0 && !replay => return Ok(SplitPoll::Batch(b)),
                 // Only bad lines: the reader takes them before the next poll.
@@ -549,6 +552,53 @@ impl FileSplit {
             }
         }
     }
+}
+
+fn has_decimal(t: &DataType) -> bool {
+    match t {
+        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => true,
+        DataType::Struct(fields) => fields.iter().any(|f| has_decimal(f.data_type())),
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => has_decimal(f.data_type()),
+        _ => false,
+    }
+}
+
+/// The most digits in a row a number may have where a DECIMAL column may
+/// read it: arrow's decimal parser counts digits in a `u8` (more wrap it:
+/// a panic in debug builds, a wrong value otherwise), and no DECIMAL holds
+/// more than 76 anyway.
+const MAX_NUMBER_DIGITS: usize = 255;
+
+/// Refuses text holding a run of more than [`MAX_NUMBER_DIGITS`] digits
+/// (outside JSON strings; in CSV anywhere, as a quoted field is parsed
+/// too), before arrow's decimal parser sees it.
+fn refuse_long_numbers(text: &[u8], json: bool) -> std::result::Result<(), arrow::error::ArrowError> {
+    let (mut run, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in text {
+        if json && in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if b.is_ascii_digit() {
+            run += 1;
+            if run > MAX_NUMBER_DIGITS {
+                return Err(arrow::error::ArrowError::ParseError(format!(
+                    "a number of more than {MAX_NUMBER_DIGITS} digits"
+                )));
+            }
+            continue;
+        }
+        run = 0;
+        if json && b == b'"' {
+            in_string = true;
+        }
+    }
+    Ok(())
 }
 
 /// Decodes lines of one format into batches of the table's schema.
@@ -567,13 +617,15 @@ impl LineDecoder {
         if let Some(b) = self.text_schema.as_ref().and_then(|t| self.decode_fast(text, t)) {
             return Ok(Some(b));
         }
-        let b = self.decode_as(text, &self.schema)?;
-        if self.format.format == Format::DebeziumJson
-            && let Some(b) = &b
-        {
-            super::changelog::check_envelopes(b)?;
+        if self.format.format.is_changelog() {
+            let text = super::changelog::normalize(&self.format, text)?;
+            let b = self.decode_as(&text, &self.schema)?;
+            if let Some(b) = &b {
+                super::changelog::check_envelopes(self.format.format, b)?;
+            }
+            return Ok(b);
         }
-        Ok(b)
+        self.decode_as(text, &self.schema)
     }
 
     /// `text` decoded into `schema` by arrow's json or csv reader.
@@ -582,6 +634,9 @@ impl LineDecoder {
         text: &str,
         schema: &SchemaRef,
     ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        if schema.fields().iter().any(|f| has_decimal(f.data_type())) {
+            refuse_long_numbers(text.as_bytes(), self.format.format.is_json())?;
+        }
         if self.format.format.is_json() {
             let mut d = arrow::json::ReaderBuilder::new(schema.clone())
                 .with_batch_size(DEFAULT_BATCH_ROWS)
@@ -669,6 +724,8 @@ impl LineDecoder {
         match self.format.format {
             Format::Json => format!("invalid JSON record: {e}"),
             Format::DebeziumJson => format!("invalid Debezium JSON record: {e}"),
+            Format::CanalJson => format!("invalid Canal JSON record: {e}"),
+            Format::MaxwellJson => format!("invalid Maxwell JSON record: {e}"),
             // The reader numbers lines within what it was given: meaningless here.
             _ => format!(
                 "invalid CSV record: {}",
@@ -751,6 +808,8 @@ mod tests {
             delimiter: b',',
             quote: b'"',
             allow_comments: false,
+            canal_database: None,
+            canal_table: None,
         };
         let mut s = FileSplit::new(path.to_path_buf(), format, schema, OnBadRecord::SetAside, 0);
         s.max_lines = max_lines;
@@ -782,6 +841,17 @@ mod tests {
     /// The invariant dead letters rest on: a split resumed at the position
     /// of another, wherever that one stopped, sets aside exactly the bad
     /// lines the other had not, and emits exactly the rows it had not.
+    #[test]
+    fn numbers_too_long_for_the_decimal_parser_are_refused_outside_strings() {
+        let long = "7".repeat(MAX_NUMBER_DIGITS + 1);
+        let ok = "7".repeat(MAX_NUMBER_DIGITS);
+        assert!(refuse_long_numbers(format!("{{\"d\":{long}}}").as_bytes(), true).is_err());
+        assert!(refuse_long_numbers(format!("{{\"d\":{ok}}}").as_bytes(), true).is_ok());
+        // In a JSON string (even after an escaped quote) it is text.
+        assert!(refuse_long_numbers(format!("{{\"s\":\"\\\"{long}\"}}").as_bytes(), true).is_ok());
+        assert!(refuse_long_numbers(format!("1,\"{long}\"").as_bytes(), false).is_err());
+    }
+
     #[test]
     fn a_split_resumed_at_a_position_continues_exactly_where_it_was() {
         let dir = tempfile::tempdir().expect("tempdir");
