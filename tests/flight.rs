@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{channel, strings};
+use common::{Ports, announced_ports, channel, strings};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,8 @@ use tonic::transport::Channel;
 struct Server {
     child: Child,
     port: u16,
+    /// With `--metrics-listen 127.0.0.1:0`: the metrics port.
+    metrics: Option<u16>,
     data: std::path::PathBuf,
     out: std::path::PathBuf,
     _dir: Option<tempfile::TempDir>,
@@ -32,16 +34,14 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+/// `weir serve` over `data` with extra flags and env, on a port the
+/// system picks, once it listens.
+fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Child, u16) {
+    let (child, ports) = spawn_ports(data, args, env);
+    (child, ports.flight)
 }
 
-/// `weir serve` on a fresh port over `data` with extra flags and env.
-fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Child, u16) {
-    let port = free_port();
+fn spawn_ports(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Child, Ports) {
     // Every test's files live beside the data dir, in its temp dir.
     std::fs::create_dir_all(data).expect("data dir");
     let beside = data.parent().unwrap_or(data);
@@ -52,7 +52,7 @@ fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Chil
         .arg(beside)
         .arg("serve")
         .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
+        .arg("127.0.0.1:0")
         .args(args)
         .envs(env.iter().copied())
         .env_remove(if env.iter().any(|(k, _)| *k == "WEIR_PASSWORD") {
@@ -61,20 +61,24 @@ fn spawn(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) -> (Chil
             "WEIR_PASSWORD"
         })
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn weir serve");
-    (child, port)
+    let mut child = child;
+    let ports = announced_ports(&mut child);
+    (child, ports)
 }
 
 async fn start_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let (child, port) = spawn(&data, args, &[]);
+    let (child, ports) = spawn_ports(&data, args, &[]);
     let out = dir.path().join("out");
+    let port = ports.flight;
     let server = Server {
         child,
         port,
+        metrics: ports.metrics,
         data,
         out,
         _dir: Some(dir),
@@ -440,16 +444,16 @@ async fn prepared_statements_are_planned_at_prepare_and_take_parameters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
-    let metrics_port = free_port();
     let (server, mut client) = start_with(&[
         "--subscriber-queue".into(),
         "1".into(),
         "--subscriber-timeout".into(),
         "0.5".into(),
         "--metrics-listen".into(),
-        format!("127.0.0.1:{metrics_port}"),
+        "127.0.0.1:0".into(),
     ])
     .await;
+    let metrics_port = server.metrics.expect("metrics port");
     create_tables(&mut client, &server.out).await;
 
     // A subscription: `_op` first, then the query's columns.
@@ -694,6 +698,7 @@ async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
     let _server = Server {
         child,
         port,
+        metrics: None,
         data: data.clone(),
         out,
         _dir: Some(dir),
@@ -730,8 +735,8 @@ async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_clients_are_all_answered_and_nothing_leaks() {
-    let metrics_port = free_port();
-    let (server, mut client) = start_with(&["--metrics-listen".into(), format!("127.0.0.1:{metrics_port}")]).await;
+    let (server, mut client) = start_with(&["--metrics-listen".into(), "127.0.0.1:0".into()]).await;
+    let metrics_port = server.metrics.expect("metrics port");
     query(&mut client, "SELECT 1").await;
     drop(client);
     let pid = server.child.id();
@@ -893,6 +898,7 @@ async fn a_password_and_tls_protect_the_server() {
     let _server = Server {
         child,
         port,
+        metrics: None,
         data: dir.path().join("data"),
         out: dir.path().join("out"),
         _dir: None,
@@ -989,6 +995,7 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
     let _reference = Server {
         child,
         port,
+        metrics: None,
         data: dir.path().join("reference-data"),
         out: reference_out.clone(),
         _dir: None,
@@ -1035,6 +1042,7 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
     let _server = Server {
         child,
         port,
+        metrics: None,
         data,
         out: out.clone(),
         _dir: Some(dir),

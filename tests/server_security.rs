@@ -199,12 +199,11 @@ async fn roles_ownership_and_masked_secrets() {
     )
     .expect("users");
     let log = dir.path().join("server.log");
-    let port = common::free_port();
     let _server = common::Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
             .arg("--data-dir")
             .arg(&data)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["serve", "--listen", "127.0.0.1:0"])
             .arg("--password-file")
             .arg(&users)
             .env_remove("WEIR_PASSWORD")
@@ -214,6 +213,7 @@ async fn roles_ownership_and_masked_secrets() {
             .spawn()
             .expect("spawn"),
     );
+    let port = common::port_in_log(&log);
     let mut alice = login(port, "alice", "a-pw").await;
     let mut bob = login(port, "bob", "b-pw").await;
     let mut carol = login(port, "carol", "c-pw").await;

@@ -295,6 +295,8 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("--metrics-listen {listen}: {e}"))?;
+    // The bound address: with port 0 the system picked one.
+    let listen = listener.local_addr().unwrap_or(listen);
     eprintln!("[INFO] Prometheus metrics on http://{listen}/metrics");
     // Scrapers are few: more connections than this wait their turn.
     let scrapes = Arc::new(Semaphore::new(16));

@@ -1091,6 +1091,9 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
             .map_err(|e| format!("TLS: {e}"))?;
     }
     let scheme = if options.tls.is_some() { "grpc+tls" } else { "grpc" };
+    // The bound address (`--listen 127.0.0.1:0` lets the system pick the
+    // port; scripts and tests read it from this line).
+    let listen = listener.local_addr().unwrap_or(listen);
     eprintln!(
         "[INFO] Flight SQL on {scheme}://{listen}{}",
         if auth.enabled() { " (password required)" } else { "" }

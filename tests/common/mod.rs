@@ -31,27 +31,96 @@ pub fn serve(data: &std::path::Path) -> (Killed, u16) {
     serve_with(data, &["--allow-dir", &parent])
 }
 
-/// `weir serve` over `data` with extra flags.
+/// `weir serve` over `data` with extra flags, listening on a port the
+/// system picks (`--listen 127.0.0.1:0`: no race with other processes for
+/// a port chosen beforehand), once it listens.
 pub fn serve_with(data: &std::path::Path, args: &[&str]) -> (Killed, u16) {
-    let port = free_port();
     std::fs::create_dir_all(data).expect("data dir");
-    let server = Killed(
-        Command::new(env!("CARGO_BIN_EXE_weir"))
-            .arg("--data-dir")
-            .arg(data)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn weir serve"),
-    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("--data-dir")
+        .arg(data)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn weir serve");
+    let ports = announced_ports(&mut child);
+    (Killed(child), ports.flight)
+}
+
+/// The ports a `weir serve` started with `--listen 127.0.0.1:0` (and
+/// `--metrics-listen 127.0.0.1:0`) announced on its stderr.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub flight: u16,
+    pub metrics: Option<u16>,
+}
+
+/// Reads the `[INFO] Flight SQL on grpc://..` line (and the metrics line
+/// before it) from the piped stderr of `child`, waiting up to 60 s; a
+/// thread keeps draining stderr afterwards so the server never blocks on it.
+#[allow(dead_code)]
+pub fn announced_ports(child: &mut std::process::Child) -> Ports {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut metrics = None;
+        let mut sent = false;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { return };
+            let port_after = |marker: &str| {
+                let rest = &line[line.find(marker)? + marker.len()..];
+                let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+                digits.parse::<u16>().ok()
+            };
+            if line.contains("Prometheus metrics on") {
+                metrics = port_after("127.0.0.1:");
+            }
+            if !sent
+                && line.contains("Flight SQL on")
+                && let Some(flight) = port_after("127.0.0.1:")
+            {
+                let _ = tx.send(Ports { flight, metrics });
+                sent = true;
+            }
+        }
+    });
+    let ports = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(p) => p,
+        Err(_) => panic!(
+            "weir serve did not announce its port within 60 s (exit: {:?})",
+            child.try_wait()
+        ),
+    };
+    // Listening is announced after the bind: a connection can be made now.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while std::net::TcpStream::connect(("127.0.0.1", ports.flight)).is_err() {
         assert!(Instant::now() < deadline, "weir serve did not listen");
         std::thread::sleep(Duration::from_millis(20));
     }
-    (server, port)
+    ports
+}
+
+/// The Flight port a server announced in its log file (stderr sent to
+/// `log`), waiting up to 60 s.
+#[allow(dead_code)]
+pub fn port_in_log(log: &std::path::Path) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("Flight SQL on"))
+            && let Some(at) = line.find("127.0.0.1:")
+        {
+            let digits: String = line[at + 10..].chars().take_while(|c| c.is_ascii_digit()).collect();
+            if let Ok(p) = digits.parse() {
+                return p;
+            }
+        }
+        assert!(Instant::now() < deadline, "no Flight SQL line in {}", log.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A column of result batches as strings (any type, cast to text).
