@@ -1167,13 +1167,16 @@ fn create_operator(
                 sink_ctx,
                 crate::operators::join::STATES,
             )?;
-            Box::new(crate::operators::join::JoinOperator::new(
-                j,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
+            Box::new(
+                crate::operators::join::JoinOperator::new(
+                    j,
+                    node.schema.clone(),
+                    config.max_parallelism,
+                    state,
+                    metrics.nodes[id].clone(),
+                )?
+                .with_cache(config.state_backend == StateBackendKind::RocksDb),
+            )
         }
         NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
             let state = keyed_state(
@@ -1238,11 +1241,16 @@ fn create_operator(
                 sink_ctx,
                 crate::operators::group::aggregate::STATES,
             )?;
-            if config.state_backend == StateBackendKind::RocksDb {
-                // Hot keys stay in memory between snapshots.
-                state.cache(&[crate::operators::group::aggregate::ACC], STATE_CACHE_ENTRIES);
-            }
             let insert_only = graph.inputs(id).all(|e| graph.node(e.from).changelog.is_insert_only());
+            if config.state_backend == StateBackendKind::RocksDb {
+                // Hot keys stay in memory between snapshots. The value
+                // counts too over insert-only input: only DISTINCT reads
+                // them then, by key (MIN/MAX rescan them, uncached, only
+                // when a retraction takes their extreme).
+                use crate::operators::group::aggregate::{ACC, MAP};
+                let states: &[usize] = if insert_only { &[ACC, MAP] } else { &[ACC] };
+                state.cache(states, STATE_CACHE_ENTRIES);
+            }
             Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
                 g,
                 &input_schema()?,

@@ -44,7 +44,7 @@ use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 /// The accumulators' state (cached over RocksDB: read by key only).
 pub const ACC: usize = 0;
-const MAP: usize = 1;
+pub const MAP: usize = 1;
 /// The operator's states; their names are part of savepoints.
 pub const STATES: &[StateDecl] = &[
     StateDecl {
