@@ -15,3 +15,7 @@ done
 # on both engines, as the issue asks.
 "$bin" bench compare $q/group_counts.sql $q/join_auction.sql $q/join_agg_avg.sql $q/top10.sql $q/dedup_last.sql \
   -p 1 --state-backend rocksdb --runs 1 --rows 1000000
+# Nexmark's updating queries (Flink's SQL) over the same generated events.
+"$bin" bench compare $q/nexmark_q3.sql $q/nexmark_q4.sql $q/nexmark_q9.sql $q/nexmark_q15.sql $q/nexmark_q16.sql \
+  $q/nexmark_q17.sql $q/nexmark_q18.sql $q/nexmark_q19.sql $q/nexmark_q20.sql \
+  -p 1 --state-backend rocksdb --runs 1 --rows 1000000

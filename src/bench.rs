@@ -13,7 +13,8 @@ pub struct NexmarkArgs {
     /// Events of all kinds per query (bids are 92% of them).
     #[arg(long, default_value_t = 10_000_000)]
     pub events: u64,
-    /// Comma-separated: q0,q1,q2,q5,q7.
+    /// Comma-separated: q0,q1,q2,q5,q7 (windows and stateless), and the
+    /// updating queries q3,q4,q9,q15,q16,q17,q18,q19,q20.
     #[arg(long, default_value = "q0,q1,q2,q5,q7")]
     pub queries: String,
     #[arg(long, default_value_t = 1)]
@@ -23,12 +24,38 @@ pub struct NexmarkArgs {
     pub state_backend: String,
 }
 
-const BID_COLUMNS: &str =
+pub const BID_COLUMNS: &str =
     "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, dateTime TIMESTAMP(3), extra STRING";
+pub const AUCTION_COLUMNS: &str = "id BIGINT, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, \
+     dateTime TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra STRING";
+pub const PERSON_COLUMNS: &str = "id BIGINT, name STRING, emailAddress STRING, creditCard STRING, city STRING, \
+     state STRING, dateTime TIMESTAMP(3), extra STRING";
 
-/// (name, sink columns, query).
-pub fn query(name: &str) -> Option<(&'static str, &'static str)> {
-    Some(match name {
+/// The queries `weir bench nexmark` knows.
+pub const QUERIES: &str = "q0, q1, q2, q3, q4, q5, q7, q9, q15, q16, q17, q18, q19, q20";
+
+/// Nexmark q15-q17's counters over one group (Flink's Nexmark SQL; the
+/// day is `CAST(dateTime AS DATE)` where Flink's writes
+/// `DATE_FORMAT(dateTime, 'yyyy-MM-dd')`: the same groups).
+const RANKED_COUNTS: &str = "COUNT(*) AS total_bids, \
+     COUNT(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+     COUNT(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+     COUNT(*) FILTER (WHERE price >= 1000000) AS rank3_bids, \
+     COUNT(DISTINCT bidder) AS total_bidders, \
+     COUNT(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, \
+     COUNT(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, \
+     COUNT(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, \
+     COUNT(DISTINCT auction) AS total_auctions, \
+     COUNT(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, \
+     COUNT(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, \
+     COUNT(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions";
+const RANKED_COUNT_COLUMNS: &str = "total_bids BIGINT, rank1_bids BIGINT, rank2_bids BIGINT, rank3_bids BIGINT, \
+     total_bidders BIGINT, rank1_bidders BIGINT, rank2_bidders BIGINT, rank3_bidders BIGINT, \
+     total_auctions BIGINT, rank1_auctions BIGINT, rank2_auctions BIGINT, rank3_auctions BIGINT";
+
+/// (sink columns, query).
+pub fn query(name: &str) -> Option<(String, String)> {
+    let (cols, q): (&str, &str) = match name {
         "q0" => (
             "auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3), extra STRING",
             "SELECT auction, bidder, price, dateTime, extra FROM bid",
@@ -53,8 +80,80 @@ pub fn query(name: &str) -> Option<(&'static str, &'static str)> {
              FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND)) \
              GROUP BY window_start, window_end",
         ),
+        "q3" => (
+            "name STRING, city STRING, state STRING, id BIGINT",
+            "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P ON A.seller = P.id \
+             WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')",
+        ),
+        "q4" => (
+            "id BIGINT, final BIGINT",
+            "SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category \
+             FROM auction A, bid B WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires \
+             GROUP BY A.id, A.category) Q GROUP BY Q.category",
+        ),
+        "q9" => (
+            "id BIGINT, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, \
+             dateTime TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra STRING, \
+             auction BIGINT, bidder BIGINT, price BIGINT, bid_dateTime TIMESTAMP(3), bid_extra STRING",
+            "SELECT id, itemName, description, initialBid, reserve, dateTime, expires, seller, category, extra, \
+             auction, bidder, price, bid_dateTime, bid_extra FROM (SELECT A.*, B.auction, B.bidder, B.price, \
+             B.dateTime AS bid_dateTime, B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id \
+             ORDER BY B.price DESC, B.dateTime ASC) AS rownum FROM auction A, bid B WHERE A.id = B.auction \
+             AND B.dateTime BETWEEN A.dateTime AND A.expires) WHERE rownum <= 1",
+        ),
+        "q15" => {
+            return Some((
+                format!("`day` DATE, {RANKED_COUNT_COLUMNS}"),
+                format!(
+                    "SELECT CAST(dateTime AS DATE) AS `day`, {RANKED_COUNTS} FROM bid GROUP BY CAST(dateTime AS DATE)"
+                ),
+            ));
+        }
+        "q16" => {
+            // Flink's `max(DATE_FORMAT(dateTime, 'HH:mm'))`: the same text.
+            return Some((
+                format!("channel STRING, `day` DATE, `minute` STRING, {RANKED_COUNT_COLUMNS}"),
+                format!(
+                    "SELECT channel, CAST(dateTime AS DATE) AS `day`, \
+                     MAX(SUBSTRING(CAST(dateTime AS STRING), 12, 5)) AS `minute`, {RANKED_COUNTS} \
+                     FROM bid GROUP BY channel, CAST(dateTime AS DATE)"
+                ),
+            ));
+        }
+        "q17" => (
+            "auction BIGINT, `day` DATE, total_bids BIGINT, rank1_bids BIGINT, rank2_bids BIGINT, \
+             rank3_bids BIGINT, min_price BIGINT, max_price BIGINT, avg_price BIGINT, sum_price BIGINT",
+            "SELECT auction, CAST(dateTime AS DATE) AS `day`, COUNT(*) AS total_bids, \
+             COUNT(*) FILTER (WHERE price < 10000) AS rank1_bids, \
+             COUNT(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, \
+             COUNT(*) FILTER (WHERE price >= 1000000) AS rank3_bids, MIN(price) AS min_price, \
+             MAX(price) AS max_price, AVG(price) AS avg_price, SUM(price) AS sum_price \
+             FROM bid GROUP BY auction, CAST(dateTime AS DATE)",
+        ),
+        "q18" => (
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, dateTime TIMESTAMP(3), \
+             extra STRING",
+            "SELECT auction, bidder, price, channel, url, dateTime, extra FROM (SELECT *, ROW_NUMBER() OVER \
+             (PARTITION BY bidder, auction ORDER BY dateTime DESC) AS rank_number FROM bid) WHERE rank_number <= 1",
+        ),
+        "q19" => (
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, dateTime TIMESTAMP(3), \
+             extra STRING, rank_number BIGINT",
+            "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction ORDER BY price DESC) AS rank_number \
+             FROM bid) WHERE rank_number <= 10",
+        ),
+        "q20" => (
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, bid_dateTime TIMESTAMP(3), \
+             bid_extra STRING, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, \
+             auction_dateTime TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, \
+             auction_extra STRING",
+            "SELECT auction, bidder, price, channel, url, B.dateTime, B.extra, itemName, description, initialBid, \
+             reserve, A.dateTime, expires, seller, category, A.extra FROM bid AS B INNER JOIN auction AS A \
+             ON B.auction = A.id WHERE A.category = 10",
+        ),
         _ => return None,
-    })
+    };
+    Some((cols.to_string(), q.to_string()))
 }
 
 /// The full script of one benchmark query.
@@ -66,6 +165,10 @@ pub fn script(name: &str, events: u64, parallelism: usize, backend: &str) -> Opt
          SET 'table.dml-sync' = 'true';\n\
          CREATE TABLE bid ({BID_COLUMNS}, WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)\n\
            WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events' = '{events}');\n\
+         CREATE TABLE auction ({AUCTION_COLUMNS}, WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)\n\
+           WITH ('connector' = 'nexmark', 'nexmark.table' = 'auction', 'nexmark.events' = '{events}');\n\
+         CREATE TABLE person ({PERSON_COLUMNS}, WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)\n\
+           WITH ('connector' = 'nexmark', 'nexmark.table' = 'person', 'nexmark.events' = '{events}');\n\
          CREATE TABLE sink ({sink_cols}) WITH ('connector' = 'blackhole');\n\
          INSERT INTO sink {q};\n"
     ))
@@ -77,7 +180,7 @@ pub async fn run_nexmark(args: &NexmarkArgs) -> i32 {
     );
     for name in args.queries.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let Some(sql) = script(name, args.events, args.parallelism, &args.state_backend) else {
-            eprintln!("error: unknown query '{name}'; known: q0, q1, q2, q5, q7");
+            eprintln!("error: unknown query '{name}'; known: {QUERIES}");
             return 1;
         };
         let dir = match tempfile::tempdir() {

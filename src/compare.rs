@@ -11,8 +11,11 @@
 //!
 //! `${BIDS}` in a file is the many-keys bid CSV (generated on first use):
 //! `--rows` bids of 10 000 auctions drawn uniformly, 10 bids per
-//! millisecond of event time from 2024-01-01. Other `${NAME}`s come from
-//! `-D NAME=VALUE`.
+//! millisecond of event time from 2024-01-01. `${NEXMARK_BID}`,
+//! `${NEXMARK_AUCTION}` and `${NEXMARK_PERSON}` are directories of CSV
+//! files of the Nexmark events Weir's generator makes for `--rows` events
+//! (written once by `weir run`, so both engines read the same events).
+//! Other `${NAME}`s come from `-D NAME=VALUE`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -233,6 +236,13 @@ fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String
         let auctions = auctions_csv(bench_dir)?;
         out = out.replace("${AUCTIONS}", &auctions.display().to_string());
     }
+    if out.contains("${NEXMARK_") {
+        let dir = nexmark_csv(bench_dir, args.rows)?;
+        for table in ["bid", "auction", "person"] {
+            let name = format!("${{NEXMARK_{}}}", table.to_ascii_uppercase());
+            out = out.replace(&name, &dir.join(table).display().to_string());
+        }
+    }
     if let Some(i) = out.find("${") {
         let name: String = out[i + 2..].chars().take_while(|c| *c != '}').collect();
         return Err(format!("${{{name}}} is not defined: pass -D {name}=VALUE"));
@@ -274,6 +284,51 @@ pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
     out.flush().map_err(io)?;
     drop(out);
     std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// Directories `bid/`, `auction/`, `person/` of CSV files holding the
+/// Nexmark events of `events` generated events (Weir's generator, seed
+/// 0), written once by `weir run` through the filesystem sink.
+pub fn nexmark_csv(dir: &Path, events: u64) -> Result<PathBuf, String> {
+    let path = dir.join(format!("nexmark-{events}"));
+    if path.join("done").is_file() {
+        return Ok(path);
+    }
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut sql = String::from("SET 'parallelism.default' = '1';\nSET 'table.dml-sync' = 'true';\n");
+    for (table, cols) in [
+        ("bid", crate::bench::BID_COLUMNS),
+        ("auction", crate::bench::AUCTION_COLUMNS),
+        ("person", crate::bench::PERSON_COLUMNS),
+    ] {
+        sql.push_str(&format!(
+            "CREATE TABLE gen_{table} ({cols}) WITH ('connector' = 'nexmark', 'nexmark.table' = '{table}', \
+             'nexmark.events' = '{events}');\n\
+             CREATE TABLE out_{table} ({cols}) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n\
+             INSERT INTO out_{table} SELECT * FROM gen_{table};\n",
+            path.join(table).display()
+        ));
+    }
+    let script = path.join("generate.sql");
+    write(&script, &sql)?;
+    let weir = std::env::current_exe().map_err(|e| format!("cannot find the weir binary: {e}"))?;
+    let out = Command::new(weir)
+        .arg("--data-dir")
+        .arg(path.join("data"))
+        .arg("run")
+        .arg(&script)
+        .output()
+        .map_err(|e| format!("weir run {}: {e}", script.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "generating the Nexmark files failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let _ = std::fs::remove_dir_all(path.join("data"));
+    write(&path.join("done"), "")?;
     Ok(path)
 }
 

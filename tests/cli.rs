@@ -208,6 +208,27 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
     assert_eq!(last[2], "2024-01-01 00:00:01.999", "{last:?}");
 }
 
+/// `weir bench nexmark` runs the updating Nexmark queries over the
+/// built-in generator (joins, Top-N, dedup, aggregates with FILTER and
+/// DISTINCT), one table row each.
+#[test]
+fn bench_nexmark_runs_the_updating_queries() {
+    let queries = ["q3", "q4", "q9", "q15", "q16", "q17", "q18", "q19", "q20"];
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "nexmark", "--events", "20000", "--queries", &queries.join(",")])
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for q in queries {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(&format!("| {q} | 20000 |"))),
+            "no row for {q}\n{stdout}"
+        );
+    }
+}
+
 #[test]
 fn result_modes_show_an_updating_query_as_a_table_or_as_its_changes() {
     let dir = tempfile::tempdir().expect("tempdir");

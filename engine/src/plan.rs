@@ -294,6 +294,8 @@ impl std::fmt::Display for AggCall {
 pub struct GroupAggregateNode {
     pub keys: Vec<Arc<dyn PhysicalExpr>>,
     pub aggregates: Vec<AggCall>,
+    /// A `STATE_TTL` hint naming its input: instead of `table.exec.state.ttl`.
+    pub state_ttl: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +355,9 @@ pub struct JoinNode {
     pub filter: Option<Arc<dyn PhysicalExpr>>,
     pub left_schema: SchemaRef,
     pub right_schema: SchemaRef,
+    /// Per side, a `STATE_TTL` hint naming it: instead of
+    /// `table.exec.state.ttl` for that side's rows.
+    pub state_ttl: [Option<std::time::Duration>; 2],
 }
 
 /// One key of an ORDER BY.
@@ -590,8 +595,12 @@ impl StreamNode {
             NodeKind::GroupAggregate(g) => {
                 let keys: Vec<String> = g.keys.iter().map(|k| k.to_string()).collect();
                 let aggs: Vec<String> = g.aggregates.iter().map(|a| a.to_string()).collect();
+                let ttl = g
+                    .state_ttl
+                    .map(|t| format!(" stateTtl={}", humantime_ms(t)))
+                    .unwrap_or_default();
                 format!(
-                    "GroupAggregate: keys [{}] aggregates [{}]",
+                    "GroupAggregate: keys [{}] aggregates [{}]{ttl}",
                     keys.join(", "),
                     aggs.join(", ")
                 )
@@ -604,7 +613,14 @@ impl StreamNode {
                     .map(|(l, r)| format!("{l} = {r}"))
                     .collect();
                 let filter = j.filter.as_ref().map(|f| format!(" AND {f}")).unwrap_or_default();
-                format!("Join: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
+                let ttl = match j.state_ttl {
+                    [None, None] => String::new(),
+                    [l, r] => {
+                        let show = |t: Option<std::time::Duration>| t.map_or("default".to_string(), humantime_ms);
+                        format!(" stateTtl=[left {}, right {}]", show(l), show(r))
+                    }
+                };
+                format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND "))
             }
             NodeKind::Union => "Union All".to_string(),
             NodeKind::Rank(r) => {
@@ -640,4 +656,16 @@ impl StreamNode {
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
         }
     }
+}
+
+/// A TTL as EXPLAIN shows it, in the largest unit that divides it:
+/// `1 d`, `12 h`, `90 s`, `1500 ms`.
+fn humantime_ms(t: std::time::Duration) -> String {
+    let ms = t.as_millis();
+    for (unit, name) in [(86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1000, "s")] {
+        if ms >= unit && ms.is_multiple_of(unit) {
+            return format!("{} {name}", ms / unit);
+        }
+    }
+    format!("{ms} ms")
 }

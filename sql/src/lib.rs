@@ -20,6 +20,7 @@
 pub mod ddl;
 pub mod error;
 pub mod flink_functions;
+pub mod hints;
 pub mod parser;
 pub mod planner;
 pub mod rewrite;

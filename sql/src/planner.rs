@@ -195,6 +195,9 @@ impl Planner {
             Arc::new(SimplifyExpressions::new()),
             // IN / EXISTS subqueries become semi and anti joins.
             Arc::new(datafusion::optimizer::decorrelate_predicate_subquery::DecorrelatePredicateSubquery::new()),
+            // `FROM a, b WHERE a.k = b.k`: the equalities become the keys
+            // of an inner join (the rest of the WHERE stays above it).
+            Arc::new(datafusion::optimizer::eliminate_cross_join::EliminateCrossJoin::new()),
             Arc::new(datafusion::optimizer::extract_equijoin_predicate::ExtractEquijoinPredicate::new()),
             Arc::new(OptimizeProjections::new()),
         ]);
@@ -209,6 +212,7 @@ impl Planner {
             return Ok(QueryPlan::Batch(plan));
         }
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
+        b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         b.convert(&plan)?;
         Ok(QueryPlan::Stream(b.finish()))
     }
@@ -228,6 +232,7 @@ impl Planner {
             ));
         }
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
+        b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         let last = b.convert(&plan)?;
         b.add_sink(last, sink)?;
         Ok(b.finish())
@@ -493,6 +498,8 @@ struct GraphBuilder<'a> {
     scan_columns: HashMap<String, BTreeSet<String>>,
     /// The source node already made for a table.
     sources: HashMap<String, NodeId>,
+    /// `STATE_TTL` hints: input name (lowercase) → TTL.
+    state_ttl_hints: HashMap<String, std::time::Duration>,
 }
 
 impl<'a> GraphBuilder<'a> {
@@ -521,6 +528,7 @@ impl<'a> GraphBuilder<'a> {
             replaced: None,
             scan_columns,
             sources: HashMap::new(),
+            state_ttl_hints: HashMap::new(),
         })
     }
 
@@ -707,7 +715,8 @@ impl<'a> GraphBuilder<'a> {
                         Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>
                     })
                     .collect::<Vec<_>>();
-                Ok(self.group_node(source, Arc::new(input.schema().as_arrow().clone()), keys, vec![]))
+                let ttl = self.hinted_ttl(input);
+                Ok(self.group_node(source, Arc::new(input.schema().as_arrow().clone()), keys, vec![], ttl))
             }
             LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT ON on a stream is not supported")),
             LogicalPlan::Window(_) => Err(SqlError::unsupported(
@@ -801,6 +810,22 @@ impl<'a> GraphBuilder<'a> {
         );
         self.sources.insert(def.name.clone(), source);
         self.project_scan(source, scan, &projected)
+    }
+
+    /// The TTL a `STATE_TTL` hint gives the input `plan`, by its alias or
+    /// its table's name.
+    fn hinted_ttl(&self, plan: &LogicalPlan) -> Option<std::time::Duration> {
+        if self.state_ttl_hints.is_empty() {
+            return None;
+        }
+        let hinted = |name: &str| self.state_ttl_hints.get(&name.to_ascii_lowercase()).copied();
+        match plan {
+            LogicalPlan::SubqueryAlias(a) => hinted(a.alias.table()).or_else(|| self.hinted_ttl(&a.input)),
+            LogicalPlan::TableScan(s) => hinted(s.table_name.table()),
+            LogicalPlan::Projection(p) => self.hinted_ttl(&p.input),
+            LogicalPlan::Filter(f) => self.hinted_ttl(&f.input),
+            _ => None,
+        }
     }
 
     /// The columns `projected` of one scan, from the table's source.
@@ -948,7 +973,8 @@ impl<'a> GraphBuilder<'a> {
             });
         }
         let input = self.convert(&agg.input)?;
-        Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls))
+        let ttl = self.hinted_ttl(&agg.input);
+        Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls, ttl))
     }
 
     fn join(&mut self, join: &datafusion::logical_expr::Join) -> Result<NodeId> {
@@ -1022,6 +1048,7 @@ impl<'a> GraphBuilder<'a> {
             filter,
             left_schema: Arc::new(ls.as_arrow().clone()),
             right_schema: Arc::new(rs.as_arrow().clone()),
+            state_ttl: [self.hinted_ttl(&join.left), self.hinted_ttl(&join.right)],
         };
         let id = self.add(
             self.config.parallelism,
@@ -1264,6 +1291,7 @@ impl<'a> GraphBuilder<'a> {
         schema: SchemaRef,
         keys: Vec<Arc<dyn PhysicalExpr>>,
         aggregates: Vec<AggCall>,
+        state_ttl: Option<std::time::Duration>,
     ) -> NodeId {
         let (parallelism, exchange) = if keys.is_empty() {
             (1, Exchange::Global)
@@ -1273,7 +1301,11 @@ impl<'a> GraphBuilder<'a> {
         self.add(
             parallelism,
             schema,
-            NodeKind::GroupAggregate(GroupAggregateNode { keys, aggregates }),
+            NodeKind::GroupAggregate(GroupAggregateNode {
+                keys,
+                aggregates,
+                state_ttl,
+            }),
             Some((input, exchange)),
         )
     }

@@ -615,6 +615,7 @@ mod tests {
             filter: None,
             left_schema: l.clone(),
             right_schema: r.clone(),
+            state_ttl: [None, None],
         };
         let out = Arc::new(Schema::new(
             l.fields()

@@ -69,7 +69,7 @@ pub struct RankOperator {
     /// the same rows as bytes): a hot partition is not decoded again.
     /// Emptied when it outgrows [`DECODED_PARTITIONS`], and unused with
     /// TTL (state may expire behind it).
-    decoded: hashbrown::HashMap<Vec<u8>, Vec<Ranked>>,
+    decoded: hashbrown::HashMap<Vec<u8>, (Vec<Ranked>, usize)>,
 }
 
 /// Decoded partitions a rank operator keeps.
@@ -89,6 +89,8 @@ struct Part {
     first: usize,
     rows: Vec<Ranked>,
     stored: bool,
+    /// Bytes of the stored value (state size accounting).
+    stored_len: usize,
     dirty: bool,
 }
 
@@ -270,6 +272,7 @@ impl Operator for RankOperator {
                     first: i,
                     rows: vec![],
                     stored: false,
+                    stored_len: 0,
                     dirty: false,
                 });
                 parts.len() - 1
@@ -280,9 +283,10 @@ impl Operator for RankOperator {
         let mut unknown: Vec<usize> = vec![];
         for (i, p) in parts.iter_mut().enumerate() {
             match use_decoded.then(|| self.decoded.remove(key_of(p.first))).flatten() {
-                Some(rows) => {
+                Some((rows, len)) => {
                     p.rows = rows;
                     p.stored = true;
+                    p.stored_len = len;
                 }
                 None => unknown.push(i),
             }
@@ -300,6 +304,7 @@ impl Operator for RankOperator {
             if let Some(b) = bytes {
                 parts[i].rows = self.decode_rows(&b)?;
                 parts[i].stored = true;
+                parts[i].stored_len = b.len();
             }
         }
 
@@ -406,27 +411,39 @@ impl Operator for RankOperator {
         }
 
         let mut w = KeyedWrite::default();
-        for p in parts.iter().filter(|p| p.dirty) {
+        let mut grown = 0i64;
+        for p in parts.iter_mut().filter(|p| p.dirty) {
+            let key = key_of(p.first);
             let e = EntryRef {
                 key_group: p.group,
-                key: key_of(p.first),
+                key,
                 namespace: &[],
             };
+            // State size: a partition's entry is its key and its rows.
+            let before = if p.stored { key.len() + p.stored_len } else { 0 };
             if p.rows.is_empty() {
                 if p.stored {
                     w.delete(ROWS, e);
                 }
+                p.stored_len = 0;
+                grown -= before as i64;
             } else {
-                w.put(ROWS, e, Self::encode_rows(&p.rows));
+                let value = Self::encode_rows(&p.rows);
+                p.stored_len = value.len();
+                grown += (key.len() + value.len()) as i64 - before as i64;
+                w.put(ROWS, e, value);
             }
         }
         self.state.write(w)?;
+        self.metrics
+            .state_bytes
+            .fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
         if use_decoded {
             if self.decoded.len() + parts.len() > DECODED_PARTITIONS {
                 self.decoded.clear();
             }
             for p in parts.into_iter().filter(|p| !p.rows.is_empty()) {
-                self.decoded.insert(key_of(p.first).to_vec(), p.rows);
+                self.decoded.insert(key_of(p.first).to_vec(), (p.rows, p.stored_len));
             }
         }
 

@@ -1158,7 +1158,7 @@ fn create_operator(
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
         NodeKind::Join(j) => {
-            let state = keyed_state(
+            let mut state = keyed_state(
                 node,
                 subtask,
                 config,
@@ -1167,6 +1167,12 @@ fn create_operator(
                 sink_ctx,
                 crate::operators::join::STATES,
             )?;
+            // A STATE_TTL hint sets a side's TTL instead of the job's.
+            for (side, ttl) in j.state_ttl.iter().enumerate() {
+                if ttl.is_some() {
+                    state.set_state_ttl(side, *ttl);
+                }
+            }
             Box::new(
                 crate::operators::join::JoinOperator::new(
                     j,
@@ -1241,6 +1247,9 @@ fn create_operator(
                 sink_ctx,
                 crate::operators::group::aggregate::STATES,
             )?;
+            if g.state_ttl.is_some() {
+                state.set_ttl(g.state_ttl);
+            }
             let insert_only = graph.inputs(id).all(|e| graph.node(e.from).changelog.is_insert_only());
             if config.state_backend == StateBackendKind::RocksDb {
                 // Hot keys stay in memory between snapshots. The value

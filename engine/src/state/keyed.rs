@@ -178,9 +178,9 @@ pub struct KeyedState {
     groups: Range<KeyGroup>,
     /// Per state (timers only), per owned key group: no timer is below it.
     floors: Vec<Vec<Timestamp>>,
-    /// `table.exec.state.ttl` in ms: values of `ttl` states not written
-    /// for this long are gone.
-    ttl: Option<i64>,
+    /// Per state, in ms: values of `ttl` states not written for this long
+    /// are gone (`table.exec.state.ttl`, or a `STATE_TTL` hint's).
+    ttl: Vec<Option<i64>>,
     /// Per state: where the incremental expiry scan goes on.
     expiry_cursor: Vec<Vec<u8>>,
     /// Processing time in ms ([`processing_time_ms`]; tests set their own).
@@ -229,9 +229,9 @@ impl KeyedState {
                 })
                 .collect(),
             expiry_cursor: vec![vec![]; decls.len()],
+            ttl: vec![None; decls.len()],
             decls: decls.to_vec(),
             groups,
-            ttl: None,
             clock: processing_time_ms,
             cache: Default::default(),
         }
@@ -240,7 +240,16 @@ impl KeyedState {
     /// Values of TTL states expire `ttl` after their last write (`None`
     /// or zero: never).
     pub fn set_ttl(&mut self, ttl: Option<std::time::Duration>) {
-        self.ttl = ttl.filter(|d| !d.is_zero()).map(|d| d.as_millis() as i64);
+        for state in 0..self.decls.len() {
+            self.set_state_ttl(state, ttl);
+        }
+    }
+
+    /// The TTL of one state (a join side's, from a `STATE_TTL` hint).
+    pub fn set_state_ttl(&mut self, state: StateId, ttl: Option<std::time::Duration>) {
+        if let Some(t) = self.ttl.get_mut(state) {
+            *t = ttl.filter(|d| !d.is_zero()).map(|d| d.as_millis() as i64);
+        }
     }
 
     /// Keeps `states` (value states read by key, never scanned by the
@@ -285,13 +294,16 @@ impl KeyedState {
     }
 
     pub fn ttl_enabled(&self) -> bool {
-        self.ttl.is_some()
+        self.ttl.iter().any(Option::is_some)
     }
 
     /// How often expired values should be looked for: a quarter of the
     /// TTL, between 10 ms and 1 s; `None` without TTL.
     pub fn expiry_interval(&self) -> Option<std::time::Duration> {
         self.ttl
+            .iter()
+            .flatten()
+            .min()
             .map(|t| std::time::Duration::from_millis((t / 4).clamp(10, 1000) as u64))
     }
 
@@ -311,7 +323,13 @@ impl KeyedState {
             .and_then(|t| t.try_into().ok())
             .ok_or_else(corrupt)?;
         let written = decode_time(t);
-        if self.ttl.is_some_and(|ttl| now.saturating_sub(written) >= ttl) {
+        if self
+            .ttl
+            .get(state)
+            .copied()
+            .flatten()
+            .is_some_and(|ttl| now.saturating_sub(written) >= ttl)
+        {
             return Ok(None);
         }
         Ok(Some(v[TTL_PREFIX..].to_vec()))
@@ -321,7 +339,9 @@ impl KeyedState {
     /// `budget` entries of each, scanning on from where the last call
     /// stopped (Flink's incremental cleanup). Returns the bytes removed.
     pub fn expire(&mut self, now: i64, budget: usize) -> Result<i64, StateError> {
-        let Some(ttl) = self.ttl else { return Ok(0) };
+        if !self.ttl_enabled() {
+            return Ok(0);
+        }
         // The scan reads the backend: the cache's changes go there first,
         // and what it deletes must not survive in the cache.
         self.flush()?;
@@ -333,9 +353,9 @@ impl KeyedState {
             self.groups.end.to_be_bytes().to_vec()
         };
         for state in 0..self.decls.len() {
-            if !self.is_ttl(state) {
+            let Some(ttl) = self.ttl.get(state).copied().flatten().filter(|_| self.is_ttl(state)) else {
                 continue;
-            }
+            };
             let from = if self.expiry_cursor[state].is_empty() {
                 self.groups.start.to_be_bytes().to_vec()
             } else {

@@ -1,0 +1,18 @@
+-- Nexmark q20 (Flink's Nexmark SQL) over Weir's generated events.
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
+  WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '${NEXMARK_BID}', 'format' = 'csv');
+CREATE TABLE auction (id BIGINT, itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT,
+  `dateTime` TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, category BIGINT, extra STRING,
+  WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '${NEXMARK_AUCTION}', 'format' = 'csv');
+CREATE TABLE person (id BIGINT, name STRING, emailAddress STRING, creditCard STRING, city STRING, state STRING,
+  `dateTime` TIMESTAMP(3), extra STRING,
+  WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '${NEXMARK_PERSON}', 'format' = 'csv');
+CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, bid_dateTime TIMESTAMP(3), bid_extra STRING,
+  itemName STRING, description STRING, initialBid BIGINT, reserve BIGINT, auction_dateTime TIMESTAMP(3), expires TIMESTAMP(3),
+  seller BIGINT, category BIGINT, auction_extra STRING) WITH ('connector' = 'blackhole');
+INSERT INTO sink SELECT auction, bidder, price, channel, url, B.`dateTime`, B.extra, itemName, description, initialBid, reserve,
+  A.`dateTime`, expires, seller, category, A.extra
+FROM bid AS B INNER JOIN auction AS A ON B.auction = A.id WHERE A.category = 10;

@@ -1,0 +1,233 @@
+//! Query hints: `SELECT /*+ STATE_TTL('orders' = '1d', 'o' = '12h') */ ...`.
+//!
+//! Flink's `STATE_TTL` hint sets the state TTL of a regular join's input
+//! sides and of a non-windowed GROUP BY, by the name or alias of the
+//! input, in place of `table.exec.state.ttl`. A hint's keys must name
+//! tables or aliases of its own SELECT's FROM clause (else Flink's
+//! message refuses it); values are durations (`1d`, `12 h`, `500 ms`).
+//! The join strategy hints Flink ignores in streaming mode (`BROADCAST`,
+//! `SHUFFLE_HASH`, `SHUFFLE_MERGE`, `NEST_LOOP`) are ignored too; any other
+//! hint is refused by name.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlparser::ast::{self, SetExpr, TableFactor};
+use sqlparser::tokenizer::{Token, Tokenizer};
+
+use crate::error::{Result, SqlError};
+
+/// Input name (lowercase) → TTL, from every SELECT of `query`.
+pub fn state_ttl_hints(query: &ast::Query) -> Result<HashMap<String, Duration>> {
+    let mut out: HashMap<String, Duration> = HashMap::new();
+    visit_query(query, &mut out)?;
+    Ok(out)
+}
+
+fn visit_query(q: &ast::Query, out: &mut HashMap<String, Duration>) -> Result<()> {
+    if let Some(with) = &q.with {
+        for cte in &with.cte_tables {
+            visit_query(&cte.query, out)?;
+        }
+    }
+    visit_set_expr(&q.body, out)
+}
+
+fn visit_set_expr(e: &SetExpr, out: &mut HashMap<String, Duration>) -> Result<()> {
+    match e {
+        SetExpr::Select(s) => visit_select(s, out),
+        SetExpr::Query(q) => visit_query(q, out),
+        SetExpr::SetOperation { left, right, .. } => {
+            visit_set_expr(left, out)?;
+            visit_set_expr(right, out)
+        }
+        _ => Ok(()),
+    }
+}
+
+fn visit_select(s: &ast::Select, out: &mut HashMap<String, Duration>) -> Result<()> {
+    // The names this SELECT's FROM gives its inputs, and the subqueries
+    // in it (their own SELECTs may carry hints too).
+    let mut names: Vec<String> = vec![];
+    for t in &s.from {
+        visit_factor(&t.relation, &mut names, out)?;
+        for j in &t.joins {
+            visit_factor(&j.relation, &mut names, out)?;
+        }
+    }
+    for hint in &s.optimizer_hints {
+        if !hint.prefix.is_empty() {
+            continue;
+        }
+        for (name, args) in parse_hints(&hint.text)? {
+            match name.to_ascii_uppercase().as_str() {
+                "STATE_TTL" => {
+                    let mut unmatched = vec![];
+                    for (key, value) in args {
+                        let ttl = weir_catalog::options::parse_duration(&value).ok_or_else(|| {
+                            SqlError::plan(format!(
+                                "STATE_TTL hint: '{value}' (for '{key}') is not a duration such as '1d', '12 h' or '500 ms'"
+                            ))
+                        })?;
+                        if !names.iter().any(|n| n.eq_ignore_ascii_case(&key)) {
+                            unmatched.push(key);
+                            continue;
+                        }
+                        let key = key.to_ascii_lowercase();
+                        if out.get(&key).is_some_and(|t| *t != ttl) {
+                            return Err(SqlError::plan(format!(
+                                "STATE_TTL hints give '{key}' two different TTLs; name the inputs apart with aliases"
+                            )));
+                        }
+                        out.insert(key, ttl);
+                    }
+                    if !unmatched.is_empty() {
+                        let list: Vec<String> = unmatched.iter().map(|k| format!("`{k}`")).collect();
+                        return Err(SqlError::plan(format!(
+                            "The options of following hints cannot match the name of input tables or views: \
+                             {} in `STATE_TTL` (this SELECT reads: {})",
+                            list.join(", "),
+                            names.join(", ")
+                        )));
+                    }
+                }
+                // Batch join strategies: Flink ignores them on streams.
+                "BROADCAST" | "SHUFFLE_HASH" | "SHUFFLE_MERGE" | "NEST_LOOP" => {}
+                other => {
+                    return Err(SqlError::unsupported(format!(
+                        "the query hint {other} is not supported (Weir reads STATE_TTL)"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn visit_factor(f: &TableFactor, names: &mut Vec<String>, out: &mut HashMap<String, Duration>) -> Result<()> {
+    match f {
+        TableFactor::Table { name, alias, .. } => {
+            if let Some(last) = name.0.last().and_then(|p| p.as_ident()) {
+                names.push(last.value.clone());
+            }
+            if let Some(a) = alias {
+                names.push(a.name.value.clone());
+            }
+        }
+        TableFactor::Derived { subquery, alias, .. } => {
+            visit_query(subquery, out)?;
+            if let Some(a) = alias {
+                names.push(a.name.value.clone());
+            }
+        }
+        TableFactor::NestedJoin {
+            table_with_joins,
+            alias,
+        } => {
+            visit_factor(&table_with_joins.relation, names, out)?;
+            for j in &table_with_joins.joins {
+                visit_factor(&j.relation, names, out)?;
+            }
+            if let Some(a) = alias {
+                names.push(a.name.value.clone());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A hint's name and its `'key' = 'value'` pairs (or bare names).
+type Hint = (String, Vec<(String, String)>);
+
+/// `NAME('k' = 'v', ...) [, NAME(...)]` as (name, pairs).
+fn parse_hints(text: &str) -> Result<Vec<Hint>> {
+    let bad = |why: &str| SqlError::plan(format!("query hint /*+{text}*/: {why}"));
+    let tokens = Tokenizer::new(&crate::parser::dialect(), text)
+        .tokenize()
+        .map_err(|e| bad(&e.to_string()))?;
+    let mut tokens = tokens
+        .into_iter()
+        .filter(|t| !matches!(t, Token::Whitespace(_)))
+        .peekable();
+    let mut out = vec![];
+    while let Some(t) = tokens.next() {
+        let name = match t {
+            Token::Word(w) => w.value,
+            Token::Comma => continue,
+            other => return Err(bad(&format!("expected a hint name, found {other}"))),
+        };
+        let mut pairs = vec![];
+        if tokens.peek() == Some(&Token::LParen) {
+            tokens.next();
+            loop {
+                match tokens.next() {
+                    Some(Token::RParen) => break,
+                    Some(Token::Comma) => continue,
+                    Some(Token::SingleQuotedString(k)) => {
+                        if tokens.next() != Some(Token::Eq) {
+                            return Err(bad(&format!("expected '=' after '{k}'")));
+                        }
+                        match tokens.next() {
+                            Some(Token::SingleQuotedString(v)) => pairs.push((k, v)),
+                            _ => return Err(bad(&format!("expected a quoted value for '{k}'"))),
+                        }
+                    }
+                    Some(Token::Word(w)) => {
+                        // Join strategy hints list table names.
+                        pairs.push((w.value, String::new()));
+                    }
+                    Some(other) => return Err(bad(&format!("unexpected {other}"))),
+                    None => return Err(bad("missing ')'")),
+                }
+            }
+        }
+        out.push((name, pairs));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hints(sql: &str) -> Result<HashMap<String, Duration>> {
+        let stmts = sqlparser::parser::Parser::parse_sql(&crate::parser::dialect(), sql).expect("parse");
+        let ast::Statement::Query(q) = &stmts[0] else {
+            panic!("not a query")
+        };
+        state_ttl_hints(q)
+    }
+
+    #[test]
+    fn state_ttl_hints_name_the_inputs_of_their_select() {
+        let h = hints(
+            "SELECT /*+ STATE_TTL('o' = '1d', 'Lineitem' = '12 h') */ * FROM orders o JOIN lineitem ON o.k = lineitem.k",
+        )
+        .expect("hints");
+        assert_eq!(h.get("o"), Some(&Duration::from_secs(86_400)));
+        assert_eq!(h.get("lineitem"), Some(&Duration::from_secs(43_200)));
+        // In a subquery's own SELECT.
+        let h = hints("SELECT * FROM (SELECT /*+ STATE_TTL('t' = '500 ms') */ k, COUNT(*) FROM t GROUP BY k) x")
+            .expect("hints");
+        assert_eq!(h.get("t"), Some(&Duration::from_millis(500)));
+        // Flink's join strategy hints are ignored.
+        assert!(hints("SELECT /*+ BROADCAST(t) */ * FROM t").expect("hints").is_empty());
+    }
+
+    #[test]
+    fn bad_hints_are_refused_by_name() {
+        let e = hints("SELECT /*+ STATE_TTL('x' = '1d') */ * FROM t").expect_err("unmatched");
+        assert!(
+            e.to_string()
+                .contains("cannot match the name of input tables or views: `x`"),
+            "{e}"
+        );
+        let e = hints("SELECT /*+ STATE_TTL('t' = 'soon') */ * FROM t").expect_err("duration");
+        assert!(e.to_string().contains("'soon' (for 't') is not a duration"), "{e}");
+        let e = hints("SELECT /*+ LOOKUP('table' = 't') */ * FROM t").expect_err("unknown");
+        assert!(e.to_string().contains("query hint LOOKUP is not supported"), "{e}");
+        let e = hints("SELECT /*+ STATE_TTL('t' '1d') */ * FROM t").expect_err("syntax");
+        assert!(e.to_string().contains("expected '=' after 't'"), "{e}");
+    }
+}
