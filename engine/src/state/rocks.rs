@@ -77,6 +77,11 @@ impl RocksDbTuning {
         if self.config.bloom_filter {
             table.set_bloom_filter(10.0, false);
             table.set_whole_key_filtering(true);
+            // The memtable's own filter: a read of a key that is not
+            // there (a join's new row, a first DISTINCT value) skips the
+            // skiplist search of a large memtable.
+            opts.set_memtable_prefix_bloom_ratio(0.1);
+            opts.set_memtable_whole_key_filtering(true);
         }
         opts.set_block_based_table_factory(&table);
         opts
