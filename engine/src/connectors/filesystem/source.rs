@@ -635,7 +635,14 @@ impl LineDecoder {
         schema: &SchemaRef,
     ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
         if schema.fields().iter().any(|f| has_decimal(f.data_type())) {
-            refuse_long_numbers(text.as_bytes(), self.format.format.is_json())?;
+            let json = self.format.format.is_json();
+            if let Err(e) = refuse_long_numbers(text.as_bytes(), json) {
+                // CSV: a long run may sit in a text column; only a DECIMAL
+                // column's value is refused (read as text to look).
+                if json || self.decimal_field_too_long(text, schema)? {
+                    return Err(e);
+                }
+            }
         }
         if self.format.format.is_json() {
             let mut d = arrow::json::ReaderBuilder::new(schema.clone())
@@ -645,6 +652,51 @@ impl LineDecoder {
             return d.flush();
         }
         self.decode_csv(text, schema)
+    }
+
+    /// Whether a top-level DECIMAL column of CSV `text` holds a value of
+    /// more than [`MAX_NUMBER_DIGITS`] digits in a row.
+    fn decimal_field_too_long(
+        &self,
+        text: &str,
+        schema: &SchemaRef,
+    ) -> std::result::Result<bool, arrow::error::ArrowError> {
+        let is_decimal = |t: &DataType| {
+            matches!(
+                t,
+                DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)
+            )
+        };
+        let as_text: Vec<arrow::datatypes::Field> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                if is_decimal(f.data_type()) {
+                    f.as_ref().clone().with_data_type(DataType::Utf8)
+                } else {
+                    f.as_ref().clone()
+                }
+            })
+            .collect();
+        let Some(b) = self.decode_csv(text, &std::sync::Arc::new(arrow::datatypes::Schema::new(as_text)))? else {
+            return Ok(false);
+        };
+        for (i, f) in schema.fields().iter().enumerate() {
+            if !is_decimal(f.data_type()) {
+                continue;
+            }
+            let Some(col) = b.column(i).as_any().downcast_ref::<arrow::array::StringArray>() else {
+                continue;
+            };
+            if col
+                .iter()
+                .flatten()
+                .any(|v| refuse_long_numbers(v.as_bytes(), false).is_err())
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Timestamps read as text and parsed by [`text_time`]; `None` when
@@ -850,6 +902,42 @@ mod tests {
         // In a JSON string (even after an escaped quote) it is text.
         assert!(refuse_long_numbers(format!("{{\"s\":\"\\\"{long}\"}}").as_bytes(), true).is_ok());
         assert!(refuse_long_numbers(format!("1,\"{long}\"").as_bytes(), false).is_err());
+    }
+
+    /// A CSV table with a DECIMAL column: a long digit run in its STRING
+    /// column is read; in the DECIMAL column it is a bad record.
+    #[test]
+    fn only_a_decimal_columns_long_number_is_refused_in_csv() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.csv");
+        let long = "7".repeat(MAX_NUMBER_DIGITS + 1);
+        std::fs::write(&path, format!("{long},1.5\n")).expect("write");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8, true),
+            Field::new("d", DataType::Decimal128(10, 2), true),
+        ]));
+        let format = FormatOptions {
+            format: Format::Csv,
+            ignore_parse_errors: false,
+            iso_timestamps: false,
+            delimiter: b',',
+            quote: b'"',
+            allow_comments: false,
+            canal_database: None,
+            canal_table: None,
+        };
+        let decoder = LineDecoder {
+            format,
+            schema: schema.clone(),
+            text_schema: None,
+        };
+        let text = std::fs::read_to_string(&path).expect("read");
+        let b = decoder
+            .decode(&text)
+            .expect("a long text value is data")
+            .expect("a row");
+        assert_eq!(b.num_rows(), 1);
+        assert!(decoder.decode(&format!("a,{long}\n")).is_err());
     }
 
     #[test]
