@@ -96,6 +96,8 @@ fn second() -> RecordBatch {
 const QUERIES: &[&str] = &[
     "SELECT k, COUNT(*), COUNT(v), SUM(v), MIN(v), MAX(v), AVG(v) FROM t GROUP BY k",
     "SELECT k, COUNT(DISTINCT v), SUM(DISTINCT v), MIN(DISTINCT w) FROM t GROUP BY k",
+    // DISTINCT calls over one argument share a value-count map (q16's shape).
+    "SELECT k, COUNT(DISTINCT v), COUNT(DISTINCT v) FILTER (WHERE w < 5), SUM(DISTINCT v) FILTER (WHERE w >= 5), COUNT(DISTINCT w), AVG(DISTINCT v) FROM t GROUP BY k",
     "SELECT k, COUNT(*) FILTER (WHERE v > 10), MAX(v) FILTER (WHERE w < 8), SUM(w) FILTER (WHERE v IS NULL) FROM t GROUP BY k",
     "SELECT COUNT(*), SUM(v), MIN(w), MAX(w), COUNT(DISTINCT k) FROM t",
     "SELECT k, SUM(v) FROM t GROUP BY k HAVING COUNT(*) > 100",
@@ -104,6 +106,7 @@ const QUERIES: &[&str] = &[
     // Aggregates over an updating input: retraction of every kind.
     "SELECT c, COUNT(*) FROM (SELECT k, v % 7 AS g, COUNT(*) AS c FROM t GROUP BY k, v % 7) GROUP BY c",
     "SELECT k, MIN(s), MAX(s), COUNT(DISTINCT s), SUM(s) FROM (SELECT k, v % 5 AS g, SUM(v) AS s FROM t GROUP BY k, v % 5) GROUP BY k",
+    "SELECT k, COUNT(DISTINCT s), COUNT(DISTINCT s) FILTER (WHERE g < 2), SUM(DISTINCT s) FILTER (WHERE g >= 2), MAX(DISTINCT s) FROM (SELECT k, v % 5 AS g, SUM(v) AS s FROM t GROUP BY k, v % 5) GROUP BY k",
     "SELECT MAX(c), MIN(c), COUNT(*) FROM (SELECT v, COUNT(*) AS c FROM t GROUP BY v)",
     "SELECT g, MIN(k), MAX(k) FROM (SELECT v % 4 AS g, k FROM t) GROUP BY g",
     "SELECT mx, COUNT(*) FROM (SELECT k, MAX(v) AS mx FROM t GROUP BY k) GROUP BY mx",

@@ -205,6 +205,18 @@ struct Cache {
     limit: usize,
 }
 
+/// A cache key looked up without copying its bytes: hashes as the
+/// `(StateId, Vec<u8>)` it stands for (a tuple's fields in order, a
+/// `Vec` as its slice).
+#[derive(Hash)]
+struct CacheKeyRef<'a>(StateId, &'a [u8]);
+
+impl hashbrown::Equivalent<(StateId, Vec<u8>)> for CacheKeyRef<'_> {
+    fn equivalent(&self, key: &(StateId, Vec<u8>)) -> bool {
+        self.0 == key.0 && self.1 == key.1.as_slice()
+    }
+}
+
 /// Processing time: the wall clock, in ms.
 pub fn processing_time_ms() -> i64 {
     std::time::SystemTime::now()
@@ -413,7 +425,7 @@ impl KeyedState {
             let mut values: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
             let mut missing: Vec<usize> = vec![];
             for (i, k) in keys.iter().enumerate() {
-                match cache.entries.get(&(state, k.clone())) {
+                match cache.entries.get(&CacheKeyRef(state, k)) {
                     Some((v, _)) => values[i] = v.clone(),
                     None => missing.push(i),
                 }
