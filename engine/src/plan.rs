@@ -381,6 +381,12 @@ pub enum RankStrategy {
     /// (`ORDER BY rowtime ASC`, `= 1`, no rank column), emitted once the
     /// watermark passes it: insert-only.
     KeepFirstRowtime,
+    /// Deduplication on processing time (`ORDER BY` a `PROCTIME()`
+    /// column `DESC`): every row replaces the key's row, at once.
+    KeepLastProctime,
+    /// Deduplication on processing time, `ASC`: a key's first row is
+    /// emitted at once and later rows are dropped: insert-only.
+    KeepFirstProctime,
 }
 
 /// Top-N and deduplication over `ROW_NUMBER()`.
@@ -645,6 +651,8 @@ impl StreamNode {
                     ),
                     RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
                     RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),
+                    RankStrategy::KeepLastProctime => "Deduplicate: keep last row (proctime)".to_string(),
+                    RankStrategy::KeepFirstProctime => "Deduplicate: keep first row (proctime)".to_string(),
                 };
                 format!(
                     "{what} PARTITION BY [{}] ORDER BY [{}]",

@@ -234,3 +234,56 @@ impl datafusion::logical_expr::ScalarUDFImpl for FlinkMod {
         Ok(datafusion::logical_expr::ColumnarValue::Array(out))
     }
 }
+
+/// Flink's `PROCTIME()`: the processing time, `TIMESTAMP_LTZ(3)`. In a
+/// table's computed column (`pt AS PROCTIME()`) it makes a
+/// processing-time attribute: deduplication ordered by it keeps rows by
+/// arrival. Evaluated once per batch (every row of a batch arrives
+/// together); the value is the wall clock in milliseconds.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Proctime {
+    signature: Signature,
+}
+
+impl Proctime {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::nullary(Volatility::Volatile),
+        })
+    }
+}
+
+/// Whether a computed column's expression text is `PROCTIME()`.
+pub fn is_proctime_call(expr: &str) -> bool {
+    let compact: String = expr.chars().filter(|c| !c.is_whitespace()).collect();
+    compact.eq_ignore_ascii_case("PROCTIME()")
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for Proctime {
+    fn name(&self) -> &str {
+        "proctime"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Timestamp(
+            arrow::datatypes::TimeUnit::Millisecond,
+            Some("UTC".into()),
+        ))
+    }
+
+    fn invoke_with_args(
+        &self,
+        _args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Ok(datafusion::logical_expr::ColumnarValue::Scalar(
+            ScalarValue::TimestampMillisecond(Some(now), Some("UTC".into())),
+        ))
+    }
+}

@@ -146,6 +146,7 @@ impl Planner {
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
+        let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
         Self { state }
     }
 
@@ -455,24 +456,43 @@ fn trace_window(plan: &LogicalPlan, idx: usize) -> Option<(&datafusion::logical_
 /// Whether output column `idx` of `plan` is a table's event-time column
 /// (its WATERMARK column), passed through unchanged.
 fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
+    is_time_attribute(plan, idx, &|table, column| {
+        catalog
+            .table(table)
+            .and_then(|t| t.watermark.as_ref())
+            .is_some_and(|w| w.column == column)
+    })
+}
+
+/// Whether output column `idx` of `plan` is a processing-time attribute:
+/// a table's `PROCTIME()` computed column, passed through unchanged.
+fn is_proctime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
+    is_time_attribute(plan, idx, &|table, column| {
+        catalog.table(table).and_then(|t| t.column(column)).is_some_and(|c| {
+            c.computed
+                .as_deref()
+                .is_some_and(crate::flink_functions::is_proctime_call)
+        })
+    })
+}
+
+/// Whether output column `idx` of `plan` is a table's column for which
+/// `attribute(table, column)` holds, passed through aliases, filters and
+/// projections unchanged (any other expression makes it a plain value,
+/// as in Flink).
+fn is_time_attribute(plan: &LogicalPlan, idx: usize, attribute: &dyn Fn(&str, &str) -> bool) -> bool {
     match plan {
-        LogicalPlan::SubqueryAlias(a) => is_rowtime(&a.input, idx, catalog),
-        LogicalPlan::Filter(f) => is_rowtime(&f.input, idx, catalog),
+        LogicalPlan::SubqueryAlias(a) => is_time_attribute(&a.input, idx, attribute),
+        LogicalPlan::Filter(f) => is_time_attribute(&f.input, idx, attribute),
         LogicalPlan::Projection(p) => match p.expr.get(idx).map(|e| e.clone().unalias()) {
             Some(Expr::Column(c)) => p
                 .input
                 .schema()
                 .index_of_column(&c)
-                .is_ok_and(|i| is_rowtime(&p.input, i, catalog)),
+                .is_ok_and(|i| is_time_attribute(&p.input, i, attribute)),
             _ => false,
         },
-        LogicalPlan::TableScan(scan) => {
-            let name = scan.projected_schema.field(idx).name();
-            catalog
-                .table(scan.table_name.table())
-                .and_then(|t| t.watermark.as_ref())
-                .is_some_and(|w| &w.column == name)
-        }
+        LogicalPlan::TableScan(scan) => attribute(scan.table_name.table(), scan.projected_schema.field(idx).name()),
         _ => false,
     }
 }
@@ -1215,11 +1235,19 @@ impl<'a> GraphBuilder<'a> {
         // not shown.
         let rowtime_order = matches!(wf.params.order_by.as_slice(), [s] if matches!(&s.expr, Expr::Column(c)
             if ws.index_of_column(c).is_ok_and(|i| is_rowtime(&w.input, i, self.catalog))));
+        let proctime_order = matches!(wf.params.order_by.as_slice(), [s] if matches!(&s.expr, Expr::Column(c)
+            if ws.index_of_column(c).is_ok_and(|i| is_proctime(&w.input, i, self.catalog))));
         let strategy = if limit == 1 && !with_rank && rowtime_order && insert_only {
             if wf.params.order_by[0].asc {
                 RankStrategy::KeepFirstRowtime
             } else {
                 RankStrategy::KeepLastRowtime
+            }
+        } else if limit == 1 && !with_rank && proctime_order && insert_only {
+            if wf.params.order_by[0].asc {
+                RankStrategy::KeepFirstProctime
+            } else {
+                RankStrategy::KeepLastProctime
             }
         } else {
             RankStrategy::TopN
@@ -1248,13 +1276,13 @@ impl<'a> GraphBuilder<'a> {
             Some((input, exchange)),
         );
         self.nodes[id].changelog = match strategy {
-            RankStrategy::KeepLastRowtime => ChangelogMode {
+            RankStrategy::KeepLastRowtime | RankStrategy::KeepLastProctime => ChangelogMode {
                 updates: true,
                 deletes: false,
                 upsert_key: partition_cols,
             },
             // Emitted once per key, when the watermark passes its row.
-            RankStrategy::KeepFirstRowtime => ChangelogMode::insert_only(),
+            RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime => ChangelogMode::insert_only(),
             RankStrategy::TopN => ChangelogMode {
                 updates: with_rank || !insert_only,
                 deletes: !with_rank || !insert_only,

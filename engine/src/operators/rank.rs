@@ -110,7 +110,8 @@ impl RankOperator {
             name: match node.strategy {
                 RankStrategy::TopN => format!("Rank <= {}", node.limit),
                 RankStrategy::KeepLastRowtime => "Deduplicate (keep last)".into(),
-                RankStrategy::KeepFirstRowtime => "Deduplicate (keep first)".into(),
+                RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime => "Deduplicate (keep first)".into(),
+                RankStrategy::KeepLastProctime => "Deduplicate (keep last)".into(),
             },
             strategy: node.strategy,
             partition: node.partition.clone(),
@@ -317,8 +318,23 @@ impl Operator for RankOperator {
                 sort: sorts[i].clone(),
                 row: row_bytes.row(i).to_vec(),
             };
-            if self.strategy == RankStrategy::KeepLastRowtime {
-                // One kept row; equal or later time replaces it.
+            if self.strategy == RankStrategy::KeepFirstProctime {
+                // Flink's `ProcTimeDeduplicateKeepFirstRowFunction`: the
+                // key's first row at once, later rows dropped (the input
+                // is insert-only: the planner picks this only then).
+                if kind.is_accumulate() && part.rows.is_empty() {
+                    emitted.push((RowKind::Insert, new.row.clone(), 1));
+                    part.rows = vec![new];
+                    part.dirty = true;
+                }
+                continue;
+            }
+            if matches!(
+                self.strategy,
+                RankStrategy::KeepLastRowtime | RankStrategy::KeepLastProctime
+            ) {
+                // One kept row; equal or later time replaces it (on
+                // processing time every row is later: arrival order).
                 let old = part.rows.first().cloned();
                 if kind.is_retract() {
                     if old.as_ref().is_some_and(|o| o.row == new.row) {
@@ -330,7 +346,10 @@ impl Operator for RankOperator {
                 }
                 match old {
                     None => emitted.push((RowKind::Insert, new.row.clone(), 1)),
-                    Some(o) if self.compare(&new.sort, &o.sort) != CmpOrdering::Greater => {
+                    Some(o)
+                        if self.strategy == RankStrategy::KeepLastProctime
+                            || self.compare(&new.sort, &o.sort) != CmpOrdering::Greater =>
+                    {
                         emitted.push((RowKind::UpdateBefore, o.row, 1));
                         emitted.push((RowKind::UpdateAfter, new.row.clone(), 1));
                     }

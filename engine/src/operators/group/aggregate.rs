@@ -179,7 +179,10 @@ impl Results {
 
     /// Call `j`'s column over every row, its values moved out.
     fn column(&mut self, j: usize) -> Result<ArrayRef> {
-        let vals = self.0.iter_mut().map(|r| std::mem::replace(&mut r[j], ScalarValue::Null));
+        let vals = self
+            .0
+            .iter_mut()
+            .map(|r| std::mem::replace(&mut r[j], ScalarValue::Null));
         Ok(ScalarValue::iter_to_array(vals)?)
     }
 }
@@ -440,7 +443,11 @@ impl Operator for GroupAggregateOperator {
                 if v.len() != 8 * width {
                     return Err(crate::error::StateError::Corrupt {
                         state: "group-agg-map".into(),
-                        message: format!("{} bytes of value counts where {width} counts take {}", v.len(), 8 * width),
+                        message: format!(
+                            "{} bytes of value counts where {width} counts take {}",
+                            v.len(),
+                            8 * width
+                        ),
                     }
                     .into());
                 }
