@@ -417,37 +417,84 @@ async fn show(
     Ok(())
 }
 
-/// Shows a streaming result as a table kept up to date: each change is
-/// applied (`+I`/`+U` add a row, `-U`/`-D` remove one) and, on a terminal,
-/// the table is redrawn a few times a second under a status line (rows,
-/// changes per second, elapsed time, watermark); piped, the final table is
-/// printed once. Ctrl-C stops the query and keeps the table.
-async fn materialized(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
+/// Shows a local streaming result as a table kept up to date
+/// ([`show_table`]); Ctrl-C stops the query and keeps the table.
+async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
+    let ResultStream {
+        schema, mut rows, job, ..
+    } = rs;
+    let metrics = job.metrics.clone();
+    let watermark = move || {
+        Some(
+            metrics
+                .source_watermark()
+                .filter(|w| *w > i64::MIN && *w < i64::MAX)
+                .map(crate::display::format_millis)
+                .unwrap_or_else(|| "none".into()),
+        )
+    };
+    let changes = futures::stream::poll_fn(|cx| rows.poll_recv(cx).map(|b| b.map(Ok::<_, std::convert::Infallible>)));
+    let ended = show_table(&schema, changes, signals, &watermark)
+        .await
+        .map_err(weir_engine::ExecError::from)?;
+    if ended == TableEnd::Interrupted {
+        job.stop();
+    }
+    drop(rows);
+    job.wait().await?;
+    Ok(())
+}
+
+/// Why [`show_table`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TableEnd {
+    /// The result ended.
+    Ended,
+    /// SIGINT/SIGTERM: the caller stops the query.
+    Interrupted,
+}
+
+/// Shows a changelog result (`_op` first) as a table kept up to date:
+/// each change is applied (`+I`/`+U` add a row, `-U`/`-D` remove one)
+/// and, on a terminal, the table is redrawn a few times a second under a
+/// status line (rows, changes per second, elapsed time, and the
+/// watermark where it is known); piped, the final table is printed once.
+/// Used by the local and the remote shell.
+pub(crate) async fn show_table<S, E>(
+    schema: &arrow::datatypes::SchemaRef,
+    mut changes: S,
+    signals: &mut Signals,
+    watermark: &dyn Fn() -> Option<String>,
+) -> Result<TableEnd, arrow::error::ArrowError>
+where
+    S: futures::Stream<Item = Result<arrow::record_batch::RecordBatch, E>> + Unpin,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use futures::StreamExt;
     let terminal = std::io::stdout().is_terminal();
-    let mut view = crate::display::Materialized::new(&rs.schema);
+    let mut view = crate::display::Materialized::new(schema);
     let started = Instant::now();
     let mut redraw = tokio::time::interval(Duration::from_millis(250));
     redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let metrics = rs.job.metrics.clone();
     let status = |view: &crate::display::Materialized| {
         let secs = started.elapsed().as_secs_f64();
-        let watermark = metrics
-            .source_watermark()
-            .filter(|w| *w > i64::MIN && *w < i64::MAX)
-            .map(crate::display::format_millis)
-            .unwrap_or_else(|| "none".into());
-        format!(
-            "rows: {}, changes: {} ({:.0}/s), elapsed: {secs:.1} s, watermark: {watermark}",
+        let mut line = format!(
+            "rows: {}, changes: {} ({:.0}/s), elapsed: {secs:.1} s",
             view.len(),
             view.changes(),
             view.changes() as f64 / secs.max(0.001)
-        )
+        );
+        if let Some(w) = watermark() {
+            line.push_str(&format!(", watermark: {w}"));
+        }
+        line
     };
     let mut out = std::io::stdout();
+    let mut end = TableEnd::Ended;
     loop {
         tokio::select! {
-            b = rs.rows.recv() => match b {
-                Some(batch) => view.apply(&batch).map_err(weir_engine::ExecError::from)?,
+            b = changes.next() => match b {
+                Some(batch) => view.apply(&batch.map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))?)?,
                 None => break,
             },
             _ = redraw.tick(), if terminal => {
@@ -456,18 +503,16 @@ async fn materialized(mut rs: ResultStream, signals: &mut Signals) -> Result<(),
                 let _ = out.flush();
             }
             _ = signals.recv() => {
-                rs.job.stop();
+                end = TableEnd::Interrupted;
                 break;
             }
         }
     }
-    drop(rs.rows);
     if terminal {
         let _ = write!(out, "\x1b[2J\x1b[H");
     }
     let _ = writeln!(out, "{}\n{}", view.render(), status(&view));
-    rs.job.wait().await?;
-    Ok(())
+    Ok(end)
 }
 
 /// Prints a streaming result as it arrives; Ctrl-C stops the query.
@@ -640,7 +685,7 @@ fn repl(rt: &Runtime, mut backend: Backend<'_>) -> i32 {
                         (Err(e), _) => print_error(REPL, &SessionError::Sql(e)),
                         (Ok(stmts), Backend::Remote(remote)) => {
                             for s in &stmts {
-                                match remote.run(&s.text, &mut signals).await {
+                                match remote.run(s, &mut signals, true).await {
                                     Ok(()) => {}
                                     Err(crate::remote::RemoteError::Interrupted) => break,
                                     Err(e) => {

@@ -2,7 +2,10 @@
 //! script on stdin, `weir run FILE`) against a `weir serve` over Flight
 //! SQL. Statements are split here (so a syntax error is reported without a
 //! round trip) and sent one by one; results print as Flink's tableau as
-//! they arrive, and Ctrl-C cancels a live query (the server stops it).
+//! they arrive, or, for an updating query in the interactive shell (or
+//! with `sql-client.execution.result-mode` = `table`), as a table updated
+//! in place, as the local shell shows them; Ctrl-C cancels a live query
+//! (the server stops it).
 //! Jobs started by `INSERT` are detached: they keep running on the server.
 
 use std::io::Write;
@@ -18,6 +21,9 @@ use crate::display::Tableau;
 pub struct Remote {
     client: FlightSqlServiceClient<Channel>,
     pub url: String,
+    /// `sql-client.execution.result-mode` as this shell last set it (the
+    /// server checks the value; the shell shows results by it).
+    result_mode: Option<String>,
 }
 
 /// Why a statement failed: the server's message, or a connection problem.
@@ -100,12 +106,27 @@ impl Remote {
         Ok(Self {
             client,
             url: url.to_string(),
+            result_mode: None,
         })
     }
 
-    /// Runs one statement (its text) and prints its result.
-    pub async fn run(&mut self, sql: &str, signals: &mut Signals) -> Result<(), RemoteError> {
-        let info = self.client.execute(sql.to_string(), None).await.map_err(server_error)?;
+    /// Runs one statement and prints its result.
+    pub async fn run(
+        &mut self,
+        stmt: &weir_sql::ParsedStatement,
+        signals: &mut Signals,
+        interactive: bool,
+    ) -> Result<(), RemoteError> {
+        let info = self
+            .client
+            .execute(stmt.text.clone(), None)
+            .await
+            .map_err(server_error)?;
+        if let weir_sql::Statement::Set(Some((k, v))) = &stmt.statement
+            && k.eq_ignore_ascii_case(weir_engine::config::RESULT_MODE)
+        {
+            self.result_mode = Some(v.to_ascii_lowercase());
+        }
         let schema = info.clone().try_decode_schema().unwrap_or_else(|_| Schema::empty());
         let mut out = std::io::stdout();
         for endpoint in info.endpoint {
@@ -127,6 +148,21 @@ impl Remote {
                 continue;
             }
             let schema = std::sync::Arc::new(schema.clone());
+            let table = match self.result_mode.as_deref() {
+                Some(mode) => mode == "table",
+                None => interactive && crate::display::is_changelog(&schema),
+            };
+            if table {
+                // The server's watermark is not on this stream: the
+                // status line leaves it out.
+                let end = crate::cli::show_table(&schema, stream, signals, &|| None)
+                    .await
+                    .map_err(server_error)?;
+                if end == crate::cli::TableEnd::Interrupted {
+                    return Err(RemoteError::Interrupted);
+                }
+                continue;
+            }
             let mut tab = Tableau::new(&schema);
             let _ = writeln!(out, "{}", tab.header(&schema));
             let mut rows = 0u64;
@@ -170,7 +206,7 @@ impl Remote {
             }
         };
         for s in &stmts {
-            match self.run(&s.text, &mut signals).await {
+            match self.run(s, &mut signals, false).await {
                 Ok(()) => {}
                 Err(RemoteError::Interrupted) => return EXIT_INTERRUPTED,
                 Err(e) => {

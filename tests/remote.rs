@@ -65,3 +65,56 @@ fn the_cli_runs_statements_on_a_server() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("expected grpc://"), "{stderr}");
 }
+
+#[test]
+fn the_remote_shell_shows_an_updating_query_as_a_table_or_as_its_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_server, port) = common::serve(&dir.path().join("server-data"));
+    let url = format!("grpc://127.0.0.1:{port}");
+    let data = dir.path().join("orders.json");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/orders.json"),
+        &data,
+    )
+    .expect("copy orders");
+    let script = |mode: &str| {
+        format!(
+            "SET 'parallelism.default' = '1';
+{mode}
+CREATE TABLE IF NOT EXISTS orders (id BIGINT, `user` STRING, amount BIGINT, ts TIMESTAMP(3))
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;",
+            data.display()
+        )
+    };
+    let run = |text: String| {
+        let out = weir(&["--url", &url, "-c", &text]);
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    // Table: the final rows only (as the local shell shows them), and a
+    // status line without the server's watermark.
+    let table = run(script("SET 'sql-client.execution.result-mode' = 'table';"));
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(
+        rows,
+        [
+            "| user | n | total |",
+            "|    a | 5 |    26 |",
+            "|    b | 3 |    30 |",
+            "|    c | 2 |    10 |"
+        ],
+        "{table}"
+    );
+    assert!(table.contains("rows: 3, changes: 17"), "{table}");
+    assert!(!table.contains("| -U |"), "{table}");
+    // A script streams the changes by default, with their ops.
+    let changes = run(script(""));
+    assert!(changes.contains("| -U |"), "{changes}");
+    assert!(changes.contains("Received a total of 17 rows"), "{changes}");
+}
