@@ -390,7 +390,7 @@ fn sample_metadata() -> CheckpointMetadata {
         trigger_time_ms: 0,
         is_final: false,
         max_parallelism: 128,
-        key_format: 1,
+        key_format: weir_engine::state::codec::FORMAT_VERSION,
         savepoint: None,
         operator_info: BTreeMap::new(),
         sources,

@@ -67,7 +67,7 @@ pub fn check(meta: &CheckpointMetadata, graph: &StreamGraph, config: &JobConfig)
     }
     if meta.key_format != codec::FORMAT_VERSION {
         return Err(CheckpointError::Incompatible(format!(
-            "the {what} encodes keys in version {} of Weir's key format; this build reads version {}",
+            "the {what} encodes state in version {} of Weir's state format; this build reads version {}",
             meta.key_format,
             codec::FORMAT_VERSION
         )));

@@ -106,21 +106,23 @@ struct Entry {
     assoc: i64,
 }
 
+/// Stored as two varints (mostly 2 bytes: count 1, no associations).
 fn encode_entry(e: Entry) -> Vec<u8> {
-    let mut v = e.count.to_be_bytes().to_vec();
-    v.extend_from_slice(&e.assoc.to_be_bytes());
-    v
+    crate::state::codec::encode_counts(&[e.count, e.assoc])
 }
 
 fn decode_entry(side: usize, v: &[u8]) -> Result<Entry> {
-    let corrupt = || StateError::Corrupt {
+    let mut c = [0; 2];
+    crate::state::codec::decode_counts(v, &mut c).ok_or_else(|| StateError::Corrupt {
         state: STATES[side].name.into(),
-        message: format!("a row entry of {} bytes (16 expected)", v.len()),
-    };
-    let (c, a) = (v.get(..8).ok_or_else(corrupt)?, v.get(8..16).ok_or_else(corrupt)?);
+        message: format!(
+            "a row entry of {} bytes does not hold a count and an association count",
+            v.len()
+        ),
+    })?;
     Ok(Entry {
-        count: i64::from_be_bytes(c.try_into().map_err(|_| corrupt())?),
-        assoc: i64::from_be_bytes(a.try_into().map_err(|_| corrupt())?),
+        count: c[0],
+        assoc: c[1],
     })
 }
 

@@ -30,8 +30,57 @@ use arrow::datatypes::{DataType, FieldRef, TimeUnit};
 
 use crate::error::StateError;
 
-/// Version of the encoding; stored with every checkpoint and savepoint.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the state encoding (keys here, and the keyed-state layer's
+/// value framing); stored with every checkpoint and savepoint. 2: a
+/// TTL-able state's value starts with a tag byte (write time only when
+/// the job has a TTL), and a GROUP BY's DISTINCT value counts are shared
+/// per argument.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Counts as stored in state values (a GROUP BY's value counts, a join's
+/// row multiplicities): each a zigzag LEB128 varint. A count is almost
+/// always small (one byte, where a fixed i64 took eight), and may go
+/// negative when a retraction comes before its row.
+pub fn encode_counts(counts: &[i64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(counts.len());
+    for &c in counts {
+        let mut z = ((c << 1) ^ (c >> 63)) as u64;
+        loop {
+            let b = (z & 0x7f) as u8;
+            z >>= 7;
+            if z == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    out
+}
+
+/// Fills `out` from [`encode_counts`]' bytes; `None` unless `v` holds
+/// exactly `out.len()` counts.
+pub fn decode_counts(v: &[u8], out: &mut [i64]) -> Option<()> {
+    let mut at = 0;
+    for c in out.iter_mut() {
+        let mut z: u64 = 0;
+        let mut shift = 0;
+        loop {
+            let b = *v.get(at)?;
+            at += 1;
+            if shift > 63 {
+                return None;
+            }
+            z |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        *c = ((z >> 1) as i64) ^ -((z & 1) as i64);
+    }
+    (at == v.len()).then_some(())
+}
 
 /// Limit on nested lists: state types come from plans, not from files, but
 /// a corrupt file must not recurse without end either.
@@ -586,6 +635,23 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_round_trip_as_varints_and_bad_bytes_are_refused() {
+        let counts = [0, 1, -1, 63, -64, 64, 300, i64::MAX, i64::MIN];
+        let bytes = encode_counts(&counts);
+        assert_eq!(encode_counts(&[1, 1, 0, 2]), [2, 2, 0, 4], "small counts: a byte each");
+        let mut back = [0; 9];
+        assert_eq!(decode_counts(&bytes, &mut back), Some(()));
+        assert_eq!(back, counts);
+        // Too few bytes, too many, an endless varint.
+        assert_eq!(decode_counts(&bytes[..bytes.len() - 1], &mut back), None);
+        let mut more = bytes.clone();
+        more.push(0);
+        assert_eq!(decode_counts(&more, &mut back), None);
+        assert_eq!(decode_counts(&[0xff; 11], &mut [0]), None);
+        assert_eq!(decode_counts(&[], &mut [0]), None);
+    }
     use arrow::array::*;
     use arrow::datatypes::{Field, Int64Type, i256};
 

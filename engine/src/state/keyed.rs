@@ -224,8 +224,26 @@ pub fn processing_time_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Bytes of the write time in front of a TTL state's values.
-const TTL_PREFIX: usize = 8;
+/// In front of every value of a state declared TTL-able: a tag byte,
+/// [`UNSTAMPED`] when the job keeps that state without a TTL (1 byte, not
+/// a time nobody reads: Flink's state without TTL has none either), or
+/// [`STAMPED`] followed by the 8-byte write time.
+const UNSTAMPED: u8 = 0;
+const STAMPED: u8 = 1;
+const STAMP_LEN: usize = 9;
+
+/// A TTL-able state's value as stored: (write time, value). The write time
+/// is `None` for a value written without a TTL.
+fn split_stamp(v: &[u8]) -> Option<(Option<i64>, &[u8])> {
+    match v.first()? {
+        &UNSTAMPED => Some((None, &v[1..])),
+        &STAMPED => {
+            let t: [u8; 8] = v.get(1..STAMP_LEN)?.try_into().ok()?;
+            Some((Some(decode_time(t)), &v[STAMP_LEN..]))
+        }
+        _ => None,
+    }
+}
 
 impl KeyedState {
     pub fn new(backend: Box<dyn StateBackend>, decls: &[StateDecl], groups: Range<KeyGroup>) -> Self {
@@ -326,25 +344,18 @@ impl KeyedState {
     /// A TTL state's stored value without its write time; `None` when it
     /// expired.
     fn live_value(&self, state: StateId, v: &[u8], now: i64) -> Result<Option<Vec<u8>>, StateError> {
-        let corrupt = || StateError::Corrupt {
+        let (written, value) = split_stamp(v).ok_or_else(|| StateError::Corrupt {
             state: self.decls.get(state).map_or("?", |d| d.name).into(),
-            message: format!("a value of {} bytes has no write time", v.len()),
-        };
-        let t: [u8; TTL_PREFIX] = v
-            .get(..TTL_PREFIX)
-            .and_then(|t| t.try_into().ok())
-            .ok_or_else(corrupt)?;
-        let written = decode_time(t);
-        if self
-            .ttl
-            .get(state)
-            .copied()
-            .flatten()
-            .is_some_and(|ttl| now.saturating_sub(written) >= ttl)
+            message: format!("a value of {} bytes has no write-time tag", v.len()),
+        })?;
+        // A value written without a TTL (the job had none then) is live
+        // until the expiry scan stamps it.
+        if let (Some(written), Some(ttl)) = (written, self.ttl.get(state).copied().flatten())
+            && now.saturating_sub(written) >= ttl
         {
             return Ok(None);
         }
-        Ok(Some(v[TTL_PREFIX..].to_vec()))
+        Ok(Some(value.to_vec()))
     }
 
     /// Deletes the expired values of every TTL state among the next
@@ -374,17 +385,26 @@ impl KeyedState {
                 self.expiry_cursor[state].clone()
             };
             let mut dead: Vec<Vec<u8>> = vec![];
+            // Values written before the job had a TTL (restored from a
+            // run without one): their clock starts now, so they expire
+            // one TTL later instead of never.
+            let mut unstamped: Vec<(Vec<u8>, Vec<u8>)> = vec![];
             let mut seen = 0usize;
             let mut last: Option<Vec<u8>> = None;
             self.backend.scan(state, &from, &end, &mut |k, v| {
                 seen += 1;
-                let written = v
-                    .get(..TTL_PREFIX)
-                    .and_then(|t| t.try_into().ok())
-                    .map_or(i64::MAX, decode_time);
-                if now.saturating_sub(written) >= ttl {
-                    freed += (k.len() + v.len()) as i64;
-                    dead.push(k.to_vec());
+                match split_stamp(v) {
+                    Some((Some(written), _)) if now.saturating_sub(written) >= ttl => {
+                        freed += (k.len() + v.len()) as i64;
+                        dead.push(k.to_vec());
+                    }
+                    Some((None, value)) => {
+                        let mut stamped = vec![STAMPED];
+                        stamped.extend_from_slice(&encode_time(now));
+                        stamped.extend_from_slice(value);
+                        unstamped.push((k.to_vec(), stamped));
+                    }
+                    _ => {}
                 }
                 last = Some(k.to_vec());
                 seen < budget
@@ -397,10 +417,13 @@ impl KeyedState {
                 }
                 _ => vec![],
             };
-            if !dead.is_empty() {
+            if !dead.is_empty() || !unstamped.is_empty() {
                 let mut batch = WriteBatch::default();
                 for k in dead {
                     batch.delete(state, k);
+                }
+                for (k, v) in unstamped {
+                    batch.ops.push((state, k, Some(v)));
                 }
                 self.backend.write(batch)?;
             }
@@ -470,12 +493,18 @@ impl KeyedState {
         // Stable, so operations on one key keep their order.
         let mut batch = w.batch;
         if self.decls.iter().any(|d| d.ttl) {
-            let now = encode_time((self.clock)());
+            let mut stamp = [0u8; STAMP_LEN];
+            stamp[0] = STAMPED;
+            stamp[1..].copy_from_slice(&encode_time((self.clock)()));
             for (state, _, value) in &mut batch.ops {
                 if let Some(v) = value
-                    && self.decls.get(*state).is_some_and(|d| d.ttl)
+                    && self.is_ttl(*state)
                 {
-                    v.splice(0..0, now);
+                    if self.ttl.get(*state).copied().flatten().is_some() {
+                        v.splice(0..0, stamp);
+                    } else {
+                        v.insert(0, UNSTAMPED);
+                    }
                 }
             }
         }
@@ -693,11 +722,68 @@ pub(crate) mod tests {
             })
             .expect("scan");
         assert_eq!(left, 1, "only the busy key is stored");
-        // Without TTL nothing expires (the write time stays in the bytes).
+        // Without TTL nothing expires (a stamped value keeps its time).
         s.set_ttl(None);
         NOW.store(9_999_999, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(s.get(0, &[e(b"busy")]).expect("get"), vec![Some(b"3".to_vec())]);
         assert_eq!(s.expire(fake_now(), 10).expect("expire"), 0);
+    }
+
+    static LATER_NOW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(5_000);
+
+    fn later_now() -> i64 {
+        LATER_NOW.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn values_kept_without_ttl_carry_one_tag_byte_and_start_their_clock_when_a_ttl_comes() {
+        const TTL_DECLS: &[StateDecl] = &[StateDecl {
+            name: "v",
+            kind: StateKind::Value,
+            ttl: true,
+        }];
+        let stored = |s: &KeyedState| {
+            let mut values = vec![];
+            s.backend()
+                .scan(0, &[0], &[0xff], &mut |_, v| {
+                    values.push(v.to_vec());
+                    true
+                })
+                .expect("scan");
+            values
+        };
+        let e = EntryRef {
+            key_group: 1,
+            key: b"k",
+            namespace: b"",
+        };
+        // No TTL: the value is a tag byte and the bytes, no write time.
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
+        s.set_clock(later_now);
+        let mut w = KeyedWrite::default();
+        w.put(0, e, b"abc".to_vec());
+        s.write(w).expect("write");
+        assert_eq!(stored(&s), vec![b"\0abc".to_vec()]);
+        // The job now has a TTL (as after a restore with one): the old
+        // value is live until the expiry scan stamps it, then lives one
+        // TTL from that scan.
+        s.set_ttl(Some(std::time::Duration::from_millis(100)));
+        LATER_NOW.store(9_000, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(s.get(0, &[e]).expect("get"), vec![Some(b"abc".to_vec())]);
+        assert_eq!(s.expire(later_now(), 10).expect("expire"), 0);
+        assert_eq!(stored(&s)[0][0], STAMPED, "stamped by the scan");
+        LATER_NOW.store(9_050, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(s.get(0, &[e]).expect("get"), vec![Some(b"abc".to_vec())]);
+        LATER_NOW.store(9_100, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(s.get(0, &[e]).expect("get"), vec![None]);
+        assert!(s.expire(later_now(), 10).expect("expire") > 0);
+        assert!(stored(&s).is_empty());
+        // A value with an unknown tag is corrupt, named by its state.
+        let mut w = WriteBatch::default();
+        w.ops.push((0, value_key(e), Some(b"\x07abc".to_vec())));
+        s.backend.write(w).expect("raw write");
+        let err = s.get(0, &[e]).expect_err("corrupt");
+        assert!(err.to_string().contains("write-time tag"), "{err}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use datafusion::common::ScalarValue;
 
 use crate::error::{ExecError, Result};
 use crate::plan::{AggCall, AggFunc};
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, decode_counts};
 
 /// How a SUM/AVG adds its input.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -394,14 +394,16 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// The count stored for a map entry.
+/// The single count stored for a MIN/MAX map entry.
 pub fn decode_count(v: &[u8]) -> Option<i64> {
-    Some(i64::from_be_bytes(v.try_into().ok()?))
+    let mut c = [0];
+    decode_counts(v, &mut c).map(|()| c[0])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use std::sync::Arc;
 
     fn call(func: AggFunc, input: DataType, output: DataType, distinct: bool) -> AggCall {

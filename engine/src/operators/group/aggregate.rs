@@ -6,7 +6,7 @@
 //! - `group-acc` (value state): key → the key's row count and every
 //!   call's accumulator ([`KeyAccs`]);
 //! - `group-agg-map` (value state): key, namespace = call index (u16 BE) |
-//!   value in Weir's key encoding → count (i64 BE), for MIN/MAX and
+//!   value in Weir's key encoding → count (zigzag varint), for MIN/MAX and
 //!   DISTINCT calls. DISTINCT calls over the same argument share one
 //!   entry per value, named by the first of them, holding a count per
 //!   call in call order (Flink's shared distinct `MapView`): q16's
@@ -44,6 +44,7 @@ use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{AggFunc, GroupAggregateNode};
 use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::{decode_counts, encode_counts};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 /// The accumulators' state (cached over RocksDB: read by key only).
@@ -439,20 +440,12 @@ impl Operator for GroupAggregateOperator {
                 let Some(v) = v else { continue };
                 let start = counts.start[e] as usize;
                 let end = counts.start.get(e + 1).map_or(counts.count.len(), |s| *s as usize);
-                let width = end - start;
-                if v.len() != 8 * width {
+                if decode_counts(&v, &mut counts.count[start..end]).is_none() {
                     return Err(crate::error::StateError::Corrupt {
                         state: "group-agg-map".into(),
-                        message: format!(
-                            "{} bytes of value counts where {width} counts take {}",
-                            v.len(),
-                            8 * width
-                        ),
+                        message: format!("{} bytes do not hold {} value counts", v.len(), end - start),
                     }
                     .into());
-                }
-                for (c, b) in counts.count[start..end].iter_mut().zip(v.chunks_exact(8)) {
-                    *c = decode_count(b).unwrap_or(0);
                 }
             }
             counts.dirty = vec![false; counts.entries.len()];
@@ -600,7 +593,7 @@ impl Operator for GroupAggregateOperator {
             if c.iter().all(|c| *c == 0) {
                 w.delete(MAP, entry);
             } else {
-                w.put(MAP, entry, c.iter().flat_map(|c| c.to_be_bytes()).collect());
+                w.put(MAP, entry, encode_counts(c));
             }
         }
         self.state.write(w)?;
