@@ -144,6 +144,9 @@ const QUERIES: &[&str] = &[
     "SELECT v, w, rn FROM (SELECT v, w, ROW_NUMBER() OVER (ORDER BY w DESC, v DESC NULLS LAST) AS rn FROM t) WHERE rn < 5",
     "SELECT * FROM (SELECT k, c, ROW_NUMBER() OVER (ORDER BY c DESC, k ASC NULLS LAST) AS rn FROM (SELECT k, COUNT(*) AS c FROM t GROUP BY k)) WHERE rn <= 2",
     "SELECT g, k, s FROM (SELECT g, k, s, ROW_NUMBER() OVER (PARTITION BY g ORDER BY s DESC, k ASC NULLS LAST) AS rn FROM (SELECT v % 3 AS g, k, SUM(w) AS s FROM t GROUP BY v % 3, k)) WHERE rn = 1",
+    // Flink's UpdateFast Top-N (sort fields that only move a row up).
+    "SELECT g, k, m FROM (SELECT g, k, m, ROW_NUMBER() OVER (PARTITION BY g ORDER BY m DESC, k ASC NULLS LAST) AS rn FROM (SELECT v % 3 AS g, k, MAX(w) AS m FROM t GROUP BY v % 3, k)) WHERE rn <= 2",
+    "SELECT * FROM (SELECT k, m, ROW_NUMBER() OVER (ORDER BY m ASC, k DESC NULLS FIRST) AS rn FROM (SELECT k, MIN(v) AS m FROM t GROUP BY k)) WHERE rn <= 3",
     "SELECT k, v, rn FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC NULLS FIRST) AS rn FROM (SELECT k, v FROM t WHERE w < 10)) WHERE rn <= 4 AND v > 0",
     "SELECT b.n, COUNT(*), MAX(a.m) FROM (SELECT k, v % 3 AS g, MAX(v) AS m FROM t GROUP BY k, v % 3) a RIGHT JOIN (SELECT k, COUNT(*) AS n FROM u GROUP BY k) b ON a.k = b.k GROUP BY b.n",
 ];

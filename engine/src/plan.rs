@@ -401,6 +401,13 @@ pub struct RankNode {
     /// shifting is an update (`-U`/`+U`); without it only rows entering
     /// and leaving the top N are changes.
     pub with_rank: bool,
+    /// Flink's UpdateFast strategy: the input's upsert key (it holds the
+    /// partition key), given when every sort field can only move a row
+    /// up (a COUNT or MAX sorted DESC, a MIN ASC, a group key, over an
+    /// aggregate of insert-only input). A `+U` then replaces its key's
+    /// row in place, so a row that stays in the top N is one `-U`/`+U`
+    /// (the retract strategy would show it leave and come back).
+    pub update_key: Option<Vec<usize>>,
 }
 
 #[derive(Debug)]
@@ -645,9 +652,13 @@ impl StreamNode {
                     .collect();
                 let what = match r.strategy {
                     RankStrategy::TopN => format!(
-                        "Rank: ROW_NUMBER <= {}{}",
+                        "Rank: ROW_NUMBER <= {}{}{}",
                         r.limit,
-                        if r.with_rank { "" } else { " (rank not output)" }
+                        if r.with_rank { "" } else { " (rank not output)" },
+                        r.update_key.as_ref().map_or(String::new(), |k| format!(
+                            " update-fast by [{}]",
+                            k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
+                        ))
                     ),
                     RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
                     RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),

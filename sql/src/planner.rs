@@ -455,6 +455,15 @@ fn trace_window(plan: &LogicalPlan, idx: usize) -> Option<(&datafusion::logical_
 
 /// Whether output column `idx` of `plan` is a table's event-time column
 /// (its WATERMARK column), passed through unchanged.
+/// How a column of an updating stream changes for one key (Flink's
+/// `FlinkRelMdModifiedMonotonicity`, for the cases Weir infers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Monotonicity {
+    Constant,
+    Increasing,
+    Decreasing,
+}
+
 fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
     is_time_attribute(plan, idx, &|table, column| {
         catalog
@@ -582,6 +591,38 @@ impl<'a> GraphBuilder<'a> {
             });
         }
         id
+    }
+
+    /// How column `col` of node `id` changes for one upsert key: through
+    /// projections without a filter (a filter may turn an update into a
+    /// delete) down to a GROUP BY over insert-only input, whose keys are
+    /// constant, COUNT and MAX increase and MIN decreases (SUM may go
+    /// either way). `None`: not known to be monotonic.
+    fn monotonicity(&self, id: NodeId, col: usize) -> Option<Monotonicity> {
+        let input = self.edges.iter().find(|e| e.to == id).map(|e| e.from);
+        match &self.nodes[id].kind {
+            NodeKind::Calc(CalcNode {
+                filter: None,
+                projection,
+            }) => {
+                let col = match projection {
+                    Some(p) => p.get(col)?.downcast_ref::<Column>()?.index(),
+                    None => col,
+                };
+                self.monotonicity(input?, col)
+            }
+            NodeKind::GroupAggregate(g) if self.nodes[input?].changelog.is_insert_only() => {
+                if col < g.keys.len() {
+                    return Some(Monotonicity::Constant);
+                }
+                match g.aggregates.get(col - g.keys.len())?.func {
+                    AggFunc::Count | AggFunc::Max => Some(Monotonicity::Increasing),
+                    AggFunc::Min => Some(Monotonicity::Decreasing),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
     }
 
     /// The changelog mode of a node of `kind` fed by `input` (Flink's
@@ -1262,12 +1303,33 @@ impl<'a> GraphBuilder<'a> {
             .map(|e| e.downcast_ref::<Column>().map(|c| c.index()))
             .collect();
         let rank_index = ws.fields().len();
+        // Flink's UpdateFast: an upsert-keyed input (key ⊇ partition key)
+        // whose sort fields only move a row up.
+        let update_key = match (&self.nodes[input].changelog.upsert_key, &partition_cols) {
+            (Some(uk), Some(pc))
+                if strategy == RankStrategy::TopN && !insert_only && pc.iter().all(|c| uk.contains(c)) =>
+            {
+                let moves_up = order.iter().all(|k| {
+                    k.expr
+                        .downcast_ref::<Column>()
+                        .is_some_and(|c| match self.monotonicity(input, c.index()) {
+                            Some(Monotonicity::Constant) => true,
+                            Some(Monotonicity::Increasing) => !k.asc,
+                            Some(Monotonicity::Decreasing) => k.asc,
+                            None => false,
+                        })
+                });
+                moves_up.then(|| uk.clone())
+            }
+            _ => None,
+        };
         let node = RankNode {
             strategy,
             partition,
             order,
             limit,
             with_rank,
+            update_key,
         };
         let id = self.add(
             parallelism,

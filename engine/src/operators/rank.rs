@@ -59,6 +59,8 @@ pub struct RankOperator {
     with_rank: bool,
     /// Keep every row (updating input), not only the top N.
     keep_all: bool,
+    /// Flink's UpdateFast: the input's upsert key columns ([`RankNode`]).
+    update_key: Option<Vec<usize>>,
     input_schema: SchemaRef,
     codec: RowCodec,
     schema: SchemaRef,
@@ -75,11 +77,13 @@ pub struct RankOperator {
 /// Decoded partitions a rank operator keeps.
 const DECODED_PARTITIONS: usize = 100_000;
 
-/// A ranked row: its sort key and its bytes.
+/// A ranked row: its sort key, its bytes, and (UpdateFast only) its
+/// upsert key's values.
 #[derive(Clone)]
 struct Ranked {
     sort: Vec<ScalarValue>,
     row: Vec<u8>,
+    ukey: Vec<ScalarValue>,
 }
 
 /// A partition met by the batch.
@@ -120,6 +124,7 @@ impl RankOperator {
             limit: node.limit.max(1),
             with_rank: node.with_rank,
             keep_all,
+            update_key: node.update_key.clone(),
             input_schema: input_schema.clone(),
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
@@ -178,6 +183,20 @@ impl RankOperator {
             .collect()
     }
 
+    /// Each row's upsert-key values (UpdateFast), else empty.
+    fn upsert_keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<ScalarValue>>> {
+        let Some(cols) = &self.update_key else {
+            return Ok(vec![vec![]; batch.num_rows()]);
+        };
+        (0..batch.num_rows())
+            .map(|i| {
+                cols.iter()
+                    .map(|c| Ok(ScalarValue::try_from_array(batch.column(*c), i)?))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect()
+    }
+
     fn decode_rows(&self, bytes: &[u8]) -> Result<Vec<Ranked>> {
         let corrupt = |m: &str| StateError::Corrupt {
             state: "rank-rows".into(),
@@ -201,12 +220,15 @@ impl RankOperator {
         let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
         let batch = RecordBatch::try_new_with_options(self.input_schema.clone(), cols, &options)?;
         let sorts = self.sort_keys(&batch)?;
+        let ukeys = self.upsert_keys(&batch)?;
         Ok(rows
             .into_iter()
             .zip(sorts)
-            .map(|(row, sort)| Ranked {
+            .zip(ukeys)
+            .map(|((row, sort), ukey)| Ranked {
                 sort,
                 row: row.to_vec(),
+                ukey,
             })
             .collect())
     }
@@ -261,6 +283,7 @@ impl Operator for RankOperator {
         let key_of = |i: usize| -> &[u8] { key_rows.as_ref().map_or(&[][..], |r| r.row(i)) };
         let row_bytes = self.codec.encode(rows.columns())?;
         let sorts = self.sort_keys(rows)?;
+        let mut ukeys = self.upsert_keys(rows)?;
 
         let mut part_of: HashMap<&[u8], usize> = HashMap::new();
         let mut parts: Vec<Part> = vec![];
@@ -317,6 +340,7 @@ impl Operator for RankOperator {
             let new = Ranked {
                 sort: sorts[i].clone(),
                 row: row_bytes.row(i).to_vec(),
+                ukey: std::mem::take(&mut ukeys[i]),
             };
             if self.strategy == RankStrategy::KeepFirstProctime {
                 // Flink's `ProcTimeDeduplicateKeepFirstRowFunction`: the
@@ -358,6 +382,64 @@ impl Operator for RankOperator {
                 part.rows = vec![new];
                 part.dirty = true;
                 continue;
+            }
+            if self.update_key.is_some() && kind != RowKind::Delete {
+                // Flink's UpdatableTopNFunction: a `+U` replaces the row
+                // of its upsert key where it is; the `-U` before it is not
+                // needed (Flink's input sends none).
+                if kind == RowKind::UpdateBefore {
+                    continue;
+                }
+                if let Some(old_at) = part.rows.iter().position(|r| r.ukey == new.ukey) {
+                    let shown: Vec<Vec<u8>> = if self.with_rank {
+                        part.rows.iter().take(limit).map(|r| r.row.clone()).collect()
+                    } else {
+                        vec![]
+                    };
+                    let old = part.rows.remove(old_at);
+                    let at = part
+                        .rows
+                        .partition_point(|r| self.compare(&r.sort, &new.sort) != CmpOrdering::Greater);
+                    part.rows.insert(at, new);
+                    part.dirty = true;
+                    let rows = &part.rows;
+                    if self.with_rank {
+                        // Each rank whose row changed (the partition keeps
+                        // its size): their `-U`s, then their `+U`s, in
+                        // rank order, as Flink emits them.
+                        let changed: Vec<usize> = (0..shown.len())
+                            .filter(|k| rows.get(*k).is_some_and(|a| a.row != shown[*k]))
+                            .collect();
+                        for &k in &changed {
+                            emitted.push((RowKind::UpdateBefore, shown[k].clone(), k as u64 + 1));
+                        }
+                        for &k in &changed {
+                            emitted.push((RowKind::UpdateAfter, rows[k].row.clone(), k as u64 + 1));
+                        }
+                    } else {
+                        match (old_at < limit, at < limit) {
+                            (true, true) => {
+                                emitted.push((RowKind::UpdateBefore, old.row, old_at as u64 + 1));
+                                emitted.push((RowKind::UpdateAfter, rows[at].row.clone(), at as u64 + 1));
+                            }
+                            // It enters: the row it pushes out leaves first.
+                            (false, true) => {
+                                if let Some(out) = rows.get(limit) {
+                                    emitted.push((RowKind::Delete, out.row.clone(), limit as u64 + 1));
+                                }
+                                emitted.push((RowKind::Insert, rows[at].row.clone(), at as u64 + 1));
+                            }
+                            // It leaves (not with monotonic sort fields,
+                            // kept for safety): the next row enters.
+                            (true, false) => {
+                                emitted.push((RowKind::Delete, old.row, old_at as u64 + 1));
+                                emitted.push((RowKind::Insert, rows[limit - 1].row.clone(), limit as u64));
+                            }
+                            (false, false) => {}
+                        }
+                    }
+                    continue;
+                }
             }
             if kind.is_accumulate() {
                 // After the rows it ties with.
