@@ -2,6 +2,8 @@
 //! scripts on stdin, the persistent catalog, the print sink, and graceful
 //! stop on SIGINT.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -261,23 +263,9 @@ SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;
         stdout
     };
     // Table: the final rows only, and a status line.
-    let table = run(script("SET 'sql-client.execution.result-mode' = 'table';"));
-    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
-    assert_eq!(
-        rows,
-        [
-            "| user | n | total |",
-            "|    a | 5 |    26 |",
-            "|    b | 3 |    30 |",
-            "|    c | 2 |    10 |"
-        ],
-        "{table}"
-    );
-    assert!(table.contains("rows: 3, changes: 17"), "{table}");
+    common::assert_orders_per_user_table(&run(script("SET 'sql-client.execution.result-mode' = 'table';")));
     // A script streams changes by default: every -U/+U with its op.
-    let changes = run(script(""));
-    assert!(changes.contains("| -U |"), "{changes}");
-    assert!(changes.contains("Received a total of 17 rows"), "{changes}");
+    common::assert_orders_per_user_changes(&run(script("")));
     let bad = weir(&dir.path().join("data"))
         .args(["-c", "SET 'sql-client.execution.result-mode' = 'grid'"])
         .output()

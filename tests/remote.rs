@@ -99,22 +99,7 @@ SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;"
     };
     // Table: the final rows only (as the local shell shows them), and a
     // status line without the server's watermark.
-    let table = run(script("SET 'sql-client.execution.result-mode' = 'table';"));
-    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
-    assert_eq!(
-        rows,
-        [
-            "| user | n | total |",
-            "|    a | 5 |    26 |",
-            "|    b | 3 |    30 |",
-            "|    c | 2 |    10 |"
-        ],
-        "{table}"
-    );
-    assert!(table.contains("rows: 3, changes: 17"), "{table}");
-    assert!(!table.contains("| -U |"), "{table}");
+    common::assert_orders_per_user_table(&run(script("SET 'sql-client.execution.result-mode' = 'table';")));
     // A script streams the changes by default, with their ops.
-    let changes = run(script(""));
-    assert!(changes.contains("| -U |"), "{changes}");
-    assert!(changes.contains("Received a total of 17 rows"), "{changes}");
+    common::assert_orders_per_user_changes(&run(script("")));
 }

@@ -152,3 +152,28 @@ pub async fn channel(port: u16) -> tonic::transport::Channel {
         }
     }
 }
+
+/// The shell's table result mode for `SELECT user, COUNT(*) AS n,
+/// SUM(amount) AS total FROM orders GROUP BY user` over
+/// `tests/data/orders.json`: the final rows only, then the status line.
+pub fn assert_orders_per_user_table(out: &str) {
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(
+        rows,
+        [
+            "| user | n | total |",
+            "|    a | 5 |    26 |",
+            "|    b | 3 |    30 |",
+            "|    c | 2 |    10 |"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("rows: 3, changes: 17"), "{out}");
+    assert!(!out.contains("| -U |"), "{out}");
+}
+
+/// The same query streamed as changes: every `-U`/`+U` with its op.
+pub fn assert_orders_per_user_changes(out: &str) {
+    assert!(out.contains("| -U |"), "{out}");
+    assert!(out.contains("Received a total of 17 rows"), "{out}");
+}
