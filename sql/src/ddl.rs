@@ -96,6 +96,18 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             ))
             .at(w.location)
         })?;
+        if col
+            .computed
+            .as_deref()
+            .is_some_and(crate::flink_functions::is_proctime_call)
+        {
+            return Err(SqlError::plan(format!(
+                "WATERMARK FOR '{}': a watermark cannot be defined on a processing-time attribute (PROCTIME()); \
+                 declare it on an event-time column",
+                col.name
+            ))
+            .at(w.location));
+        }
         if !is_rowtime_type(&col.data_type) {
             return Err(SqlError::plan(format!(
                 "WATERMARK FOR '{}': the rowtime column must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), but it is {}",
