@@ -235,9 +235,9 @@ const STAMP_LEN: usize = 9;
 /// A TTL-able state's value as stored: (write time, value). The write time
 /// is `None` for a value written without a TTL.
 fn split_stamp(v: &[u8]) -> Option<(Option<i64>, &[u8])> {
-    match v.first()? {
-        &UNSTAMPED => Some((None, &v[1..])),
-        &STAMPED => {
+    match *v.first()? {
+        UNSTAMPED => Some((None, &v[1..])),
+        STAMPED => {
             let t: [u8; 8] = v.get(1..STAMP_LEN)?.try_into().ok()?;
             Some((Some(decode_time(t)), &v[STAMP_LEN..]))
         }
