@@ -235,17 +235,7 @@ fn bench_nexmark_runs_the_updating_queries() {
 fn result_modes_show_an_updating_query_as_a_table_or_as_its_changes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/orders.json");
-    let script = |mode: &str| {
-        format!(
-            "SET 'parallelism.default' = '1';
-{mode}
-CREATE TABLE IF NOT EXISTS orders (id BIGINT, `user` STRING, amount BIGINT, ts TIMESTAMP(3))
-  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
-SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;
-",
-            data.display()
-        )
-    };
+    let script = |mode: &str| common::orders_per_user_script(mode, &data);
     let run = |text: String| {
         let file = dir.path().join("q.sql");
         std::fs::write(&file, text).expect("write");
@@ -254,13 +244,7 @@ SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;
             .arg(&file)
             .output()
             .expect("run");
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        common::successful_stdout(&out)
     };
     // Table: the final rows only, and a status line.
     common::assert_orders_per_user_table(&run(script("SET 'sql-client.execution.result-mode' = 'table';")));

@@ -77,26 +77,8 @@ fn the_remote_shell_shows_an_updating_query_as_a_table_or_as_its_changes() {
         &data,
     )
     .expect("copy orders");
-    let script = |mode: &str| {
-        format!(
-            "SET 'parallelism.default' = '1';
-{mode}
-CREATE TABLE IF NOT EXISTS orders (id BIGINT, `user` STRING, amount BIGINT, ts TIMESTAMP(3))
-  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
-SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;",
-            data.display()
-        )
-    };
-    let run = |text: String| {
-        let out = weir(&["--url", &url, "-c", &text]);
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    };
+    let script = |mode: &str| common::orders_per_user_script(mode, &data);
+    let run = |text: String| common::successful_stdout(&weir(&["--url", &url, "-c", &text]));
     // Table: the final rows only (as the local shell shows them), and a
     // status line without the server's watermark.
     common::assert_orders_per_user_table(&run(script("SET 'sql-client.execution.result-mode' = 'table';")));

@@ -177,3 +177,28 @@ pub fn assert_orders_per_user_changes(out: &str) {
     assert!(out.contains("| -U |"), "{out}");
     assert!(out.contains("Received a total of 17 rows"), "{out}");
 }
+
+/// A script that runs [`assert_orders_per_user_table`]'s query over the
+/// orders file at `data`, after `mode` (a SET statement, or nothing).
+pub fn orders_per_user_script(mode: &str, data: &std::path::Path) -> String {
+    format!(
+        "SET 'parallelism.default' = '1';
+{mode}
+CREATE TABLE IF NOT EXISTS orders (id BIGINT, `user` STRING, amount BIGINT, ts TIMESTAMP(3))
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+SELECT `user`, COUNT(*) AS n, SUM(amount) AS total FROM orders GROUP BY `user`;
+",
+        data.display()
+    )
+}
+
+/// A finished `weir` process's stdout, after asserting it succeeded.
+pub fn successful_stdout(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
