@@ -20,7 +20,6 @@ use datafusion::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::logical_plan::builder::LogicalTableSource;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::planner::ContextProvider;
 use datafusion::logical_expr::registry::FunctionRegistry;
@@ -66,6 +65,28 @@ impl Default for Planner {
     }
 }
 
+/// A table as the logical planner sees it: its schema, and no filters
+/// taken into the scan (a filter pushed down stays a Calc after the
+/// source, so every connector sees the same rows).
+#[derive(Debug)]
+struct StreamTableSource(SchemaRef);
+
+impl TableSource for StreamTableSource {
+    fn schema(&self) -> SchemaRef {
+        self.0.clone()
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::common::Result<Vec<datafusion::logical_expr::TableProviderFilterPushDown>> {
+        Ok(vec![
+            datafusion::logical_expr::TableProviderFilterPushDown::Unsupported;
+            filters.len()
+        ])
+    }
+}
+
 struct Provider<'a> {
     state: &'a SessionState,
     catalog: &'a Catalog,
@@ -75,7 +96,7 @@ impl ContextProvider for Provider<'_> {
     fn get_table_source(&self, name: TableReference) -> datafusion::common::Result<Arc<dyn TableSource>> {
         let key = name.table();
         match self.catalog.table(key) {
-            Some(t) => Ok(Arc::new(LogicalTableSource::new(t.schema()))),
+            Some(t) => Ok(Arc::new(StreamTableSource(t.schema()))),
             None => datafusion::common::plan_err!("table '{name}' does not exist"),
         }
     }
@@ -189,9 +210,10 @@ impl Planner {
             .state
             .analyzer()
             .execute_and_check(plan, self.state.config_options(), |_, _| {})?;
-        // Only rules that keep the plan's shape: column pruning (so sources
-        // generate only what is used), expression simplification, and the
-        // equalities of a join's ON moved to its keys.
+        // Only rules that keep the plan's operators: column pruning (so
+        // sources generate only what is used), expression simplification,
+        // the equalities of a join's ON moved to its keys, and filters
+        // pushed towards the sources.
         let optimizer = Optimizer::with_rules(vec![
             Arc::new(SimplifyExpressions::new()),
             // IN / EXISTS subqueries become semi and anti joins.
@@ -199,6 +221,13 @@ impl Planner {
             // `FROM a, b WHERE a.k = b.k`: the equalities become the keys
             // of an inner join (the rest of the WHERE stays above it).
             Arc::new(datafusion::optimizer::eliminate_cross_join::EliminateCrossJoin::new()),
+            // Filters move below joins, projections, aggregates (on their
+            // group keys) and unions, as Flink's FILTER_INTO_JOIN and
+            // transpose rules do: a join keeps only the rows that can
+            // pass (q20 stores one category's auctions, not all of them).
+            // Before the equalities are extracted, since it also turns the
+            // cross join above back into a join with a condition.
+            Arc::new(datafusion::optimizer::push_down_filter::PushDownFilter::new()),
             Arc::new(datafusion::optimizer::extract_equijoin_predicate::ExtractEquijoinPredicate::new()),
             Arc::new(OptimizeProjections::new()),
         ]);
