@@ -358,6 +358,53 @@ pub struct JoinNode {
     /// Per side, a `STATE_TTL` hint naming it: instead of
     /// `table.exec.state.ttl` for that side's rows.
     pub state_ttl: [Option<std::time::Duration>; 2],
+    /// Per side, the input's upsert key (its column indexes) when it has
+    /// one: that side's rows are stored by it (Flink's `HasUniqueKey`
+    /// state view), not as a multiset of whole rows.
+    pub unique_keys: [Option<Vec<usize>>; 2],
+}
+
+impl JoinNode {
+    /// Whether side `side`'s join key holds its upsert key (Flink's
+    /// `JoinKeyContainsUniqueKey`: one row per join key).
+    pub fn join_key_holds_unique_key(&self, side: usize) -> bool {
+        let keys = if side == 0 { &self.left_keys } else { &self.right_keys };
+        self.unique_keys[side].as_ref().is_some_and(|columns| {
+            columns.iter().all(|c| {
+                keys.iter().any(|k| {
+                    k.downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                        .is_some_and(|k| k.index() == *c)
+                })
+            })
+        })
+    }
+
+    /// How side `side`'s rows are stored, for EXPLAIN.
+    pub fn state_layout(&self, side: usize) -> String {
+        let schema = if side == 0 {
+            &self.left_schema
+        } else {
+            &self.right_schema
+        };
+        let Some(columns) = &self.unique_keys[side] else {
+            return "key group|join key|row → (count, matches of an outer side)".into();
+        };
+        let names: Vec<&str> = columns
+            .iter()
+            .filter_map(|&c| schema.fields().get(c).map(|f| f.name().as_str()))
+            .collect();
+        if self.join_key_holds_unique_key(side) {
+            format!(
+                "key group|join key (holds the upsert key [{}]) → (matches of an outer side, row)",
+                names.join(", ")
+            )
+        } else {
+            format!(
+                "key group|join key|upsert key [{}] → (matches of an outer side, row)",
+                names.join(", ")
+            )
+        }
+    }
 }
 
 /// One key of an ORDER BY.
@@ -531,11 +578,20 @@ impl StreamGraph {
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
                     );
                 }
-                NodeKind::Join(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each side's rows by key group|join key|row → (count, matches of an outer side)"
-                    );
+                NodeKind::Join(j) => {
+                    if j.unique_keys == [None, None] {
+                        let _ = writeln!(
+                            s,
+                            "      state: {backend}, each side's rows by key group|join key|row → (count, matches of an outer side)"
+                        );
+                    } else {
+                        let _ = writeln!(
+                            s,
+                            "      state: {backend}, left rows by {}; right rows by {}",
+                            j.state_layout(0),
+                            j.state_layout(1)
+                        );
+                    }
                 }
                 NodeKind::Rank(_) => {
                     let _ = writeln!(

@@ -175,11 +175,18 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
             NodeKind::Join(j) => (
                 "join",
                 format!(
-                    "{:?};left={};right={};filter={}",
+                    "{:?};left={};right={};filter={}{}",
                     j.join_type,
                     canonical_exprs(&j.left_keys),
                     canonical_exprs(&j.right_keys),
-                    j.filter.as_ref().map(canonical_expr).unwrap_or_default()
+                    j.filter.as_ref().map(canonical_expr).unwrap_or_default(),
+                    // The state layout: rows by unique key are not a
+                    // multiset's entries (absent, the uid of before).
+                    if j.unique_keys == [None, None] {
+                        String::new()
+                    } else {
+                        format!(";unique={:?}", j.unique_keys)
+                    }
                 ),
             ),
             NodeKind::Union => ("union", String::new()),

@@ -1139,6 +1139,7 @@ impl<'a> GraphBuilder<'a> {
             left_schema: Arc::new(ls.as_arrow().clone()),
             right_schema: Arc::new(rs.as_arrow().clone()),
             state_ttl: [self.hinted_ttl(&join.left), self.hinted_ttl(&join.right)],
+            unique_keys: [lm.upsert_key.clone(), rm.upsert_key.clone()],
         };
         let id = self.add(
             self.config.parallelism,

@@ -61,6 +61,12 @@ pub fn encode_counts(counts: &[i64]) -> Vec<u8> {
 /// Fills `out` from [`encode_counts`]' bytes; `None` unless `v` holds
 /// exactly `out.len()` counts.
 pub fn decode_counts(v: &[u8], out: &mut [i64]) -> Option<()> {
+    (decode_counts_prefix(v, out)? == v.len()).then_some(())
+}
+
+/// Fills `out` from the [`encode_counts`] bytes `v` starts with and
+/// returns how many bytes they took (what follows is the caller's).
+pub fn decode_counts_prefix(v: &[u8], out: &mut [i64]) -> Option<usize> {
     let mut at = 0;
     for c in out.iter_mut() {
         let mut z: u64 = 0;
@@ -79,7 +85,7 @@ pub fn decode_counts(v: &[u8], out: &mut [i64]) -> Option<()> {
         }
         *c = ((z >> 1) as i64) ^ -((z & 1) as i64);
     }
-    (at == v.len()).then_some(())
+    Some(at)
 }
 
 /// Limit on nested lists: state types come from plans, not from files, but
