@@ -362,6 +362,19 @@ pub struct JoinNode {
     /// one: that side's rows are stored by it (Flink's `HasUniqueKey`
     /// state view), not as a multiset of whole rows.
     pub unique_keys: [Option<Vec<usize>>; 2],
+    /// Time bounds between the sides' event-time columns: an interval
+    /// join (insert-only, state freed as the watermark passes).
+    pub interval: Option<IntervalBounds>,
+}
+
+/// `right.time + lower <= left.time <= right.time + upper` (ms, inclusive)
+/// between the sides' event-time columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntervalBounds {
+    pub left_time: usize,
+    pub right_time: usize,
+    pub lower: i64,
+    pub upper: i64,
 }
 
 impl JoinNode {
@@ -578,6 +591,12 @@ impl StreamGraph {
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
                     );
                 }
+                NodeKind::Join(j) if j.interval.is_some() => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each side's rows by key group|join key|row time|row → (count, matched), cleanup timers by row time; a row is freed (an outer side's unmatched one emitted padded) when the watermark passes the last time the other side can match it"
+                    );
+                }
                 NodeKind::Join(j) => {
                     if j.unique_keys == [None, None] {
                         let _ = writeln!(
@@ -689,7 +708,28 @@ impl StreamNode {
                         format!(" stateTtl=[left {}, right {}]", show(l), show(r))
                     }
                 };
-                format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND "))
+                match &j.interval {
+                    Some(b) => {
+                        let (lt, rt) = (
+                            j.left_schema
+                                .fields()
+                                .get(b.left_time)
+                                .map_or("?", |f| f.name().as_str()),
+                            j.right_schema
+                                .fields()
+                                .get(b.right_time)
+                                .map_or("?", |f| f.name().as_str()),
+                        );
+                        format!(
+                            "IntervalJoin: {} ON {} AND {rt} + ({} ms) <= {lt} <= {rt} + ({} ms){filter}",
+                            j.join_type.sql(),
+                            on.join(" AND "),
+                            b.lower,
+                            b.upper
+                        )
+                    }
+                    None => format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND ")),
+                }
             }
             NodeKind::Union => "Union All".to_string(),
             NodeKind::Rank(r) => {

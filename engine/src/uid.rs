@@ -186,8 +186,11 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         String::new()
                     } else {
                         format!(";unique={:?}", j.unique_keys)
-                    }
-                ),
+                    },
+                ) + &j
+                    .interval
+                    .map(|b| format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper))
+                    .unwrap_or_default(),
             ),
             NodeKind::Union => ("union", String::new()),
             NodeKind::Rank(r) => (

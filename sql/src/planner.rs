@@ -535,6 +535,116 @@ fn is_time_attribute(plan: &LogicalPlan, idx: usize, attribute: &dyn Fn(&str, &s
     }
 }
 
+/// Flink's interval join condition: bounds between the two sides'
+/// event-time columns in a join's ON (`l.ts BETWEEN r.ts - INTERVAL '1'
+/// MINUTE AND r.ts`, or comparisons `<`, `<=`, `>`, `>=` with an interval
+/// added or subtracted), a lower and an upper one. Returns them with the
+/// rest of the condition. A strict comparison moves its bound by 1 ms.
+fn interval_bounds(
+    join: &datafusion::logical_expr::Join,
+    catalog: &Catalog,
+) -> Option<(weir_engine::plan::IntervalBounds, Option<Expr>)> {
+    use datafusion::logical_expr::{Between, BinaryExpr, Operator};
+    let filter = join.filter.as_ref()?;
+    let mut conjuncts = vec![];
+    for c in datafusion::logical_expr::utils::split_conjunction_owned(filter.clone()) {
+        match c {
+            Expr::Between(Between {
+                expr,
+                negated: false,
+                low,
+                high,
+            }) => {
+                conjuncts.push(Expr::BinaryExpr(BinaryExpr::new(expr.clone(), Operator::GtEq, low)));
+                conjuncts.push(Expr::BinaryExpr(BinaryExpr::new(expr, Operator::LtEq, high)));
+            }
+            other => conjuncts.push(other),
+        }
+    }
+    // `column ± interval` of one side's event-time column: (side, column,
+    // offset in ms).
+    let term = |e: &Expr| -> Option<(usize, usize, i64)> {
+        let (col, offset) = match e {
+            Expr::Column(c) => (c, 0),
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let Expr::Column(c) = left.as_ref() else { return None };
+                let Expr::Literal(v, _) = right.as_ref() else {
+                    return None;
+                };
+                let ms = interval_ms(v)?;
+                match op {
+                    Operator::Plus => (c, ms),
+                    Operator::Minus => (c, ms.checked_neg()?),
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        };
+        for (side, input) in [&join.left, &join.right].into_iter().enumerate() {
+            if let Ok(i) = input.schema().index_of_column(col) {
+                return is_rowtime(input, i, catalog).then_some((side, i, offset));
+            }
+        }
+        None
+    };
+    let (mut lower, mut upper): (Option<i64>, Option<i64>) = (None, None);
+    let (mut times, mut rest) = (None, vec![]);
+    for c in conjuncts {
+        let bound = match &c {
+            Expr::BinaryExpr(BinaryExpr { left, op, right })
+                if matches!(op, Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq) =>
+            {
+                match (term(left), term(right)) {
+                    (Some(a), Some(b)) if a.0 != b.0 => {
+                        // As `left.ts OP right.ts + d`.
+                        let (l, r, op) = if a.0 == 0 { (a, b, *op) } else { (b, a, op.swap()?) };
+                        Some(((l.1, r.1), op, r.2.checked_sub(l.2)?))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let Some((cols, op, d)) = bound else {
+            rest.push(c);
+            continue;
+        };
+        if times.is_some_and(|t| t != cols) {
+            // Bounds on other time columns: part of the condition.
+            rest.push(c);
+            continue;
+        }
+        times = Some(cols);
+        match op {
+            Operator::GtEq => lower = Some(lower.map_or(d, |x| x.max(d))),
+            Operator::Gt => lower = Some(lower.map_or(d + 1, |x| x.max(d + 1))),
+            Operator::LtEq => upper = Some(upper.map_or(d, |x| x.min(d))),
+            _ => upper = Some(upper.map_or(d - 1, |x| x.min(d - 1))),
+        }
+    }
+    let ((left_time, right_time), lower, upper) = (times?, lower?, upper?);
+    let bounds = weir_engine::plan::IntervalBounds {
+        left_time,
+        right_time,
+        lower,
+        upper,
+    };
+    Some((bounds, datafusion::logical_expr::utils::conjunction(rest)))
+}
+
+/// An interval literal's length in ms (`None` for months and years, whose
+/// length varies).
+fn interval_ms(v: &datafusion::common::ScalarValue) -> Option<i64> {
+    use datafusion::common::ScalarValue as S;
+    match v {
+        S::IntervalDayTime(Some(d)) => Some(i64::from(d.days) * 86_400_000 + i64::from(d.milliseconds)),
+        S::IntervalMonthDayNano(Some(m)) if m.months == 0 => {
+            Some(i64::from(m.days) * 86_400_000 + m.nanoseconds.div_euclid(1_000_000))
+        }
+        _ => None,
+    }
+}
+
 struct GraphBuilder<'a> {
     planner: &'a Planner,
     catalog: &'a Catalog,
@@ -1124,13 +1234,21 @@ impl<'a> GraphBuilder<'a> {
         // Over left ++ right columns (a semi join's own schema is the
         // left side's alone).
         let both = ls.as_ref().join(rs.as_ref())?;
-        let filter = match &join.filter {
-            Some(f) => Some(self.physical(f, &both)?),
-            None => None,
-        };
         let left = self.convert(&join.left)?;
         let right = self.convert(&join.right)?;
         let (lm, rm) = (self.nodes[left].changelog.clone(), self.nodes[right].changelog.clone());
+        // Time bounds between the sides' event-time columns over
+        // insert-only inputs make an interval join (Flink's rule; else
+        // the condition is a regular join's filter).
+        let interval = match interval_bounds(join, self.catalog) {
+            Some(found) if lm.is_insert_only() && rm.is_insert_only() && join_type.semi_anti().is_none() => Some(found),
+            _ => None,
+        };
+        let filter = match (&interval, &join.filter) {
+            (Some((_, rest)), _) => rest.as_ref().map(|f| self.physical(f, &both)).transpose()?,
+            (None, Some(f)) => Some(self.physical(f, &both)?),
+            (None, None) => None,
+        };
         let node = JoinNode {
             join_type,
             left_keys: left_keys.clone(),
@@ -1140,7 +1258,9 @@ impl<'a> GraphBuilder<'a> {
             right_schema: Arc::new(rs.as_arrow().clone()),
             state_ttl: [self.hinted_ttl(&join.left), self.hinted_ttl(&join.right)],
             unique_keys: [lm.upsert_key.clone(), rm.upsert_key.clone()],
+            interval: interval.as_ref().map(|(b, _)| *b),
         };
+        let is_interval = node.interval.is_some();
         let id = self.add(
             self.config.parallelism,
             Arc::new(join.schema.as_arrow().clone()),
@@ -1156,6 +1276,9 @@ impl<'a> GraphBuilder<'a> {
         // Flink: an inner join passes its inputs' kinds on; an outer join
         // emits inserts and deletes (padded rows come and go).
         self.nodes[id].changelog = match join_type {
+            // An interval join emits inserts only (padded rows once their
+            // time has passed).
+            _ if is_interval => ChangelogMode::insert_only(),
             // Left rows alone: a right row appearing (anti) or leaving
             // (semi) takes left rows back.
             JoinType::LeftSemi => ChangelogMode {

@@ -772,6 +772,7 @@ mod tests {
             right_schema: r.clone(),
             state_ttl: [None, None],
             unique_keys,
+            interval: None,
         };
         let out = Arc::new(Schema::new(
             l.fields()

@@ -14,6 +14,7 @@
 pub mod calc;
 pub mod dedup_first;
 pub mod group;
+pub mod interval_join;
 pub mod join;
 pub mod limit;
 pub mod rank;

@@ -1157,6 +1157,29 @@ fn create_operator(
             }
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
+        NodeKind::Join(
+            j @ crate::plan::JoinNode {
+                interval: Some(bounds), ..
+            },
+        ) => {
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
+                tuning,
+                restored,
+                sink_ctx,
+                crate::operators::interval_join::STATES,
+            )?;
+            Box::new(crate::operators::interval_join::IntervalJoinOperator::new(
+                j,
+                bounds,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::Join(j) => {
             let mut state = keyed_state(
                 node,

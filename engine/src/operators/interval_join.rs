@@ -1,0 +1,613 @@
+//! Interval joins: `a JOIN b ON a.k = b.k AND a.ts BETWEEN b.ts - x AND
+//! b.ts + y` (INNER, LEFT, RIGHT, FULL) over insert-only inputs, as
+//! Flink's `RowTimeIntervalJoin`. Input 0 is the left side, input 1 the
+//! right; each arrives hash-exchanged by its join key.
+//!
+//! The bounds say `right.ts + lower <= left.ts <= right.ts + upper`
+//! (inclusive, as Flink). A left row at `t` matches right rows in
+//! `[t - upper, t - lower]`, a right row at `t` left rows in
+//! `[t + lower, t + upper]`. Operator time is the watermark (clamped to
+//! ≥ 0, as Flink's). Per row, as Flink does:
+//! - it is joined with the other side's stored rows in its range (even
+//!   when it is late: "it is valid to join late input data");
+//! - it is stored only while the other side may still send matches (the
+//!   operator time is below the range's upper end), with a cleanup timer
+//!   at `t + relative size + 1` (`relative size` = `-lower` for the left
+//!   side, `upper` for the right): when the watermark reaches it no
+//!   on-time row of the other side can match any more;
+//! - an outer side's row that never matched is emitted padded with NULLs
+//!   when it is cleaned up, or at once when it is not stored.
+//!
+//! State, through the keyed-state layer: per side a value state keyed by
+//! the join key, namespace = row time (8 bytes, order-preserving) ++ the
+//! row in the key encoding, value = (count, matched) as two varints; and
+//! per side a timer state (one timer per key and row time). Everything
+//! is insert-only in and out.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, UInt32Array, new_null_array};
+use arrow::compute::{cast, take};
+use arrow::datatypes::{DataType, SchemaRef};
+use arrow::record_batch::{RecordBatch, RecordBatchOptions};
+use datafusion::physical_expr::PhysicalExpr;
+use hashbrown::HashMap;
+
+use crate::change::{ChangeBatch, RowKind};
+use crate::checkpoint::OperatorSnapshot;
+use crate::error::{ExecError, Result, StateError};
+use crate::keygroup::{KeyEncoder, key_group};
+use crate::message::{MIN_WATERMARK, Timestamp};
+use crate::operators::calc::batch_with_schema;
+use crate::operators::{Collector, Operator};
+use crate::plan::{IntervalBounds, JoinNode, JoinType};
+use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::{RowCodec, decode_counts, encode_counts};
+use crate::state::keyed::{decode_time, encode_time};
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
+
+/// The operator's states: rows of the left and right side (index = input),
+/// then each side's cleanup timers (index = 2 + input). Names are part of
+/// savepoints.
+pub const STATES: &[StateDecl] = &[
+    StateDecl {
+        name: "interval-join-left",
+        kind: StateKind::Value,
+        ttl: false,
+    },
+    StateDecl {
+        name: "interval-join-right",
+        kind: StateKind::Value,
+        ttl: false,
+    },
+    StateDecl {
+        name: "interval-join-left-timers",
+        kind: StateKind::Timers,
+        ttl: false,
+    },
+    StateDecl {
+        name: "interval-join-right-timers",
+        kind: StateKind::Timers,
+        ttl: false,
+    },
+];
+
+/// Timers fired per state read, so a large watermark jump is handled in
+/// bounded chunks.
+const FIRE_CHUNK: usize = 4096;
+
+pub struct IntervalJoinOperator {
+    name: String,
+    join_type: JoinType,
+    keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
+    key_encoder: KeyEncoder,
+    row_codecs: [RowCodec; 2],
+    schemas: [SchemaRef; 2],
+    /// Each side's time column.
+    times: [usize; 2],
+    /// Per side, the other side's times a row at `t` matches:
+    /// `[t + range[s].0, t + range[s].1]`.
+    range: [(i64, i64); 2],
+    /// Per side, how long after its time a row may still be matched by the
+    /// other side's on-time rows (Flink's relative size).
+    relative: [i64; 2],
+    filter: Option<Arc<dyn PhysicalExpr>>,
+    pair_schema: SchemaRef,
+    schema: SchemaRef,
+    state: KeyedState,
+    max_parallelism: u16,
+    metrics: Arc<NodeMetrics>,
+    watermark: Timestamp,
+}
+
+/// A stored row's (count, matched): `matched` is 1 once any row of the
+/// other side joined it (an outer side's row is padded only without).
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    count: i64,
+    matched: i64,
+}
+
+fn decode_entry(side: usize, v: &[u8]) -> Result<Entry> {
+    let mut c = [0; 2];
+    decode_counts(v, &mut c).ok_or_else(|| StateError::Corrupt {
+        state: STATES[side].name.into(),
+        message: format!(
+            "a row entry of {} bytes does not hold a count and a match flag",
+            v.len()
+        ),
+    })?;
+    Ok(Entry {
+        count: c[0],
+        matched: c[1],
+    })
+}
+
+/// A stored row of the other side, met by this batch.
+struct Other {
+    slot: u32,
+    /// Row time ++ row.
+    ns: Vec<u8>,
+    entry: Entry,
+    dirty: bool,
+}
+
+/// The row time in front of a stored row's namespace.
+fn ns_time(side: usize, ns: &[u8]) -> Result<i64> {
+    let t: [u8; 8] = ns
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| StateError::Corrupt {
+            state: STATES[side].name.into(),
+            message: format!("a row entry's namespace of {} bytes has no row time", ns.len()),
+        })?;
+    Ok(decode_time(t))
+}
+
+impl IntervalJoinOperator {
+    pub fn new(
+        node: &JoinNode,
+        bounds: &IntervalBounds,
+        schema: SchemaRef,
+        max_parallelism: u16,
+        state: KeyedState,
+        metrics: Arc<NodeMetrics>,
+    ) -> Result<Self> {
+        let key_types = node
+            .left_keys
+            .iter()
+            .map(|k| k.data_type(&node.left_schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let codec = |s: &SchemaRef| {
+            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
+            RowCodec::new(&types).map_err(ExecError::internal)
+        };
+        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
+        fields.extend(node.right_schema.fields().iter().cloned());
+        let (lower, upper) = (bounds.lower, bounds.upper);
+        Ok(Self {
+            name: format!("IntervalJoin {}", node.join_type.sql()),
+            join_type: node.join_type,
+            keys: [node.left_keys.clone(), node.right_keys.clone()],
+            key_encoder: KeyEncoder::new(&key_types)?,
+            row_codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
+            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            times: [bounds.left_time, bounds.right_time],
+            range: [(-upper, -lower), (lower, upper)],
+            relative: [-lower, upper],
+            filter: node.filter.clone(),
+            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
+            schema,
+            state,
+            max_parallelism,
+            metrics,
+            watermark: MIN_WATERMARK,
+        })
+    }
+
+    /// Flink's operator time: the watermark, never below 0.
+    fn operator_time(&self) -> i64 {
+        self.watermark.max(0)
+    }
+
+    fn outer(&self, side: usize) -> bool {
+        if side == 0 {
+            self.join_type.keeps_left()
+        } else {
+            self.join_type.keeps_right()
+        }
+    }
+
+    /// Each row's time in ms (NULL: the row matches nothing).
+    fn row_times(&self, side: usize, rows: &RecordBatch) -> Result<Int64Array> {
+        use arrow::datatypes::TimeUnit;
+        let col = rows.column(self.times[side]);
+        let DataType::Timestamp(unit, _) = col.data_type() else {
+            return Err(ExecError::internal(format!(
+                "interval join time column has type {}, not a timestamp",
+                col.data_type()
+            )));
+        };
+        let raw = cast(col, &DataType::Int64)?;
+        let raw = raw
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or_else(|| ExecError::internal("interval join time is not a timestamp"))?;
+        Ok(match unit {
+            TimeUnit::Second => arrow::compute::kernels::arity::unary(raw, |v: i64| v.saturating_mul(1000)),
+            TimeUnit::Millisecond => raw.clone(),
+            TimeUnit::Microsecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1000)),
+            TimeUnit::Nanosecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1_000_000)),
+        })
+    }
+
+    /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
+    /// ordered left ++ right (`None` indexes are NULL rows).
+    fn pairs(
+        &self,
+        side: usize,
+        rows: &RecordBatch,
+        this_idx: &UInt32Array,
+        others: &RecordBatch,
+        other_idx: &UInt32Array,
+    ) -> Result<Vec<ArrayRef>> {
+        let pick = |b: &RecordBatch, idx: &UInt32Array| -> Result<Vec<ArrayRef>> {
+            if b.num_rows() == 0 {
+                return Ok(b
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| new_null_array(f.data_type(), idx.len()))
+                    .collect());
+            }
+            Ok(b.columns()
+                .iter()
+                .map(|c| take(c.as_ref(), idx, None))
+                .collect::<Result<Vec<_>, _>>()?)
+        };
+        let (mine, theirs) = (pick(rows, this_idx)?, pick(others, other_idx)?);
+        Ok(if side == 0 {
+            mine.into_iter().chain(theirs).collect()
+        } else {
+            theirs.into_iter().chain(mine).collect()
+        })
+    }
+
+    /// Emits `rows` of side `side` padded with NULLs for the other side.
+    fn emit_padded(&self, side: usize, rows: &RecordBatch, idx: Vec<u32>, out: &mut Collector) -> Result<()> {
+        if idx.is_empty() {
+            return Ok(());
+        }
+        let n = idx.len();
+        let empty = RecordBatch::new_empty(self.schemas[1 - side].clone());
+        let none = UInt32Array::from(vec![None::<u32>; n]);
+        let cols = self.pairs(side, rows, &UInt32Array::from(idx), &empty, &none)?;
+        out.emit(ChangeBatch::new(
+            batch_with_schema(&self.schema, cols)?,
+            vec![RowKind::Insert; n],
+        ));
+        Ok(())
+    }
+
+    /// The watermark passed the cleanup timers of side `side` up to
+    /// `up_to`: their rows go, an outer side's unmatched ones padded.
+    fn clean_up(&mut self, side: usize, up_to: Timestamp, out: &mut Collector) -> Result<()> {
+        loop {
+            let timers: Vec<Timer> = self.state.due_timers(2 + side, up_to, FIRE_CHUNK)?;
+            if timers.is_empty() {
+                return Ok(());
+            }
+            let more = timers.len() == FIRE_CHUNK;
+            let mut w = KeyedWrite::default();
+            let mut padded: Vec<Vec<u8>> = vec![];
+            let mut freed = 0i64;
+            for t in &timers {
+                // The rows of this key at the timer's row time.
+                let row_time = t.time - self.relative[side] - 1;
+                let prefix = encode_time(row_time);
+                let e = EntryRef {
+                    key_group: t.key_group,
+                    key: &t.key,
+                    namespace: &prefix,
+                };
+                let mut gone: Vec<(Vec<u8>, Entry)> = vec![];
+                let mut bad = None;
+                self.state.scan_namespaces(side, e, &mut |rest, v| {
+                    match decode_entry(side, v) {
+                        Ok(entry) => gone.push((rest.to_vec(), entry)),
+                        Err(e) => bad = Some(e),
+                    }
+                    bad.is_none()
+                })?;
+                if let Some(e) = bad {
+                    return Err(e);
+                }
+                for (row, entry) in gone {
+                    if self.outer(side) && entry.matched == 0 {
+                        for _ in 0..entry.count.max(0) {
+                            padded.push(row.clone());
+                        }
+                    }
+                    let mut ns = prefix.to_vec();
+                    ns.extend_from_slice(&row);
+                    freed += (t.key.len() + ns.len() + 14) as i64;
+                    w.delete(
+                        side,
+                        EntryRef {
+                            key_group: t.key_group,
+                            key: &t.key,
+                            namespace: &ns,
+                        },
+                    );
+                }
+                w.delete_timer(2 + side, t);
+            }
+            self.state.write(w)?;
+            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
+            if !padded.is_empty() {
+                let cols = self.row_codecs[side].decode(padded.iter().map(Vec::as_slice))?;
+                let options = RecordBatchOptions::new().with_row_count(Some(padded.len()));
+                let rows = RecordBatch::try_new_with_options(self.schemas[side].clone(), cols, &options)?;
+                self.emit_padded(side, &rows, (0..padded.len() as u32).collect(), out)?;
+            }
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Operator for IntervalJoinOperator {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
+        if watermark <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = watermark;
+        for side in 0..2 {
+            self.clean_up(side, watermark, out)?;
+        }
+        Ok(())
+    }
+
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        self.process_input(0, batch, out)
+    }
+
+    fn process_input(&mut self, side: usize, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        if side > 1 {
+            return Err(ExecError::internal(format!("a join has inputs 0 and 1, not {side}")));
+        }
+        if batch.kinds.is_some() && (0..batch.num_rows()).any(|i| batch.kind(i) != RowKind::Insert) {
+            return Err(ExecError::internal("an interval join's input must be insert-only"));
+        }
+        let other = 1 - side;
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let rows = &batch.rows;
+        let times = self.row_times(side, rows)?;
+        let key_arrays = self.keys[side]
+            .iter()
+            .map(|k| k.evaluate(rows).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let key_rows = self.key_encoder.encode(&key_arrays)?;
+        let row_bytes = self.row_codecs[side].encode(rows.columns())?;
+        let op_time = self.operator_time();
+        // Rows of the other side at or before this time are gone (or go
+        // at the next cleanup): not joined.
+        let other_expired = op_time - self.relative[other] - 1;
+        let (lo, hi) = self.range[side];
+
+        // The batch's keys; rows with a NULL key or time match nothing.
+        let mut slot_of: HashMap<&[u8], u32> = HashMap::new();
+        let mut slots: Vec<(u16, usize)> = vec![];
+        let mut row_slot: Vec<Option<u32>> = Vec::with_capacity(n);
+        for i in 0..n {
+            if times.is_null(i) || key_arrays.iter().any(|a| a.is_null(i)) {
+                row_slot.push(None);
+                continue;
+            }
+            let k = key_rows.row(i);
+            let s = *slot_of.entry(k).or_insert_with(|| {
+                slots.push((key_group(k, self.max_parallelism), i));
+                (slots.len() - 1) as u32
+            });
+            row_slot.push(Some(s));
+        }
+
+        // The other side's live rows under each key, with their times.
+        let mut others: Vec<Other> = vec![];
+        let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(slots.len());
+        for s in 0..slots.len() as u32 {
+            let start = others.len();
+            let (group, first) = slots[s as usize];
+            let e = EntryRef {
+                key_group: group,
+                key: key_rows.row(first),
+                namespace: &[],
+            };
+            let mut bad = None;
+            self.state.scan_namespaces(other, e, &mut |ns, v| {
+                match decode_entry(other, v) {
+                    Ok(entry) if entry.count > 0 => others.push(Other {
+                        slot: s,
+                        ns: ns.to_vec(),
+                        entry,
+                        dirty: false,
+                    }),
+                    Ok(_) => {}
+                    Err(e) => bad = Some(e),
+                }
+                bad.is_none()
+            })?;
+            if let Some(e) = bad {
+                return Err(e);
+            }
+            ranges.push(start..others.len());
+        }
+        let other_times = others
+            .iter()
+            .map(|o| ns_time(other, &o.ns))
+            .collect::<Result<Vec<_>>>()?;
+        let other_rows = {
+            let cols = self.row_codecs[other].decode(others.iter().map(|o| &o.ns[8..]))?;
+            let options = RecordBatchOptions::new().with_row_count(Some(others.len()));
+            RecordBatch::try_new_with_options(self.schemas[other].clone(), cols, &options)?
+        };
+
+        // Candidate pairs: same key, the other row's time in range.
+        let mut cand_this = vec![];
+        let mut cand_other = vec![];
+        for (i, s) in row_slot.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let t = times.value(i);
+            if t.saturating_add(hi) <= other_expired {
+                continue;
+            }
+            for j in ranges[*s as usize].clone() {
+                let ot = other_times[j];
+                if ot > other_expired && ot >= t.saturating_add(lo) && ot <= t.saturating_add(hi) {
+                    cand_this.push(i as u32);
+                    cand_other.push(j as u32);
+                }
+            }
+        }
+        let keep: Option<BooleanArray> = match &self.filter {
+            Some(f) if !cand_this.is_empty() => {
+                let cols = self.pairs(
+                    side,
+                    rows,
+                    &UInt32Array::from(cand_this.clone()),
+                    &other_rows,
+                    &UInt32Array::from(cand_other.clone()),
+                )?;
+                let options = RecordBatchOptions::new().with_row_count(Some(cand_this.len()));
+                let pairs = RecordBatch::try_new_with_options(self.pair_schema.clone(), cols, &options)?;
+                let m = f.evaluate(&pairs)?.into_array(pairs.num_rows())?;
+                let m = m
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .ok_or_else(|| ExecError::internal("join condition is not boolean"))?;
+                Some(crate::change::null_as_false(m))
+            }
+            _ => None,
+        };
+
+        // Row by row: its matches; then it is stored or, unmatched on an
+        // outer side and not stored, padded at once.
+        let mut this_idx: Vec<Option<u32>> = vec![];
+        let mut other_idx: Vec<Option<u32>> = vec![];
+        let mut mine: HashMap<(u32, Vec<u8>), Entry> = HashMap::new();
+        let mut order: Vec<(u32, Vec<u8>, i64)> = vec![];
+        let mut p = 0;
+        for (i, s) in row_slot.iter().enumerate() {
+            let mut matched = false;
+            // Candidates are in row order.
+            while p < cand_this.len() && cand_this[p] as usize == i {
+                let j = cand_other[p];
+                let pass = keep.as_ref().is_none_or(|k| k.value(p));
+                p += 1;
+                if !pass {
+                    continue;
+                }
+                let o = &mut others[j as usize];
+                for _ in 0..o.entry.count {
+                    this_idx.push(Some(i as u32));
+                    other_idx.push(Some(j));
+                }
+                if o.entry.matched == 0 {
+                    o.entry.matched = 1;
+                    o.dirty = true;
+                }
+                matched = true;
+            }
+            let stored = s.is_some() && op_time < times.value(i).saturating_add(hi);
+            if stored {
+                let s = s.unwrap_or_default();
+                let mut ns = encode_time(times.value(i)).to_vec();
+                ns.extend_from_slice(row_bytes.row(i));
+                let e = mine.entry((s, ns.clone())).or_insert_with(|| {
+                    order.push((s, ns, times.value(i)));
+                    Entry::default()
+                });
+                e.count += 1;
+                if matched {
+                    e.matched = 1;
+                }
+            } else if !matched && self.outer(side) {
+                this_idx.push(Some(i as u32));
+                other_idx.push(None);
+            }
+        }
+
+        // One write: this side's rows (added to what is stored) with their
+        // cleanup timers, and the other side's rows that matched first.
+        if !order.is_empty() {
+            let wanted: Vec<EntryRef> = order
+                .iter()
+                .map(|(s, ns, _)| {
+                    let (group, first) = slots[*s as usize];
+                    EntryRef {
+                        key_group: group,
+                        key: key_rows.row(first),
+                        namespace: ns,
+                    }
+                })
+                .collect();
+            let before = self.state.get(side, &wanted)?;
+            let mut w = KeyedWrite::default();
+            let mut grown = 0i64;
+            for ((e, (s, ns, t)), old) in wanted.iter().zip(&order).zip(before) {
+                let mut entry = mine[&(*s, ns.clone())];
+                match old {
+                    Some(v) => {
+                        let was = decode_entry(side, &v)?;
+                        entry.count += was.count;
+                        entry.matched = entry.matched.max(was.matched);
+                    }
+                    None => {
+                        grown += (e.key.len() + ns.len() + 14) as i64;
+                        w.add_timer(2 + side, e.key_group, t + self.relative[side] + 1, e.key, &[]);
+                    }
+                }
+                w.put(side, *e, encode_counts(&[entry.count, entry.matched]));
+            }
+            for o in others.iter().filter(|o| o.dirty) {
+                let (group, first) = slots[o.slot as usize];
+                w.put(
+                    other,
+                    EntryRef {
+                        key_group: group,
+                        key: key_rows.row(first),
+                        namespace: &o.ns,
+                    },
+                    encode_counts(&[o.entry.count, o.entry.matched]),
+                );
+            }
+            self.state.write(w)?;
+            self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+        } else if others.iter().any(|o| o.dirty) {
+            let mut w = KeyedWrite::default();
+            for o in others.iter().filter(|o| o.dirty) {
+                let (group, first) = slots[o.slot as usize];
+                w.put(
+                    other,
+                    EntryRef {
+                        key_group: group,
+                        key: key_rows.row(first),
+                        namespace: &o.ns,
+                    },
+                    encode_counts(&[o.entry.count, o.entry.matched]),
+                );
+            }
+            self.state.write(w)?;
+        }
+
+        if this_idx.is_empty() {
+            return Ok(());
+        }
+        let k = this_idx.len();
+        let cols = self.pairs(
+            side,
+            rows,
+            &UInt32Array::from(this_idx),
+            &other_rows,
+            &UInt32Array::from(other_idx),
+        )?;
+        out.emit(ChangeBatch::new(
+            batch_with_schema(&self.schema, cols)?,
+            vec![RowKind::Insert; k],
+        ));
+        Ok(())
+    }
+}
