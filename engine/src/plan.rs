@@ -721,7 +721,7 @@ impl StreamNode {
                                 .map_or("?", |f| f.name().as_str()),
                         );
                         format!(
-                            "IntervalJoin: {} ON {} AND {rt} + ({} ms) <= {lt} <= {rt} + ({} ms){filter}",
+                            "IntervalJoin: {} ON {} AND left.{lt} BETWEEN right.{rt} + {} ms AND right.{rt} + {} ms{filter}",
                             j.join_type.sql(),
                             on.join(" AND "),
                             b.lower,
