@@ -27,8 +27,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, UInt32Array, new_null_array};
-use arrow::compute::{cast, take};
+use arrow::array::{Array, Int64Array, UInt32Array};
+use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
@@ -40,6 +40,7 @@ use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::calc::batch_with_schema;
+use crate::operators::join::{condition_holds, entry_of, pairs};
 use crate::operators::{Collector, Operator};
 use crate::plan::{IntervalBounds, JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
@@ -222,38 +223,6 @@ impl IntervalJoinOperator {
         })
     }
 
-    /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
-    /// ordered left ++ right (`None` indexes are NULL rows).
-    fn pairs(
-        &self,
-        side: usize,
-        rows: &RecordBatch,
-        this_idx: &UInt32Array,
-        others: &RecordBatch,
-        other_idx: &UInt32Array,
-    ) -> Result<Vec<ArrayRef>> {
-        let pick = |b: &RecordBatch, idx: &UInt32Array| -> Result<Vec<ArrayRef>> {
-            if b.num_rows() == 0 {
-                return Ok(b
-                    .schema()
-                    .fields()
-                    .iter()
-                    .map(|f| new_null_array(f.data_type(), idx.len()))
-                    .collect());
-            }
-            Ok(b.columns()
-                .iter()
-                .map(|c| take(c.as_ref(), idx, None))
-                .collect::<Result<Vec<_>, _>>()?)
-        };
-        let (mine, theirs) = (pick(rows, this_idx)?, pick(others, other_idx)?);
-        Ok(if side == 0 {
-            mine.into_iter().chain(theirs).collect()
-        } else {
-            theirs.into_iter().chain(mine).collect()
-        })
-    }
-
     /// Emits `rows` of side `side` padded with NULLs for the other side.
     fn emit_padded(&self, side: usize, rows: &RecordBatch, idx: Vec<u32>, out: &mut Collector) -> Result<()> {
         if idx.is_empty() {
@@ -262,7 +231,7 @@ impl IntervalJoinOperator {
         let n = idx.len();
         let empty = RecordBatch::new_empty(self.schemas[1 - side].clone());
         let none = UInt32Array::from(vec![None::<u32>; n]);
-        let cols = self.pairs(side, rows, &UInt32Array::from(idx), &empty, &none)?;
+        let cols = pairs(side, rows, &UInt32Array::from(idx), &empty, &none)?;
         out.emit(ChangeBatch::new(
             batch_with_schema(&self.schema, cols)?,
             vec![RowKind::Insert; n],
@@ -410,12 +379,7 @@ impl Operator for IntervalJoinOperator {
         let mut ranges: Vec<std::ops::Range<usize>> = Vec::with_capacity(slots.len());
         for s in 0..slots.len() as u32 {
             let start = others.len();
-            let (group, first) = slots[s as usize];
-            let e = EntryRef {
-                key_group: group,
-                key: key_rows.row(first),
-                namespace: &[],
-            };
+            let e = entry_of(&slots, &key_rows, s, &[]);
             let mut bad = None;
             self.state.scan_namespaces(other, e, &mut |ns, v| {
                 match decode_entry(other, v) {
@@ -462,33 +426,24 @@ impl Operator for IntervalJoinOperator {
                 }
             }
         }
-        let keep: Option<BooleanArray> = match &self.filter {
-            Some(f) if !cand_this.is_empty() => {
-                let cols = self.pairs(
-                    side,
-                    rows,
-                    &UInt32Array::from(cand_this.clone()),
-                    &other_rows,
-                    &UInt32Array::from(cand_other.clone()),
-                )?;
-                let options = RecordBatchOptions::new().with_row_count(Some(cand_this.len()));
-                let pairs = RecordBatch::try_new_with_options(self.pair_schema.clone(), cols, &options)?;
-                let m = f.evaluate(&pairs)?.into_array(pairs.num_rows())?;
-                let m = m
-                    .as_any()
-                    .downcast_ref::<BooleanArray>()
-                    .ok_or_else(|| ExecError::internal("join condition is not boolean"))?;
-                Some(crate::change::null_as_false(m))
-            }
-            _ => None,
-        };
+        let keep = condition_holds(
+            self.filter.as_ref(),
+            &self.pair_schema,
+            side,
+            rows,
+            &cand_this,
+            &other_rows,
+            &cand_other,
+        )?;
 
         // Row by row: its matches; then it is stored or, unmatched on an
         // outer side and not stored, padded at once.
         let mut this_idx: Vec<Option<u32>> = vec![];
         let mut other_idx: Vec<Option<u32>> = vec![];
-        let mut mine: HashMap<(u32, Vec<u8>), Entry> = HashMap::new();
-        let mut order: Vec<(u32, Vec<u8>, i64)> = vec![];
+        // This side's rows to store: (slot, row time ++ row) → index in
+        // `added` (equal rows share one entry and count).
+        let mut index: HashMap<(u32, Vec<u8>), usize> = HashMap::new();
+        let mut added: Vec<(u32, Vec<u8>, Entry)> = vec![];
         let mut p = 0;
         for (i, s) in row_slot.iter().enumerate() {
             let mut matched = false;
@@ -511,93 +466,68 @@ impl Operator for IntervalJoinOperator {
                 }
                 matched = true;
             }
-            let stored = s.is_some() && op_time < times.value(i).saturating_add(hi);
-            if stored {
-                let s = s.unwrap_or_default();
-                let mut ns = encode_time(times.value(i)).to_vec();
-                ns.extend_from_slice(row_bytes.row(i));
-                let e = mine.entry((s, ns.clone())).or_insert_with(|| {
-                    order.push((s, ns, times.value(i)));
-                    Entry::default()
-                });
-                e.count += 1;
-                if matched {
-                    e.matched = 1;
+            match s {
+                Some(s) if op_time < times.value(i).saturating_add(hi) => {
+                    let mut ns = encode_time(times.value(i)).to_vec();
+                    ns.extend_from_slice(row_bytes.row(i));
+                    let at = *index.entry((*s, ns)).or_insert_with_key(|(s, ns)| {
+                        added.push((*s, ns.clone(), Entry::default()));
+                        added.len() - 1
+                    });
+                    let e = &mut added[at].2;
+                    e.count += 1;
+                    e.matched = e.matched.max(i64::from(matched));
                 }
-            } else if !matched && self.outer(side) {
-                this_idx.push(Some(i as u32));
-                other_idx.push(None);
+                _ if !matched && self.outer(side) => {
+                    this_idx.push(Some(i as u32));
+                    other_idx.push(None);
+                }
+                _ => {}
             }
         }
 
         // One write: this side's rows (added to what is stored) with their
         // cleanup timers, and the other side's rows that matched first.
-        if !order.is_empty() {
-            let wanted: Vec<EntryRef> = order
-                .iter()
-                .map(|(s, ns, _)| {
-                    let (group, first) = slots[*s as usize];
-                    EntryRef {
-                        key_group: group,
-                        key: key_rows.row(first),
-                        namespace: ns,
-                    }
-                })
-                .collect();
+        let entry = |s: u32, ns| entry_of(&slots, &key_rows, s, ns);
+        let mut w = KeyedWrite::default();
+        let mut grown = 0i64;
+        if !added.is_empty() {
+            let wanted: Vec<EntryRef> = added.iter().map(|(s, ns, _)| entry(*s, ns)).collect();
             let before = self.state.get(side, &wanted)?;
-            let mut w = KeyedWrite::default();
-            let mut grown = 0i64;
-            for ((e, (s, ns, t)), old) in wanted.iter().zip(&order).zip(before) {
-                let mut entry = mine[&(*s, ns.clone())];
+            for ((e, (_, ns, new)), old) in wanted.iter().zip(&added).zip(before) {
+                let mut sum = *new;
                 match old {
                     Some(v) => {
                         let was = decode_entry(side, &v)?;
-                        entry.count += was.count;
-                        entry.matched = entry.matched.max(was.matched);
+                        sum.count += was.count;
+                        sum.matched = sum.matched.max(was.matched);
                     }
                     None => {
                         grown += (e.key.len() + ns.len() + 14) as i64;
+                        let t = ns_time(side, ns)?;
                         w.add_timer(2 + side, e.key_group, t + self.relative[side] + 1, e.key, &[]);
                     }
                 }
-                w.put(side, *e, encode_counts(&[entry.count, entry.matched]));
+                w.put(side, *e, encode_counts(&[sum.count, sum.matched]));
             }
-            for o in others.iter().filter(|o| o.dirty) {
-                let (group, first) = slots[o.slot as usize];
-                w.put(
-                    other,
-                    EntryRef {
-                        key_group: group,
-                        key: key_rows.row(first),
-                        namespace: &o.ns,
-                    },
-                    encode_counts(&[o.entry.count, o.entry.matched]),
-                );
-            }
+        }
+        for o in others.iter().filter(|o| o.dirty) {
+            w.put(
+                other,
+                entry(o.slot, &o.ns),
+                encode_counts(&[o.entry.count, o.entry.matched]),
+            );
+        }
+        if !w.is_empty() {
             self.state.write(w)?;
             self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-        } else if others.iter().any(|o| o.dirty) {
-            let mut w = KeyedWrite::default();
-            for o in others.iter().filter(|o| o.dirty) {
-                let (group, first) = slots[o.slot as usize];
-                w.put(
-                    other,
-                    EntryRef {
-                        key_group: group,
-                        key: key_rows.row(first),
-                        namespace: &o.ns,
-                    },
-                    encode_counts(&[o.entry.count, o.entry.matched]),
-                );
-            }
-            self.state.write(w)?;
         }
 
         if this_idx.is_empty() {
             return Ok(());
         }
         let k = this_idx.len();
-        let cols = self.pairs(
+        let cols = pairs(
             side,
             rows,
             &UInt32Array::from(this_idx),

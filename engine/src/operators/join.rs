@@ -171,7 +171,7 @@ fn decode_value(side: usize, by_key: bool, v: &[u8]) -> Result<(Entry, Option<&[
 }
 
 /// The stored entry of namespace `ns` under the key of slot `s`.
-fn entry_of<'a>(slots: &[(u16, usize)], keys: &'a crate::state::codec::Rows, s: u32, ns: &'a [u8]) -> EntryRef<'a> {
+pub(crate) fn entry_of<'a>(slots: &[(u16, usize)], keys: &'a crate::state::codec::Rows, s: u32, ns: &'a [u8]) -> EntryRef<'a> {
     let (group, first) = slots[s as usize];
     EntryRef {
         key_group: group,
@@ -293,38 +293,70 @@ impl JoinOperator {
             self.join_type.keeps_right()
         }
     }
+}
 
-    /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
-    /// ordered left ++ right (`None` indexes are NULL rows).
-    fn pairs(
-        &self,
-        side: usize,
-        rows: &RecordBatch,
-        this_idx: &UInt32Array,
-        others: &RecordBatch,
-        other_idx: &UInt32Array,
-    ) -> Result<Vec<ArrayRef>> {
-        let pick = |b: &RecordBatch, idx: &UInt32Array| -> Result<Vec<ArrayRef>> {
-            if b.num_rows() == 0 {
-                return Ok(b
-                    .schema()
-                    .fields()
-                    .iter()
-                    .map(|f| new_null_array(f.data_type(), idx.len()))
-                    .collect());
-            }
-            Ok(b.columns()
+/// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
+/// ordered left ++ right (`None` indexes are NULL rows): a join's output
+/// columns (the interval join's too).
+pub(crate) fn pairs(
+    side: usize,
+    rows: &RecordBatch,
+    this_idx: &UInt32Array,
+    others: &RecordBatch,
+    other_idx: &UInt32Array,
+) -> Result<Vec<ArrayRef>> {
+    let pick = |b: &RecordBatch, idx: &UInt32Array| -> Result<Vec<ArrayRef>> {
+        if b.num_rows() == 0 {
+            return Ok(b
+                .schema()
+                .fields()
                 .iter()
-                .map(|c| take(c.as_ref(), idx, None))
-                .collect::<Result<Vec<_>, _>>()?)
-        };
-        let (mine, theirs) = (pick(rows, this_idx)?, pick(others, other_idx)?);
-        Ok(if side == 0 {
-            mine.into_iter().chain(theirs).collect()
-        } else {
-            theirs.into_iter().chain(mine).collect()
-        })
-    }
+                .map(|f| new_null_array(f.data_type(), idx.len()))
+                .collect());
+        }
+        Ok(b.columns()
+            .iter()
+            .map(|c| take(c.as_ref(), idx, None))
+            .collect::<Result<Vec<_>, _>>()?)
+    };
+    let (mine, theirs) = (pick(rows, this_idx)?, pick(others, other_idx)?);
+    Ok(if side == 0 {
+        mine.into_iter().chain(theirs).collect()
+    } else {
+        theirs.into_iter().chain(mine).collect()
+    })
+}
+
+/// A join's extra condition over every candidate pair (`this` side's
+/// `rows` at `this_idx` with `others` at `other_idx`), evaluated once for
+/// the batch; NULL counts as false. `None`: no condition, every pair holds.
+pub(crate) fn condition_holds(
+    filter: Option<&Arc<dyn PhysicalExpr>>,
+    pair_schema: &SchemaRef,
+    side: usize,
+    rows: &RecordBatch,
+    this_idx: &[u32],
+    others: &RecordBatch,
+    other_idx: &[u32],
+) -> Result<Option<BooleanArray>> {
+    let Some(f) = filter.filter(|_| !this_idx.is_empty()) else {
+        return Ok(None);
+    };
+    let cols = pairs(
+        side,
+        rows,
+        &UInt32Array::from(this_idx.to_vec()),
+        others,
+        &UInt32Array::from(other_idx.to_vec()),
+    )?;
+    let options = RecordBatchOptions::new().with_row_count(Some(this_idx.len()));
+    let batch = RecordBatch::try_new_with_options(pair_schema.clone(), cols, &options)?;
+    let m = f.evaluate(&batch)?.into_array(batch.num_rows())?;
+    let m = m
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| ExecError::internal("join condition is not boolean"))?;
+    Ok(Some(crate::change::null_as_false(m)))
 }
 
 impl Operator for JoinOperator {
@@ -523,26 +555,15 @@ impl Operator for JoinOperator {
                 }
             }
         }
-        let keep: Option<BooleanArray> = match &self.filter {
-            Some(f) if !cand_this.is_empty() => {
-                let cols = self.pairs(
-                    side,
-                    rows,
-                    &UInt32Array::from(cand_this.clone()),
-                    &other_rows,
-                    &UInt32Array::from(cand_other.clone()),
-                )?;
-                let options = RecordBatchOptions::new().with_row_count(Some(cand_this.len()));
-                let pairs = RecordBatch::try_new_with_options(self.pair_schema.clone(), cols, &options)?;
-                let m = f.evaluate(&pairs)?.into_array(pairs.num_rows())?;
-                let m = m
-                    .as_any()
-                    .downcast_ref::<BooleanArray>()
-                    .ok_or_else(|| ExecError::internal("join condition is not boolean"))?;
-                Some(crate::change::null_as_false(m))
-            }
-            _ => None,
-        };
+        let keep = condition_holds(
+            self.filter.as_ref(),
+            &self.pair_schema,
+            side,
+            rows,
+            &cand_this,
+            &other_rows,
+            &cand_other,
+        )?;
         let mut matches: Vec<Vec<usize>> = vec![vec![]; n];
         for (p, (i, j)) in cand_this.iter().zip(&cand_other).enumerate() {
             if keep.as_ref().is_none_or(|k| k.value(p)) {
@@ -723,7 +744,7 @@ impl Operator for JoinOperator {
         if kinds.is_empty() {
             return Ok(());
         }
-        let mut cols = self.pairs(
+        let mut cols = pairs(
             side,
             rows,
             &UInt32Array::from(this_idx),
