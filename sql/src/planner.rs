@@ -494,42 +494,65 @@ enum Monotonicity {
 }
 
 fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
-    is_time_attribute(plan, idx, &|table, column| {
-        catalog
-            .table(table)
-            .and_then(|t| t.watermark.as_ref())
-            .is_some_and(|w| w.column == column)
-    })
+    is_time_attribute(
+        plan,
+        idx,
+        &|table, column| {
+            catalog
+                .table(table)
+                .and_then(|t| t.watermark.as_ref())
+                .is_some_and(|w| w.column == column)
+        },
+        // An interval join keeps both sides' event-time columns (Flink).
+        &|j| interval_bounds(j, catalog).is_some(),
+    )
 }
 
 /// Whether output column `idx` of `plan` is a processing-time attribute:
 /// a table's `PROCTIME()` computed column, passed through unchanged.
 fn is_proctime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
-    is_time_attribute(plan, idx, &|table, column| {
-        catalog.table(table).and_then(|t| t.column(column)).is_some_and(|c| {
-            c.computed
-                .as_deref()
-                .is_some_and(crate::flink_functions::is_proctime_call)
-        })
-    })
+    is_time_attribute(
+        plan,
+        idx,
+        &|table, column| {
+            catalog.table(table).and_then(|t| t.column(column)).is_some_and(|c| {
+                c.computed
+                    .as_deref()
+                    .is_some_and(crate::flink_functions::is_proctime_call)
+            })
+        },
+        &|_| false,
+    )
 }
 
 /// Whether output column `idx` of `plan` is a table's column for which
-/// `attribute(table, column)` holds, passed through aliases, filters and
-/// projections unchanged (any other expression makes it a plain value,
-/// as in Flink).
-fn is_time_attribute(plan: &LogicalPlan, idx: usize, attribute: &dyn Fn(&str, &str) -> bool) -> bool {
+/// `attribute(table, column)` holds, passed through aliases, filters,
+/// projections and the joins `through_join` keeps it through (a side of
+/// the join that is never padded with NULLs) unchanged (any other
+/// expression makes it a plain value, as in Flink).
+fn is_time_attribute(
+    plan: &LogicalPlan,
+    idx: usize,
+    attribute: &dyn Fn(&str, &str) -> bool,
+    through_join: &dyn Fn(&datafusion::logical_expr::Join) -> bool,
+) -> bool {
+    let recurse = |p: &LogicalPlan, i| is_time_attribute(p, i, attribute, through_join);
     match plan {
-        LogicalPlan::SubqueryAlias(a) => is_time_attribute(&a.input, idx, attribute),
-        LogicalPlan::Filter(f) => is_time_attribute(&f.input, idx, attribute),
+        LogicalPlan::SubqueryAlias(a) => recurse(&a.input, idx),
+        LogicalPlan::Filter(f) => recurse(&f.input, idx),
         LogicalPlan::Projection(p) => match p.expr.get(idx).map(|e| e.clone().unalias()) {
-            Some(Expr::Column(c)) => p
-                .input
-                .schema()
-                .index_of_column(&c)
-                .is_ok_and(|i| is_time_attribute(&p.input, i, attribute)),
+            Some(Expr::Column(c)) => p.input.schema().index_of_column(&c).is_ok_and(|i| recurse(&p.input, i)),
             _ => false,
         },
+        LogicalPlan::Join(j) if through_join(j) => {
+            use datafusion::logical_expr::JoinType as J;
+            let left_len = j.left.schema().fields().len();
+            match (j.join_type, idx < left_len) {
+                (J::Inner | J::Left, true) => recurse(&j.left, idx),
+                (J::Inner | J::Right, false) => recurse(&j.right, idx - left_len),
+                _ => false,
+            }
+        }
         LogicalPlan::TableScan(scan) => attribute(scan.table_name.table(), scan.projected_schema.field(idx).name()),
         _ => false,
     }

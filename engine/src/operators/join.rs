@@ -171,7 +171,12 @@ fn decode_value(side: usize, by_key: bool, v: &[u8]) -> Result<(Entry, Option<&[
 }
 
 /// The stored entry of namespace `ns` under the key of slot `s`.
-pub(crate) fn entry_of<'a>(slots: &[(u16, usize)], keys: &'a crate::state::codec::Rows, s: u32, ns: &'a [u8]) -> EntryRef<'a> {
+pub(crate) fn entry_of<'a>(
+    slots: &[(u16, usize)],
+    keys: &'a crate::state::codec::Rows,
+    s: u32,
+    ns: &'a [u8],
+) -> EntryRef<'a> {
     let (group, first) = slots[s as usize];
     EntryRef {
         key_group: group,

@@ -91,6 +91,13 @@ pub trait Operator: Send {
         Ok(())
     }
 
+    /// How far behind its input watermark the operator's output rows may
+    /// be (ms): the watermark it passes on is that much lower (an interval
+    /// join's, as Flink's `getMaxOutputDelay`).
+    fn watermark_delay(&self) -> i64 {
+        0
+    }
+
     /// How often the operator wants [`Operator::on_processing_time`]
     /// (state TTL cleanup); `None`: never.
     fn processing_time_interval(&self) -> Option<std::time::Duration> {

@@ -100,11 +100,19 @@ impl Chain {
     }
 
     pub fn process_watermark(&mut self, wm: Timestamp, out: &mut Vec<StreamMessage>) -> Result<()> {
+        let mut wm = wm;
         for idx in 0..self.ops.len() {
             let mut c = Collector::default();
             self.ops[idx].on_watermark(wm, &mut c)?;
             self.metrics[idx].watermark.fetch_max(wm, Ordering::Relaxed);
             self.forward(idx, c, out)?;
+            // An operator whose output rows may lie behind its input
+            // watermark holds the watermark back (the end of input stays
+            // the end).
+            let delay = self.ops[idx].watermark_delay();
+            if delay > 0 && wm != crate::message::MAX_WATERMARK {
+                wm = wm.saturating_sub(delay);
+            }
         }
         out.push(StreamMessage::Watermark(wm));
         Ok(())
