@@ -66,3 +66,87 @@ async fn shows_splits_groups_state_and_sizing() {
         .expect("unknown job");
     assert!(err.to_string().contains("no job 'nope'; jobs: skewed"), "{err}");
 }
+
+/// Peak state of a job's operators, sampled while it runs (a sampling
+/// period, not synchronisation), and the `SHOW WATERMARKS` state rows at
+/// its end.
+async fn interval_join_peak_state(aligned: bool) -> (i64, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    let group = if aligned {
+        " ALIGNMENT GROUP 'g' MAX DRIFT INTERVAL '1' SECOND UPDATE INTERVAL '20' MILLISECOND"
+    } else {
+        ""
+    };
+    // Both tables generate the same 30 s of event time; `fast` reads it in
+    // 3 s, `slow` in 6 s, so `fast` runs ahead in event time (a backfill)
+    // unless aligned. (Paced: an unpaced reader would be through before
+    // the first alignment announcement.)
+    session
+        .execute_sql(&format!(
+            "SET 'parallelism.default' = '1';
+             SET 'pipeline.name' = 'ij';
+             SET 'pipeline.auto-watermark-interval' = '20 ms';
+             SET 'pipeline.watermark-alignment.buffer-size' = '0';
+             CREATE TABLE fast (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+               WATERMARK FOR dateTime AS dateTime - INTERVAL '1' SECOND{group})
+             WITH ('connector' = 'nexmark', 'nexmark.events' = '30000', 'nexmark.first-event-rate' = '1000',
+               'nexmark.events-per-second' = '10000');
+             CREATE TABLE slow (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+               WATERMARK FOR dateTime AS dateTime - INTERVAL '1' SECOND{group})
+             WITH ('connector' = 'nexmark', 'nexmark.events' = '30000', 'nexmark.first-event-rate' = '1000',
+               'nexmark.events-per-second' = '5000');
+             CREATE TABLE sink (auction BIGINT, a BIGINT, b BIGINT) WITH ('connector' = 'blackhole');
+             INSERT INTO sink SELECT f.auction, f.price, s.price FROM fast f JOIN slow s
+               ON f.auction = s.auction AND f.dateTime BETWEEN s.dateTime - INTERVAL '1' SECOND AND s.dateTime + INTERVAL '1' SECOND;"
+        ))
+        .await
+        .expect("job");
+    let job = session.take_jobs().pop().expect("job started");
+    let metrics = job.metrics.clone();
+    let mut peak = 0;
+    let mut done = Box::pin(job.wait());
+    loop {
+        tokio::select! {
+            r = &mut done => {
+                r.expect("job ends");
+                break;
+            }
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {
+                let state: i64 = metrics
+                    .nodes
+                    .iter()
+                    .map(|n| n.state_bytes.load(std::sync::atomic::Ordering::Relaxed))
+                    .sum();
+                peak = peak.max(state);
+            }
+        }
+    }
+    let rows = weir::watermarks::rows(&metrics, None, 0);
+    let state_rows: Vec<String> = rows
+        .iter()
+        .filter(|r| r.scope == "state")
+        .map(|r| format!("{} {} {}", r.name, r.state, r.detail))
+        .collect();
+    (peak, state_rows.join("\n"))
+}
+
+/// An interval join's state is in `SHOW WATERMARKS` (bytes, and bytes per
+/// second of event time, for sizing a drift), here over two sources in
+/// one alignment group, one reading ahead.
+///
+/// Not asserted yet: the seed's promise that with alignment the state
+/// stays within the drift and without it grows. The paced Nexmark source
+/// catches up on its schedule after an alignment pause in one burst of up
+/// to 8192 events (8 s of event time here), so the aligned join still sees
+/// the fast side seconds ahead: measured 0.73 MB peak aligned, 1.02 MB not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_watermarks_sizes_an_interval_joins_state() {
+    let (peak, rows) = interval_join_peak_state(true).await;
+    let line = rows
+        .lines()
+        .find(|l| l.contains("IntervalJoin"))
+        .unwrap_or_else(|| panic!("SHOW WATERMARKS lists the interval join's state:\n{rows}"));
+    assert!(!line.contains("peak 0 bytes/s"), "a state rate was measured: {line}");
+    assert!(peak > 0, "the join held no state");
+}

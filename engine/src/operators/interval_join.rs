@@ -100,6 +100,8 @@ pub struct IntervalJoinOperator {
     max_parallelism: u16,
     metrics: Arc<NodeMetrics>,
     watermark: Timestamp,
+    /// The newest row time seen (state spans it back to the watermark).
+    max_ts: Timestamp,
 }
 
 /// A stored row's (count, matched): `matched` is 1 once any row of the
@@ -184,6 +186,7 @@ impl IntervalJoinOperator {
             max_parallelism,
             metrics,
             watermark: MIN_WATERMARK,
+            max_ts: MIN_WATERMARK,
         })
     }
 
@@ -221,6 +224,21 @@ impl IntervalJoinOperator {
             TimeUnit::Microsecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1000)),
             TimeUnit::Nanosecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1_000_000)),
         })
+    }
+
+    /// The newest event time and the state held per second of event time,
+    /// for `SHOW WATERMARKS` (how much state a drift costs under
+    /// alignment).
+    fn note_event_time(&mut self, times: &Int64Array) {
+        if let Some(max) = arrow::compute::max(times) {
+            self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
+            self.max_ts = self.max_ts.max(max);
+        }
+        if self.watermark > MIN_WATERMARK && self.max_ts > self.watermark {
+            let span_s = (self.max_ts - self.watermark) as f64 / 1000.0;
+            let rate = (self.metrics.state_bytes.load(Ordering::Relaxed) as f64 / span_s) as i64;
+            self.metrics.peak_state_rate.fetch_max(rate, Ordering::Relaxed);
+        }
     }
 
     /// Emits `rows` of side `side` padded with NULLs for the other side.
@@ -358,6 +376,7 @@ impl Operator for IntervalJoinOperator {
             .collect::<Result<Vec<_>, _>>()?;
         let key_rows = self.key_encoder.encode(&key_arrays)?;
         let row_bytes = self.row_codecs[side].encode(rows.columns())?;
+        self.note_event_time(&times);
         let op_time = self.operator_time();
         // Rows of the other side at or before this time are gone (or go
         // at the next cleanup): not joined.
