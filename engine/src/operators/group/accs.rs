@@ -281,8 +281,16 @@ pub struct KeyAccs {
     pub accs: Vec<Acc>,
 }
 
-/// First byte of a stored [`KeyAccs`].
-const FORMAT: u8 = 1;
+/// First byte of a stored [`KeyAccs`]: 2 = row count, counts and integer
+/// sums as zigzag varints (most take one to three bytes, where a fixed i64
+/// took eight: a key's accumulators are most of a GROUP BY's state). 1 =
+/// the same fixed-width, still read (state written by earlier builds).
+const FORMAT: u8 = 2;
+const FORMAT_FIXED: u8 = 1;
+
+fn push_int(b: &mut Vec<u8>, v: i64) {
+    b.extend_from_slice(&crate::state::codec::encode_counts(&[v]));
+}
 
 impl KeyAccs {
     pub fn new(specs: &[AggSpec]) -> Self {
@@ -294,18 +302,18 @@ impl KeyAccs {
 
     pub fn encode(&self, specs: &[AggSpec]) -> Result<Vec<u8>> {
         let mut b = vec![FORMAT];
-        b.extend_from_slice(&self.rows.to_be_bytes());
+        push_int(&mut b, self.rows);
         for (acc, spec) in self.accs.iter().zip(specs) {
             match acc {
                 Acc::Count(n) => {
                     b.push(0);
-                    b.extend_from_slice(&n.to_be_bytes());
+                    push_int(&mut b, *n);
                 }
                 Acc::Sum { sum, n } => {
                     b.push(1);
-                    b.extend_from_slice(&n.to_be_bytes());
+                    push_int(&mut b, *n);
                     match sum {
-                        Num::Int(v) => b.extend_from_slice(&v.to_be_bytes()),
+                        Num::Int(v) => push_int(&mut b, *v),
                         Num::Float(v) => b.extend_from_slice(&v.to_bits().to_be_bytes()),
                         Num::Dec(v) => b.extend_from_slice(&v.to_be_bytes()),
                     }
@@ -314,7 +322,7 @@ impl KeyAccs {
                 Acc::Extreme(Some(v)) => {
                     let bytes = spec.encode_value(v)?;
                     b.extend_from_slice(&[2, 1]);
-                    b.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+                    push_int(&mut b, bytes.len() as i64);
                     b.extend_from_slice(&bytes);
                 }
             }
@@ -330,10 +338,17 @@ impl KeyAccs {
             }
             .into()
         };
-        let mut r = Reader { b: bytes, at: 0 };
-        if r.take(1).ok_or_else(|| corrupt("empty"))? != [FORMAT] {
-            return Err(corrupt("unknown format byte"));
-        }
+        let varints = match bytes.first() {
+            Some(&FORMAT) => true,
+            Some(&FORMAT_FIXED) => false,
+            Some(_) => return Err(corrupt("unknown format byte")),
+            None => return Err(corrupt("empty")),
+        };
+        let mut r = Reader {
+            b: bytes,
+            at: 1,
+            varints,
+        };
         let rows = r.i64().ok_or_else(|| corrupt("truncated row count"))?;
         let mut accs = Vec::with_capacity(specs.len());
         for spec in specs {
@@ -344,9 +359,9 @@ impl KeyAccs {
                     let n = r.i64().ok_or_else(|| corrupt("truncated sum"))?;
                     let sum = match class {
                         NumClass::Int => Num::Int(r.i64().ok_or_else(|| corrupt("truncated sum"))?),
-                        NumClass::Float => {
-                            Num::Float(f64::from_bits(r.i64().ok_or_else(|| corrupt("truncated sum"))? as u64))
-                        }
+                        NumClass::Float => Num::Float(f64::from_bits(
+                            r.fixed_i64().ok_or_else(|| corrupt("truncated sum"))? as u64,
+                        )),
                         NumClass::Decimal(_) => {
                             let b = r.take(16).ok_or_else(|| corrupt("truncated sum"))?;
                             Num::Dec(i128::from_be_bytes(b.try_into().map_err(|_| corrupt("sum"))?))
@@ -357,8 +372,7 @@ impl KeyAccs {
                 (2, _) => match r.take(1).ok_or_else(|| corrupt("truncated extreme"))?[0] {
                     0 => Acc::Extreme(None),
                     _ => {
-                        let len = r.take(4).ok_or_else(|| corrupt("truncated extreme"))?;
-                        let len = u32::from_be_bytes(len.try_into().map_err(|_| corrupt("extreme"))?) as usize;
+                        let len = r.len().ok_or_else(|| corrupt("truncated extreme"))?;
                         let v = r.take(len).ok_or_else(|| corrupt("truncated extreme"))?;
                         let mut vals = spec.decode_values([v])?;
                         Acc::Extreme(vals.pop())
@@ -380,6 +394,8 @@ impl KeyAccs {
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
+    /// Integers as varints (format 2) or fixed i64s (format 1).
+    varints: bool,
 }
 
 impl<'a> Reader<'a> {
@@ -389,8 +405,27 @@ impl<'a> Reader<'a> {
         Some(s)
     }
 
+    /// A count or integer sum, in the format's width.
     fn i64(&mut self) -> Option<i64> {
+        if !self.varints {
+            return self.fixed_i64();
+        }
+        let mut v = [0];
+        let n = crate::state::codec::decode_counts_prefix(self.b.get(self.at..)?, &mut v)?;
+        self.at += n;
+        Some(v[0])
+    }
+
+    fn fixed_i64(&mut self) -> Option<i64> {
         Some(i64::from_be_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    /// A length: a varint, or a u32 in format 1.
+    fn len(&mut self) -> Option<usize> {
+        if self.varints {
+            return usize::try_from(self.i64()?).ok();
+        }
+        Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?) as usize)
     }
 }
 
@@ -461,6 +496,37 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
         }
+    }
+
+    /// State written by earlier builds (fixed-width format 1) still reads;
+    /// the varint format takes a fraction of its bytes.
+    #[test]
+    fn fixed_width_accumulators_of_earlier_builds_still_decode() {
+        let specs = vec![
+            AggSpec::new(&call(AggFunc::Count, DataType::Null, DataType::Int64, false), false).expect("count"),
+            AggSpec::new(&call(AggFunc::Sum, DataType::Int64, DataType::Int64, false), false).expect("sum"),
+        ];
+        let mut old = vec![1u8];
+        old.extend_from_slice(&5i64.to_be_bytes());
+        old.push(0);
+        old.extend_from_slice(&5i64.to_be_bytes());
+        old.push(1);
+        old.extend_from_slice(&4i64.to_be_bytes());
+        old.extend_from_slice(&(-123_456i64).to_be_bytes());
+        let k = KeyAccs {
+            rows: 5,
+            accs: vec![
+                Acc::Count(5),
+                Acc::Sum {
+                    sum: Num::Int(-123_456),
+                    n: 4,
+                },
+            ],
+        };
+        assert_eq!(KeyAccs::decode(&old, &specs).expect("format 1"), k);
+        let new = k.encode(&specs).expect("encode");
+        assert_eq!(new, [2, 10, 0, 10, 1, 8, 255, 136, 15]);
+        assert_eq!(KeyAccs::decode(&new, &specs).expect("format 2"), k);
     }
 
     #[test]
