@@ -81,6 +81,40 @@ pub struct GroupAggregateOperator {
     /// not decoded again. Emptied when it outgrows [`DECODED_KEYS`], and
     /// unused with TTL (state may expire behind it).
     decoded: HashMap<Vec<u8>, (KeyAccs, Vec<ScalarValue>, usize)>,
+    /// The input is insert-only: DISTINCT value entries of several calls
+    /// hold presence bits ([`encode_map_value`]).
+    insert_only: bool,
+}
+
+/// A DISTINCT value entry's per-call counts as stored. Over insert-only
+/// input a value never leaves, so only whether each call has seen it
+/// matters: two or more calls store presence bits (Flink keeps a bitmap
+/// too), `ceil(n / 8)` bytes where the counts take at least `n`, so an
+/// entry written as counts (by an earlier build) still reads by its
+/// length. Otherwise varint counts.
+fn encode_map_value(c: &[i64], insert_only: bool) -> Vec<u8> {
+    if !insert_only || c.len() < 2 {
+        return encode_counts(c);
+    }
+    let mut bits = vec![0u8; c.len().div_ceil(8)];
+    for (i, n) in c.iter().enumerate() {
+        if *n > 0 {
+            bits[i / 8] |= 1 << (i % 8);
+        }
+    }
+    bits
+}
+
+/// Fills `out` from [`encode_map_value`]'s bytes; `None` unless they hold
+/// `out.len()` counts or presence bits.
+fn decode_map_value(v: &[u8], out: &mut [i64], insert_only: bool) -> Option<()> {
+    if insert_only && out.len() >= 2 && v.len() == out.len().div_ceil(8) {
+        for (i, n) in out.iter_mut().enumerate() {
+            *n = i64::from((v[i / 8] >> (i % 8)) & 1);
+        }
+        return Some(());
+    }
+    decode_counts(v, out)
 }
 
 /// Decoded keys a group aggregate keeps.
@@ -216,6 +250,7 @@ impl GroupAggregateOperator {
             max_parallelism,
             metrics,
             decoded: HashMap::new(),
+            insert_only,
         })
     }
 
@@ -440,7 +475,7 @@ impl Operator for GroupAggregateOperator {
                 let Some(v) = v else { continue };
                 let start = counts.start[e] as usize;
                 let end = counts.start.get(e + 1).map_or(counts.count.len(), |s| *s as usize);
-                if decode_counts(&v, &mut counts.count[start..end]).is_none() {
+                if decode_map_value(&v, &mut counts.count[start..end], self.insert_only).is_none() {
                     return Err(crate::error::StateError::Corrupt {
                         state: "group-agg-map".into(),
                         message: format!("{} bytes do not hold {} value counts", v.len(), end - start),
@@ -593,7 +628,7 @@ impl Operator for GroupAggregateOperator {
             if c.iter().all(|c| *c == 0) {
                 w.delete(MAP, entry);
             } else {
-                w.put(MAP, entry, encode_counts(c));
+                w.put(MAP, entry, encode_map_value(c, self.insert_only));
             }
         }
         self.state.write(w)?;
@@ -626,5 +661,28 @@ impl Operator for GroupAggregateOperator {
         let kinds = emitted.iter().map(|e| e.kind).collect();
         out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_entries_over_insert_only_input_hold_presence_bits() {
+        let c = [3, 0, 1, 70, 0, 0, 0, 0, 2];
+        let bits = encode_map_value(&c, true);
+        assert_eq!(bits, [0b0000_1101, 0b1]);
+        let mut out = [0; 9];
+        decode_map_value(&bits, &mut out, true).expect("bits");
+        assert_eq!(out, [1, 0, 1, 1, 0, 0, 0, 0, 1]);
+        // Counts written by an earlier build (or over updating input)
+        // read as counts.
+        let counts = encode_counts(&c);
+        decode_map_value(&counts, &mut out, true).expect("counts");
+        assert_eq!(out, c);
+        assert_eq!(encode_map_value(&c, false), counts);
+        // One call keeps its count.
+        assert_eq!(encode_map_value(&[5], true), encode_counts(&[5]));
     }
 }
