@@ -16,3 +16,4 @@ echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model na
 "$(dirname "$0")/checkpoint.sh" 22000000 15
 WEIR="$bin" "$(dirname "$0")/flight.sh"
 WEIR="$bin" "$(dirname "$0")/compare.sh"
+WEIR="$bin" "$(dirname "$0")/state_size/run.sh"

@@ -10,7 +10,10 @@
 //! however many operators and subtasks it has. Index and filter blocks
 //! live in the cache too (pinned for L0). Bloom filters (10 bits a key,
 //! whole keys) let point reads of absent keys — the first flush of every
-//! new (key, window) — skip SST files.
+//! new (key, window) — skip SST files; the last level, which holds most
+//! keys, has none (`optimize_filters_for_hits`), since a checkpoint copies
+//! every filter. Level 0 compacts at two files, so a checkpoint holds few
+//! stale versions.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -77,12 +80,24 @@ impl RocksDbTuning {
         if self.config.bloom_filter {
             table.set_bloom_filter(10.0, false);
             table.set_whole_key_filtering(true);
+            // No filter in the last level, which holds most keys: a
+            // checkpoint copies its SST files, and its filters were a
+            // seventh of a COUNT DISTINCT's state. A miss there costs an
+            // index and block lookup, usually in the block cache.
+            opts.set_optimize_filters_for_hits(true);
             // The memtable's own filter: a read of a key that is not
             // there (a join's new row, a first DISTINCT value) skips the
             // skiplist search of a large memtable.
             opts.set_memtable_prefix_bloom_ratio(0.1);
             opts.set_memtable_whole_key_filtering(true);
         }
+        // A checkpoint flushes every column family, so level 0 gains a
+        // file per checkpoint, and a checkpoint copies level 0 as it is:
+        // older versions of updated keys and each file's own filter and
+        // index. Compacting at two files instead of RocksDB's four keeps
+        // a checkpoint near the live state (q16's: 10.1 -> 8.1 MB) for
+        // some 5-10 % more compaction CPU on large join states.
+        opts.set_level_zero_file_num_compaction_trigger(2);
         opts.set_block_based_table_factory(&table);
         opts
     }
