@@ -294,12 +294,24 @@ impl Session {
                 Ok(stmts) => match stmts.as_slice() {
                     [
                         ParsedStatement {
-                            statement: Statement::Insert { table, query },
+                            statement:
+                                Statement::Insert {
+                                    table,
+                                    query,
+                                    on_conflict,
+                                },
                             ..
                         },
                     ] => {
-                        self.start_insert(table, query, &record.sql, Some(record.id.clone()), record.owner.clone())
-                            .await
+                        self.start_insert(
+                            table,
+                            query,
+                            *on_conflict,
+                            &record.sql,
+                            Some(record.id.clone()),
+                            record.owner.clone(),
+                        )
+                        .await
                     }
                     _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
                 },
@@ -343,6 +355,7 @@ impl Session {
         &mut self,
         table: &str,
         query: &Query,
+        on_conflict: Option<weir_sql::OnConflict>,
         sql: &str,
         id: Option<String>,
         owner: Option<String>,
@@ -351,7 +364,9 @@ impl Session {
         let config = self.job_config(&format!("insert-into-{table}"))?;
         let graph = {
             let catalog = self.shared.catalog();
-            self.shared.planner.plan_insert(&sink, query, &catalog, &config)?
+            self.shared
+                .planner
+                .plan_insert(&sink, query, on_conflict, &catalog, &config)?
         };
         let mut settings = self.settings.clone();
         settings.insert(PIPELINE_NAME.to_string(), config.name.clone());
@@ -832,7 +847,11 @@ impl Session {
                 Ok(StatementResult::Done("option reset".into()))
             }
             Statement::Explain(inner) => self.explain(inner),
-            Statement::Insert { table, query } => self.start_insert(table, query, text, None, None).await,
+            Statement::Insert {
+                table,
+                query,
+                on_conflict,
+            } => self.start_insert(table, query, *on_conflict, text, None, None).await,
             Statement::Query(q) => {
                 let config = self.query_config("select")?;
                 match self.plan_query(q, &config)? {
@@ -1073,13 +1092,17 @@ impl Session {
 
     fn explain(&mut self, inner: &Statement) -> Result<StatementResult, SessionError> {
         let graph = match inner {
-            Statement::Insert { table, query } => {
+            Statement::Insert {
+                table,
+                query,
+                on_conflict,
+            } => {
                 let sink = self.sink_table(table)?;
                 let config = self.explain_config(&format!("insert-into-{table}"))?;
-                let graph = self
-                    .shared
-                    .planner
-                    .plan_insert(&sink, query, &self.shared.catalog(), &config)?;
+                let graph =
+                    self.shared
+                        .planner
+                        .plan_insert(&sink, query, *on_conflict, &self.shared.catalog(), &config)?;
                 (graph, config)
             }
             Statement::Query(q) => {

@@ -261,3 +261,50 @@ fn result_modes_show_an_updating_query_as_a_table_or_as_its_changes() {
         String::from_utf8_lossy(&bad.stderr)
     );
 }
+
+/// `INSERT ... ON CONFLICT DO DEDUPLICATE` into a print sink keyed by a
+/// sum, whose rows come and go as the sums change: the printed changelog
+/// is Flink 2.3's for the same SQL and file (recorded with
+/// tools/flink/run_flink_sql.py at parallelism 1).
+#[test]
+fn on_conflict_deduplicate_prints_flinks_changelog() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/upsert_conflicts.csv");
+    let sql = format!(
+        "SET 'parallelism.default' = '1';
+         CREATE TABLE src (c STRING, v INT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         CREATE TABLE p (c STRING, total INT, PRIMARY KEY (total) NOT ENFORCED) WITH ('connector' = 'print');
+         INSERT INTO p SELECT c, SUM(v) FROM src GROUP BY c ON CONFLICT DO DEDUPLICATE;",
+        data.display()
+    );
+    let file = dir.path().join("q.sql");
+    std::fs::write(&file, sql).expect("write");
+    let out = weir(&dir.path().join("data"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let printed: Vec<&str> = stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.len() > 2 && l.as_bytes()[2] == b'[' && "+-".contains(&l[..1]))
+        .collect();
+    assert_eq!(
+        printed,
+        [
+            "+I[a, 10]",
+            "-D[a, 10]",
+            "+I[a, 30]",
+            "+U[b, 30]",
+            "+I[a, 35]",
+            "-D[b, 30]",
+            "+U[b, 35]",
+            "+U[c, 35]",
+            "+U[b, 35]",
+            "+I[c, 36]",
+        ],
+        "{stdout}"
+    );
+}

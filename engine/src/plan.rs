@@ -47,6 +47,9 @@ pub struct ChangelogMode {
     /// Output columns that identify a row among the live rows (a GROUP BY's
     /// keys); `None` when unknown. Empty: at most one live row.
     pub upsert_key: Option<Vec<usize>>,
+    /// Updates come as `+U` alone, without `-U` (Flink's upsert mode: an
+    /// upsert materializer's output, by its key).
+    pub no_update_before: bool,
 }
 
 impl ChangelogMode {
@@ -61,8 +64,11 @@ impl ChangelogMode {
     /// Flink's EXPLAIN text: `[I]`, `[I,UB,UA]`, `[I,UB,UA,D]`.
     pub fn kinds(&self) -> String {
         let mut k = vec!["I"];
+        if self.updates && !self.no_update_before {
+            k.push("UB");
+        }
         if self.updates {
-            k.extend(["UB", "UA"]);
+            k.push("UA");
         }
         if self.deletes {
             k.push("D");
@@ -110,6 +116,7 @@ pub enum NodeKind {
     Union,
     Rank(RankNode),
     Limit(LimitNode),
+    UpsertMaterialize(UpsertMaterializeNode),
     Sink(SinkNode),
 }
 
@@ -476,6 +483,17 @@ pub struct LimitNode {
     pub fetch: usize,
 }
 
+/// An upsert sink's materializer (`ON CONFLICT DO DEDUPLICATE`, Flink's
+/// `SinkUpsertMaterializer`): the live rows of each sink key, the latest
+/// one written.
+#[derive(Debug)]
+pub struct UpsertMaterializeNode {
+    /// The sink's PRIMARY KEY columns (input columns; its partitioning).
+    pub key: Vec<Arc<dyn PhysicalExpr>>,
+    /// The input's upsert key; `None`: rows are compared whole.
+    pub upsert_key: Option<Vec<usize>>,
+}
+
 #[derive(Debug)]
 pub struct SinkNode {
     pub name: String,
@@ -624,6 +642,12 @@ impl StreamGraph {
                         "      state: {backend}, accumulators and row count by key group|key; MIN/MAX/DISTINCT value counts by key group|key|aggregate|value"
                     );
                 }
+                NodeKind::UpsertMaterialize(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, the live rows of each sink key by key group|sink key, in arrival order"
+                    );
+                }
                 _ => {}
             }
             {
@@ -768,6 +792,17 @@ impl StreamNode {
                 )
             }
             NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
+            NodeKind::UpsertMaterialize(m) => format!(
+                "UpsertMaterialize: by [{}] ({})",
+                m.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "),
+                match &m.upsert_key {
+                    Some(k) => format!(
+                        "entries by upsert key [{}]",
+                        k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
+                    ),
+                    None => "entries by whole row".into(),
+                }
+            ),
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
         }
     }

@@ -209,6 +209,10 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 ),
             ),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
+            NodeKind::UpsertMaterialize(m) => (
+                "upsert_materialize",
+                format!("key={};upsert={:?}", canonical_exprs(&m.key), m.upsert_key),
+            ),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
         let text = format!("{kind}|{body}|in=[{}]|out=[{}]", inputs.join(";"), out_types.join(","));

@@ -28,5 +28,5 @@ pub mod types;
 pub mod udf;
 
 pub use error::{Location, SqlError};
-pub use parser::{ParsedStatement, Statement, parse};
+pub use parser::{OnConflict, ParsedStatement, Statement, parse};
 pub use planner::{Planner, QueryPlan};

@@ -109,9 +109,34 @@ pub enum Statement {
     Insert {
         table: String,
         query: Box<Query>,
+        /// `ON CONFLICT DO DEDUPLICATE | NOTHING | ERROR` (Flink 2.3): how an
+        /// upsert sink resolves rows of different upsert keys that share its
+        /// PRIMARY KEY.
+        on_conflict: Option<OnConflict>,
     },
     Query(Box<Query>),
     Explain(Box<Statement>),
+}
+
+/// `INSERT ... ON CONFLICT DO <strategy>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConflict {
+    /// The latest row of the sink key wins (Flink's SinkUpsertMaterializer).
+    Deduplicate,
+    /// The first row of the sink key is kept.
+    Nothing,
+    /// Rows of different upsert keys on one sink key fail the job.
+    Error,
+}
+
+impl std::fmt::Display for OnConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OnConflict::Deduplicate => "DEDUPLICATE",
+            OnConflict::Nothing => "NOTHING",
+            OnConflict::Error => "ERROR",
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -325,7 +350,6 @@ fn slice_text(sql: &str, start: Location, end: Location) -> String {
 /// keyword is blanked out (positions of everything else are kept).
 fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
     let idx: Vec<usize> = (0..tokens.len()).filter(|i| !is_blank(&tokens[*i].token)).collect();
-    let word = |t: &Token, kw: &str| matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw));
     for w in idx.windows(5) {
         let [a, b, c, d, e] = [w[0], w[1], w[2], w[3], w[4]];
         let is_tvf = ["TUMBLE", "HOP", "CUMULATE", "SESSION"]
@@ -343,6 +367,11 @@ fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
     tokens
 }
 
+/// Whether `t` is the unquoted word `kw` (any case).
+fn word(t: &Token, kw: &str) -> bool {
+    matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw))
+}
+
 fn object_name(name: &ObjectName) -> String {
     name.0
         .iter()
@@ -353,8 +382,24 @@ fn object_name(name: &ObjectName) -> String {
 
 fn parse_one(tokens: Vec<TokenWithSpan>) -> Result<Statement> {
     let dialect = dialect();
+    let (tokens, on_conflict) = split_on_conflict(tokens)?;
     let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
-    let stmt = parse_statement(&mut p)?;
+    let mut stmt = parse_statement(&mut p)?;
+    if let Some(strategy) = on_conflict {
+        let insert = match &mut stmt {
+            Statement::Explain(inner) => inner.as_mut(),
+            other => other,
+        };
+        match insert {
+            Statement::Insert { on_conflict, .. } => *on_conflict = Some(strategy),
+            _ => {
+                return Err(SqlError::new(
+                    ErrorKind::Parse,
+                    "ON CONFLICT belongs to an INSERT statement",
+                ));
+            }
+        }
+    }
     // Anything left over is a syntax error at its position.
     let next = p.peek_token();
     if next.token != Token::EOF {
@@ -365,6 +410,53 @@ fn parse_one(tokens: Vec<TokenWithSpan>) -> Result<Statement> {
         .at(loc(&next)));
     }
     Ok(stmt)
+}
+
+/// Takes Flink 2.3's `ON CONFLICT DO DEDUPLICATE | NOTHING | ERROR` off the
+/// end of an INSERT (sqlparser knows PostgreSQL's form only).
+fn split_on_conflict(mut tokens: Vec<TokenWithSpan>) -> Result<(Vec<TokenWithSpan>, Option<OnConflict>)> {
+    let words: Vec<usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !is_blank(&t.token))
+        .map(|(i, _)| i)
+        .collect();
+    // `INSERT ...`, `EXPLAIN [PLAN FOR] INSERT ...`.
+    let starts_insert = match words.first() {
+        Some(i) if word(&tokens[*i].token, "EXPLAIN") => {
+            words.iter().take(4).any(|i| word(&tokens[*i].token, "INSERT"))
+        }
+        Some(i) => word(&tokens[*i].token, "INSERT"),
+        None => false,
+    };
+    let [.., on, conflict, do_, what] = words.as_slice() else {
+        return Ok((tokens, None));
+    };
+    if !starts_insert
+        || !word(&tokens[*on].token, "ON")
+        || !word(&tokens[*conflict].token, "CONFLICT")
+        || !word(&tokens[*do_].token, "DO")
+    {
+        return Ok((tokens, None));
+    }
+    let strategy = if word(&tokens[*what].token, "DEDUPLICATE") {
+        OnConflict::Deduplicate
+    } else if word(&tokens[*what].token, "NOTHING") {
+        OnConflict::Nothing
+    } else if word(&tokens[*what].token, "ERROR") {
+        OnConflict::Error
+    } else {
+        return Err(SqlError::new(
+            ErrorKind::Parse,
+            format!(
+                "ON CONFLICT DO {} is not a conflict strategy; expected DEDUPLICATE, NOTHING or ERROR",
+                tokens[*what].token
+            ),
+        )
+        .at(loc(&tokens[*what])));
+    };
+    tokens.truncate(*on);
+    Ok((tokens, Some(strategy)))
 }
 
 fn parse_statement(p: &mut Parser) -> Result<Statement> {
@@ -551,10 +643,21 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
                 )
                 .at(loc(&start)));
             }
+            if let Some(on) = &insert.on {
+                return Err(SqlError::unsupported(format!(
+                    "INSERT ... {on} is not supported; Flink's form is ON CONFLICT DO DEDUPLICATE, DO NOTHING or DO \
+                     ERROR, without a conflict target"
+                ))
+                .at(loc(&start)));
+            }
             let query = insert
                 .source
                 .ok_or_else(|| SqlError::unsupported("INSERT without a query is not supported").at(loc(&start)))?;
-            Ok(Statement::Insert { table, query })
+            Ok(Statement::Insert {
+                table,
+                query,
+                on_conflict: None,
+            })
         }
         other => {
             let kind = other

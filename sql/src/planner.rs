@@ -40,11 +40,11 @@ use weir_engine::config::JobConfig;
 use weir_engine::plan::{
     AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
     LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph,
-    StreamNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    StreamNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
-use crate::parser::dialect;
+use crate::parser::{OnConflict, dialect};
 use crate::rewrite::rewrite_query;
 use crate::udf::{WINDOW_FN, WindowMarker};
 
@@ -252,6 +252,7 @@ impl Planner {
         &self,
         sink: &TableDef,
         query: &ast::Query,
+        on_conflict: Option<OnConflict>,
         catalog: &Catalog,
         config: &JobConfig,
     ) -> Result<StreamGraph> {
@@ -264,7 +265,7 @@ impl Planner {
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         let last = b.convert(&plan)?;
-        b.add_sink(last, sink)?;
+        b.add_sink(last, sink, on_conflict)?;
         Ok(b.finish())
     }
 
@@ -797,6 +798,7 @@ impl<'a> GraphBuilder<'a> {
                 updates: true,
                 deletes: true,
                 upsert_key: None,
+                no_update_before: false,
             },
             NodeKind::Source(_) | NodeKind::WindowAggregate(_) => ChangelogMode::insert_only(),
             NodeKind::Calc(c) => match &c.projection {
@@ -812,8 +814,20 @@ impl<'a> GraphBuilder<'a> {
                 updates: true,
                 deletes: !input.is_insert_only(),
                 upsert_key: Some((0..g.keys.len()).collect()),
+                no_update_before: false,
             },
             NodeKind::Limit(_) | NodeKind::Sink(_) => input,
+            // `+I`, `+U`, `-D` by the sink's key.
+            NodeKind::UpsertMaterialize(m) => ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: m
+                    .key
+                    .iter()
+                    .map(|k| k.downcast_ref::<Column>().map(|c| c.index()))
+                    .collect(),
+                no_update_before: true,
+            },
             // Set by `join` and `union` once every input is known.
             NodeKind::Join(_) | NodeKind::Union | NodeKind::Rank(_) => input,
         }
@@ -1308,16 +1322,19 @@ impl<'a> GraphBuilder<'a> {
                 updates: lm.updates,
                 deletes: lm.deletes || !rm.is_insert_only(),
                 upsert_key: lm.upsert_key.clone(),
+                no_update_before: false,
             },
             JoinType::LeftAnti => ChangelogMode {
                 updates: lm.updates,
                 deletes: true,
                 upsert_key: lm.upsert_key.clone(),
+                no_update_before: false,
             },
             _ => ChangelogMode {
                 updates: lm.updates || rm.updates,
                 deletes: join_type != JoinType::Inner || lm.deletes || rm.deletes,
                 upsert_key: None,
+                no_update_before: false,
             },
         };
         Ok(id)
@@ -1518,6 +1535,7 @@ impl<'a> GraphBuilder<'a> {
                 updates: true,
                 deletes: false,
                 upsert_key: partition_cols,
+                no_update_before: false,
             },
             // Emitted once per key, when the watermark passes its row.
             RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime => ChangelogMode::insert_only(),
@@ -1532,6 +1550,7 @@ impl<'a> GraphBuilder<'a> {
                 } else {
                     None
                 },
+                no_update_before: false,
             },
         };
         // The plan between the filter and the window, over the rank node.
@@ -1653,41 +1672,120 @@ impl<'a> GraphBuilder<'a> {
         ))
     }
 
-    fn add_sink(&mut self, last: NodeId, sink: &TableDef) -> Result<NodeId> {
-        let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
-        let mode = &self.nodes[last].changelog;
-        if let Some(pk) = &sink.primary_key
-            && !mode.is_insert_only()
-        {
-            // Flink writes an updating result by key only when the sink's
-            // key is the query's upsert key; otherwise it adds a
-            // SinkUpsertMaterializer, which Weir does not have.
-            let names: Vec<String> = self.nodes[last]
-                .schema
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect();
-            let sink_cols: Vec<&str> = sink.physical_columns().map(|c| c.name.as_str()).collect();
-            let pk_positions: Option<Vec<usize>> = pk.iter().map(|k| sink_cols.iter().position(|c| c == k)).collect();
-            let mut upsert = mode.upsert_key.clone().unwrap_or_default();
-            upsert.sort_unstable();
-            let mut pk_positions = pk_positions.unwrap_or_default();
-            pk_positions.sort_unstable();
-            if mode.upsert_key.is_none() || upsert != pk_positions {
-                let upsert_names = match &mode.upsert_key {
-                    Some(k) => k.iter().map(|i| names[*i].clone()).collect::<Vec<_>>().join(", "),
-                    None => "none".into(),
-                };
+    /// Flink 2.3's rules for an updating query into a sink with a PRIMARY
+    /// KEY that is not its upsert key (several live rows of the query may
+    /// share a sink key). A sink that takes `-U` (a changelog file format)
+    /// gets the changes as they are. An upsert sink (print, blackhole)
+    /// needs `ON CONFLICT`: `DO DEDUPLICATE` puts Flink's upsert
+    /// materializer in front of it; without a clause the INSERT is refused
+    /// with Flink's message. Returns the node the sink reads.
+    fn resolve_conflicts(
+        &mut self,
+        last: NodeId,
+        sink: &TableDef,
+        factory: &dyn weir_engine::connectors::SinkFactory,
+        on_conflict: Option<OnConflict>,
+    ) -> Result<NodeId> {
+        let mode = self.nodes[last].changelog.clone();
+        if let Some(strategy) = on_conflict {
+            let why = if factory.requires_update_before() {
+                Some("it requires UPDATE_BEFORE (retract mode)")
+            } else if mode.is_insert_only() || !factory.accepts_changes() {
+                Some("it only accepts INSERT (append-only) changes")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SqlError::plan(format!(
+                    "ON CONFLICT clause is only allowed for upsert sinks. The sink '{}' is not an upsert sink \
+                     because {why}.",
+                    sink.name
+                )));
+            }
+            if strategy != OnConflict::Deduplicate {
+                let missing: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter_map(|n| match &n.kind {
+                        NodeKind::Source(s) if s.watermark.is_none() => Some(s.table.name.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(SqlError::plan(format!(
+                        "ON CONFLICT DO {strategy} requires all source tables to define watermarks, but the \
+                         following source(s) do not: {}. Please add a WATERMARK declaration to these tables.",
+                        missing.join(", ")
+                    )));
+                }
                 return Err(SqlError::unsupported(format!(
-                    "INSERT INTO {}: the sink's PRIMARY KEY ({}) is not the query's upsert key ({upsert_names}); \
-                     Flink would add a SinkUpsertMaterializer to reorder the changes by the sink's key, which Weir \
-                     does not have yet",
-                    sink.name,
-                    pk.join(", ")
+                    "INSERT INTO {}: ON CONFLICT DO {strategy} (Flink's watermark-compacting materializer) is not \
+                     supported yet; ON CONFLICT DO DEDUPLICATE is",
+                    sink.name
                 )));
             }
         }
+        let Some(pk) = &sink.primary_key else {
+            return Ok(last);
+        };
+        if mode.is_insert_only() || factory.requires_update_before() || !factory.accepts_changes() {
+            return Ok(last);
+        }
+        let names: Vec<String> = self.nodes[last]
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let sink_cols: Vec<&str> = sink.physical_columns().map(|c| c.name.as_str()).collect();
+        let pk_positions: Vec<usize> = pk
+            .iter()
+            .map(|k| sink_cols.iter().position(|c| c == k))
+            .collect::<Option<_>>()
+            .ok_or_else(|| SqlError::internal("a PRIMARY KEY column is not a column of its sink"))?;
+        // An upsert key inside the sink's key identifies the sink's rows.
+        if let Some(upsert) = &mode.upsert_key
+            && upsert.iter().all(|c| pk_positions.contains(c))
+        {
+            return Ok(last);
+        }
+        if on_conflict != Some(OnConflict::Deduplicate) {
+            let upsert_names = mode
+                .upsert_key
+                .as_ref()
+                .map(|k| k.iter().map(|i| names[*i].clone()).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default();
+            return Err(SqlError::plan(format!(
+                "The query has an upsert key that differs from the primary key of the sink table '{}'. Primary \
+                 key: [{}], upsert key: [{upsert_names}]. This can lead to non-deterministic results when multiple \
+                 records with different upsert keys map to the same primary key. Please specify an ON CONFLICT \
+                 clause to define how conflicts should be handled: ON CONFLICT DO DEDUPLICATE (update to the latest \
+                 record, state intensive, since we need to keep the entire history), or ON CONFLICT DO ERROR (fail \
+                 on conflict), or ON CONFLICT DO NOTHING (keep first record).",
+                sink.name,
+                pk.join(", ")
+            )));
+        }
+        let schema = self.nodes[last].schema.clone();
+        let key: Vec<Arc<dyn PhysicalExpr>> = pk_positions
+            .iter()
+            .map(|i| Arc::new(Column::new(schema.field(*i).name(), *i)) as Arc<dyn PhysicalExpr>)
+            .collect();
+        Ok(self.add(
+            self.config.parallelism,
+            schema,
+            NodeKind::UpsertMaterialize(UpsertMaterializeNode {
+                key: key.clone(),
+                upsert_key: mode.upsert_key.clone(),
+            }),
+            Some((last, Exchange::Hash(key))),
+        ))
+    }
+
+    fn add_sink(&mut self, last: NodeId, sink: &TableDef, on_conflict: Option<OnConflict>) -> Result<NodeId> {
+        let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
+        let last = self.resolve_conflicts(last, sink, factory.as_ref(), on_conflict)?;
+        let mode = &self.nodes[last].changelog;
         if !mode.is_insert_only() && !factory.accepts_changes() {
             let origin = self.updating_origin(last);
             return Err(SqlError::unsupported(format!(

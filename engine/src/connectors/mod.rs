@@ -132,6 +132,14 @@ pub trait SinkFactory: Debug + Send + Sync {
         false
     }
 
+    /// Whether an update must come as `-U` and `+U` (a changelog file
+    /// format; Flink's retract-mode sinks). Other sinks that take changes
+    /// are upsert sinks: a sink key shared by several live rows of the
+    /// query needs `ON CONFLICT` there.
+    fn requires_update_before(&self) -> bool {
+        false
+    }
+
     /// Appended to the planner's refusal of updates: what would take them.
     fn changes_hint(&self) -> String {
         String::new()

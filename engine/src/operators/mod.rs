@@ -19,6 +19,7 @@ pub mod join;
 pub mod limit;
 pub mod rank;
 pub mod union;
+pub mod upsert_materialize;
 pub mod window;
 
 use crate::change::ChangeBatch;

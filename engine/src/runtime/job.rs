@@ -1207,6 +1207,25 @@ fn create_operator(
                 .with_cache(config.state_backend == StateBackendKind::RocksDb),
             )
         }
+        NodeKind::UpsertMaterialize(m) => {
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
+                tuning,
+                restored,
+                sink_ctx,
+                crate::operators::upsert_materialize::STATES,
+            )?;
+            Box::new(crate::operators::upsert_materialize::UpsertMaterializeOperator::new(
+                &m.key,
+                m.upsert_key.clone(),
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
             let state = keyed_state(
                 node,

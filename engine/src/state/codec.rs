@@ -43,6 +43,12 @@ pub const FORMAT_VERSION: u32 = 2;
 /// negative when a retraction comes before its row.
 pub fn encode_counts(counts: &[i64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(counts.len());
+    append_counts(&mut out, counts);
+    out
+}
+
+/// [`encode_counts`] onto the end of `out`.
+pub fn append_counts(out: &mut Vec<u8>, counts: &[i64]) {
     for &c in counts {
         let mut z = ((c << 1) ^ (c >> 63)) as u64;
         loop {
@@ -55,7 +61,6 @@ pub fn encode_counts(counts: &[i64]) -> Vec<u8> {
             out.push(b | 0x80);
         }
     }
-    out
 }
 
 /// Fills `out` from [`encode_counts`]' bytes; `None` unless `v` holds

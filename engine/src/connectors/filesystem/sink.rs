@@ -54,6 +54,10 @@ impl SinkFactory for FileSink {
         self.format.format.is_changelog()
     }
 
+    fn requires_update_before(&self) -> bool {
+        self.format.format.is_changelog()
+    }
+
     fn changes_hint(&self) -> String {
         "; formats 'debezium-json', 'canal-json' and 'maxwell-json' write changes (an update as a delete and an insert)"
             .into()
