@@ -703,6 +703,34 @@ GROUP BY auction, window_start, window_end;
 /// file, so no row is late and the failure-free output is deterministic.
 #[test]
 fn sigkill_during_an_interval_join_commits_each_row_once() {
+    sigkill_trials("interval-crash", interval_job_sql, 5_000);
+}
+
+/// The job of [`interval_job_sql`] with a window Top-N over its window
+/// aggregate (ties broken by the auction), under the same SIGKILLs.
+fn window_top_n_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'window-top-n-crash';\n{extra}")).replace(
+        "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)
+FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+GROUP BY auction, window_start, window_end;",
+        "INSERT INTO out SELECT auction, window_start, pairs, total FROM (
+  SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY total DESC, auction) AS rn FROM (
+    SELECT auction, window_start, window_end, COUNT(*) AS pairs, SUM(price) AS total
+    FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+    GROUP BY auction, window_start, window_end)
+) WHERE rn <= 3;",
+    )
+}
+
+#[test]
+fn sigkill_during_a_window_top_n_commits_each_row_once() {
+    sigkill_trials("window-top-n-crash", window_top_n_job_sql, 50);
+}
+
+/// Kills a job of `sql_of` at random moments and restores it at other
+/// parallelisms (2, 3, 1) or unaligned, until it finishes: the committed
+/// rows are the failure-free run's (at least `min_rows` of them).
+fn sigkill_trials(job: &str, sql_of: fn(&Path, &str) -> String, min_rows: usize) {
     let trials: u64 = std::env::var("WEIR_CRASH_TRIALS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -715,7 +743,7 @@ fn sigkill_during_an_interval_join_commits_each_row_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sql = dir.path().join("job.sql");
         let out = dir.path().join("out");
-        std::fs::write(&sql, interval_job_sql(&out, extra)).expect("write sql");
+        std::fs::write(&sql, sql_of(&out, extra)).expect("write sql");
         (dir, sql, out)
     };
     let (golden_dir, golden_sql, golden_out) = workspace("RESET 'execution.checkpointing.interval';");
@@ -723,7 +751,7 @@ fn sigkill_during_an_interval_join_commits_each_row_once() {
     assert!(run.exited.is_some_and(|s| s.success()), "{}", run.stderr);
     let golden = finished_rows(&golden_out);
     assert!(
-        golden.len() > 5_000,
+        golden.len() > min_rows,
         "too few windows to test anything: {}",
         golden.len()
     );
@@ -744,12 +772,12 @@ fn sigkill_during_an_interval_join_commits_each_row_once() {
             assert!(attempt < 20, "trial {trial} (seed {seed}): no end; plan {plan:?}");
             let p = if unaligned { 2 } else { [2, 3, 1][(attempt - 1) % 3] };
             let extra = format!("{mode}\nSET 'parallelism.default' = '{p}';");
-            std::fs::write(&sql, interval_job_sql(&out, &extra)).expect("rewrite sql");
+            std::fs::write(&sql, sql_of(&out, &extra)).expect("rewrite sql");
             let kill_after = (attempt <= 3).then(|| Duration::from_millis(300 + rng.below(1700)));
             plan.push(format!("p{p} {kill_after:?}"));
             let run = run_once(&data, &sql, kill_after, None);
             restores += usize::from(run.stderr.contains("restoring from checkpoint"));
-            let finished = std::fs::read_to_string(data.join("jobs").join("interval-crash").join("status"))
+            let finished = std::fs::read_to_string(data.join("jobs").join(job).join("status"))
                 .is_ok_and(|s| s.trim() == "FINISHED");
             match run.exited {
                 Some(s) if s.success() => break,

@@ -89,6 +89,13 @@ const GOLDEN_QUERIES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Window Top-N: its kept rows and timers restored at another parallelism.
+const WINDOW_TOP_N: &str = "INSERT INTO counts SELECT k, window_start, window_end, rn, ts FROM (
+      SELECT k, ts, window_start, window_end,
+        ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY k DESC, ts) AS rn
+      FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))
+    ) WHERE rn <= 3;";
+
 const INSERT: &str = "INSERT INTO counts SELECT k, window_start, window_end, COUNT(*), MAX(ts)
     FROM TABLE(HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '5' SECOND, INTERVAL '10' SECOND))
     GROUP BY k, window_start, window_end;";
@@ -310,6 +317,11 @@ async fn golden_rerun_hop_with_a_tiny_window_buffer() {
         "SET 'table.exec.window-agg.buffer-size-limit' = '7';",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_window_top_n() {
+    golden_rerun(WINDOW_TOP_N).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

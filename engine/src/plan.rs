@@ -454,6 +454,14 @@ pub enum RankStrategy {
     /// Deduplication on processing time, `ASC`: a key's first row is
     /// emitted at once and later rows are dropped: insert-only.
     KeepFirstProctime,
+    /// Window Top-N and window deduplication: the partition holds a
+    /// window's `window_start` and `window_end` (of a window TVF or a
+    /// window aggregate) and the input is insert-only; a window's top N are
+    /// emitted when the watermark passes its end, insert-only. `end`: the
+    /// input column of `window_end`; `later_ties_first`: window
+    /// deduplication keeping the last row (`ORDER BY rowtime DESC`, `= 1`,
+    /// no rank column), where a later row of equal time wins.
+    Window { end: usize, later_ties_first: bool },
 }
 
 /// Top-N and deduplication over `ROW_NUMBER()`.
@@ -630,6 +638,15 @@ impl StreamGraph {
                         );
                     }
                 }
+                NodeKind::Rank(RankNode {
+                    strategy: RankStrategy::Window { .. },
+                    ..
+                }) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each window partition's top rows by key group|partition key (with the window bounds); a timer per partition at window_end - 1, when they are emitted and freed"
+                    );
+                }
                 NodeKind::Rank(_) => {
                     let _ = writeln!(
                         s,
@@ -784,6 +801,14 @@ impl StreamNode {
                     RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),
                     RankStrategy::KeepLastProctime => "Deduplicate: keep last row (proctime)".to_string(),
                     RankStrategy::KeepFirstProctime => "Deduplicate: keep first row (proctime)".to_string(),
+                    RankStrategy::Window {
+                        later_ties_first: true, ..
+                    } => "WindowDeduplicate: keep last row (rowtime)".to_string(),
+                    RankStrategy::Window { .. } => format!(
+                        "WindowRank: ROW_NUMBER <= {}{}",
+                        r.limit,
+                        if r.with_rank { "" } else { " (rank not output)" }
+                    ),
                 };
                 format!(
                     "{what} PARTITION BY [{}] ORDER BY [{}]",

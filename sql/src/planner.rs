@@ -355,6 +355,33 @@ fn trace_marker(plan: &LogicalPlan, idx: usize) -> Option<Marker> {
     }
 }
 
+/// Which window bound output column `idx` of `plan` is: a window TVF's
+/// `window_start` / `window_end`, passed through projections, filters and
+/// a window aggregate's GROUP BY.
+fn trace_window_bound(plan: &LogicalPlan, idx: usize) -> Option<GroupOutput> {
+    match plan {
+        LogicalPlan::Aggregate(a) => {
+            let e = a.group_expr.get(idx)?;
+            if let Some(m) = marker_of(e) {
+                return Some(m.part);
+            }
+            match e.clone().unalias() {
+                Expr::Column(c) => trace_window_bound(&a.input, a.input.schema().index_of_column(&c).ok()?),
+                _ => None,
+            }
+        }
+        LogicalPlan::Projection(p) => match p.expr.get(idx).map(|e| e.clone().unalias()) {
+            Some(Expr::Column(c)) if marker_of(&p.expr[idx]).is_none() => {
+                trace_window_bound(&p.input, p.input.schema().index_of_column(&c).ok()?)
+            }
+            _ => trace_marker(plan, idx).map(|m| m.part),
+        },
+        LogicalPlan::Filter(f) => trace_window_bound(&f.input, idx),
+        LogicalPlan::SubqueryAlias(a) => trace_window_bound(&a.input, idx),
+        _ => None,
+    }
+}
+
 fn contains_multi_window_marker(e: &Expr) -> bool {
     let mut found = false;
     let _ = e.apply(|x| {
@@ -1486,6 +1513,24 @@ impl<'a> GraphBuilder<'a> {
         } else {
             RankStrategy::TopN
         };
+        // Window Top-N / deduplication: the partition holds a window's
+        // bounds, over insert-only input (Flink's WindowRank).
+        let bound = |part: GroupOutput| {
+            wf.params.partition_by.iter().find_map(|e| match e {
+                Expr::Column(c) => ws
+                    .index_of_column(c)
+                    .ok()
+                    .filter(|i| trace_window_bound(&w.input, *i) == Some(part)),
+                _ => None,
+            })
+        };
+        let strategy = match (bound(GroupOutput::WindowStart), bound(GroupOutput::WindowEnd)) {
+            (Some(_), Some(end)) if insert_only => RankStrategy::Window {
+                end,
+                later_ties_first: limit == 1 && !with_rank && rowtime_order && !wf.params.order_by[0].asc,
+            },
+            _ => strategy,
+        };
         let (parallelism, exchange) = if partition.is_empty() {
             (1, Exchange::Global)
         } else {
@@ -1537,8 +1582,11 @@ impl<'a> GraphBuilder<'a> {
                 upsert_key: partition_cols,
                 no_update_before: false,
             },
-            // Emitted once per key, when the watermark passes its row.
-            RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime => ChangelogMode::insert_only(),
+            // Emitted once per key, when the watermark passes its row;
+            // a window's rows once, when the watermark passes its end.
+            RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime | RankStrategy::Window { .. } => {
+                ChangelogMode::insert_only()
+            }
             RankStrategy::TopN => ChangelogMode {
                 updates: with_rank || !insert_only,
                 deletes: !with_rank || !insert_only,

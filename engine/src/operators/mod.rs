@@ -21,6 +21,7 @@ pub mod rank;
 pub mod union;
 pub mod upsert_materialize;
 pub mod window;
+pub mod window_rank;
 
 use crate::change::ChangeBatch;
 

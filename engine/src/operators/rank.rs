@@ -116,6 +116,7 @@ impl RankOperator {
                 RankStrategy::KeepLastRowtime => "Deduplicate (keep last)".into(),
                 RankStrategy::KeepFirstRowtime | RankStrategy::KeepFirstProctime => "Deduplicate (keep first)".into(),
                 RankStrategy::KeepLastProctime => "Deduplicate (keep last)".into(),
+                RankStrategy::Window { .. } => "WindowRank".into(),
             },
             strategy: node.strategy,
             partition: node.partition.clone(),
@@ -135,52 +136,12 @@ impl RankOperator {
         })
     }
 
-    /// Lexicographic order of sort keys with each key's direction and NULL
-    /// placement.
     fn compare(&self, a: &[ScalarValue], b: &[ScalarValue]) -> CmpOrdering {
-        for ((x, y), k) in a.iter().zip(b).zip(&self.order) {
-            let o = match (x.is_null(), y.is_null()) {
-                (true, true) => CmpOrdering::Equal,
-                (true, false) => {
-                    if k.nulls_first {
-                        CmpOrdering::Less
-                    } else {
-                        CmpOrdering::Greater
-                    }
-                }
-                (false, true) => {
-                    if k.nulls_first {
-                        CmpOrdering::Greater
-                    } else {
-                        CmpOrdering::Less
-                    }
-                }
-                (false, false) => {
-                    let o = x.partial_cmp(y).unwrap_or(CmpOrdering::Equal);
-                    if k.asc { o } else { o.reverse() }
-                }
-            };
-            if o != CmpOrdering::Equal {
-                return o;
-            }
-        }
-        CmpOrdering::Equal
+        compare_sort_keys(&self.order, a, b)
     }
 
-    /// Sort keys of `batch`'s rows.
     fn sort_keys(&self, batch: &RecordBatch) -> Result<Vec<Vec<ScalarValue>>> {
-        let cols = self
-            .order
-            .iter()
-            .map(|k| k.expr.evaluate(batch).and_then(|v| v.into_array(batch.num_rows())))
-            .collect::<Result<Vec<_>, _>>()?;
-        (0..batch.num_rows())
-            .map(|i| {
-                cols.iter()
-                    .map(|c| Ok(ScalarValue::try_from_array(c, i)?))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect()
+        sort_keys_of(&self.order, batch)
     }
 
     /// Each row's upsert-key values (UpdateFast), else empty.
@@ -202,20 +163,7 @@ impl RankOperator {
             state: "rank-rows".into(),
             message: format!("a partition of {} bytes: {m}", bytes.len()),
         };
-        let mut rows: Vec<&[u8]> = vec![];
-        let mut at = 0;
-        while at < bytes.len() {
-            let len = bytes
-                .get(at..at + 4)
-                .and_then(|b| b.try_into().ok())
-                .map(u32::from_be_bytes)
-                .ok_or_else(|| corrupt("truncated row length"))? as usize;
-            let row = bytes
-                .get(at + 4..at + 4 + len)
-                .ok_or_else(|| corrupt("truncated row"))?;
-            rows.push(row);
-            at += 4 + len;
-        }
+        let rows = unframe_rows(bytes).ok_or_else(|| corrupt("truncated row"))?;
         let cols = self.codec.decode(rows.iter().copied())?;
         let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
         let batch = RecordBatch::try_new_with_options(self.input_schema.clone(), cols, &options)?;
@@ -234,13 +182,77 @@ impl RankOperator {
     }
 
     fn encode_rows(rows: &[Ranked]) -> Vec<u8> {
-        let mut b = Vec::with_capacity(rows.iter().map(|r| r.row.len() + 4).sum());
-        for r in rows {
-            b.extend_from_slice(&(r.row.len() as u32).to_be_bytes());
-            b.extend_from_slice(&r.row);
-        }
-        b
+        frame_rows(rows.iter().map(|r| r.row.as_slice()))
     }
+}
+
+/// Lexicographic order of sort keys with each key's direction and NULL
+/// placement (shared with the window rank).
+pub(crate) fn compare_sort_keys(order: &[SortKey], a: &[ScalarValue], b: &[ScalarValue]) -> CmpOrdering {
+    for ((x, y), k) in a.iter().zip(b).zip(order) {
+        let o = match (x.is_null(), y.is_null()) {
+            (true, true) => CmpOrdering::Equal,
+            (true, false) => {
+                if k.nulls_first {
+                    CmpOrdering::Less
+                } else {
+                    CmpOrdering::Greater
+                }
+            }
+            (false, true) => {
+                if k.nulls_first {
+                    CmpOrdering::Greater
+                } else {
+                    CmpOrdering::Less
+                }
+            }
+            (false, false) => {
+                let o = x.partial_cmp(y).unwrap_or(CmpOrdering::Equal);
+                if k.asc { o } else { o.reverse() }
+            }
+        };
+        if o != CmpOrdering::Equal {
+            return o;
+        }
+    }
+    CmpOrdering::Equal
+}
+
+/// Sort keys of `batch`'s rows.
+pub(crate) fn sort_keys_of(order: &[SortKey], batch: &RecordBatch) -> Result<Vec<Vec<ScalarValue>>> {
+    let cols = order
+        .iter()
+        .map(|k| k.expr.evaluate(batch).and_then(|v| v.into_array(batch.num_rows())))
+        .collect::<Result<Vec<_>, _>>()?;
+    (0..batch.num_rows())
+        .map(|i| {
+            cols.iter()
+                .map(|c| Ok(ScalarValue::try_from_array(c, i)?))
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect()
+}
+
+/// Rows in one state value, each behind its u32 length.
+pub(crate) fn frame_rows<'a>(rows: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut b = vec![];
+    for r in rows {
+        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        b.extend_from_slice(r);
+    }
+    b
+}
+
+/// The rows of a [`frame_rows`] value; `None` if it is cut short.
+pub(crate) fn unframe_rows(bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut rows = vec![];
+    let mut at = 0;
+    while at < bytes.len() {
+        let len = u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize;
+        rows.push(bytes.get(at + 4..(at + 4).checked_add(len)?)?);
+        at += 4 + len;
+    }
+    Some(rows)
 }
 
 /// One emitted change: kind, row bytes, rank.

@@ -1226,6 +1226,32 @@ fn create_operator(
                 metrics.nodes[id].clone(),
             )?)
         }
+        NodeKind::Rank(
+            r @ crate::plan::RankNode {
+                strategy: crate::plan::RankStrategy::Window { end, later_ties_first },
+                ..
+            },
+        ) => {
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
+                tuning,
+                restored,
+                sink_ctx,
+                crate::operators::window_rank::STATES,
+            )?;
+            Box::new(crate::operators::window_rank::WindowRankOperator::new(
+                r,
+                *end,
+                *later_ties_first,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
             let state = keyed_state(
                 node,

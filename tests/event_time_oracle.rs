@@ -1,0 +1,255 @@
+//! Event-time operators against an independent oracle: DataFusion's batch
+//! answer to the same query over the same input, at parallelism 1 and 4,
+//! on both state backends. The input is out of order within the watermark
+//! delay (no row is late), so every result is final by the end of input.
+//!
+//! - Interval joins: the same SQL (a join with the range condition); every
+//!   match is found and every unmatched row of an outer side is padded
+//!   once its time has passed.
+//! - Window Top-N: a TUMBLE window TVF, against DataFusion's `date_bin`
+//!   windows with the same ROW_NUMBER (sorted on every selected column, so
+//!   ties cannot pick different rows).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int64Array, StringArray, TimestampMillisecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::record_batch::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use weir::{Session, StatementResult};
+
+const QUERIES: &[&str] = &[
+    "SELECT c.k, c.v, i.x FROM clicks c JOIN imps i ON c.k = i.k AND c.ts BETWEEN i.ts - INTERVAL '3' SECOND AND i.ts + INTERVAL '1' SECOND",
+    "SELECT c.k, c.v, i.k, i.x FROM clicks c LEFT JOIN imps i ON c.k = i.k AND c.ts >= i.ts AND c.ts < i.ts + INTERVAL '2' SECOND AND c.v > i.x",
+    "SELECT c.k, c.v, i.k, i.x FROM clicks c RIGHT JOIN imps i ON c.k = i.k AND i.ts BETWEEN c.ts - INTERVAL '2' SECOND AND c.ts",
+    "SELECT c.k, c.v, i.k, i.x FROM clicks c FULL JOIN imps i ON c.k = i.k AND c.ts > i.ts - INTERVAL '1' SECOND AND c.ts <= i.ts + INTERVAL '500' MILLISECOND",
+];
+
+/// `n` rows `(k, ts, v)` about 100 ms apart, each up to 2 s out of order,
+/// with a NULL key now and then.
+fn rows(n: usize, seed: u64) -> (RecordBatch, String) {
+    let mut x = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let base = 1_436_918_400_000i64; // 2015-07-15 00:00:00
+    let (mut k, mut ts, mut v) = (vec![], vec![], vec![]);
+    let mut csv = String::new();
+    for i in 0..n {
+        let r = next();
+        let key = match r % 7 {
+            6 => None,
+            j => Some(["a", "b", "c", "d", "e", "f"][j as usize]),
+        };
+        let t = base + i as i64 * 100 + ((r >> 8) % 4000) as i64 - 2000;
+        let val = ((r >> 24) % 50) as i64;
+        let stamp = chrono::DateTime::from_timestamp_millis(t)
+            .expect("time")
+            .format("%Y-%m-%d %H:%M:%S%.3f");
+        csv.push_str(&format!("{},{stamp},{val}\n", key.unwrap_or("")));
+        k.push(key);
+        ts.push(t);
+        v.push(val);
+    }
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
+            Field::new("v", DataType::Int64, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(k)) as ArrayRef,
+            Arc::new(TimestampMillisecondArray::from(ts)),
+            Arc::new(Int64Array::from(v)),
+        ],
+    )
+    .expect("batch");
+    (batch, csv)
+}
+
+fn rows_of(batch: &RecordBatch) -> Vec<String> {
+    weir::display::format_rows(batch)
+        .expect("format")
+        .into_iter()
+        .map(|r| r.trim_start_matches("+I").to_string())
+        .collect()
+}
+
+async fn batch_answer(sql: &str, clicks: &RecordBatch, imps: &RecordBatch) -> BTreeMap<String, i64> {
+    let ctx = SessionContext::new();
+    let imps = {
+        // `imps` names its value `x`.
+        let mut fields: Vec<Field> = imps.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[2] = Field::new("x", DataType::Int64, true);
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), imps.columns().to_vec()).expect("imps")
+    };
+    for (name, b) in [("clicks", clicks), ("imps", &imps)] {
+        let table = MemTable::try_new(b.schema(), vec![vec![b.clone()]]).expect("mem table");
+        ctx.register_table(name, Arc::new(table)).expect("register");
+    }
+    let batches = ctx
+        .sql(sql)
+        .await
+        .expect("batch plan")
+        .collect()
+        .await
+        .expect("batch run");
+    let mut out = BTreeMap::new();
+    for b in &batches {
+        for r in rows_of(b) {
+            *out.entry(r).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+async fn run(session: &mut Session, sql: &str) -> Result<StatementResult, String> {
+    let stmt = weir_sql::parse(sql).map_err(|e| e.to_string())?;
+    session.execute(&stmt[0]).await.map_err(|e| e.to_string())
+}
+
+async fn streaming_answer(
+    session: &mut Session,
+    sql: &str,
+    parallelism: usize,
+    backend: &str,
+) -> Result<BTreeMap<String, i64>, String> {
+    run(session, &format!("SET 'parallelism.default' = '{parallelism}'")).await?;
+    run(session, &format!("SET 'state.backend.type' = '{backend}'")).await?;
+    let StatementResult::Stream(mut rs) = run(session, sql).await? else {
+        return Err("not a streaming result".into());
+    };
+    if rs.changelog {
+        return Err("the result must be insert-only".into());
+    }
+    let mut table = BTreeMap::new();
+    while let Some(b) = rs.rows.recv().await {
+        for row in rows_of(&b) {
+            *table.entry(row).or_insert(0) += 1;
+        }
+    }
+    rs.job.wait().await.map_err(|e| e.to_string())?;
+    Ok(table)
+}
+
+/// A session with the `clicks` (k, ts, v) and `imps` (k, ts, x) tables over
+/// CSV files of `clicks` and `imps`, several splits each.
+async fn session_with_tables(dir: &std::path::Path, clicks_csv: &str, imps_csv: &str) -> Session {
+    let mut session = Session::open(dir.join("data")).expect("session");
+    for (name, value, csv) in [("clicks", "v", clicks_csv), ("imps", "x", imps_csv)] {
+        let path = dir.join(format!("{name}.csv"));
+        std::fs::write(&path, csv).expect("write csv");
+        let ddl = format!(
+            "CREATE TABLE {name} (k STRING, ts TIMESTAMP(3), {value} BIGINT, \
+             WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) \
+             WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'source.split.min-size' = '2048')",
+            path.display()
+        );
+        run(&mut session, &ddl).await.expect("create table");
+    }
+    session
+}
+
+/// Runs `sql` (and EXPLAIN of it, which must show `operator`) at
+/// parallelism 1 and 4 on both backends; the differences from `expected`.
+async fn compare_with_batch(
+    session: &mut Session,
+    sql: &str,
+    operator: &str,
+    expected: &BTreeMap<String, i64>,
+    failures: &mut Vec<String>,
+) {
+    match run(session, &format!("EXPLAIN {sql}")).await {
+        Ok(StatementResult::Explain(text)) if text.contains(operator) => {}
+        Ok(StatementResult::Explain(text)) => failures.push(format!("{sql}: no {operator} in the plan:\n{text}")),
+        Ok(_) => failures.push(format!("{sql}: EXPLAIN gave no plan")),
+        Err(e) => failures.push(format!("{sql}: EXPLAIN failed: {e}")),
+    }
+    for (p, backend) in [(1, "rocksdb"), (4, "rocksdb"), (1, "hashmap"), (4, "hashmap")] {
+        match streaming_answer(session, sql, p, backend).await {
+            Ok(actual) if &actual == expected => {}
+            Ok(actual) => {
+                let missing: Vec<_> = expected.iter().filter(|(r, n)| actual.get(*r) != Some(n)).collect();
+                let extra: Vec<_> = actual.iter().filter(|(r, n)| expected.get(*r) != Some(n)).collect();
+                failures.push(format!(
+                    "{sql} (p {p}, {backend}): {} rows expected, {} emitted\n  expected, not as emitted: {missing:?}\n  emitted, not as expected: {extra:?}",
+                    expected.values().sum::<i64>(),
+                    actual.values().sum::<i64>()
+                ))
+            }
+            Err(e) => failures.push(format!("{sql} (p {p}, {backend}): {e}")),
+        }
+    }
+}
+
+/// Window Top-N over TUMBLE, and the same over a window aggregate:
+/// streaming SQL, and DataFusion's batch SQL for the same rows.
+const WINDOW_RANKS: &[(&str, &str)] = &[
+    (
+        "SELECT * FROM (SELECT window_start, window_end, k, ts, v, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY v DESC, ts, k) AS rn \
+         FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(ts), INTERVAL '2' SECOND))) WHERE rn <= 3",
+        "SELECT * FROM (SELECT window_start, window_end, k, ts, v, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY v DESC, ts, k) AS rn \
+         FROM (SELECT k, ts, v, date_bin(INTERVAL '2 seconds', ts) AS window_start, date_bin(INTERVAL '2 seconds', ts) + INTERVAL '2 seconds' AS window_end FROM clicks)) WHERE rn <= 3",
+    ),
+    (
+        "SELECT window_start, k, ts, v FROM (SELECT window_start, window_end, k, ts, v, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, k ORDER BY ts, v) AS rn \
+         FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(ts), INTERVAL '5' SECOND))) WHERE rn < 3",
+        "SELECT window_start, k, ts, v FROM (SELECT window_start, window_end, k, ts, v, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, k ORDER BY ts, v) AS rn \
+         FROM (SELECT k, ts, v, date_bin(INTERVAL '5 seconds', ts) AS window_start, date_bin(INTERVAL '5 seconds', ts) + INTERVAL '5 seconds' AS window_end FROM clicks)) WHERE rn < 3",
+    ),
+    (
+        "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY total DESC, k) AS rn FROM \
+         (SELECT window_start, window_end, k, SUM(v) AS total FROM TABLE(TUMBLE(TABLE clicks, DESCRIPTOR(ts), INTERVAL '3' SECOND)) \
+          GROUP BY window_start, window_end, k)) WHERE rn <= 2",
+        "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end ORDER BY total DESC, k) AS rn FROM \
+         (SELECT window_start, window_end, k, SUM(v) AS total FROM (SELECT k, v, date_bin(INTERVAL '3 seconds', ts) AS window_start, \
+          date_bin(INTERVAL '3 seconds', ts) + INTERVAL '3 seconds' AS window_end FROM clicks) GROUP BY window_start, window_end, k)) WHERE rn <= 2",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn window_ranks_end_as_the_batch_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (clicks, clicks_csv) = rows(400, 0x51_7cc1_b727_220a);
+    let (imps, imps_csv) = rows(10, 0x2545_f491_4f6c_dd1d);
+    let mut session = session_with_tables(dir.path(), &clicks_csv, &imps_csv).await;
+    let mut failures = vec![];
+    for (sql, batch_sql) in WINDOW_RANKS {
+        let expected = batch_answer(batch_sql, &clicks, &imps).await;
+        assert!(
+            expected.len() > 20,
+            "{sql}: the batch answer is too small to test anything"
+        );
+        compare_with_batch(&mut session, sql, "WindowRank:", &expected, &mut failures).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interval_joins_end_as_the_batch_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (clicks, clicks_csv) = rows(400, 0x9e37_79b9_7f4a_7c15);
+    let (imps, imps_csv) = rows(300, 0x2545_f491_4f6c_dd1d);
+    let mut session = session_with_tables(dir.path(), &clicks_csv, &imps_csv).await;
+    let mut failures = vec![];
+    for sql in QUERIES {
+        let expected = batch_answer(sql, &clicks, &imps).await;
+        assert!(
+            expected.len() > 20,
+            "{sql}: the batch answer is too small to test anything"
+        );
+        let padded = expected.keys().filter(|r| r.contains("null")).count();
+        eprintln!(
+            "{sql}: {} rows, {padded} distinct padded",
+            expected.values().sum::<i64>()
+        );
+        // The plan is an interval join, not a regular one.
+        compare_with_batch(&mut session, sql, "IntervalJoin:", &expected, &mut failures).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
