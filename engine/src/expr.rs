@@ -191,6 +191,107 @@ impl PhysicalExpr for TimestampShift {
     }
 }
 
+/// The name the planner gives Flink's `CURRENT_WATERMARK(rowtime)` call.
+pub const CURRENT_WATERMARK: &str = "current_watermark";
+
+/// Flink's `CURRENT_WATERMARK(rowtime)`: the watermark the evaluating
+/// operator has received, `NULL` before its first. Planned as a call of
+/// the [`CURRENT_WATERMARK`] function, which a Calc operator swaps for this
+/// expression bound to its own watermark ([`bind_current_watermark`]).
+#[derive(Debug)]
+pub struct CurrentWatermark {
+    /// The planned call, kept for display.
+    call: Arc<dyn PhysicalExpr>,
+    /// The operator's watermark (ms); `i64::MIN`: none yet.
+    watermark: Arc<std::sync::atomic::AtomicI64>,
+    data_type: DataType,
+}
+
+impl PartialEq for CurrentWatermark {
+    fn eq(&self, other: &Self) -> bool {
+        self.call.as_ref() == other.call.as_ref()
+    }
+}
+
+impl Eq for CurrentWatermark {}
+
+impl Hash for CurrentWatermark {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.call.hash(state)
+    }
+}
+
+impl fmt::Display for CurrentWatermark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.call.fmt(f)
+    }
+}
+
+impl PhysicalExpr for CurrentWatermark {
+    fn data_type(&self, _schema: &Schema) -> Result<DataType> {
+        Ok(self.data_type.clone())
+    }
+
+    fn nullable(&self, _schema: &Schema) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn return_field(&self, schema: &Schema) -> Result<FieldRef> {
+        self.call.return_field(schema)
+    }
+
+    fn evaluate(&self, _batch: &RecordBatch) -> Result<ColumnarValue> {
+        let w = self.watermark.load(std::sync::atomic::Ordering::Relaxed);
+        let value = (w != i64::MIN).then_some(w);
+        let tz = match &self.data_type {
+            DataType::Timestamp(_, tz) => tz.clone(),
+            _ => None,
+        };
+        Ok(ColumnarValue::Scalar(ScalarValue::TimestampMillisecond(value, tz)))
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        // The rowtime argument names the attribute; it is not evaluated.
+        vec![]
+    }
+
+    fn with_new_children(self: Arc<Self>, _children: Vec<Arc<dyn PhysicalExpr>>) -> Result<Arc<dyn PhysicalExpr>> {
+        Ok(self)
+    }
+
+    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.call.fmt_sql(f)
+    }
+}
+
+/// `expr` with every `CURRENT_WATERMARK(...)` call reading `watermark`;
+/// whether it had one.
+pub fn bind_current_watermark(
+    expr: Arc<dyn PhysicalExpr>,
+    schema: &Schema,
+    watermark: &Arc<std::sync::atomic::AtomicI64>,
+) -> Result<(Arc<dyn PhysicalExpr>, bool)> {
+    let mut found = false;
+    let bound = expr
+        .transform_up(|e| {
+            let is_call = e
+                .downcast_ref::<datafusion::physical_expr::ScalarFunctionExpr>()
+                .is_some_and(|f| f.name() == CURRENT_WATERMARK);
+            if !is_call {
+                return Ok(Transformed::no(e));
+            }
+            found = true;
+            let data_type = e.data_type(schema)?;
+            Ok(Transformed::yes(Arc::new(CurrentWatermark {
+                call: e,
+                watermark: watermark.clone(),
+                data_type,
+            }) as Arc<dyn PhysicalExpr>))
+        })?
+        .data;
+    Ok((bound, found))
+}
+
 #[cfg(test)]
 mod tests {
     use arrow::array::{TimestampMillisecondArray, TimestampSecondArray};

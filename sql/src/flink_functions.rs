@@ -287,3 +287,58 @@ impl datafusion::logical_expr::ScalarUDFImpl for Proctime {
         ))
     }
 }
+
+/// Flink's `CURRENT_WATERMARK(rowtime)`: the watermark the evaluating
+/// operator has received, `NULL` before its first, typed as the rowtime
+/// argument with precision 3. A Calc operator binds each call to its own
+/// watermark (`weir_engine::expr::bind_current_watermark`); anywhere else
+/// it is an error. The planner checks that the argument is a rowtime
+/// attribute.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CurrentWatermark {
+    signature: Signature,
+}
+
+impl CurrentWatermark {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::any(1, Volatility::Volatile),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for CurrentWatermark {
+    fn name(&self) -> &str {
+        weir_engine::expr::CURRENT_WATERMARK
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types {
+            [DataType::Timestamp(_, tz)] => {
+                Ok(DataType::Timestamp(arrow::datatypes::TimeUnit::Millisecond, tz.clone()))
+            }
+            [other] => datafusion::common::plan_err!(
+                "CURRENT_WATERMARK() must be called with a single rowtime attribute argument, but '{}' cannot be a \
+                 time attribute.",
+                crate::types::flink_name(other)
+            ),
+            _ => datafusion::common::plan_err!(
+                "CURRENT_WATERMARK() must be called with a single rowtime attribute argument"
+            ),
+        }
+    }
+
+    fn invoke_with_args(
+        &self,
+        _args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        datafusion::common::exec_err!(
+            "CURRENT_WATERMARK() is evaluated in a query's SELECT list or WHERE clause only (in a projection or \
+             filter of a streaming job)"
+        )
+    }
+}

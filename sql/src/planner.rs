@@ -168,6 +168,7 @@ impl Planner {
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
+        let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
         Self { state }
     }
 
@@ -903,6 +904,43 @@ impl<'a> GraphBuilder<'a> {
         )
     }
 
+    /// `CURRENT_WATERMARK(x)` in `exprs` over `input`: `x` must be a rowtime
+    /// attribute (Flink's message otherwise).
+    fn check_current_watermark(&self, exprs: &[Expr], input: &LogicalPlan) -> Result<()> {
+        let mut bad: Option<String> = None;
+        for e in exprs {
+            let _ = e.apply(|x| {
+                if let Expr::ScalarFunction(ScalarFunction { func, args }) = x
+                    && func.name() == weir_engine::expr::CURRENT_WATERMARK
+                {
+                    let rowtime = match args.as_slice() {
+                        [Expr::Column(c)] => input
+                            .schema()
+                            .index_of_column(c)
+                            .is_ok_and(|i| is_rowtime(input, i, self.catalog)),
+                        _ => false,
+                    };
+                    if !rowtime {
+                        let ty = args
+                            .first()
+                            .and_then(|a| datafusion::logical_expr::ExprSchemable::get_type(a, input.schema()).ok())
+                            .map_or_else(|| "?".into(), |t| crate::types::flink_name(&t));
+                        bad = Some(ty);
+                        return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+                    }
+                }
+                Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+            });
+        }
+        match bad {
+            Some(ty) => Err(SqlError::plan(format!(
+                "CURRENT_WATERMARK() must be called with a single rowtime attribute argument, but '{ty}' cannot be a \
+                 time attribute."
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn physical(&self, e: &Expr, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
         let physical = self.planner.state.create_physical_expr(e.clone(), schema)?;
         Ok(weir_engine::expr::fast_paths(physical, schema.as_arrow())?)
@@ -932,6 +970,7 @@ impl<'a> GraphBuilder<'a> {
                     let rank_col = datafusion::common::Column::from(rank_col);
                     self.rank_used = Some(p.expr.iter().any(|e| e.column_refs().contains(&rank_col)));
                 }
+                self.check_current_watermark(&p.expr, &p.input)?;
                 let input = self.convert(&p.input)?;
                 let exprs = p
                     .expr
@@ -942,6 +981,7 @@ impl<'a> GraphBuilder<'a> {
             }
             LogicalPlan::Filter(f) if top_n_of(f).is_some() => self.top_n(f),
             LogicalPlan::Filter(f) => {
+                self.check_current_watermark(std::slice::from_ref(&f.predicate), &f.input)?;
                 let input = self.convert(&f.input)?;
                 let pred = self.physical(&f.predicate, f.input.schema())?;
                 Ok(self.calc(input, Arc::new(f.input.schema().as_arrow().clone()), Some(pred), None))

@@ -2,10 +2,11 @@
 //! expressions (`WHERE` and the `SELECT` list of a stateless query part).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 
 use arrow::array::{Array, BooleanArray};
 use arrow::compute::filter_record_batch;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
 
@@ -19,16 +20,34 @@ pub struct CalcOperator {
     filter: Option<Arc<dyn PhysicalExpr>>,
     projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
     schema: SchemaRef,
+    /// The watermark this subtask has received, when an expression reads
+    /// it (`CURRENT_WATERMARK`).
+    watermark: Option<Arc<AtomicI64>>,
 }
 
 impl CalcOperator {
-    pub fn new(node: &CalcNode, schema: SchemaRef) -> Self {
-        Self {
+    /// `input` is the schema the node's expressions read.
+    pub fn new(node: &CalcNode, input: &Schema, schema: SchemaRef) -> Result<Self> {
+        // Each subtask binds `CURRENT_WATERMARK` to its own watermark.
+        let watermark = Arc::new(AtomicI64::new(i64::MIN));
+        let mut reads_watermark = false;
+        let mut bind = |e: &Arc<dyn PhysicalExpr>| -> Result<Arc<dyn PhysicalExpr>> {
+            let (bound, found) = crate::expr::bind_current_watermark(e.clone(), input, &watermark)?;
+            reads_watermark |= found;
+            Ok(bound)
+        };
+        let filter = node.filter.as_ref().map(&mut bind).transpose()?;
+        let projection = match &node.projection {
+            Some(p) => Some(p.iter().map(&mut bind).collect::<Result<Vec<_>>>()?),
+            None => None,
+        };
+        Ok(Self {
             name: node.describe(),
-            filter: node.filter.clone(),
-            projection: node.projection.clone(),
+            filter,
+            projection,
             schema,
-        }
+            watermark: reads_watermark.then_some(watermark),
+        })
     }
 }
 
@@ -102,6 +121,13 @@ fn filter_changes(batch: ChangeBatch, predicate: &Arc<dyn PhysicalExpr>) -> Resu
 impl Operator for CalcOperator {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn on_watermark(&mut self, watermark: crate::message::Timestamp, _out: &mut Collector) -> Result<()> {
+        if let Some(w) = &self.watermark {
+            w.fetch_max(watermark, AtomicOrdering::Relaxed);
+        }
+        Ok(())
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {

@@ -1147,7 +1147,7 @@ fn create_operator(
     };
     Ok(match &node.kind {
         NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
-        NodeKind::Calc(c) => Box::new(CalcOperator::new(c, node.schema.clone())),
+        NodeKind::Calc(c) => Box::new(CalcOperator::new(c, input_schema()?.as_ref(), node.schema.clone())?),
         NodeKind::Union => Box::new(crate::operators::union::UnionOperator::new(node.schema.clone())),
         NodeKind::Limit(l) => {
             let key = crate::checkpoint::operator_key(&node.uid, subtask);
