@@ -96,6 +96,11 @@ const WINDOW_TOP_N: &str = "INSERT INTO counts SELECT k, window_start, window_en
       FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))
     ) WHERE rn <= 3;";
 
+/// `ORDER BY rowtime`: rows held for the watermark, and the last time
+/// emitted, across savepoints.
+const TEMPORAL_SORT: &str =
+    "INSERT INTO counts SELECT k, ts AS ws, ts AS we, CAST(k % 3 AS BIGINT) AS n, ts AS mx FROM events ORDER BY ws, k;";
+
 const INSERT: &str = "INSERT INTO counts SELECT k, window_start, window_end, COUNT(*), MAX(ts)
     FROM TABLE(HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '5' SECOND, INTERVAL '10' SECOND))
     GROUP BY k, window_start, window_end;";
@@ -317,6 +322,11 @@ async fn golden_rerun_hop_with_a_tiny_window_buffer() {
         "SET 'table.exec.window-agg.buffer-size-limit' = '7';",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_temporal_sort() {
+    golden_rerun(TEMPORAL_SORT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -117,6 +117,7 @@ pub enum NodeKind {
     Rank(RankNode),
     Limit(LimitNode),
     UpsertMaterialize(UpsertMaterializeNode),
+    TemporalSort(TemporalSortNode),
     Sink(SinkNode),
 }
 
@@ -491,6 +492,16 @@ pub struct LimitNode {
     pub fetch: usize,
 }
 
+/// `ORDER BY rowtime [, ...]` on a stream: rows emitted in time order as
+/// the watermark passes them.
+#[derive(Debug, Clone)]
+pub struct TemporalSortNode {
+    /// The input's rowtime column (the first ORDER BY key, ascending).
+    pub time_column: usize,
+    /// The other ORDER BY keys, for rows of one time.
+    pub order: Vec<SortKey>,
+}
+
 /// An upsert sink's materializer (`ON CONFLICT DO DEDUPLICATE`, Flink's
 /// `SinkUpsertMaterializer`): the live rows of each sink key, the latest
 /// one written.
@@ -659,6 +670,12 @@ impl StreamGraph {
                         "      state: {backend}, accumulators and row count by key group|key; MIN/MAX/DISTINCT value counts by key group|key|aggregate|value"
                     );
                 }
+                NodeKind::TemporalSort(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, rows by time until the watermark passes it (one key; a timer per time)"
+                    );
+                }
                 NodeKind::UpsertMaterialize(_) => {
                     let _ = writeln!(
                         s,
@@ -817,6 +834,19 @@ impl StreamNode {
                 )
             }
             NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
+            NodeKind::TemporalSort(t) => format!(
+                "TemporalSort: ${} ASC{}",
+                t.time_column,
+                t.order
+                    .iter()
+                    .map(|k| format!(
+                        ", {} {} NULLS {}",
+                        k.expr,
+                        if k.asc { "ASC" } else { "DESC" },
+                        if k.nulls_first { "FIRST" } else { "LAST" }
+                    ))
+                    .collect::<String>()
+            ),
             NodeKind::UpsertMaterialize(m) => format!(
                 "UpsertMaterialize: by [{}] ({})",
                 m.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "),

@@ -209,6 +209,18 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 ),
             ),
             NodeKind::Limit(l) => ("limit", format!("skip={};fetch={}", l.skip, l.fetch)),
+            NodeKind::TemporalSort(t) => (
+                "temporal_sort",
+                format!(
+                    "time={};order={}",
+                    t.time_column,
+                    t.order
+                        .iter()
+                        .map(|k| format!("{}:{}:{}", canonical_expr(&k.expr), k.asc, k.nulls_first))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
             NodeKind::UpsertMaterialize(m) => (
                 "upsert_materialize",
                 format!("key={};upsert={:?}", canonical_exprs(&m.key), m.upsert_key),

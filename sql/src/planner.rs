@@ -40,7 +40,7 @@ use weir_engine::config::JobConfig;
 use weir_engine::plan::{
     AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
     LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph,
-    StreamNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -844,7 +844,7 @@ impl<'a> GraphBuilder<'a> {
                 upsert_key: Some((0..g.keys.len()).collect()),
                 no_update_before: false,
             },
-            NodeKind::Limit(_) | NodeKind::Sink(_) => input,
+            NodeKind::Limit(_) | NodeKind::Sink(_) | NodeKind::TemporalSort(_) => input,
             // `+I`, `+U`, `-D` by the sink's key.
             NodeKind::UpsertMaterialize(m) => ChangelogMode {
                 updates: true,
@@ -1006,7 +1006,7 @@ impl<'a> GraphBuilder<'a> {
                     Some((input, Exchange::Global)),
                 ))
             }
-            LogicalPlan::Sort(_) => Err(SqlError::unsupported("ORDER BY on a stream is not supported")),
+            LogicalPlan::Sort(sort) => self.sort(sort),
             LogicalPlan::Join(j) => self.join(j),
             LogicalPlan::Union(u) => self.union(u),
             LogicalPlan::Distinct(datafusion::logical_expr::Distinct::All(input)) => {
@@ -1654,6 +1654,72 @@ impl<'a> GraphBuilder<'a> {
             .ok_or_else(|| SqlError::plan("empty filter"))?;
         let pred = self.physical(&rest, f.input.schema())?;
         Ok(self.calc(above, Arc::new(f.input.schema().as_arrow().clone()), Some(pred), None))
+    }
+
+    /// `ORDER BY` on a stream: by the rowtime ascending first (Flink's
+    /// TemporalSort, emitted as the watermark passes), or with a `LIMIT`
+    /// (Flink's SortLimit: a Top-N over the whole stream, updating).
+    fn sort(&mut self, sort: &datafusion::logical_expr::Sort) -> Result<NodeId> {
+        let schema = sort.input.schema();
+        let keys = sort
+            .expr
+            .iter()
+            .map(|s| {
+                Ok(SortKey {
+                    expr: self.physical(&s.expr, schema)?,
+                    asc: s.asc,
+                    nulls_first: s.nulls_first,
+                })
+            })
+            .collect::<Result<Vec<SortKey>>>()?;
+        if let Some(fetch) = sort.fetch {
+            let input = self.convert(&sort.input)?;
+            let node = RankNode {
+                strategy: RankStrategy::TopN,
+                partition: vec![],
+                order: keys,
+                limit: fetch,
+                with_rank: false,
+                update_key: None,
+            };
+            let insert_only = self.nodes[input].changelog.is_insert_only();
+            let out_schema = self.nodes[input].schema.clone();
+            let id = self.add(1, out_schema, NodeKind::Rank(node), Some((input, Exchange::Global)));
+            self.nodes[id].changelog = ChangelogMode {
+                updates: !insert_only,
+                deletes: true,
+                upsert_key: None,
+                no_update_before: false,
+            };
+            return Ok(id);
+        }
+        let time_column = match sort.expr.first() {
+            Some(first) if first.asc => match &first.expr {
+                Expr::Column(c) => schema
+                    .index_of_column(c)
+                    .ok()
+                    .filter(|i| is_rowtime(&sort.input, *i, self.catalog)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(time_column) = time_column else {
+            return Err(SqlError::unsupported(
+                "Sort on a non-time-attribute field is not supported.",
+            ));
+        };
+        let input = self.convert(&sort.input)?;
+        self.require_insert_only(input, "TemporalSort")?;
+        let out_schema = self.nodes[input].schema.clone();
+        Ok(self.add(
+            1,
+            out_schema,
+            NodeKind::TemporalSort(TemporalSortNode {
+                time_column,
+                order: keys.into_iter().skip(1).collect(),
+            }),
+            Some((input, Exchange::Global)),
+        ))
     }
 
     /// A group aggregate of `input` by `keys`: hash-exchanged by its keys,

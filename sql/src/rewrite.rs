@@ -438,6 +438,22 @@ impl VisitorMut for Rewriter<'_> {
         }
     }
 
+    fn post_visit_query(&mut self, query: &mut ast::Query) -> ControlFlow<SqlError> {
+        // A query's ORDER BY orders NULL as Flink does (below every value).
+        if let Some(ast::OrderBy {
+            kind: ast::OrderByKind::Expressions(exprs),
+            ..
+        }) = query.order_by.as_mut()
+        {
+            for o in exprs {
+                if o.options.nulls_first.is_none() {
+                    o.options.nulls_first = Some(o.options.asc.unwrap_or(true));
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
     fn post_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<SqlError> {
         // Flink orders NULL below every value: first when ascending, last
         // when descending (DataFusion's default is the opposite).

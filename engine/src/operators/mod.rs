@@ -18,6 +18,7 @@ pub mod interval_join;
 pub mod join;
 pub mod limit;
 pub mod rank;
+pub mod temporal_sort;
 pub mod union;
 pub mod upsert_materialize;
 pub mod window;

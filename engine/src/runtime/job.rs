@@ -1207,6 +1207,24 @@ fn create_operator(
                 .with_cache(config.state_backend == StateBackendKind::RocksDb),
             )
         }
+        NodeKind::TemporalSort(t) => {
+            let state = keyed_state(
+                node,
+                subtask,
+                config,
+                tuning,
+                restored,
+                sink_ctx,
+                crate::operators::temporal_sort::STATES,
+            )?;
+            Box::new(crate::operators::temporal_sort::TemporalSortOperator::new(
+                t,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::UpsertMaterialize(m) => {
             let state = keyed_state(
                 node,
