@@ -45,7 +45,7 @@ fn ddl(input: &Path, out: &Path) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS events (k BIGINT, v DOUBLE, s STRING, ts TIMESTAMP(3),
            WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
-         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '5000');
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '3000');
          CREATE TABLE IF NOT EXISTS results (g STRING, ws TIMESTAMP(3), we TIMESTAMP(3), a DOUBLE, b DOUBLE, c BIGINT)
          WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
          CREATE TABLE IF NOT EXISTS counts (k BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), n BIGINT, mx TIMESTAMP(3))

@@ -93,6 +93,18 @@ impl TemporalSortOperator {
         })
     }
 
+    /// The entries of the rows of some times (their encoded namespaces).
+    fn entries<'a>(&self, namespaces: &'a [[u8; 8]]) -> Vec<EntryRef<'a>> {
+        namespaces
+            .iter()
+            .map(|ns| EntryRef {
+                key_group: self.group,
+                key: &[],
+                namespace: ns,
+            })
+            .collect()
+    }
+
     fn corrupt(len: usize) -> StateError {
         StateError::Corrupt {
             state: STATES[ROWS].name.into(),
@@ -172,14 +184,7 @@ impl Operator for TemporalSortOperator {
             return Ok(());
         }
         let namespaces: Vec<[u8; 8]> = order.iter().map(|t| encode_time(*t)).collect();
-        let refs: Vec<EntryRef> = namespaces
-            .iter()
-            .map(|ns| EntryRef {
-                key_group: self.group,
-                key: &[],
-                namespace: ns,
-            })
-            .collect();
+        let refs = self.entries(&namespaces);
         let stored = self.state.get(ROWS, &refs)?;
         let mut w = KeyedWrite::default();
         let mut grown = 0i64;
@@ -209,14 +214,7 @@ impl Operator for TemporalSortOperator {
             // One key: one key group, already in time order.
             due.sort_by_key(|t| t.time);
             let namespaces: Vec<[u8; 8]> = due.iter().map(|t| encode_time(t.time)).collect();
-            let refs: Vec<EntryRef> = namespaces
-                .iter()
-                .map(|ns| EntryRef {
-                    key_group: self.group,
-                    key: &[],
-                    namespace: ns,
-                })
-                .collect();
+            let refs = self.entries(&namespaces);
             let stored = self.state.get(ROWS, &refs)?;
             let mut w = KeyedWrite::default();
             let mut emitted: Vec<Vec<u8>> = vec![];

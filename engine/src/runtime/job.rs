@@ -1145,6 +1145,8 @@ fn create_operator(
             .map(|e| graph.node(e.from).schema.clone())
             .ok_or_else(|| ExecError::internal(format!("node {id} has no input")))
     };
+    // The node's keyed state with the operator's states `decls`.
+    let state_of = |decls| keyed_state(node, subtask, config, tuning, restored, sink_ctx, decls);
     Ok(match &node.kind {
         NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
         NodeKind::Calc(c) => Box::new(CalcOperator::new(c, input_schema()?.as_ref(), node.schema.clone())?),
@@ -1162,15 +1164,7 @@ fn create_operator(
                 interval: Some(bounds), ..
             },
         ) => {
-            let state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::interval_join::STATES,
-            )?;
+            let state = state_of(crate::operators::interval_join::STATES)?;
             Box::new(crate::operators::interval_join::IntervalJoinOperator::new(
                 j,
                 bounds,
@@ -1181,15 +1175,7 @@ fn create_operator(
             )?)
         }
         NodeKind::Join(j) => {
-            let mut state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::join::STATES,
-            )?;
+            let mut state = state_of(crate::operators::join::STATES)?;
             // A STATE_TTL hint sets a side's TTL instead of the job's.
             for (side, ttl) in j.state_ttl.iter().enumerate() {
                 if ttl.is_some() {
@@ -1208,15 +1194,7 @@ fn create_operator(
             )
         }
         NodeKind::TemporalSort(t) => {
-            let state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::temporal_sort::STATES,
-            )?;
+            let state = state_of(crate::operators::temporal_sort::STATES)?;
             Box::new(crate::operators::temporal_sort::TemporalSortOperator::new(
                 t,
                 node.schema.clone(),
@@ -1226,15 +1204,7 @@ fn create_operator(
             )?)
         }
         NodeKind::UpsertMaterialize(m) => {
-            let state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::upsert_materialize::STATES,
-            )?;
+            let state = state_of(crate::operators::upsert_materialize::STATES)?;
             Box::new(crate::operators::upsert_materialize::UpsertMaterializeOperator::new(
                 &m.key,
                 m.upsert_key.clone(),
@@ -1250,15 +1220,7 @@ fn create_operator(
                 ..
             },
         ) => {
-            let state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::window_rank::STATES,
-            )?;
+            let state = state_of(crate::operators::window_rank::STATES)?;
             Box::new(crate::operators::window_rank::WindowRankOperator::new(
                 r,
                 *end,
@@ -1271,15 +1233,7 @@ fn create_operator(
             )?)
         }
         NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
-            let state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::dedup_first::STATES,
-            )?;
+            let state = state_of(crate::operators::dedup_first::STATES)?;
             let time_column = r
                 .order
                 .first()
@@ -1297,15 +1251,7 @@ fn create_operator(
             )?)
         }
         NodeKind::Rank(r) => {
-            let mut state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::rank::STATES,
-            )?;
+            let mut state = state_of(crate::operators::rank::STATES)?;
             if config.state_backend == StateBackendKind::RocksDb {
                 // Hot keys stay in memory between snapshots.
                 state.cache(&[0], STATE_CACHE_ENTRIES);
@@ -1324,15 +1270,7 @@ fn create_operator(
             )?)
         }
         NodeKind::GroupAggregate(g) => {
-            let mut state = keyed_state(
-                node,
-                subtask,
-                config,
-                tuning,
-                restored,
-                sink_ctx,
-                crate::operators::group::aggregate::STATES,
-            )?;
+            let mut state = state_of(crate::operators::group::aggregate::STATES)?;
             if g.state_ttl.is_some() {
                 state.set_ttl(g.state_ttl);
             }

@@ -4,7 +4,9 @@
 //! that are neither idle nor finished.
 //!
 //! Emission follows `scan.watermark.emit.strategy`: `on-periodic` every
-//! `pipeline.auto-watermark-interval`, or `on-event`, which is exactly
+//! `pipeline.auto-watermark-interval`, and eagerly once the watermark is
+//! more than that interval (in event time) past the last one emitted, as
+//! Flink's SQL watermark assigner does; or `on-event`, which is exactly
 //! per-row semantics: a batch is cut before any row whose event time is at
 //! or below the watermark the rows before it produced, and that watermark is
 //! emitted at the cut. (Rows above the watermark cannot be affected by it,
@@ -556,17 +558,13 @@ impl SourceTask {
             return self.chain.process_batch(b, outbox);
         };
         let values = to_millis(&wm.expr.evaluate(&b.rows)?.into_array(b.num_rows())?)?;
-        if self.emit == EmitStrategy::OnPeriodic {
-            if let Some(max) = values.iter().flatten().max() {
-                let s = &mut reader.splits[i];
-                s.watermark = s.watermark.max(*max);
-            }
-            return self.chain.process_batch(b, outbox);
-        }
         let rowtime = match self.rowtime_index {
             Some(r) => Some(to_millis(b.rows.column(r))?),
             None => None,
         };
+        if self.emit == EmitStrategy::OnPeriodic {
+            return self.eager_periodic(reader, i, b, &values, rowtime.as_deref(), outbox);
+        }
         let mut own = reader.splits[i].watermark;
         // The other splits do not change during this batch: their minimum
         // is taken once, only this split's watermark moves per row.
@@ -592,6 +590,69 @@ impl SourceTask {
         }
         reader.splits[i].watermark = own;
         Ok(())
+    }
+
+    /// `on-periodic` as Flink's SQL watermark assigner does it: besides the
+    /// periodic tick, a watermark more than the interval (in event-time
+    /// milliseconds) past the last one emitted is emitted after the row
+    /// that moved it ("eagerly"; Flink's last emitted starts at 0). Weir
+    /// sends such a watermark on at the end of the batch, or within it
+    /// just before a row it makes late: no other row can tell the
+    /// difference, and batches stay whole.
+    fn eager_periodic(
+        &mut self,
+        reader: &mut Reader,
+        i: usize,
+        b: ChangeBatch,
+        values: &[Option<i64>],
+        rowtime: Option<&[Option<i64>]>,
+        outbox: &mut Vec<StreamMessage>,
+    ) -> Result<()> {
+        let eager_ms = i64::try_from(self.interval.as_millis()).unwrap_or(i64::MAX);
+        let mut own = reader.splits[i].watermark;
+        let others = reader.combined(Some(i));
+        // Flink's `lastWatermark` (0 before the first), and the watermark
+        // it would have emitted that Weir has not sent on yet.
+        let mut last = if reader.emitted == MIN_WATERMARK {
+            0
+        } else {
+            reader.emitted
+        };
+        let mut pending: Option<Timestamp> = None;
+        let mut start = 0;
+        for row in 0..b.num_rows() {
+            let ts = rowtime.and_then(|r| r[row]);
+            if let Some(p) = pending.filter(|p| ts.is_some_and(|t| t <= *p)) {
+                if row > start {
+                    self.chain.process_batch(b.slice(start, row - start), outbox)?;
+                }
+                start = row;
+                pending = None;
+                self.emit_watermark(reader, p, outbox)?;
+            }
+            if let Some(v) = values[row] {
+                own = own.max(v);
+            }
+            let effective = others.map_or(own, |o| o.min(own));
+            if effective.saturating_sub(last) > eager_ms {
+                last = effective;
+                pending = Some(effective).filter(|e| *e > reader.emitted);
+            }
+        }
+        if start < b.num_rows() {
+            self.chain.process_batch(b.slice(start, b.num_rows() - start), outbox)?;
+        }
+        reader.splits[i].watermark = own;
+        if let Some(p) = pending {
+            self.emit_watermark(reader, p, outbox)?;
+        }
+        Ok(())
+    }
+
+    fn emit_watermark(&mut self, reader: &mut Reader, w: Timestamp, outbox: &mut Vec<StreamMessage>) -> Result<()> {
+        reader.emitted = w;
+        self.metrics.watermark.fetch_max(w, Ordering::Relaxed);
+        self.chain.process_watermark(w, outbox)
     }
 
     fn emit_combined(&mut self, reader: &mut Reader, outbox: &mut Vec<StreamMessage>) -> Result<()> {
