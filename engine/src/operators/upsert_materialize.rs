@@ -16,8 +16,9 @@
 //! Its output has no `-U`: `+I`, `+U`, `-D` by the sink's key.
 //!
 //! State, through the keyed-state layer: `upsert-materialize-rows` (value
-//! per sink key: each entry's upsert-key bytes and row bytes, each behind
-//! a varint length; TTL'd with `table.exec.state.ttl` as in Flink).
+//! per sink key: each entry's upsert-key bytes — none without an upsert
+//! key — and row bytes, each behind a varint length; TTL'd with
+//! `table.exec.state.ttl` as in Flink).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -57,11 +58,20 @@ pub struct UpsertMaterializeOperator {
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
-/// One live row of a sink key: what identifies it, and its bytes.
+/// One live row of a sink key: what identifies it (its upsert key's
+/// bytes; empty without an upsert key, where the row is its own identity,
+/// so it is not stored twice), and its bytes.
 #[derive(Clone)]
 struct Entry {
     id: Vec<u8>,
     row: Vec<u8>,
+}
+
+impl Entry {
+    /// What identifies the entry: the upsert key's bytes, or the row.
+    fn identity(&self) -> &[u8] {
+        if self.id.is_empty() { &self.row } else { &self.id }
+    }
 }
 
 /// A sink key of the batch: its entries as the batch's rows change them.
@@ -182,6 +192,7 @@ impl Operator for UpsertMaterializeOperator {
         };
         // Without an upsert key an entry is its whole row.
         let id_of = |i: usize| -> &[u8] { ids.as_ref().map_or_else(|| rows.row(i), |r| r.row(i)) };
+        let stored_id = |i: usize| -> Vec<u8> { ids.as_ref().map_or_else(Vec::new, |r| r.row(i).to_vec()) };
 
         let mut slot_of: HashMap<&[u8], usize> = HashMap::new();
         let mut slots: Vec<Slot> = vec![];
@@ -221,7 +232,7 @@ impl Operator for UpsertMaterializeOperator {
         for (i, &s) in row_slot.iter().enumerate() {
             let slot = &mut slots[s];
             let id = id_of(i);
-            let found = slot.entries.iter().position(|e| e.id == id);
+            let find = |entries: &[Entry]| entries.iter().position(|e| e.identity() == id);
             if batch.kind(i).is_accumulate() {
                 let kind = if slot.entries.is_empty() {
                     RowKind::Insert
@@ -229,16 +240,17 @@ impl Operator for UpsertMaterializeOperator {
                     RowKind::UpdateAfter
                 };
                 let entry = Entry {
-                    id: id.to_vec(),
+                    id: stored_id(i),
                     row: rows.row(i).to_vec(),
                 };
-                match found {
-                    Some(at) if self.upsert_key.is_some() => slot.entries[at] = entry,
-                    _ => slot.entries.push(entry),
+                // Without an upsert key every row is a new entry.
+                match self.upsert_key.as_ref().and_then(|_| find(&slot.entries)) {
+                    Some(at) => slot.entries[at] = entry,
+                    None => slot.entries.push(entry),
                 }
                 emitted.push((kind, rows.row(i).to_vec()));
             } else {
-                let Some(at) = found else {
+                let Some(at) = find(&slot.entries) else {
                     dropped += 1;
                     continue;
                 };

@@ -558,13 +558,13 @@ impl SourceTask {
             return self.chain.process_batch(b, outbox);
         };
         let values = to_millis(&wm.expr.evaluate(&b.rows)?.into_array(b.num_rows())?)?;
+        if self.emit == EmitStrategy::OnPeriodic {
+            return self.eager_periodic(reader, i, b, &values, outbox);
+        }
         let rowtime = match self.rowtime_index {
             Some(r) => Some(to_millis(b.rows.column(r))?),
             None => None,
         };
-        if self.emit == EmitStrategy::OnPeriodic {
-            return self.eager_periodic(reader, i, b, &values, rowtime.as_deref(), outbox);
-        }
         let mut own = reader.splits[i].watermark;
         // The other splits do not change during this batch: their minimum
         // is taken once, only this split's watermark moves per row.
@@ -605,9 +605,10 @@ impl SourceTask {
         i: usize,
         b: ChangeBatch,
         values: &[Option<i64>],
-        rowtime: Option<&[Option<i64>]>,
         outbox: &mut Vec<StreamMessage>,
     ) -> Result<()> {
+        // Row times are read only once a watermark waits to be sent on.
+        let mut rowtime: Option<Vec<Option<i64>>> = None;
         let eager_ms = i64::try_from(self.interval.as_millis()).unwrap_or(i64::MAX);
         let mut own = reader.splits[i].watermark;
         let others = reader.combined(Some(i));
@@ -621,7 +622,15 @@ impl SourceTask {
         let mut pending: Option<Timestamp> = None;
         let mut start = 0;
         for row in 0..b.num_rows() {
-            let ts = rowtime.and_then(|r| r[row]);
+            let ts = match (pending, self.rowtime_index) {
+                (Some(_), Some(r)) => {
+                    if rowtime.is_none() {
+                        rowtime = Some(to_millis(b.rows.column(r))?);
+                    }
+                    rowtime.as_ref().and_then(|t| t[row])
+                }
+                _ => None,
+            };
             if let Some(p) = pending.filter(|p| ts.is_some_and(|t| t <= *p)) {
                 if row > start {
                     self.chain.process_batch(b.slice(start, row - start), outbox)?;
