@@ -13,8 +13,8 @@ pub struct NexmarkArgs {
     /// Events of all kinds per query (bids are 92% of them).
     #[arg(long, default_value_t = 10_000_000)]
     pub events: u64,
-    /// Comma-separated: q0,q1,q2,q5,q7 (windows and stateless), and the
-    /// updating queries q3,q4,q9,q15,q16,q17,q18,q19,q20.
+    /// Comma-separated: q0,q1,q2,q5,q7,q11 (windows, sessions and
+    /// stateless), and the updating queries q3,q4,q9,q15,q16,q17,q18,q19,q20.
     #[arg(long, default_value = "q0,q1,q2,q5,q7")]
     pub queries: String,
     #[arg(long, default_value_t = 1)]
@@ -32,7 +32,7 @@ pub const PERSON_COLUMNS: &str = "id BIGINT, name STRING, emailAddress STRING, c
      state STRING, dateTime TIMESTAMP(3), extra STRING";
 
 /// The queries `weir bench nexmark` knows.
-pub const QUERIES: &str = "q0, q1, q2, q3, q4, q5, q7, q9, q15, q16, q17, q18, q19, q20";
+pub const QUERIES: &str = "q0, q1, q2, q3, q4, q5, q7, q9, q11, q15, q16, q17, q18, q19, q20";
 
 /// Nexmark q15-q17's counters over one group (Flink's Nexmark SQL; the
 /// day is `CAST(dateTime AS DATE)` where Flink's writes
@@ -79,6 +79,12 @@ pub fn query(name: &str) -> Option<(String, String)> {
             "SELECT window_start, window_end, MAX(price) AS maxprice \
              FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND)) \
              GROUP BY window_start, window_end",
+        ),
+        "q11" => (
+            "bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
+            "SELECT B.bidder, COUNT(*) AS bid_count, SESSION_START(B.dateTime, INTERVAL '10' SECOND) AS starttime, \
+             SESSION_END(B.dateTime, INTERVAL '10' SECOND) AS endtime \
+             FROM bid B GROUP BY B.bidder, SESSION(B.dateTime, INTERVAL '10' SECOND)",
         ),
         "q3" => (
             "name STRING, city STRING, state STRING, id BIGINT",

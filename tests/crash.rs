@@ -798,3 +798,17 @@ fn sigkill_trials(job: &str, sql_of: fn(&Path, &str) -> String, min_rows: usize)
     assert!(kills >= trials as usize, "only {kills} kills in {trials} trials");
     assert!(restores >= trials as usize / 2, "only {restores} restores");
 }
+
+/// The job of [`interval_job_sql`] with SESSION windows (300 ms gap) per
+/// auction over the join instead of the TUMBLE window.
+fn session_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'session-crash';\n{extra}")).replace(
+        "FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))",
+        "FROM TABLE(SESSION(TABLE j PARTITION BY auction, DESCRIPTOR(dateTime), INTERVAL '300' MILLISECOND))",
+    )
+}
+
+#[test]
+fn sigkill_during_session_windows_commits_each_row_once() {
+    sigkill_trials("session-crash", session_job_sql, 500);
+}

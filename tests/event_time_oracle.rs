@@ -9,6 +9,10 @@
 //! - Window Top-N: a TUMBLE window TVF, against DataFusion's `date_bin`
 //!   windows with the same ROW_NUMBER (sorted on every selected column, so
 //!   ties cannot pick different rows).
+//! - SESSION windows: each row's session computed by a reference
+//!   implementation here (per key, rows by time, a new session where a row
+//!   starts after the last one's end), then the same aggregate in
+//!   DataFusion's batch SQL over those bounds.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -106,6 +110,46 @@ async fn batch_answer(sql: &str, clicks: &RecordBatch, imps: &RecordBatch) -> BT
         }
     }
     out
+}
+
+/// `batch` with the bounds of each row's session (gap `gap_ms`, per key
+/// `k` when `by_key`, NULL a key of its own): `window_start`, `window_end`.
+fn with_sessions(batch: &RecordBatch, gap_ms: i64, by_key: bool) -> RecordBatch {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::TimestampMillisecondType;
+    let keys = batch.column(0).as_string::<i32>();
+    let times = batch.column(1).as_primitive::<TimestampMillisecondType>();
+    let mut rows: Vec<usize> = (0..batch.num_rows()).collect();
+    let key = |i: usize| by_key.then(|| (!keys.is_null(i)).then(|| keys.value(i).to_string()));
+    rows.sort_by_key(|&i| (key(i), times.value(i)));
+    let (mut starts, mut ends) = (vec![0i64; rows.len()], vec![0i64; rows.len()]);
+    let mut at = 0;
+    while at < rows.len() {
+        // A session: rows of one key while each starts at or before the
+        // end so far (Flink's windows intersect when they touch).
+        let (start, mut end) = (times.value(rows[at]), times.value(rows[at]) + gap_ms);
+        let mut last = at + 1;
+        while last < rows.len() && key(rows[last]) == key(rows[at]) && times.value(rows[last]) <= end {
+            end = end.max(times.value(rows[last]) + gap_ms);
+            last += 1;
+        }
+        for &i in &rows[at..last] {
+            starts[i] = start;
+            ends[i] = end;
+        }
+        at = last;
+    }
+    let mut fields: Vec<Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut columns = batch.columns().to_vec();
+    for (name, v) in [("window_start", starts), ("window_end", ends)] {
+        fields.push(Field::new(
+            name,
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ));
+        columns.push(Arc::new(TimestampMillisecondArray::from(v)));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).expect("sessions")
 }
 
 async fn run(session: &mut Session, sql: &str) -> Result<StatementResult, String> {
@@ -250,6 +294,70 @@ async fn interval_joins_end_as_the_batch_answer() {
         );
         // The plan is an interval join, not a regular one.
         compare_with_batch(&mut session, sql, "IntervalJoin:", &expected, &mut failures).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// SESSION windows: (streaming SQL, batch SQL over `sessions` — the clicks
+/// with their reference session bounds —, gap in ms, sessions per key).
+const SESSIONS: &[(&str, &str, i64, bool)] = &[
+    (
+        "SELECT k, window_start, window_end, COUNT(*), SUM(v), MAX(v) \
+         FROM TABLE(SESSION(TABLE clicks PARTITION BY k, DESCRIPTOR(ts), INTERVAL '300' MILLISECOND)) \
+         GROUP BY k, window_start, window_end",
+        "SELECT k, window_start, window_end, COUNT(*), SUM(v), MAX(v) FROM sessions GROUP BY k, window_start, window_end",
+        300,
+        true,
+    ),
+    (
+        "SELECT k, SESSION_START(ts, INTERVAL '1' SECOND), SESSION_END(ts, INTERVAL '1' SECOND), COUNT(*) \
+         FROM clicks GROUP BY k, SESSION(ts, INTERVAL '1' SECOND)",
+        "SELECT k, window_start, window_end, COUNT(*) FROM sessions GROUP BY k, window_start, window_end",
+        1000,
+        true,
+    ),
+    (
+        "SELECT window_start, window_end, k, ts, v \
+         FROM TABLE(SESSION(TABLE clicks PARTITION BY k, DESCRIPTOR(ts), INTERVAL '500' MILLISECOND))",
+        "SELECT window_start, window_end, k, ts, v FROM sessions",
+        500,
+        true,
+    ),
+    (
+        "SELECT window_start, window_end, COUNT(*), MIN(v) \
+         FROM TABLE(SESSION(TABLE clicks, DESCRIPTOR(ts), INTERVAL '150' MILLISECOND)) GROUP BY window_start, window_end",
+        "SELECT window_start, window_end, COUNT(*), MIN(v) FROM sessions GROUP BY window_start, window_end",
+        150,
+        false,
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn session_windows_end_as_the_reference_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (clicks, clicks_csv) = rows(400, 0x6a09_e667_f3bc_c909);
+    let (_, imps_csv) = rows(10, 0x2545_f491_4f6c_dd1d);
+    let mut session = session_with_tables(dir.path(), &clicks_csv, &imps_csv).await;
+    let mut failures = vec![];
+    for (sql, batch_sql, gap, by_key) in SESSIONS {
+        let sessions = with_sessions(&clicks, *gap, *by_key);
+        let ctx = SessionContext::new();
+        let table = MemTable::try_new(sessions.schema(), vec![vec![sessions]]).expect("mem table");
+        ctx.register_table("sessions", Arc::new(table)).expect("register");
+        let mut expected = BTreeMap::new();
+        for b in ctx.sql(batch_sql).await.expect("plan").collect().await.expect("run") {
+            for r in rows_of(&b) {
+                *expected.entry(r).or_insert(0) += 1;
+            }
+        }
+        let groups = expected.len();
+        assert!(groups > 20, "{sql}: the reference answer is too small to test anything");
+        let operator = if sql.contains("GROUP BY") {
+            "SESSION(gap"
+        } else {
+            "SessionWindow:"
+        };
+        compare_with_batch(&mut session, sql, operator, &expected, &mut failures).await;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -96,6 +96,18 @@ const WINDOW_TOP_N: &str = "INSERT INTO counts SELECT k, window_start, window_en
       FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))
     ) WHERE rn <= 3;";
 
+/// SESSION windows per key over a third of the rows (gaps of 1.5 s and
+/// more end sessions of 1 s gap), aggregated, and the TVF on its own
+/// (every row with its session's bounds): open sessions and their rows or
+/// accumulators across savepoints.
+const SESSION_AGGREGATE: &str = "CREATE VIEW IF NOT EXISTS sparse AS SELECT * FROM events WHERE v < 30;
+    INSERT INTO counts SELECT k, window_start, window_end, COUNT(*), MAX(ts)
+    FROM TABLE(SESSION(TABLE sparse PARTITION BY k, DESCRIPTOR(ts), INTERVAL '1' SECOND))
+    GROUP BY k, window_start, window_end;";
+const SESSION_ROWS: &str = "CREATE VIEW IF NOT EXISTS sparse AS SELECT * FROM events WHERE v < 30;
+    INSERT INTO counts SELECT k, window_start, window_end, CAST(v * 4 AS BIGINT), ts
+    FROM TABLE(SESSION(TABLE sparse PARTITION BY k, DESCRIPTOR(ts), INTERVAL '1' SECOND));";
+
 /// `ORDER BY rowtime`: rows held for the watermark, and the last time
 /// emitted, across savepoints.
 const TEMPORAL_SORT: &str =
@@ -327,6 +339,16 @@ async fn golden_rerun_hop_with_a_tiny_window_buffer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_temporal_sort() {
     golden_rerun(TEMPORAL_SORT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_session_aggregate() {
+    golden_rerun(SESSION_AGGREGATE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_session_rows() {
+    golden_rerun(SESSION_ROWS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

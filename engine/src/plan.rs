@@ -118,7 +118,22 @@ pub enum NodeKind {
     Limit(LimitNode),
     UpsertMaterialize(UpsertMaterializeNode),
     TemporalSort(TemporalSortNode),
+    SessionWindow(SessionWindowNode),
     Sink(SinkNode),
+}
+
+/// The SESSION window TVF on its own (not under a window aggregate that
+/// groups by its partition): every row, with its session's
+/// `window_start`, `window_end`, `window_time` appended, emitted when the
+/// watermark passes the session's end.
+#[derive(Debug)]
+pub struct SessionWindowNode {
+    /// The gap, in milliseconds.
+    pub gap: i64,
+    /// The input's time attribute.
+    pub time_column: usize,
+    /// `PARTITION BY` keys (none: one session sequence for all rows).
+    pub partition: Vec<Arc<dyn PhysicalExpr>>,
 }
 
 /// How rows move from one node's subtasks to the next node's.
@@ -192,6 +207,9 @@ pub enum WindowKind {
     Tumble,
     Hop,
     Cumulate,
+    /// Sessions per key: a row opens `[ts, ts + gap)` (`size` = the gap),
+    /// merged with every session of its key it intersects.
+    Session,
 }
 
 /// A window assigner's parameters, in milliseconds.
@@ -217,6 +235,7 @@ impl std::fmt::Display for WindowSpec {
             WindowKind::Tumble => write!(f, "TUMBLE(size {})", ms(self.size))?,
             WindowKind::Hop => write!(f, "HOP(size {}, slide {})", ms(self.size), ms(self.slide))?,
             WindowKind::Cumulate => write!(f, "CUMULATE(size {}, step {})", ms(self.size), ms(self.slide))?,
+            WindowKind::Session => write!(f, "SESSION(gap {})", ms(self.size))?,
         }
         if self.offset != 0 {
             write!(f, " offset {}", ms(self.offset))?;
@@ -622,10 +641,22 @@ impl StreamGraph {
                         let _ = writeln!(s, "      watermark: none (no WATERMARK clause)");
                     }
                 }
+                NodeKind::WindowAggregate(w) if w.window.kind == WindowKind::Session => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each key's open sessions (bounds, accumulators) by key group|key; a timer per session at its end - 1, when it fires and is freed"
+                    );
+                }
                 NodeKind::WindowAggregate(_) => {
                     let _ = writeln!(
                         s,
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
+                    );
+                }
+                NodeKind::SessionWindow(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each partition's open sessions (bounds, rows) by key group|partition key; a timer per session at its end - 1, when its rows are emitted and freed"
                     );
                 }
                 NodeKind::Join(j) if j.interval.is_some() => {
@@ -728,6 +759,19 @@ impl StreamNode {
                 }
             ),
             NodeKind::Calc(c) => c.describe(),
+            NodeKind::SessionWindow(w) => {
+                let keys: Vec<String> = w.partition.iter().map(|k| k.to_string()).collect();
+                format!(
+                    "SessionWindow: {} partition [{}]",
+                    WindowSpec {
+                        kind: WindowKind::Session,
+                        size: w.gap,
+                        slide: w.gap,
+                        offset: 0
+                    },
+                    keys.join(", ")
+                )
+            }
             NodeKind::WindowAggregate(w) => {
                 let keys: Vec<String> = w.keys.iter().map(|k| k.to_string()).collect();
                 let aggs: Vec<String> = w.aggregates.iter().map(|a| a.name().to_string()).collect();

@@ -221,6 +221,15 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         .join(",")
                 ),
             ),
+            NodeKind::SessionWindow(w) => (
+                "session_window",
+                format!(
+                    "gap={};time={};partition={}",
+                    w.gap,
+                    w.time_column,
+                    canonical_exprs(&w.partition)
+                ),
+            ),
             NodeKind::UpsertMaterialize(m) => (
                 "upsert_materialize",
                 format!("key={};upsert={:?}", canonical_exprs(&m.key), m.upsert_key),

@@ -313,11 +313,13 @@ fn check_nesting(tokens: &[TokenWithSpan]) -> Result<()> {
 fn check_no_internal_names(tokens: &[TokenWithSpan]) -> Result<()> {
     for t in tokens {
         if let Token::Word(w) = &t.token
-            && w.value.eq_ignore_ascii_case(crate::udf::WINDOW_FN)
+            && [crate::udf::WINDOW_FN, crate::udf::PARTITION_BY_FN]
+                .iter()
+                .any(|name| w.value.eq_ignore_ascii_case(name))
         {
             return Err(SqlError::plan(format!(
-                "{} is internal to Weir; use TUMBLE, HOP or CUMULATE",
-                crate::udf::WINDOW_FN
+                "{} is internal to Weir; use TUMBLE, HOP, CUMULATE or SESSION",
+                w.value
             ))
             .at(loc(t)));
         }
@@ -347,9 +349,12 @@ fn slice_text(sql: &str, start: Location, end: Location) -> String {
 
 /// Flink writes window TVFs as `TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), ...))`;
 /// sqlparser cannot parse `TABLE t` as an argument, so the inner `TABLE`
-/// keyword is blanked out (positions of everything else are kept).
+/// keyword is blanked out (positions of everything else are kept). The
+/// SESSION TVF's `TABLE t PARTITION BY k` / `PARTITION BY (k1, k2)` becomes
+/// `t, __weir_partition_by(k1, k2)`, an argument the rewrite takes apart.
 fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
     let idx: Vec<usize> = (0..tokens.len()).filter(|i| !is_blank(&tokens[*i].token)).collect();
+    let mut partitions = vec![];
     for w in idx.windows(5) {
         let [a, b, c, d, e] = [w[0], w[1], w[2], w[3], w[4]];
         let is_tvf = ["TUMBLE", "HOP", "CUMULATE", "SESSION"]
@@ -362,7 +367,46 @@ fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
             && word(&tokens[e].token, "TABLE")
         {
             tokens[e].token = Token::Whitespace(Whitespace::Space);
+            partitions.push(e);
         }
+    }
+    // Back to front: inserted parentheses do not move earlier positions.
+    for e in partitions.into_iter().rev() {
+        let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+        // The table name: words and dots up to PARTITION, `,` or `)`.
+        let mut i = next(e + 1, &tokens);
+        while let Some(at) = i {
+            if word(&tokens[at].token, "PARTITION") {
+                break;
+            }
+            match &tokens[at].token {
+                Token::Word(_) | Token::Period => i = next(at + 1, &tokens),
+                _ => {
+                    i = None;
+                }
+            }
+        }
+        let Some(partition) = i else { continue };
+        let Some(by) = next(partition + 1, &tokens).filter(|b| word(&tokens[*b].token, "BY")) else {
+            continue;
+        };
+        tokens[partition].token = Token::Comma;
+        tokens[by].token = Token::make_word(crate::udf::PARTITION_BY_FN, None);
+        let Some(first) = next(by + 1, &tokens) else { continue };
+        if tokens[first].token == Token::LParen {
+            continue;
+        }
+        // One column without parentheses: `k` or `t.k`.
+        let mut last = first;
+        while let Some(dot) = next(last + 1, &tokens).filter(|d| tokens[*d].token == Token::Period) {
+            match next(dot + 1, &tokens) {
+                Some(w) if matches!(tokens[w].token, Token::Word(_)) => last = w,
+                _ => break,
+            }
+        }
+        let (open, close) = (tokens[first].span, tokens[last].span);
+        tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
+        tokens.insert(first, TokenWithSpan::new(Token::LParen, open));
     }
     tokens
 }

@@ -39,8 +39,9 @@ use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
     AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
-    LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph,
-    StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SessionWindowNode, SinkNode, SortKey, SourceNode, StreamEdge,
+    StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind,
+    WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -228,7 +229,9 @@ impl Planner {
             // pass (q20 stores one category's auctions, not all of them).
             // Before the equalities are extracted, since it also turns the
             // cross join above back into a join with a condition.
-            Arc::new(datafusion::optimizer::push_down_filter::PushDownFilter::new()),
+            Arc::new(PushDownFilterOutsideSessions(
+                datafusion::optimizer::push_down_filter::PushDownFilter::new(),
+            )),
             Arc::new(datafusion::optimizer::extract_equijoin_predicate::ExtractEquijoinPredicate::new()),
             Arc::new(OptimizeProjections::new()),
         ]);
@@ -305,7 +308,7 @@ fn marker_of(expr: &Expr) -> Option<Marker> {
     let Expr::ScalarFunction(ScalarFunction { func, args }) = expr.clone().unalias() else {
         return None;
     };
-    if func.name() != WINDOW_FN || args.len() != 6 {
+    if func.name() != WINDOW_FN || args.len() < 6 {
         return None;
     }
     let lit_i = |e: &Expr| match e {
@@ -319,6 +322,7 @@ fn marker_of(expr: &Expr) -> Option<Marker> {
     let kind = match lit_s(&args[1])?.as_str() {
         "TUMBLE" => WindowKind::Tumble,
         "HOP" => WindowKind::Hop,
+        "SESSION" => WindowKind::Session,
         _ => WindowKind::Cumulate,
     };
     let part = match lit_s(&args[5])?.as_str() {
@@ -339,21 +343,95 @@ fn marker_of(expr: &Expr) -> Option<Marker> {
 
 /// Follows output column `idx` of `plan` down to a window marker.
 fn trace_marker(plan: &LogicalPlan, idx: usize) -> Option<Marker> {
+    trace_marker_call(plan, idx).and_then(|(e, _)| marker_of(&e))
+}
+
+/// The window marker call output column `idx` of `plan` is, with the
+/// projection that makes it.
+fn trace_marker_call(plan: &LogicalPlan, idx: usize) -> Option<(Expr, &datafusion::logical_expr::Projection)> {
     match plan {
         LogicalPlan::Projection(p) => {
             let e = p.expr.get(idx)?;
-            if let Some(m) = marker_of(e) {
-                return Some(m);
+            if marker_of(e).is_some() {
+                return Some((e.clone().unalias(), p));
             }
             match e.clone().unalias() {
-                Expr::Column(c) => trace_marker(&p.input, p.input.schema().index_of_column(&c).ok()?),
+                Expr::Column(c) => trace_marker_call(&p.input, p.input.schema().index_of_column(&c).ok()?),
                 _ => None,
             }
         }
-        LogicalPlan::Filter(f) => trace_marker(&f.input, idx),
-        LogicalPlan::SubqueryAlias(a) => trace_marker(&a.input, idx),
+        LogicalPlan::Filter(f) => trace_marker_call(&f.input, idx),
+        LogicalPlan::SubqueryAlias(a) => trace_marker_call(&a.input, idx),
         _ => None,
     }
+}
+
+/// DataFusion's filter push-down, except through the projection that adds a
+/// SESSION TVF's window columns: as Flink, a WHERE over the TVF on its own
+/// filters its rows after their sessions are formed. (Under a window
+/// aggregate the filter runs before the aggregate, which forms the
+/// sessions, as Flink pushes it there.)
+#[derive(Debug)]
+struct PushDownFilterOutsideSessions(datafusion::optimizer::push_down_filter::PushDownFilter);
+
+impl datafusion::optimizer::OptimizerRule for PushDownFilterOutsideSessions {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn apply_order(&self) -> Option<datafusion::optimizer::ApplyOrder> {
+        self.0.apply_order()
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn datafusion::optimizer::OptimizerConfig,
+    ) -> datafusion::common::Result<datafusion::common::tree_node::Transformed<LogicalPlan>> {
+        fn adds_sessions(plan: &LogicalPlan) -> bool {
+            match plan {
+                LogicalPlan::SubqueryAlias(a) => adds_sessions(&a.input),
+                LogicalPlan::Projection(p) => p.expr.iter().any(contains_session_marker),
+                _ => false,
+            }
+        }
+        if let LogicalPlan::Filter(f) = &plan
+            && adds_sessions(&f.input)
+        {
+            return Ok(datafusion::common::tree_node::Transformed::no(plan));
+        }
+        self.0.rewrite(plan, config)
+    }
+}
+
+/// Whose sessions a SESSION marker's windows are.
+#[derive(Debug, Clone, PartialEq)]
+enum SessionKeys {
+    /// The legacy `GROUP BY k, SESSION(ts, gap)`: each group key's.
+    GroupKeys,
+    /// The TVF's `PARTITION BY` columns (none: one sequence of sessions).
+    Partition(Vec<Expr>),
+}
+
+fn session_keys(marker: &Expr) -> Option<SessionKeys> {
+    let Expr::ScalarFunction(ScalarFunction { args, .. }) = marker else {
+        return None;
+    };
+    match args.get(6)? {
+        Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(v)), _) if v == "keys" => Some(SessionKeys::GroupKeys),
+        _ => Some(SessionKeys::Partition(args[7..].to_vec())),
+    }
+}
+
+fn contains_session_marker(e: &Expr) -> bool {
+    let mut found = false;
+    let _ = e.apply(|x| {
+        if marker_of(x).is_some_and(|m| m.spec.kind == WindowKind::Session) {
+            found = true;
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// Which window bound output column `idx` of `plan` is: a window TVF's
@@ -828,7 +906,9 @@ impl<'a> GraphBuilder<'a> {
                 upsert_key: None,
                 no_update_before: false,
             },
-            NodeKind::Source(_) | NodeKind::WindowAggregate(_) => ChangelogMode::insert_only(),
+            NodeKind::Source(_) | NodeKind::WindowAggregate(_) | NodeKind::SessionWindow(_) => {
+                ChangelogMode::insert_only()
+            }
             NodeKind::Calc(c) => match &c.projection {
                 Some(p) => input.through_projection(
                     &p.iter()
@@ -955,6 +1035,11 @@ impl<'a> GraphBuilder<'a> {
         match plan {
             LogicalPlan::TableScan(scan) => self.source(scan),
             LogicalPlan::SubqueryAlias(a) => self.convert(&a.input),
+            LogicalPlan::Projection(p)
+                if !self.under_window_aggregate && p.expr.iter().any(contains_session_marker) =>
+            {
+                self.session_window(p)
+            }
             LogicalPlan::Projection(p) => {
                 if !self.under_window_aggregate && p.expr.iter().any(contains_multi_window_marker) {
                     return Err(SqlError::unsupported(
@@ -1188,11 +1273,138 @@ impl<'a> GraphBuilder<'a> {
                 .is_some_and(|i| trace_marker(&agg.input, i).is_some()),
             _ => false,
         });
+        if windowed && self.sessions_of_other_keys(agg) {
+            // As Flink: the SESSION TVF on its own, then a GROUP BY over
+            // its rows (an updating aggregate).
+            return self.group_aggregate(agg);
+        }
         if windowed {
             self.window_aggregate(agg)
         } else {
             self.group_aggregate(agg)
         }
+    }
+
+    /// Whether `agg` groups a SESSION TVF's rows by other keys than its
+    /// `PARTITION BY`: Flink then runs the TVF on its own (sessions per
+    /// partition) and aggregates its rows like any table's.
+    fn sessions_of_other_keys(&self, agg: &datafusion::logical_expr::Aggregate) -> bool {
+        let input_schema = agg.input.schema();
+        let mut partition = None;
+        let mut keys = vec![];
+        for g in &agg.group_expr {
+            let call = match g {
+                Expr::Column(c) => input_schema
+                    .index_of_column(c)
+                    .ok()
+                    .and_then(|i| trace_marker_call(&agg.input, i)),
+                _ => None,
+            };
+            match call {
+                Some((e, _)) => {
+                    if let Some(SessionKeys::Partition(p)) = session_keys(&e) {
+                        partition = Some(p);
+                    }
+                }
+                None => keys.push(g),
+            }
+        }
+        let Some(partition) = partition else { return false };
+        let name = |e: &Expr| match e.clone().unalias() {
+            Expr::Column(c) => Some(c.name),
+            _ => None,
+        };
+        let mut partition: Vec<Option<String>> = partition.iter().map(name).collect();
+        let mut keys: Vec<Option<String>> = keys.into_iter().map(name).collect();
+        partition.sort();
+        partition.dedup();
+        keys.sort();
+        keys.dedup();
+        partition != keys || keys.contains(&None)
+    }
+
+    /// A projection that adds a SESSION TVF's window columns, not under a
+    /// window aggregate grouped by its partition: Flink's window table
+    /// function on its own. The session operator (hash by the partition)
+    /// emits each row with its session's `window_start`, `window_end`,
+    /// `window_time` when the session fires; a calc then lays the
+    /// projection out.
+    fn session_window(&mut self, p: &datafusion::logical_expr::Projection) -> Result<NodeId> {
+        let marker = p
+            .expr
+            .iter()
+            .map(|e| e.clone().unalias())
+            .find(|e| marker_of(e).is_some_and(|m| m.spec.kind == WindowKind::Session))
+            .ok_or_else(|| SqlError::internal("a session window without its marker"))?;
+        let (Some(m), Expr::ScalarFunction(ScalarFunction { args, .. })) = (marker_of(&marker), &marker) else {
+            return Err(SqlError::internal("a session window without its marker"));
+        };
+        let input_schema = p.input.schema();
+        let time_column = match &args[0] {
+            Expr::Column(c) => input_schema.index_of_column(c)?,
+            other => {
+                return Err(SqlError::plan(format!(
+                    "the time attribute of a SESSION window must be a column, found {other}"
+                )));
+            }
+        };
+        let partition = match session_keys(&marker) {
+            Some(SessionKeys::Partition(cols)) => cols
+                .iter()
+                .map(|c| self.physical(c, input_schema))
+                .collect::<Result<Vec<_>>>()?,
+            _ => {
+                return Err(SqlError::unsupported(
+                    "GROUP BY SESSION(...) needs its session columns grouped by (SESSION_START, SESSION_END)",
+                ));
+            }
+        };
+        let input = self.convert(&p.input)?;
+        self.require_insert_only(input, "SessionWindow")?;
+        let in_fields = input_schema.as_arrow().fields().clone();
+        let ts_type = in_fields[time_column].data_type().clone();
+        let mut fields: Vec<arrow::datatypes::FieldRef> = in_fields.iter().cloned().collect();
+        for name in ["window_start", "window_end", "window_time"] {
+            fields.push(Arc::new(arrow::datatypes::Field::new(name, ts_type.clone(), false)));
+        }
+        let schema = Arc::new(arrow::datatypes::Schema::new(fields));
+        let (parallelism, exchange) = if partition.is_empty() {
+            (1, Exchange::Global)
+        } else {
+            (self.config.parallelism, Exchange::Hash(partition.clone()))
+        };
+        let sessions = self.add(
+            parallelism,
+            schema.clone(),
+            NodeKind::SessionWindow(SessionWindowNode {
+                gap: m.spec.size,
+                time_column,
+                partition,
+            }),
+            Some((input, exchange)),
+        );
+        let n = in_fields.len();
+        let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
+        for (i, e) in p.expr.iter().enumerate() {
+            let name = p.schema.field(i).name();
+            exprs.push(match marker_of(e) {
+                Some(m) => {
+                    let at = n + match m.part {
+                        GroupOutput::WindowStart => 0,
+                        GroupOutput::WindowEnd => 1,
+                        _ => 2,
+                    };
+                    Arc::new(Column::new(name, at))
+                }
+                None if contains_session_marker(e) => {
+                    return Err(SqlError::unsupported(format!(
+                        "an expression over a SESSION window's bounds in the same SELECT as the TVF: {e}"
+                    )));
+                }
+                None => self.physical(e, input_schema)?,
+            });
+        }
+        Ok(self.calc(sessions, Arc::new(p.schema.as_arrow().clone()), None, Some(exprs)))
     }
 
     fn group_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {

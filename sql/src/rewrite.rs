@@ -23,7 +23,7 @@ use weir_catalog::store::Entry;
 
 use crate::error::{Result, SqlError};
 use crate::parser::dialect;
-use crate::udf::WINDOW_FN;
+use crate::udf::{PARTITION_BY_FN, WINDOW_FN};
 
 const MAX_VIEW_DEPTH: usize = 32;
 
@@ -130,11 +130,20 @@ fn fn_name(name: &ObjectName) -> String {
     name.to_string().to_ascii_uppercase()
 }
 
-/// The select list that adds the window columns.
-fn window_columns(ts: &str, kind: &str, size: i64, slide: i64, offset: i64) -> String {
+/// The select list that adds the window columns. `session` is a SESSION
+/// marker's seventh argument on: `'keys'`, or `'partition'` and columns.
+fn window_columns(ts: &str, call: &WindowCall, session: &str) -> String {
+    let (kind, size, slide, offset) = (call.kind, call.size, call.slide, call.offset);
+    let session = if kind == "SESSION" {
+        format!(", {session}")
+    } else {
+        String::new()
+    };
     ["start", "end", "time"]
         .iter()
-        .map(|part| format!("{WINDOW_FN}({ts}, '{kind}', {size}, {slide}, {offset}, '{part}') AS window_{part}"))
+        .map(|part| {
+            format!("{WINDOW_FN}({ts}, '{kind}', {size}, {slide}, {offset}, '{part}'{session}) AS window_{part}")
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -217,7 +226,16 @@ fn window_call(name: &str, sizes: &[&Expr], legacy: bool) -> Result<WindowCall> 
                 offset: ms(2)?.unwrap_or(0),
             }
         }
-        "SESSION" => return Err(SqlError::unsupported("SESSION windows are not supported yet")),
+        "SESSION" => {
+            arity(1, 1)?;
+            let gap = ms(0)?.unwrap_or(1);
+            WindowCall {
+                kind: "SESSION",
+                size: gap,
+                slide: gap,
+                offset: 0,
+            }
+        }
         other => {
             return Err(SqlError::unsupported(format!(
                 "window function {other} is not supported"
@@ -246,7 +264,21 @@ impl Rewriter<'_> {
         if !["TUMBLE", "HOP", "CUMULATE", "SESSION"].contains(&name.as_str()) {
             return Ok(None);
         }
-        let args = args_of(f);
+        let mut args = args_of(f);
+        // SESSION's `PARTITION BY` (see the parser's TVF rewrite).
+        let partition = match args.get(1) {
+            Some(Expr::Function(p)) if fn_name(&p.name) == PARTITION_BY_FN.to_ascii_uppercase() => {
+                let cols = args_of(p).iter().map(|c| c.to_string()).collect::<Vec<_>>();
+                args.remove(1);
+                if name != "SESSION" {
+                    return Err(SqlError::plan(format!(
+                        "PARTITION BY is an argument of the SESSION window TVF, not of {name}"
+                    )));
+                }
+                cols
+            }
+            _ => vec![],
+        };
         if args.len() < 3 {
             return Err(SqlError::plan(format!(
                 "{name} expects (TABLE t, DESCRIPTOR(time_column), interval...)"
@@ -280,9 +312,13 @@ impl Rewriter<'_> {
                 .and_then(|p| p.as_ident().cloned())
                 .unwrap_or_else(|| Ident::new("w"))
         });
+        let session = std::iter::once("'partition'".to_string())
+            .chain(partition)
+            .collect::<Vec<_>>()
+            .join(", ");
         let sql = format!(
             "SELECT *, {} FROM {table}",
-            window_columns(&ts.to_string(), call.kind, call.size, call.slide, call.offset)
+            window_columns(&ts.to_string(), &call, &session)
         );
         let mut factor = derived(&sql, &alias_ident)?;
         self.rewrite_factor_subquery(&mut factor)?;
@@ -343,11 +379,13 @@ impl Rewriter<'_> {
             }
         };
         let call = window_call(&name, &args[1..], true)?;
+        // window_time too: `*_ROWTIME(...)` may be selected.
         exprs.splice(
             pos..=pos,
             [
                 Expr::Identifier(Ident::new("window_start")),
                 Expr::Identifier(Ident::new("window_end")),
+                Expr::Identifier(Ident::new("window_time")),
             ],
         );
         if select.from.len() != 1 {
@@ -367,7 +405,7 @@ impl Rewriter<'_> {
         };
         let sql = format!(
             "SELECT *, {} FROM {from}",
-            window_columns(&ts.to_string(), call.kind, call.size, call.slide, call.offset)
+            window_columns(&ts.to_string(), &call, "'keys'")
         );
         let mut factor = derived(&sql, &alias)?;
         self.rewrite_factor_subquery(&mut factor)?;

@@ -1,5 +1,8 @@
 //! `__weir_window(ts, kind, size_ms, slide_ms, offset_ms, part)`: the
 //! internal form every window (TVF or legacy group window) is rewritten to.
+//! A SESSION marker has a seventh argument: `'keys'` (the legacy
+//! `GROUP BY k, SESSION(...)`: sessions per group key) or `'partition'`
+//! followed by the TVF's `PARTITION BY` columns.
 //!
 //! For TUMBLE it computes the real `window_start` / `window_end` /
 //! `window_time` of the row, so a TUMBLE TVF can also be selected from
@@ -17,6 +20,8 @@ use datafusion::logical_expr::{
 };
 
 pub const WINDOW_FN: &str = "__weir_window";
+/// The SESSION TVF's `PARTITION BY` as the parser hands it to the rewrite.
+pub const PARTITION_BY_FN: &str = "__weir_partition_by";
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct WindowMarker {
@@ -26,7 +31,7 @@ pub struct WindowMarker {
 impl WindowMarker {
     pub fn udf() -> ScalarUDF {
         ScalarUDF::new_from_impl(Self {
-            signature: Signature::new(TypeSignature::Any(6), Volatility::Immutable),
+            signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
         })
     }
 }
@@ -68,6 +73,9 @@ impl ScalarUDFImpl for WindowMarker {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let a = &args.args;
+        if a.len() < 6 {
+            return exec_err!("malformed window marker arguments");
+        }
         let (Some(kind), Some(size), Some(offset), Some(part)) = (
             literal_str(&a[1]),
             literal_i64(&a[2]),

@@ -1294,6 +1294,28 @@ fn create_operator(
                 insert_only,
             )?)
         }
+        NodeKind::WindowAggregate(w) if w.window.kind == crate::plan::WindowKind::Session => {
+            let state = state_of(crate::operators::window::session::STATES)?;
+            Box::new(crate::operators::window::session::SessionWindowOperator::aggregate(
+                w,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
+        NodeKind::SessionWindow(w) => {
+            let state = state_of(crate::operators::window::session::STATES)?;
+            Box::new(crate::operators::window::session::SessionWindowOperator::rows(
+                w,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::WindowAggregate(w) => {
             let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
             let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);

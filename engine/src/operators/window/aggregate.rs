@@ -130,7 +130,7 @@ impl WindowStore {
 
 /// The aggregates of the operator: their accumulators and how their state
 /// becomes bytes.
-struct Aggs {
+pub(super) struct Aggs {
     aggregates: Vec<Arc<AggregateFunctionExpr>>,
     /// Types of each aggregate's state columns, in order.
     state_types: Vec<Vec<DataType>>,
@@ -138,7 +138,27 @@ struct Aggs {
 }
 
 impl Aggs {
-    fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
+    pub(super) fn new(aggregates: &[Arc<AggregateFunctionExpr>]) -> Result<Self> {
+        let state_types = aggregates
+            .iter()
+            .map(|a| {
+                a.state_fields()
+                    .map(|fs| fs.iter().map(|f| f.data_type().clone()).collect::<Vec<_>>())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let flat: Vec<DataType> = state_types.iter().flatten().cloned().collect();
+        let state_codec = RowCodec::new(&flat).map_err(|m| {
+            let names: Vec<&str> = aggregates.iter().map(|a| a.name()).collect();
+            ExecError::Config(format!("window aggregate [{}]: {m}", names.join(", ")))
+        })?;
+        Ok(Self {
+            aggregates: aggregates.to_vec(),
+            state_types,
+            state_codec,
+        })
+    }
+
+    pub(super) fn accumulators(&self) -> Result<Vec<Box<dyn GroupsAccumulator>>> {
         self.aggregates
             .iter()
             .map(|a| {
@@ -154,7 +174,7 @@ impl Aggs {
     }
 
     /// Merges encoded states (one per group) into `accs`.
-    fn merge_stored(
+    pub(super) fn merge_stored(
         &self,
         accs: &mut [Box<dyn GroupsAccumulator>],
         stored: &[&[u8]],
@@ -196,7 +216,7 @@ impl Aggs {
     }
 
     /// Encodes the state of every group of `accs` (which it empties).
-    fn encode_states(&self, accs: &mut [Box<dyn GroupsAccumulator>]) -> Result<Vec<Vec<u8>>> {
+    pub(super) fn encode_states(&self, accs: &mut [Box<dyn GroupsAccumulator>]) -> Result<Vec<Vec<u8>>> {
         let columns = self.state_columns(accs)?;
         let rows = self.state_codec.encode(&columns)?;
         Ok(rows.iter().map(<[u8]>::to_vec).collect())
@@ -204,7 +224,7 @@ impl Aggs {
 
     /// The values each aggregate reads from `batch`, evaluated once per
     /// batch (each window's rows are then taken from them).
-    fn evaluate(&self, batch: &RecordBatch) -> Result<Vec<Vec<ArrayRef>>> {
+    pub(super) fn evaluate(&self, batch: &RecordBatch) -> Result<Vec<Vec<ArrayRef>>> {
         let n = batch.num_rows();
         self.aggregates
             .iter()
@@ -254,19 +274,6 @@ impl WindowAggregateOperator {
         parallelism: usize,
     ) -> Result<Self> {
         let key_encoder = KeyEncoder::for_keys(&node.keys, input_schema)?;
-        let state_types = node
-            .aggregates
-            .iter()
-            .map(|a| {
-                a.state_fields()
-                    .map(|fs| fs.iter().map(|f| f.data_type().clone()).collect::<Vec<_>>())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let flat: Vec<DataType> = state_types.iter().flatten().cloned().collect();
-        let state_codec = RowCodec::new(&flat).map_err(|m| {
-            let names: Vec<&str> = node.aggregates.iter().map(|a| a.name()).collect();
-            ExecError::Config(format!("window aggregate [{}]: {m}", names.join(", ")))
-        })?;
         Ok(Self {
             name: format!("WindowAggregate {}", node.window),
             window: node.window,
@@ -274,11 +281,7 @@ impl WindowAggregateOperator {
             keys: node.keys.clone(),
             key_encoder,
             group_outputs: node.group_outputs.clone(),
-            aggs: Aggs {
-                aggregates: node.aggregates.clone(),
-                state_types,
-                state_codec,
-            },
+            aggs: Aggs::new(&node.aggregates)?,
             schema,
             max_parallelism,
             store,
@@ -627,27 +630,54 @@ fn output_batch<'a>(
     keys: impl Iterator<Item = &'a [u8]>,
     agg_columns: Vec<ArrayRef>,
 ) -> Result<RecordBatch> {
-    let key_columns = match &op.key_encoder {
-        Some(enc) => enc.codec().decode(keys)?,
-        None => vec![],
+    let starts: Vec<i64> = ends.iter().map(|e| window_start(&op.window, *e)).collect();
+    let out = WindowOutput {
+        schema: &op.schema,
+        group_outputs: &op.group_outputs,
+        key_encoder: op.key_encoder.as_ref(),
     };
-    let starts: TimestampMillisecondArray = ends.iter().map(|e| Some(window_start(&op.window, *e))).collect();
-    let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
-    let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e - 1)).collect();
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(op.schema.fields().len());
-    for g in &op.group_outputs {
-        columns.push(match g {
-            GroupOutput::WindowStart => Arc::new(starts.clone()),
-            GroupOutput::WindowEnd => Arc::new(end_arr.clone()),
-            GroupOutput::WindowTime => Arc::new(times.clone()),
-            GroupOutput::Key(i) => key_columns
-                .get(*i)
-                .cloned()
-                .ok_or_else(|| ExecError::internal("window key index out of range"))?,
-        });
+    out.batch(&starts, ends, keys, agg_columns)
+}
+
+/// How a window aggregate's output rows are laid out.
+pub(super) struct WindowOutput<'a> {
+    pub schema: &'a SchemaRef,
+    pub group_outputs: &'a [GroupOutput],
+    pub key_encoder: Option<&'a KeyEncoder>,
+}
+
+impl WindowOutput<'_> {
+    /// Rows of windows `[starts[i], ends[i])`: window columns, keys (their
+    /// encoded bytes), then the aggregate values.
+    pub fn batch<'k>(
+        &self,
+        starts: &[i64],
+        ends: &[i64],
+        keys: impl Iterator<Item = &'k [u8]>,
+        agg_columns: Vec<ArrayRef>,
+    ) -> Result<RecordBatch> {
+        let key_columns = match self.key_encoder {
+            Some(enc) => enc.codec().decode(keys)?,
+            None => vec![],
+        };
+        let start_arr: TimestampMillisecondArray = starts.iter().map(|s| Some(*s)).collect();
+        let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
+        let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e.saturating_sub(1))).collect();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        for g in self.group_outputs {
+            columns.push(match g {
+                GroupOutput::WindowStart => Arc::new(start_arr.clone()),
+                GroupOutput::WindowEnd => Arc::new(end_arr.clone()),
+                GroupOutput::WindowTime => Arc::new(times.clone()),
+                GroupOutput::Key(i) => key_columns
+                    .get(*i)
+                    .cloned()
+                    .ok_or_else(|| ExecError::internal("window key index out of range"))?,
+            });
+        }
+        columns.extend(agg_columns);
+        batch_with_schema(self.schema, columns)
     }
-    columns.extend(agg_columns);
-    batch_with_schema(&op.schema, columns)
 }
 
 /// Rows of one batch that go to one pane.

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod panes;
+pub mod session;
 pub mod slices;
 
 use crate::message::Timestamp;
@@ -46,6 +47,9 @@ pub fn assign_windows(spec: &WindowSpec, ts: Timestamp, mut f: impl FnMut(i64, i
                 start += slide;
             }
         }
+        // A row's own session window, before any merge (the session
+        // operator merges; this is its proto-window).
+        WindowKind::Session => f(clamp(ts), clamp(ts + size)),
         WindowKind::Cumulate => {
             let start = ts - (ts - offset).rem_euclid(size);
             let mut end = start + ((ts - start) / slide + 1) * slide;
@@ -61,7 +65,7 @@ pub fn assign_windows(spec: &WindowSpec, ts: Timestamp, mut f: impl FnMut(i64, i
 pub fn window_start(spec: &WindowSpec, end: i64) -> i64 {
     let (end, size, offset) = (i128::from(end), i128::from(spec.size), i128::from(spec.offset));
     match spec.kind {
-        WindowKind::Tumble | WindowKind::Hop => clamp(end - size),
+        WindowKind::Tumble | WindowKind::Hop | WindowKind::Session => clamp(end - size),
         WindowKind::Cumulate if size < 1 => clamp(end),
         WindowKind::Cumulate => {
             let last = end - 1;

@@ -54,7 +54,7 @@ impl Slicer {
             WindowKind::Tumble => return None,
             WindowKind::Hop => gcd(spec.size, spec.slide),
             WindowKind::Cumulate if spec.size % spec.slide == 0 => spec.slide,
-            WindowKind::Cumulate => return None,
+            WindowKind::Cumulate | WindowKind::Session => return None,
         };
         // One slice per window: nothing to share.
         (slice < spec.size).then_some(Self { spec: *spec, slice })
