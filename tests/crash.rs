@@ -812,3 +812,23 @@ fn session_job_sql(out: &Path, extra: &str) -> String {
 fn sigkill_during_session_windows_commits_each_row_once() {
     sigkill_trials("session-crash", session_job_sql, 500);
 }
+
+/// The two bid files of [`interval_job_sql`] in 2 s TUMBLE windows, LEFT
+/// window-joined by auction (each left bid with the right bids of its
+/// auction and window, or padded).
+fn window_join_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'window-join-crash';\n{extra}")).replace(
+        "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)
+FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+GROUP BY auction, window_start, window_end;",
+        "INSERT INTO out SELECT L.auction, L.window_start, L.price, R.price
+FROM (SELECT * FROM TABLE(TUMBLE(TABLE l, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))) L
+LEFT JOIN (SELECT * FROM TABLE(TUMBLE(TABLE r, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))) R
+ON L.window_start = R.window_start AND L.window_end = R.window_end AND L.auction = R.auction;",
+    )
+}
+
+#[test]
+fn sigkill_during_a_window_join_commits_each_row_once() {
+    sigkill_trials("window-join-crash", window_join_job_sql, 5_000);
+}

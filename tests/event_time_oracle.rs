@@ -9,6 +9,8 @@
 //! - Window Top-N: a TUMBLE window TVF, against DataFusion's `date_bin`
 //!   windows with the same ROW_NUMBER (sorted on every selected column, so
 //!   ties cannot pick different rows).
+//! - Window joins: TUMBLE TVFs on both sides joined on their bounds,
+//!   against DataFusion's join of `date_bin` windows.
 //! - SESSION windows: each row's session computed by a reference
 //!   implementation here (per key, rows by time, a new session where a row
 //!   starts after the last one's end), then the same aggregate in
@@ -358,6 +360,48 @@ async fn session_windows_end_as_the_reference_answer() {
             "SessionWindow:"
         };
         compare_with_batch(&mut session, sql, operator, &expected, &mut failures).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A TUMBLE window TVF of `table` with `value` (streaming) and the same
+/// windows by `date_bin` (batch), both `(k, ts, value, window_start,
+/// window_end) AS alias`.
+fn tumbled(table: &str, value: &str, alias: &str) -> (String, String) {
+    (
+        format!("(SELECT * FROM TABLE(TUMBLE(TABLE {table}, DESCRIPTOR(ts), INTERVAL '2' SECOND))) {alias}"),
+        format!(
+            "(SELECT k, ts, {value}, date_bin(INTERVAL '2 seconds', ts) AS window_start, \
+             date_bin(INTERVAL '2 seconds', ts) + INTERVAL '2 seconds' AS window_end FROM {table}) {alias}"
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn window_joins_end_as_the_batch_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (clicks, clicks_csv) = rows(400, 0xbb67_ae85_84ca_a73b);
+    let (imps, imps_csv) = rows(300, 0x3c6e_f372_fe94_f82b);
+    let mut session = session_with_tables(dir.path(), &clicks_csv, &imps_csv).await;
+    let ((ls, lb), (rs, rb)) = (tumbled("clicks", "v", "L"), tumbled("imps", "x", "R"));
+    let on = "L.window_start = R.window_start AND L.window_end = R.window_end AND L.k = R.k";
+    let queries = [
+        format!("SELECT L.window_start, L.k, L.v, R.x FROM {{l}} JOIN {{r}} ON {on}"),
+        format!(
+            "SELECT L.window_start, L.k, L.v, R.window_end, R.k, R.x FROM {{l}} FULL JOIN {{r}} ON {on} AND L.v > R.x"
+        ),
+        format!("SELECT L.window_end, L.k, L.v FROM {{l}} WHERE NOT EXISTS (SELECT * FROM {{r}} WHERE {on})"),
+    ];
+    let mut failures = vec![];
+    for q in &queries {
+        let sql = q.replace("{l}", &ls).replace("{r}", &rs);
+        let batch_sql = q.replace("{l}", &lb).replace("{r}", &rb);
+        let expected = batch_answer(&batch_sql, &clicks, &imps).await;
+        assert!(
+            expected.len() > 20,
+            "{sql}: the batch answer is too small to test anything"
+        );
+        compare_with_batch(&mut session, &sql, "WindowJoin:", &expected, &mut failures).await;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -108,6 +108,13 @@ const SESSION_ROWS: &str = "CREATE VIEW IF NOT EXISTS sparse AS SELECT * FROM ev
     INSERT INTO counts SELECT k, window_start, window_end, CAST(v * 4 AS BIGINT), ts
     FROM TABLE(SESSION(TABLE sparse PARTITION BY k, DESCRIPTOR(ts), INTERVAL '1' SECOND));";
 
+/// A LEFT window join of the events with themselves: each row with the
+/// later rows of its key in its 2 s window, or padded.
+const WINDOW_JOIN: &str = "INSERT INTO counts SELECT L.k, L.window_start, L.window_end, CAST(R.v * 4 AS BIGINT), L.ts
+    FROM (SELECT * FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))) L
+    LEFT JOIN (SELECT * FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))) R
+    ON L.window_start = R.window_start AND L.window_end = R.window_end AND L.k = R.k AND L.ts < R.ts;";
+
 /// `ORDER BY rowtime`: rows held for the watermark, and the last time
 /// emitted, across savepoints.
 const TEMPORAL_SORT: &str =
@@ -349,6 +356,11 @@ async fn golden_rerun_session_aggregate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_session_rows() {
     golden_rerun(SESSION_ROWS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_window_join() {
+    golden_rerun(WINDOW_JOIN).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

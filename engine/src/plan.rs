@@ -392,6 +392,11 @@ pub struct JoinNode {
     /// Time bounds between the sides' event-time columns: an interval
     /// join (insert-only, state freed as the watermark passes).
     pub interval: Option<IntervalBounds>,
+    /// A window join: the sides join on equal `window_start` and
+    /// `window_end` (of a window TVF or a window aggregate on each side);
+    /// per side, the input column holding `window_end`. Each window's
+    /// rows are joined once, when the watermark passes its end.
+    pub window: Option<[usize; 2]>,
 }
 
 /// `right.time + lower <= left.time <= right.time + upper` (ms, inclusive)
@@ -659,6 +664,12 @@ impl StreamGraph {
                         "      state: {backend}, each partition's open sessions (bounds, rows) by key group|partition key; a timer per session at its end - 1, when its rows are emitted and freed"
                     );
                 }
+                NodeKind::Join(j) if j.window.is_some() => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, each side's rows by key group|join key (with the window bounds); a timer per key at window_end - 1, when the window's rows are joined, emitted and freed"
+                    );
+                }
                 NodeKind::Join(j) if j.interval.is_some() => {
                     let _ = writeln!(
                         s,
@@ -829,6 +840,9 @@ impl StreamNode {
                             b.lower,
                             b.upper
                         )
+                    }
+                    None if j.window.is_some() => {
+                        format!("WindowJoin: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
                     }
                     None => format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND ")),
                 }

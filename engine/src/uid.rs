@@ -190,7 +190,8 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 ) + &j
                     .interval
                     .map(|b| format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper))
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    + &j.window.map(|[l, r]| format!(";window={l},{r}")).unwrap_or_default(),
             ),
             NodeKind::Union => ("union", String::new()),
             NodeKind::Rank(r) => (

@@ -461,6 +461,31 @@ fn trace_window_bound(plan: &LogicalPlan, idx: usize) -> Option<GroupOutput> {
     }
 }
 
+/// A window join's `window_end` columns (left, right): the join's
+/// equalities hold `L.window_start = R.window_start` and `L.window_end =
+/// R.window_end` of windows on both sides (window TVFs or window
+/// aggregates).
+fn window_join_ends(join: &datafusion::logical_expr::Join) -> Option<[usize; 2]> {
+    let (mut start, mut end) = (false, None);
+    for (l, r) in &join.on {
+        let (Expr::Column(lc), Expr::Column(rc)) = (l, r) else {
+            continue;
+        };
+        let (Ok(li), Ok(ri)) = (
+            join.left.schema().index_of_column(lc),
+            join.right.schema().index_of_column(rc),
+        ) else {
+            continue;
+        };
+        match (trace_window_bound(&join.left, li), trace_window_bound(&join.right, ri)) {
+            (Some(GroupOutput::WindowStart), Some(GroupOutput::WindowStart)) => start = true,
+            (Some(GroupOutput::WindowEnd), Some(GroupOutput::WindowEnd)) => end = Some([li, ri]),
+            _ => {}
+        }
+    }
+    end.filter(|_| start)
+}
+
 fn contains_multi_window_marker(e: &Expr) -> bool {
     let mut found = false;
     let _ = e.apply(|x| {
@@ -1556,8 +1581,19 @@ impl<'a> GraphBuilder<'a> {
         // Time bounds between the sides' event-time columns over
         // insert-only inputs make an interval join (Flink's rule; else
         // the condition is a regular join's filter).
+        // Equal window_start and window_end of windows on both sides over
+        // insert-only inputs make a window join (Flink's rule), joined
+        // when the window fires.
+        let window = window_join_ends(join).filter(|_| lm.is_insert_only() && rm.is_insert_only());
         let interval = match interval_bounds(join, self.catalog) {
-            Some(found) if lm.is_insert_only() && rm.is_insert_only() && join_type.semi_anti().is_none() => Some(found),
+            Some(found)
+                if window.is_none()
+                    && lm.is_insert_only()
+                    && rm.is_insert_only()
+                    && join_type.semi_anti().is_none() =>
+            {
+                Some(found)
+            }
             _ => None,
         };
         let filter = match (&interval, &join.filter) {
@@ -1575,8 +1611,9 @@ impl<'a> GraphBuilder<'a> {
             state_ttl: [self.hinted_ttl(&join.left), self.hinted_ttl(&join.right)],
             unique_keys: [lm.upsert_key.clone(), rm.upsert_key.clone()],
             interval: interval.as_ref().map(|(b, _)| *b),
+            window,
         };
-        let is_interval = node.interval.is_some();
+        let is_interval = node.interval.is_some() || node.window.is_some();
         let id = self.add(
             self.config.parallelism,
             Arc::new(join.schema.as_arrow().clone()),
@@ -1592,8 +1629,8 @@ impl<'a> GraphBuilder<'a> {
         // Flink: an inner join passes its inputs' kinds on; an outer join
         // emits inserts and deletes (padded rows come and go).
         self.nodes[id].changelog = match join_type {
-            // An interval join emits inserts only (padded rows once their
-            // time has passed).
+            // An interval or window join emits inserts only (padded rows
+            // once their time or window has passed).
             _ if is_interval => ChangelogMode::insert_only(),
             // Left rows alone: a right row appearing (anti) or leaving
             // (semi) takes left rows back.

@@ -600,6 +600,7 @@ mod tests {
             state_ttl: [None, None],
             unique_keys: [None, None],
             interval: None,
+            window: None,
         };
         let bounds = IntervalBounds {
             left_time: 1,

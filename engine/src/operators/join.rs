@@ -799,6 +799,7 @@ mod tests {
             state_ttl: [None, None],
             unique_keys,
             interval: None,
+            window: None,
         };
         let out = Arc::new(Schema::new(
             l.fields()

@@ -22,6 +22,7 @@ pub mod temporal_sort;
 pub mod union;
 pub mod upsert_materialize;
 pub mod window;
+pub mod window_join;
 pub mod window_rank;
 
 use crate::change::ChangeBatch;

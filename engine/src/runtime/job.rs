@@ -1159,6 +1159,17 @@ fn create_operator(
             }
         }
         NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
+        NodeKind::Join(j @ crate::plan::JoinNode { window: Some(ends), .. }) => {
+            let state = state_of(crate::operators::window_join::STATES)?;
+            Box::new(crate::operators::window_join::WindowJoinOperator::new(
+                j,
+                *ends,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::Join(
             j @ crate::plan::JoinNode {
                 interval: Some(bounds), ..
