@@ -832,3 +832,21 @@ ON L.window_start = R.window_start AND L.window_end = R.window_end AND L.auction
 fn sigkill_during_a_window_join_commits_each_row_once() {
     sigkill_trials("window-join-crash", window_join_job_sql, 5_000);
 }
+
+/// One bid file of [`interval_job_sql`] with an OVER aggregate per auction
+/// (a RANGE frame of 500 ms: ties share their value, so the output does
+/// not depend on the order rows of one time arrive in).
+fn over_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'over-crash';\n{extra}")).replace(
+        "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)
+FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+GROUP BY auction, window_start, window_end;",
+        "INSERT INTO out SELECT auction, dateTime, COUNT(*) OVER w, SUM(price) OVER w FROM l
+WINDOW w AS (PARTITION BY auction ORDER BY dateTime RANGE BETWEEN INTERVAL '500' MILLISECOND PRECEDING AND CURRENT ROW);",
+    )
+}
+
+#[test]
+fn sigkill_during_an_over_aggregate_commits_each_row_once() {
+    sigkill_trials("over-crash", over_job_sql, 5_000);
+}

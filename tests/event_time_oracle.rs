@@ -11,6 +11,9 @@
 //!   ties cannot pick different rows).
 //! - Window joins: TUMBLE TVFs on both sides joined on their bounds,
 //!   against DataFusion's join of `date_bin` windows.
+//! - OVER aggregates: RANGE frames (ties share their value, so the answer
+//!   does not depend on the order of rows of one time), against
+//!   DataFusion's window functions with the same frame.
 //! - SESSION windows: each row's session computed by a reference
 //!   implementation here (per key, rows by time, a new session where a row
 //!   starts after the last one's end), then the same aggregate in
@@ -402,6 +405,42 @@ async fn window_joins_end_as_the_batch_answer() {
             "{sql}: the batch answer is too small to test anything"
         );
         compare_with_batch(&mut session, &sql, "WindowJoin:", &expected, &mut failures).await;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// OVER aggregates: (streaming SQL, DataFusion's batch SQL).
+const OVERS: &[(&str, &str)] = &[
+    (
+        "SELECT k, ts, v, SUM(v) OVER w, COUNT(*) OVER w, MAX(v) OVER w FROM clicks \
+         WINDOW w AS (PARTITION BY k ORDER BY ts RANGE BETWEEN INTERVAL '2' SECOND PRECEDING AND CURRENT ROW)",
+        "SELECT k, ts, v, SUM(v) OVER w, COUNT(*) OVER w, MAX(v) OVER w FROM clicks \
+         WINDOW w AS (PARTITION BY k ORDER BY ts RANGE BETWEEN INTERVAL '2 seconds' PRECEDING AND CURRENT ROW)",
+    ),
+    (
+        "SELECT k, ts, v, SUM(v) OVER (PARTITION BY k ORDER BY ts), MIN(v) OVER (PARTITION BY k ORDER BY ts) FROM clicks",
+        "SELECT k, ts, v, SUM(v) OVER (PARTITION BY k ORDER BY ts), MIN(v) OVER (PARTITION BY k ORDER BY ts) FROM clicks",
+    ),
+    (
+        "SELECT k, ts, COUNT(*) OVER (ORDER BY ts RANGE BETWEEN INTERVAL '500' MILLISECOND PRECEDING AND CURRENT ROW) FROM clicks",
+        "SELECT k, ts, COUNT(*) OVER (ORDER BY ts RANGE BETWEEN INTERVAL '500 milliseconds' PRECEDING AND CURRENT ROW) FROM clicks",
+    ),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_aggregates_end_as_the_batch_answer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (clicks, clicks_csv) = rows(400, 0xa54f_f53a_5f1d_36f1);
+    let (imps, imps_csv) = rows(10, 0x510e_527f_ade6_82d1);
+    let mut session = session_with_tables(dir.path(), &clicks_csv, &imps_csv).await;
+    let mut failures = vec![];
+    for (sql, batch_sql) in OVERS {
+        let expected = batch_answer(batch_sql, &clicks, &imps).await;
+        assert!(
+            expected.len() > 20,
+            "{sql}: the batch answer is too small to test anything"
+        );
+        compare_with_batch(&mut session, sql, "OverAggregate:", &expected, &mut failures).await;
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -115,6 +115,14 @@ const WINDOW_JOIN: &str = "INSERT INTO counts SELECT L.k, L.window_start, L.wind
     LEFT JOIN (SELECT * FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))) R
     ON L.window_start = R.window_start AND L.window_end = R.window_end AND L.k = R.k AND L.ts < R.ts;";
 
+/// OVER aggregates per key: a RANGE frame of 3 s and a ROWS frame of the
+/// 5 rows before (rows held until the watermark, frames across restores).
+const OVER_RANGE: &str = "INSERT INTO counts SELECT k, ts, ts AS ts2, COUNT(*) OVER w, MIN(ts) OVER w FROM events
+    WINDOW w AS (PARTITION BY k ORDER BY ts RANGE BETWEEN INTERVAL '3' SECOND PRECEDING AND CURRENT ROW);";
+const OVER_ROWS: &str =
+    "INSERT INTO counts SELECT k, ts, ts AS ts2, CAST(SUM(v) OVER w * 4 AS BIGINT), MIN(ts) OVER w FROM events
+    WINDOW w AS (PARTITION BY k ORDER BY ts ROWS BETWEEN 5 PRECEDING AND CURRENT ROW);";
+
 /// `ORDER BY rowtime`: rows held for the watermark, and the last time
 /// emitted, across savepoints.
 const TEMPORAL_SORT: &str =
@@ -361,6 +369,16 @@ async fn golden_rerun_session_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_window_join() {
     golden_rerun(WINDOW_JOIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_over_range() {
+    golden_rerun(OVER_RANGE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_over_rows() {
+    golden_rerun(OVER_ROWS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -119,7 +119,28 @@ pub enum NodeKind {
     UpsertMaterialize(UpsertMaterializeNode),
     TemporalSort(TemporalSortNode),
     SessionWindow(SessionWindowNode),
+    OverAggregate(OverAggregateNode),
     Sink(SinkNode),
+}
+
+/// The frame of an OVER aggregate on event time, ending at the current row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverFrame {
+    /// `ROWS n PRECEDING` (`None`: UNBOUNDED PRECEDING).
+    Rows(Option<u64>),
+    /// `RANGE INTERVAL ... PRECEDING`, in ms (`None`: UNBOUNDED).
+    Range(Option<i64>),
+}
+
+/// `agg(...) OVER (PARTITION BY .. ORDER BY rowtime <frame>)`: each row
+/// with its aggregates, emitted when the watermark passes its time.
+#[derive(Debug)]
+pub struct OverAggregateNode {
+    pub partition: Vec<Arc<dyn PhysicalExpr>>,
+    /// The input's rowtime column (the ORDER BY).
+    pub time_column: usize,
+    pub frame: OverFrame,
+    pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
 }
 
 /// The SESSION window TVF on its own (not under a window aggregate that
@@ -658,6 +679,12 @@ impl StreamGraph {
                         "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
                     );
                 }
+                NodeKind::OverAggregate(_) => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, rows by key group|partition key|time while a later row's frame can hold them; per key the last time emitted (and unbounded frames' accumulators); a timer per key and time"
+                    );
+                }
                 NodeKind::SessionWindow(_) => {
                     let _ = writeln!(
                         s,
@@ -770,6 +797,22 @@ impl StreamNode {
                 }
             ),
             NodeKind::Calc(c) => c.describe(),
+            NodeKind::OverAggregate(o) => {
+                let keys: Vec<String> = o.partition.iter().map(|k| k.to_string()).collect();
+                let aggs: Vec<String> = o.aggregates.iter().map(|a| a.name().to_string()).collect();
+                let frame = match o.frame {
+                    OverFrame::Rows(Some(n)) => format!("ROWS {n} PRECEDING"),
+                    OverFrame::Rows(None) => "ROWS UNBOUNDED PRECEDING".to_string(),
+                    OverFrame::Range(Some(ms)) => format!("RANGE {ms} ms PRECEDING"),
+                    OverFrame::Range(None) => "RANGE UNBOUNDED PRECEDING".to_string(),
+                };
+                format!(
+                    "OverAggregate: partition [{}] order by #{} {frame} aggregates [{}]",
+                    keys.join(", "),
+                    o.time_column,
+                    aggs.join(", ")
+                )
+            }
             NodeKind::SessionWindow(w) => {
                 let keys: Vec<String> = w.partition.iter().map(|k| k.to_string()).collect();
                 format!(

@@ -222,6 +222,20 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         .join(",")
                 ),
             ),
+            NodeKind::OverAggregate(o) => (
+                "over_aggregate",
+                format!(
+                    "time={};frame={:?};partition={};aggs={}",
+                    o.time_column,
+                    o.frame,
+                    canonical_exprs(&o.partition),
+                    o.aggregates
+                        .iter()
+                        .map(|a| a.name().to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ),
             NodeKind::SessionWindow(w) => (
                 "session_window",
                 format!(

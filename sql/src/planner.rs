@@ -39,9 +39,9 @@ use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
     AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
-    LimitNode, NodeId, NodeKind, RankNode, RankStrategy, SessionWindowNode, SinkNode, SortKey, SourceNode, StreamEdge,
-    StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind,
-    WindowSpec,
+    LimitNode, NodeId, NodeKind, OverAggregateNode, OverFrame, RankNode, RankStrategy, SessionWindowNode, SinkNode,
+    SortKey, SourceNode, StreamEdge, StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode,
+    WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -931,9 +931,10 @@ impl<'a> GraphBuilder<'a> {
                 upsert_key: None,
                 no_update_before: false,
             },
-            NodeKind::Source(_) | NodeKind::WindowAggregate(_) | NodeKind::SessionWindow(_) => {
-                ChangelogMode::insert_only()
-            }
+            NodeKind::Source(_)
+            | NodeKind::WindowAggregate(_)
+            | NodeKind::SessionWindow(_)
+            | NodeKind::OverAggregate(_) => ChangelogMode::insert_only(),
             NodeKind::Calc(c) => match &c.projection {
                 Some(p) => input.through_projection(
                     &p.iter()
@@ -1133,10 +1134,7 @@ impl<'a> GraphBuilder<'a> {
                 Ok(self.group_node(source, Arc::new(input.schema().as_arrow().clone()), keys, vec![], ttl))
             }
             LogicalPlan::Distinct(_) => Err(SqlError::unsupported("SELECT DISTINCT ON on a stream is not supported")),
-            LogicalPlan::Window(_) => Err(SqlError::unsupported(
-                "OVER windows are not supported yet (ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) filtered \
-                 with <= N, < N or = 1 runs as Top-N)",
-            )),
+            LogicalPlan::Window(w) => self.over_aggregate(w),
             other => Err(SqlError::unsupported(format!(
                 "{} is not supported in a streaming query",
                 other.display()
@@ -1737,6 +1735,174 @@ impl<'a> GraphBuilder<'a> {
     /// o) AS rn` below a filter `rn <= N` (or `< N`, `= 1`). The window
     /// becomes a rank node; what lies between it and the filter is
     /// converted over it; the filter's other conjuncts stay a filter.
+    /// Aggregates OVER a frame ordered by the event time (Flink's
+    /// over aggregate): every row with its aggregates, emitted when the
+    /// watermark passes it.
+    fn over_aggregate(&mut self, w: &datafusion::logical_expr::Window) -> Result<NodeId> {
+        use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
+        let ws = w.input.schema();
+        let mut aggregates = vec![];
+        let mut params: Option<&datafusion::logical_expr::expr::WindowFunctionParams> = None;
+        // Two different OVER windows in one SELECT plan as two stacked
+        // window nodes.
+        if matches!(w.input.as_ref(), LogicalPlan::Window(_)) {
+            return Err(SqlError::unsupported(
+                "Over Agg: Unsupported use of OVER windows. All aggregates must be computed on the same window.",
+            ));
+        }
+        let unaliased: Vec<Expr> = w.window_expr.iter().map(|e| e.clone().unalias()).collect();
+        for e in &unaliased {
+            let Expr::WindowFunction(wf) = e else {
+                return Err(SqlError::internal("an OVER window without its function"));
+            };
+            let udaf = match &wf.fun {
+                WindowFunctionDefinition::AggregateUDF(f) => f.clone(),
+                WindowFunctionDefinition::WindowUDF(f) => {
+                    let name = f.name().to_ascii_uppercase();
+                    return Err(SqlError::unsupported(if name == "ROW_NUMBER" {
+                        "ROW_NUMBER() OVER (...) runs on a stream only as Top-N: filtered with <= N, < N or = 1 \
+                         in an enclosing query"
+                            .to_string()
+                    } else {
+                        format!("{name}() OVER (...) is not supported on a stream yet; aggregate functions are")
+                    }));
+                }
+            };
+            if let Some(p) = params
+                && (p.partition_by != wf.params.partition_by
+                    || p.order_by != wf.params.order_by
+                    || p.window_frame != wf.params.window_frame)
+            {
+                return Err(SqlError::unsupported(
+                    "Over Agg: Unsupported use of OVER windows. All aggregates must be computed on the same window.",
+                ));
+            }
+            params = Some(&wf.params);
+            if wf.params.filter.is_some() {
+                return Err(SqlError::unsupported(
+                    "FILTER (WHERE ...) in an OVER aggregate is not supported",
+                ));
+            }
+            let agg = Expr::AggregateFunction(datafusion::logical_expr::expr::AggregateFunction::new_udf(
+                udaf,
+                wf.params.args.clone(),
+                wf.params.distinct,
+                None,
+                vec![],
+                None,
+            ));
+            aggregates.push(self.lower_aggregate(&agg, ws)?.aggregate);
+        }
+        let p = params.ok_or_else(|| SqlError::internal("an OVER window without functions"))?;
+        let time_column = match p.order_by.as_slice() {
+            [s] => match &s.expr {
+                Expr::Column(c) => {
+                    let i = ws.index_of_column(c)?;
+                    if is_proctime(&w.input, i, self.catalog) {
+                        return Err(SqlError::unsupported(
+                            "OVER aggregates ordered by a processing-time attribute are not supported yet",
+                        ));
+                    }
+                    if !is_rowtime(&w.input, i, self.catalog) {
+                        return Err(SqlError::plan(
+                            "OVER windows' ordering in stream mode must be defined on a time attribute.",
+                        ));
+                    }
+                    if !s.asc {
+                        return Err(SqlError::plan(
+                            "OVER windows' ordering in stream mode must be ascending on the time attribute.",
+                        ));
+                    }
+                    i
+                }
+                _ => {
+                    return Err(SqlError::plan(
+                        "OVER windows' ordering in stream mode must be defined on a time attribute.",
+                    ));
+                }
+            },
+            [] => {
+                return Err(SqlError::plan(
+                    "OVER windows on a stream need ORDER BY the time attribute.",
+                ));
+            }
+            _ => {
+                return Err(SqlError::plan(
+                    "The window can only be ordered by a single time column.",
+                ));
+            }
+        };
+        let frame = &p.window_frame;
+        if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) {
+            return Err(SqlError::unsupported(
+                "OVER windows on a stream must end at CURRENT ROW (FOLLOWING rows are not supported)",
+            ));
+        }
+        let frame = match (&frame.units, &frame.start_bound) {
+            (WindowFrameUnits::Rows, WindowFrameBound::CurrentRow) => OverFrame::Rows(Some(0)),
+            (WindowFrameUnits::Range, WindowFrameBound::CurrentRow) => OverFrame::Range(Some(0)),
+            (WindowFrameUnits::Rows, WindowFrameBound::Preceding(v)) if v.is_null() => OverFrame::Rows(None),
+            (WindowFrameUnits::Range, WindowFrameBound::Preceding(v)) if v.is_null() => OverFrame::Range(None),
+            (WindowFrameUnits::Rows, WindowFrameBound::Preceding(v)) => {
+                let n = match v {
+                    datafusion::common::ScalarValue::UInt64(Some(n)) => *n,
+                    other => other
+                        .to_string()
+                        .parse::<u64>()
+                        .map_err(|_| SqlError::plan(format!("ROWS {other} PRECEDING needs a row count")))?,
+                };
+                OverFrame::Rows(Some(n))
+            }
+            (WindowFrameUnits::Range, WindowFrameBound::Preceding(v)) => {
+                use datafusion::common::ScalarValue as S;
+                let ms = match v {
+                    S::IntervalDayTime(Some(d)) => i64::from(d.days) * 86_400_000 + i64::from(d.milliseconds),
+                    S::IntervalMonthDayNano(Some(i)) if i.months == 0 => {
+                        i64::from(i.days) * 86_400_000 + i.nanoseconds / 1_000_000
+                    }
+                    other => {
+                        return Err(SqlError::plan(format!(
+                            "RANGE {other} PRECEDING: a RANGE frame over the time attribute needs a day-time \
+                             INTERVAL (e.g. INTERVAL '1' HOUR)"
+                        )));
+                    }
+                };
+                if ms < 0 {
+                    return Err(SqlError::plan("a RANGE frame's INTERVAL must not be negative"));
+                }
+                OverFrame::Range(Some(ms))
+            }
+            _ => {
+                return Err(SqlError::unsupported(
+                    "OVER windows on a stream support ROWS and RANGE frames ending at CURRENT ROW",
+                ));
+            }
+        };
+        let partition = p
+            .partition_by
+            .iter()
+            .map(|e| self.physical(e, ws))
+            .collect::<Result<Vec<_>>>()?;
+        let input = self.convert(&w.input)?;
+        self.require_insert_only(input, "OverAggregate")?;
+        let (parallelism, exchange) = if partition.is_empty() {
+            (1, Exchange::Global)
+        } else {
+            (self.config.parallelism, Exchange::Hash(partition.clone()))
+        };
+        Ok(self.add(
+            parallelism,
+            Arc::new(w.schema.as_arrow().clone()),
+            NodeKind::OverAggregate(OverAggregateNode {
+                partition,
+                time_column,
+                frame,
+                aggregates,
+            }),
+            Some((input, exchange)),
+        ))
+    }
+
     fn top_n(&mut self, f: &datafusion::logical_expr::Filter) -> Result<NodeId> {
         let top = top_n_of(f).ok_or_else(|| SqlError::plan("not a Top-N"))?;
         let with_rank = self.rank_used.take().unwrap_or(true);

@@ -17,6 +17,7 @@ pub mod group;
 pub mod interval_join;
 pub mod join;
 pub mod limit;
+pub mod over_aggregate;
 pub mod rank;
 pub mod temporal_sort;
 pub mod union;

@@ -1316,6 +1316,17 @@ fn create_operator(
                 metrics.nodes[id].clone(),
             )?)
         }
+        NodeKind::OverAggregate(o) => {
+            let state = state_of(crate::operators::over_aggregate::STATES)?;
+            Box::new(crate::operators::over_aggregate::OverAggregateOperator::new(
+                o,
+                &input_schema()?,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::SessionWindow(w) => {
             let state = state_of(crate::operators::window::session::STATES)?;
             Box::new(crate::operators::window::session::SessionWindowOperator::rows(
