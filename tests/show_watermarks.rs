@@ -113,10 +113,11 @@ async fn interval_join_peak_state(aligned: bool) -> (i64, String) {
                 break;
             }
             _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {
-                let state: i64 = metrics
-                    .nodes
+                // The join's state as SHOW WATERMARKS shows it ("N bytes").
+                let state: i64 = weir::watermarks::rows(&metrics, None, 0)
                     .iter()
-                    .map(|n| n.state_bytes.load(std::sync::atomic::Ordering::Relaxed))
+                    .filter(|r| r.scope == "state" && r.name.contains("IntervalJoin"))
+                    .filter_map(|r| r.state.strip_suffix(" bytes")?.parse::<i64>().ok())
                     .sum();
                 peak = peak.max(state);
             }
@@ -133,20 +134,25 @@ async fn interval_join_peak_state(aligned: bool) -> (i64, String) {
 
 /// An interval join's state is in `SHOW WATERMARKS` (bytes, and bytes per
 /// second of event time, for sizing a drift), here over two sources in
-/// one alignment group, one reading ahead.
-///
-/// Not asserted yet: the seed's promise that with alignment the state
-/// stays within the drift and without it grows. The paced Nexmark source
-/// catches up on its schedule after an alignment pause in one burst of up
-/// to 8192 events (8 s of event time here), so the aligned join still sees
-/// the fast side seconds ahead: measured 0.73 MB peak aligned, 1.02 MB not.
+/// one alignment group, one reading ahead: the seed's promise. With
+/// alignment the fast source is held within the drift (1 s) of the slow
+/// one, so the join keeps about the rows of a few seconds; without it the
+/// fast source runs up to 15 s of event time ahead and the join keeps all
+/// of them. (A paced source resumes after a pause at its rate, not in a
+/// catch-up burst that would run ahead of the drift.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_watermarks_sizes_an_interval_joins_state() {
-    let (peak, rows) = interval_join_peak_state(true).await;
+    let (aligned, rows) = interval_join_peak_state(true).await;
     let line = rows
         .lines()
         .find(|l| l.contains("IntervalJoin"))
         .unwrap_or_else(|| panic!("SHOW WATERMARKS lists the interval join's state:\n{rows}"));
     assert!(!line.contains("peak 0 bytes/s"), "a state rate was measured: {line}");
-    assert!(peak > 0, "the join held no state");
+    assert!(aligned > 0, "the join held no state");
+    let (unaligned, _) = interval_join_peak_state(false).await;
+    eprintln!("interval join peak state: {aligned} bytes aligned, {unaligned} bytes not");
+    assert!(
+        aligned * 2 < unaligned,
+        "alignment bounds the join's state: {aligned} bytes aligned, {unaligned} bytes not"
+    );
 }

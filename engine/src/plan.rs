@@ -141,6 +141,27 @@ pub struct OverAggregateNode {
     pub time_column: usize,
     pub frame: OverFrame,
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
+    /// `LAG(arg [, offset [, default]])` calls.
+    pub lags: Vec<LagCall>,
+    /// The columns after the input's, in the SELECT's order.
+    pub outputs: Vec<OverOutput>,
+}
+
+/// `LAG(arg, offset, default)` over an event-time frame (Flink's
+/// `LagAggFunction`): the value `offset` rows before the frame's last row.
+#[derive(Debug, Clone)]
+pub struct LagCall {
+    pub arg: Arc<dyn PhysicalExpr>,
+    pub offset: usize,
+    /// When the frame has no row that far back (NULL unless given).
+    pub default: datafusion::common::ScalarValue,
+}
+
+/// One output column of an OVER aggregate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverOutput {
+    Aggregate(usize),
+    Lag(usize),
 }
 
 /// The SESSION window TVF on its own (not under a window aggregate that
@@ -799,7 +820,14 @@ impl StreamNode {
             NodeKind::Calc(c) => c.describe(),
             NodeKind::OverAggregate(o) => {
                 let keys: Vec<String> = o.partition.iter().map(|k| k.to_string()).collect();
-                let aggs: Vec<String> = o.aggregates.iter().map(|a| a.name().to_string()).collect();
+                let aggs: Vec<String> = o
+                    .outputs
+                    .iter()
+                    .map(|out| match out {
+                        OverOutput::Aggregate(a) => o.aggregates[*a].name().to_string(),
+                        OverOutput::Lag(l) => format!("LAG({}, {})", o.lags[*l].arg, o.lags[*l].offset),
+                    })
+                    .collect();
                 let frame = match o.frame {
                     OverFrame::Rows(Some(n)) => format!("ROWS {n} PRECEDING"),
                     OverFrame::Rows(None) => "ROWS UNBOUNDED PRECEDING".to_string(),

@@ -234,7 +234,11 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         .map(|a| a.name().to_string())
                         .collect::<Vec<_>>()
                         .join(",")
-                ),
+                ) + &o
+                    .lags
+                    .iter()
+                    .map(|l| format!(";lag={}:{}", canonical_expr(&l.arg), l.offset))
+                    .collect::<String>(),
             ),
             NodeKind::SessionWindow(w) => (
                 "session_window",

@@ -38,10 +38,10 @@ use sqlparser::ast;
 use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
-    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType,
-    LimitNode, NodeId, NodeKind, OverAggregateNode, OverFrame, RankNode, RankStrategy, SessionWindowNode, SinkNode,
-    SortKey, SourceNode, StreamEdge, StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode, WatermarkNode,
-    WindowAggregateNode, WindowKind, WindowSpec,
+    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType, LagCall,
+    LimitNode, NodeId, NodeKind, OverAggregateNode, OverFrame, OverOutput, RankNode, RankStrategy, SessionWindowNode,
+    SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode,
+    WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -1742,6 +1742,7 @@ impl<'a> GraphBuilder<'a> {
         use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
         let ws = w.input.schema();
         let mut aggregates = vec![];
+        let (mut lags, mut outputs) = (vec![], vec![]);
         let mut params: Option<&datafusion::logical_expr::expr::WindowFunctionParams> = None;
         // Two different OVER windows in one SELECT plan as two stacked
         // window nodes.
@@ -1756,16 +1757,24 @@ impl<'a> GraphBuilder<'a> {
                 return Err(SqlError::internal("an OVER window without its function"));
             };
             let udaf = match &wf.fun {
-                WindowFunctionDefinition::AggregateUDF(f) => f.clone(),
+                WindowFunctionDefinition::AggregateUDF(f) => Some(f.clone()),
                 WindowFunctionDefinition::WindowUDF(f) => {
                     let name = f.name().to_ascii_uppercase();
-                    return Err(SqlError::unsupported(if name == "ROW_NUMBER" {
-                        "ROW_NUMBER() OVER (...) runs on a stream only as Top-N: filtered with <= N, < N or = 1 \
-                         in an enclosing query"
-                            .to_string()
-                    } else {
-                        format!("{name}() OVER (...) is not supported on a stream yet; aggregate functions are")
-                    }));
+                    match name.as_str() {
+                        "LAG" => None,
+                        "LEAD" => return Err(SqlError::unsupported("LEAD Function is not supported in stream mode.")),
+                        "ROW_NUMBER" => {
+                            return Err(SqlError::unsupported(
+                                "ROW_NUMBER() OVER (...) runs on a stream only as Top-N: filtered with <= N, < N or \
+                                 = 1 in an enclosing query",
+                            ));
+                        }
+                        _ => {
+                            return Err(SqlError::unsupported(format!(
+                                "{name}() OVER (...) is not supported on a stream yet; aggregate functions and LAG are"
+                            )));
+                        }
+                    }
                 }
             };
             if let Some(p) = params
@@ -1783,6 +1792,45 @@ impl<'a> GraphBuilder<'a> {
                     "FILTER (WHERE ...) in an OVER aggregate is not supported",
                 ));
             }
+            let Some(udaf) = udaf else {
+                // LAG(arg [, offset [, default]]): constants after the value.
+                let args = &wf.params.args;
+                let arg = args
+                    .first()
+                    .ok_or_else(|| SqlError::plan("LAG needs the value it reads"))?;
+                let literal = |e: &Expr| match e.clone().unalias() {
+                    Expr::Literal(v, _) => Some(v),
+                    Expr::Cast(c) => match *c.expr {
+                        Expr::Literal(v, _) => v.cast_to(c.field.data_type()).ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let offset = match args.get(1) {
+                    None => 1,
+                    Some(e) => literal(e)
+                        .and_then(|v| v.to_string().parse::<usize>().ok())
+                        .ok_or_else(|| {
+                            SqlError::plan(format!("LAG's offset must be a non-negative constant, found {e}"))
+                        })?,
+                };
+                let ty = datafusion::logical_expr::ExprSchemable::get_type(arg, ws)?;
+                let default = match args.get(2) {
+                    None => datafusion::common::ScalarValue::try_from(&ty)?,
+                    Some(e) => literal(e).and_then(|v| v.cast_to(&ty).ok()).ok_or_else(|| {
+                        SqlError::plan(format!(
+                            "LAG's default must be a constant of the value's type, found {e}"
+                        ))
+                    })?,
+                };
+                outputs.push(OverOutput::Lag(lags.len()));
+                lags.push(LagCall {
+                    arg: self.physical(arg, ws)?,
+                    offset,
+                    default,
+                });
+                continue;
+            };
             let agg = Expr::AggregateFunction(datafusion::logical_expr::expr::AggregateFunction::new_udf(
                 udaf,
                 wf.params.args.clone(),
@@ -1791,6 +1839,7 @@ impl<'a> GraphBuilder<'a> {
                 vec![],
                 None,
             ));
+            outputs.push(OverOutput::Aggregate(aggregates.len()));
             aggregates.push(self.lower_aggregate(&agg, ws)?.aggregate);
         }
         let p = params.ok_or_else(|| SqlError::internal("an OVER window without functions"))?;
@@ -1898,6 +1947,8 @@ impl<'a> GraphBuilder<'a> {
                 time_column,
                 frame,
                 aggregates,
+                lags,
+                outputs,
             }),
             Some((input, exchange)),
         ))

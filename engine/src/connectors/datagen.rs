@@ -269,6 +269,12 @@ struct DatagenSplit {
 }
 
 impl SourceSplit for DatagenSplit {
+    fn resumed_after(&mut self, paused: std::time::Duration) {
+        if let Some(started) = &mut self.started {
+            *started += paused;
+        }
+    }
+
     fn id(&self) -> String {
         format!("datagen-{}-of-{}", self.next_row % self.step, self.step)
     }

@@ -65,6 +65,13 @@ pub trait SourceSplit: Send {
         true
     }
 
+    /// The split is read again after watermark alignment paused it for
+    /// `paused`. A paced split (a generator's rate, `scan.lines-per-second`)
+    /// moves its schedule on by that long: it resumes at its rate instead
+    /// of catching up on the paused time in a burst, which would run its
+    /// event time ahead of the drift alignment keeps.
+    fn resumed_after(&mut self, _paused: std::time::Duration) {}
+
     /// The bad records the last `poll_batch` set aside for the dead-letter
     /// directory. The reader takes them right after every poll, so a
     /// checkpointed `position` covers exactly the records taken before it.

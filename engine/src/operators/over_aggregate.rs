@@ -44,7 +44,7 @@ use crate::message::Timestamp;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::{Collector, Operator};
-use crate::plan::{OverAggregateNode, OverFrame};
+use crate::plan::{LagCall, OverAggregateNode, OverFrame, OverOutput};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
 use crate::state::keyed::{decode_time, encode_time};
@@ -83,6 +83,9 @@ pub struct OverAggregateOperator {
     time_column: usize,
     frame: OverFrame,
     aggregates: Vec<Arc<AggregateFunctionExpr>>,
+    lags: Vec<LagCall>,
+    /// The output columns after the input's, in order.
+    outputs: Vec<OverOutput>,
     /// Accumulator state of every aggregate, in order (unbounded frames).
     state_codec: RowCodec,
     state_types: Vec<Vec<DataType>>,
@@ -153,6 +156,8 @@ impl OverAggregateOperator {
             time_column: node.time_column,
             frame: node.frame,
             aggregates: node.aggregates.clone(),
+            lags: node.lags.clone(),
+            outputs: node.outputs.clone(),
             state_codec: RowCodec::new(&flat).map_err(|m| ExecError::Config(format!("OVER aggregate: {m}")))?,
             state_types,
             input_schema: input_schema.clone(),
@@ -282,6 +287,29 @@ impl OverAggregateOperator {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<_>>()?;
+        let lag_args: Vec<ArrayRef> = self
+            .lags
+            .iter()
+            .map(|l| Ok(l.arg.evaluate(&batch)?.into_array(batch.num_rows())?))
+            .collect::<Result<_>>()?;
+        // The output values of a row whose frame is rows [fs, fe): the
+        // aggregates', and each LAG's (Flink's LagAggFunction: the value
+        // `offset` rows before the frame's last, or its default).
+        let output = |aggs: Vec<ScalarValue>, fs: usize, fe: usize| -> Result<Vec<ScalarValue>> {
+            self.outputs
+                .iter()
+                .map(|o| match o {
+                    OverOutput::Aggregate(a) => Ok(aggs[*a].clone()),
+                    OverOutput::Lag(l) => {
+                        let lag = &self.lags[*l];
+                        match (fe.checked_sub(1 + lag.offset)).filter(|i| *i >= fs) {
+                            Some(i) => Ok(ScalarValue::try_from_array(&lag_args[*l], i)?),
+                            None => Ok(lag.default.clone()),
+                        }
+                    }
+                })
+                .collect()
+        };
         let slice = |a: usize, b: usize| -> Vec<Vec<ArrayRef>> {
             args.iter()
                 .map(|cols| cols.iter().map(|c| c.slice(a, b - a)).collect())
@@ -320,7 +348,7 @@ impl OverAggregateOperator {
                     let (lo, hi) = span(t);
                     if matches!(self.frame, OverFrame::Range(_)) {
                         update(&mut accs, lo, hi)?;
-                        let v = evaluate(&mut accs)?;
+                        let v = output(evaluate(&mut accs)?, 0, hi)?;
                         for i in lo..hi {
                             out_rows.push((t, std::mem::take(&mut rows[i])));
                             out_values.push(v.clone());
@@ -329,11 +357,13 @@ impl OverAggregateOperator {
                         for i in lo..hi {
                             update(&mut accs, i, i + 1)?;
                             out_rows.push((t, std::mem::take(&mut rows[i])));
-                            out_values.push(evaluate(&mut accs)?);
+                            out_values.push(output(evaluate(&mut accs)?, 0, i + 1)?);
                         }
                     }
                 }
-                new_acc = Some(self.save_accumulators(&mut accs)?);
+                if !accs.is_empty() {
+                    new_acc = Some(self.save_accumulators(&mut accs)?);
+                }
             }
             OverFrame::Range(Some(offset)) => {
                 let retracts = self.aggregates.iter().all(|a| {
@@ -353,7 +383,7 @@ impl OverAggregateOperator {
                         accs = self.accumulators(false)?;
                         update(&mut accs, start, hi)?;
                     }
-                    let v = evaluate(&mut accs)?;
+                    let v = output(evaluate(&mut accs)?, start, hi)?;
                     for i in lo..hi {
                         out_rows.push((t, rows[i].clone()));
                         out_values.push(v.clone());
@@ -387,7 +417,7 @@ impl OverAggregateOperator {
                             update(&mut accs, start, i + 1)?;
                         }
                         out_rows.push((t, rows[i].clone()));
-                        out_values.push(evaluate(&mut accs)?);
+                        out_values.push(output(evaluate(&mut accs)?, start, i + 1)?);
                     }
                 }
             }
@@ -403,6 +433,14 @@ impl OverAggregateOperator {
                 // Fewer rows than the frame: all stay.
                 None => Timestamp::MIN,
             },
+        };
+        // A LAG reads the `offset` rows before a later row: they stay.
+        let keep_from = match self.lags.iter().map(|l| l.offset).max() {
+            Some(most) if most > 0 => match times.len().checked_sub(most) {
+                Some(i) => keep_from.min(times.get(i).map_or(Timestamp::MAX, |x| x.0)),
+                None => Timestamp::MIN,
+            },
+            _ => keep_from,
         };
         let mut freed = 0i64;
         for (t, len) in &entries {
@@ -581,7 +619,7 @@ impl Operator for OverAggregateOperator {
                 let mut order: Vec<usize> = (0..rows.len()).collect();
                 order.sort_by_key(|i| rows[*i].0);
                 let mut columns = self.codec.decode(order.iter().map(|i| rows[*i].1.as_slice()))?;
-                for (a, _) in self.aggregates.iter().enumerate() {
+                for (a, _) in self.outputs.iter().enumerate() {
                     let scalars = order.iter().map(|i| values[*i][a].clone());
                     columns.push(ScalarValue::iter_to_array(scalars)?);
                 }
@@ -626,6 +664,8 @@ mod tests {
             time_column: 1,
             frame,
             aggregates: vec![Arc::new(sum)],
+            lags: vec![],
+            outputs: vec![OverOutput::Aggregate(0)],
         };
         let mut fields: Vec<Field> = input().fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new("s", DataType::Int64, true));

@@ -725,6 +725,7 @@ fn set_paused(s: &mut SplitState, paused: bool, now: Instant) {
         let d = now.duration_since(since);
         s.paused_total += d;
         s.last_activity += d;
+        s.split.resumed_after(d);
     }
 }
 

@@ -802,6 +802,12 @@ impl LineDecoder {
 }
 
 impl SourceSplit for FileSplit {
+    fn resumed_after(&mut self, paused: std::time::Duration) {
+        if let Some((started, _)) = &mut self.throttle_start {
+            *started += paused;
+        }
+    }
+
     fn id(&self) -> String {
         split_id(&self.path, self.range)
     }

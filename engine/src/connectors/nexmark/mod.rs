@@ -363,6 +363,12 @@ impl NexmarkSplit {
 }
 
 impl SourceSplit for NexmarkSplit {
+    fn resumed_after(&mut self, paused: std::time::Duration) {
+        if let Some(started) = &mut self.started {
+            *started += paused;
+        }
+    }
+
     fn id(&self) -> String {
         format!("nexmark-{}-of-{}", self.index, self.splits)
     }
