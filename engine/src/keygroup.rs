@@ -94,6 +94,22 @@ impl KeyEncoder {
     pub fn codec(&self) -> &RowCodec {
         &self.codec
     }
+
+    /// The keys `exprs` of every row of `batch`, encoded; `None` without
+    /// an encoder (no keys: every row has the empty key).
+    pub fn encode_rows(
+        encoder: Option<&Self>,
+        exprs: &[std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>],
+        batch: &arrow::record_batch::RecordBatch,
+    ) -> Result<Option<Rows>> {
+        let Some(enc) = encoder else { return Ok(None) };
+        let n = batch.num_rows();
+        let arrays = exprs
+            .iter()
+            .map(|k| k.evaluate(batch).and_then(|v| v.into_array(n)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Some(enc.encode(&arrays)?))
+    }
 }
 
 #[cfg(test)]

@@ -149,17 +149,7 @@ impl Operator for DedupFirstOperator {
             _ => cast(times, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
         };
         let times = times.as_primitive::<TimestampMillisecondType>();
-        let key_rows = match &self.key_encoder {
-            Some(enc) => {
-                let arrays = self
-                    .partition
-                    .iter()
-                    .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(n)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(enc.encode(&arrays)?)
-            }
-            None => None,
-        };
+        let key_rows = KeyEncoder::encode_rows(self.key_encoder.as_ref(), &self.partition, &batch)?;
         let key_of = |i: usize| -> &[u8] { key_rows.as_ref().map_or(&[][..], |r| r.row(i)) };
 
         // The keys of the rows that are not late, and their stored state.

@@ -495,17 +495,7 @@ impl Operator for OverAggregateOperator {
         if let Some(max) = times.iter().flatten().max() {
             self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
         }
-        let keys = match &self.key_encoder {
-            Some(enc) => {
-                let arrays = self
-                    .partition
-                    .iter()
-                    .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(n)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(enc.encode(&arrays)?)
-            }
-            None => None,
-        };
+        let keys = KeyEncoder::encode_rows(self.key_encoder.as_ref(), &self.partition, &batch)?;
         let key_of = |i: usize| -> &[u8] { keys.as_ref().map_or(&[], |k| k.row(i)) };
         // The last time each key emitted (the bounded frames' late rule).
         let mut key_of_row: HashMap<&[u8], usize> = HashMap::new();

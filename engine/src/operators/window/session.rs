@@ -353,17 +353,7 @@ impl Operator for SessionWindowOperator {
         if let Some(max) = times.iter().flatten().max() {
             self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
         }
-        let keys = match &self.key_encoder {
-            Some(enc) => {
-                let arrays = self
-                    .keys
-                    .iter()
-                    .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(n)))
-                    .collect::<Result<Vec<_>, _>>()?;
-                Some(enc.encode(&arrays)?)
-            }
-            None => None,
-        };
+        let keys = KeyEncoder::encode_rows(self.key_encoder.as_ref(), &self.keys, &batch)?;
         let key_of = |i: usize| -> &[u8] { keys.as_ref().map_or(&[], |k| k.row(i)) };
 
         // Rows by key, in arrival order.
