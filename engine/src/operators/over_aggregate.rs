@@ -84,6 +84,9 @@ pub struct OverAggregateOperator {
     frame: OverFrame,
     aggregates: Vec<Arc<AggregateFunctionExpr>>,
     lags: Vec<LagCall>,
+    /// Whether every aggregate's sliding accumulator retracts (else a
+    /// bounded frame is computed afresh for each row time).
+    retracts: bool,
     /// The output columns after the input's, in order.
     outputs: Vec<OverOutput>,
     /// Accumulator state of every aggregate, in order (unbounded frames).
@@ -157,6 +160,10 @@ impl OverAggregateOperator {
             frame: node.frame,
             aggregates: node.aggregates.clone(),
             lags: node.lags.clone(),
+            retracts: node.aggregates.iter().all(|a| {
+                a.create_sliding_accumulator()
+                    .is_ok_and(|acc| acc.supports_retract_batch())
+            }),
             outputs: node.outputs.clone(),
             state_codec: RowCodec::new(&flat).map_err(|m| ExecError::Config(format!("OVER aggregate: {m}")))?,
             state_types,
@@ -366,10 +373,7 @@ impl OverAggregateOperator {
                 }
             }
             OverFrame::Range(Some(offset)) => {
-                let retracts = self.aggregates.iter().all(|a| {
-                    a.create_sliding_accumulator()
-                        .is_ok_and(|acc| acc.supports_retract_batch())
-                });
+                let retracts = self.retracts;
                 let mut accs = self.accumulators(true)?;
                 let (mut a, mut b) = (0usize, 0usize);
                 for &t in due {
@@ -392,10 +396,7 @@ impl OverAggregateOperator {
             }
             OverFrame::Rows(Some(n)) => {
                 let n = n as usize;
-                let retracts = self.aggregates.iter().all(|a| {
-                    a.create_sliding_accumulator()
-                        .is_ok_and(|acc| acc.supports_retract_batch())
-                });
+                let retracts = self.retracts;
                 let mut accs = self.accumulators(true)?;
                 let mut started = false;
                 let mut a = 0usize;
