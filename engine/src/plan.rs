@@ -439,6 +439,11 @@ pub struct JoinNode {
     /// per side, the input column holding `window_end`. Each window's
     /// rows are joined once, when the watermark passes its end.
     pub window: Option<[usize; 2]>,
+    /// An event-time temporal join (`FOR SYSTEM_TIME AS OF`): the left
+    /// row's time column and the right (versioned) side's version time
+    /// column. Each left row joins the version of its key valid at its
+    /// time, once the watermark passes it.
+    pub temporal: Option<[usize; 2]>,
 }
 
 /// `right.time + lower <= left.time <= right.time + upper` (ms, inclusive)
@@ -712,6 +717,12 @@ impl StreamGraph {
                         "      state: {backend}, each partition's open sessions (bounds, rows) by key group|partition key; a timer per session at its end - 1, when its rows are emitted and freed"
                     );
                 }
+                NodeKind::Join(j) if j.temporal.is_some() => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, left rows by key group|join key|time until the watermark passes them; the right side's versions by key group|join key|version time, those before the latest one the watermark passed freed; a timer per left time and version"
+                    );
+                }
                 NodeKind::Join(j) if j.window.is_some() => {
                     let _ = writeln!(
                         s,
@@ -914,6 +925,17 @@ impl StreamNode {
                     }
                     None if j.window.is_some() => {
                         format!("WindowJoin: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
+                    }
+                    None if let Some([lt, rt]) = j.temporal => {
+                        let name =
+                            |s: &SchemaRef, i: usize| s.fields().get(i).map_or("?".to_string(), |f| f.name().clone());
+                        format!(
+                            "TemporalJoin: {} FOR SYSTEM_TIME AS OF left.{} (versions by right.{}) ON {}{filter}",
+                            j.join_type.sql(),
+                            name(&j.left_schema, lt),
+                            name(&j.right_schema, rt),
+                            on.join(" AND ")
+                        )
                     }
                     None => format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND ")),
                 }

@@ -191,7 +191,10 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     .interval
                     .map(|b| format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper))
                     .unwrap_or_default()
-                    + &j.window.map(|[l, r]| format!(";window={l},{r}")).unwrap_or_default(),
+                    + &j.window.map(|[l, r]| format!(";window={l},{r}")).unwrap_or_default()
+                    + &j.temporal
+                        .map(|[l, r]| format!(";temporal={l},{r}"))
+                        .unwrap_or_default(),
             ),
             NodeKind::Union => ("union", String::new()),
             NodeKind::Rank(r) => (

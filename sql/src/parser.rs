@@ -191,7 +191,7 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_tvf_tokens(part.to_vec());
+        let tokens = rewrite_system_time_tokens(rewrite_tvf_tokens(part.to_vec()));
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
@@ -313,9 +313,14 @@ fn check_nesting(tokens: &[TokenWithSpan]) -> Result<()> {
 fn check_no_internal_names(tokens: &[TokenWithSpan]) -> Result<()> {
     for t in tokens {
         if let Token::Word(w) = &t.token
-            && [crate::udf::WINDOW_FN, crate::udf::PARTITION_BY_FN]
-                .iter()
-                .any(|name| w.value.eq_ignore_ascii_case(name))
+            && [
+                crate::udf::WINDOW_FN,
+                crate::udf::PARTITION_BY_FN,
+                crate::udf::SYSTEM_TIME_FN,
+                crate::udf::TEMPORAL_JOIN_FN,
+            ]
+            .iter()
+            .any(|name| w.value.eq_ignore_ascii_case(name))
         {
             return Err(SqlError::plan(format!(
                 "{} is internal to Weir; use TUMBLE, HOP, CUMULATE or SESSION",
@@ -407,6 +412,50 @@ fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
         let (open, close) = (tokens[first].span, tokens[last].span);
         tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
         tokens.insert(first, TokenWithSpan::new(Token::LParen, open));
+    }
+    tokens
+}
+
+/// Flink's temporal join `JOIN r FOR SYSTEM_TIME AS OF o.ts [AS] alias`:
+/// our dialect has no table versions, so the clause becomes an argument of
+/// the table, `r (__weir_system_time(o.ts))`, which the rewrite takes
+/// apart. The time is a column (`ts` or `o.ts`), as Flink requires.
+fn rewrite_system_time_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut at = 0;
+    while let Some(f) = next(at, &tokens) {
+        at = f + 1;
+        if !word(&tokens[f].token, "FOR") {
+            continue;
+        }
+        let Some(st) = next(f + 1, &tokens).filter(|i| word(&tokens[*i].token, "SYSTEM_TIME")) else {
+            continue;
+        };
+        let Some(as_) = next(st + 1, &tokens).filter(|i| word(&tokens[*i].token, "AS")) else {
+            continue;
+        };
+        let Some(of) = next(as_ + 1, &tokens).filter(|i| word(&tokens[*i].token, "OF")) else {
+            continue;
+        };
+        let Some(first) = next(of + 1, &tokens).filter(|i| matches!(tokens[*i].token, Token::Word(_))) else {
+            continue;
+        };
+        let mut last = first;
+        while let Some(dot) = next(last + 1, &tokens).filter(|d| tokens[*d].token == Token::Period) {
+            match next(dot + 1, &tokens) {
+                Some(w) if matches!(tokens[w].token, Token::Word(_)) => last = w,
+                _ => break,
+            }
+        }
+        // `FOR SYSTEM_TIME AS OF x` → `( __weir_system_time ( x ) )`.
+        tokens[f].token = Token::LParen;
+        tokens[st].token = Token::make_word(crate::udf::SYSTEM_TIME_FN, None);
+        tokens[as_].token = Token::LParen;
+        tokens[of].token = Token::Whitespace(Whitespace::Space);
+        let close = tokens[last].span;
+        tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
+        tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
+        at = last + 3;
     }
     tokens
 }

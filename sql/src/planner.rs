@@ -166,6 +166,7 @@ impl Planner {
             .build();
         // Registering a fresh UDF into a fresh state cannot clash.
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
+        let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
@@ -676,6 +677,11 @@ fn is_time_attribute(
             Some(Expr::Column(c)) => p.input.schema().index_of_column(&c).is_ok_and(|i| recurse(&p.input, i)),
             _ => false,
         },
+        // A temporal join keeps its left side's time attributes (Flink);
+        // the versioned side's time is a plain value after it.
+        LogicalPlan::Join(j) if temporal_of(j).is_some() => {
+            idx < j.left.schema().fields().len() && recurse(&j.left, idx)
+        }
         LogicalPlan::Join(j) if through_join(j) => {
             use datafusion::logical_expr::JoinType as J;
             let left_len = j.left.schema().fields().len();
@@ -688,6 +694,22 @@ fn is_time_attribute(
         LogicalPlan::TableScan(scan) => attribute(scan.table_name.table(), scan.projected_schema.field(idx).name()),
         _ => false,
     }
+}
+
+/// A temporal join's mark in `join`'s condition (see the rewrite): its
+/// arguments (left time, right version time, right primary key...) and
+/// the rest of the condition.
+fn temporal_of(join: &datafusion::logical_expr::Join) -> Option<(Vec<Expr>, Option<Expr>)> {
+    let filter = join.filter.as_ref()?;
+    let mut marker = None;
+    let mut rest = vec![];
+    for c in datafusion::logical_expr::utils::split_conjunction_owned(filter.clone()) {
+        match c {
+            Expr::ScalarFunction(f) if f.name() == crate::udf::TEMPORAL_JOIN_FN => marker = Some(f.args),
+            other => rest.push(other),
+        }
+    }
+    Some((marker?, datafusion::logical_expr::utils::conjunction(rest)))
 }
 
 /// Flink's interval join condition: bounds between the two sides'
@@ -1594,10 +1616,20 @@ impl<'a> GraphBuilder<'a> {
             }
             _ => None,
         };
-        let filter = match (&interval, &join.filter) {
-            (Some((_, rest)), _) => rest.as_ref().map(|f| self.physical(f, &both)).transpose()?,
-            (None, Some(f)) => Some(self.physical(f, &both)?),
-            (None, None) => None,
+        let temporal = match temporal_of(join) {
+            Some((args, rest)) => {
+                let times = self.temporal_times(join, join_type, &args)?;
+                self.require_insert_only(left, "Temporal join (its left side)")?;
+                Some((times, rest))
+            }
+            None => None,
+        };
+        let filter = match (&temporal, &interval, &join.filter) {
+            (Some((_, rest)), _, _) | (None, Some((_, rest)), _) => {
+                rest.as_ref().map(|f| self.physical(f, &both)).transpose()?
+            }
+            (None, None, Some(f)) => Some(self.physical(f, &both)?),
+            (None, None, None) => None,
         };
         let node = JoinNode {
             join_type,
@@ -1608,10 +1640,11 @@ impl<'a> GraphBuilder<'a> {
             right_schema: Arc::new(rs.as_arrow().clone()),
             state_ttl: [self.hinted_ttl(&join.left), self.hinted_ttl(&join.right)],
             unique_keys: [lm.upsert_key.clone(), rm.upsert_key.clone()],
-            interval: interval.as_ref().map(|(b, _)| *b),
-            window,
+            interval: interval.as_ref().map(|(b, _)| *b).filter(|_| temporal.is_none()),
+            window: window.filter(|_| temporal.is_none()),
+            temporal: temporal.as_ref().map(|(t, _)| *t),
         };
-        let is_interval = node.interval.is_some() || node.window.is_some();
+        let is_interval = node.interval.is_some() || node.window.is_some() || node.temporal.is_some();
         let id = self.add(
             self.config.parallelism,
             Arc::new(join.schema.as_arrow().clone()),
@@ -1652,6 +1685,75 @@ impl<'a> GraphBuilder<'a> {
             },
         };
         Ok(id)
+    }
+
+    /// Checks a temporal join as Flink does and returns its time columns:
+    /// the left side's rowtime, the versioned side's version time.
+    fn temporal_times(
+        &self,
+        join: &datafusion::logical_expr::Join,
+        join_type: JoinType,
+        args: &[Expr],
+    ) -> Result<[usize; 2]> {
+        if !matches!(join_type, JoinType::Inner | JoinType::Left) {
+            return Err(SqlError::unsupported(format!(
+                "Temporal Table Join currently only supports INNER JOIN and LEFT JOIN, but was {} JOIN",
+                join_type.sql()
+            )));
+        }
+        let (ls, rs) = (join.left.schema(), join.right.schema());
+        let [Expr::Column(lt), Expr::Column(rt), pk @ ..] = args else {
+            return Err(SqlError::plan(
+                "FOR SYSTEM_TIME AS OF takes a time attribute column of the left table",
+            ));
+        };
+        let Ok(li) = ls.index_of_column(lt) else {
+            return Err(SqlError::plan(format!(
+                "FOR SYSTEM_TIME AS OF {lt}: temporal table join currently only supports \
+                 'FOR SYSTEM_TIME AS OF' left table's time attribute field"
+            )));
+        };
+        let ri = rs.index_of_column(rt)?;
+        if !is_rowtime(&join.left, li, self.catalog) {
+            if is_proctime(&join.left, li, self.catalog) {
+                return Err(SqlError::unsupported(
+                    "Processing-time temporal join is not supported yet (a versioned table joins on \
+                     event time: FOR SYSTEM_TIME AS OF the left table's rowtime)",
+                ));
+            }
+            let ty = ls.field(li).data_type();
+            if !matches!(ty, DataType::Timestamp(..)) {
+                return Err(SqlError::plan(format!(
+                    "The system time period specification expects Timestamp type but is '{}' ({lt})",
+                    crate::types::flink_name(ty)
+                )));
+            }
+            return Err(SqlError::plan(format!(
+                "FOR SYSTEM_TIME AS OF {lt}: temporal table join currently only supports \
+                 'FOR SYSTEM_TIME AS OF' left table's time attribute field (a column with a WATERMARK)"
+            )));
+        }
+        // The versioned table's key must be among the join's equalities:
+        // one version per join key.
+        let keys: Vec<&Expr> = join.on.iter().map(|(_, r)| r).collect();
+        let missing: Vec<String> = pk
+            .iter()
+            .filter(|c| !keys.iter().any(|k| (*k).clone().unalias() == (*c).clone()))
+            .map(|c| match c {
+                Expr::Column(c) => c.name.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(SqlError::plan(format!(
+                "Temporal Table Join requires primary key in versioned table, but no primary key can be \
+                 found: the versioned table's primary key [{}] must be in the join's equalities \
+                 (ON left.col = versioned.{})",
+                missing.join(", "),
+                missing[0]
+            )));
+        }
+        Ok([li, ri])
     }
 
     /// `UNION ALL` of any number of inputs (`UNION` is a DISTINCT over

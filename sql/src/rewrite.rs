@@ -23,7 +23,7 @@ use weir_catalog::store::Entry;
 
 use crate::error::{Result, SqlError};
 use crate::parser::dialect;
-use crate::udf::{PARTITION_BY_FN, WINDOW_FN};
+use crate::udf::{PARTITION_BY_FN, SYSTEM_TIME_FN, TEMPORAL_JOIN_FN, WINDOW_FN};
 
 const MAX_VIEW_DEPTH: usize = 32;
 
@@ -151,6 +151,11 @@ fn window_columns(ts: &str, call: &WindowCall, session: &str) -> String {
 fn parse_query_text(sql: &str) -> Result<Box<Query>> {
     let d = dialect();
     Ok(Parser::new(&d).try_with_sql(sql)?.parse_query()?)
+}
+
+fn parse_expr(sql: &str) -> Result<Expr> {
+    let d = dialect();
+    Ok(Parser::new(&d).try_with_sql(sql)?.parse_expr()?)
 }
 
 /// `(<query>) AS alias` as a table factor.
@@ -353,6 +358,117 @@ impl Rewriter<'_> {
         Ok(())
     }
 
+    /// Temporal joins `JOIN r FOR SYSTEM_TIME AS OF o.ts ON ...` (the
+    /// parser hands the clause over as `r(__weir_system_time(o.ts))`):
+    /// the table loses the argument and the `ON` gains the conjunct
+    /// `__weir_temporal_join(o.ts, r.<rowtime>, r.<pk>...)`, which tells
+    /// the planner the versioned side, its version time and its key.
+    fn temporal_joins(&self, select: &mut Select) -> Result<()> {
+        let system_time = |factor: &mut TableFactor| -> Result<Option<(Expr, ObjectName, Ident)>> {
+            let TableFactor::Table { name, alias, args, .. } = factor else {
+                return Ok(None);
+            };
+            let Some(a) = args.as_ref() else { return Ok(None) };
+            let marker = match a.args.as_slice() {
+                [FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Function(f)))]
+                    if fn_name(&f.name) == SYSTEM_TIME_FN.to_ascii_uppercase() =>
+                {
+                    f
+                }
+                _ => return Ok(None),
+            };
+            let time = match args_of(marker).as_slice() {
+                [t] => (*t).clone(),
+                _ => return Err(SqlError::plan("FOR SYSTEM_TIME AS OF takes one time attribute column")),
+            };
+            let alias = alias.as_ref().map(|a| a.name.clone()).unwrap_or_else(|| {
+                name.0
+                    .last()
+                    .and_then(|p| p.as_ident().cloned())
+                    .unwrap_or_else(|| Ident::new(name.to_string()))
+            });
+            *args = None;
+            Ok(Some((time, name.clone(), alias)))
+        };
+        for twj in &mut select.from {
+            if system_time(&mut twj.relation)?.is_some() {
+                return Err(SqlError::plan(
+                    "FOR SYSTEM_TIME AS OF names the versioned table on the right side of a temporal join \
+                     (`FROM orders AS o JOIN rates FOR SYSTEM_TIME AS OF o.ts AS r ON ...`)",
+                ));
+            }
+            for join in &mut twj.joins {
+                let Some((time, name, alias)) = system_time(&mut join.relation)? else {
+                    continue;
+                };
+                let table_name = name
+                    .0
+                    .iter()
+                    .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
+                    .collect::<Vec<_>>()
+                    .join(".");
+                let def = match self.catalog.get(&table_name) {
+                    Some(Entry::Table(t)) => t,
+                    Some(_) => {
+                        return Err(SqlError::unsupported(format!(
+                            "temporal join against the view '{table_name}' is not supported yet: \
+                             declare the versioned table with a PRIMARY KEY and a WATERMARK"
+                        )));
+                    }
+                    None => return Err(SqlError::not_found(format!("table '{table_name}' does not exist"))),
+                };
+                let Some(pk) = def.primary_key.as_ref().filter(|k| !k.is_empty()) else {
+                    return Err(SqlError::plan(format!(
+                        "Temporal Table Join requires primary key in versioned table, but no primary key \
+                         can be found. Declare PRIMARY KEY (...) NOT ENFORCED on '{table_name}'"
+                    )));
+                };
+                let Some(w) = def.watermark.as_ref() else {
+                    return Err(SqlError::plan(format!(
+                        "Event-Time Temporal Table Join requires both primary key and row time attribute \
+                         in versioned table, but no row time attribute can be found. Declare a WATERMARK \
+                         on '{table_name}'"
+                    )));
+                };
+                let column = |c: &str| Expr::CompoundIdentifier(vec![alias.clone(), Ident::with_quote('`', c)]);
+                let mut marker_args = vec![time.to_string(), column(&w.column).to_string()];
+                marker_args.extend(pk.iter().map(|c| column(c).to_string()));
+                let marker = parse_expr(&format!("{TEMPORAL_JOIN_FN}({})", marker_args.join(", ")))?;
+                use ast::JoinOperator as J;
+                let constraint = match &mut join.join_operator {
+                    J::Join(c)
+                    | J::Inner(c)
+                    | J::Left(c)
+                    | J::LeftOuter(c)
+                    | J::Right(c)
+                    | J::RightOuter(c)
+                    | J::FullOuter(c) => c,
+                    _ => {
+                        return Err(SqlError::unsupported(
+                            "Temporal Table Join currently only supports INNER JOIN and LEFT JOIN",
+                        ));
+                    }
+                };
+                match constraint {
+                    ast::JoinConstraint::On(on) => {
+                        let cond = std::mem::replace(on, Expr::value(Value::Boolean(true)));
+                        *on = Expr::BinaryOp {
+                            left: Box::new(Expr::Nested(Box::new(cond))),
+                            op: ast::BinaryOperator::And,
+                            right: Box::new(marker),
+                        };
+                    }
+                    _ => {
+                        return Err(SqlError::plan(
+                            "a temporal join needs an ON condition with the versioned table's primary key",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Legacy `GROUP BY TUMBLE(ts, size)`: wraps FROM in the windowed
     /// derived table and renames the window property functions.
     fn group_window(&self, select: &mut Select) -> Result<()> {
@@ -449,7 +565,7 @@ impl VisitorMut for Rewriter<'_> {
     type Break = SqlError;
 
     fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<SqlError> {
-        match self.group_window(select) {
+        match self.temporal_joins(select).and_then(|()| self.group_window(select)) {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => ControlFlow::Break(e),
         }

@@ -118,3 +118,42 @@ impl ScalarUDFImpl for WindowMarker {
         Ok(ColumnarValue::Array(Arc::new(out) as Arc<dyn Array>))
     }
 }
+
+/// `FOR SYSTEM_TIME AS OF` as the parser hands it to the rewrite: the
+/// argument of the versioned table (`rates(__weir_system_time(o.ts))`).
+pub const SYSTEM_TIME_FN: &str = "__weir_system_time";
+/// The rewrite's mark of a temporal join, one conjunct of its `ON`:
+/// `__weir_temporal_join(left_time, right_rowtime, right_pk...)`. The
+/// planner takes it out of the condition; it is true if evaluated.
+pub const TEMPORAL_JOIN_FN: &str = "__weir_temporal_join";
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct TemporalJoinMarker {
+    signature: Signature,
+}
+
+impl TemporalJoinMarker {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for TemporalJoinMarker {
+    fn name(&self) -> &str {
+        TEMPORAL_JOIN_FN
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _args: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+    }
+}

@@ -205,25 +205,7 @@ impl IntervalJoinOperator {
 
     /// Each row's time in ms (NULL: the row matches nothing).
     fn row_times(&self, side: usize, rows: &RecordBatch) -> Result<Int64Array> {
-        use arrow::datatypes::TimeUnit;
-        let col = rows.column(self.times[side]);
-        let DataType::Timestamp(unit, _) = col.data_type() else {
-            return Err(ExecError::internal(format!(
-                "interval join time column has type {}, not a timestamp",
-                col.data_type()
-            )));
-        };
-        let raw = cast(col, &DataType::Int64)?;
-        let raw = raw
-            .as_any()
-            .downcast_ref::<Int64Array>()
-            .ok_or_else(|| ExecError::internal("interval join time is not a timestamp"))?;
-        Ok(match unit {
-            TimeUnit::Second => arrow::compute::kernels::arity::unary(raw, |v: i64| v.saturating_mul(1000)),
-            TimeUnit::Millisecond => raw.clone(),
-            TimeUnit::Microsecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1000)),
-            TimeUnit::Nanosecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1_000_000)),
-        })
+        times_ms(rows.column(self.times[side]), "interval join")
     }
 
     /// The newest event time and the state held per second of event time,
@@ -568,6 +550,29 @@ impl Operator for IntervalJoinOperator {
     }
 }
 
+/// A timestamp column's values in ms since the epoch (NULL stays NULL),
+/// whatever its unit: the time column of `what`.
+pub(crate) fn times_ms(col: &arrow::array::ArrayRef, what: &str) -> Result<Int64Array> {
+    use arrow::datatypes::TimeUnit;
+    let DataType::Timestamp(unit, _) = col.data_type() else {
+        return Err(ExecError::internal(format!(
+            "{what} time column has type {}, not a timestamp",
+            col.data_type()
+        )));
+    };
+    let raw = cast(col, &DataType::Int64)?;
+    let raw = raw
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or_else(|| ExecError::internal(format!("{what} time is not a timestamp")))?;
+    Ok(match unit {
+        TimeUnit::Second => arrow::compute::kernels::arity::unary(raw, |v: i64| v.saturating_mul(1000)),
+        TimeUnit::Millisecond => raw.clone(),
+        TimeUnit::Microsecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1000)),
+        TimeUnit::Nanosecond => arrow::compute::kernels::arity::unary(raw, |v: i64| v.div_euclid(1_000_000)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -601,6 +606,7 @@ mod tests {
             unique_keys: [None, None],
             interval: None,
             window: None,
+            temporal: None,
         };
         let bounds = IntervalBounds {
             left_time: 1,

@@ -800,6 +800,7 @@ mod tests {
             unique_keys,
             interval: None,
             window: None,
+            temporal: None,
         };
         let out = Arc::new(Schema::new(
             l.fields()

@@ -19,6 +19,7 @@ pub mod join;
 pub mod limit;
 pub mod over_aggregate;
 pub mod rank;
+pub mod temporal_join;
 pub mod temporal_sort;
 pub mod union;
 pub mod upsert_materialize;

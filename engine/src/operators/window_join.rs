@@ -442,6 +442,7 @@ mod tests {
             unique_keys: [None, None],
             interval: None,
             window: Some([1, 1]),
+            temporal: None,
         };
         let out = Arc::new(Schema::new(
             side()

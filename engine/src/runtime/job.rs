@@ -1172,6 +1172,21 @@ fn create_operator(
         }
         NodeKind::Join(
             j @ crate::plan::JoinNode {
+                temporal: Some(times), ..
+            },
+        ) => {
+            let state = state_of(crate::operators::temporal_join::STATES)?;
+            Box::new(crate::operators::temporal_join::TemporalJoinOperator::new(
+                j,
+                *times,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
+        NodeKind::Join(
+            j @ crate::plan::JoinNode {
                 interval: Some(bounds), ..
             },
         ) => {
