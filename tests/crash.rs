@@ -833,6 +833,32 @@ fn sigkill_during_a_window_join_commits_each_row_once() {
     sigkill_trials("window-join-crash", window_join_job_sql, 5_000);
 }
 
+/// The bid files of [`interval_job_sql`], the second a versioned table by
+/// auction: each left bid with its auction's right bid valid at its time
+/// (a file is read in order, so a version of one time is replaced in the
+/// same order on every run).
+fn temporal_join_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'temporal-join-crash';\n{extra}"))
+        .replace(
+            "CREATE TABLE r (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+  WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)",
+            "CREATE TABLE r (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+  WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND, PRIMARY KEY (auction) NOT ENFORCED)",
+        )
+        .replace(
+            "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)
+FROM TABLE(TUMBLE(TABLE j, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+GROUP BY auction, window_start, window_end;",
+            "INSERT INTO out SELECT l.auction, l.dateTime, l.price, r.price
+FROM l LEFT JOIN r FOR SYSTEM_TIME AS OF l.dateTime AS r ON l.auction = r.auction;",
+        )
+}
+
+#[test]
+fn sigkill_during_a_temporal_join_commits_each_row_once() {
+    sigkill_trials("temporal-join-crash", temporal_join_job_sql, 5_000);
+}
+
 /// One bid file of [`interval_job_sql`] with an OVER aggregate per auction
 /// (a RANGE frame of 500 ms: ties share their value, so the output does
 /// not depend on the order rows of one time arrive in).

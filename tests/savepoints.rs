@@ -46,10 +46,14 @@ fn ddl(input: &Path, out: &Path) -> String {
         "CREATE TABLE IF NOT EXISTS events (k BIGINT, v DOUBLE, s STRING, ts TIMESTAMP(3),
            WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
          WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '3000');
+         CREATE TABLE IF NOT EXISTS versions (k BIGINT, v DOUBLE, s STRING, ts TIMESTAMP(3),
+           WATERMARK FOR ts AS ts - INTERVAL '1' SECOND, PRIMARY KEY (s) NOT ENFORCED)
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '1000');
          CREATE TABLE IF NOT EXISTS results (g STRING, ws TIMESTAMP(3), we TIMESTAMP(3), a DOUBLE, b DOUBLE, c BIGINT)
          WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
          CREATE TABLE IF NOT EXISTS counts (k BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), n BIGINT, mx TIMESTAMP(3))
          WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');",
+        input.display(),
         input.display(),
         out.display(),
         out.display()
@@ -114,6 +118,14 @@ const WINDOW_JOIN: &str = "INSERT INTO counts SELECT L.k, L.window_start, L.wind
     FROM (SELECT * FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))) L
     LEFT JOIN (SELECT * FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '2' SECOND))) R
     ON L.window_start = R.window_start AND L.window_end = R.window_end AND L.k = R.k AND L.ts < R.ts;";
+
+/// A temporal join: each event with the version of `name-(k % 11)` valid
+/// at its time (the same rows as a versioned table keyed by `s`), padded
+/// before the first one; orders held for the watermark and versions
+/// across restores. (The versions are read slower, so the job outlasts a
+/// checkpoint even on a loaded machine.)
+const TEMPORAL_JOIN: &str = "INSERT INTO counts SELECT e.k, e.ts, r.ts, CAST(r.v * 4 AS BIGINT), e.ts AS ts2
+    FROM events e LEFT JOIN versions FOR SYSTEM_TIME AS OF e.ts AS r ON CONCAT('name-', CAST(e.k % 11 AS STRING)) = r.s;";
 
 /// OVER aggregates per key: a RANGE frame of 3 s and a ROWS frame of the
 /// 5 rows before (rows held until the watermark, frames across restores).
@@ -369,6 +381,11 @@ async fn golden_rerun_session_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_window_join() {
     golden_rerun(WINDOW_JOIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_temporal_join() {
+    golden_rerun(TEMPORAL_JOIN).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

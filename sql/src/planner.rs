@@ -1735,10 +1735,19 @@ impl<'a> GraphBuilder<'a> {
         }
         // The versioned table's key must be among the join's equalities:
         // one version per join key.
-        let keys: Vec<&Expr> = join.on.iter().map(|(_, r)| r).collect();
+        // (A key compared with another type is cast: the cast column is
+        // still the key.)
+        fn uncast(e: &Expr) -> &Expr {
+            match e {
+                Expr::Cast(c) => uncast(&c.expr),
+                Expr::TryCast(c) => uncast(&c.expr),
+                Expr::Alias(a) => uncast(&a.expr),
+                other => other,
+            }
+        }
         let missing: Vec<String> = pk
             .iter()
-            .filter(|c| !keys.iter().any(|k| (*k).clone().unalias() == (*c).clone()))
+            .filter(|c| !join.on.iter().any(|(_, k)| uncast(k) == *c))
             .map(|c| match c {
                 Expr::Column(c) => c.name.clone(),
                 other => other.to_string(),

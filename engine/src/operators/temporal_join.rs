@@ -112,6 +112,15 @@ struct DueRow {
     null_key: bool,
 }
 
+/// Left rows of one batch under one key, time and NULL-key flag.
+struct LeftPart {
+    first: usize,
+    group: KeyGroup,
+    namespace: Vec<u8>,
+    time: i64,
+    rows: Vec<usize>,
+}
+
 /// One version of a key.
 struct Version {
     time: i64,
@@ -194,7 +203,7 @@ impl TemporalJoinOperator {
         let keys = self.key_encoder.encode(&key_arrays)?;
         // Rows by key, time and NULL-key flag, in arrival order.
         let mut part_of: HashMap<(&[u8], i64, bool), usize> = HashMap::new();
-        let mut parts: Vec<(usize, KeyGroup, Vec<u8>, i64, Vec<usize>)> = vec![];
+        let mut parts: Vec<LeftPart> = vec![];
         let mut dropped = 0u64;
         for i in 0..n {
             if times.is_null(i) {
@@ -212,10 +221,16 @@ impl TemporalJoinOperator {
             let p = *part_of.entry((k, time, null_key)).or_insert_with(|| {
                 let mut ns = encode_time(time).to_vec();
                 ns.push(u8::from(null_key));
-                parts.push((i, key_group(k, self.max_parallelism), ns, time, vec![]));
+                parts.push(LeftPart {
+                    first: i,
+                    group: key_group(k, self.max_parallelism),
+                    namespace: ns,
+                    time,
+                    rows: vec![],
+                });
                 parts.len() - 1
             });
-            parts[p].4.push(i);
+            parts[p].rows.push(i);
         }
         if dropped > 0 {
             self.metrics.late_rows_dropped.fetch_add(dropped, Ordering::Relaxed);
@@ -225,10 +240,10 @@ impl TemporalJoinOperator {
         }
         let refs: Vec<EntryRef> = parts
             .iter()
-            .map(|(first, group, ns, _, _)| EntryRef {
-                key_group: *group,
-                key: keys.row(*first),
-                namespace: ns,
+            .map(|p| EntryRef {
+                key_group: p.group,
+                key: keys.row(p.first),
+                namespace: &p.namespace,
             })
             .collect();
         let stored = self.state.get(LEFT, &refs)?;
@@ -236,14 +251,14 @@ impl TemporalJoinOperator {
         let mut w = KeyedWrite::default();
         let mut grown = 0i64;
         for ((part, e), old) in parts.iter().zip(&refs).zip(stored) {
-            let (_, group, ns, time, members) = part;
+            let ns = &part.namespace;
             let before = old.as_ref().map_or(0, Vec::len);
             let mut value = old.unwrap_or_default();
-            value.extend(frame_rows(members.iter().map(|r| rows.row(*r))));
+            value.extend(frame_rows(part.rows.iter().map(|r| rows.row(*r))));
             grown += (value.len() - before) as i64;
             if before == 0 {
                 grown += (e.key.len() + ns.len()) as i64 + e.key.len() as i64 + TIMER_BYTES;
-                w.add_timer(TIMERS, *group, *time, e.key, &[LEFT_TIMER, ns[8]]);
+                w.add_timer(TIMERS, part.group, part.time, e.key, &[LEFT_TIMER, ns[8]]);
             }
             w.put(LEFT, *e, value);
         }
