@@ -140,6 +140,19 @@ fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
 
 /// Lets the process run for `kill_after` (or to its end), then SIGKILLs it.
 fn run_once(data: &Path, sql: &Path, kill_after: Option<Duration>, failpoints: Option<&str>) -> Run {
+    run_armed(data, sql, kill_after, failpoints, &|| true)
+}
+
+/// [`run_once`], with `kill_after` counted from the moment `armed` first
+/// holds (e.g. a checkpoint completed, so that a kill tests a restore
+/// however slowly a loaded machine starts the job).
+fn run_armed(
+    data: &Path,
+    sql: &Path,
+    kill_after: Option<Duration>,
+    failpoints: Option<&str>,
+    armed: &dyn Fn() -> bool,
+) -> Run {
     let mut child = start(data, sql, failpoints);
     let mut stderr_pipe = child.stderr.take().expect("stderr");
     let reader = std::thread::spawn(move || {
@@ -148,12 +161,18 @@ fn run_once(data: &Path, sql: &Path, kill_after: Option<Duration>, failpoints: O
         s
     });
     let deadline = Instant::now() + Duration::from_secs(120);
-    let kill_at = kill_after.map(|d| Instant::now() + d);
+    let mut kill_at = None;
     let exited = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break Some(status);
         }
         let now = Instant::now();
+        if kill_at.is_none()
+            && let Some(d) = kill_after
+            && armed()
+        {
+            kill_at = Some(now + d);
+        }
         if kill_at.is_some_and(|k| now >= k) {
             // SIGKILL: no destructors, no flushing, no goodbye.
             child.kill().expect("kill");
@@ -171,20 +190,37 @@ fn run_once(data: &Path, sql: &Path, kill_after: Option<Duration>, failpoints: O
     }
 }
 
-/// Rows of every finished (visible) part file, with their multiplicity.
+/// Whether a checkpoint below `root` (`chk-N/_metadata`) is complete.
+fn has_completed_checkpoint(root: &Path) -> bool {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("_metadata").is_file())
+}
+
+/// Rows of every finished (visible) part file, with their multiplicity
+/// (in partition directories `k=v`: each row prefixed with its directory).
 fn finished_rows(out: &Path) -> BTreeMap<String, usize> {
     let mut rows = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(out) else {
-        return rows;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if name.starts_with('.') {
+    let mut dirs = vec![(out.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
-        }
-        let text = std::fs::read_to_string(e.path()).expect("read part file");
-        for line in text.lines().filter(|l| !l.is_empty()) {
-            *rows.entry(line.to_string()).or_default() += 1;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name.starts_with('_') {
+                continue;
+            }
+            if e.path().is_dir() {
+                dirs.push((e.path(), format!("{prefix}{name}/")));
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).expect("read part file");
+            for line in text.lines().filter(|l| !l.is_empty()) {
+                *rows.entry(format!("{prefix}{line}")).or_default() += 1;
+            }
         }
     }
     rows
@@ -647,9 +683,14 @@ fn sigkill_during_an_updating_job_commits_each_change_once() {
             let p = if unaligned { 2 } else { [2, 3, 1][(attempt - 1) % 3] };
             let extra = format!("{mode}\nSET 'parallelism.default' = '{p}';");
             std::fs::write(&sql, changelog_job_sql(&out, &extra)).expect("rewrite sql");
-            let kill_after = (attempt <= 3).then(|| Duration::from_millis(300 + rng.below(1700)));
+            // Killed a random while after a checkpoint completed: each
+            // kill is followed by a restore.
+            let kill_after = (attempt <= 3).then(|| Duration::from_millis(rng.below(1500)));
             plan.push(format!("p{p} {kill_after:?}"));
-            let run = run_once(&data, &sql, kill_after, None);
+            let checkpoints = data.join("checkpoints").join("changelog-crash");
+            let run = run_armed(&data, &sql, kill_after, None, &|| {
+                has_completed_checkpoint(&checkpoints)
+            });
             restores += usize::from(run.stderr.contains("restoring from checkpoint"));
             let finished = std::fs::read_to_string(data.join("jobs").join("changelog-crash").join("status"))
                 .is_ok_and(|s| s.trim() == "FINISHED");
@@ -773,9 +814,14 @@ fn sigkill_trials(job: &str, sql_of: fn(&Path, &str) -> String, min_rows: usize)
             let p = if unaligned { 2 } else { [2, 3, 1][(attempt - 1) % 3] };
             let extra = format!("{mode}\nSET 'parallelism.default' = '{p}';");
             std::fs::write(&sql, sql_of(&out, &extra)).expect("rewrite sql");
-            let kill_after = (attempt <= 3).then(|| Duration::from_millis(300 + rng.below(1700)));
+            // Killed a random while after a checkpoint completed: each
+            // kill is followed by a restore.
+            let kill_after = (attempt <= 3).then(|| Duration::from_millis(rng.below(1500)));
             plan.push(format!("p{p} {kill_after:?}"));
-            let run = run_once(&data, &sql, kill_after, None);
+            let checkpoints = data.join("checkpoints").join(job);
+            let run = run_armed(&data, &sql, kill_after, None, &|| {
+                has_completed_checkpoint(&checkpoints)
+            });
             restores += usize::from(run.stderr.contains("restoring from checkpoint"));
             let finished = std::fs::read_to_string(data.join("jobs").join(job).join("status"))
                 .is_ok_and(|s| s.trim() == "FINISHED");
@@ -857,6 +903,29 @@ FROM l LEFT JOIN r FOR SYSTEM_TIME AS OF l.dateTime AS r ON l.auction = r.auctio
 #[test]
 fn sigkill_during_a_temporal_join_commits_each_row_once() {
     sigkill_trials("temporal-join-crash", temporal_join_job_sql, 5_000);
+}
+
+/// The job of [`interval_job_sql`] into a partitioned table (a directory
+/// per auction bucket, committed with a success file): part files in
+/// several directories under the same two-phase commit.
+fn partitioned_job_sql(out: &Path, extra: &str) -> String {
+    interval_job_sql(out, &format!("SET 'pipeline.name' = 'partitioned-crash';\n{extra}"))
+        .replace(
+            "CREATE TABLE out (auction BIGINT, window_start TIMESTAMP(3), pairs BIGINT, total BIGINT)
+  WITH ('connector' = 'filesystem', 'path' = '",
+            "CREATE TABLE out (auction BIGINT, window_start TIMESTAMP(3), pairs BIGINT, total BIGINT, bucket BIGINT)
+  PARTITIONED BY (bucket)
+  WITH ('sink.partition-commit.policy.kind' = 'success-file', 'connector' = 'filesystem', 'path' = '",
+        )
+        .replace(
+            "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price)",
+            "INSERT INTO out SELECT auction, window_start, COUNT(*), SUM(price), auction % 4",
+        )
+}
+
+#[test]
+fn sigkill_during_a_partitioned_sink_commits_each_row_once() {
+    sigkill_trials("partitioned-crash", partitioned_job_sql, 5_000);
 }
 
 /// One bid file of [`interval_job_sql`] with an OVER aggregate per auction

@@ -91,3 +91,114 @@ async fn rows_beyond_the_bound_are_dropped_and_counted() {
         "late :14 row of a not added: {rows:?}"
     );
 }
+
+/// Visible rows per partition directory of `out` (`dt=../hm=..`), and
+/// the partitions with a `_SUCCESS` file.
+fn partitions_of(out: &std::path::Path) -> (std::collections::BTreeMap<String, usize>, Vec<String>) {
+    let mut rows = std::collections::BTreeMap::new();
+    let mut committed = vec![];
+    for dt in std::fs::read_dir(out).into_iter().flatten().flatten() {
+        for hm in std::fs::read_dir(dt.path()).into_iter().flatten().flatten() {
+            let name = format!(
+                "{}/{}",
+                dt.file_name().to_string_lossy(),
+                hm.file_name().to_string_lossy()
+            );
+            let mut n = 0;
+            let mut success = false;
+            for f in std::fs::read_dir(hm.path()).into_iter().flatten().flatten() {
+                let file = f.file_name().to_string_lossy().to_string();
+                if file == "_SUCCESS" {
+                    success = true;
+                } else if !file.starts_with('.') {
+                    n += std::fs::read_to_string(f.path()).map_or(0, |t| t.lines().count());
+                }
+            }
+            rows.insert(name.clone(), n);
+            if success {
+                committed.push(name);
+            }
+        }
+    }
+    (rows, committed)
+}
+
+/// A partitioned file sink with checkpoints commits a partition (writes
+/// its `_SUCCESS`) only once all its rows are committed and the watermark
+/// passed the partition's end plus the delay: every time a `_SUCCESS` is
+/// seen while the job runs, the partition's visible rows are all of them;
+/// partitions are committed while the job runs, not only at its end; at
+/// the end every partition is committed with each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_are_committed_once_complete_and_passed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 6000 rows 6 s apart: ten hours, 600 rows an hour, in time order.
+    let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
+        .and_then(|d| d.and_hms_opt(20, 0, 0))
+        .expect("time");
+    let mut csv = String::new();
+    for i in 0..6000i64 {
+        let t = base + chrono::Duration::seconds(6 * i);
+        csv.push_str(&format!(
+            "{},{},{i},{},{}\n",
+            t.format("%Y-%m-%d %H:%M:%S"),
+            ["a", "b", "c"][(i % 3) as usize],
+            t.format("%Y-%m-%d"),
+            t.format("%H:00")
+        ));
+    }
+    let input = dir.path().join("events.csv");
+    std::fs::write(&input, csv).expect("input");
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session
+        .execute_sql(&format!(
+            "SET 'pipeline.name' = 'partitions';
+             SET 'parallelism.default' = '2';
+             SET 'execution.checkpointing.interval' = '100 ms';
+             SET 'table.dml-sync' = 'false';
+             CREATE TABLE src (ts TIMESTAMP(3), k STRING, v BIGINT, dt STRING, hm STRING,
+               WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
+             WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '2000');
+             CREATE TABLE out (k STRING, v BIGINT, dt STRING, hm STRING) PARTITIONED BY (dt, hm)
+             WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv',
+                   'sink.partition-commit.trigger' = 'partition-time', 'sink.partition-commit.delay' = '1 h',
+                   'sink.partition-commit.policy.kind' = 'success-file',
+                   'partition.time-extractor.timestamp-pattern' = '$dt $hm:00');
+             INSERT INTO out SELECT k, v, dt, hm FROM src;",
+            input.display(),
+            out.display()
+        ))
+        .await
+        .expect("job starts");
+    let status = dir.path().join("data").join("jobs").join("partitions").join("status");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut committed_while_running = std::collections::BTreeSet::new();
+    loop {
+        let finished = std::fs::read_to_string(&status).is_ok_and(|s| s.trim() == "FINISHED");
+        let (rows, committed) = partitions_of(&out);
+        for p in &committed {
+            assert_eq!(rows[p], 600, "{p} committed with {} of its 600 rows", rows[p]);
+            if !finished {
+                committed_while_running.insert(p.clone());
+            }
+        }
+        if finished {
+            assert_eq!(
+                committed.len(),
+                10,
+                "every partition committed at the end: {committed:?}"
+            );
+            assert_eq!(rows.values().sum::<usize>(), 6000);
+            assert!(rows.keys().all(|p| p.contains("%3A00")), "':' escaped: {rows:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the job did not finish: {rows:?}");
+        // Observing the directory while the job runs (not waiting for it).
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(
+        !committed_while_running.is_empty(),
+        "no partition was committed before the end of input"
+    );
+}

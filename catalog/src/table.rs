@@ -48,6 +48,9 @@ pub struct TableDef {
     /// `PRIMARY KEY (...) NOT ENFORCED`: the columns, in key order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_key: Option<Vec<String>>,
+    /// `PARTITIONED BY (...)`: the partition columns, in path order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partition_keys: Vec<String>,
 }
 
 impl TableDef {

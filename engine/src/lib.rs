@@ -37,6 +37,7 @@ pub mod paths;
 pub mod plan;
 pub mod runtime;
 pub mod state;
+pub mod time_format;
 pub mod uid;
 
 pub use error::ExecError;

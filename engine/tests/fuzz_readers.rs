@@ -250,7 +250,7 @@ fn read_file(contents: &[u8], schema: SchemaRef, options: &[(&str, String)]) -> 
         weir_engine::connectors::filesystem::OPTIONS,
         "connector 'filesystem'",
     )?;
-    let source = FileSource::new(&options, schema.clone())?;
+    let source = FileSource::new(&options, schema.clone(), &[])?;
     let mut rows = 0;
     for mut split in source.create_splits(1)? {
         // A file of at most a few hundred lines is a few batches; more

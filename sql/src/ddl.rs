@@ -26,6 +26,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         watermark: None,
         options,
         primary_key: None,
+        partition_keys: vec![],
     };
     let mut seen = HashSet::new();
     for c in &stmt.columns {
@@ -137,6 +138,34 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             "table '{}' has 'scan.watermark.alignment.*' options but no WATERMARK clause to align",
             def.name
         )));
+    }
+    if let Some((cols, at)) = &stmt.partitioned_by {
+        for c in cols {
+            let Some(col) = def.columns.iter().find(|d| d.name == c.value) else {
+                return Err(SqlError::plan(format!(
+                    "PARTITIONED BY column '{}' is not a column of the table",
+                    c.value
+                ))
+                .at(*at));
+            };
+            if col.computed.is_some() {
+                return Err(SqlError::plan(format!(
+                    "PARTITIONED BY column '{}' is a computed column; a partition column must be a physical column",
+                    c.value
+                ))
+                .at(*at));
+            }
+            if def.partition_keys.contains(&c.value) {
+                return Err(SqlError::plan(format!("PARTITIONED BY names column '{}' twice", c.value)).at(*at));
+            }
+            def.partition_keys.push(c.value.clone());
+        }
+        if def.partition_keys.len() == def.physical_columns().count() {
+            return Err(SqlError::plan(
+                "PARTITIONED BY names every physical column; a partitioned table needs columns to write into its files",
+            )
+            .at(*at));
+        }
     }
     weir_engine::connectors::validate_table(&def)?;
     if let Some((cols, at)) = &stmt.primary_key {

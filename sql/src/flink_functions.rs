@@ -342,3 +342,136 @@ impl datafusion::logical_expr::ScalarUDFImpl for CurrentWatermark {
         )
     }
 }
+
+/// Flink's `DATE_FORMAT(timestamp | string, format)`: the time as text in
+/// a Java pattern (`'yyyy-MM-dd HH:mm'`). DataFusion's `date_format` is
+/// `to_char` with chrono's `%` layouts, which would return a Java pattern
+/// unchanged; the pattern is converted (unsupported letters are refused
+/// when the query is planned). A string argument is read as
+/// `yyyy-MM-dd HH:mm:ss[.fff]`; one that does not parse (a date alone
+/// too) gives NULL, as in Flink.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct DateFormat {
+    signature: Signature,
+}
+
+impl DateFormat {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::any(2, Volatility::Immutable),
+        })
+    }
+}
+
+fn date_format_layout(v: Option<&ScalarValue>) -> Result<Option<String>> {
+    let text = match v {
+        Some(ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s)) => s.clone(),
+        Some(ScalarValue::Null) => None,
+        Some(other) => {
+            return datafusion::common::plan_err!("DATE_FORMAT's format must be a string, got {other}");
+        }
+        None => return datafusion::common::plan_err!("DATE_FORMAT's format must be a literal string"),
+    };
+    text.map(|t| {
+        weir_engine::time_format::java_to_chrono(&t)
+            .map_err(|e| datafusion::common::DataFusionError::Plan(format!("DATE_FORMAT: {e}")))
+    })
+    .transpose()
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for DateFormat {
+    fn name(&self) -> &str {
+        "date_format"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn return_field_from_args(&self, args: datafusion::logical_expr::ReturnFieldArgs) -> Result<FieldRef> {
+        match args.arg_fields.first().map(|f| f.data_type()) {
+            Some(DataType::Timestamp(..) | DataType::Date32 | DataType::Date64)
+            | Some(DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null) => {}
+            Some(other) => {
+                return datafusion::common::plan_err!(
+                    "DATE_FORMAT takes a TIMESTAMP or a STRING, got {}",
+                    crate::types::flink_name(other)
+                );
+            }
+            None => return datafusion::common::plan_err!("DATE_FORMAT takes two arguments"),
+        }
+        date_format_layout(args.scalar_arguments.get(1).copied().flatten())?;
+        Ok(Arc::new(Field::new(self.name(), DataType::Utf8, true)))
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        use arrow::array::{Array, AsArray, StringBuilder};
+        use arrow::datatypes::{TimeUnit, TimestampMillisecondType};
+        use datafusion::logical_expr::ColumnarValue;
+        let layout = match &args.args[1] {
+            ColumnarValue::Scalar(s) => date_format_layout(Some(s))?,
+            ColumnarValue::Array(_) => {
+                return datafusion::common::exec_err!("DATE_FORMAT's format must be a literal string");
+            }
+        };
+        let n = args.number_rows;
+        let value = args.args[0].to_array(n)?;
+        let mut out = StringBuilder::with_capacity(n, n * 16);
+        let Some(layout) = layout else {
+            out.append_nulls(n);
+            return Ok(ColumnarValue::Array(Arc::new(out.finish())));
+        };
+        let items: Vec<chrono::format::Item> = chrono::format::StrftimeItems::new(&layout).collect();
+        let mut write = |t: Option<chrono::NaiveDateTime>| match t {
+            Some(t) => out.append_value(t.format_with_items(items.iter()).to_string()),
+            None => out.append_null(),
+        };
+        match value.data_type() {
+            DataType::Timestamp(_, tz) => {
+                let ms = cast(&value, &DataType::Timestamp(TimeUnit::Millisecond, tz.clone()))?;
+                let ms = ms.as_primitive::<TimestampMillisecondType>();
+                let zone: Option<arrow::array::timezone::Tz> = tz.as_deref().map(str::parse).transpose()?;
+                for i in 0..ms.len() {
+                    let t = (!ms.is_null(i))
+                        .then(|| chrono::DateTime::from_timestamp_millis(ms.value(i)))
+                        .flatten()
+                        .map(|utc| match &zone {
+                            Some(z) => utc.with_timezone(z).naive_local(),
+                            None => utc.naive_utc(),
+                        });
+                    write(t);
+                }
+            }
+            DataType::Date32 | DataType::Date64 => {
+                let ms = cast(&value, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
+                let ms = ms.as_primitive::<TimestampMillisecondType>();
+                for i in 0..ms.len() {
+                    write(
+                        (!ms.is_null(i))
+                            .then(|| chrono::DateTime::from_timestamp_millis(ms.value(i)))
+                            .flatten()
+                            .map(|t| t.naive_utc()),
+                    );
+                }
+            }
+            _ => {
+                let text = cast(&value, &DataType::Utf8)?;
+                let text = text.as_string::<i32>();
+                for i in 0..text.len() {
+                    let t = (!text.is_null(i))
+                        .then(|| text.value(i).trim())
+                        .and_then(|s| chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f").ok());
+                    write(t);
+                }
+            }
+        }
+        Ok(ColumnarValue::Array(Arc::new(out.finish())))
+    }
+}

@@ -50,6 +50,8 @@ pub struct CreateTable {
     pub watermark: Option<WatermarkClause>,
     /// `PRIMARY KEY (cols) NOT ENFORCED`, and where it is.
     pub primary_key: Option<(Vec<Ident>, Location)>,
+    /// `PARTITIONED BY (cols)`, and where it is.
+    pub partitioned_by: Option<(Vec<Ident>, Location)>,
     pub options: Vec<(String, String, Location)>,
 }
 
@@ -909,9 +911,12 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         p.parse_literal_string()?;
     }
     let t = p.peek_token();
-    if p.parse_keywords(&[Keyword::PARTITIONED, Keyword::BY]) {
-        return Err(SqlError::unsupported("PARTITIONED BY is not supported yet").at(loc(&t)));
-    }
+    let partitioned_by = if p.parse_keywords(&[Keyword::PARTITIONED, Keyword::BY]) {
+        let cols = p.parse_parenthesized_column_list(sqlparser::parser::IsOptional::Mandatory, false)?;
+        Some((cols, loc(&t)))
+    } else {
+        None
+    };
     let mut options = vec![];
     if p.parse_keyword(Keyword::WITH) {
         p.expect_token(&Token::LParen)?;
@@ -930,6 +935,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
     }
     Ok(CreateTable {
         primary_key,
+        partitioned_by,
         name,
         if_not_exists,
         columns,

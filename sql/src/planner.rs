@@ -170,6 +170,7 @@ impl Planner {
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
+        let _ = state.register_udf(Arc::new(crate::flink_functions::DateFormat::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
         Self { state }
     }

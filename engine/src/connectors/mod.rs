@@ -172,6 +172,13 @@ pub trait Committer: Send + Sync {
 
     /// Deletes in-progress and pending output not in a completed checkpoint.
     fn recover(&self) -> Result<()>;
+
+    /// The job ended without checkpointing (its writers committed their
+    /// output at end of input): commits what waits for the end (a
+    /// partitioned file sink's partitions).
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Table options every connector accepts.
@@ -209,15 +216,25 @@ const COMMON_OPTIONS: &[OptionSpec] = &[
 const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];
 
 fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
-    let own: &[OptionSpec] = match connector {
-        "nexmark" => nexmark::OPTIONS,
-        "datagen" => datagen::OPTIONS,
-        "filesystem" => filesystem::OPTIONS,
-        "print" => print::OPTIONS,
-        "blackhole" => &[],
+    let own: Vec<&[OptionSpec]> = match connector {
+        "nexmark" => vec![nexmark::OPTIONS],
+        "datagen" => vec![datagen::OPTIONS],
+        "filesystem" => vec![
+            filesystem::OPTIONS,
+            filesystem::ROLLING_OPTIONS,
+            filesystem::partition::OPTIONS,
+        ],
+        "print" => vec![print::OPTIONS],
+        "blackhole" => vec![],
         _ => return None,
     };
-    Some(COMMON_OPTIONS.iter().chain(own).copied().collect())
+    Some(
+        COMMON_OPTIONS
+            .iter()
+            .chain(own.into_iter().flatten())
+            .copied()
+            .collect(),
+    )
 }
 
 fn config_error(connector: &str, message: impl Into<String>) -> ConnectorError {
@@ -246,8 +263,16 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
         )
     })?;
     let options = Options::validate(&table.options, &specs, &format!("connector '{connector}'"))?;
+    if !table.partition_keys.is_empty() && connector != "filesystem" {
+        return Err(config_error(
+            connector,
+            "PARTITIONED BY is supported by the 'filesystem' connector only (its rows go to a directory per partition)",
+        )
+        .into());
+    }
     if connector == "filesystem" {
         filesystem::validate(&options, &table.physical_schema())?;
+        filesystem::validate_partitioning(&options, &table.partition_keys)?;
     }
     if connector == "datagen" {
         datagen::validate(&options, &table.physical_schema())?;
@@ -298,7 +323,7 @@ pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Resu
     Ok(match connector.as_str() {
         "nexmark" => Arc::new(nexmark::NexmarkSource::new(&options, schema)?),
         "datagen" => Arc::new(datagen::DatagenSource::new(&options, schema)?),
-        "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema)?),
+        "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema, &table.partition_keys)?),
         other => {
             return Err(config_error(other, "can only be used as a sink (INSERT INTO), not read from").into());
         }
@@ -312,7 +337,7 @@ pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result
     Ok(match connector.as_str() {
         "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
         "blackhole" => Arc::new(blackhole::BlackholeSink),
-        "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema)?),
+        "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys)?),
         other => {
             return Err(config_error(other, "is a source only; it cannot be written to").into());
         }

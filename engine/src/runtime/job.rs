@@ -1009,7 +1009,7 @@ async fn run_attempt(
             source_tasks,
             triggers: trigger_tx,
             reports: report_rx,
-            committers,
+            committers: committers.clone(),
             log: metrics.checkpoints.clone(),
             // The incremental base must live in this job's storage: a
             // snapshot restored from elsewhere is not shared from (the
@@ -1089,10 +1089,20 @@ async fn run_attempt(
             ),
         }
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(()),
+    if let Some(e) = first_error {
+        return Err(e);
     }
+    if !sink_ctx.exactly_once && !*stop_rx.borrow() {
+        // The input ended and the writers committed their output: what
+        // waits for the end (a file sink's partitions) is committed now.
+        for c in committers.values() {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || c.finish())
+                .await
+                .map_err(|e| ExecError::internal(format!("sink finish failed: {e}")))??;
+        }
+    }
+    Ok(())
 }
 
 /// `r` is the snapshot the user named (`execution.state-recovery.path`)

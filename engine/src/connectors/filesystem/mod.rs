@@ -11,6 +11,7 @@
 
 mod changelog;
 pub(crate) mod part_file;
+pub(crate) mod partition;
 mod records;
 mod sink;
 mod source;
@@ -128,6 +129,55 @@ pub const OPTIONS: &[OptionSpec] = &[
     )
     .with_default("8388608"),
 ];
+
+pub const ROLLING_FILE_SIZE: &str = "sink.rolling-policy.file-size";
+pub const ROLLOVER_INTERVAL: &str = "sink.rolling-policy.rollover-interval";
+pub const ROLLING_CHECK_INTERVAL: &str = "sink.rolling-policy.check-interval";
+
+/// The sink's rolling policy (Flink's): a part file is closed when it
+/// reaches a size or an age, and at every checkpoint.
+pub const ROLLING_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        ROLLING_FILE_SIZE,
+        OptionKind::MemorySize,
+        "a part file is closed (and a new one started) once it is this large",
+    )
+    .with_default("128 mb"),
+    OptionSpec::new(
+        ROLLOVER_INTERVAL,
+        OptionKind::Duration,
+        "a part file is closed once it has been open this long",
+    )
+    .with_default("30 min"),
+    OptionSpec::new(
+        ROLLING_CHECK_INTERVAL,
+        OptionKind::Duration,
+        "how often open part files are checked against the rollover interval",
+    )
+    .with_default("1 min"),
+];
+
+/// Partition options on a table that is not partitioned are a mistake
+/// (they would do nothing): refused by name. On a partitioned one, the
+/// commit policy must parse.
+pub fn validate_partitioning(options: &Options, keys: &[String]) -> Result<()> {
+    if keys.is_empty() {
+        if let Some(key) = options
+            .raw()
+            .keys()
+            .find(|k| partition::OPTIONS.iter().any(|s| s.matches(k)))
+        {
+            return Err(config_error(
+                "filesystem",
+                format!("option '{key}' applies to partitioned tables only (PARTITIONED BY (...))"),
+            )
+            .into());
+        }
+        return Ok(());
+    }
+    partition::CommitPolicy::from_options(options, keys)?;
+    Ok(())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

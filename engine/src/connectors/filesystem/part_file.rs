@@ -136,6 +136,10 @@ impl PartCommitter {
 
 impl Committer for PartCommitter {
     fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+        // The directories renames happened in (partitions of a partitioned
+        // table: the targets' parents).
+        let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+        dirs.insert(self.dir.clone());
         for c in committables {
             let (Some(pending), Some(target)) = (c["pending"].as_str(), c["target"].as_str()) else {
                 return Err(crate::error::ExecError::internal(format!(
@@ -143,6 +147,9 @@ impl Committer for PartCommitter {
                 )));
             };
             let (pending, target) = (self.dir.join(pending), self.dir.join(target));
+            if let Some(parent) = target.parent() {
+                dirs.insert(parent.to_path_buf());
+            }
             match std::fs::rename(&pending, &target) {
                 Ok(()) => failpoint(self.committed_failpoint),
                 // Committed before (a re-commit after recovery).
@@ -159,7 +166,10 @@ impl Committer for PartCommitter {
                 Err(e) => return Err(io_err(&pending, e).into()),
             }
         }
-        sync_dir(&self.dir)
+        for d in dirs {
+            sync_dir(&d)?;
+        }
+        Ok(())
     }
 
     fn recover(&self) -> Result<()> {

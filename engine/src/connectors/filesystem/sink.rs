@@ -8,20 +8,23 @@
 //!
 //! Without checkpointing, the file is committed at end of input.
 
+use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use arrow::array::ArrayRef;
-use arrow::compute::{CastOptions, cast_with_options};
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::{CastOptions, cast, cast_with_options};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::FormatOptions as DisplayOptions;
 use parquet::arrow::ArrowWriter;
 use weir_catalog::Options;
 
-use super::part_file::{PartCommitter, PartFiles, io_err};
+use super::part_file::{PartFiles, io_err};
+use super::partition::{CommitPolicy, FileCommitter, Partitioning, commit_info};
 use super::{Format, FormatOptions, format_options, path_of};
 use crate::checkpoint::OperatorSnapshot;
 use crate::connectors::{Committer, SinkContext, SinkFactory};
@@ -32,16 +35,75 @@ use crate::operators::{Collector, Operator};
 pub struct FileSink {
     dir: PathBuf,
     format: FormatOptions,
+    /// The table's physical columns.
     schema: SchemaRef,
+    /// `PARTITIONED BY`: the partition columns' indexes in `schema`, and
+    /// how their values name directories.
+    partitioning: Option<(Vec<usize>, Partitioning)>,
+    commit: Option<CommitPolicy>,
+    rolling: RollingPolicy,
+    /// Partitions written by jobs without checkpointing, committed when
+    /// the job ends.
+    written: Arc<Mutex<BTreeSet<String>>>,
+}
+
+/// When a part file is closed besides checkpoints.
+#[derive(Debug, Clone, Copy)]
+struct RollingPolicy {
+    file_size: u64,
+    rollover: Duration,
+    check: Duration,
 }
 
 impl FileSink {
-    pub fn new(options: &Options, schema: SchemaRef) -> Result<Self> {
+    pub fn new(options: &Options, schema: SchemaRef, partition_keys: &[String]) -> Result<Self> {
+        let partitioning = if partition_keys.is_empty() {
+            None
+        } else {
+            let idx = partition_keys
+                .iter()
+                .map(|k| schema.index_of(k))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Some((
+                idx,
+                Partitioning {
+                    keys: partition_keys.to_vec(),
+                    default_name: options
+                        .get(super::partition::DEFAULT_NAME_OPTION)
+                        .unwrap_or("__DEFAULT_PARTITION__")
+                        .to_string(),
+                },
+            ))
+        };
+        let commit = if partition_keys.is_empty() {
+            None
+        } else {
+            CommitPolicy::from_options(options, partition_keys)?
+        };
         Ok(Self {
             dir: path_of(options)?,
             format: format_options(options)?,
             schema,
+            partitioning,
+            commit,
+            rolling: RollingPolicy {
+                file_size: options.memory_size(super::ROLLING_FILE_SIZE)?.unwrap_or(128 << 20),
+                rollover: options
+                    .duration(super::ROLLOVER_INTERVAL)?
+                    .unwrap_or(Duration::from_secs(30 * 60)),
+                check: options
+                    .duration(super::ROLLING_CHECK_INTERVAL)?
+                    .unwrap_or(Duration::from_secs(60))
+                    .max(Duration::from_millis(10)),
+            },
+            written: Arc::new(Mutex::new(BTreeSet::new())),
         })
+    }
+
+    /// The columns written into files: all but the partition columns.
+    fn file_columns(&self) -> Vec<usize> {
+        let skip = self.partitioning.as_ref().map(|(idx, _)| idx.as_slice()).unwrap_or(&[]);
+        (0..self.schema.fields().len()).filter(|i| !skip.contains(i)).collect()
     }
 }
 
@@ -63,7 +125,7 @@ impl SinkFactory for FileSink {
             .into()
     }
 
-    fn create_writer(&self, subtask: usize, _parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
         std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
             path: self.dir.display().to_string(),
             source,
@@ -73,27 +135,40 @@ impl SinkFactory for FileSink {
             Format::Parquet => "parquet",
             _ => "json",
         };
+        let columns = self.file_columns();
+        let file_schema = Arc::new(self.schema.project(&columns)?);
         Ok(Box::new(FileWriter {
-            files: PartFiles::new(
-                self.dir.clone(),
-                format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
-                ext,
-                "sink.pre_committed",
-            ),
+            dir: self.dir.clone(),
+            stem: format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
+            ext,
             exactly_once: ctx.exactly_once,
             format: self.format.clone(),
-            schema: self.schema.clone(),
-            out: None,
+            columns,
+            schema: file_schema,
+            partitioning: self.partitioning.clone(),
+            reports: self.commit.is_some(),
+            rolling: self.rolling,
+            names: HashMap::new(),
+            open: HashMap::new(),
+            rolled: vec![],
+            touched: BTreeSet::new(),
+            watermark: None,
+            ended: false,
+            subtask,
+            parallelism,
+            written: self.written.clone(),
+            buffer: vec![],
         }))
     }
 
     fn committer(&self, ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
         // `<attempt>-<subtask>-<n>` follow the prefix.
-        Some(Arc::new(PartCommitter::new(
+        Some(Arc::new(FileCommitter::new(
             self.dir.clone(),
             format!(".part-{}-", ctx.job_tag),
-            3,
-            "sink.file_committed",
+            self.commit.clone(),
+            self.written.clone(),
+            self.partitioning.is_some(),
         )))
     }
 }
@@ -132,72 +207,210 @@ enum Out {
     Parquet(ArrowWriter<File>),
 }
 
+/// An open part file of one partition.
+struct OpenPart {
+    out: Out,
+    /// Bytes written to it (text formats).
+    bytes: u64,
+    opened: Instant,
+}
+
 struct FileWriter {
-    /// `part-<job>-<attempt>-<subtask>-<n>.<ext>`.
-    files: PartFiles,
+    dir: PathBuf,
+    /// `part-<job>-<attempt>-<subtask>`.
+    stem: String,
+    ext: &'static str,
     exactly_once: bool,
     format: FormatOptions,
+    /// The input columns written into files, and their schema.
+    columns: Vec<usize>,
     schema: SchemaRef,
-    out: Option<Out>,
+    partitioning: Option<(Vec<usize>, Partitioning)>,
+    /// Partitions are committed: each checkpoint reports them.
+    reports: bool,
+    rolling: RollingPolicy,
+    /// Per partition directory ("" unpartitioned), its part file names.
+    names: HashMap<String, PartFiles>,
+    open: HashMap<String, OpenPart>,
+    /// Parts closed since the last checkpoint (their committables).
+    rolled: Vec<serde_json::Value>,
+    /// Partitions written since the last checkpoint.
+    touched: BTreeSet<String>,
+    watermark: Option<i64>,
+    ended: bool,
+    subtask: usize,
+    parallelism: usize,
+    written: Arc<Mutex<BTreeSet<String>>>,
+    /// Reused for the text of a batch.
+    buffer: Vec<u8>,
 }
 
 impl FileWriter {
-    fn in_progress_path(&self) -> PathBuf {
-        self.files.in_progress_path()
+    fn files(&mut self, partition: &str) -> &mut PartFiles {
+        let dir = if partition.is_empty() {
+            self.dir.clone()
+        } else {
+            self.dir.join(partition)
+        };
+        let stem = &self.stem;
+        let ext = self.ext;
+        self.names
+            .entry(partition.to_string())
+            .or_insert_with(|| PartFiles::new(dir, stem.clone(), ext, "sink.pre_committed"))
     }
 
-    fn io(&self, source: std::io::Error) -> ConnectorError {
-        io_err(&self.in_progress_path(), source)
-    }
-
-    fn open(&mut self) -> Result<&mut Out> {
-        if self.out.is_none() {
-            let path = self.in_progress_path();
-            let f = File::create(&path).map_err(|e| self.io(e))?;
-            self.out = Some(match self.format.format {
+    /// The open part of `partition`, opened if need be.
+    fn open(&mut self, partition: &str) -> Result<&mut OpenPart> {
+        if !self.open.contains_key(partition) {
+            let path = self.files(partition).in_progress_path();
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
+            }
+            let f = File::create(&path).map_err(|e| io_err(&path, e))?;
+            let out = match self.format.format {
                 Format::Parquet => {
                     Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| parquet_err(&path, e))?)
                 }
                 _ => Out::Text(BufWriter::with_capacity(1 << 20, f)),
-            });
+            };
+            self.open.insert(
+                partition.to_string(),
+                OpenPart {
+                    out,
+                    bytes: 0,
+                    opened: Instant::now(),
+                },
+            );
+            if self.partitioning.is_some() {
+                self.touched.insert(partition.to_string());
+            }
         }
-        self.out
-            .as_mut()
+        self.open
+            .get_mut(partition)
             .ok_or_else(|| crate::error::ExecError::internal("file writer not open"))
     }
 
-    /// Closes the current part file and makes it durable. Returns its
-    /// in-progress path, or `None` if nothing was written since the last.
-    fn close_part(&mut self) -> Result<Option<PathBuf>> {
-        let path = self.in_progress_path();
-        match self.out.take() {
-            None => return Ok(None),
-            Some(Out::Text(mut w)) => {
-                w.flush().map_err(|e| self.io(e))?;
-                w.get_ref().sync_all().map_err(|e| self.io(e))?;
+    /// Closes `partition`'s part file and makes it durable; then, with
+    /// checkpoints, it becomes pending (its committable kept for the next
+    /// checkpoint), else visible at once.
+    fn roll(&mut self, partition: &str) -> Result<()> {
+        let Some(part) = self.open.remove(partition) else {
+            return Ok(());
+        };
+        let path = self.files(partition).in_progress_path();
+        match part.out {
+            Out::Text(mut w) => {
+                w.flush().map_err(|e| io_err(&path, e))?;
+                w.get_ref().sync_all().map_err(|e| io_err(&path, e))?;
             }
-            Some(Out::Parquet(w)) => {
+            Out::Parquet(w) => {
                 let f = w.into_inner().map_err(|e| parquet_err(&path, e))?;
-                f.sync_all().map_err(|e| self.io(e))?;
+                f.sync_all().map_err(|e| io_err(&path, e))?;
             }
         }
-        Ok(Some(path))
+        if self.exactly_once {
+            let mut c = self.files(partition).pre_commit()?;
+            if !partition.is_empty() {
+                // Committables name files relative to the table's path.
+                for k in ["pending", "target"] {
+                    if let Some(name) = c[k].as_str() {
+                        c[k] = serde_json::Value::String(format!("{partition}/{name}"));
+                    }
+                }
+            }
+            self.rolled.push(c);
+        } else {
+            self.files(partition).commit_now()?;
+            if self.partitioning.is_some() {
+                self.written
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(partition.to_string());
+            }
+        }
+        Ok(())
     }
 
-    /// Phase one: the part file becomes pending (durable, invisible) and
-    /// its committable is returned; the next rows go to a new part.
+    /// Phase one at a checkpoint: every open part becomes pending; the
+    /// committables of those and of the parts rolled since the last
+    /// checkpoint, and (partitions committed) what this writer reports.
     fn pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
-        if self.close_part()?.is_none() {
-            return Ok(vec![]);
+        let open: Vec<String> = self.open.keys().cloned().collect();
+        for p in open {
+            self.roll(&p)?;
         }
-        Ok(vec![self.files.pre_commit()?])
+        let mut out = std::mem::take(&mut self.rolled);
+        if self.reports {
+            out.push(commit_info(
+                &std::mem::take(&mut self.touched),
+                self.watermark,
+                self.ended,
+                self.subtask,
+                self.parallelism,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Appends `text` (a batch as lines) to `partition`'s part; rolls it
+    /// once it is large enough.
+    fn write_text(&mut self, partition: &str, text: &[u8]) -> Result<()> {
+        let path = self.files(partition).in_progress_path();
+        let part = self.open(partition)?;
+        match &mut part.out {
+            Out::Text(w) => w.write_all(text).map_err(|e| io_err(&path, e))?,
+            Out::Parquet(_) => {
+                return Err(crate::error::ExecError::internal("a text format opened a parquet file"));
+            }
+        }
+        part.bytes += text.len() as u64;
+        if part.bytes >= self.rolling.file_size {
+            self.roll(partition)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `batch` (file columns only) into `partition`.
+    fn write_rows(&mut self, partition: &str, batch: &RecordBatch) -> Result<()> {
+        let format = self.format.clone();
+        if format.format == Format::Parquet {
+            let path = self.files(partition).in_progress_path();
+            let part = self.open(partition)?;
+            let Out::Parquet(w) = &mut part.out else {
+                return Err(crate::error::ExecError::internal("parquet opened a text file"));
+            };
+            w.write(batch).map_err(|e| parquet_err(&path, e))?;
+            let size = (w.bytes_written() + w.in_progress_size()) as u64;
+            if size >= self.rolling.file_size {
+                self.roll(partition)?;
+            }
+            return Ok(());
+        }
+        let text = self.stringify_timestamps(batch)?;
+        let path = self.files(partition).in_progress_path();
+        let mut buffer = std::mem::take(&mut self.buffer);
+        buffer.clear();
+        if format.format == Format::Json {
+            let mut jw = arrow::json::LineDelimitedWriter::new(&mut buffer);
+            jw.write(&text).map_err(|e| arrow_err(&path, e))?;
+            jw.finish().map_err(|e| arrow_err(&path, e))?;
+        } else {
+            let mut cw = arrow::csv::WriterBuilder::new()
+                .with_header(false)
+                .with_delimiter(format.delimiter)
+                .with_quote(format.quote)
+                .build(&mut buffer);
+            cw.write(&text).map_err(|e| arrow_err(&path, e))?;
+        }
+        let r = self.write_text(partition, &buffer);
+        self.buffer = buffer;
+        r
     }
 
     /// Changes as envelopes of the changelog format, one line each.
-    fn write_changes(&mut self, changes: crate::change::ChangeBatch) -> Result<()> {
-        let rows = RecordBatch::try_new(self.schema.clone(), changes.rows.columns().to_vec())?;
-        let text = self.stringify_timestamps(&rows)?;
-        let path = self.in_progress_path();
+    fn write_changes(&mut self, partition: &str, changes: crate::change::ChangeBatch) -> Result<()> {
+        let text = self.stringify_timestamps(&changes.rows)?;
+        let path = self.files(partition).in_progress_path();
         let mut json = Vec::new();
         {
             let mut jw = arrow::json::WriterBuilder::new()
@@ -207,15 +420,46 @@ impl FileWriter {
             jw.finish().map_err(|e| arrow_err(&path, e))?;
         }
         let lines = super::changelog::envelopes(self.format.format, &changes, &json)?;
-        match self.open()? {
-            Out::Text(w) => w.write_all(&lines).map_err(|e| io_err(&path, e))?,
-            Out::Parquet(_) => {
-                return Err(crate::error::ExecError::internal(
-                    "a changelog format opened a parquet file",
-                ));
-            }
+        self.write_text(partition, &lines)
+    }
+
+    /// The batch's rows by partition directory, each with the file
+    /// columns only (named as the sink table names them).
+    fn split(&self, batch: &crate::change::ChangeBatch) -> Result<Vec<(String, crate::change::ChangeBatch)>> {
+        let project = |b: &crate::change::ChangeBatch| -> Result<crate::change::ChangeBatch> {
+            let cols = self.columns.iter().map(|i| b.rows.column(*i).clone()).collect();
+            Ok(b.with_rows(RecordBatch::try_new(self.schema.clone(), cols)?))
+        };
+        let Some((idx, partitioning)) = &self.partitioning else {
+            return Ok(vec![(String::new(), project(batch)?)]);
+        };
+        let values = idx
+            .iter()
+            .map(|i| cast(batch.rows.column(*i), &DataType::Utf8))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let values: Vec<&arrow::array::StringArray> = values.iter().map(|v| v.as_string::<i32>()).collect();
+        let mut rows_of: HashMap<String, Vec<u32>> = HashMap::new();
+        let mut order = vec![];
+        for r in 0..batch.num_rows() {
+            let row: Vec<Option<&str>> = values.iter().map(|v| (!v.is_null(r)).then(|| v.value(r))).collect();
+            let dir = partitioning.dir(&row);
+            let e = rows_of.entry(dir.clone()).or_insert_with(|| {
+                order.push(dir);
+                vec![]
+            });
+            e.push(r as u32);
         }
-        Ok(())
+        let mut out = vec![];
+        for dir in order {
+            let rows = &rows_of[&dir];
+            let part = if rows.len() == batch.num_rows() {
+                project(batch)?
+            } else {
+                project(&batch.take(&arrow::array::UInt32Array::from(rows.clone()))?)?
+            };
+            out.push((dir, part));
+        }
+        Ok(out)
     }
 
     /// Timestamps as text the way Flink writes them.
@@ -252,35 +496,38 @@ impl Operator for FileWriter {
     }
 
     fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
-        if self.format.format.is_changelog() {
-            return self.write_changes(batch);
+        if !self.format.format.is_changelog() && !batch.is_insert_only() {
+            batch.into_inserts("filesystem sink")?;
+            return Ok(());
         }
-        let batch = batch.into_inserts("filesystem sink")?;
-        // Columns arrive named as the query named them; files carry the
-        // sink table's column names (types already match: the planner casts).
-        let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())?;
-        let format = self.format.clone();
-        let text_batch = match format.format {
-            Format::Parquet => None,
-            _ => Some(self.stringify_timestamps(&batch)?),
-        };
-        let path = self.in_progress_path();
-        match (self.open()?, text_batch) {
-            (Out::Parquet(w), _) => w.write(&batch).map_err(|e| parquet_err(&path, e))?,
-            (Out::Text(w), Some(b)) if format.format == Format::Json => {
-                let mut jw = arrow::json::LineDelimitedWriter::new(w);
-                jw.write(&b).map_err(|e| arrow_err(&path, e))?;
-                jw.finish().map_err(|e| arrow_err(&path, e))?;
+        for (partition, part) in self.split(&batch)? {
+            if self.format.format.is_changelog() {
+                self.write_changes(&partition, part)?;
+            } else {
+                self.write_rows(&partition, &part.rows)?;
             }
-            (Out::Text(w), Some(b)) => {
-                let mut cw = arrow::csv::WriterBuilder::new()
-                    .with_header(false)
-                    .with_delimiter(format.delimiter)
-                    .with_quote(format.quote)
-                    .build(w);
-                cw.write(&b).map_err(|e| arrow_err(&path, e))?;
-            }
-            (Out::Text(_), None) => {}
+        }
+        Ok(())
+    }
+
+    fn on_watermark(&mut self, watermark: crate::message::Timestamp, _out: &mut Collector) -> Result<()> {
+        self.watermark = Some(watermark);
+        Ok(())
+    }
+
+    fn processing_time_interval(&self) -> Option<Duration> {
+        Some(self.rolling.check)
+    }
+
+    fn on_processing_time(&mut self, _now: i64, _out: &mut Collector) -> Result<()> {
+        let old: Vec<String> = self
+            .open
+            .iter()
+            .filter(|(_, p)| p.opened.elapsed() >= self.rolling.rollover)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for p in old {
+            self.roll(&p)?;
         }
         Ok(())
     }
@@ -294,12 +541,14 @@ impl Operator for FileWriter {
     }
 
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
+        self.ended = true;
         if self.exactly_once {
             // Committed by the final checkpoint (`final_snapshot`).
             return Ok(());
         }
-        if self.close_part()?.is_some() {
-            self.files.commit_now()?;
+        let open: Vec<String> = self.open.keys().cloned().collect();
+        for p in open {
+            self.roll(&p)?;
         }
         Ok(())
     }

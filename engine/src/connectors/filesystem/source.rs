@@ -22,12 +22,14 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
+use super::partition::Partitioning;
 use super::records::{Chunk, CsvQuoting, RawRecord, RecordReader, lines_before, range_starts};
 use super::text_time;
 use super::{Format, FormatOptions, dead_letter_path_of, format_options, path_of};
 use crate::connectors::dead_letter::BadRecord;
 use crate::connectors::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll, config_error};
 use crate::error::{ConnectorError, Result};
+use datafusion::common::ScalarValue;
 
 pub const MIN_SPLIT_OPTION: &str = "source.split.min-size";
 pub const DEFAULT_MIN_SPLIT: i64 = 8 << 20;
@@ -42,10 +44,13 @@ pub struct FileSource {
     lines_per_second: u64,
     /// `source.split.min-size`: the smallest byte range a file is cut into.
     min_range_bytes: u64,
+    /// `PARTITIONED BY`: files are found in the partition directories;
+    /// partition columns come from their names, not from the files.
+    partitioning: Option<Partitioning>,
 }
 
 impl FileSource {
-    pub fn new(options: &Options, schema: SchemaRef) -> Result<Self> {
+    pub fn new(options: &Options, schema: SchemaRef, partition_keys: &[String]) -> Result<Self> {
         Ok(Self {
             path: path_of(options)?,
             format: format_options(options)?,
@@ -53,7 +58,108 @@ impl FileSource {
             dead_letters: dead_letter_path_of(options),
             lines_per_second: options.i64("scan.lines-per-second")?.unwrap_or(0).max(0) as u64,
             min_range_bytes: options.i64(MIN_SPLIT_OPTION)?.unwrap_or(DEFAULT_MIN_SPLIT).max(1) as u64,
+            partitioning: (!partition_keys.is_empty()).then(|| Partitioning {
+                keys: partition_keys.to_vec(),
+                default_name: options
+                    .get(super::partition::DEFAULT_NAME_OPTION)
+                    .unwrap_or("__DEFAULT_PARTITION__")
+                    .to_string(),
+            }),
         })
+    }
+
+    /// The columns a file holds (a partitioned table's files hold all
+    /// but the partition columns).
+    fn file_schema(&self) -> SchemaRef {
+        match &self.partitioning {
+            None => self.schema.clone(),
+            Some(p) => std::sync::Arc::new(arrow::datatypes::Schema::new(
+                self.schema
+                    .fields()
+                    .iter()
+                    .filter(|f| !p.keys.contains(f.name()))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            )),
+        }
+    }
+
+    /// The visible files of the partition directories below the path
+    /// (`k=v` to the depth of the partition keys), sorted.
+    fn partition_files(&self, p: &Partitioning) -> Result<Vec<PathBuf>> {
+        let io = |path: &std::path::Path, source| ConnectorError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut files = vec![];
+        let mut stack = vec![(self.path.clone(), 0usize)];
+        while let Some((dir, depth)) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+                let entry = entry.map_err(|e| io(&dir, e))?;
+                let name = entry.file_name().to_string_lossy().to_string();
+                if name.starts_with('.') || name.starts_with('_') {
+                    continue;
+                }
+                let kind = entry.file_type().map_err(|e| io(&entry.path(), e))?;
+                if depth < p.keys.len() {
+                    if kind.is_dir() && name.contains('=') {
+                        stack.push((entry.path(), depth + 1));
+                    }
+                } else if kind.is_file() {
+                    files.push(entry.path());
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// The values of the partition columns of `file` (from its
+    /// directories), typed as the table declares them, by column index.
+    fn partition_values(&self, p: &Partitioning, file: &std::path::Path) -> Result<Vec<(usize, ScalarValue)>> {
+        let rel = file
+            .parent()
+            .and_then(|d| d.strip_prefix(&self.path).ok())
+            .map(|d| d.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"))
+            .unwrap_or_default();
+        let bad = |message: String| -> crate::error::ExecError {
+            ConnectorError::Data {
+                location: file.display().to_string(),
+                message,
+            }
+            .into()
+        };
+        let values = p.values_of(&rel).ok_or_else(|| {
+            bad(format!(
+                "'{rel}' is not a partition directory of ({})",
+                p.keys.join(", ")
+            ))
+        })?;
+        let mut out = vec![];
+        for (k, v) in p.keys.iter().zip(values) {
+            let Ok(i) = self.schema.index_of(k) else {
+                // Not read by this query.
+                continue;
+            };
+            let ty = self.schema.field(i).data_type();
+            let text: arrow::array::ArrayRef = std::sync::Arc::new(arrow::array::StringArray::from(vec![v.clone()]));
+            let typed = arrow::compute::cast_with_options(
+                &text,
+                ty,
+                &arrow::compute::CastOptions {
+                    safe: false,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| {
+                bad(format!(
+                    "partition value {k}={} is not a {ty}: {e}",
+                    v.unwrap_or_default()
+                ))
+            })?;
+            out.push((i, ScalarValue::try_from_array(&typed, 0)?));
+        }
+        Ok(out)
     }
 
     /// The files to read: the path itself, or the visible files of a
@@ -65,6 +171,11 @@ impl FileSource {
             source,
         };
         let meta = std::fs::metadata(&self.path).map_err(io)?;
+        if let Some(p) = &self.partitioning
+            && meta.is_dir()
+        {
+            return self.partition_files(p);
+        }
         if meta.is_file() {
             return Ok(vec![self.path.clone()]);
         }
@@ -96,7 +207,7 @@ impl FileSource {
     }
 
     /// A split per (file, number of byte ranges) and range.
-    fn splits(&self, plan: Vec<(PathBuf, usize)>) -> Vec<Box<dyn SourceSplit>> {
+    fn splits(&self, plan: Vec<(PathBuf, usize)>) -> Result<Vec<Box<dyn SourceSplit>>> {
         let on_bad = if self.dead_letters.is_some() {
             OnBadRecord::SetAside
         } else if self.format.ignore_parse_errors {
@@ -105,20 +216,32 @@ impl FileSource {
             OnBadRecord::Fail
         };
         let mut splits: Vec<Box<dyn SourceSplit>> = vec![];
+        let file_schema = self.file_schema();
         for (f, ranges) in plan {
+            let values = match &self.partitioning {
+                Some(p) => Some(self.partition_values(p, &f)?),
+                None => None,
+            };
             for index in 0..ranges {
                 let mut split = FileSplit::new(
                     f.clone(),
                     self.format.clone(),
-                    self.schema.clone(),
+                    file_schema.clone(),
                     on_bad,
                     self.lines_per_second,
                 );
                 split.range = (ranges > 1).then_some(ByteRange { index, of: ranges });
-                splits.push(Box::new(split));
+                match &values {
+                    Some(v) => splits.push(Box::new(PartitionSplit {
+                        inner: split,
+                        schema: self.schema.clone(),
+                        values: v.clone(),
+                    })),
+                    None => splits.push(Box::new(split)),
+                }
             }
         }
-        splits
+        Ok(splits)
     }
 }
 
@@ -158,7 +281,7 @@ impl SourceFactory for FileSource {
             };
             plan.push((f, ranges));
         }
-        Ok(self.splits(plan))
+        self.splits(plan)
     }
 
     fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
@@ -177,7 +300,7 @@ impl SourceFactory for FileSource {
                 (f, ranges)
             })
             .collect();
-        Ok(self.splits(plan))
+        self.splits(plan)
     }
 
     fn dead_letter_dir(&self) -> Option<&std::path::Path> {
@@ -845,6 +968,77 @@ impl SourceSplit for FileSplit {
     }
 }
 
+/// A file of a partition directory: its rows with the partition's values
+/// as the partition columns.
+struct PartitionSplit {
+    inner: FileSplit,
+    /// The table's columns read (file columns and partition columns).
+    schema: SchemaRef,
+    /// Partition column index in `schema` → its value.
+    values: Vec<(usize, ScalarValue)>,
+}
+
+impl PartitionSplit {
+    fn widen(&self, file_rows: RecordBatch) -> Result<RecordBatch> {
+        let n = file_rows.num_rows();
+        let mut file_columns = file_rows.columns().iter();
+        let mut columns = Vec::with_capacity(self.schema.fields().len());
+        for i in 0..self.schema.fields().len() {
+            match self.values.iter().find(|(at, _)| *at == i) {
+                Some((_, v)) => columns.push(v.to_array_of_size(n)?),
+                None => {
+                    columns.push(file_columns.next().cloned().ok_or_else(|| {
+                        crate::error::ExecError::internal("a partition file batch is short of columns")
+                    })?)
+                }
+            }
+        }
+        let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(n));
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &options,
+        )?)
+    }
+}
+
+impl SourceSplit for PartitionSplit {
+    fn resumed_after(&mut self, paused: std::time::Duration) {
+        self.inner.resumed_after(paused);
+    }
+
+    fn id(&self) -> String {
+        self.inner.id()
+    }
+
+    fn offset(&self) -> u64 {
+        self.inner.offset()
+    }
+
+    fn position(&self) -> u64 {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, position: u64) -> Result<()> {
+        self.inner.seek(position)
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        Ok(match self.inner.poll_batch()? {
+            SplitPoll::Batch(b) => SplitPoll::Batch(self.widen(b)?),
+            SplitPoll::Changes(c) => {
+                let rows = self.widen(c.rows.clone())?;
+                SplitPoll::Changes(c.with_rows(rows))
+            }
+            other => other,
+        })
+    }
+
+    fn take_dead_letters(&mut self) -> Vec<BadRecord> {
+        self.inner.take_dead_letters()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -992,6 +1186,7 @@ mod tests {
             dead_letters: None,
             lines_per_second: 0,
             min_range_bytes: 1,
+            partitioning: None,
         }
     }
 
