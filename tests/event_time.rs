@@ -202,3 +202,70 @@ async fn partitions_are_committed_once_complete_and_passed() {
         "no partition was committed before the end of input"
     );
 }
+
+/// Windows on processing time fire when the clock passes their end, on an
+/// unbounded source (no watermark ever comes): each window is the
+/// operator's clock's, one second long, aligned, and emitted after its
+/// end. Nexmark q12's shape: `PROCTIME()` declared in a subquery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processing_time_windows_fire_on_the_clock() {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Int64Type, TimestampMillisecondType};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    session
+        .execute_sql(
+            "SET 'parallelism.default' = '2';
+             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+               dateTime TIMESTAMP(3), extra STRING)
+             WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '2000');",
+        )
+        .await
+        .expect("table");
+    let explain = session
+        .execute_sql(
+            "EXPLAIN SELECT B.bidder, COUNT(*), TUMBLE_START(B.p_time, INTERVAL '1' SECOND), TUMBLE_END(B.p_time, INTERVAL '1' SECOND)
+             FROM (SELECT *, PROCTIME() AS p_time FROM bid) B GROUP BY B.bidder, TUMBLE(B.p_time, INTERVAL '1' SECOND);",
+        )
+        .await
+        .expect("explain");
+    let Some(StatementResult::Explain(text)) = explain.into_iter().next() else {
+        panic!("no plan")
+    };
+    assert!(text.contains("on processing time"), "{text}");
+    let results = session
+        .execute_sql(
+            "CREATE VIEW timed AS SELECT *, PROCTIME() AS p_time FROM bid;
+             SELECT window_start, window_end, COUNT(*) AS n
+             FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(p_time), INTERVAL '1' SECOND))
+             GROUP BY window_start, window_end;",
+        )
+        .await
+        .expect("query");
+    let Some(StatementResult::Stream(mut rs)) = results.into_iter().last() else {
+        panic!("a streaming result")
+    };
+    let mut windows = vec![];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while windows.len() < 3 {
+        let b = tokio::time::timeout_at(deadline, rs.rows.recv())
+            .await
+            .expect("windows within 60 s")
+            .expect("rows");
+        let received = weir_engine::state::keyed::processing_time_ms();
+        let starts = b.column(0).as_primitive::<TimestampMillisecondType>();
+        let ends = b.column(1).as_primitive::<TimestampMillisecondType>();
+        let counts = b.column(2).as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            assert!(!starts.is_null(i) && counts.value(i) > 0);
+            assert_eq!(ends.value(i) - starts.value(i), 1000);
+            assert_eq!(starts.value(i) % 1000, 0, "aligned to the second");
+            assert!(ends.value(i) <= received, "emitted only after its end");
+            windows.push(starts.value(i));
+        }
+    }
+    windows.sort();
+    windows.dedup();
+    assert!(windows.len() >= 3, "one row per window: {windows:?}");
+    rs.job.cancel().await.expect("cancel");
+}

@@ -301,6 +301,10 @@ pub struct WindowAggregateNode {
     pub window: WindowSpec,
     /// Input column holding a timestamp inside the row's window(s).
     pub time_column: usize,
+    /// Windows on processing time (the column is a `PROCTIME()`
+    /// attribute): a row belongs to the windows of the operator's clock
+    /// when it arrives, and windows fire when the clock passes their end.
+    pub proctime: bool,
     pub keys: Vec<Arc<dyn PhysicalExpr>>,
     pub group_outputs: Vec<GroupOutput>,
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
@@ -699,6 +703,12 @@ impl StreamGraph {
                         "      state: {backend}, each key's open sessions (bounds, accumulators) by key group|key; a timer per session at its end - 1, when it fires and is freed"
                     );
                 }
+                NodeKind::WindowAggregate(w) if w.proctime => {
+                    let _ = writeln!(
+                        s,
+                        "      state: {backend}, accumulators by key group|key|window end; rows take the operator's clock, windows fire when the clock passes their end"
+                    );
+                }
                 NodeKind::WindowAggregate(_) => {
                     let _ = writeln!(
                         s,
@@ -869,8 +879,9 @@ impl StreamNode {
                 let keys: Vec<String> = w.keys.iter().map(|k| k.to_string()).collect();
                 let aggs: Vec<String> = w.aggregates.iter().map(|a| a.name().to_string()).collect();
                 format!(
-                    "WindowAggregate: {} keys [{}] aggregates [{}]",
+                    "WindowAggregate: {}{} keys [{}] aggregates [{}]",
                     w.window,
+                    if w.proctime { " on processing time" } else { "" },
                     keys.join(", "),
                     aggs.join(", ")
                 )

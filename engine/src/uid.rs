@@ -148,7 +148,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         ))
                         .collect::<Vec<_>>()
                         .join(",")
-                ),
+                ) + if w.proctime { ";proctime" } else { "" },
             ),
             NodeKind::GroupAggregate(g) => (
                 "group",

@@ -404,18 +404,25 @@ fn rewrite_tvf_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
             continue;
         }
         // One column without parentheses: `k` or `t.k`.
-        let mut last = first;
-        while let Some(dot) = next(last + 1, &tokens).filter(|d| tokens[*d].token == Token::Period) {
-            match next(dot + 1, &tokens) {
-                Some(w) if matches!(tokens[w].token, Token::Word(_)) => last = w,
-                _ => break,
-            }
-        }
+        let last = column_end(&tokens, first);
         let (open, close) = (tokens[first].span, tokens[last].span);
         tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
         tokens.insert(first, TokenWithSpan::new(Token::LParen, open));
     }
     tokens
+}
+
+/// The last token of the column name starting at `first` (`k`, `t.k`).
+fn column_end(tokens: &[TokenWithSpan], first: usize) -> usize {
+    let next = |from: usize| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut last = first;
+    while let Some(dot) = next(last + 1).filter(|d| tokens[*d].token == Token::Period) {
+        match next(dot + 1) {
+            Some(w) if matches!(tokens[w].token, Token::Word(_)) => last = w,
+            _ => break,
+        }
+    }
+    last
 }
 
 /// Flink's temporal join `JOIN r FOR SYSTEM_TIME AS OF o.ts [AS] alias`:
@@ -442,13 +449,7 @@ fn rewrite_system_time_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSp
         let Some(first) = next(of + 1, &tokens).filter(|i| matches!(tokens[*i].token, Token::Word(_))) else {
             continue;
         };
-        let mut last = first;
-        while let Some(dot) = next(last + 1, &tokens).filter(|d| tokens[*d].token == Token::Period) {
-            match next(dot + 1, &tokens) {
-                Some(w) if matches!(tokens[w].token, Token::Word(_)) => last = w,
-                _ => break,
-            }
-        }
+        let last = column_end(&tokens, first);
         // `FOR SYSTEM_TIME AS OF x` → `( __weir_system_time ( x ) )`.
         tokens[f].token = Token::LParen;
         tokens[st].token = Token::make_word(crate::udf::SYSTEM_TIME_FN, None);

@@ -639,6 +639,7 @@ fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
         },
         // An interval join keeps both sides' event-time columns (Flink).
         &|j| interval_bounds(j, catalog).is_some(),
+        &|_| false,
     )
 }
 
@@ -656,6 +657,8 @@ fn is_proctime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
             })
         },
         &|_| false,
+        // `SELECT *, PROCTIME() AS pt FROM t` declares one too (Nexmark q12).
+        &|e| matches!(e, Expr::ScalarFunction(f) if f.name() == "proctime"),
     )
 }
 
@@ -669,14 +672,16 @@ fn is_time_attribute(
     idx: usize,
     attribute: &dyn Fn(&str, &str) -> bool,
     through_join: &dyn Fn(&datafusion::logical_expr::Join) -> bool,
+    declared: &dyn Fn(&Expr) -> bool,
 ) -> bool {
-    let recurse = |p: &LogicalPlan, i| is_time_attribute(p, i, attribute, through_join);
+    let recurse = |p: &LogicalPlan, i| is_time_attribute(p, i, attribute, through_join, declared);
     match plan {
         LogicalPlan::SubqueryAlias(a) => recurse(&a.input, idx),
         LogicalPlan::Filter(f) => recurse(&f.input, idx),
         LogicalPlan::Projection(p) => match p.expr.get(idx).map(|e| e.clone().unalias()) {
             Some(Expr::Column(c)) => p.input.schema().index_of_column(&c).is_ok_and(|i| recurse(&p.input, i)),
-            _ => false,
+            Some(e) => declared(&e),
+            None => false,
         },
         // A temporal join keeps its left side's time attributes (Flink);
         // the versioned side's time is a plain value after it.
@@ -2327,6 +2332,25 @@ impl<'a> GraphBuilder<'a> {
         )
     }
 
+    /// Whether the window of output column `idx` of `plan` (a window
+    /// marker's column) is on a processing-time attribute.
+    fn window_on_proctime(&self, plan: &LogicalPlan, idx: usize) -> bool {
+        let Some((call, projection)) = trace_marker_call(plan, idx) else {
+            return false;
+        };
+        let Expr::ScalarFunction(f) = call.unalias() else {
+            return false;
+        };
+        match f.args.first() {
+            Some(Expr::Column(c)) => projection
+                .input
+                .schema()
+                .index_of_column(c)
+                .is_ok_and(|i| is_proctime(&projection.input, i, self.catalog)),
+            _ => false,
+        }
+    }
+
     fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
         let input_schema = agg.input.schema();
         let mut group_outputs = vec![];
@@ -2370,6 +2394,12 @@ impl<'a> GraphBuilder<'a> {
         }
         let time_column = time_column
             .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
+        let proctime = self.window_on_proctime(&agg.input, time_column);
+        if proctime && spec.kind == WindowKind::Session {
+            return Err(SqlError::unsupported(
+                "SESSION windows on processing time are not supported yet; use a rowtime attribute",
+            ));
+        }
         let mut aggregates = vec![];
         for e in &agg.aggr_expr {
             let lowered = self.lower_aggregate(e, input_schema)?;
@@ -2396,6 +2426,7 @@ impl<'a> GraphBuilder<'a> {
             NodeKind::WindowAggregate(WindowAggregateNode {
                 window: spec,
                 time_column,
+                proctime,
                 keys,
                 group_outputs,
                 aggregates,

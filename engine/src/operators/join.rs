@@ -300,6 +300,73 @@ impl JoinOperator {
     }
 }
 
+/// What a time-bounded join operator (window, temporal) derives from its
+/// plan node: both sides' keys, their encoder, row codecs and schemas,
+/// the rest of the ON condition over `left ++ right`, and the ON
+/// equalities as text (for its name).
+pub(crate) struct JoinSides {
+    pub keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
+    pub key_encoder: KeyEncoder,
+    pub codecs: [RowCodec; 2],
+    pub schemas: [SchemaRef; 2],
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+    pub pair_schema: SchemaRef,
+    pub on: String,
+}
+
+impl JoinSides {
+    pub fn new(node: &JoinNode) -> Result<Self> {
+        let key_types = node
+            .left_keys
+            .iter()
+            .map(|k| k.data_type(&node.left_schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let codec = |s: &SchemaRef| {
+            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
+            RowCodec::new(&types).map_err(ExecError::internal)
+        };
+        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
+        fields.extend(node.right_schema.fields().iter().cloned());
+        let on: Vec<String> = node
+            .left_keys
+            .iter()
+            .zip(&node.right_keys)
+            .map(|(l, r)| format!("{l} = {r}"))
+            .collect();
+        Ok(Self {
+            keys: [node.left_keys.clone(), node.right_keys.clone()],
+            key_encoder: KeyEncoder::new(&key_types)?,
+            codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
+            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            filter: node.filter.clone(),
+            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
+            on: on.join(" AND "),
+        })
+    }
+
+    /// Each row's join key of side `side` (encoded), and the key columns.
+    pub fn key_rows(&self, side: usize, batch: &RecordBatch) -> Result<(crate::state::codec::Rows, Vec<ArrayRef>)> {
+        let n = batch.num_rows();
+        let arrays = self.keys[side]
+            .iter()
+            .map(|k| k.evaluate(batch).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((self.key_encoder.encode(&arrays)?, arrays))
+    }
+
+    /// Stored rows of side `side` as one batch.
+    pub fn decode<'a>(&self, side: usize, rows: impl Iterator<Item = &'a [u8]>) -> Result<RecordBatch> {
+        let rows: Vec<&[u8]> = rows.collect();
+        let columns = self.codecs[side].decode(rows.iter().copied())?;
+        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
+        Ok(RecordBatch::try_new_with_options(
+            self.schemas[side].clone(),
+            columns,
+            &options,
+        )?)
+    }
+}
+
 /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,
 /// ordered left ++ right (`None` indexes are NULL rows): a join's output
 /// columns (the interval join's too).

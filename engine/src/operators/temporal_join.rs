@@ -31,23 +31,21 @@ use std::sync::atomic::Ordering;
 
 use arrow::array::{Array, UInt32Array};
 use arrow::datatypes::SchemaRef;
-use arrow::record_batch::{RecordBatch, RecordBatchOptions};
-use datafusion::physical_expr::PhysicalExpr;
+use arrow::record_batch::RecordBatch;
 use hashbrown::{HashMap, HashSet};
 
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::keygroup::{KeyGroup, key_group};
 use crate::message::Timestamp;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::interval_join::times_ms;
-use crate::operators::join::{condition_holds, pairs};
+use crate::operators::join::{JoinSides, condition_holds, pairs};
 use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::RowCodec;
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
@@ -89,14 +87,9 @@ pub struct TemporalJoinOperator {
     name: String,
     /// LEFT join: rows without a version are emitted padded.
     pads: bool,
-    keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
-    key_encoder: KeyEncoder,
-    codecs: [RowCodec; 2],
-    schemas: [SchemaRef; 2],
+    sides: JoinSides,
     /// Per side, the time column: the left row's time, the version's time.
     times: [usize; 2],
-    filter: Option<Arc<dyn PhysicalExpr>>,
-    pair_schema: SchemaRef,
     schema: SchemaRef,
     state: KeyedState,
     max_parallelism: u16,
@@ -147,33 +140,12 @@ impl TemporalJoinOperator {
                 )));
             }
         };
-        let key_types = node
-            .left_keys
-            .iter()
-            .map(|k| k.data_type(&node.left_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let codec = |s: &SchemaRef| {
-            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
-            RowCodec::new(&types).map_err(ExecError::internal)
-        };
-        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
-        fields.extend(node.right_schema.fields().iter().cloned());
-        let on: Vec<String> = node
-            .left_keys
-            .iter()
-            .zip(&node.right_keys)
-            .map(|(l, r)| format!("{l} = {r}"))
-            .collect();
+        let sides = JoinSides::new(node)?;
         Ok(Self {
-            name: format!("TemporalJoin {} ON {}", node.join_type.sql(), on.join(" AND ")),
+            name: format!("TemporalJoin {} ON {}", node.join_type.sql(), sides.on),
             pads,
-            keys: [node.left_keys.clone(), node.right_keys.clone()],
-            key_encoder: KeyEncoder::new(&key_types)?,
-            codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
-            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            sides,
             times,
-            filter: node.filter.clone(),
-            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
             schema,
             state,
             max_parallelism,
@@ -196,11 +168,7 @@ impl TemporalJoinOperator {
         if let Some(max) = times.iter().flatten().max() {
             self.metrics.max_event_time.fetch_max(max, Ordering::Relaxed);
         }
-        let key_arrays = self.keys[LEFT]
-            .iter()
-            .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(n)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let keys = self.key_encoder.encode(&key_arrays)?;
+        let (keys, key_arrays) = self.sides.key_rows(LEFT, &batch)?;
         // Rows by key, time and NULL-key flag, in arrival order.
         let mut part_of: HashMap<(&[u8], i64, bool), usize> = HashMap::new();
         let mut parts: Vec<LeftPart> = vec![];
@@ -247,7 +215,7 @@ impl TemporalJoinOperator {
             })
             .collect();
         let stored = self.state.get(LEFT, &refs)?;
-        let rows = self.codecs[LEFT].encode(batch.columns())?;
+        let rows = self.sides.codecs[LEFT].encode(batch.columns())?;
         let mut w = KeyedWrite::default();
         let mut grown = 0i64;
         for ((part, e), old) in parts.iter().zip(&refs).zip(stored) {
@@ -272,11 +240,7 @@ impl TemporalJoinOperator {
         let n = batch.num_rows();
         let rows = &batch.rows;
         let times = times_ms(rows.column(self.times[RIGHT]), "temporal join")?;
-        let key_arrays = self.keys[RIGHT]
-            .iter()
-            .map(|k| k.evaluate(rows).and_then(|v| v.into_array(n)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let keys = self.key_encoder.encode(&key_arrays)?;
+        let (keys, key_arrays) = self.sides.key_rows(RIGHT, rows)?;
         let mut last_of: HashMap<(&[u8], i64), usize> = HashMap::new();
         let mut order: Vec<(&[u8], i64)> = vec![];
         for i in 0..n {
@@ -305,7 +269,7 @@ impl TemporalJoinOperator {
             })
             .collect();
         let stored = self.state.get(RIGHT, &refs)?;
-        let encoded = self.codecs[RIGHT].encode(rows.columns())?;
+        let encoded = self.sides.codecs[RIGHT].encode(rows.columns())?;
         let mut w = KeyedWrite::default();
         let mut grown = 0i64;
         for ((k, e), old) in order.iter().zip(&refs).zip(stored) {
@@ -447,10 +411,18 @@ impl TemporalJoinOperator {
                 right_rows.len() - 1
             }));
         }
-        let left = self.decode(LEFT, left_bytes.iter().map(Vec::as_slice))?;
-        let right = self.decode(RIGHT, right_rows.iter().copied())?;
+        let left = self.sides.decode(LEFT, left_bytes.iter().map(Vec::as_slice))?;
+        let right = self.sides.decode(RIGHT, right_rows.iter().copied())?;
         let ri: Vec<u32> = (0..right_rows.len() as u32).collect();
-        let holds = condition_holds(self.filter.as_ref(), &self.pair_schema, 0, &left, &li, &right, &ri)?;
+        let holds = condition_holds(
+            self.sides.filter.as_ref(),
+            &self.sides.pair_schema,
+            0,
+            &left,
+            &li,
+            &right,
+            &ri,
+        )?;
         let (mut out_l, mut out_r): (Vec<u32>, Vec<Option<u32>>) = (vec![], vec![]);
         for (i, c) in candidate.iter().enumerate() {
             let matched = c.filter(|c| holds.as_ref().is_none_or(|h| h.value(*c)));
@@ -467,17 +439,6 @@ impl TemporalJoinOperator {
         let columns = pairs(0, &left, &UInt32Array::from(out_l), &right, &UInt32Array::from(out_r))?;
         out.emit(batch_with_schema(&self.schema, columns)?);
         Ok(())
-    }
-
-    fn decode<'a>(&self, side: usize, rows: impl Iterator<Item = &'a [u8]>) -> Result<RecordBatch> {
-        let rows: Vec<&[u8]> = rows.collect();
-        let columns = self.codecs[side].decode(rows.iter().copied())?;
-        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
-        Ok(RecordBatch::try_new_with_options(
-            self.schemas[side].clone(),
-            columns,
-            &options,
-        )?)
     }
 }
 
@@ -531,6 +492,7 @@ mod tests {
     use crate::state::HeapBackend;
     use arrow::array::{AsArray, Int64Array, StringArray, TimestampMillisecondArray};
     use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
 
     /// (k, ts, v) on both sides.

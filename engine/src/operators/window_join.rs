@@ -24,23 +24,21 @@ use std::sync::atomic::Ordering;
 use arrow::array::{Array, AsArray, UInt32Array};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
-use arrow::record_batch::{RecordBatch, RecordBatchOptions};
-use datafusion::physical_expr::PhysicalExpr;
+use arrow::record_batch::RecordBatch;
 use hashbrown::HashMap;
 
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
-use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::error::{Result, StateError};
+use crate::keygroup::{KeyGroup, key_group};
 use crate::message::Timestamp;
 use crate::operators::calc::batch_with_schema;
-use crate::operators::join::{condition_holds, pairs};
+use crate::operators::join::{JoinSides, condition_holds, pairs};
 use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::window::is_fired;
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::RowCodec;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
 const TIMERS: usize = 2;
@@ -73,14 +71,9 @@ const TIMER_BYTES: i64 = 16;
 pub struct WindowJoinOperator {
     name: String,
     join_type: JoinType,
-    keys: [Vec<Arc<dyn PhysicalExpr>>; 2],
-    key_encoder: KeyEncoder,
-    codecs: [RowCodec; 2],
-    schemas: [SchemaRef; 2],
+    sides: JoinSides,
     /// Per side, the input column holding `window_end`.
     ends: [usize; 2],
-    filter: Option<Arc<dyn PhysicalExpr>>,
-    pair_schema: SchemaRef,
     schema: SchemaRef,
     state: KeyedState,
     max_parallelism: u16,
@@ -106,33 +99,12 @@ impl WindowJoinOperator {
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
-        let key_types = node
-            .left_keys
-            .iter()
-            .map(|k| k.data_type(&node.left_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let codec = |s: &SchemaRef| {
-            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
-            RowCodec::new(&types).map_err(ExecError::internal)
-        };
-        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
-        fields.extend(node.right_schema.fields().iter().cloned());
-        let on: Vec<String> = node
-            .left_keys
-            .iter()
-            .zip(&node.right_keys)
-            .map(|(l, r)| format!("{l} = {r}"))
-            .collect();
+        let sides = JoinSides::new(node)?;
         Ok(Self {
-            name: format!("WindowJoin {} ON {}", node.join_type.sql(), on.join(" AND ")),
+            name: format!("WindowJoin {} ON {}", node.join_type.sql(), sides.on),
             join_type: node.join_type,
-            keys: [node.left_keys.clone(), node.right_keys.clone()],
-            key_encoder: KeyEncoder::new(&key_types)?,
-            codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
-            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            sides,
             ends,
-            filter: node.filter.clone(),
-            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
             schema,
             state,
             max_parallelism,
@@ -169,10 +141,7 @@ impl WindowJoinOperator {
             }
             ranges.push(start..rows.len());
         }
-        let columns = self.codecs[side].decode(rows.iter().copied())?;
-        let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
-        let batch = RecordBatch::try_new_with_options(self.schemas[side].clone(), columns, &options)?;
-        Ok((batch, ranges))
+        Ok((self.sides.decode(side, rows.into_iter())?, ranges))
     }
 
     /// Joins the windows of `due` timers: their rows of both sides, then
@@ -217,7 +186,15 @@ impl WindowJoinOperator {
                 }
             }
         }
-        let holds = condition_holds(self.filter.as_ref(), &self.pair_schema, 0, &left, &li, &right, &ri)?;
+        let holds = condition_holds(
+            self.sides.filter.as_ref(),
+            &self.sides.pair_schema,
+            0,
+            &left,
+            &li,
+            &right,
+            &ri,
+        )?;
         let mut matched = [vec![false; left.num_rows()], vec![false; right.num_rows()]];
         let (mut out_l, mut out_r): (Vec<Option<u32>>, Vec<Option<u32>>) = (vec![], vec![]);
         for (p, (l, r)) in li.iter().zip(&ri).enumerate() {
@@ -316,11 +293,7 @@ impl Operator for WindowJoinOperator {
                 .max_event_time
                 .fetch_max(max.saturating_sub(1), Ordering::Relaxed);
         }
-        let key_arrays = self.keys[side]
-            .iter()
-            .map(|k| k.evaluate(&batch).and_then(|v| v.into_array(n)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let keys = self.key_encoder.encode(&key_arrays)?;
+        let (keys, key_arrays) = self.sides.key_rows(side, &batch)?;
         let keeps = self.keeps(side);
 
         let mut late = 0u64;
@@ -368,7 +341,7 @@ impl Operator for WindowJoinOperator {
             .collect();
         let stored = self.state.get(side, &refs)?;
         let other = self.state.get(1 - side, &refs)?;
-        let rows = self.codecs[side].encode(batch.columns())?;
+        let rows = self.sides.codecs[side].encode(batch.columns())?;
         let mut w = KeyedWrite::default();
         let mut grown = 0i64;
         for ((part, e), (mine, theirs)) in parts.iter().zip(&refs).zip(stored.into_iter().zip(other)) {
@@ -418,6 +391,7 @@ mod tests {
     use crate::state::HeapBackend;
     use arrow::array::{StringArray, TimestampMillisecondArray};
     use arrow::datatypes::{Field, Schema};
+    use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
 
     fn side() -> SchemaRef {

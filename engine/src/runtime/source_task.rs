@@ -398,6 +398,13 @@ impl SourceTask {
             if now >= next_tick || self.emit == EmitStrategy::OnEvent {
                 if now >= next_tick {
                     self.publish_status(&reader);
+                    // Operators chained here that keep processing time
+                    // (a file sink's rollover, state TTL) are told at the
+                    // watermark tick.
+                    if self.chain.processing_time_interval().is_some() {
+                        self.chain
+                            .process_time(crate::state::keyed::processing_time_ms(), &mut outbox)?;
+                    }
                 }
                 next_tick = now + self.interval;
                 self.emit_combined(&mut reader, &mut outbox)?;

@@ -400,32 +400,11 @@ impl FileCommitter {
     /// depth of the partition keys).
     fn partition_dirs(&self) -> Result<Vec<String>> {
         let depth = self.policy.as_ref().map_or(0, |p| p.partitioning.keys.len());
-        let mut out = vec![];
-        let mut stack = vec![(self.dir.clone(), String::new(), 0usize)];
-        while let Some((path, rel, d)) = stack.pop() {
-            if d == depth {
-                out.push(rel);
-                continue;
-            }
-            let entries = match std::fs::read_dir(&path) {
-                Ok(e) => e,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err(&path, e).into()),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| io_err(&path, e))?;
-                let name = entry.file_name().to_string_lossy().to_string();
-                if entry.file_type().map_err(|e| io_err(&path, e))?.is_dir() && name.contains('=') {
-                    let rel = if rel.is_empty() {
-                        name.clone()
-                    } else {
-                        format!("{rel}/{name}")
-                    };
-                    stack.push((entry.path(), rel, d + 1));
-                }
-            }
-        }
-        Ok(out)
+        Ok(self
+            .partition_dirs_for_recovery()?
+            .into_iter()
+            .filter(|d| !d.is_empty() && d.split('/').count() == depth)
+            .collect())
     }
 }
 

@@ -242,6 +242,8 @@ pub struct WindowAggregateOperator {
     name: String,
     window: WindowSpec,
     time_column: usize,
+    /// Windows on processing time: rows take the clock, the clock fires.
+    proctime: bool,
     keys: Vec<Arc<dyn PhysicalExpr>>,
     key_encoder: Option<KeyEncoder>,
     group_outputs: Vec<GroupOutput>,
@@ -278,6 +280,7 @@ impl WindowAggregateOperator {
             name: format!("WindowAggregate {}", node.window),
             window: node.window,
             time_column: node.time_column,
+            proctime: node.proctime,
             keys: node.keys.clone(),
             key_encoder,
             group_outputs: node.group_outputs.clone(),
@@ -773,7 +776,15 @@ impl Operator for WindowAggregateOperator {
     fn process_batch(&mut self, batch: crate::change::ChangeBatch, _out: &mut Collector) -> Result<()> {
         let batch = batch.into_inserts("window aggregate")?;
         let n = batch.num_rows();
-        let times = self.event_times(&batch)?;
+        let times = if self.proctime {
+            // The operator's clock when the rows arrive (Flink assigns
+            // processing-time windows in the window operator), never
+            // behind windows it already fired.
+            let now = crate::state::keyed::processing_time_ms().max(self.watermark.saturating_add(1));
+            TimestampMillisecondArray::from(vec![now; n])
+        } else {
+            self.event_times(&batch)?
+        };
         let key_arrays = self
             .keys
             .iter()
@@ -867,12 +878,39 @@ impl Operator for WindowAggregateOperator {
     }
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
-        if watermark <= self.watermark {
+        // Processing-time windows ignore event time, but the end of a
+        // bounded input (or a drain) fires what is open.
+        if self.proctime && watermark < crate::message::MAX_WATERMARK {
             return Ok(());
         }
-        self.watermark = watermark;
-        self.advance_slices(watermark)?;
-        self.fire(watermark, out)
+        self.advance_to(watermark, out)
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        // Windows fire within a tick of their end.
+        self.proctime
+            .then(|| std::time::Duration::from_millis(self.window.slide.clamp(1, 100) as u64))
+    }
+
+    fn on_processing_time(&mut self, now: i64, out: &mut Collector) -> Result<()> {
+        if !self.proctime {
+            return Ok(());
+        }
+        // A window [start, end) is complete once the clock reaches end.
+        self.advance_to(now.saturating_sub(1), out)
+    }
+}
+
+impl WindowAggregateOperator {
+    /// Time (event time, or the clock for processing-time windows)
+    /// passed `to`: slices freeze and due windows fire.
+    fn advance_to(&mut self, to: Timestamp, out: &mut Collector) -> Result<()> {
+        if to <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = to;
+        self.advance_slices(to)?;
+        self.fire(to, out)
     }
 }
 
