@@ -13,8 +13,9 @@ pub struct NexmarkArgs {
     /// Events of all kinds per query (bids are 92% of them).
     #[arg(long, default_value_t = 10_000_000)]
     pub events: u64,
-    /// Comma-separated: q0,q1,q2,q5,q7,q11 (windows, sessions and
-    /// stateless), and the updating queries q3,q4,q9,q15,q16,q17,q18,q19,q20.
+    /// Comma-separated: q0,q1,q2,q5,q7,q11,q12 (windows, sessions,
+    /// processing time and stateless), q10 (a partitioned file sink), and
+    /// the updating queries q3,q4,q9,q15,q16,q17,q18,q19,q20.
     #[arg(long, default_value = "q0,q1,q2,q5,q7")]
     pub queries: String,
     #[arg(long, default_value_t = 1)]
@@ -32,7 +33,7 @@ pub const PERSON_COLUMNS: &str = "id BIGINT, name STRING, emailAddress STRING, c
      state STRING, dateTime TIMESTAMP(3), extra STRING";
 
 /// The queries `weir bench nexmark` knows.
-pub const QUERIES: &str = "q0, q1, q2, q3, q4, q5, q7, q9, q11, q15, q16, q17, q18, q19, q20";
+pub const QUERIES: &str = "q0, q1, q2, q3, q4, q5, q7, q9, q10, q11, q12, q15, q16, q17, q18, q19, q20";
 
 /// Nexmark q15-q17's counters over one group (Flink's Nexmark SQL; the
 /// day is `CAST(dateTime AS DATE)` where Flink's writes
@@ -85,6 +86,17 @@ pub fn query(name: &str) -> Option<(String, String)> {
             "SELECT B.bidder, COUNT(*) AS bid_count, SESSION_START(B.dateTime, INTERVAL '10' SECOND) AS starttime, \
              SESSION_END(B.dateTime, INTERVAL '10' SECOND) AS endtime \
              FROM bid B GROUP BY B.bidder, SESSION(B.dateTime, INTERVAL '10' SECOND)",
+        ),
+        "q10" => (
+            "auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3), extra STRING, dt STRING, hm STRING",
+            "SELECT auction, bidder, price, dateTime, extra, DATE_FORMAT(dateTime, 'yyyy-MM-dd'), \
+             DATE_FORMAT(dateTime, 'HH:mm') FROM bid",
+        ),
+        "q12" => (
+            "bidder BIGINT, bid_count BIGINT, starttime TIMESTAMP(3), endtime TIMESTAMP(3)",
+            "SELECT B.bidder, COUNT(*) AS bid_count, TUMBLE_START(B.p_time, INTERVAL '10' SECOND) AS starttime, \
+             TUMBLE_END(B.p_time, INTERVAL '10' SECOND) AS endtime \
+             FROM (SELECT *, PROCTIME() AS p_time FROM bid) B GROUP BY B.bidder, TUMBLE(B.p_time, INTERVAL '10' SECOND)",
         ),
         "q3" => (
             "name STRING, city STRING, state STRING, id BIGINT",
@@ -175,9 +187,25 @@ pub fn script(name: &str, events: u64, parallelism: usize, backend: &str) -> Opt
            WITH ('connector' = 'nexmark', 'nexmark.table' = 'auction', 'nexmark.events' = '{events}');\n\
          CREATE TABLE person ({PERSON_COLUMNS}, WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)\n\
            WITH ('connector' = 'nexmark', 'nexmark.table' = 'person', 'nexmark.events' = '{events}');\n\
-         CREATE TABLE sink ({sink_cols}) WITH ('connector' = 'blackhole');\n\
-         INSERT INTO sink {q};\n"
+         {}\n\
+         INSERT INTO sink {q};\n",
+        sink_ddl(name, &sink_cols)
     ))
+}
+
+/// The sink of a benchmark query: a blackhole, or for q10 Flink's
+/// partitioned file table under `${SINK_DIR}` (the run's directory).
+fn sink_ddl(name: &str, cols: &str) -> String {
+    if name == "q10" {
+        return format!(
+            "CREATE TABLE sink ({cols}) PARTITIONED BY (dt, hm) WITH ('connector' = 'filesystem', \
+             'path' = '${{SINK_DIR}}', 'format' = 'csv', 'sink.partition-commit.trigger' = 'partition-time', \
+             'sink.partition-commit.delay' = '1 min', 'sink.partition-commit.policy.kind' = 'success-file', \
+             'partition.time-extractor.timestamp-pattern' = '$dt $hm:00', \
+             'sink.rolling-policy.rollover-interval' = '1min', 'sink.rolling-policy.check-interval' = '1min');"
+        );
+    }
+    format!("CREATE TABLE sink ({cols}) WITH ('connector' = 'blackhole');")
 }
 
 pub async fn run_nexmark(args: &NexmarkArgs) -> i32 {
@@ -203,6 +231,7 @@ pub async fn run_nexmark(args: &NexmarkArgs) -> i32 {
                 return 1;
             }
         };
+        let sql = sql.replace("${SINK_DIR}", &dir.path().join("sink").display().to_string());
         let started = Instant::now();
         if let Err(e) = session.execute_sql(&sql).await {
             eprintln!("error: {name}: {e}");
