@@ -305,6 +305,10 @@ pub struct WindowAggregateNode {
     /// attribute): a row belongs to the windows of the operator's clock
     /// when it arrives, and windows fire when the clock passes their end.
     pub proctime: bool,
+    /// The input is a window aggregate's rows: `time_column` holds each
+    /// row's `window_end`, and the row belongs to that one window (Flink's
+    /// window aggregate over another's window properties).
+    pub attached: bool,
     pub keys: Vec<Arc<dyn PhysicalExpr>>,
     pub group_outputs: Vec<GroupOutput>,
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
@@ -881,7 +885,13 @@ impl StreamNode {
                 format!(
                     "WindowAggregate: {}{} keys [{}] aggregates [{}]",
                     w.window,
-                    if w.proctime { " on processing time" } else { "" },
+                    if w.proctime {
+                        " on processing time"
+                    } else if w.attached {
+                        " of the input's windows"
+                    } else {
+                        ""
+                    },
                     keys.join(", "),
                     aggs.join(", ")
                 )

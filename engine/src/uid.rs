@@ -148,7 +148,8 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         ))
                         .collect::<Vec<_>>()
                         .join(",")
-                ) + if w.proctime { ";proctime" } else { "" },
+                ) + if w.proctime { ";proctime" } else { "" }
+                    + if w.attached { ";attached" } else { "" },
             ),
             NodeKind::GroupAggregate(g) => (
                 "group",

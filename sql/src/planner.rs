@@ -439,12 +439,12 @@ fn contains_session_marker(e: &Expr) -> bool {
 /// Which window bound output column `idx` of `plan` is: a window TVF's
 /// `window_start` / `window_end`, passed through projections, filters and
 /// a window aggregate's GROUP BY.
-fn trace_window_bound(plan: &LogicalPlan, idx: usize) -> Option<GroupOutput> {
+fn trace_window_bound(plan: &LogicalPlan, idx: usize) -> Option<Marker> {
     match plan {
         LogicalPlan::Aggregate(a) => {
             let e = a.group_expr.get(idx)?;
             if let Some(m) = marker_of(e) {
-                return Some(m.part);
+                return Some(m);
             }
             match e.clone().unalias() {
                 Expr::Column(c) => trace_window_bound(&a.input, a.input.schema().index_of_column(&c).ok()?),
@@ -455,12 +455,38 @@ fn trace_window_bound(plan: &LogicalPlan, idx: usize) -> Option<GroupOutput> {
             Some(Expr::Column(c)) if marker_of(&p.expr[idx]).is_none() => {
                 trace_window_bound(&p.input, p.input.schema().index_of_column(&c).ok()?)
             }
-            _ => trace_marker(plan, idx).map(|m| m.part),
+            _ => trace_marker(plan, idx),
         },
         LogicalPlan::Filter(f) => trace_window_bound(&f.input, idx),
         LogicalPlan::SubqueryAlias(a) => trace_window_bound(&a.input, idx),
         _ => None,
     }
+}
+
+/// Whether `agg` groups by both bounds of a window aggregate below it (not
+/// of a window TVF straight under it): Flink's window aggregate over
+/// another's windows (Nexmark q5's `MAX` per window). The windows' spec.
+fn attached_window(agg: &datafusion::logical_expr::Aggregate) -> Option<WindowSpec> {
+    let schema = agg.input.schema();
+    let mut spec = None;
+    let (mut start, mut end) = (false, false);
+    for g in &agg.group_expr {
+        let Expr::Column(c) = g else { continue };
+        let Some(m) = schema
+            .index_of_column(c)
+            .ok()
+            .and_then(|i| trace_window_bound(&agg.input, i))
+        else {
+            continue;
+        };
+        if spec.is_some_and(|s| s != m.spec) {
+            return None;
+        }
+        spec = Some(m.spec);
+        start |= m.part == GroupOutput::WindowStart;
+        end |= m.part == GroupOutput::WindowEnd;
+    }
+    spec.filter(|s| start && end && s.kind != WindowKind::Session)
 }
 
 /// A window join's `window_end` columns (left, right): the join's
@@ -479,7 +505,10 @@ fn window_join_ends(join: &datafusion::logical_expr::Join) -> Option<[usize; 2]>
         ) else {
             continue;
         };
-        match (trace_window_bound(&join.left, li), trace_window_bound(&join.right, ri)) {
+        match (
+            trace_window_bound(&join.left, li).map(|m| m.part),
+            trace_window_bound(&join.right, ri).map(|m| m.part),
+        ) {
             (Some(GroupOutput::WindowStart), Some(GroupOutput::WindowStart)) => start = true,
             (Some(GroupOutput::WindowEnd), Some(GroupOutput::WindowEnd)) => end = Some([li, ri]),
             _ => {}
@@ -1330,10 +1359,15 @@ impl<'a> GraphBuilder<'a> {
             return self.group_aggregate(agg);
         }
         if windowed {
-            self.window_aggregate(agg)
-        } else {
-            self.group_aggregate(agg)
+            return self.window_aggregate(agg, false);
         }
+        if attached_window(agg).is_some() {
+            // Over a window aggregate's rows (insert-only, each of one
+            // window): the same windows, fired when the watermark passes
+            // their end (Flink's window properties from the input).
+            return self.window_aggregate(agg, true);
+        }
+        self.group_aggregate(agg)
     }
 
     /// Whether `agg` groups a SESSION TVF's rows by other keys than its
@@ -2143,7 +2177,7 @@ impl<'a> GraphBuilder<'a> {
                 Expr::Column(c) => ws
                     .index_of_column(c)
                     .ok()
-                    .filter(|i| trace_window_bound(&w.input, *i) == Some(part)),
+                    .filter(|i| trace_window_bound(&w.input, *i).map(|m| m.part) == Some(part)),
                 _ => None,
             })
         };
@@ -2351,7 +2385,9 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
+    /// A window aggregate: over a window TVF's rows, or (`attached`) over
+    /// a window aggregate's, each row in the window its bounds name.
+    fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate, attached: bool) -> Result<NodeId> {
         let input_schema = agg.input.schema();
         let mut group_outputs = vec![];
         let mut keys = vec![];
@@ -2359,10 +2395,14 @@ impl<'a> GraphBuilder<'a> {
         let mut time_column = None;
         for g in &agg.group_expr {
             let marker = match g {
-                Expr::Column(c) => input_schema
-                    .index_of_column(c)
-                    .ok()
-                    .and_then(|i| trace_marker(&agg.input, i).map(|m| (i, m))),
+                Expr::Column(c) => input_schema.index_of_column(c).ok().and_then(|i| {
+                    if attached {
+                        trace_window_bound(&agg.input, i)
+                    } else {
+                        trace_marker(&agg.input, i)
+                    }
+                    .map(|m| (i, m))
+                }),
                 _ => None,
             };
             match marker {
@@ -2371,7 +2411,15 @@ impl<'a> GraphBuilder<'a> {
                         return Err(SqlError::plan("GROUP BY mixes columns of two different windows"));
                     }
                     spec = Some(m.spec);
-                    if m.part == GroupOutput::WindowStart {
+                    // The time a row's window is found from: a TVF row's
+                    // window_start column (the marker), an attached row's
+                    // window_end.
+                    let time_part = if attached {
+                        GroupOutput::WindowEnd
+                    } else {
+                        GroupOutput::WindowStart
+                    };
+                    if m.part == time_part {
                         time_column = Some(i);
                     }
                     group_outputs.push(m.part);
@@ -2394,7 +2442,7 @@ impl<'a> GraphBuilder<'a> {
         }
         let time_column = time_column
             .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
-        let proctime = self.window_on_proctime(&agg.input, time_column);
+        let proctime = !attached && self.window_on_proctime(&agg.input, time_column);
         if proctime && spec.kind == WindowKind::Session {
             return Err(SqlError::unsupported(
                 "SESSION windows on processing time are not supported yet; use a rowtime attribute",
@@ -2427,6 +2475,7 @@ impl<'a> GraphBuilder<'a> {
                 window: spec,
                 time_column,
                 proctime,
+                attached,
                 keys,
                 group_outputs,
                 aggregates,

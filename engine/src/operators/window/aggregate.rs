@@ -244,6 +244,9 @@ pub struct WindowAggregateOperator {
     time_column: usize,
     /// Windows on processing time: rows take the clock, the clock fires.
     proctime: bool,
+    /// Rows of a window aggregate: the time column is each row's window
+    /// end, its one window.
+    attached: bool,
     keys: Vec<Arc<dyn PhysicalExpr>>,
     key_encoder: Option<KeyEncoder>,
     group_outputs: Vec<GroupOutput>,
@@ -281,6 +284,7 @@ impl WindowAggregateOperator {
             window: node.window,
             time_column: node.time_column,
             proctime: node.proctime,
+            attached: node.attached,
             keys: node.keys.clone(),
             key_encoder,
             group_outputs: node.group_outputs.clone(),
@@ -292,7 +296,8 @@ impl WindowAggregateOperator {
             metrics,
             live_bytes: 0,
             hasher: KeyHasher::default(),
-            slicer: Slicer::new(&node.window),
+            // An attached row is already in its window: nothing to slice.
+            slicer: if node.attached { None } else { Slicer::new(&node.window) },
             slices: Slices::default(),
             max_ts: MIN_WATERMARK,
             parallelism,
@@ -807,6 +812,15 @@ impl Operator for WindowAggregateOperator {
                 continue;
             }
             let ts = times.value(row);
+            if self.attached {
+                // The row's window is the one ending at `ts`.
+                if is_fired(ts, watermark) {
+                    late += 1;
+                } else {
+                    work.entry(ts).or_default().rows.push(row as u32);
+                }
+                continue;
+            }
             if let Some(end) = self.slicer.and_then(|s| s.slice_end(ts))
                 && !is_fired(end, watermark)
             {
