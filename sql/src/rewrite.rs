@@ -358,6 +358,100 @@ impl Rewriter<'_> {
         Ok(())
     }
 
+    /// A versioned view (Flink's): the last row per key of a table with a
+    /// watermark, `SELECT ... FROM (SELECT *, ROW_NUMBER() OVER (PARTITION
+    /// BY k ORDER BY ts DESC) AS rn FROM t) WHERE rn = 1`, whose key is `k`
+    /// and version time `ts` (the table's rowtime). Returns them.
+    fn versioned_view(&self, name: &str, query: &str) -> Result<(String, Vec<String>)> {
+        let refuse = |why: &str| {
+            SqlError::plan(format!(
+                "Temporal Table Join requires primary key in versioned table, but no primary key can be found: \
+                 the view '{name}' is not a versioned view ({why}); a versioned view keeps the last row per key: \
+                 SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY rowtime DESC) AS rn FROM t) \
+                 WHERE rn = 1"
+            ))
+        };
+        let q = parse_query_text(query)?;
+        let SetExpr::Select(outer) = q.body.as_ref() else {
+            return Err(refuse("not a SELECT"));
+        };
+        let [from] = outer.from.as_slice() else {
+            return Err(refuse("not one subquery"));
+        };
+        let TableFactor::Derived { subquery, .. } = &from.relation else {
+            return Err(refuse("not over a subquery"));
+        };
+        let SetExpr::Select(inner) = subquery.body.as_ref() else {
+            return Err(refuse("the subquery is not a SELECT"));
+        };
+        // The ROW_NUMBER column and its window.
+        let mut found = None;
+        for item in &inner.projection {
+            if let ast::SelectItem::ExprWithAlias {
+                expr: Expr::Function(f),
+                alias,
+            } = item
+                && fn_name(&f.name) == "ROW_NUMBER"
+                && let Some(ast::WindowType::WindowSpec(w)) = &f.over
+            {
+                found = Some((alias.value.clone(), w));
+            }
+        }
+        let Some((rn, window)) = found else {
+            return Err(refuse("no ROW_NUMBER() OVER (...) AS rn"));
+        };
+        let kept_first = match &outer.selection {
+            Some(Expr::BinaryOp { left, op, right }) => {
+                let is_rn = |e: &Expr| matches!(e, Expr::Identifier(i) if i.value == rn);
+                let is_one = |e: &Expr| matches!(e, Expr::Value(v) if v.value == Value::Number("1".into(), false));
+                matches!(op, ast::BinaryOperator::Eq | ast::BinaryOperator::LtEq)
+                    && ((is_rn(left) && is_one(right)) || (is_one(left) && is_rn(right)))
+            }
+            _ => false,
+        };
+        if !kept_first {
+            return Err(refuse("no WHERE rn = 1"));
+        }
+        let pk: Vec<String> = window
+            .partition_by
+            .iter()
+            .map(|e| match e {
+                Expr::Identifier(i) => Some(i.value.clone()),
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .filter(|k: &Vec<String>| !k.is_empty())
+            .ok_or_else(|| refuse("PARTITION BY is not a list of columns"))?;
+        let rowtime = match window.order_by.as_slice() {
+            [o] if o.options.asc == Some(false) => match &o.expr {
+                Expr::Identifier(i) => i.value.clone(),
+                _ => return Err(refuse("ORDER BY is not a column")),
+            },
+            _ => return Err(refuse("not ordered by one time column DESC (the last row per key)")),
+        };
+        // The time column must be the table's rowtime.
+        let table = match inner.from.as_slice() {
+            [t] => match &t.relation {
+                TableFactor::Table { name, .. } => name.to_string(),
+                _ => return Err(refuse("not over a table")),
+            },
+            _ => return Err(refuse("not over one table")),
+        };
+        let is_rowtime = self
+            .catalog
+            .table(table.trim_matches('`'))
+            .and_then(|t| t.watermark.as_ref())
+            .is_some_and(|w| w.column == rowtime);
+        if !is_rowtime {
+            return Err(SqlError::plan(format!(
+                "Event-Time Temporal Table Join requires both primary key and row time attribute in versioned \
+                 table, but no row time attribute can be found: '{rowtime}' of the view '{name}' is not the \
+                 WATERMARK column of '{table}'"
+            )));
+        }
+        Ok((rowtime, pk))
+    }
+
     /// Temporal joins `JOIN r FOR SYSTEM_TIME AS OF o.ts ON ...` (the
     /// parser hands the clause over as `r(__weir_system_time(o.ts))`):
     /// the table loses the argument and the `ON` gains the conjunct
@@ -407,31 +501,28 @@ impl Rewriter<'_> {
                     .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
                     .collect::<Vec<_>>()
                     .join(".");
-                let def = match self.catalog.get(&table_name) {
-                    Some(Entry::Table(t)) => t,
-                    Some(_) => {
-                        return Err(SqlError::unsupported(format!(
-                            "temporal join against the view '{table_name}' is not supported yet: \
-                             declare the versioned table with a PRIMARY KEY and a WATERMARK"
-                        )));
+                let (rowtime, pk) = match self.catalog.get(&table_name) {
+                    Some(Entry::Table(def)) => {
+                        let Some(pk) = def.primary_key.clone().filter(|k| !k.is_empty()) else {
+                            return Err(SqlError::plan(format!(
+                                "Temporal Table Join requires primary key in versioned table, but no primary key \
+                                 can be found. Declare PRIMARY KEY (...) NOT ENFORCED on '{table_name}'"
+                            )));
+                        };
+                        let Some(w) = def.watermark.as_ref() else {
+                            return Err(SqlError::plan(format!(
+                                "Event-Time Temporal Table Join requires both primary key and row time attribute \
+                                 in versioned table, but no row time attribute can be found. Declare a WATERMARK \
+                                 on '{table_name}'"
+                            )));
+                        };
+                        (w.column.clone(), pk)
                     }
+                    Some(Entry::View(v)) => self.versioned_view(&table_name, &v.query)?,
                     None => return Err(SqlError::not_found(format!("table '{table_name}' does not exist"))),
                 };
-                let Some(pk) = def.primary_key.as_ref().filter(|k| !k.is_empty()) else {
-                    return Err(SqlError::plan(format!(
-                        "Temporal Table Join requires primary key in versioned table, but no primary key \
-                         can be found. Declare PRIMARY KEY (...) NOT ENFORCED on '{table_name}'"
-                    )));
-                };
-                let Some(w) = def.watermark.as_ref() else {
-                    return Err(SqlError::plan(format!(
-                        "Event-Time Temporal Table Join requires both primary key and row time attribute \
-                         in versioned table, but no row time attribute can be found. Declare a WATERMARK \
-                         on '{table_name}'"
-                    )));
-                };
                 let column = |c: &str| Expr::CompoundIdentifier(vec![alias.clone(), Ident::with_quote('`', c)]);
-                let mut marker_args = vec![time.to_string(), column(&w.column).to_string()];
+                let mut marker_args = vec![time.to_string(), column(&rowtime).to_string()];
                 marker_args.extend(pk.iter().map(|c| column(c).to_string()));
                 let marker = parse_expr(&format!("{TEMPORAL_JOIN_FN}({})", marker_args.join(", ")))?;
                 use ast::JoinOperator as J;
