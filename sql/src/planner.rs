@@ -1433,6 +1433,11 @@ impl<'a> GraphBuilder<'a> {
                 )));
             }
         };
+        if is_proctime(&p.input, time_column, self.catalog) {
+            return Err(SqlError::unsupported(
+                "SESSION windows on processing time are not supported yet; use a rowtime attribute",
+            ));
+        }
         let partition = match session_keys(&marker) {
             Some(SessionKeys::Partition(cols)) => cols
                 .iter()
@@ -1645,6 +1650,13 @@ impl<'a> GraphBuilder<'a> {
         // insert-only inputs make a window join (Flink's rule), joined
         // when the window fires.
         let window = window_join_ends(join).filter(|_| lm.is_insert_only() && rm.is_insert_only());
+        if let Some([l, r]) = window
+            && (self.window_on_proctime(&join.left, l) || self.window_on_proctime(&join.right, r))
+        {
+            return Err(SqlError::unsupported(
+                "window joins on processing time are not supported yet; use rowtime attributes",
+            ));
+        }
         let interval = match interval_bounds(join, self.catalog) {
             Some(found)
                 if window.is_none()
@@ -2181,6 +2193,13 @@ impl<'a> GraphBuilder<'a> {
                 _ => None,
             })
         };
+        if let Some(end) = bound(GroupOutput::WindowEnd)
+            && self.window_on_proctime(&w.input, end)
+        {
+            return Err(SqlError::unsupported(
+                "window Top-N on processing time is not supported yet; use a rowtime attribute",
+            ));
+        }
         let strategy = match (bound(GroupOutput::WindowStart), bound(GroupOutput::WindowEnd)) {
             (Some(_), Some(end)) if insert_only => RankStrategy::Window {
                 end,
