@@ -269,3 +269,51 @@ async fn processing_time_windows_fire_on_the_clock() {
     assert!(windows.len() >= 3, "one row per window: {windows:?}");
     rs.job.cancel().await.expect("cancel");
 }
+
+/// A processing-time interval join expires rows by the clock: on an
+/// unbounded source, a LEFT join whose right side never matches emits its
+/// left rows padded while the job runs, about a second (the bound) after
+/// they arrived; matches on the key are emitted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn processing_time_interval_joins_expire_rows_on_the_clock() {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::Int64Type;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    session
+        .execute_sql(
+            "SET 'parallelism.default' = '2';
+             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+               dateTime TIMESTAMP(3), extra STRING, pt AS PROCTIME())
+             WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '500');",
+        )
+        .await
+        .expect("table");
+    let sql = "SELECT a.auction, a.price, b.price FROM bid a LEFT JOIN bid b
+               ON a.auction = b.auction AND b.price < 0
+               AND a.pt BETWEEN b.pt - INTERVAL '1' SECOND AND b.pt + INTERVAL '1' SECOND;";
+    let explain = session.execute_sql(&format!("EXPLAIN {sql}")).await.expect("explain");
+    let Some(StatementResult::Explain(text)) = explain.into_iter().next() else {
+        panic!("no plan")
+    };
+    assert!(
+        text.contains("IntervalJoin") && text.contains("(processing time)"),
+        "{text}"
+    );
+    let results = session.execute_sql(sql).await.expect("query");
+    let Some(StatementResult::Stream(mut rs)) = results.into_iter().last() else {
+        panic!("a streaming result")
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut padded = 0;
+    while padded < 100 {
+        let b = tokio::time::timeout_at(deadline, rs.rows.recv())
+            .await
+            .expect("padded rows within 60 s")
+            .expect("rows");
+        let right = b.column(2).as_primitive::<Int64Type>();
+        assert_eq!(right.null_count(), b.num_rows(), "no bid has a negative price");
+        padded += b.num_rows();
+    }
+    rs.job.cancel().await.expect("cancel");
+}

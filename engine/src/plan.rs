@@ -462,6 +462,10 @@ pub struct IntervalBounds {
     pub right_time: usize,
     pub lower: i64,
     pub upper: i64,
+    /// The time columns are processing-time attributes: a row's time is
+    /// the operator's clock when it arrives, and rows expire by the clock
+    /// (Flink's `ProcTimeIntervalJoin`).
+    pub proctime: bool,
 }
 
 impl JoinNode {
@@ -937,11 +941,12 @@ impl StreamNode {
                                 .map_or("?", |f| f.name().as_str()),
                         );
                         format!(
-                            "IntervalJoin: {} ON {} AND left.{lt} BETWEEN right.{rt} + {} ms AND right.{rt} + {} ms{filter}",
+                            "IntervalJoin: {} ON {} AND left.{lt} BETWEEN right.{rt} + {} ms AND right.{rt} + {} ms{filter}{}",
                             j.join_type.sql(),
                             on.join(" AND "),
                             b.lower,
-                            b.upper
+                            b.upper,
+                            if b.proctime { " (processing time)" } else { "" }
                         )
                     }
                     None if j.window.is_some() => {

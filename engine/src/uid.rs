@@ -190,7 +190,10 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     },
                 ) + &j
                     .interval
-                    .map(|b| format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper))
+                    .map(|b| {
+                        format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper)
+                            + if b.proctime { ";proctime" } else { "" }
+                    })
                     .unwrap_or_default()
                     + &j.window.map(|[l, r]| format!(";window={l},{r}")).unwrap_or_default()
                     + &j.temporal

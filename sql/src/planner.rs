@@ -666,8 +666,9 @@ fn is_rowtime(plan: &LogicalPlan, idx: usize, catalog: &Catalog) -> bool {
                 .and_then(|t| t.watermark.as_ref())
                 .is_some_and(|w| w.column == column)
         },
-        // An interval join keeps both sides' event-time columns (Flink).
-        &|j| interval_bounds(j, catalog).is_some(),
+        // An event-time interval join keeps both sides' event-time
+        // columns (Flink).
+        &|j| interval_bounds(j, catalog).is_some_and(|(b, _)| !b.proctime),
         &|_| false,
     )
 }
@@ -773,9 +774,9 @@ fn interval_bounds(
             other => conjuncts.push(other),
         }
     }
-    // `column ± interval` of one side's event-time column: (side, column,
-    // offset in ms).
-    let term = |e: &Expr| -> Option<(usize, usize, i64)> {
+    // `column ± interval` of one side's time attribute: (side, column,
+    // offset in ms, on processing time).
+    let term = |e: &Expr| -> Option<(usize, usize, i64, bool)> {
         let (col, offset) = match e {
             Expr::Column(c) => (c, 0),
             Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
@@ -794,7 +795,10 @@ fn interval_bounds(
         };
         for (side, input) in [&join.left, &join.right].into_iter().enumerate() {
             if let Ok(i) = input.schema().index_of_column(col) {
-                return is_rowtime(input, i, catalog).then_some((side, i, offset));
+                if is_rowtime(input, i, catalog) {
+                    return Some((side, i, offset, false));
+                }
+                return is_proctime(input, i, catalog).then_some((side, i, offset, true));
             }
         }
         None
@@ -807,10 +811,11 @@ fn interval_bounds(
                 if matches!(op, Operator::Lt | Operator::LtEq | Operator::Gt | Operator::GtEq) =>
             {
                 match (term(left), term(right)) {
-                    (Some(a), Some(b)) if a.0 != b.0 => {
+                    // Both sides' rowtimes, or both sides' proctimes.
+                    (Some(a), Some(b)) if a.0 != b.0 && a.3 == b.3 => {
                         // As `left.ts OP right.ts + d`.
                         let (l, r, op) = if a.0 == 0 { (a, b, *op) } else { (b, a, op.swap()?) };
-                        Some(((l.1, r.1), op, r.2.checked_sub(l.2)?))
+                        Some(((l.1, r.1, l.3), op, r.2.checked_sub(l.2)?))
                     }
                     _ => None,
                 }
@@ -834,12 +839,13 @@ fn interval_bounds(
             _ => upper = Some(upper.map_or(d - 1, |x| x.min(d - 1))),
         }
     }
-    let ((left_time, right_time), lower, upper) = (times?, lower?, upper?);
+    let ((left_time, right_time, proctime), lower, upper) = (times?, lower?, upper?);
     let bounds = weir_engine::plan::IntervalBounds {
         left_time,
         right_time,
         lower,
         upper,
+        proctime,
     };
     Some((bounds, datafusion::logical_expr::utils::conjunction(rest)))
 }

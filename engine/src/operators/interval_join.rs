@@ -102,6 +102,8 @@ pub struct IntervalJoinOperator {
     watermark: Timestamp,
     /// The newest row time seen (state spans it back to the watermark).
     max_ts: Timestamp,
+    /// Processing time: rows take the clock, the clock expires them.
+    proctime: bool,
 }
 
 /// A stored row's (count, matched): `matched` is 1 once any row of the
@@ -187,7 +189,22 @@ impl IntervalJoinOperator {
             metrics,
             watermark: MIN_WATERMARK,
             max_ts: MIN_WATERMARK,
+            proctime: bounds.proctime,
         })
+    }
+
+    /// Time (the watermark, or the clock) reached `to`: rows the other
+    /// side can no longer match are freed (an outer side's unmatched
+    /// ones emitted padded).
+    fn advance_to(&mut self, to: Timestamp, out: &mut Collector) -> Result<()> {
+        if to <= self.watermark {
+            return Ok(());
+        }
+        self.watermark = to;
+        for side in 0..2 {
+            self.clean_up(side, to, out)?;
+        }
+        Ok(())
     }
 
     /// Flink's operator time: the watermark, never below 0.
@@ -203,8 +220,13 @@ impl IntervalJoinOperator {
         }
     }
 
-    /// Each row's time in ms (NULL: the row matches nothing).
+    /// Each row's time in ms (NULL: the row matches nothing); on
+    /// processing time, the clock now (never behind what expired).
     fn row_times(&self, side: usize, rows: &RecordBatch) -> Result<Int64Array> {
+        if self.proctime {
+            let now = crate::state::keyed::processing_time_ms().max(self.watermark.saturating_add(1));
+            return Ok(Int64Array::from(vec![now; rows.num_rows()]));
+        }
         times_ms(rows.column(self.times[side]), "interval join")
     }
 
@@ -324,14 +346,23 @@ impl Operator for IntervalJoinOperator {
     }
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
-        if watermark <= self.watermark {
+        // A processing-time join ignores event time, but the end of a
+        // bounded input (or a drain) expires every row.
+        if self.proctime && watermark < crate::message::MAX_WATERMARK {
             return Ok(());
         }
-        self.watermark = watermark;
-        for side in 0..2 {
-            self.clean_up(side, watermark, out)?;
+        self.advance_to(watermark, out)
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.proctime.then(|| std::time::Duration::from_millis(100))
+    }
+
+    fn on_processing_time(&mut self, now: i64, out: &mut Collector) -> Result<()> {
+        if !self.proctime {
+            return Ok(());
         }
-        Ok(())
+        self.advance_to(now.saturating_sub(1), out)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -613,6 +644,7 @@ mod tests {
             right_time: 1,
             lower: -1000,
             upper: 1000,
+            proctime: false,
         };
         let out = Arc::new(Schema::new(
             l.fields()
