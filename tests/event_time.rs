@@ -203,6 +203,22 @@ async fn partitions_are_committed_once_complete_and_passed() {
     );
 }
 
+/// A session over `dir` with an unbounded Nexmark `bid` table (with
+/// `extra` columns) generated at `rate` events a second, parallelism 2.
+async fn unbounded_bids(dir: &std::path::Path, extra: &str, rate: u32) -> Session {
+    let mut session = Session::open(dir).expect("session");
+    session
+        .execute_sql(&format!(
+            "SET 'parallelism.default' = '2';
+             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
+               dateTime TIMESTAMP(3), extra STRING{extra})
+             WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '{rate}');"
+        ))
+        .await
+        .expect("table");
+    session
+}
+
 /// Windows on processing time fire when the clock passes their end, on an
 /// unbounded source (no watermark ever comes): each window is the
 /// operator's clock's, one second long, aligned, and emitted after its
@@ -212,16 +228,7 @@ async fn processing_time_windows_fire_on_the_clock() {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int64Type, TimestampMillisecondType};
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut session = Session::open(dir.path()).expect("session");
-    session
-        .execute_sql(
-            "SET 'parallelism.default' = '2';
-             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
-               dateTime TIMESTAMP(3), extra STRING)
-             WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '2000');",
-        )
-        .await
-        .expect("table");
+    let mut session = unbounded_bids(dir.path(), "", 2000).await;
     let explain = session
         .execute_sql(
             "EXPLAIN SELECT B.bidder, COUNT(*), TUMBLE_START(B.p_time, INTERVAL '1' SECOND), TUMBLE_END(B.p_time, INTERVAL '1' SECOND)
@@ -279,16 +286,7 @@ async fn processing_time_interval_joins_expire_rows_on_the_clock() {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::Int64Type;
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut session = Session::open(dir.path()).expect("session");
-    session
-        .execute_sql(
-            "SET 'parallelism.default' = '2';
-             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING,
-               dateTime TIMESTAMP(3), extra STRING, pt AS PROCTIME())
-             WITH ('connector' = 'nexmark', 'nexmark.table' = 'bid', 'nexmark.events-per-second' = '500');",
-        )
-        .await
-        .expect("table");
+    let mut session = unbounded_bids(dir.path(), ", pt AS PROCTIME()", 500).await;
     let sql = "SELECT a.auction, a.price, b.price FROM bid a LEFT JOIN bid b
                ON a.auction = b.auction AND b.price < 0
                AND a.pt BETWEEN b.pt - INTERVAL '1' SECOND AND b.pt + INTERVAL '1' SECOND;";

@@ -159,30 +159,20 @@ impl IntervalJoinOperator {
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
-        let key_types = node
-            .left_keys
-            .iter()
-            .map(|k| k.data_type(&node.left_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let codec = |s: &SchemaRef| {
-            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
-            RowCodec::new(&types).map_err(ExecError::internal)
-        };
-        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
-        fields.extend(node.right_schema.fields().iter().cloned());
+        let sides = crate::operators::join::JoinSides::new(node)?;
         let (lower, upper) = (bounds.lower, bounds.upper);
         Ok(Self {
             name: format!("IntervalJoin {}", node.join_type.sql()),
             join_type: node.join_type,
-            keys: [node.left_keys.clone(), node.right_keys.clone()],
-            key_encoder: KeyEncoder::new(&key_types)?,
-            row_codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
-            schemas: [node.left_schema.clone(), node.right_schema.clone()],
+            keys: sides.keys,
+            key_encoder: sides.key_encoder,
+            row_codecs: sides.codecs,
+            schemas: sides.schemas,
             times: [bounds.left_time, bounds.right_time],
             range: [(-upper, -lower), (lower, upper)],
             relative: [-lower, upper],
-            filter: node.filter.clone(),
-            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
+            filter: sides.filter,
+            pair_schema: sides.pair_schema,
             schema,
             state,
             max_parallelism,

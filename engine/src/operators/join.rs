@@ -219,15 +219,6 @@ impl JoinOperator {
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
-        let key_types = node
-            .left_keys
-            .iter()
-            .map(|k| k.data_type(&node.left_schema))
-            .collect::<Result<Vec<_>, _>>()?;
-        let codec = |s: &SchemaRef| {
-            let types: Vec<_> = s.fields().iter().map(|f| f.data_type().clone()).collect();
-            RowCodec::new(&types).map_err(ExecError::internal)
-        };
         let layout = |side: usize, schema: &SchemaRef| -> Result<Layout> {
             let Some(columns) = node.unique_keys[side].clone() else {
                 return Ok(Layout::Multiset);
@@ -249,24 +240,17 @@ impl JoinOperator {
             };
             Ok(Layout::UniqueKey { columns, codec })
         };
-        let mut fields: Vec<_> = node.left_schema.fields().iter().cloned().collect();
-        fields.extend(node.right_schema.fields().iter().cloned());
-        let keys: Vec<String> = node
-            .left_keys
-            .iter()
-            .zip(&node.right_keys)
-            .map(|(l, r)| format!("{l} = {r}"))
-            .collect();
+        let sides = JoinSides::new(node)?;
         Ok(Self {
-            name: format!("Join {} ON {}", node.join_type.sql(), keys.join(" AND ")),
+            name: format!("Join {} ON {}", node.join_type.sql(), sides.on),
             join_type: node.join_type,
-            keys: [node.left_keys.clone(), node.right_keys.clone()],
-            key_encoder: KeyEncoder::new(&key_types)?,
-            row_codecs: [codec(&node.left_schema)?, codec(&node.right_schema)?],
+            keys: sides.keys,
+            key_encoder: sides.key_encoder,
+            row_codecs: sides.codecs,
             layouts: [layout(0, &node.left_schema)?, layout(1, &node.right_schema)?],
-            schemas: [node.left_schema.clone(), node.right_schema.clone()],
-            filter: node.filter.clone(),
-            pair_schema: Arc::new(arrow::datatypes::Schema::new(fields)),
+            schemas: sides.schemas,
+            filter: sides.filter,
+            pair_schema: sides.pair_schema,
             schema,
             state,
             max_parallelism,
@@ -300,8 +284,8 @@ impl JoinOperator {
     }
 }
 
-/// What a time-bounded join operator (window, temporal) derives from its
-/// plan node: both sides' keys, their encoder, row codecs and schemas,
+/// What a join operator (regular, interval, window, temporal) derives
+/// from its plan node: both sides' keys, their encoder, row codecs and schemas,
 /// the rest of the ON condition over `left ++ right`, and the ON
 /// equalities as text (for its name).
 pub(crate) struct JoinSides {
@@ -365,6 +349,37 @@ impl JoinSides {
             &options,
         )?)
     }
+}
+
+/// A self-join node over `side` on `keys` for operator tests, and its
+/// output schema (both sides, nullable).
+#[cfg(test)]
+pub(crate) fn test_node(
+    join_type: JoinType,
+    side: SchemaRef,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+) -> (JoinNode, SchemaRef) {
+    let out = Arc::new(arrow::datatypes::Schema::new(
+        side.fields()
+            .iter()
+            .chain(side.fields().iter())
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
+    let node = JoinNode {
+        join_type,
+        left_keys: keys.clone(),
+        right_keys: keys,
+        filter: None,
+        left_schema: side.clone(),
+        right_schema: side,
+        state_ttl: [None, None],
+        unique_keys: [None, None],
+        interval: None,
+        window: None,
+        temporal: None,
+    };
+    (node, out)
 }
 
 /// `rows` of `this` side at `this_idx` beside `others` at `other_idx`,

@@ -506,27 +506,8 @@ mod tests {
 
     fn join(join_type: JoinType) -> TemporalJoinOperator {
         let keys = || -> Vec<Arc<dyn PhysicalExpr>> { vec![Arc::new(Column::new("k", 0))] };
-        let node = JoinNode {
-            join_type,
-            left_keys: keys(),
-            right_keys: keys(),
-            filter: None,
-            left_schema: side(),
-            right_schema: side(),
-            state_ttl: [None, None],
-            unique_keys: [None, None],
-            interval: None,
-            window: None,
-            temporal: Some([1, 1]),
-        };
-        let out = Arc::new(Schema::new(
-            side()
-                .fields()
-                .iter()
-                .chain(side().fields().iter())
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .collect::<Vec<_>>(),
-        ));
+        let (mut node, out) = crate::operators::join::test_node(join_type, side(), keys());
+        node.temporal = Some([1, 1]);
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
         let metrics = Arc::new(NodeMetrics::new("temporal join".into()));
         TemporalJoinOperator::new(&node, [1, 1], out, 128, state, metrics).expect("temporal join")

@@ -405,27 +405,8 @@ mod tests {
     fn join() -> WindowJoinOperator {
         let keys =
             || -> Vec<Arc<dyn PhysicalExpr>> { vec![Arc::new(Column::new("end", 1)), Arc::new(Column::new("k", 0))] };
-        let node = JoinNode {
-            join_type: JoinType::Full,
-            left_keys: keys(),
-            right_keys: keys(),
-            filter: None,
-            left_schema: side(),
-            right_schema: side(),
-            state_ttl: [None, None],
-            unique_keys: [None, None],
-            interval: None,
-            window: Some([1, 1]),
-            temporal: None,
-        };
-        let out = Arc::new(Schema::new(
-            side()
-                .fields()
-                .iter()
-                .chain(side().fields().iter())
-                .map(|f| f.as_ref().clone().with_nullable(true))
-                .collect::<Vec<_>>(),
-        ));
+        let (mut node, out) = crate::operators::join::test_node(JoinType::Full, side(), keys());
+        node.window = Some([1, 1]);
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
         let metrics = Arc::new(NodeMetrics::new("window join".into()));
         WindowJoinOperator::new(&node, [1, 1], out, 128, state, metrics).expect("window join")
