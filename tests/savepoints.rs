@@ -130,6 +130,14 @@ const WINDOW_JOIN: &str = "INSERT INTO counts SELECT L.k, L.window_start, L.wind
 const TEMPORAL_JOIN: &str = "INSERT INTO counts SELECT e.k, e.ts, r.ts, CAST(r.v * 4 AS BIGINT), e.ts AS ts2
     FROM events e LEFT JOIN versions FOR SYSTEM_TIME AS OF e.ts AS r ON CONCAT('name-', CAST(e.k % 11 AS STRING)) = r.s;";
 
+/// A LEFT interval join of the events with the (slower read) versions of
+/// the same rows: each event with the rows of its key within 1 s that pass
+/// the condition, padded when none does; rows of both sides held across
+/// restores until the watermark frees them.
+const INTERVAL_JOIN: &str = "INSERT INTO counts SELECT e.k, e.ts, r.ts, CAST(r.v * 4 AS BIGINT), e.ts AS ts2
+    FROM events e LEFT JOIN versions r ON e.k = r.k AND r.v > 50
+      AND e.ts BETWEEN r.ts - INTERVAL '1' SECOND AND r.ts + INTERVAL '1' SECOND;";
+
 /// OVER aggregates per key: a RANGE frame of 3 s and a ROWS frame of the
 /// 5 rows before (rows held until the watermark, frames across restores).
 const OVER_RANGE: &str = "INSERT INTO counts SELECT k, ts, ts AS ts2, COUNT(*) OVER w, MIN(ts) OVER w FROM events
@@ -384,6 +392,11 @@ async fn golden_rerun_session_rows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_rerun_window_join() {
     golden_rerun(WINDOW_JOIN).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_rerun_interval_join() {
+    golden_rerun(INTERVAL_JOIN).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -21,8 +21,9 @@
 //! State, through the keyed-state layer: per side a value state keyed by
 //! the join key, namespace = row time (8 bytes, order-preserving) ++ the
 //! row in the key encoding, value = (count, matched) as two varints; and
-//! per side a timer state (one timer per key and row time). Everything
-//! is insert-only in and out.
+//! per side a timer state (one timer per stored row at its cleanup time,
+//! naming the row: its namespace is the row's). Everything is
+//! insert-only in and out.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -253,6 +254,12 @@ impl IntervalJoinOperator {
 
     /// The watermark passed the cleanup timers of side `side` up to
     /// `up_to`: their rows go, an outer side's unmatched ones padded.
+    ///
+    /// A timer names its row (namespace = row time ++ row), so an inner
+    /// side's rows are deleted without reading them and an outer side's
+    /// are read in one multi-get; a timer without a namespace (written
+    /// before timers named their rows) has its key's rows at that time
+    /// scanned.
     fn clean_up(&mut self, side: usize, up_to: Timestamp, out: &mut Collector) -> Result<()> {
         loop {
             let timers: Vec<Timer> = self.state.due_timers(2 + side, up_to, FIRE_CHUNK)?;
@@ -260,11 +267,12 @@ impl IntervalJoinOperator {
                 return Ok(());
             }
             let more = timers.len() == FIRE_CHUNK;
-            let mut w = KeyedWrite::default();
-            let mut padded: Vec<Vec<u8>> = vec![];
-            let mut freed = 0i64;
-            for t in &timers {
-                // The rows of this key at the timer's row time.
+            let mut gone: Vec<Freed> = vec![];
+            for (i, t) in timers.iter().enumerate() {
+                if !t.namespace.is_empty() {
+                    gone.push((i, t.namespace.clone(), None));
+                    continue;
+                }
                 let row_time = t.time - self.relative[side] - 1;
                 let prefix = encode_time(row_time);
                 let e = EntryRef {
@@ -272,11 +280,14 @@ impl IntervalJoinOperator {
                     key: &t.key,
                     namespace: &prefix,
                 };
-                let mut gone: Vec<(Vec<u8>, Entry)> = vec![];
                 let mut bad = None;
                 self.state.scan_namespaces(side, e, &mut |rest, v| {
                     match decode_entry(side, v) {
-                        Ok(entry) => gone.push((rest.to_vec(), entry)),
+                        Ok(entry) => {
+                            let mut ns = prefix.to_vec();
+                            ns.extend_from_slice(rest);
+                            gone.push((i, ns, Some(entry)));
+                        }
                         Err(e) => bad = Some(e),
                     }
                     bad.is_none()
@@ -284,38 +295,60 @@ impl IntervalJoinOperator {
                 if let Some(e) = bad {
                     return Err(e);
                 }
-                for (row, entry) in gone {
-                    if self.outer(side) && entry.matched == 0 {
-                        for _ in 0..entry.count.max(0) {
-                            padded.push(row.clone());
-                        }
+            }
+            if self.outer(side) {
+                let unread: Vec<usize> = (0..gone.len()).filter(|g| gone[*g].2.is_none()).collect();
+                let wanted: Vec<EntryRef> = unread.iter().map(|g| freed_entry(&timers, &gone[*g])).collect();
+                let values = self.state.get(side, &wanted)?;
+                for (g, v) in unread.into_iter().zip(values) {
+                    if let Some(v) = v {
+                        gone[g].2 = Some(decode_entry(side, &v)?);
                     }
-                    let mut ns = prefix.to_vec();
-                    ns.extend_from_slice(&row);
-                    freed += (t.key.len() + ns.len() + 14) as i64;
-                    w.delete(
-                        side,
-                        EntryRef {
-                            key_group: t.key_group,
-                            key: &t.key,
-                            namespace: &ns,
-                        },
-                    );
                 }
+            }
+            let mut w = KeyedWrite::default();
+            let mut padded: Vec<&[u8]> = vec![];
+            let mut freed = 0i64;
+            for g in &gone {
+                if let Some(entry) = g.2
+                    && self.outer(side)
+                    && entry.matched == 0
+                {
+                    for _ in 0..entry.count.max(0) {
+                        padded.push(&g.1[8..]);
+                    }
+                }
+                let e = freed_entry(&timers, g);
+                freed += (e.key.len() + e.namespace.len() + 14) as i64;
+                w.delete(side, e);
+            }
+            for t in &timers {
                 w.delete_timer(2 + side, t);
             }
-            self.state.write(w)?;
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !padded.is_empty() {
-                let cols = self.row_codecs[side].decode(padded.iter().map(Vec::as_slice))?;
+                let cols = self.row_codecs[side].decode(padded.iter().copied())?;
                 let options = RecordBatchOptions::new().with_row_count(Some(padded.len()));
                 let rows = RecordBatch::try_new_with_options(self.schemas[side].clone(), cols, &options)?;
                 self.emit_padded(side, &rows, (0..padded.len() as u32).collect(), out)?;
             }
+            self.state.write(w)?;
+            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !more {
                 return Ok(());
             }
         }
+    }
+}
+
+/// A row a cleanup timer frees: (index of the timer, the row's namespace,
+/// its entry once read).
+type Freed = (usize, Vec<u8>, Option<Entry>);
+
+fn freed_entry<'a>(timers: &'a [Timer], (i, ns, _): &'a Freed) -> EntryRef<'a> {
+    EntryRef {
+        key_group: timers[*i].key_group,
+        key: &timers[*i].key,
+        namespace: ns,
     }
 }
 
@@ -534,7 +567,7 @@ impl Operator for IntervalJoinOperator {
                     None => {
                         grown += (e.key.len() + ns.len() + 14) as i64;
                         let t = ns_time(side, ns)?;
-                        w.add_timer(2 + side, e.key_group, t + self.relative[side] + 1, e.key, &[]);
+                        w.add_timer(2 + side, e.key_group, t + self.relative[side] + 1, e.key, ns);
                     }
                 }
                 w.put(side, *e, encode_counts(&[sum.count, sum.matched]));
@@ -711,5 +744,43 @@ mod tests {
         // Left rows of odd keys never match: 3000 padded. Each even-key
         // left row matches the right rows of its key within 1 s.
         assert!(emitted >= 6000, "every left row is emitted at least once: {emitted}");
+    }
+
+    /// State written before timers named their rows (a timer per key and
+    /// row time, namespace empty) is still freed, and an unmatched outer
+    /// row padded, when the watermark passes it.
+    #[test]
+    fn timers_without_a_row_free_the_rows_of_their_time() {
+        let mut j = join();
+        let mut out = Collector::default();
+        let rows = RecordBatch::try_new(
+            j.schemas[0].clone(),
+            vec![
+                Arc::new(StringArray::from(vec!["x", "x"])),
+                Arc::new(TimestampMillisecondArray::from(vec![5000, 5000])),
+            ],
+        )
+        .expect("rows");
+        let keys = j.key_encoder.encode(&[rows.column(0).clone()]).expect("keys");
+        let bytes = j.row_codecs[0].encode(rows.columns()).expect("rows");
+        let key = keys.row(0);
+        let group = key_group(key, 128);
+        let mut w = KeyedWrite::default();
+        let mut ns = encode_time(5000).to_vec();
+        ns.extend_from_slice(bytes.row(0));
+        let e = EntryRef {
+            key_group: group,
+            key,
+            namespace: &ns,
+        };
+        w.put(0, e, encode_counts(&[2, 0]));
+        w.add_timer(2, group, 5000 + j.relative[0] + 1, key, &[]);
+        j.state.write(w).expect("write");
+        j.on_watermark(5000 + j.relative[0], &mut out).expect("watermark");
+        assert_eq!(rows_out(&mut out), 0, "not due yet");
+        j.on_watermark(5000 + j.relative[0] + 1, &mut out).expect("watermark");
+        assert_eq!(rows_out(&mut out), 2, "the unmatched row, twice, padded");
+        assert_eq!(j.state.get(0, &[e]).expect("read"), vec![None], "row freed");
+        assert!(j.state.due_timers(2, i64::MAX, 10).expect("timers").is_empty());
     }
 }
