@@ -199,7 +199,7 @@ async fn session_with_tables(dir: &std::path::Path, clicks_csv: &str, imps_csv: 
         let ddl = format!(
             "CREATE TABLE {name} (k STRING, ts TIMESTAMP(3), {value} BIGINT, \
              WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) \
-             WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'source.split.min-size' = '2048')",
+             WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'csv.null-literal' = '', 'source.split.min-size' = '2048')",
             path.display()
         );
         run(&mut session, &ddl).await.expect("create table");
@@ -495,7 +495,7 @@ async fn temporal_joins_end_as_the_batch_answer() {
     let ddl = format!(
         "CREATE TABLE versions (k STRING, ts TIMESTAMP(3), x BIGINT, \
          WATERMARK FOR ts AS ts - INTERVAL '5' SECOND, PRIMARY KEY (k) NOT ENFORCED) \
-         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'source.split.min-size' = '2048')",
+         WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'csv.null-literal' = '', 'source.split.min-size' = '2048')",
         dir.path().join("imps.csv").display()
     );
     run(&mut session, &ddl).await.expect("versioned table");

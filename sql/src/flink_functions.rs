@@ -475,3 +475,501 @@ impl datafusion::logical_expr::ScalarUDFImpl for DateFormat {
         Ok(ColumnarValue::Array(Arc::new(out.finish())))
     }
 }
+
+/// Flink's `TYPEOF(x)`: the name of `x`'s type as Flink writes it
+/// (`INT`, `DECIMAL(10, 2)`, `ARRAY<INT NOT NULL>`), `NOT NULL` when the
+/// planner knows it holds no NULLs. The second argument of Flink's form
+/// (`force_serializable`) changes nothing here and is accepted.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct TypeOf {
+    signature: Signature,
+}
+
+impl TypeOf {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::one_of(
+                vec![TypeSignature::Any(1), TypeSignature::Any(2)],
+                Volatility::Immutable,
+            ),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for TypeOf {
+    fn name(&self) -> &str {
+        "typeof"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn return_field_from_args(&self, _args: datafusion::logical_expr::ReturnFieldArgs) -> Result<FieldRef> {
+        Ok(Arc::new(Field::new(self.name(), DataType::Utf8, false)))
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        let Some(field) = args.arg_fields.first() else {
+            return datafusion::common::exec_err!("TYPEOF takes one argument");
+        };
+        Ok(datafusion::logical_expr::ColumnarValue::Scalar(ScalarValue::Utf8(
+            Some(crate::types::flink_field_type(field)),
+        )))
+    }
+}
+
+/// A scalar UDF of Flink's that maps its (non-NULL) argument rows to a
+/// result with `eval`; NULL in any argument gives NULL. Arguments are
+/// coerced to `args`.
+macro_rules! flink_string_fn {
+    ($(#[$doc:meta])* $ty:ident, $name:literal, $eval:path) => {
+        $(#[$doc])*
+        #[derive(Debug, PartialEq, Eq, Hash)]
+        pub struct $ty {
+            signature: Signature,
+        }
+
+        impl $ty {
+            pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+                datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+                    signature: Signature::variadic_any(Volatility::Immutable),
+                })
+            }
+        }
+
+        impl datafusion::logical_expr::ScalarUDFImpl for $ty {
+            fn name(&self) -> &str {
+                $name
+            }
+
+            fn signature(&self) -> &Signature {
+                &self.signature
+            }
+
+            fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+                Ok(DataType::Utf8)
+            }
+
+            fn invoke_with_args(
+                &self,
+                args: datafusion::logical_expr::ScalarFunctionArgs,
+            ) -> Result<datafusion::logical_expr::ColumnarValue> {
+                strings_map(&args, $name, $eval)
+            }
+        }
+    };
+}
+
+/// Evaluates a string function row by row over `args` cast to strings
+/// (NULL in, NULL out).
+fn strings_map(
+    args: &datafusion::logical_expr::ScalarFunctionArgs,
+    name: &str,
+    eval: fn(&[&str]) -> Result<Option<String>>,
+) -> Result<datafusion::logical_expr::ColumnarValue> {
+    use arrow::array::{Array, AsArray, StringBuilder};
+    let n = args.number_rows;
+    let all_scalar = args
+        .args
+        .iter()
+        .all(|a| matches!(a, datafusion::logical_expr::ColumnarValue::Scalar(_)));
+    let rows = if all_scalar { 1 } else { n };
+    let cols = args
+        .args
+        .iter()
+        .map(|a| cast(&a.to_array(rows)?, &DataType::Utf8).map_err(Into::into))
+        .collect::<Result<Vec<ArrayRef>>>()?;
+    let cols: Vec<&arrow::array::StringArray> = cols.iter().map(|c| c.as_string::<i32>()).collect();
+    let mut out = StringBuilder::with_capacity(rows, rows * 8);
+    let mut vals: Vec<&str> = Vec::with_capacity(cols.len());
+    for i in 0..rows {
+        vals.clear();
+        if cols.iter().any(|c| c.is_null(i)) {
+            out.append_null();
+            continue;
+        }
+        vals.extend(cols.iter().map(|c| c.value(i)));
+        match eval(&vals).map_err(|e| datafusion::error::DataFusionError::Execution(format!("{name}: {e}")))? {
+            Some(v) => out.append_value(v),
+            None => out.append_null(),
+        }
+    }
+    let out: ArrayRef = Arc::new(out.finish());
+    if all_scalar {
+        Ok(datafusion::logical_expr::ColumnarValue::Scalar(
+            ScalarValue::try_from_array(&out, 0)?,
+        ))
+    } else {
+        Ok(datafusion::logical_expr::ColumnarValue::Array(out))
+    }
+}
+
+flink_string_fn!(
+    /// Flink's `CONCAT(a, b, ...)`: NULL when any argument is NULL
+    /// (DataFusion's skips NULLs).
+    FlinkConcat,
+    "concat",
+    concat_eval
+);
+
+fn concat_eval(v: &[&str]) -> Result<Option<String>> {
+    Ok(Some(v.concat()))
+}
+
+flink_string_fn!(
+    /// Flink's `INITCAP(s)`: the first letter of each word upper case, the
+    /// rest lower case; a word starts after any character that is not an
+    /// ASCII letter or digit (so `héllo` is `HéLlo`, as Flink writes it).
+    FlinkInitcap,
+    "initcap",
+    initcap_eval
+);
+
+fn initcap_eval(v: &[&str]) -> Result<Option<String>> {
+    let [s] = v else {
+        return datafusion::common::exec_err!("takes one argument");
+    };
+    let mut out = String::with_capacity(s.len());
+    let mut start = true;
+    for c in s.chars() {
+        // One character to one, as Java's Character.toUpperCase: `ß`
+        // stays `ß`.
+        let mapped = if start {
+            single(c.to_uppercase(), c)
+        } else {
+            single(c.to_lowercase(), c)
+        };
+        out.push(mapped);
+        start = !c.is_ascii_alphanumeric();
+    }
+    Ok(Some(out))
+}
+
+fn single(mut it: impl Iterator<Item = char>, c: char) -> char {
+    match (it.next(), it.next()) {
+        (Some(m), None) => m,
+        _ => c,
+    }
+}
+
+flink_string_fn!(
+    /// Flink's `REGEXP_REPLACE(s, regex, replacement)`: every match
+    /// replaced (DataFusion's replaces the first unless given `'g'`), the
+    /// replacement taken literally (`$1` is not a group), the regex read
+    /// as Java reads it (`\w`, `\d`, `\s`, `\b` are ASCII). An invalid
+    /// regex gives NULL, as Flink.
+    FlinkRegexpReplace,
+    "regexp_replace",
+    regexp_replace_eval
+);
+
+fn regexp_replace_eval(v: &[&str]) -> Result<Option<String>> {
+    let [s, pattern, replacement] = v else {
+        return datafusion::common::exec_err!("takes a string, a regex and a replacement");
+    };
+    let Some(re) = java_regex(pattern)? else {
+        return Ok(None);
+    };
+    Ok(Some(re.replace_all(s, regex::NoExpand(replacement)).into_owned()))
+}
+
+thread_local! {
+    static REGEX_CACHE: std::cell::RefCell<hashbrown::HashMap<String, Option<regex::Regex>>> =
+        Default::default();
+}
+
+/// A Java regular expression as Rust's `regex` (cached per thread):
+/// `None` when it is not valid (Flink's functions then give NULL); an
+/// error for valid Java that Rust's engine cannot run.
+pub fn java_regex(pattern: &str) -> Result<Option<regex::Regex>> {
+    if let Some(hit) = REGEX_CACHE.with(|c| c.borrow().get(pattern).cloned()) {
+        return Ok(hit);
+    }
+    for unsupported in ["(?=", "(?!", "(?<=", "(?<!", "(?>", "*+", "++", "?+"] {
+        if pattern.contains(unsupported) {
+            return datafusion::common::exec_err!(
+                "the regex '{pattern}' uses '{unsupported}' (look-around, atomic or possessive), which Weir cannot run"
+            );
+        }
+    }
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('w') => out.push_str("[0-9A-Za-z_]"),
+            Some('W') => out.push_str("[^0-9A-Za-z_]"),
+            Some('d') => out.push_str("[0-9]"),
+            Some('D') => out.push_str("[^0-9]"),
+            Some('s') => out.push_str("[\\t\\n\\x0B\\f\\r ]"),
+            Some('S') => out.push_str("[^\\t\\n\\x0B\\f\\r ]"),
+            Some('b') => out.push_str("(?-u:\\b)"),
+            Some('B') => out.push_str("(?-u:\\B)"),
+            Some(d @ '1'..='9') => {
+                return datafusion::common::exec_err!(
+                    "the regex '{pattern}' uses the back-reference \\{d}, which Weir cannot run"
+                );
+            }
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    let re = regex::Regex::new(&out).ok();
+    REGEX_CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() > 256 {
+            c.clear();
+        }
+        c.insert(pattern.to_string(), re.clone());
+    });
+    Ok(re)
+}
+
+/// Flink's `SUBSTRING(s, start [, length])` / `SUBSTR`: 1-based; a
+/// negative start counts from the end (`-3`: the last three characters);
+/// a start before the first character or past the end gives `''`.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkSubstr {
+    signature: Signature,
+}
+
+impl FlinkSubstr {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for FlinkSubstr {
+    fn name(&self) -> &str {
+        "substr"
+    }
+
+    fn aliases(&self) -> &[String] {
+        static ALIASES: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| vec!["substring".into()]);
+        &ALIASES
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        strings_map(&args, "SUBSTRING", substr_eval)
+    }
+}
+
+fn substr_eval(v: &[&str]) -> Result<Option<String>> {
+    let (s, pos, len) = match v {
+        [s, pos] => (*s, *pos, None),
+        [s, pos, len] => (*s, *pos, Some(*len)),
+        _ => return datafusion::common::exec_err!("takes a string, a start and an optional length"),
+    };
+    let number = |t: &str| {
+        t.parse::<i64>()
+            .map_err(|_| datafusion::error::DataFusionError::Execution(format!("'{t}' is not an integer")))
+    };
+    let pos = number(pos)?;
+    let len = len.map(number).transpose()?;
+    if len.is_some_and(|l| l < 0) {
+        return Ok(None);
+    }
+    let chars = s.chars().count() as i64;
+    let start = match pos {
+        p if p > 0 => p - 1,
+        p if p < 0 => chars + p,
+        _ => 0,
+    };
+    if start < 0 || start >= chars {
+        return Ok(Some(String::new()));
+    }
+    let end = len.map_or(chars, |l| (start + l).min(chars));
+    Ok(Some(
+        s.chars().skip(start as usize).take((end - start) as usize).collect(),
+    ))
+}
+
+/// Flink's `LOG(x)` (natural) and `LOG(base, x)`; DataFusion's `log(x)` is
+/// base 10.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkLog {
+    signature: Signature,
+}
+
+impl FlinkLog {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::one_of(
+                vec![
+                    TypeSignature::Uniform(1, vec![DataType::Float64]),
+                    TypeSignature::Uniform(2, vec![DataType::Float64]),
+                ],
+                Volatility::Immutable,
+            ),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for FlinkLog {
+    fn name(&self) -> &str {
+        "log"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        use arrow::array::{AsArray, Float64Array};
+        use arrow::datatypes::Float64Type;
+        let n = args.number_rows;
+        let arrays = args
+            .args
+            .iter()
+            .map(|a| a.to_array(n))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let out: Float64Array = match arrays.as_slice() {
+            [x] => arrow::compute::unary(x.as_primitive::<Float64Type>(), f64::ln),
+            [b, x] => arrow::compute::binary(
+                b.as_primitive::<Float64Type>(),
+                x.as_primitive::<Float64Type>(),
+                |b, x| x.ln() / b.ln(),
+            )?,
+            _ => return datafusion::common::exec_err!("LOG takes one or two arguments"),
+        };
+        Ok(datafusion::logical_expr::ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+/// Flink's `SQRT(x)`: NaN for a negative `x` (DataFusion's fails).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkSqrt {
+    signature: Signature,
+}
+
+impl FlinkSqrt {
+    pub fn udf() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            signature: Signature::uniform(1, vec![DataType::Float64], Volatility::Immutable),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for FlinkSqrt {
+    fn name(&self) -> &str {
+        "sqrt"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        use arrow::array::{AsArray, Float64Array};
+        use arrow::datatypes::Float64Type;
+        let x = args.args[0].to_array(args.number_rows)?;
+        let out: Float64Array = arrow::compute::unary(x.as_primitive::<Float64Type>(), f64::sqrt);
+        Ok(datafusion::logical_expr::ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+/// Flink's `GREATEST` / `LEAST`: DataFusion's, except that a NULL
+/// argument makes the result NULL (DataFusion skips NULLs).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct NullStrict {
+    inner: Arc<datafusion::logical_expr::ScalarUDF>,
+}
+
+impl NullStrict {
+    pub fn greatest() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            inner: datafusion::functions::core::greatest(),
+        })
+    }
+
+    pub fn least() -> datafusion::logical_expr::ScalarUDF {
+        datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
+            inner: datafusion::functions::core::least(),
+        })
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for NullStrict {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> Result<datafusion::logical_expr::ColumnarValue> {
+        let n = args.number_rows;
+        let inputs = args
+            .args
+            .iter()
+            .map(|a| a.to_array(n))
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let result = self.inner.invoke_with_args(args)?.to_array(n)?;
+        let mut any_null: Option<BooleanArray> = None;
+        for a in &inputs {
+            let nulls = arrow::compute::is_null(a)?;
+            any_null = Some(match any_null {
+                Some(acc) => arrow::compute::or(&acc, &nulls)?,
+                None => nulls,
+            });
+        }
+        let out = match any_null {
+            Some(mask) => arrow::compute::nullif(&result, &mask)?,
+            None => result,
+        };
+        Ok(datafusion::logical_expr::ColumnarValue::Array(out))
+    }
+}

@@ -14,12 +14,16 @@
 //! - [`planner`]: DataFusion logical plans → [`weir_engine::plan::StreamGraph`].
 //! - [`udf`]: the internal window marker function.
 //! - [`flink_functions`]: functions where Flink's result differs from
-//!   DataFusion's (`AVG` of integers).
+//!   DataFusion's (`AVG` of integers), and Flink's own (`TYPEOF`).
+//! - [`flink_cast`]: casts to strings write Flink's text.
+//! - [`functions`]: the registry of Flink's functions a query may call.
 //! - [`error`]: [`SqlError`] with the position of the problem.
 
 pub mod ddl;
 pub mod error;
+pub mod flink_cast;
 pub mod flink_functions;
+pub mod functions;
 pub mod hints;
 pub mod parser;
 pub mod planner;

@@ -172,6 +172,19 @@ impl Planner {
         let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::DateFormat::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
+        let _ = state.register_udf(Arc::new(crate::flink_functions::TypeOf::udf()));
+        for udf in [
+            crate::flink_functions::FlinkConcat::udf(),
+            crate::flink_functions::FlinkInitcap::udf(),
+            crate::flink_functions::FlinkRegexpReplace::udf(),
+            crate::flink_functions::FlinkSubstr::udf(),
+            crate::flink_functions::FlinkLog::udf(),
+            crate::flink_functions::FlinkSqrt::udf(),
+            crate::flink_functions::NullStrict::greatest(),
+            crate::flink_functions::NullStrict::least(),
+        ] {
+            let _ = state.register_udf(Arc::new(udf));
+        }
         Self { state }
     }
 
@@ -188,8 +201,11 @@ impl Planner {
         let provider = self.provider(&catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
         let mut expr = expr.clone();
+        crate::functions::check_calls(&expr)?;
+        crate::functions::flink_calls(&mut expr)?;
         lowercase_functions(&mut expr);
         let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
+        let logical = crate::flink_cast::flink_casts_in(logical, schema)?.data;
         let physical = self.state.create_physical_expr(logical.clone(), schema)?;
         let physical = weir_engine::expr::fast_paths(physical, schema.as_arrow())?;
         Ok((logical, physical))
@@ -207,6 +223,8 @@ impl Planner {
     pub fn logical_plan(&self, query: &ast::Query, catalog: &Catalog) -> Result<LogicalPlan> {
         let mut query = query.clone();
         rewrite_query(&mut query, catalog)?;
+        crate::functions::check_calls(&query)?;
+        crate::functions::flink_calls(&mut query)?;
         let provider = self.provider(catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
         let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
@@ -214,6 +232,8 @@ impl Planner {
             .state
             .analyzer()
             .execute_and_check(plan, self.state.config_options(), |_, _| {})?;
+        // Casts to strings write Flink's text (`TRUE`, `8.5E37`, ...).
+        let plan = crate::flink_cast::flink_casts(plan)?.data;
         // Only rules that keep the plan's operators: column pruning (so
         // sources generate only what is used), expression simplification,
         // the equalities of a join's ON moved to its keys, and filters

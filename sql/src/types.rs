@@ -118,7 +118,32 @@ pub fn flink_name(t: &DataType) -> String {
                 format!("TIMESTAMP({p})")
             }
         }
+        DataType::Null => "NULL".into(),
+        DataType::List(f) | DataType::LargeList(f) => format!("ARRAY<{}>", flink_field_type(f)),
+        DataType::Map(entries, _) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => {
+                format!("MAP<{}, {}>", flink_field_type(&kv[0]), flink_field_type(&kv[1]))
+            }
+            other => other.to_string(),
+        },
+        DataType::Struct(fields) => {
+            let fields: Vec<String> = fields
+                .iter()
+                .map(|f| format!("`{}` {}", f.name(), flink_field_type(f)))
+                .collect();
+            format!("ROW<{}>", fields.join(", "))
+        }
         other => other.to_string(),
+    }
+}
+
+/// Flink's name of a field's type, `NOT NULL` when it holds no NULLs (as
+/// `TYPEOF` prints it).
+pub fn flink_field_type(f: &arrow::datatypes::Field) -> String {
+    if f.is_nullable() {
+        flink_name(f.data_type())
+    } else {
+        format!("{} NOT NULL", flink_name(f.data_type()))
     }
 }
 

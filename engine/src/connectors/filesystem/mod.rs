@@ -112,6 +112,11 @@ pub const OPTIONS: &[OptionSpec] = &[
     .with_default("false"),
     OptionSpec::new("csv.allow-comments", OptionKind::Bool, "ignore lines starting with '#'").with_default("false"),
     OptionSpec::new(
+        "csv.null-literal",
+        OptionKind::String,
+        "a field that is exactly this text is NULL (read), and NULL is written as it; without it no field is NULL and NULL is written as an empty field",
+    ),
+    OptionSpec::new(
         DEAD_LETTER_PATH,
         OptionKind::Path,
         "a directory for the records that fail to parse (json, csv): one JSON line each, exactly once with checkpoints",
@@ -236,6 +241,9 @@ pub struct FormatOptions {
     pub delimiter: u8,
     pub quote: u8,
     pub allow_comments: bool,
+    /// `csv.null-literal`: the text of NULL. Without it a CSV field is
+    /// never NULL (an empty STRING is `''`), as in Flink.
+    pub null_literal: Option<String>,
     /// canal-json: the database and table name patterns to keep (anchored).
     pub canal_database: Option<regex::Regex>,
     pub canal_table: Option<regex::Regex>,
@@ -317,6 +325,7 @@ pub fn format_options(options: &Options) -> Result<FormatOptions> {
         delimiter: single_byte(options, "csv.field-delimiter")?,
         quote: single_byte(options, "csv.quote-character")?,
         allow_comments: options.bool("csv.allow-comments")?.unwrap_or(false),
+        null_literal: options.get("csv.null-literal").map(str::to_string),
         canal_database: include_pattern(options, "canal-json.database.include")?,
         canal_table: include_pattern(options, "canal-json.table.include")?,
     })

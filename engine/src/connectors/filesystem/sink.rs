@@ -395,11 +395,14 @@ impl FileWriter {
             jw.write(&text).map_err(|e| arrow_err(&path, e))?;
             jw.finish().map_err(|e| arrow_err(&path, e))?;
         } else {
-            let mut cw = arrow::csv::WriterBuilder::new()
+            let mut builder = arrow::csv::WriterBuilder::new()
                 .with_header(false)
                 .with_delimiter(format.delimiter)
-                .with_quote(format.quote)
-                .build(&mut buffer);
+                .with_quote(format.quote);
+            if let Some(null) = &format.null_literal {
+                builder = builder.with_null(null.clone());
+            }
+            let mut cw = builder.build(&mut buffer);
             cw.write(&text).map_err(|e| arrow_err(&path, e))?;
         }
         let r = self.write_text(partition, &buffer);

@@ -844,7 +844,17 @@ impl LineDecoder {
         text: &str,
         schema: &SchemaRef,
     ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+        // Without `csv.null-literal` no field is NULL: an empty STRING
+        // field is '' and an empty field of another type does not parse,
+        // as in Flink's CSV format. Arrow reads empty as NULL unless given
+        // a pattern; `[^\s\S]` matches nothing.
+        let null = match &self.format.null_literal {
+            Some(text) => format!("^{}$", regex::escape(text)),
+            None => "[^\\s\\S]".to_string(),
+        };
+        let null = regex::Regex::new(&null).map_err(|e| arrow::error::ArrowError::ParseError(e.to_string()))?;
         let reader = arrow::csv::ReaderBuilder::new(schema.clone())
+            .with_null_regex(null)
             .with_header(false)
             .with_delimiter(self.format.delimiter)
             .with_quote(self.format.quote)
@@ -1060,6 +1070,7 @@ mod tests {
             delimiter: b',',
             quote: b'"',
             allow_comments: false,
+            null_literal: None,
             canal_database: None,
             canal_table: None,
         };
@@ -1123,6 +1134,7 @@ mod tests {
             delimiter: b',',
             quote: b'"',
             allow_comments: false,
+            null_literal: None,
             canal_database: None,
             canal_table: None,
         };

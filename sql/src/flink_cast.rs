@@ -1,0 +1,367 @@
+//! `CAST(x AS STRING)` as Flink writes values: `TRUE`/`FALSE`, doubles as
+//! Java's `Double.toString` (`8.5E37`, `1.0`, `Infinity`), timestamps as
+//! `yyyy-MM-dd HH:mm:ss` with the type's fraction digits, arrays as
+//! `[1, NULL]`, maps as `{a=1}`, rows as `(1, x)`. DataFusion (Arrow's
+//! display) writes `true`, `8.5e37`, `2024-01-02T03:04:05` and `[1, ]`.
+//!
+//! The planner rewrites every cast to a string type whose input is one of
+//! those types into [`FlinkToString`] (see [`flink_casts`]), so explicit
+//! casts, `TRY_CAST`, and the casts DataFusion's type coercion inserts
+//! (`CONCAT` of a number, `||`) all write Flink's text.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, StringBuilder};
+use arrow::datatypes::{
+    DataType, Date32Type, Float32Type, Float64Type, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampNanosecondType, TimestampSecondType,
+};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{DFSchema, ExprSchema, Result, ScalarValue};
+use datafusion::logical_expr::expr::{Cast, ScalarFunction, TryCast};
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ExprSchemable, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+
+/// Name of the UDF the planner puts in place of such casts.
+pub const TO_STRING: &str = "__weir_flink_to_string";
+
+/// Whether DataFusion's text of a `t` differs from Flink's.
+fn needs_flink_text(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Boolean
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Timestamp(_, _)
+            | DataType::Date32
+            | DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::Map(_, _)
+            | DataType::Struct(_)
+    )
+}
+
+fn is_string(t: &DataType) -> bool {
+    matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+}
+
+/// Flink's text of each value of `x` (NULL stays NULL).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkToString {
+    signature: Signature,
+}
+
+impl FlinkToString {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::any(1, Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for FlinkToString {
+    fn name(&self) -> &str {
+        TO_STRING
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Utf8)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let [x] = args.args.as_slice() else {
+            return datafusion::common::exec_err!("{TO_STRING} takes one argument");
+        };
+        match x {
+            ColumnarValue::Array(a) => Ok(ColumnarValue::Array(to_strings(a)?)),
+            ColumnarValue::Scalar(s) => {
+                let a = to_strings(&s.to_array()?)?;
+                Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&a, 0)?))
+            }
+        }
+    }
+}
+
+/// Flink's text of every value of `a`.
+pub fn to_strings(a: &ArrayRef) -> Result<ArrayRef> {
+    let mut out = StringBuilder::with_capacity(a.len(), a.len() * 8);
+    let mut text = String::new();
+    for i in 0..a.len() {
+        if a.is_null(i) {
+            out.append_null();
+            continue;
+        }
+        text.clear();
+        write_value(a, i, &mut text)?;
+        out.append_value(&text);
+    }
+    Ok(Arc::new(out.finish()))
+}
+
+/// Appends Flink's text of `a[i]` (not NULL) to `out`; NULLs nested in
+/// arrays, maps and rows are written `NULL`, as Flink does.
+fn write_value(a: &dyn Array, i: usize, out: &mut String) -> Result<()> {
+    let nested = |a: &dyn Array, i: usize, out: &mut String| -> Result<()> {
+        if a.is_null(i) {
+            out.push_str("NULL");
+            Ok(())
+        } else {
+            write_value(a, i, out)
+        }
+    };
+    match a.data_type() {
+        DataType::Boolean => out.push_str(if a.as_boolean().value(i) { "TRUE" } else { "FALSE" }),
+        DataType::Float64 => java_double(a.as_primitive::<Float64Type>().value(i), out),
+        DataType::Float32 => java_float(a.as_primitive::<Float32Type>().value(i), out),
+        DataType::Date32 => {
+            let d = a.as_primitive::<Date32Type>().value_as_date(i);
+            match d {
+                Some(d) => {
+                    let _ = write!(out, "{}", d.format("%Y-%m-%d"));
+                }
+                None => return datafusion::common::exec_err!("a DATE out of range"),
+            }
+        }
+        DataType::Timestamp(unit, _) => {
+            let (t, digits) = match unit {
+                TimeUnit::Second => (a.as_primitive::<TimestampSecondType>().value_as_datetime(i), 0),
+                TimeUnit::Millisecond => (a.as_primitive::<TimestampMillisecondType>().value_as_datetime(i), 3),
+                TimeUnit::Microsecond => (a.as_primitive::<TimestampMicrosecondType>().value_as_datetime(i), 6),
+                TimeUnit::Nanosecond => (a.as_primitive::<TimestampNanosecondType>().value_as_datetime(i), 9),
+            };
+            let Some(t) = t else {
+                return datafusion::common::exec_err!("a TIMESTAMP out of range");
+            };
+            // Time zones other than UTC are not supported yet: a
+            // TIMESTAMP_LTZ is written in UTC, as `table.local-time-zone`
+            // is today.
+            let _ = write!(out, "{}", t.format("%Y-%m-%d %H:%M:%S"));
+            if digits > 0 {
+                let nanos = t.and_utc().timestamp_subsec_nanos();
+                let frac = format!("{nanos:09}");
+                out.push('.');
+                out.push_str(&frac[..digits]);
+            }
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            let values = match a.data_type() {
+                DataType::List(_) => a.as_list::<i32>().value(i),
+                _ => a.as_list::<i64>().value(i),
+            };
+            out.push('[');
+            for j in 0..values.len() {
+                if j > 0 {
+                    out.push_str(", ");
+                }
+                nested(values.as_ref(), j, out)?;
+            }
+            out.push(']');
+        }
+        DataType::Map(_, _) => {
+            let entries = a.as_map().value(i);
+            out.push('{');
+            for j in 0..entries.len() {
+                if j > 0 {
+                    out.push_str(", ");
+                }
+                nested(entries.column(0).as_ref(), j, out)?;
+                out.push('=');
+                nested(entries.column(1).as_ref(), j, out)?;
+            }
+            out.push('}');
+        }
+        DataType::Struct(_) => {
+            let row = a.as_struct();
+            out.push('(');
+            for (c, col) in row.columns().iter().enumerate() {
+                if c > 0 {
+                    out.push_str(", ");
+                }
+                nested(col.as_ref(), i, out)?;
+            }
+            out.push(')');
+        }
+        _ => {
+            let text = arrow::util::display::array_value_to_string(a, i)?;
+            out.push_str(&text);
+        }
+    }
+    Ok(())
+}
+
+/// Java's `Double.toString`: plain digits for `1e-3 <= |v| < 1e7` (at
+/// least one after the point), else `d.dddE±n`; the shortest digits that
+/// read back as `v`.
+pub fn java_double(v: f64, out: &mut String) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
+    } else if v == 0.0 || (1e-3..1e7).contains(&v.abs()) {
+        plain(&format!("{v}"), out);
+    } else {
+        scientific(&format!("{v:e}"), out);
+    }
+}
+
+/// Java's `Float.toString` (as [`java_double`], with a float's digits).
+pub fn java_float(v: f32, out: &mut String) {
+    if v.is_nan() {
+        out.push_str("NaN");
+    } else if v.is_infinite() {
+        out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
+    } else if v == 0.0 || (1e-3..1e7).contains(&v.abs()) {
+        plain(&format!("{v}"), out);
+    } else {
+        scientific(&format!("{v:e}"), out);
+    }
+}
+
+fn plain(digits: &str, out: &mut String) {
+    out.push_str(digits);
+    if !digits.contains('.') {
+        out.push_str(".0");
+    }
+}
+
+/// `8.5e37` → `8.5E37`, `1e7` → `1.0E7`, `1e-5` → `1.0E-5`.
+fn scientific(text: &str, out: &mut String) {
+    let (mantissa, exp) = text.split_once('e').unwrap_or((text, "0"));
+    out.push_str(mantissa);
+    if !mantissa.contains('.') {
+        out.push_str(".0");
+    }
+    out.push('E');
+    out.push_str(exp);
+}
+
+/// Rewrites, in every expression of `plan`, casts to a string of values
+/// whose text Flink writes differently into [`FlinkToString`].
+pub fn flink_casts(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    plan.transform_up_with_subqueries(|node| {
+        let schema = match node.inputs().as_slice() {
+            [] => return Ok(Transformed::no(node)),
+            [one] => one.schema().clone(),
+            many => {
+                let mut merged = many[0].schema().as_ref().clone();
+                for s in &many[1..] {
+                    merged.merge(s.schema());
+                }
+                Arc::new(merged)
+            }
+        };
+        // Rewritten expressions keep their names (nodes above refer to
+        // columns by them) and the node its schema recomputed (EXTRACT
+        // becomes BIGINT).
+        let names = datafusion::logical_expr::expr_rewriter::NamePreserver::new(&node);
+        let t = node.map_expressions(|e| {
+            let saved = names.save(&e);
+            Ok(flink_casts_in(e, &schema)?.update_data(|e| saved.restore(e)))
+        })?;
+        if t.transformed {
+            t.map_data(|n| n.recompute_schema())
+        } else {
+            Ok(t)
+        }
+    })
+}
+
+/// [`flink_casts`] in one expression over `schema`.
+pub fn flink_casts_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    e.transform_up(|e| {
+        if let Expr::ScalarFunction(call) = &e {
+            return flink_function(call, &e);
+        }
+        let (inner, to) = match &e {
+            Expr::Cast(Cast { expr, field }) | Expr::TryCast(TryCast { expr, field }) => (expr, field.data_type()),
+            _ => return Ok(Transformed::no(e)),
+        };
+        if !is_string(to) {
+            return Ok(Transformed::no(e));
+        }
+        let from = match inner.get_type(schema as &dyn ExprSchema) {
+            Ok(t) => t,
+            Err(_) => return Ok(Transformed::no(e)),
+        };
+        if !needs_flink_text(&from) {
+            return Ok(Transformed::no(e));
+        }
+        let to = to.clone();
+        let call = Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(FlinkToString::udf()),
+            vec![inner.as_ref().clone()],
+        ));
+        let call = if to == DataType::Utf8 {
+            call
+        } else {
+            Expr::Cast(Cast::new(Box::new(call), to))
+        };
+        Ok(Transformed::yes(call))
+    })
+}
+
+/// DataFusion functions the planner calls for SQL syntax (not by name, so
+/// the registry's versions are not used): `SUBSTRING(s FROM p FOR n)` is
+/// Flink's substring; `EXTRACT` is BIGINT, and its `DOW` counts from
+/// Sunday = 1 (DataFusion's from 0).
+fn flink_function(call: &ScalarFunction, e: &Expr) -> Result<Transformed<Expr>> {
+    match call.func.name() {
+        // Weir's takes any arguments; DataFusion's has typed ones.
+        "substr" if call.func.signature().type_signature != datafusion::logical_expr::TypeSignature::VariadicAny => {
+            Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
+                Arc::new(crate::flink_functions::FlinkSubstr::udf()),
+                call.args.clone(),
+            ))))
+        }
+        "date_part" => {
+            let part = match call.args.first() {
+                Some(Expr::Literal(ScalarValue::Utf8(Some(p)), _)) => p.to_ascii_lowercase(),
+                _ => return Ok(Transformed::no(e.clone())),
+            };
+            if part == "epoch" {
+                return Ok(Transformed::no(e.clone()));
+            }
+            let as_bigint = Expr::Cast(Cast::new(Box::new(e.clone()), DataType::Int64));
+            Ok(Transformed::yes(if part == "dow" {
+                as_bigint + Expr::Literal(ScalarValue::Int64(Some(1)), None)
+            } else {
+                as_bigint
+            }))
+        }
+        _ => Ok(Transformed::no(e.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(v: f64) -> String {
+        let mut s = String::new();
+        java_double(v, &mut s);
+        s
+    }
+
+    #[test]
+    fn doubles_read_as_java_writes_them() {
+        assert_eq!(d(2.5), "2.5");
+        assert_eq!(d(-0.5), "-0.5");
+        assert_eq!(d(100.0), "100.0");
+        assert_eq!(d(8.5e37), "8.5E37");
+        assert_eq!(d(1e7), "1.0E7");
+        assert_eq!(d(1e-5), "1.0E-5");
+        assert_eq!(d(0.001), "0.001");
+        assert_eq!(d(0.0), "0.0");
+        assert_eq!(d(-0.0), "-0.0");
+        assert_eq!(d(0.1 * 0.1), "0.010000000000000002");
+        assert_eq!(d(f64::INFINITY), "Infinity");
+        assert_eq!(d(f64::NAN), "NaN");
+    }
+}

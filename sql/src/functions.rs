@@ -1,0 +1,570 @@
+//! The function registry: every function name a query may call, as
+//! Flink's catalogue names it, with whether Weir runs it and how.
+//!
+//! A call is checked against it before planning (see [`check_calls`]):
+//! a Flink function Weir does not have is refused naming it and why, and
+//! a name that is not Flink's (DataFusion's `pow`, `strpos`, `date_trunc`
+//! ...) is refused as unknown, so no query silently runs a DataFusion
+//! function whose answer differs from Flink's. The conformance suite
+//! (`tests/functions/cases.txt`, answers recorded on Flink 2.3) checks
+//! the supported ones; `docs/sql.md`'s function table is generated from
+//! [`markdown_table`] (a test keeps it in step).
+
+use std::ops::ControlFlow;
+
+use sqlparser::ast::{self, Spanned, Visit, Visitor};
+
+use crate::error::{Location, SqlError};
+
+/// How Weir runs a Flink function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// DataFusion's function of the same name gives Flink's answers
+    /// (checked by the conformance suite where it has a case).
+    DataFusion,
+    /// Weir's own implementation of Flink's behaviour (DataFusion's
+    /// differs or is missing).
+    Weir,
+    /// Not supported yet: refused at planning with the reason.
+    Refused(&'static str),
+}
+
+/// What kind of function a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Scalar,
+    Aggregate,
+    Window,
+}
+
+/// One function of Flink's catalogue.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    /// Flink's name (upper case; calls are case-insensitive).
+    pub name: &'static str,
+    pub kind: Kind,
+    pub support: Support,
+    /// Differences from Flink a user should know about.
+    pub note: &'static str,
+}
+
+const fn f(name: &'static str, kind: Kind, support: Support, note: &'static str) -> Function {
+    Function {
+        name,
+        kind,
+        support,
+        note,
+    }
+}
+
+use Kind::{Aggregate as A, Scalar as S, Window as W};
+use Support::{DataFusion as DF, Refused as No, Weir as Own};
+
+const NOT_YET: &str = "not supported yet";
+const LIBM: &str = "results may differ from Java's in the last digit";
+const INT_LITERALS: &str = "an integer literal is BIGINT (Flink: INT when it fits), so results with one are BIGINT and do not wrap at INT's range";
+const NO_NOW: &str = "not supported yet: Flink evaluates it per record in a streaming job";
+
+/// Flink 2.x's built-in functions called by name (operators, `CASE`,
+/// `CAST`, `EXTRACT`, `POSITION`, `TRIM`, `SUBSTRING ... FROM`,
+/// `OVERLAY` and `FLOOR/CEIL ... TO` are syntax, not listed).
+pub const FUNCTIONS: &[Function] = &[
+    // Arithmetic.
+    f("ABS", S, DF, ""),
+    f("MOD", S, Own, INT_LITERALS),
+    f("POWER", S, DF, ""),
+    f("SQRT", S, Own, ""),
+    f("LN", S, DF, ""),
+    f("LOG10", S, DF, ""),
+    f("LOG2", S, DF, ""),
+    f(
+        "LOG",
+        S,
+        Own,
+        "LOG(x) is the natural logarithm, LOG(b, x) to base b (DataFusion's log is base 10)",
+    ),
+    f("EXP", S, DF, ""),
+    f("CEIL", S, DF, ""),
+    f("CEILING", S, DF, ""),
+    f("FLOOR", S, DF, ""),
+    f(
+        "ROUND",
+        S,
+        DF,
+        "ROUND of a DECIMAL literal returns DOUBLE (Flink: DECIMAL)",
+    ),
+    f("SIN", S, DF, LIBM),
+    f("COS", S, DF, LIBM),
+    f("TAN", S, DF, LIBM),
+    f("COT", S, DF, LIBM),
+    f("ASIN", S, DF, LIBM),
+    f("ACOS", S, DF, LIBM),
+    f("ATAN", S, DF, LIBM),
+    f("ATAN2", S, DF, LIBM),
+    f("SINH", S, DF, LIBM),
+    f("COSH", S, DF, LIBM),
+    f("TANH", S, DF, LIBM),
+    f("DEGREES", S, DF, ""),
+    f("RADIANS", S, DF, ""),
+    f("PI", S, DF, ""),
+    f("E", S, No(NOT_YET), ""),
+    f("SIGN", S, No(NOT_YET), ""),
+    f("RAND", S, No(NOT_YET), ""),
+    f("RAND_INTEGER", S, No(NOT_YET), ""),
+    f("UUID", S, DF, ""),
+    f("BIN", S, No(NOT_YET), ""),
+    f("HEX", S, No(NOT_YET), ""),
+    f("UNHEX", S, No(NOT_YET), ""),
+    f("TRUNCATE", S, No(NOT_YET), ""),
+    // Strings.
+    f("CHAR_LENGTH", S, DF, ""),
+    f("CHARACTER_LENGTH", S, DF, ""),
+    f("UPPER", S, DF, ""),
+    f("LOWER", S, DF, ""),
+    f("LTRIM", S, DF, ""),
+    f("RTRIM", S, DF, ""),
+    f("BTRIM", S, No(NOT_YET), ""),
+    f("REPEAT", S, DF, ""),
+    f("REPLACE", S, DF, ""),
+    f(
+        "REGEXP_REPLACE",
+        S,
+        Own,
+        "Java regular expressions; constructs Rust's regex lacks (look-around, back-references) are refused",
+    ),
+    f("REGEXP_EXTRACT", S, No(NOT_YET), ""),
+    f("REGEXP_EXTRACT_ALL", S, No(NOT_YET), ""),
+    f("REGEXP_COUNT", S, No(NOT_YET), ""),
+    f("REGEXP_INSTR", S, No(NOT_YET), ""),
+    f("REGEXP_SUBSTR", S, No(NOT_YET), ""),
+    f("REGEXP", S, No(NOT_YET), ""),
+    f("SUBSTR", S, Own, ""),
+    f("SUBSTRING", S, Own, ""),
+    f("INITCAP", S, Own, ""),
+    f("CONCAT", S, Own, ""),
+    f("CONCAT_WS", S, DF, ""),
+    f("LPAD", S, DF, ""),
+    f("RPAD", S, DF, ""),
+    f("REVERSE", S, DF, ""),
+    f("ASCII", S, DF, ""),
+    f("CHR", S, DF, ""),
+    f("INSTR", S, DF, ""),
+    f("LEFT", S, DF, ""),
+    f("RIGHT", S, DF, ""),
+    f("LOCATE", S, Own, "with two arguments; LOCATE(a, b, start) is refused"),
+    f("SPLIT_INDEX", S, No(NOT_YET), ""),
+    f("STR_TO_MAP", S, No(NOT_YET), ""),
+    f("PARSE_URL", S, No(NOT_YET), ""),
+    f("ELT", S, No(NOT_YET), ""),
+    f("STARTSWITH", S, Own, ""),
+    f("ENDSWITH", S, Own, ""),
+    f("TRANSLATE", S, No(NOT_YET), ""),
+    f("SPLIT", S, No(NOT_YET), ""),
+    f("PRINTF", S, No(NOT_YET), ""),
+    f("URL_ENCODE", S, No(NOT_YET), ""),
+    f("URL_DECODE", S, No(NOT_YET), ""),
+    f("TO_BASE64", S, No(NOT_YET), ""),
+    f("FROM_BASE64", S, No(NOT_YET), ""),
+    f("ENCODE", S, No(NOT_YET), ""),
+    f("DECODE", S, No(NOT_YET), ""),
+    f("IS_ALPHA", S, No(NOT_YET), ""),
+    f("IS_DECIMAL", S, No(NOT_YET), ""),
+    f("IS_DIGIT", S, No(NOT_YET), ""),
+    // Hashes.
+    f("MD5", S, DF, "typed STRING (Flink: CHAR(32))"),
+    f("SHA1", S, No(NOT_YET), ""),
+    f("SHA224", S, Own, "typed STRING (Flink: CHAR(56))"),
+    f("SHA256", S, Own, "typed STRING (Flink: CHAR(64))"),
+    f("SHA384", S, Own, "typed STRING (Flink: CHAR(96))"),
+    f("SHA512", S, Own, "typed STRING (Flink: CHAR(128))"),
+    f("SHA2", S, Own, "the bit length must be a literal; typed STRING"),
+    // Time.
+    f(
+        "DATE_FORMAT",
+        S,
+        Own,
+        "Java patterns; pattern letters without a chrono equivalent are refused",
+    ),
+    f("TO_DATE", S, No(NOT_YET), ""),
+    f("TO_TIMESTAMP", S, No(NOT_YET), ""),
+    f("TO_TIMESTAMP_LTZ", S, No(NOT_YET), ""),
+    f("UNIX_TIMESTAMP", S, No(NOT_YET), ""),
+    f("FROM_UNIXTIME", S, No(NOT_YET), ""),
+    f("CONVERT_TZ", S, No(NOT_YET), ""),
+    f("TIMESTAMPADD", S, No(NOT_YET), ""),
+    f("TIMESTAMPDIFF", S, No(NOT_YET), ""),
+    f("YEAR", S, Own, ""),
+    f("QUARTER", S, Own, ""),
+    f("MONTH", S, Own, ""),
+    f("WEEK", S, Own, ""),
+    f("DAYOFYEAR", S, Own, ""),
+    f("DAYOFMONTH", S, Own, ""),
+    f("DAYOFWEEK", S, Own, ""),
+    f("HOUR", S, Own, ""),
+    f("MINUTE", S, Own, ""),
+    f("SECOND", S, Own, ""),
+    f("NOW", S, No(NO_NOW), ""),
+    f("CURRENT_TIMESTAMP", S, No(NO_NOW), ""),
+    f("LOCALTIMESTAMP", S, No(NO_NOW), ""),
+    f("CURRENT_DATE", S, No(NO_NOW), ""),
+    f("CURRENT_TIME", S, No(NO_NOW), ""),
+    f("LOCALTIME", S, No(NO_NOW), ""),
+    f("CURRENT_ROW_TIMESTAMP", S, No(NO_NOW), ""),
+    f(
+        "PROCTIME",
+        S,
+        Own,
+        "a processing-time attribute in a computed column or view",
+    ),
+    f("CURRENT_WATERMARK", S, Own, ""),
+    // Conditions and types.
+    f("COALESCE", S, DF, ""),
+    f("NULLIF", S, DF, INT_LITERALS),
+    f("IFNULL", S, DF, ""),
+    f("IF", S, Own, ""),
+    f("GREATEST", S, Own, ""),
+    f("LEAST", S, Own, ""),
+    f("TYPEOF", S, Own, ""),
+    // Collections, JSON and values.
+    f("CARDINALITY", S, No(NOT_YET), ""),
+    f("ELEMENT", S, No(NOT_YET), ""),
+    f("ARRAY_CONTAINS", S, No(NOT_YET), ""),
+    f("MAP_KEYS", S, No(NOT_YET), ""),
+    f("MAP_VALUES", S, No(NOT_YET), ""),
+    f("JSON_VALUE", S, No(NOT_YET), ""),
+    f("JSON_QUERY", S, No(NOT_YET), ""),
+    f("JSON_EXISTS", S, No(NOT_YET), ""),
+    f("JSON_OBJECT", S, No(NOT_YET), ""),
+    f("JSON_ARRAY", S, No(NOT_YET), ""),
+    f("JSON_STRING", S, No(NOT_YET), ""),
+    f("ROW", S, No(NOT_YET), ""),
+    // Aggregates.
+    f("COUNT", A, DF, ""),
+    f("SUM", A, DF, ""),
+    f("AVG", A, Own, "of integers: the integer type, truncated, as Flink"),
+    f("MIN", A, DF, ""),
+    f("MAX", A, DF, ""),
+    f("STDDEV", A, DF, "STDDEV_SAMP"),
+    f("STDDEV_POP", A, DF, ""),
+    f("STDDEV_SAMP", A, DF, ""),
+    f("VAR_POP", A, DF, ""),
+    f("VAR_SAMP", A, DF, ""),
+    f("FIRST_VALUE", A, DF, ""),
+    f("LAST_VALUE", A, DF, ""),
+    f("VARIANCE", A, No(NOT_YET), ""),
+    f("COLLECT", A, No(NOT_YET), ""),
+    f("LISTAGG", A, No(NOT_YET), ""),
+    f("ARRAY_AGG", A, No(NOT_YET), ""),
+    f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
+    f("JSON_ARRAYAGG", A, No(NOT_YET), ""),
+    // OVER windows.
+    f("ROW_NUMBER", W, DF, "in Top-N and deduplication"),
+    f("RANK", W, DF, "in Top-N"),
+    f("DENSE_RANK", W, DF, "in Top-N"),
+    f("LAG", W, DF, ""),
+    f("LEAD", W, DF, ""),
+    f("NTILE", W, No(NOT_YET), ""),
+    f("CUME_DIST", W, No(NOT_YET), ""),
+    f("PERCENT_RANK", W, No(NOT_YET), ""),
+];
+
+/// The registry's entry for a called name (case-insensitive).
+pub fn lookup(name: &str) -> Option<&'static Function> {
+    FUNCTIONS.iter().find(|f| f.name.eq_ignore_ascii_case(name))
+}
+
+/// Checks every function a query calls against the registry: the first
+/// call of a refused or unknown function is an error naming it, with its
+/// position. Weir's internal functions (`__weir_*`) pass.
+pub fn check_calls<V: Visit>(node: &V) -> Result<(), SqlError> {
+    struct Check(Option<SqlError>);
+    impl Visitor for Check {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &ast::Expr) -> ControlFlow<()> {
+            if let ast::Expr::Array(array) = e {
+                let err = SqlError::unsupported("ARRAY[...] constructors: not supported yet");
+                let start = array.span().start;
+                self.0 = Some(if start.line > 0 {
+                    err.at(Location {
+                        line: start.line,
+                        column: start.column,
+                    })
+                } else {
+                    err
+                });
+                return ControlFlow::Break(());
+            }
+            let ast::Expr::Function(call) = e else {
+                return ControlFlow::Continue(());
+            };
+            let Some(last) = call.name.0.last().and_then(|p| p.as_ident()) else {
+                return ControlFlow::Continue(());
+            };
+            if last.value.starts_with("__weir") {
+                return ControlFlow::Continue(());
+            }
+            let upper = last.value.to_ascii_uppercase();
+            let err = match lookup(&upper) {
+                Some(Function {
+                    support: Support::Refused(why),
+                    note,
+                    ..
+                }) => {
+                    let hint = if note.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({note})")
+                    };
+                    SqlError::unsupported(format!("function {upper}: {why}{hint}"))
+                }
+                Some(_) => return ControlFlow::Continue(()),
+                None => SqlError::plan(format!(
+                    "no function named {upper}: it is not one of Flink's built-in functions (docs/sql.md lists them)"
+                )),
+            };
+            let start = call.name.span().start;
+            self.0 = Some(if start.line > 0 {
+                err.at(Location {
+                    line: start.line,
+                    column: start.column,
+                })
+            } else {
+                err
+            });
+            ControlFlow::Break(())
+        }
+    }
+    let mut check = Check(None);
+    let _ = node.visit(&mut check);
+    check.0.map_or(Ok(()), Err)
+}
+
+/// The plain arguments of a call (`None` when any is named, `*`, or the
+/// call has a clause DataFusion handles itself).
+fn plain_args(call: &ast::Function) -> Option<Vec<ast::Expr>> {
+    let ast::FunctionArguments::List(list) = &call.args else {
+        return None;
+    };
+    if !list.clauses.is_empty() || list.duplicate_treatment.is_some() {
+        return None;
+    }
+    list.args
+        .iter()
+        .map(|a| match a {
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn call(name: &str, args: Vec<ast::Expr>) -> ast::Expr {
+    ast::Expr::Function(ast::Function {
+        name: ast::ObjectName::from(vec![ast::Ident::new(name)]),
+        uses_odbc_syntax: false,
+        parameters: ast::FunctionArguments::None,
+        args: ast::FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: args
+                .into_iter()
+                .map(|e| ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)))
+                .collect(),
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
+}
+
+fn text(s: &str) -> ast::Expr {
+    ast::Expr::Value(ast::Value::SingleQuotedString(s.into()).into())
+}
+
+/// Flink functions that are another form of SQL DataFusion plans as Flink
+/// answers (after [`check_calls`], so the names they become need not be
+/// Flink's):
+/// - `IF(c, a, b)` is `CASE WHEN c THEN a ELSE b END`;
+/// - `YEAR(x)` ... `SECOND(x)`, `DAYOFWEEK`, `DAYOFYEAR`, `DAYOFMONTH`,
+///   `WEEK`, `QUARTER` are `EXTRACT(... FROM x)` (BIGINT; see
+///   `flink_cast`);
+/// - `STARTSWITH` / `ENDSWITH` are DataFusion's `starts_with` / `ends_with`;
+/// - `LOCATE(a, b)` is `strpos(b, a)`;
+/// - `SHA224/256/384/512(x)` and `SHA2(x, bits)` are the hex text of
+///   DataFusion's digest.
+pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
+    let mut err = None;
+    let _ = ast::visit_expressions_mut(node, |e| {
+        let ast::Expr::Function(f) = e else {
+            return ControlFlow::<()>::Continue(());
+        };
+        let Some(name) = f
+            .name
+            .0
+            .last()
+            .and_then(|p| p.as_ident())
+            .map(|i| i.value.to_ascii_lowercase())
+        else {
+            return ControlFlow::Continue(());
+        };
+        if f.over.is_some() || f.filter.is_some() {
+            return ControlFlow::Continue(());
+        }
+        let Some(args) = plain_args(f) else {
+            return ControlFlow::Continue(());
+        };
+        let field = |part: ast::DateTimeField, x: ast::Expr| ast::Expr::Extract {
+            field: part,
+            syntax: ast::ExtractSyntax::From,
+            expr: Box::new(x),
+        };
+        use ast::DateTimeField as D;
+        let part = match name.as_str() {
+            "year" => Some(D::Year),
+            "quarter" => Some(D::Quarter),
+            "month" => Some(D::Month),
+            "week" => Some(D::Week(None)),
+            "dayofyear" => Some(D::Doy),
+            "dayofmonth" => Some(D::Day),
+            "dayofweek" => Some(D::Dow),
+            "hour" => Some(D::Hour),
+            "minute" => Some(D::Minute),
+            "second" => Some(D::Second),
+            _ => None,
+        };
+        let bad = |msg: String| {
+            let start = f.name.span().start;
+            let e = SqlError::plan(msg);
+            if start.line > 0 {
+                e.at(Location {
+                    line: start.line,
+                    column: start.column,
+                })
+            } else {
+                e
+            }
+        };
+        let upper = name.to_ascii_uppercase();
+        let new = match (name.as_str(), args.as_slice()) {
+            (_, [x]) if part.is_some() => part.map(|p| field(p, x.clone())),
+            ("if", [c, a, b]) => Some(ast::Expr::Case {
+                case_token: ast::helpers::attached_token::AttachedToken::empty(),
+                end_token: ast::helpers::attached_token::AttachedToken::empty(),
+                operand: None,
+                conditions: vec![ast::CaseWhen {
+                    condition: c.clone(),
+                    result: a.clone(),
+                }],
+                else_result: Some(Box::new(b.clone())),
+            }),
+            ("startswith", [a, b]) => Some(call("starts_with", vec![a.clone(), b.clone()])),
+            ("endswith", [a, b]) => Some(call("ends_with", vec![a.clone(), b.clone()])),
+            ("locate", [a, b]) => Some(call("strpos", vec![b.clone(), a.clone()])),
+            ("sha224" | "sha256" | "sha384" | "sha512", [x]) => Some(call(
+                "encode",
+                vec![call("digest", vec![x.clone(), text(&name)]), text("hex")],
+            )),
+            ("sha2", [x, bits]) => match bits {
+                ast::Expr::Value(v) if matches!(&v.value, ast::Value::Number(n, _) if ["224", "256", "384", "512"].contains(&n.as_str())) =>
+                {
+                    let ast::Value::Number(n, _) = &v.value else {
+                        unreachable!()
+                    };
+                    Some(call(
+                        "encode",
+                        vec![call("digest", vec![x.clone(), text(&format!("sha{n}"))]), text("hex")],
+                    ))
+                }
+                _ => {
+                    err = Some(bad(
+                        "SHA2: the bit length must be the literal 224, 256, 384 or 512".into()
+                    ));
+                    return ControlFlow::Break(());
+                }
+            },
+            ("if" | "startswith" | "endswith" | "locate" | "sha224" | "sha256" | "sha384" | "sha512" | "sha2", _) => {
+                let how = match name.as_str() {
+                    "if" => "a condition, a value when true and one when false",
+                    "locate" => "two strings (LOCATE with a start position is not supported yet)",
+                    "sha2" => "a value and a bit length",
+                    "startswith" | "endswith" => "two arguments",
+                    _ => "one argument",
+                };
+                err = Some(bad(format!("{upper} takes {how}, not {} arguments", args.len())));
+                return ControlFlow::Break(());
+            }
+            _ if part.is_some() => {
+                err = Some(bad(format!("{upper} takes one argument, not {}", args.len())));
+                return ControlFlow::Break(());
+            }
+            _ => None,
+        };
+        if let Some(new) = new {
+            *e = new;
+        }
+        ControlFlow::Continue(())
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// `docs/sql.md`'s function table.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| function | kind | Weir | notes |\n|---|---|---|---|\n");
+    for f in FUNCTIONS {
+        let kind = match f.kind {
+            Kind::Scalar => "scalar",
+            Kind::Aggregate => "aggregate",
+            Kind::Window => "OVER",
+        };
+        let (support, why) = match f.support {
+            Support::DataFusion => ("yes", ""),
+            Support::Weir => ("yes (Weir's)", ""),
+            Support::Refused(why) => ("no", why),
+        };
+        let note = [why, f.note]
+            .iter()
+            .filter(|s| !s.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push_str(&format!("| `{}` | {kind} | {support} | {note} |\n", f.name));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `docs/sql.md` holds the table this registry generates.
+    #[test]
+    fn the_docs_table_is_the_registrys() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sql.md");
+        let docs = std::fs::read_to_string(path).expect("docs/sql.md");
+        let table = markdown_table();
+        if std::env::var("WEIR_REWRITE").is_ok_and(|v| v == "1") {
+            let (start, end) = ("<!-- functions:begin -->\n", "<!-- functions:end -->");
+            let (a, b) = (
+                docs.find(start).expect("begin marker"),
+                docs.find(end).expect("end marker"),
+            );
+            let new = format!("{}{start}{table}{}", &docs[..a], &docs[b..]);
+            std::fs::write(path, new).expect("write docs");
+            return;
+        }
+        assert!(
+            docs.contains(&table),
+            "docs/sql.md's function table is stale: WEIR_REWRITE=1 cargo test -p weir-sql the_docs_table"
+        );
+    }
+
+    #[test]
+    fn names_are_unique_and_upper_case() {
+        let mut names: Vec<&str> = FUNCTIONS.iter().map(|f| f.name).collect();
+        assert!(names.iter().all(|n| n.chars().all(|c| !c.is_ascii_lowercase())));
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "a function is listed twice");
+    }
+}
