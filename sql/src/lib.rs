@@ -16,6 +16,7 @@
 //! - [`flink_functions`]: functions where Flink's result differs from
 //!   DataFusion's (`AVG` of integers), and Flink's own (`TYPEOF`).
 //! - [`flink_cast`]: casts to strings write Flink's text.
+//! - [`flink_scalars`]: Flink's string and time functions DataFusion lacks.
 //! - [`functions`]: the registry of Flink's functions a query may call.
 //! - [`error`]: [`SqlError`] with the position of the problem.
 
@@ -23,6 +24,7 @@ pub mod ddl;
 pub mod error;
 pub mod flink_cast;
 pub mod flink_functions;
+pub mod flink_scalars;
 pub mod functions;
 pub mod hints;
 pub mod parser;

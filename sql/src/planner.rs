@@ -182,7 +182,10 @@ impl Planner {
             crate::flink_functions::FlinkSqrt::udf(),
             crate::flink_functions::NullStrict::greatest(),
             crate::flink_functions::NullStrict::least(),
-        ] {
+        ]
+        .into_iter()
+        .chain(crate::flink_scalars::all())
+        {
             let _ = state.register_udf(Arc::new(udf));
         }
         Self { state }
