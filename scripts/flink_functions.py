@@ -17,6 +17,9 @@ which the SQL suite (tests/sql_files.rs) runs on Weir:
 - a case marked `;; refused: reason` becomes `statement error
   <FUNCTION>`: Weir must refuse it naming the function, never answer
   differently. Flink's answer is kept in a comment;
+- a case marked `;; type: reason` (Weir's type differs, the values are
+  the same) becomes a `query rowsort` block of `+I[id, value]`: the
+  values are compared, the type is not;
 - a case marked `;; known: reason` (a difference Weir cannot refuse, such
   as the last digit of a sine) is written as a comment only; docs/sql.md
   lists it.
@@ -35,7 +38,9 @@ TABLE = """CREATE TABLE t (id INT, s STRING, s2 STRING, i INT, b BIGINT, d DOUBL
 WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'json')"""
 
 
-def query(expr):
+def query(expr, typed=True):
+    if not typed:
+        return f"SELECT id, CAST(({expr}) AS STRING) AS v FROM t"
     return (f"SELECT id, CAST(({expr}) AS STRING) AS v, "
             f"REGEXP_REPLACE(TYPEOF(({expr})), ' NOT NULL$', '') AS ty FROM t")
 
@@ -51,8 +56,8 @@ def read_cases():
         expr, _, mark = line.partition(";;")
         mark = mark.strip()
         kind, _, reason = mark.partition(":")
-        if mark and kind not in ("refused", "known"):
-            sys.exit(f"{CASES}: a mark is `;; refused: reason` or `;; known: reason`: {line}")
+        if mark and kind not in ("refused", "known", "type"):
+            sys.exit(f"{CASES}: a mark is `;; refused: reason`, `;; type: reason` or `;; known: reason`: {line}")
         cases.append((family, expr.strip(), (kind, reason.strip()) if mark else None))
     return cases
 
@@ -87,16 +92,18 @@ def main():
         TABLE.format(path="${DATA}/../functions/input.json"),
         "",
     ]
-    answered = refused = known = 0
+    answered = refused = known = typed = 0
     for family, expr, mark in read_cases():
         sql = query(expr)
         try:
             with env.execute_sql(sql).collect() as results:
-                rows = []
+                rows, values = [], []
                 for r in results:
                     v = "null" if r[1] is None else r[1]
                     rows.append(f"+I[{r[0]}, {v}, {r[2]}]")
+                    values.append(f"+I[{r[0]}, {v}]")
             rows.sort()
+            values.sort()
             flink = None
         except Exception as e:  # Flink refused the query or failed running it
             # py4j's text holds the Java trace: its innermost cause says why.
@@ -112,7 +119,15 @@ def main():
             known += 1
             out.append(f"# Known difference, not compared: {mark[1]}.")
             out.append("# Flink: " + (" ".join(rows) if rows is not None else flink[:300]))
-        elif mark is not None:
+        elif mark is not None and mark[0] == "type" and rows is not None:
+            typed += 1
+            out.append(f"# Values compared, not the type: {mark[1]}.")
+            out.append("# Flink: " + " ".join(rows))
+            out.append("query rowsort")
+            out.append(query(expr, typed=False))
+            out.append("----")
+            out.extend(values)
+        elif mark is not None and mark[0] == "refused":
             refused += 1
             out.append(f"# Weir refuses it: {mark[1]}.")
             if rows is not None:
@@ -120,6 +135,8 @@ def main():
             out.append(f"statement error {function_name(expr)}")
             out.append(sql)
         elif rows is None:
+            if mark is not None:
+                sys.exit(f"{CASES}: Flink fails `{expr}`: a `type:` mark needs an answer")
             out.append("# Flink: " + flink[:300].replace("\n", " "))
             out.append("statement error")
             out.append(sql)
@@ -134,7 +151,7 @@ def main():
         f.write("\n".join(out))
     total = len(read_cases())
     print(f"{total} cases: Flink answered {answered}; Weir refuses {refused}; "
-          f"{known} known differences; wrote {OUT}")
+          f"{typed} compared without their type; {known} known differences; wrote {OUT}")
     return 0
 
 

@@ -8,8 +8,73 @@ use arrow::util::display::ArrayFormatter;
 
 pub use weir_engine::connectors::print::{format_changes, format_rows};
 
+/// How NULL is shown (Flink's SQL client).
+const NULL: &str = "<NULL>";
+
+/// The widest column Flink's SQL client shows before cutting a value
+/// (`sql-client.display.max-column-width`).
+const MAX_COLUMN_WIDTH: usize = 30;
+
+/// Flink's tableau width of a column of type `t` (`columnWidthsByType`):
+/// the widest text the type can have, or the maximum for unbounded
+/// types (strings, floats, collections).
+fn type_width(t: &arrow::datatypes::DataType) -> usize {
+    use arrow::datatypes::{DataType as D, TimeUnit};
+    match t {
+        D::Int8 => 4,
+        D::Int16 => 6,
+        D::Int32 => 11,
+        D::Int64 => 20,
+        D::Decimal128(p, _) | D::Decimal256(p, _) => usize::from(*p) + 2,
+        D::Boolean => 5,
+        D::Date32 | D::Date64 => 10,
+        D::Timestamp(unit, _) => match unit {
+            TimeUnit::Second => 19,
+            TimeUnit::Millisecond => 23,
+            TimeUnit::Microsecond => 26,
+            TimeUnit::Nanosecond => 29,
+        },
+        _ => MAX_COLUMN_WIDTH,
+    }
+}
+
+/// Columns a value takes on a terminal: East Asian wide characters take
+/// two (as Flink's `getStringDisplayWidth`).
+fn display_width(s: &str) -> usize {
+    s.chars().map(|c| if is_wide(c) { 2 } else { 1 }).sum()
+}
+
+fn is_wide(c: char) -> bool {
+    matches!(u32::from(c),
+        0x1100..=0x115F | 0x2E80..=0x303E | 0x3041..=0x33FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF
+        | 0xA000..=0xA4CF | 0xAC00..=0xD7A3 | 0xF900..=0xFAFF | 0xFE30..=0xFE4F | 0xFF00..=0xFF60
+        | 0xFFE0..=0xFFE6 | 0x1F300..=0x1F64F | 0x1F900..=0x1F9FF | 0x20000..=0x3FFFD)
+}
+
+/// `v` right-aligned in `width` columns, or cut to fit with `...` (Flink's
+/// tableau: a long value never breaks the table).
+fn fit(v: &str, width: usize) -> String {
+    let w = display_width(v);
+    if w <= width {
+        return format!("{}{v}", " ".repeat(width - w));
+    }
+    let room = width.saturating_sub(3);
+    let mut out = String::new();
+    let mut used = 0;
+    for c in v.chars() {
+        let cw = if is_wide(c) { 2 } else { 1 };
+        if used + cw > room {
+            break;
+        }
+        out.push(c);
+        used += cw;
+    }
+    format!("{}{out}...", " ".repeat(room - used))
+}
+
 /// Prints streaming rows as a table, header first, one line per row, as
-/// they arrive (column widths fixed by the header, like Flink's tableau).
+/// they arrive. Column widths are fixed by the types, as in Flink's
+/// tableau, and a longer value is cut with `...`.
 pub struct Tableau {
     widths: Vec<usize>,
     header_done: bool,
@@ -48,12 +113,7 @@ impl Tableau {
             .fields()
             .iter()
             .skip(usize::from(changelog))
-            .map(|f| {
-                f.name().len().max(match f.data_type() {
-                    arrow::datatypes::DataType::Timestamp(_, _) => 23,
-                    _ => 12,
-                })
-            })
+            .map(|f| display_width(f.name()).max(type_width(f.data_type())).max(NULL.len()))
             .collect();
         Self {
             widths,
@@ -74,7 +134,9 @@ impl Tableau {
     fn line(&self, op: &str, values: &[String]) -> String {
         let mut s = format!("| {op} |");
         for (v, w) in values.iter().zip(&self.widths) {
-            s.push_str(&format!(" {v:>w$} |"));
+            s.push(' ');
+            s.push_str(&fit(v, *w));
+            s.push_str(" |");
         }
         s
     }
@@ -212,7 +274,7 @@ impl Materialized {
         let mut widths: Vec<usize> = self.names.iter().map(|n| n.len()).collect();
         for (row, _) in &self.rows {
             for (w, v) in widths.iter_mut().zip(row) {
-                *w = (*w).max(v.chars().count());
+                *w = (*w).max(display_width(v));
             }
         }
         let rule = {
@@ -226,7 +288,9 @@ impl Materialized {
         let line = |vals: &[String]| {
             let mut s = String::from("|");
             for (v, w) in vals.iter().zip(&widths) {
-                s.push_str(&format!(" {v:>w$} |"));
+                s.push(' ');
+                s.push_str(&fit(v, *w));
+                s.push_str(" |");
             }
             s
         };
@@ -270,4 +334,62 @@ pub fn column_strings(batches: &[RecordBatch], index: usize) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Int32Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn long_and_wide_values_keep_the_table_aligned() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let long = "a value much longer than thirty columns of a terminal";
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int32Array::from(vec![Some(1), None, Some(-2147483648)])),
+                Arc::new(StringArray::from(vec![Some(long), Some("北京欢迎你"), None])),
+            ],
+        )
+        .expect("valid");
+        let mut tab = Tableau::new(&schema);
+        let text = format!(
+            "{}\n{}{}",
+            tab.header(&schema),
+            tab.rows(&batch).expect("valid"),
+            tab.footer(3)
+        );
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(['|', '+'])).collect();
+        let width = display_width(lines[0]);
+        assert!(lines.iter().all(|l| display_width(l) == width), "{text}");
+        // Flink's widths: INT 11, a string at most 30; a longer one is cut.
+        assert!(
+            text.contains("| +I |           1 | a value much longer than th... |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("|      <NULL> |                     北京欢迎你 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| -2147483648 |                         <NULL> |"),
+            "{text}"
+        );
+
+        let mut table = Materialized::new(&schema);
+        table.apply(&batch).expect("valid");
+        let text = table.render();
+        let lines: Vec<&str> = text.lines().collect();
+        let width = display_width(lines[0]);
+        assert!(lines.iter().all(|l| display_width(l) == width), "{text}");
+        assert!(text.contains(long), "the table mode shows whole values: {text}");
+    }
 }

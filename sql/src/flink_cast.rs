@@ -200,27 +200,30 @@ fn write_value(a: &dyn Array, i: usize, out: &mut String) -> Result<()> {
 /// least one after the point), else `d.dddE±n`; the shortest digits that
 /// read back as `v`.
 pub fn java_double(v: f64, out: &mut String) {
-    if v.is_nan() {
-        out.push_str("NaN");
-    } else if v.is_infinite() {
-        out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
-    } else if v == 0.0 || (1e-3..1e7).contains(&v.abs()) {
-        plain(&format!("{v}"), out);
-    } else {
-        scientific(&format!("{v:e}"), out);
-    }
+    java_number(v, || format!("{v}"), || format!("{v:e}"), out);
 }
 
 /// Java's `Float.toString` (as [`java_double`], with a float's digits).
 pub fn java_float(v: f32, out: &mut String) {
+    java_number(f64::from(v), || format!("{v}"), || format!("{v:e}"), out);
+}
+
+/// `v`'s text as Java writes it, given Rust's plain and scientific texts
+/// of it at its own precision.
+fn java_number(
+    v: f64,
+    plain_text: impl FnOnce() -> String,
+    scientific_text: impl FnOnce() -> String,
+    out: &mut String,
+) {
     if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
     } else if v == 0.0 || (1e-3..1e7).contains(&v.abs()) {
-        plain(&format!("{v}"), out);
+        plain(&plain_text(), out);
     } else {
-        scientific(&format!("{v:e}"), out);
+        scientific(&scientific_text(), out);
     }
 }
 
@@ -316,7 +319,7 @@ fn flink_function(call: &ScalarFunction, e: &Expr) -> Result<Transformed<Expr>> 
         // Weir's takes any arguments; DataFusion's has typed ones.
         "substr" if call.func.signature().type_signature != datafusion::logical_expr::TypeSignature::VariadicAny => {
             Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
-                Arc::new(crate::flink_functions::FlinkSubstr::udf()),
+                Arc::new(crate::flink_scalars::substr()),
                 call.args.clone(),
             ))))
         }

@@ -1,6 +1,8 @@
 //! Flink's scalar functions that DataFusion lacks or answers differently,
-//! evaluated row by row over their arguments as text: string functions
-//! (`SPLIT_INDEX`, `REGEXP_EXTRACT`, `REGEXP`, `TO_BASE64`, `HEX`, ...)
+//! evaluated row by row over their arguments as text (NULL in any gives
+//! NULL): string functions (`CONCAT`, `REGEXP_REPLACE`, `SUBSTRING`,
+//! `INITCAP`, `SPLIT_INDEX`, `REGEXP_EXTRACT`, `REGEXP`, `TO_BASE64`, `HEX`,
+//! ...)
 //! and the time functions that take Java patterns (`TO_TIMESTAMP`,
 //! `TO_DATE`, `UNIX_TIMESTAMP`, `FROM_UNIXTIME`). Each one's answers are
 //! Flink 2.3's on the conformance suite (`tests/functions/cases.txt`).
@@ -19,7 +21,10 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
-use crate::flink_functions::java_regex;
+use crate::flink_json as json;
+
+/// A text function of arguments that may be NULL, with their types.
+type NullableTextFn = fn(&[Option<&str>], &[DataType]) -> Result<Option<String>>;
 
 /// What a function computes from one row's arguments (as text, with the
 /// arguments' types). `Ok(None)` is NULL.
@@ -30,6 +35,11 @@ enum Eval {
     /// is FALSE).
     Bool(fn(&[&str]) -> Result<Option<bool>>, Option<bool>),
     Int(fn(&[&str]) -> Result<Option<i64>>),
+    /// An `INT`.
+    Int32(fn(&[&str]) -> Result<Option<i32>>),
+    /// Text from arguments that may be NULL (`ELT` picks one argument: a
+    /// NULL elsewhere does not matter).
+    NullableText(NullableTextFn),
     /// Milliseconds since the epoch, as `TIMESTAMP(3)`.
     Millis(fn(&[&str]) -> Result<Option<i64>>),
     /// Days since the epoch, as `DATE`.
@@ -39,7 +49,8 @@ enum Eval {
 impl Eval {
     fn output(&self) -> DataType {
         match self {
-            Eval::Text(_) => DataType::Utf8,
+            Eval::Text(_) | Eval::NullableText(_) => DataType::Utf8,
+            Eval::Int32(_) => DataType::Int32,
             Eval::Bool(..) => DataType::Boolean,
             Eval::Int(_) => DataType::Int64,
             Eval::Millis(_) => DataType::Timestamp(TimeUnit::Millisecond, None),
@@ -72,6 +83,11 @@ impl FlinkScalar {
 /// Every function of this module, to register.
 pub fn all() -> Vec<ScalarUDF> {
     vec![
+        FlinkScalar::udf("concat", (1, 254), Eval::Text(concat)),
+        FlinkScalar::udf("initcap", (1, 1), Eval::Text(initcap)),
+        FlinkScalar::udf("regexp_replace", (3, 3), Eval::Text(regexp_replace)),
+        substr(),
+        FlinkScalar::udf("substring", (2, 3), Eval::Text(substring_of)),
         FlinkScalar::udf("split_index", (3, 3), Eval::Text(split_index)),
         FlinkScalar::udf("regexp_extract", (2, 3), Eval::Text(regexp_extract)),
         FlinkScalar::udf("regexp", (2, 2), Eval::Bool(regexp, None)),
@@ -85,7 +101,34 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("to_date", (1, 2), Eval::Days(to_date)),
         FlinkScalar::udf("unix_timestamp", (1, 2), Eval::Int(unix_timestamp)),
         FlinkScalar::udf("from_unixtime", (1, 2), Eval::Text(from_unixtime)),
+        FlinkScalar::udf("locate", (2, 3), Eval::Int32(locate)),
+        FlinkScalar::udf("elt", (2, 255), Eval::NullableText(elt)),
+        FlinkScalar::udf("parse_url", (2, 3), Eval::Text(parse_url)),
+        FlinkScalar::udf("sha1", (1, 1), Eval::Text(sha1_hex)),
+        FlinkScalar::udf("json_value", (2, 2), Eval::Text(json::json_value)),
+        FlinkScalar::udf("json_query", (2, 2), Eval::Text(json::json_query)),
+        FlinkScalar::udf("json_exists", (2, 2), Eval::Bool(json::json_exists, None)),
+        FlinkScalar::udf("json_string", (1, 1), Eval::Text(json::json_string)),
+        FlinkScalar::udf("json_array", (0, 255), Eval::NullableText(json::json_array)),
+        FlinkScalar::udf(
+            "__weir_json_array_nulls",
+            (0, 255),
+            Eval::NullableText(json::json_array_nulls),
+        ),
+        FlinkScalar::udf("__weir_json_object", (0, 254), Eval::NullableText(json::json_object)),
+        FlinkScalar::udf(
+            "__weir_json_object_absent",
+            (0, 254),
+            Eval::NullableText(json::json_object_absent),
+        ),
+        FlinkScalar::udf("__weir_is_json", (1, 2), Eval::Bool(json::is_json, Some(false))),
     ]
+}
+
+/// Flink's `SUBSTR` (the planner also puts it in place of DataFusion's for
+/// `SUBSTRING(s FROM p FOR n)`).
+pub fn substr() -> ScalarUDF {
+    FlinkScalar::udf("substr", (2, 3), Eval::Text(substring_of))
 }
 
 impl PartialEq for FlinkScalar {
@@ -139,7 +182,10 @@ impl ScalarUDFImpl for FlinkScalar {
             .collect::<Result<Vec<ArrayRef>>>()?;
         let cols: Vec<&arrow::array::StringArray> = cols.iter().map(|c| c.as_string::<i32>()).collect();
         let name = self.name.to_ascii_uppercase();
-        let fail = |e: DataFusionError| DataFusionError::Execution(format!("{name}: {e}"));
+        let fail = |e: DataFusionError| match e {
+            DataFusionError::Execution(why) => DataFusionError::Execution(format!("{name}: {why}")),
+            other => DataFusionError::Execution(format!("{name}: {other}")),
+        };
         let mut vals: Vec<&str> = Vec::with_capacity(cols.len());
         // The row's arguments, or `None` when one is NULL.
         macro_rules! row {
@@ -191,6 +237,26 @@ impl ScalarUDFImpl for FlinkScalar {
                     Arc::new(a)
                 }
             }
+            Eval::Int32(f) => {
+                let mut b = arrow::array::Int32Builder::with_capacity(rows);
+                for i in 0..rows {
+                    match row!(i) {
+                        Some(v) => b.append_option(f(v).map_err(fail)?),
+                        None => b.append_null(),
+                    }
+                }
+                Arc::new(b.finish())
+            }
+            Eval::NullableText(f) => {
+                let mut b = StringBuilder::with_capacity(rows, rows * 8);
+                let mut args: Vec<Option<&str>> = Vec::with_capacity(cols.len());
+                for i in 0..rows {
+                    args.clear();
+                    args.extend(cols.iter().map(|c| c.is_valid(i).then(|| c.value(i))));
+                    b.append_option(f(&args, &types).map_err(fail)?);
+                }
+                Arc::new(b.finish())
+            }
             Eval::Days(f) => {
                 let mut b = Date32Builder::with_capacity(rows);
                 for i in 0..rows {
@@ -208,6 +274,148 @@ impl ScalarUDFImpl for FlinkScalar {
             Ok(ColumnarValue::Array(out))
         }
     }
+}
+
+/// `CONCAT(a, b, ...)`: NULL when any argument is NULL (DataFusion's
+/// skips NULLs).
+fn concat(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    Ok(Some(v.concat()))
+}
+
+/// `INITCAP(s)`: the first letter of each word upper case, the rest lower
+/// case; a word starts after any character that is not an ASCII letter
+/// or digit (so `héllo` is `HéLlo`, as Flink writes it).
+fn initcap(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let [s] = v else {
+        return datafusion::common::exec_err!("takes one argument");
+    };
+    let mut out = String::with_capacity(s.len());
+    let mut start = true;
+    for c in s.chars() {
+        // One character to one, as Java's Character.toUpperCase: `ß`
+        // stays `ß`.
+        let mapped = if start {
+            single(c.to_uppercase(), c)
+        } else {
+            single(c.to_lowercase(), c)
+        };
+        out.push(mapped);
+        start = !c.is_ascii_alphanumeric();
+    }
+    Ok(Some(out))
+}
+
+fn single(mut it: impl Iterator<Item = char>, c: char) -> char {
+    match (it.next(), it.next()) {
+        (Some(m), None) => m,
+        _ => c,
+    }
+}
+
+/// `REGEXP_REPLACE(s, regex, replacement)`: every match replaced
+/// (DataFusion's replaces the first unless given `'g'`), the replacement
+/// taken literally (`$1` is not a group), the regex read as Java reads it
+/// (`\w`, `\d`, `\s`, `\b` are ASCII). An invalid regex gives NULL, as
+/// Flink.
+fn regexp_replace(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let [s, pattern, replacement] = v else {
+        return datafusion::common::exec_err!("takes a string, a regex and a replacement");
+    };
+    let Some(re) = java_regex(pattern)? else {
+        return Ok(None);
+    };
+    Ok(Some(re.replace_all(s, regex::NoExpand(replacement)).into_owned()))
+}
+
+thread_local! {
+    static REGEX_CACHE: std::cell::RefCell<hashbrown::HashMap<String, Option<regex::Regex>>> =
+        Default::default();
+}
+
+/// A Java regular expression as Rust's `regex` (cached per thread):
+/// `None` when it is not valid (Flink's functions then give NULL); an
+/// error for valid Java that Rust's engine cannot run.
+pub fn java_regex(pattern: &str) -> Result<Option<regex::Regex>> {
+    if let Some(hit) = REGEX_CACHE.with(|c| c.borrow().get(pattern).cloned()) {
+        return Ok(hit);
+    }
+    for unsupported in ["(?=", "(?!", "(?<=", "(?<!", "(?>", "*+", "++", "?+"] {
+        if pattern.contains(unsupported) {
+            return datafusion::common::exec_err!(
+                "the regex '{pattern}' uses '{unsupported}' (look-around, atomic or possessive), which Weir cannot run"
+            );
+        }
+    }
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('w') => out.push_str("[0-9A-Za-z_]"),
+            Some('W') => out.push_str("[^0-9A-Za-z_]"),
+            Some('d') => out.push_str("[0-9]"),
+            Some('D') => out.push_str("[^0-9]"),
+            Some('s') => out.push_str("[\\t\\n\\x0B\\f\\r ]"),
+            Some('S') => out.push_str("[^\\t\\n\\x0B\\f\\r ]"),
+            Some('b') => out.push_str("(?-u:\\b)"),
+            Some('B') => out.push_str("(?-u:\\B)"),
+            Some(d @ '1'..='9') => {
+                return datafusion::common::exec_err!(
+                    "the regex '{pattern}' uses the back-reference \\{d}, which Weir cannot run"
+                );
+            }
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    let re = regex::Regex::new(&out).ok();
+    REGEX_CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() > 256 {
+            c.clear();
+        }
+        c.insert(pattern.to_string(), re.clone());
+    });
+    Ok(re)
+}
+
+/// `SUBSTRING(s, start [, length])` / `SUBSTR`: 1-based; a negative start
+/// counts from the end (`-3`: the last three characters); a start before
+/// the first character or past the end gives `''`.
+fn substring_of(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let (s, pos, len) = match v {
+        [s, pos] => (*s, *pos, None),
+        [s, pos, len] => (*s, *pos, Some(*len)),
+        _ => return datafusion::common::exec_err!("takes a string, a start and an optional length"),
+    };
+    let number = |t: &str| {
+        t.parse::<i64>()
+            .map_err(|_| datafusion::error::DataFusionError::Execution(format!("'{t}' is not an integer")))
+    };
+    let pos = number(pos)?;
+    let len = len.map(number).transpose()?;
+    if len.is_some_and(|l| l < 0) {
+        return Ok(None);
+    }
+    let chars = s.chars().count() as i64;
+    let start = match pos {
+        p if p > 0 => p - 1,
+        p if p < 0 => chars + p,
+        _ => 0,
+    };
+    if start < 0 || start >= chars {
+        return Ok(Some(String::new()));
+    }
+    let end = len.map_or(chars, |l| (start + l).min(chars));
+    Ok(Some(
+        s.chars().skip(start as usize).take((end - start) as usize).collect(),
+    ))
 }
 
 fn int(text: &str, what: &str) -> Result<i64> {
@@ -261,6 +469,136 @@ fn from_base64(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
         .decode(v[0].trim())
         .ok()
         .map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+/// `LOCATE(needle, s[, from])`: the 1-based position of `needle` in `s`
+/// at or after character `from` (below 1 reads as 1), 0 when absent; an
+/// empty `needle` is at 1 (Flink's answers).
+fn locate(v: &[&str]) -> Result<Option<i32>> {
+    let (needle, s) = (v[0], v[1]);
+    if needle.is_empty() {
+        return Ok(Some(1));
+    }
+    let from = match v.get(2) {
+        Some(f) => int(f, "the start position")?.max(1),
+        None => 1,
+    };
+    let Some((skip, _)) = s.char_indices().nth(usize::try_from(from - 1).unwrap_or(usize::MAX)) else {
+        return Ok(Some(0));
+    };
+    Ok(Some(match s[skip..].find(needle) {
+        Some(at) => i32::try_from(s[..skip + at].chars().count() + 1).unwrap_or(i32::MAX),
+        None => 0,
+    }))
+}
+
+/// `ELT(n, a, b, ...)`: the n-th of the values (1-based), NULL when `n`
+/// is NULL or out of range.
+fn elt(v: &[Option<&str>], _: &[DataType]) -> Result<Option<String>> {
+    let Some(n) = v[0] else {
+        return Ok(None);
+    };
+    let n = int(n, "the index")?;
+    Ok(usize::try_from(n)
+        .ok()
+        .filter(|n| *n >= 1)
+        .and_then(|n| v.get(n).copied().flatten())
+        .map(str::to_string))
+}
+
+/// `PARSE_URL(url, part[, key])`: a part of the URL as Java's `java.net.URL`
+/// splits it (`HOST`, `PATH`, `QUERY`, `REF`, `PROTOCOL`, `FILE`,
+/// `AUTHORITY`, `USERINFO`), or the value of `key` in the query; NULL when
+/// the URL has no known protocol or the part is absent.
+fn parse_url(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let Some(url) = JavaUrl::parse(v[0]) else {
+        return Ok(None);
+    };
+    let part = v[1].to_ascii_uppercase();
+    if let Some(key) = v.get(2) {
+        if part != "QUERY" {
+            return Ok(None);
+        }
+        return Ok(url.query.and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix(*key).and_then(|rest| rest.strip_prefix('=')))
+                .map(str::to_string)
+        }));
+    }
+    let host = || {
+        let hp = url.authority?.rsplit_once('@').map_or(url.authority?, |(_, h)| h);
+        // `[::1]:80` keeps its brackets; a port goes.
+        Some(match hp.rfind(':') {
+            Some(i) if !hp[i..].contains(']') => &hp[..i],
+            _ => hp,
+        })
+    };
+    Ok(match part.as_str() {
+        "HOST" => host(),
+        "PATH" => Some(url.path),
+        "QUERY" => url.query,
+        "REF" => url.fragment,
+        "PROTOCOL" => Some(url.protocol),
+        "FILE" => {
+            return Ok(Some(match url.query {
+                Some(q) => format!("{}?{q}", url.path),
+                None => url.path.to_string(),
+            }));
+        }
+        "AUTHORITY" => url.authority,
+        "USERINFO" => url.authority.and_then(|a| a.rsplit_once('@')).map(|(u, _)| u),
+        _ => None,
+    }
+    .map(str::to_string))
+}
+
+/// A URL split as `java.net.URL` splits it.
+struct JavaUrl<'a> {
+    protocol: &'a str,
+    authority: Option<&'a str>,
+    path: &'a str,
+    query: Option<&'a str>,
+    fragment: Option<&'a str>,
+}
+
+impl<'a> JavaUrl<'a> {
+    fn parse(url: &'a str) -> Option<Self> {
+        let url = url.trim();
+        let (protocol, rest) = url.split_once(':')?;
+        // java.net.URL knows these handlers; any other is malformed.
+        if !["http", "https", "ftp", "file", "jar"].contains(&protocol.to_ascii_lowercase().as_str()) {
+            return None;
+        }
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((r, f)) => (r, Some(f)),
+            None => (rest, None),
+        };
+        let (rest, authority) = match rest.strip_prefix("//") {
+            Some(r) => {
+                let end = r.find(['/', '?']).unwrap_or(r.len());
+                (&r[end..], Some(&r[..end]))
+            }
+            None => (rest, None),
+        };
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        Some(JavaUrl {
+            protocol,
+            authority,
+            path,
+            query,
+            fragment,
+        })
+    }
+}
+
+/// `SHA1(s)`: the hex SHA-1 of `s`'s UTF-8 bytes.
+fn sha1_hex(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    use sha1::Digest;
+    let digest = sha1::Sha1::digest(v[0].as_bytes());
+    Ok(Some(digest.iter().map(|b| format!("{b:02x}")).collect()))
 }
 
 fn is_integer(t: &DataType) -> bool {

@@ -15,6 +15,7 @@ use std::ops::ControlFlow;
 use sqlparser::ast::{self, Spanned, Visit, Visitor};
 
 use crate::error::{Location, SqlError};
+use crate::flink_time::{Op, Unit};
 
 /// How Weir runs a Flink function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,15 +108,20 @@ pub const FUNCTIONS: &[Function] = &[
     f("DEGREES", S, DF, ""),
     f("RADIANS", S, DF, ""),
     f("PI", S, DF, ""),
-    f("E", S, No(NOT_YET), ""),
-    f("SIGN", S, No(NOT_YET), ""),
+    f("E", S, Own, ""),
+    f("SIGN", S, Own, ""),
     f("RAND", S, No(NOT_YET), ""),
     f("RAND_INTEGER", S, No(NOT_YET), ""),
     f("UUID", S, DF, ""),
     f("BIN", S, Own, ""),
     f("HEX", S, Own, ""),
     f("UNHEX", S, No(NOT_YET), ""),
-    f("TRUNCATE", S, No(NOT_YET), ""),
+    f(
+        "TRUNCATE",
+        S,
+        Own,
+        "of a DECIMAL, the number of decimals must be a literal",
+    ),
     // Strings.
     f("CHAR_LENGTH", S, DF, ""),
     f("CHARACTER_LENGTH", S, DF, ""),
@@ -123,7 +129,7 @@ pub const FUNCTIONS: &[Function] = &[
     f("LOWER", S, DF, ""),
     f("LTRIM", S, DF, ""),
     f("RTRIM", S, DF, ""),
-    f("BTRIM", S, No(NOT_YET), ""),
+    f("BTRIM", S, DF, ""),
     f("REPEAT", S, DF, ""),
     f("REPLACE", S, DF, ""),
     f(
@@ -151,14 +157,14 @@ pub const FUNCTIONS: &[Function] = &[
     f("INSTR", S, DF, ""),
     f("LEFT", S, DF, ""),
     f("RIGHT", S, DF, ""),
-    f("LOCATE", S, Own, "with two arguments; LOCATE(a, b, start) is refused"),
+    f("LOCATE", S, Own, ""),
     f("SPLIT_INDEX", S, Own, ""),
     f("STR_TO_MAP", S, No(NOT_YET), ""),
-    f("PARSE_URL", S, No(NOT_YET), ""),
-    f("ELT", S, No(NOT_YET), ""),
+    f("PARSE_URL", S, Own, ""),
+    f("ELT", S, Own, ""),
     f("STARTSWITH", S, Own, ""),
     f("ENDSWITH", S, Own, ""),
-    f("TRANSLATE", S, No(NOT_YET), ""),
+    f("TRANSLATE", S, DF, ""),
     f("SPLIT", S, No(NOT_YET), ""),
     f("PRINTF", S, No(NOT_YET), ""),
     f("URL_ENCODE", S, No(NOT_YET), ""),
@@ -172,7 +178,7 @@ pub const FUNCTIONS: &[Function] = &[
     f("IS_DIGIT", S, Own, ""),
     // Hashes.
     f("MD5", S, DF, "typed STRING (Flink: CHAR(32))"),
-    f("SHA1", S, No(NOT_YET), ""),
+    f("SHA1", S, Own, "typed STRING (Flink: CHAR(40))"),
     f("SHA224", S, Own, "typed STRING (Flink: CHAR(56))"),
     f("SHA256", S, Own, "typed STRING (Flink: CHAR(64))"),
     f("SHA384", S, Own, "typed STRING (Flink: CHAR(96))"),
@@ -196,8 +202,8 @@ pub const FUNCTIONS: &[Function] = &[
     ),
     f("FROM_UNIXTIME", S, Own, "UTC"),
     f("CONVERT_TZ", S, No(NOT_YET), ""),
-    f("TIMESTAMPADD", S, No(NOT_YET), ""),
-    f("TIMESTAMPDIFF", S, No(NOT_YET), ""),
+    f("TIMESTAMPADD", S, Own, ""),
+    f("TIMESTAMPDIFF", S, Own, ""),
     f("YEAR", S, Own, ""),
     f("QUARTER", S, Own, ""),
     f("MONTH", S, Own, ""),
@@ -236,12 +242,33 @@ pub const FUNCTIONS: &[Function] = &[
     f("ARRAY_CONTAINS", S, No(NOT_YET), ""),
     f("MAP_KEYS", S, No(NOT_YET), ""),
     f("MAP_VALUES", S, No(NOT_YET), ""),
-    f("JSON_VALUE", S, No(NOT_YET), ""),
-    f("JSON_QUERY", S, No(NOT_YET), ""),
-    f("JSON_EXISTS", S, No(NOT_YET), ""),
-    f("JSON_OBJECT", S, No(NOT_YET), ""),
-    f("JSON_ARRAY", S, No(NOT_YET), ""),
-    f("JSON_STRING", S, No(NOT_YET), ""),
+    f(
+        "JSON_VALUE",
+        S,
+        Own,
+        "paths: $, .key, ['key'], [n] (wildcards and filters refused); RETURNING; ON EMPTY / ON ERROR clauses do not parse yet",
+    ),
+    f("JSON_QUERY", S, Own, "WITHOUT WRAPPER only; paths as JSON_VALUE"),
+    f("JSON_EXISTS", S, Own, "paths as JSON_VALUE"),
+    f(
+        "JSON_OBJECT",
+        S,
+        Own,
+        "a nested JSON_OBJECT/JSON_ARRAY value is a string, not raw JSON",
+    ),
+    f(
+        "JSON_ARRAY",
+        S,
+        Own,
+        "a nested JSON_OBJECT/JSON_ARRAY value is a string, not raw JSON",
+    ),
+    f("JSON_STRING", S, Own, ""),
+    f(
+        "IS JSON",
+        S,
+        Own,
+        "x IS [NOT] JSON [VALUE | SCALAR | ARRAY | OBJECT]; FALSE for NULL",
+    ),
     f("ROW", S, No(NOT_YET), ""),
     // Aggregates.
     f("COUNT", A, DF, ""),
@@ -394,12 +421,37 @@ fn text(s: &str) -> ast::Expr {
 ///   `WEEK`, `QUARTER` are `EXTRACT(... FROM x)` (BIGINT; see
 ///   `flink_cast`);
 /// - `STARTSWITH` / `ENDSWITH` are DataFusion's `starts_with` / `ends_with`;
-/// - `LOCATE(a, b)` is `strpos(b, a)`;
+/// - `E()` is the DOUBLE literal of e;
+/// - a `TIMESTAMP '...'` literal is typed by its fraction digits;
+/// - `x IS [NOT] JSON [kind]` (parsed as an `IS DISTINCT FROM` marker) is
+///   `__weir_is_json(x, 'KIND')`;
+/// - `TIMESTAMPADD`, `TIMESTAMPDIFF` and `FLOOR/CEIL(t TO unit)` are
+///   Weir's `__weir_*` time arithmetic (`flink_time`), the unit a text
+///   literal;
 /// - `SHA224/256/384/512(x)` and `SHA2(x, bits)` are the hex text of
 ///   DataFusion's digest.
 pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
     let mut err = None;
     let _ = ast::visit_expressions_mut(node, |e| {
+        if let ast::Expr::TypedString(t) = e {
+            timestamp_literal_precision(t);
+            return ControlFlow::Continue(());
+        }
+        if matches!(e, ast::Expr::IsDistinctFrom(..) | ast::Expr::IsNotDistinctFrom(..)) {
+            let taken = std::mem::replace(e, ast::Expr::Value(ast::Value::Null.into()));
+            *e = distinct_from(taken);
+            return ControlFlow::Continue(());
+        }
+        if let Some(rounded) = round_to_unit(e) {
+            match rounded {
+                Ok(new) => *e = new,
+                Err(x) => {
+                    err = Some(x);
+                    return ControlFlow::Break(());
+                }
+            }
+            return ControlFlow::Continue(());
+        }
         let ast::Expr::Function(f) = e else {
             return ControlFlow::<()>::Continue(());
         };
@@ -413,6 +465,17 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
             return ControlFlow::Continue(());
         };
         if f.over.is_some() || f.filter.is_some() {
+            return ControlFlow::Continue(());
+        }
+        if matches!(name.as_str(), "json_object" | "json_array" | "json_value") {
+            match json_call(&name, f) {
+                Ok(Some(new)) => *e = new,
+                Ok(None) => {}
+                Err(x) => {
+                    err = Some(x);
+                    return ControlFlow::Break(());
+                }
+            }
             return ControlFlow::Continue(());
         }
         let Some(args) = plain_args(f) else {
@@ -462,9 +525,27 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                 }],
                 else_result: Some(Box::new(b.clone())),
             }),
+            ("timestampadd" | "timestampdiff", [unit, a, b]) => {
+                let op = if name == "timestampadd" { Op::Add } else { Op::Diff };
+                match unit_of(unit) {
+                    Some(u) => Some(call(op.udf_name(), vec![text(u.name()), a.clone(), b.clone()])),
+                    None => {
+                        err = Some(at(
+                            SqlError::plan(format!(
+                                "{upper}: the first argument must be a time unit ({}), not {unit}",
+                                Unit::ALL
+                            )),
+                            unit.span(),
+                        ));
+                        return ControlFlow::Break(());
+                    }
+                }
+            }
             ("startswith", [a, b]) => Some(call("starts_with", vec![a.clone(), b.clone()])),
             ("endswith", [a, b]) => Some(call("ends_with", vec![a.clone(), b.clone()])),
-            ("locate", [a, b]) => Some(call("strpos", vec![b.clone(), a.clone()])),
+            ("e", []) => Some(ast::Expr::Value(
+                ast::Value::Number("2.718281828459045".into(), false).into(),
+            )),
             ("sha224" | "sha256" | "sha384" | "sha512", [x]) => Some(call(
                 "encode",
                 vec![call("digest", vec![x.clone(), text(&name)]), text("hex")],
@@ -487,10 +568,15 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                     return ControlFlow::Break(());
                 }
             },
-            ("if" | "startswith" | "endswith" | "locate" | "sha224" | "sha256" | "sha384" | "sha512" | "sha2", _) => {
+            (
+                "timestampadd" | "timestampdiff" | "if" | "startswith" | "endswith" | "sha224" | "sha256" | "sha384"
+                | "sha512" | "sha2",
+                _,
+            ) => {
                 let how = match name.as_str() {
                     "if" => "a condition, a value when true and one when false",
-                    "locate" => "two strings (LOCATE with a start position is not supported yet)",
+                    "timestampadd" => "a time unit, a count and a time",
+                    "timestampdiff" => "a time unit and two times",
                     "sha2" => "a value and a bit length",
                     "startswith" | "endswith" => "two arguments",
                     _ => "one argument",
@@ -510,6 +596,238 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
         ControlFlow::Continue(())
     });
     err.map_or(Ok(()), Err)
+}
+
+/// Flink's JSON constructors and `JSON_VALUE ... RETURNING` as Weir's
+/// functions (`flink_json`):
+/// - `JSON_OBJECT(k VALUE v, ...)` is `__weir_json_object(k, v, ...)`
+///   (`_absent` with `ABSENT ON NULL`);
+/// - `JSON_ARRAY(... NULL ON NULL)` is `__weir_json_array_nulls(...)`;
+/// - `JSON_VALUE(j, p RETURNING t)` is `TRY_CAST(JSON_VALUE(j, p) AS t)`
+///   (a value that is not a `t` is an error, so NULL by default).
+fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlError> {
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return Ok(None);
+    };
+    let upper = name.to_ascii_uppercase();
+    let nulls = list.clauses.iter().find_map(|c| match c {
+        ast::FunctionArgumentClause::JsonNullClause(n) => Some(n.clone()),
+        _ => None,
+    });
+    let returning = list.clauses.iter().find_map(|c| match c {
+        ast::FunctionArgumentClause::JsonReturningClause(r) => Some(r.data_type.clone()),
+        _ => None,
+    });
+    let unsupported = list.clauses.iter().find(|c| {
+        !matches!(
+            c,
+            ast::FunctionArgumentClause::JsonNullClause(_) | ast::FunctionArgumentClause::JsonReturningClause(_)
+        )
+    });
+    if let Some(c) = unsupported.filter(|_| name != "json_value") {
+        return Err(at(
+            SqlError::unsupported(format!("{upper}: the clause {c} is not supported")),
+            f.name.span(),
+        ));
+    }
+    let unnamed = |a: &ast::FunctionArg| match a {
+        ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e.clone()),
+        _ => None,
+    };
+    match name {
+        "json_object" => {
+            let mut args = vec![];
+            for a in &list.args {
+                match a {
+                    ast::FunctionArg::ExprNamed {
+                        name,
+                        arg: ast::FunctionArgExpr::Expr(v),
+                        operator: ast::FunctionArgOperator::Value,
+                    } => args.extend([name.clone(), v.clone()]),
+                    ast::FunctionArg::Named {
+                        name,
+                        arg: ast::FunctionArgExpr::Expr(v),
+                        operator: ast::FunctionArgOperator::Value,
+                    } => args.extend([text(&name.value), v.clone()]),
+                    _ => {
+                        return Err(at(
+                            SqlError::plan("JSON_OBJECT takes members as `key VALUE value`"),
+                            f.name.span(),
+                        ));
+                    }
+                }
+            }
+            let udf = match nulls {
+                Some(ast::JsonNullClause::AbsentOnNull) => "__weir_json_object_absent",
+                _ => "__weir_json_object",
+            };
+            Ok(Some(call(udf, args)))
+        }
+        "json_array" => {
+            if nulls != Some(ast::JsonNullClause::NullOnNull) {
+                return Ok(None);
+            }
+            let args = list.args.iter().map(unnamed).collect::<Option<Vec<_>>>();
+            Ok(args.map(|a| call("__weir_json_array_nulls", a)))
+        }
+        _ => {
+            let Some(t) = returning else {
+                return Ok(None);
+            };
+            let Some(args) = list.args.iter().map(unnamed).collect::<Option<Vec<_>>>() else {
+                return Ok(None);
+            };
+            Ok(Some(ast::Expr::Cast {
+                kind: ast::CastKind::TryCast,
+                expr: Box::new(call("json_value", args)),
+                data_type: t,
+                array: false,
+                format: None,
+            }))
+        }
+    }
+}
+
+/// A `TIMESTAMP '...'` literal takes the precision of its fraction digits,
+/// as Flink types it (`TIMESTAMP '2024-01-31 10:00:00'` is
+/// `TIMESTAMP(0)`, `'... 10:00:00.123'` is `TIMESTAMP(3)`), rounded up to
+/// the precisions Arrow has (0, 3, 6, 9); DataFusion would type every
+/// one `TIMESTAMP(9)`.
+fn timestamp_literal_precision(t: &mut ast::TypedString) {
+    let ast::DataType::Timestamp(None, ast::TimezoneInfo::None) = t.data_type else {
+        return;
+    };
+    let ast::Value::SingleQuotedString(text) = &t.value.value else {
+        return;
+    };
+    let digits = text
+        .trim()
+        .rsplit_once('.')
+        .map_or(0, |(_, frac)| frac.chars().take_while(char::is_ascii_digit).count());
+    let p = match digits {
+        0 => 0,
+        1..=3 => 3,
+        4..=6 => 6,
+        _ => 9,
+    };
+    t.data_type = ast::DataType::Timestamp(Some(p), ast::TimezoneInfo::None);
+}
+
+/// `x IS [NOT] DISTINCT FROM y` with SQL's precedence: sqlparser reads
+/// everything after `FROM` as `y`, so `a IS DISTINCT FROM b AND c` came
+/// as `a IS DISTINCT FROM (b AND c)`; Flink (Calcite) binds it as a
+/// comparison, `(a IS DISTINCT FROM b) AND c`. The AND/OR/comparison
+/// chain is rotated back above the predicate. Then `x IS [NOT] JSON`,
+/// which the parser hands over as this predicate, becomes Weir's test.
+fn distinct_from(e: ast::Expr) -> ast::Expr {
+    let (x, rhs, negated) = match e {
+        ast::Expr::IsDistinctFrom(x, r) => (x, r, false),
+        ast::Expr::IsNotDistinctFrom(x, r) => (x, r, true),
+        other => return other,
+    };
+    let make = |x, r| {
+        if negated {
+            ast::Expr::IsNotDistinctFrom(x, r)
+        } else {
+            ast::Expr::IsDistinctFrom(x, r)
+        }
+    };
+    use ast::BinaryOperator as B;
+    match *rhs {
+        ast::Expr::BinaryOp { left, op, right }
+            if matches!(
+                op,
+                B::And | B::Or | B::Xor | B::Eq | B::NotEq | B::Lt | B::LtEq | B::Gt | B::GtEq
+            ) =>
+        {
+            ast::Expr::BinaryOp {
+                left: Box::new(distinct_from(make(x, left))),
+                op,
+                right,
+            }
+        }
+        rhs => {
+            let e = make(x, Box::new(rhs));
+            is_json_test(&e).unwrap_or(e)
+        }
+    }
+}
+
+/// `x IS [NOT] JSON kind`, which the parser hands over as `x IS [NOT]
+/// DISTINCT FROM __weir_is_json_kind('KIND')`, as Weir's test.
+fn is_json_test(e: &ast::Expr) -> Option<ast::Expr> {
+    let (x, marker, negated) = match e {
+        ast::Expr::IsNotDistinctFrom(x, m) => (x, m, false),
+        ast::Expr::IsDistinctFrom(x, m) => (x, m, true),
+        _ => return None,
+    };
+    let ast::Expr::Function(f) = &**marker else {
+        return None;
+    };
+    let is_marker = f
+        .name
+        .0
+        .last()
+        .and_then(|p| p.as_ident())
+        .is_some_and(|i| i.value == crate::udf::IS_JSON_FN);
+    if !is_marker {
+        return None;
+    }
+    let kind = plain_args(f)?.into_iter().next()?;
+    let test = call("__weir_is_json", vec![(**x).clone(), kind]);
+    Some(if negated {
+        ast::Expr::UnaryOp {
+            op: ast::UnaryOperator::Not,
+            expr: Box::new(ast::Expr::Nested(Box::new(test))),
+        }
+    } else {
+        test
+    })
+}
+
+/// The unit a `TIMESTAMPADD`/`TIMESTAMPDIFF` argument names.
+fn unit_of(e: &ast::Expr) -> Option<Unit> {
+    match e {
+        ast::Expr::Identifier(i) if i.quote_style.is_none() => Unit::parse(&i.value),
+        _ => None,
+    }
+}
+
+/// `err` at `span`'s start, when the span is known.
+fn at(err: SqlError, span: sqlparser::tokenizer::Span) -> SqlError {
+    if span.start.line > 0 {
+        err.at(Location {
+            line: span.start.line,
+            column: span.start.column,
+        })
+    } else {
+        err
+    }
+}
+
+/// `FLOOR(t TO unit)` / `CEIL(t TO unit)` as Weir's unit rounding
+/// (`flink_time`); `None` for any other expression (a numeric `FLOOR`
+/// included).
+fn round_to_unit(e: &ast::Expr) -> Option<Result<ast::Expr, SqlError>> {
+    let (op, x, field) = match e {
+        ast::Expr::Floor {
+            expr,
+            field: ast::CeilFloorKind::DateTimeField(f),
+        } if *f != ast::DateTimeField::NoDateTime => (Op::Floor, expr, f),
+        ast::Expr::Ceil {
+            expr,
+            field: ast::CeilFloorKind::DateTimeField(f),
+        } if *f != ast::DateTimeField::NoDateTime => (Op::Ceil, expr, f),
+        _ => return None,
+    };
+    let name = if op == Op::Floor { "FLOOR" } else { "CEIL" };
+    Some(match Unit::parse(&field.to_string()) {
+        Some(u) => Ok(call(op.udf_name(), vec![text(u.name()), (**x).clone()])),
+        None => Err(at(
+            SqlError::unsupported(format!("{name}(... TO {field}): the unit must be {}", Unit::ALL)),
+            e.span(),
+        )),
+    })
 }
 
 /// `docs/sql.md`'s function table.

@@ -193,7 +193,7 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_system_time_tokens(rewrite_tvf_tokens(part.to_vec()));
+        let tokens = rewrite_is_json_tokens(rewrite_system_time_tokens(rewrite_tvf_tokens(part.to_vec())));
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
@@ -459,6 +459,66 @@ fn rewrite_system_time_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSp
         tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
         tokens.insert(last + 1, TokenWithSpan::new(Token::RParen, close));
         at = last + 3;
+    }
+    tokens
+}
+
+/// sqlparser has no `x IS [NOT] JSON [VALUE | SCALAR | ARRAY | OBJECT]`:
+/// it becomes `x IS [NOT] DISTINCT FROM __weir_is_json('KIND')`, a
+/// predicate of the same precedence, which `functions::flink_calls` turns
+/// back into Flink's test (`IS JSON` ↔ `IS NOT DISTINCT FROM`).
+fn rewrite_is_json_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut at = 0;
+    while let Some(is) = next(at, &tokens) {
+        at = is + 1;
+        if !word(&tokens[is].token, "IS") {
+            continue;
+        }
+        let mut j = next(is + 1, &tokens);
+        let negated = j.is_some_and(|n| word(&tokens[n].token, "NOT"));
+        if negated {
+            j = j.and_then(|n| next(n + 1, &tokens));
+        }
+        let Some(json) = j.filter(|j| word(&tokens[*j].token, "JSON")) else {
+            continue;
+        };
+        let kind = next(json + 1, &tokens).filter(|k| {
+            ["VALUE", "SCALAR", "ARRAY", "OBJECT"]
+                .iter()
+                .any(|w| word(&tokens[*k].token, w))
+        });
+        let span = tokens[json].span;
+        let kind_text = kind.map_or("VALUE".to_string(), |k| {
+            tokens[k].token.to_string().to_ascii_uppercase()
+        });
+        let mut new: Vec<Token> = vec![];
+        if !negated {
+            new.extend([Token::make_keyword("NOT"), Token::Whitespace(Whitespace::Space)]);
+        }
+        new.extend([
+            Token::make_keyword("DISTINCT"),
+            Token::Whitespace(Whitespace::Space),
+            Token::make_keyword("FROM"),
+            Token::Whitespace(Whitespace::Space),
+            Token::make_word(crate::udf::IS_JSON_FN, None),
+            Token::LParen,
+            Token::SingleQuotedString(kind_text),
+            Token::RParen,
+        ]);
+        // `IS NOT JSON`: the NOT is kept and reads `IS NOT DISTINCT`'s
+        // opposite, `IS DISTINCT`: drop it.
+        let end = kind.unwrap_or(json);
+        let first = if negated {
+            let not = next(is + 1, &tokens).unwrap_or(json);
+            tokens[not].token = Token::Whitespace(Whitespace::Space);
+            json
+        } else {
+            json
+        };
+        let count = new.len();
+        tokens.splice(first..=end, new.into_iter().map(|t| TokenWithSpan::new(t, span)));
+        at = first + count;
     }
     tokens
 }

@@ -174,10 +174,6 @@ impl Planner {
         let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::TypeOf::udf()));
         for udf in [
-            crate::flink_functions::FlinkConcat::udf(),
-            crate::flink_functions::FlinkInitcap::udf(),
-            crate::flink_functions::FlinkRegexpReplace::udf(),
-            crate::flink_functions::FlinkSubstr::udf(),
             crate::flink_functions::FlinkLog::udf(),
             crate::flink_functions::FlinkSqrt::udf(),
             crate::flink_functions::NullStrict::greatest(),
@@ -185,6 +181,8 @@ impl Planner {
         ]
         .into_iter()
         .chain(crate::flink_scalars::all())
+        .chain(crate::flink_time::all())
+        .chain(crate::flink_math::all())
         {
             let _ = state.register_udf(Arc::new(udf));
         }

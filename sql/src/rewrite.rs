@@ -716,7 +716,8 @@ impl VisitorMut for Rewriter<'_> {
             && let Some(ident) = part.as_ident()
             && ident.quote_style.is_none()
         {
-            let lower = Ident::new(ident.value.to_ascii_lowercase());
+            // The span stays: errors about the call point at its name.
+            let lower = Ident::with_span(ident.span, ident.value.to_ascii_lowercase());
             *part = ast::ObjectNamePart::Identifier(lower);
         }
         ControlFlow::Continue(())

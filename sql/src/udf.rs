@@ -122,6 +122,10 @@ impl ScalarUDFImpl for WindowMarker {
 /// `FOR SYSTEM_TIME AS OF` as the parser hands it to the rewrite: the
 /// argument of the versioned table (`rates(__weir_system_time(o.ts))`).
 pub const SYSTEM_TIME_FN: &str = "__weir_system_time";
+
+/// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
+/// is parsed as (see `parser::rewrite_is_json_tokens`).
+pub const IS_JSON_FN: &str = "__weir_is_json_kind";
 /// The rewrite's mark of a temporal join, one conjunct of its `ON`:
 /// `__weir_temporal_join(left_time, right_rowtime, right_pk...)`. The
 /// planner takes it out of the condition; it is true if evaluated.
