@@ -105,6 +105,12 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("elt", (2, 255), Eval::NullableText(elt)),
         FlinkScalar::udf("parse_url", (2, 3), Eval::Text(parse_url)),
         FlinkScalar::udf("sha1", (1, 1), Eval::Text(sha1_hex)),
+        FlinkScalar::udf("regexp_count", (2, 2), Eval::Int32(regexp_count)),
+        FlinkScalar::udf("regexp_instr", (2, 2), Eval::Int32(regexp_instr)),
+        FlinkScalar::udf("regexp_substr", (2, 2), Eval::Text(regexp_substr)),
+        FlinkScalar::udf("url_encode", (1, 1), Eval::Text(url_encode)),
+        FlinkScalar::udf("url_decode", (1, 1), Eval::Text(url_decode)),
+        FlinkScalar::udf("is_decimal", (1, 1), Eval::Bool(is_decimal, Some(false))),
         FlinkScalar::udf("json_value", (2, 2), Eval::Text(json::json_value)),
         FlinkScalar::udf("json_query", (2, 2), Eval::Text(json::json_query)),
         FlinkScalar::udf("json_exists", (2, 2), Eval::Bool(json::json_exists, None)),
@@ -451,6 +457,86 @@ fn regexp_extract(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
         .captures(v[0])
         .and_then(|c| c.get(group as usize))
         .map(|m| m.as_str().to_string()))
+}
+
+/// `REGEXP_COUNT(s, regex)`: how many times the regex matches (NULL for
+/// an invalid regex).
+fn regexp_count(v: &[&str]) -> Result<Option<i32>> {
+    Ok(java_regex(v[1])?.map(|re| i32::try_from(re.find_iter(v[0]).count()).unwrap_or(i32::MAX)))
+}
+
+/// `REGEXP_INSTR(s, regex)`: the 1-based character position of the first
+/// match, 0 when none.
+fn regexp_instr(v: &[&str]) -> Result<Option<i32>> {
+    Ok(java_regex(v[1])?.map(|re| {
+        re.find(v[0]).map_or(0, |m| {
+            i32::try_from(v[0][..m.start()].chars().count() + 1).unwrap_or(i32::MAX)
+        })
+    }))
+}
+
+/// `REGEXP_SUBSTR(s, regex)`: the first match, NULL when none.
+fn regexp_substr(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    Ok(java_regex(v[1])?.and_then(|re| re.find(v[0]).map(|m| m.as_str().to_string())))
+}
+
+/// `URL_ENCODE(s)`: Java's `URLEncoder.encode(s, UTF-8)`: letters, digits
+/// and `.-*_` kept, a space as `+`, every other byte `%XX`.
+fn url_encode(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let mut out = String::with_capacity(v[0].len());
+    for b in v[0].bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'*' | b'_' => out.push(char::from(b)),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// `URL_DECODE(s)`: Java's `URLDecoder.decode(s, UTF-8)`: `+` is a space,
+/// `%XX` a byte; NULL when an escape is malformed (Java throws, Flink
+/// answers NULL).
+fn url_decode(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let s = v[0].as_bytes();
+    let mut bytes = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        match s[i] {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let hex = s.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => bytes.push(b),
+                    None => return Ok(None),
+                }
+                i += 2;
+            }
+            c => bytes.push(c),
+        }
+        i += 1;
+    }
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// `IS_DECIMAL(s)`: whether Java's `Double.parseDouble` reads `s`, as
+/// Flink tests it: surrounding blanks trimmed, an exponent and a trailing
+/// `d`/`f` allowed (`' 1'`, `'1e3'`, `'.5'`, `'5.'`, `'NaN'`).
+fn is_decimal(v: &[&str]) -> Result<Option<bool>> {
+    // Java's trim: every character up to the space.
+    let s = v[0].trim_matches(|c: char| c <= ' ');
+    let s = s.strip_suffix(['d', 'D', 'f', 'F']).unwrap_or(s);
+    let body = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if body == "NaN" || body == "Infinity" {
+        return Ok(Some(true));
+    }
+    // Rust also reads `inf` and `nan`, which Java does not.
+    let java_chars = body
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'));
+    Ok(Some(
+        java_chars && body.bytes().any(|b| b.is_ascii_digit()) && s.parse::<f64>().is_ok(),
+    ))
 }
 
 /// `REGEXP(s, regex)`: whether any part of `s` matches.
