@@ -237,9 +237,29 @@ pub const FUNCTIONS: &[Function] = &[
     f("LEAST", S, Own, ""),
     f("TYPEOF", S, Own, ""),
     // Collections, JSON and values.
-    f("CARDINALITY", S, No(NOT_YET), ""),
-    f("ELEMENT", S, No(NOT_YET), ""),
-    f("ARRAY_CONTAINS", S, No(NOT_YET), ""),
+    f(
+        "CARDINALITY",
+        S,
+        Own,
+        "of an ARRAY; MAP and MULTISET are not supported yet",
+    ),
+    f("ELEMENT", S, Own, ""),
+    f("ARRAY_CONTAINS", S, Own, ""),
+    f("ARRAY_APPEND", S, No(NOT_YET), ""),
+    f("ARRAY_PREPEND", S, No(NOT_YET), ""),
+    f("ARRAY_CONCAT", S, No(NOT_YET), ""),
+    f("ARRAY_DISTINCT", S, No(NOT_YET), ""),
+    f("ARRAY_EXCEPT", S, No(NOT_YET), ""),
+    f("ARRAY_INTERSECT", S, No(NOT_YET), ""),
+    f("ARRAY_JOIN", S, No(NOT_YET), ""),
+    f("ARRAY_MAX", S, No(NOT_YET), ""),
+    f("ARRAY_MIN", S, No(NOT_YET), ""),
+    f("ARRAY_POSITION", S, No(NOT_YET), ""),
+    f("ARRAY_REMOVE", S, No(NOT_YET), ""),
+    f("ARRAY_REVERSE", S, No(NOT_YET), ""),
+    f("ARRAY_SLICE", S, No(NOT_YET), ""),
+    f("ARRAY_SORT", S, No(NOT_YET), ""),
+    f("ARRAY_UNION", S, No(NOT_YET), ""),
     f("MAP_KEYS", S, No(NOT_YET), ""),
     f("MAP_VALUES", S, No(NOT_YET), ""),
     f(
@@ -267,7 +287,7 @@ pub const FUNCTIONS: &[Function] = &[
         "IS JSON",
         S,
         Own,
-        "x IS [NOT] JSON [VALUE | SCALAR | ARRAY | OBJECT]; FALSE for NULL",
+        "x IS [NOT] JSON [VALUE, SCALAR, ARRAY or OBJECT]; FALSE for NULL",
     ),
     f("ROW", S, No(NOT_YET), ""),
     // Aggregates.
@@ -313,19 +333,6 @@ pub fn check_calls<V: Visit>(node: &V) -> Result<(), SqlError> {
     impl Visitor for Check {
         type Break = ();
         fn pre_visit_expr(&mut self, e: &ast::Expr) -> ControlFlow<()> {
-            if let ast::Expr::Array(array) = e {
-                let err = SqlError::unsupported("ARRAY[...] constructors: not supported yet");
-                let start = array.span().start;
-                self.0 = Some(if start.line > 0 {
-                    err.at(Location {
-                        line: start.line,
-                        column: start.column,
-                    })
-                } else {
-                    err
-                });
-                return ControlFlow::Break(());
-            }
             let ast::Expr::Function(call) = e else {
                 return ControlFlow::Continue(());
             };
@@ -422,6 +429,7 @@ fn text(s: &str) -> ast::Expr {
 ///   `flink_cast`);
 /// - `STARTSWITH` / `ENDSWITH` are DataFusion's `starts_with` / `ends_with`;
 /// - `E()` is the DOUBLE literal of e;
+/// - `CARDINALITY(a)` is DataFusion's, cast to Flink's INT;
 /// - a `TIMESTAMP '...'` literal is typed by its fraction digits;
 /// - `x IS [NOT] JSON [kind]` (parsed as an `IS DISTINCT FROM` marker) is
 ///   `__weir_is_json(x, 'KIND')`;
@@ -541,6 +549,13 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                     }
                 }
             }
+            ("cardinality", [x]) => Some(ast::Expr::Cast {
+                kind: ast::CastKind::Cast,
+                expr: Box::new(call("cardinality", vec![x.clone()])),
+                data_type: ast::DataType::Int(None),
+                array: false,
+                format: None,
+            }),
             ("startswith", [a, b]) => Some(call("starts_with", vec![a.clone(), b.clone()])),
             ("endswith", [a, b]) => Some(call("ends_with", vec![a.clone(), b.clone()])),
             ("e", []) => Some(ast::Expr::Value(

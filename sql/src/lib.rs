@@ -23,6 +23,7 @@
 pub mod ddl;
 pub mod error;
 pub mod flink_cast;
+pub mod flink_collections;
 pub mod flink_functions;
 pub mod flink_json;
 pub mod flink_math;

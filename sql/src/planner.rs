@@ -183,6 +183,7 @@ impl Planner {
         .chain(crate::flink_scalars::all())
         .chain(crate::flink_time::all())
         .chain(crate::flink_math::all())
+        .chain(crate::flink_collections::all())
         {
             let _ = state.register_udf(Arc::new(udf));
         }

@@ -54,6 +54,14 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
         }
         T::Bytea | T::Binary(_) | T::Varbinary(_) | T::Blob(_) => (DataType::Binary, "BYTES".into()),
         T::Date => (DataType::Date32, "DATE".into()),
+        T::Array(
+            ast::ArrayElemTypeDef::AngleBracket(inner)
+            | ast::ArrayElemTypeDef::SquareBracket(inner, _)
+            | ast::ArrayElemTypeDef::Parenthesis(inner),
+        ) => {
+            let (elem, name) = to_arrow(inner)?;
+            (DataType::new_list(elem, true), format!("ARRAY<{name}>"))
+        }
         T::Timestamp(p, tz) => {
             let p = p.unwrap_or(6);
             match tz {

@@ -221,9 +221,30 @@ def step_i_updating_query(conn, t):
     assert any(r["_op"] == "-U" for r in table.to_pylist()), "updates retract the old row"
 
 
+def step_j_nested_columns(conn, t):
+    """ARRAY columns reach a DB-API client as Arrow lists: NULL arrays,
+    empty arrays and NULL elements included."""
+    data = os.path.join(t["sink"], "arrays.json")
+    with open(data, "w") as f:
+        f.write('{"id": 1, "tags": ["a", "b"], "nums": [1, null]}\n')
+        f.write('{"id": 2, "tags": [], "nums": null}\n')
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE nested (id INT, tags ARRAY<STRING>, nums ARRAY<INT>) WITH ("
+                    f"'connector' = 'filesystem', 'path' = '{data}', 'format' = 'json')")
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, tags, nums, ARRAY[id, id + 1] AS made, CARDINALITY(tags) AS n FROM nested")
+        table = cur.fetch_arrow_table()
+    assert str(table.schema.field("tags").type) == "list<item: string>", f"tags is {table.schema.field('tags').type}"
+    got = sorted(table.to_pylist(), key=lambda r: r["id"])
+    assert got == [
+        {"id": 1, "tags": ["a", "b"], "nums": [1, None], "made": [1, 2], "n": 2},
+        {"id": 2, "tags": [], "nums": None, "made": [2, 3], "n": 0},
+    ], f"rows {got}"
+
+
 STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
          step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements,
-         step_i_updating_query]
+         step_i_updating_query, step_j_nested_columns]
 
 
 def main():
