@@ -317,7 +317,7 @@ pub struct WindowAggregateNode {
 /// An aggregate function of a non-windowed GROUP BY. Weir's own
 /// accumulators (they retract exactly, which DataFusion's grouped
 /// accumulators cannot).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AggFunc {
     Count,
     Sum,
@@ -325,6 +325,13 @@ pub enum AggFunc {
     Avg,
     Min,
     Max,
+    /// Flink's variance family: Welford's running mean and squared
+    /// deviations in DOUBLE (Flink's digits), the result cast back to the
+    /// input's type.
+    VarPop,
+    VarSamp,
+    StddevPop,
+    StddevSamp,
 }
 
 impl AggFunc {
@@ -335,8 +342,108 @@ impl AggFunc {
             AggFunc::Avg => "AVG",
             AggFunc::Min => "MIN",
             AggFunc::Max => "MAX",
+            AggFunc::VarPop => "VAR_POP",
+            AggFunc::VarSamp => "VAR_SAMP",
+            AggFunc::StddevPop => "STDDEV_POP",
+            AggFunc::StddevSamp => "STDDEV_SAMP",
         }
     }
+
+    /// Whether this is one of the variance family.
+    pub fn is_moment(self) -> bool {
+        matches!(
+            self,
+            AggFunc::VarPop | AggFunc::VarSamp | AggFunc::StddevPop | AggFunc::StddevSamp
+        )
+    }
+
+    /// The variance family's result (`None`: NULL): `m2 / n` (POP) or
+    /// `m2 / (n - 1)` (SAMP, NULL for one value), the standard deviations
+    /// their square roots.
+    pub fn moment(self, w: &Welford) -> Option<f64> {
+        if w.n <= 0 {
+            return None;
+        }
+        let var = match self {
+            AggFunc::VarPop | AggFunc::StddevPop => w.m2 / w.n as f64,
+            _ if w.n == 1 => return None,
+            _ => w.m2 / (w.n - 1) as f64,
+        };
+        Some(match self {
+            AggFunc::StddevPop | AggFunc::StddevSamp => var.sqrt(),
+            _ => var,
+        })
+    }
+}
+
+/// Welford's running count, mean and sum of squared deviations: what the
+/// variance family keeps (as Flink and DataFusion do; the textbook
+/// `Σx² - (Σx)²/n` loses the last digits Flink writes).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Welford {
+    pub n: i64,
+    pub mean: f64,
+    pub m2: f64,
+}
+
+impl Welford {
+    pub fn add(&mut self, v: f64) {
+        self.n += 1;
+        let delta = v - self.mean;
+        self.mean += delta / self.n as f64;
+        self.m2 += delta * (v - self.mean);
+    }
+
+    /// Takes `v` back (a retraction).
+    pub fn retract(&mut self, v: f64) {
+        if self.n <= 1 {
+            *self = Welford::default();
+            return;
+        }
+        let n = self.n - 1;
+        let delta1 = self.mean - v;
+        let mean = delta1 / n as f64 + self.mean;
+        let delta2 = mean - v;
+        self.m2 -= delta1 * delta2;
+        self.mean = mean;
+        self.n = n;
+    }
+
+    /// Adds another partial result (Chan's parallel form).
+    pub fn merge(&mut self, o: &Welford) {
+        if o.n == 0 {
+            return;
+        }
+        let n = self.n + o.n;
+        let (a, b) = (self.n as f64, o.n as f64);
+        let delta = self.mean - o.mean;
+        self.mean = self.mean * a / n as f64 + o.mean * b / n as f64;
+        self.m2 += o.m2 + delta * delta * a * b / n as f64;
+        self.n = n;
+    }
+}
+
+/// A variance-family result (computed in DOUBLE) in Flink's result type:
+/// the input's integer type by Java's saturating cast, FLOAT, or
+/// `DECIMAL(38, 6)` rounded half up; `None` is NULL.
+pub fn moment_scalar(
+    v: Option<f64>,
+    out: &arrow::datatypes::DataType,
+) -> datafusion::common::Result<datafusion::common::ScalarValue> {
+    use arrow::datatypes::DataType as D;
+    use datafusion::common::ScalarValue as S;
+    let Some(v) = v else {
+        return S::try_from(out);
+    };
+    Ok(match out {
+        D::Int8 => S::Int8(Some(v as i8)),
+        D::Int16 => S::Int16(Some(v as i16)),
+        D::Int32 => S::Int32(Some(v as i32)),
+        D::Int64 => S::Int64(Some(v as i64)),
+        D::Float32 => S::Float32(Some(v as f32)),
+        D::Decimal128(p, s) => S::Decimal128(Some((v * 10f64.powi(i32::from(*s))).round() as i128), *p, *s),
+        _ => S::Float64(Some(v)),
+    })
 }
 
 /// One aggregate call: `func([DISTINCT] arg) [FILTER (WHERE filter)]`.
@@ -1050,4 +1157,44 @@ fn humantime_ms(t: std::time::Duration) -> String {
         }
     }
     format!("{ms} ms")
+}
+
+#[cfg(test)]
+mod welford_tests {
+    use super::*;
+
+    #[test]
+    fn moments_retract_and_merge_to_what_adding_gives() {
+        let xs = [2.5, -0.5, 8.5e37, 0.1];
+        let mut all = Welford::default();
+        xs.iter().for_each(|x| all.add(*x));
+        // Flink's digits (recorded): VAR_POP and VAR_SAMP of the four.
+        assert_eq!(AggFunc::VarPop.moment(&all), Some(1.3546874999999997e75));
+        assert_eq!(AggFunc::VarSamp.moment(&all), Some(1.8062499999999996e75));
+        assert_eq!(AggFunc::StddevSamp.moment(&all), Some(4.2499999999999995e37));
+
+        let mut two = Welford::default();
+        [1.0, 3.0, 10.0].iter().for_each(|x| two.add(*x));
+        two.retract(10.0);
+        assert_eq!(two.n, 2);
+        assert!(
+            (two.mean - 2.0).abs() < 1e-12 && (two.m2 - 2.0).abs() < 1e-12,
+            "{two:?}"
+        );
+        two.retract(1.0);
+        two.retract(3.0);
+        assert_eq!(two, Welford::default(), "all taken back");
+        assert_eq!(AggFunc::VarSamp.moment(&two), None);
+
+        let (mut a, mut b) = (Welford::default(), Welford::default());
+        [1.0, 2.0].iter().for_each(|x| a.add(*x));
+        [3.0, 4.0, 5.0].iter().for_each(|x| b.add(*x));
+        a.merge(&b);
+        assert_eq!(a.n, 5);
+        assert!((AggFunc::VarPop.moment(&a).unwrap_or(0.0) - 2.0).abs() < 1e-12);
+        let mut one = Welford::default();
+        one.add(7.0);
+        assert_eq!(AggFunc::VarSamp.moment(&one), None, "SAMP of one value is NULL");
+        assert_eq!(AggFunc::VarPop.moment(&one), Some(0.0));
+    }
 }

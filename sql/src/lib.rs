@@ -27,6 +27,7 @@ pub mod flink_collections;
 pub mod flink_functions;
 pub mod flink_json;
 pub mod flink_math;
+pub mod flink_moments;
 pub mod flink_scalars;
 pub mod flink_time;
 pub mod functions;

@@ -168,6 +168,9 @@ impl Planner {
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
+        for udaf in crate::flink_moments::all() {
+            let _ = state.register_udaf(Arc::new(udaf));
+        }
         let _ = state.register_udf(Arc::new(crate::flink_functions::FlinkMod::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::Proctime::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::DateFormat::udf()));
@@ -1549,10 +1552,15 @@ impl<'a> GraphBuilder<'a> {
                 "avg" => AggFunc::Avg,
                 "min" => AggFunc::Min,
                 "max" => AggFunc::Max,
+                "var_pop" => AggFunc::VarPop,
+                "var" | "var_samp" => AggFunc::VarSamp,
+                "stddev_pop" => AggFunc::StddevPop,
+                "stddev" | "stddev_samp" => AggFunc::StddevSamp,
                 other => {
                     return Err(SqlError::unsupported(format!(
                         "aggregate function {} is not supported in a GROUP BY without a window yet \
-                         (supported: COUNT, SUM, AVG, MIN, MAX, each with DISTINCT and FILTER)",
+                         (supported: COUNT, SUM, AVG, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP, \
+                         each with DISTINCT and FILTER)",
                         other.to_ascii_uppercase()
                     )));
                 }

@@ -10,7 +10,11 @@
 //!   state (`group-agg-map`); when the extreme's count drops to 0 the map
 //!   is scanned for the next one (Flink's `MaxWithRetract`);
 //! - DISTINCT: the same map; the inner aggregate takes a value when its
-//!   count goes 0 → 1 and gives it back when it goes 1 → 0.
+//!   count goes 0 → 1 and gives it back when it goes 1 → 0;
+//! - VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP: Welford's count, mean
+//!   and squared deviations in DOUBLE, retracted in reverse (Flink's
+//!   digits), the result cast back to the input's type as Java casts
+//!   (saturating).
 
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::cast;
@@ -18,7 +22,7 @@ use arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type};
 use datafusion::common::ScalarValue;
 
 use crate::error::{ExecError, Result};
-use crate::plan::{AggCall, AggFunc};
+use crate::plan::{AggCall, AggFunc, Welford};
 use crate::state::codec::{RowCodec, decode_counts};
 
 /// How a SUM/AVG adds its input.
@@ -115,6 +119,9 @@ impl AggSpec {
     /// The batch's input of this call cast for adding (SUM/AVG), else as
     /// evaluated.
     pub fn prepare(&self, arg: ArrayRef) -> Result<ArrayRef> {
+        if self.call.func.is_moment() && arg.data_type() != &DataType::Float64 {
+            return Ok(cast(&arg, &DataType::Float64)?);
+        }
         match self.class {
             Some(c) if arg.data_type() != &c.wide_type() => Ok(cast(&arg, &c.wide_type())?),
             _ => Ok(arg),
@@ -130,6 +137,9 @@ impl AggSpec {
                 n: 0,
             },
             AggFunc::Min | AggFunc::Max => Acc::Extreme(None),
+            AggFunc::VarPop | AggFunc::VarSamp | AggFunc::StddevPop | AggFunc::StddevSamp => {
+                Acc::Moments(Welford::default())
+            }
         }
     }
 
@@ -153,6 +163,11 @@ impl AggSpec {
                         *s = s.wrapping_add(v.wrapping_mul(i128::from(sign)));
                     }
                 }
+            }
+            Acc::Moments(w) => {
+                let Some(a) = arg else { return };
+                let v = a.as_primitive::<Float64Type>().value(i);
+                if sign > 0 { w.add(v) } else { w.retract(v) }
             }
             Acc::Extreme(_) => {}
         }
@@ -222,6 +237,7 @@ impl AggSpec {
             },
             Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
             Acc::Extreme(Some(v)) => v.clone(),
+            Acc::Moments(w) => crate::plan::moment_scalar(self.call.func.moment(w), out)?,
         };
         if &v.data_type() == out {
             Ok(v)
@@ -271,6 +287,8 @@ pub enum Acc {
     },
     /// MIN/MAX: the current extreme (the map in state holds the rest).
     Extreme(Option<ScalarValue>),
+    /// The variance family's running moments.
+    Moments(Welford),
 }
 
 /// A key's accumulators and its row count (`+I`/`+U` minus `-U`/`-D`):
@@ -317,6 +335,12 @@ impl KeyAccs {
                         Num::Float(v) => b.extend_from_slice(&v.to_bits().to_be_bytes()),
                         Num::Dec(v) => b.extend_from_slice(&v.to_be_bytes()),
                     }
+                }
+                Acc::Moments(w) => {
+                    b.push(3);
+                    push_int(&mut b, w.n);
+                    b.extend_from_slice(&w.mean.to_bits().to_be_bytes());
+                    b.extend_from_slice(&w.m2.to_bits().to_be_bytes());
                 }
                 Acc::Extreme(None) => b.extend_from_slice(&[2, 0]),
                 Acc::Extreme(Some(v)) => {
@@ -378,6 +402,17 @@ impl KeyAccs {
                         Acc::Extreme(vals.pop())
                     }
                 },
+                (3, _) if spec.call.func.is_moment() => {
+                    let n = r.i64().ok_or_else(|| corrupt("truncated moments"))?;
+                    let mut float = || {
+                        r.fixed_i64()
+                            .map(|b| f64::from_bits(b as u64))
+                            .ok_or_else(|| corrupt("truncated moments"))
+                    };
+                    let mean = float()?;
+                    let m2 = float()?;
+                    Acc::Moments(Welford { n, mean, m2 })
+                }
                 _ => return Err(corrupt("accumulator does not match the aggregate")),
             };
             accs.push(acc);
