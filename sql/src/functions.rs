@@ -320,7 +320,12 @@ pub const FUNCTIONS: &[Function] = &[
     ),
     f("VARIANCE", A, Own, "VAR_SAMP"),
     f("COLLECT", A, No(NOT_YET), ""),
-    f("LISTAGG", A, No(NOT_YET), ""),
+    f(
+        "LISTAGG",
+        A,
+        Own,
+        "in windows (DataFusion's string_agg, ',' by default); refused in a GROUP BY without a window and with DISTINCT",
+    ),
     f("ARRAY_AGG", A, No(NOT_YET), ""),
     f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
     f("JSON_ARRAYAGG", A, No(NOT_YET), ""),
@@ -445,6 +450,8 @@ fn text(s: &str) -> ast::Expr {
 /// - `STARTSWITH` / `ENDSWITH` are DataFusion's `starts_with` / `ends_with`;
 /// - `E()` is the DOUBLE literal of e;
 /// - `CARDINALITY(a)` is DataFusion's, cast to Flink's INT;
+/// - `LISTAGG(x[, sep])` is DataFusion's `string_agg(x, sep)`, `sep` ','
+///   by default;
 /// - a `TIMESTAMP '...'` literal is typed by its fraction digits;
 /// - `x IS [NOT] JSON [kind]` (parsed as an `IS DISTINCT FROM` marker) is
 ///   `__weir_is_json(x, 'KIND')`;
@@ -564,6 +571,8 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                     }
                 }
             }
+            ("listagg", [x]) => Some(call("string_agg", vec![x.clone(), text(",")])),
+            ("listagg", [x, sep]) => Some(call("string_agg", vec![x.clone(), sep.clone()])),
             ("cardinality", [x]) => Some(ast::Expr::Cast {
                 kind: ast::CastKind::Cast,
                 expr: Box::new(call("cardinality", vec![x.clone()])),

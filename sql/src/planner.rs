@@ -1557,6 +1557,8 @@ impl<'a> GraphBuilder<'a> {
                 "stddev_pop" => AggFunc::StddevPop,
                 "stddev" | "stddev_samp" => AggFunc::StddevSamp,
                 other => {
+                    // LISTAGG is planned as DataFusion's string_agg.
+                    let other = if other == "string_agg" { "listagg" } else { other };
                     return Err(SqlError::unsupported(format!(
                         "aggregate function {} is not supported in a GROUP BY without a window yet \
                          (supported: COUNT, SUM, AVG, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP, \
