@@ -384,11 +384,23 @@ impl Path {
 /// The JSON document and the value at the path: `Err` is an error (not
 /// JSON, or absent in strict mode), `Ok(None)` empty.
 fn lookup(json: &str, path: &str) -> Result<std::result::Result<Option<Value>, ()>> {
-    let path = Path::parse(path)?;
-    let Some(doc) = Value::parse(json) else {
-        return Ok(Err(()));
-    };
-    Ok(path.find(&doc).map(|v| v.cloned()))
+    LAST_PATH.with(|last| {
+        let mut last = last.borrow_mut();
+        let path = match &*last {
+            Some((text, p)) if text == path => p,
+            _ => &last.insert((path.to_string(), Path::parse(path)?)).1,
+        };
+        let Some(doc) = Value::parse(json) else {
+            return Ok(Err(()));
+        };
+        Ok(path.find(&doc).map(|v| v.cloned()))
+    })
+}
+
+thread_local! {
+    /// The last path read on this thread: a query's path is nearly always
+    /// one literal, so rows do not read it again.
+    static LAST_PATH: std::cell::RefCell<Option<(String, Path)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// `JSON_VALUE(json, path)`: the scalar at the path as text; NULL when
