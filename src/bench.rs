@@ -630,3 +630,164 @@ async fn savepoint_figures(args: &SavepointArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[derive(Args, Debug, Clone)]
+pub struct KafkaArgs {
+    /// A Kafka cluster to use (`host:port`); benches/kafka.sh starts tansu.
+    #[arg(long)]
+    pub bootstrap: String,
+    /// Bids written into the topic and read back.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub rows: u64,
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+}
+
+/// Creates `topic` with `partitions` partitions (it must not exist).
+fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), String> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| e.to_string())?;
+    let t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for r in futures::executor::block_on(admin.create_topics([&t], &AdminOptions::new())).map_err(|e| e.to_string())? {
+        r.map_err(|(t, e)| format!("create topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The physical limit: librdkafka's consumer alone reading every record
+/// of `topic` on one thread (rows/s).
+fn raw_read(bootstrap: &str, topic: &str, partitions: i32, rows: u64) -> Result<f64, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "weir-bench-raw")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut n = 0u64;
+    while n < rows {
+        if started.elapsed() > std::time::Duration::from_secs(600) {
+            return Err(format!("read {n} of {rows} records in 600 s"));
+        }
+        if let Some(m) = consumer.poll(std::time::Duration::from_millis(100)) {
+            m.map_err(|e| e.to_string())?;
+            n += 1;
+        }
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs `sql` (DDL and one INSERT, dml-sync) and returns its wall time.
+async fn timed(sql: &str) -> Result<f64, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut session = Session::open(dir.path()).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    session.execute_sql(sql).await.map_err(|e| e.to_string())?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+pub async fn run_kafka(args: &KafkaArgs) -> i32 {
+    match kafka_figures(args).await {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
+    let tag = chrono::Utc::now().timestamp_millis();
+    let alo = format!("weir-bench-{tag}-alo");
+    let eos = format!("weir-bench-{tag}-eos");
+    create_topic(&args.bootstrap, &alo, args.partitions)?;
+    create_topic(&args.bootstrap, &eos, args.partitions)?;
+    // 46 of every 50 Nexmark events are bids.
+    let events = args.rows * 50 / 46 + 50;
+    let write = |topic: &str, guarantee: &str| {
+        format!(
+            "SET 'parallelism.default' = '1';
+             SET 'table.dml-sync' = 'true';
+             SET 'execution.checkpointing.interval' = '1 s';
+             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3))
+               WITH ('connector' = 'nexmark', 'nexmark.events' = '{events}');
+             CREATE TABLE topic (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3))
+               WITH ('connector' = 'kafka', 'topic' = '{topic}', 'properties.bootstrap.servers' = '{}',
+                     'format' = 'json', 'sink.delivery-guarantee' = '{guarantee}',
+                     'sink.transactional-id-prefix' = '{topic}', 'sink.partitioner' = 'round-robin');
+             INSERT INTO topic SELECT * FROM bid;",
+            args.bootstrap
+        )
+    };
+    let read = |query: &str| {
+        format!(
+            "SET 'parallelism.default' = '1';
+             SET 'table.dml-sync' = 'true';
+             CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+               WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)
+               WITH ('connector' = 'kafka', 'topic' = '{alo}', 'properties.bootstrap.servers' = '{}',
+                     'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');
+             {query}",
+            args.bootstrap
+        )
+    };
+    let rows = args.rows as f64;
+    println!("| run | rows | seconds | rows/s |\n|---|---|---|---|");
+    let t = timed(&write(&alo, "at-least-once")).await?;
+    println!(
+        "| sink at-least-once (Nexmark bids → JSON) | {} | {t:.1} | {:.0} |",
+        args.rows,
+        rows / t
+    );
+    let t = timed(&write(&eos, "exactly-once")).await?;
+    println!(
+        "| sink exactly-once (checkpoint 1 s) | {} | {t:.1} | {:.0} |",
+        args.rows,
+        rows / t
+    );
+    let bootstrap = args.bootstrap.clone();
+    let (partitions, n) = (args.partitions, args.rows);
+    let topic = alo.clone();
+    let raw = tokio::task::spawn_blocking(move || raw_read(&bootstrap, &topic, partitions, n))
+        .await
+        .map_err(|e| e.to_string())??;
+    println!(
+        "| librdkafka consumer alone (the limit) | {} | {:.1} | {raw:.0} |",
+        args.rows,
+        rows / raw
+    );
+    let t = timed(&read(
+        "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT * FROM bid;",
+    ))
+    .await?;
+    println!(
+        "| q0 from Kafka (JSON → blackhole) | {} | {t:.1} | {:.0} ({:.0} % of the consumer alone) |",
+        args.rows,
+        rows / t,
+        100.0 * rows / t / raw
+    );
+    let t = timed(&read(
+        "CREATE TABLE sink (auction BIGINT, n BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT auction, COUNT(*), window_end
+         FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+         GROUP BY auction, window_start, window_end;",
+    ))
+    .await?;
+    println!(
+        "| q5-style HOP count from Kafka | {} | {t:.1} | {:.0} |",
+        args.rows,
+        rows / t
+    );
+    Ok(())
+}

@@ -144,6 +144,9 @@ pub enum BenchCommand {
     /// Savepoint and restore times for ≥ 1 GiB of RocksDB state, at the
     /// same, half and double parallelism.
     Savepoint(crate::bench::SavepointArgs),
+    /// Kafka read and write rates against a running cluster, beside the
+    /// librdkafka consumer alone (benches/kafka.sh starts a broker).
+    Kafka(crate::bench::KafkaArgs),
     /// The same Flink SQL files on Weir and on Flink 2.3, side by side:
     /// rows/s, CPU seconds and peak memory of both, runs alternating.
     Compare(crate::compare::CompareArgs),
@@ -199,6 +202,9 @@ pub fn main_with(args: Args) -> i32 {
         Some(Command::Bench {
             which: BenchCommand::Compare(b),
         }) => return crate::compare::run_compare(b),
+        Some(Command::Bench {
+            which: BenchCommand::Kafka(b),
+        }) => return rt.block_on(crate::bench::run_kafka(b)),
         Some(Command::Bench {
             which: BenchCommand::Alignment(b),
         }) => {

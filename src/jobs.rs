@@ -254,14 +254,20 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     for n in &m.nodes {
         use std::sync::atomic::Ordering;
         let dead = n.dead_letters.load(Ordering::Relaxed);
+        let skipped = n.skipped_records.load(Ordering::Relaxed);
         rows.push((
             format!("operator {}", n.name),
             format!(
-                "in {}, out {}{}",
+                "in {}, out {}{}{}",
                 n.rows_in.load(Ordering::Relaxed),
                 n.rows_out.load(Ordering::Relaxed),
                 if dead > 0 {
                     format!(", dead letters {dead}")
+                } else {
+                    String::new()
+                },
+                if skipped > 0 {
+                    format!(", skipped bad records {skipped}")
                 } else {
                     String::new()
                 }

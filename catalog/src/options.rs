@@ -62,7 +62,8 @@ impl OptionKind {
 }
 
 /// One accepted option. A `*` in the key matches one dot-free segment
-/// (e.g. datagen's `fields.*.kind`).
+/// (e.g. datagen's `fields.*.kind`); a final `**` matches one or more
+/// segments (Kafka's pass-through `properties.**`).
 #[derive(Debug, Clone, Copy)]
 pub struct OptionSpec {
     pub key: &'static str,
@@ -92,6 +93,7 @@ impl OptionSpec {
         loop {
             match (pattern.next(), actual.next()) {
                 (None, None) => return true,
+                (Some("**"), Some(a)) => return !a.is_empty(),
                 (Some("*"), Some(a)) if !a.is_empty() => {}
                 (Some(p), Some(a)) if p == a => {}
                 _ => return false,

@@ -34,6 +34,9 @@ pub enum ConnectorError {
     Data { location: String, message: String },
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
+    /// An external system (a Kafka cluster) failed or could not be reached.
+    #[error("{system}: {message}")]
+    External { system: String, message: String },
     /// A path outside the allowed directories (the user's request).
     #[error("permission denied: {0}")]
     PermissionDenied(String),

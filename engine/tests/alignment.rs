@@ -180,10 +180,12 @@ fn reader_with_capacity(
         }),
         status: Some(status.clone()),
         uid: format!("source-{node}"),
+        subtask: 0,
         restored: Default::default(),
         triggers: None,
         checkpointing: None,
         dead_letters: None,
+        discovery: None,
     };
     Reader {
         rx,

@@ -245,11 +245,12 @@ fn read_file(contents: &[u8], schema: SchemaRef, options: &[(&str, String)]) -> 
     for (k, v) in options {
         values.insert((*k).to_string(), v.clone());
     }
-    let options = Options::validate(
-        &values,
-        weir_engine::connectors::filesystem::OPTIONS,
-        "connector 'filesystem'",
-    )?;
+    let specs: Vec<_> = weir_engine::connectors::filesystem::OPTIONS
+        .iter()
+        .chain(weir_engine::connectors::filesystem::FORMAT_OPTIONS)
+        .copied()
+        .collect();
+    let options = Options::validate(&values, &specs, "connector 'filesystem'")?;
     let source = FileSource::new(&options, schema.clone(), &[])?;
     let mut rows = 0;
     for mut split in source.create_splits(1)? {

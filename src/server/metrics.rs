@@ -111,7 +111,7 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
     }
 
     type NodeValue = fn(&weir_engine::runtime::metrics::NodeMetrics) -> f64;
-    let per_node: [(&str, &str, &str, NodeValue); 6] = [
+    let per_node: [(&str, &str, &str, NodeValue); 7] = [
         (
             "weir_operator_records_in_total",
             "counter",
@@ -135,6 +135,12 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
             "counter",
             "Bad records a source set aside for its dead-letter directory (scan.dead-letter.path).",
             |n| n.dead_letters.load(Ordering::Relaxed) as f64,
+        ),
+        (
+            "weir_operator_skipped_records_total",
+            "counter",
+            "Bad records a source skipped (*.ignore-parse-errors).",
+            |n| n.skipped_records.load(Ordering::Relaxed) as f64,
         ),
         (
             "weir_operator_backpressured_seconds_total",

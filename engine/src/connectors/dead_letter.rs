@@ -232,6 +232,8 @@ mod tests {
             job_tag: "job-a".into(),
             attempt: "1f0".into(),
             exactly_once,
+            checkpoint_interval: None,
+            checkpoint_timeout: None,
         }
     }
 

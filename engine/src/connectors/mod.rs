@@ -9,6 +9,7 @@
 //! - [`nexmark`]: the Nexmark benchmark generator (person/auction/bid).
 //! - [`datagen`]: Flink's datagen (random and sequence fields).
 //! - [`filesystem`]: files as splits; json, csv, parquet; source and sink.
+//! - [`kafka`]: topic partitions as splits; source and sink.
 //! - [`print`], [`blackhole`]: sinks.
 //! - [`dead_letter`]: where sources put records they cannot parse
 //!   (`scan.dead-letter.path`), exactly once with checkpoints.
@@ -17,6 +18,7 @@ pub mod blackhole;
 pub mod datagen;
 pub mod dead_letter;
 pub mod filesystem;
+pub mod kafka;
 pub mod nexmark;
 pub mod print;
 
@@ -80,6 +82,23 @@ pub trait SourceSplit: Send {
     fn take_dead_letters(&mut self) -> Vec<dead_letter::BadRecord> {
         vec![]
     }
+
+    /// Bad records skipped (`*.ignore-parse-errors`) since the last call.
+    fn take_skipped(&mut self) -> u64 {
+        0
+    }
+
+    /// Gives the split the reader's waker: a split whose data arrives by
+    /// itself (a Kafka partition) notifies it when it has some, so the
+    /// reader need not poll it on a timer.
+    fn set_waker(&mut self, _waker: Arc<tokio::sync::Notify>) {}
+
+    /// What the source's [`SourceFactory::committer`] is told about this
+    /// split when a checkpoint holding it completes (a Kafka partition's
+    /// offset, committed to the consumer group).
+    fn committable(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 pub trait SourceFactory: Debug + Send + Sync {
@@ -113,6 +132,25 @@ pub trait SourceFactory: Debug + Send + Sync {
     fn dead_letter_dir(&self) -> Option<&std::path::Path> {
         None
     }
+
+    /// How often a running reader asks for splits that appeared since the
+    /// job started ([`SourceFactory::discover`]); `None`: never.
+    fn discovery_interval(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// The splits that exist now and are not in `known` (every split of the
+    /// source the job started with or found since). Each reader asks, and
+    /// takes the new splits the owner rule gives it.
+    fn discover(&self, _known: &std::collections::BTreeSet<String>) -> Result<Vec<Box<dyn SourceSplit>>> {
+        Ok(vec![])
+    }
+
+    /// Told the splits' [`SourceSplit::committable`]s of every completed
+    /// checkpoint (Flink's `notifyCheckpointComplete` of a source reader).
+    fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
+        None
+    }
 }
 
 /// What a sink writer needs to know about its job.
@@ -125,6 +163,10 @@ pub struct SinkContext {
     /// Checkpointing is on: output becomes visible only when a checkpoint
     /// completes (two-phase commit), not at end of input.
     pub exactly_once: bool,
+    /// With checkpointing: how often checkpoints start, and how long one
+    /// may take (a transaction must outlive both).
+    pub checkpoint_interval: Option<std::time::Duration>,
+    pub checkpoint_timeout: Option<std::time::Duration>,
 }
 
 pub trait SinkFactory: Debug + Send + Sync {
@@ -213,7 +255,7 @@ const COMMON_OPTIONS: &[OptionSpec] = &[
     .with_default("1 s"),
 ];
 
-const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "print", "blackhole"];
+const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "kafka", "print", "blackhole"];
 
 fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
     let own: Vec<&[OptionSpec]> = match connector {
@@ -221,9 +263,11 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
         "datagen" => vec![datagen::OPTIONS],
         "filesystem" => vec![
             filesystem::OPTIONS,
+            filesystem::FORMAT_OPTIONS,
             filesystem::ROLLING_OPTIONS,
             filesystem::partition::OPTIONS,
         ],
+        "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS],
         "print" => vec![print::OPTIONS],
         "blackhole" => vec![],
         _ => return None,
@@ -256,6 +300,14 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
             ),
         )
     })?;
+    if connector == "upsert-kafka" {
+        return Err(config_error(
+            connector,
+            "is not supported yet (a changelog as a compacted topic keyed by the PRIMARY KEY, deletes as tombstones); \
+             'kafka' reads and writes inserts",
+        )
+        .into());
+    }
     let specs = specs_of(connector).ok_or_else(|| {
         config_error(
             connector,
@@ -279,6 +331,9 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
     }
     if connector == "nexmark" {
         nexmark::NexmarkSource::new(&options, table.physical_schema())?;
+    }
+    if connector == "kafka" {
+        kafka::validate(&options, &table.physical_schema())?;
     }
     Ok((connector.to_string(), options))
 }
@@ -324,6 +379,7 @@ pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Resu
         "nexmark" => Arc::new(nexmark::NexmarkSource::new(&options, schema)?),
         "datagen" => Arc::new(datagen::DatagenSource::new(&options, schema)?),
         "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema, &table.partition_keys)?),
+        "kafka" => Arc::new(kafka::KafkaSource::new(&options, schema, &table.name)?),
         other => {
             return Err(config_error(other, "can only be used as a sink (INSERT INTO), not read from").into());
         }
@@ -338,6 +394,7 @@ pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result
         "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
         "blackhole" => Arc::new(blackhole::BlackholeSink),
         "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys)?),
+        "kafka" => Arc::new(kafka::KafkaSink::new(&options, schema, &table.name)?),
         other => {
             return Err(config_error(other, "is a source only; it cannot be written to").into());
         }

@@ -686,6 +686,8 @@ async fn run_attempt(
         job_tag: sanitize(&config.name),
         attempt: format!("{:x}{attempt}", chrono::Utc::now().timestamp_micros()),
         exactly_once: config.checkpointing.is_some(),
+        checkpoint_interval: config.checkpointing.as_ref().map(|c| c.interval),
+        checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
     };
     let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
     for n in &graph.nodes {
@@ -699,6 +701,12 @@ async fn run_attempt(
             && let Some(dir) = s.factory.dead_letter_dir()
         {
             committers.insert(n.uid.clone(), crate::connectors::dead_letter::committer(dir, &sink_ctx));
+        }
+        // A source told of completed checkpoints (Kafka's group offsets).
+        if let NodeKind::Source(s) = &n.kind
+            && let Some(c) = s.factory.committer(&sink_ctx)
+        {
+            committers.insert(n.uid.clone(), c);
         }
     }
     if let Some(r) = &restored {
@@ -870,6 +878,15 @@ async fn run_attempt(
                     } else {
                         src.factory.restore_splits(&recorded)?
                     };
+                    let discovery =
+                        src.factory
+                            .discovery_interval()
+                            .map(|interval| crate::runtime::source_task::Discovery {
+                                factory: src.factory.clone(),
+                                interval,
+                                known: splits.iter().map(|s| s.id()).collect(),
+                                parallelism: head.parallelism,
+                            });
                     let mine = splits
                         .into_iter()
                         .enumerate()
@@ -925,6 +942,7 @@ async fn run_attempt(
                         alignment,
                         status,
                         uid: head.uid.clone(),
+                        subtask,
                         restored: positions,
                         triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
                         checkpointing: task_ctx(true),
@@ -933,6 +951,7 @@ async fn run_attempt(
                             .dead_letter_dir()
                             .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, &head.uid, subtask))
                             .transpose()?,
+                        discovery,
                     };
                     tasks.spawn(task.run());
                 }

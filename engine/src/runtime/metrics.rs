@@ -13,6 +13,9 @@ pub struct NodeMetrics {
     /// restored attempt re-reads from its checkpoint, so records set aside
     /// after it are counted again (as rows are); the files hold them once.
     pub dead_letters: AtomicU64,
+    /// Records a source node skipped because they did not parse
+    /// (`*.ignore-parse-errors`), counted as rows are.
+    pub skipped_records: AtomicU64,
     /// Highest output watermark of any subtask of the node.
     pub watermark: AtomicI64,
     /// Live keyed state of the node, in bytes (keys + values), all subtasks.
@@ -35,6 +38,7 @@ impl NodeMetrics {
             rows_out: AtomicU64::new(0),
             late_rows_dropped: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            skipped_records: AtomicU64::new(0),
             watermark: AtomicI64::new(i64::MIN),
             state_bytes: AtomicI64::new(0),
             max_event_time: AtomicI64::new(i64::MIN),

@@ -94,6 +94,8 @@ pub struct SourceTask {
     /// The source's plan node (key of its split positions).
     /// The source's operator uid (its split positions are kept under it).
     pub uid: String,
+    /// This reader's index among the source's subtasks.
+    pub subtask: usize,
     /// Split positions of the checkpoint the job restored, by split id.
     pub restored: HashMap<String, SplitPosition>,
     /// Barriers the checkpoint coordinator announces, and where to report.
@@ -101,6 +103,29 @@ pub struct SourceTask {
     pub checkpointing: Option<TaskCheckpointing>,
     /// Where bad records go (`scan.dead-letter.path`), if anywhere.
     pub dead_letters: Option<DeadLetterWriter>,
+    /// Finding splits that appear while the job runs (new Kafka partitions).
+    pub discovery: Option<Discovery>,
+}
+
+/// A reader's part in finding new splits: every reader of the source asks
+/// the factory for splits not in `known`, and keeps those whose owner it
+/// is (a hash of the split id over the parallelism, the same on every
+/// reader), so each new split is read by exactly one reader.
+pub struct Discovery {
+    pub factory: Arc<dyn crate::connectors::SourceFactory>,
+    pub interval: Duration,
+    /// Every split of the source, on any reader.
+    pub known: std::collections::BTreeSet<String>,
+    pub parallelism: usize,
+}
+
+impl Discovery {
+    pub fn owner(&self, split: &str) -> usize {
+        use std::hash::Hasher;
+        let mut h = twox_hash::XxHash64::with_seed(0);
+        h.write(split.as_bytes());
+        (h.finish() % self.parallelism.max(1) as u64) as usize
+    }
 }
 
 struct Reader {
@@ -148,6 +173,14 @@ impl SourceTask {
     /// pre-committed (it becomes visible when the checkpoint completes).
     fn snapshot(&mut self, reader: &Reader) -> Result<TaskSnapshot> {
         let mut snapshot = self.positions(reader);
+        let committables: Vec<serde_json::Value> = reader.splits.iter().filter_map(|s| s.split.committable()).collect();
+        if self.checkpointing.is_some() && !committables.is_empty() {
+            // Told to the source's committer when the checkpoint completes.
+            snapshot.operators.push((
+                format!("{}/{}/splits", self.uid, self.subtask),
+                OperatorSnapshot::Sink(committables),
+            ));
+        }
         if self.checkpointing.is_some()
             && let Some(w) = self.dead_letters.as_mut()
         {
@@ -234,7 +267,10 @@ impl SourceTask {
     pub async fn run(mut self) -> Result<()> {
         let now = Instant::now();
         let mut splits = vec![];
+        // Splits whose data arrives by itself wake the reader through it.
+        let waker = Arc::new(tokio::sync::Notify::new());
         for mut split in std::mem::take(&mut self.splits) {
+            split.set_waker(waker.clone());
             // Resume where the restored checkpoint says the split was.
             let finished = match self.restored.get(&split.id()) {
                 Some(p) => {
@@ -270,7 +306,20 @@ impl SourceTask {
         // Set when the sleep below was woken by an announcement: waiting on
         // `changed()` marks it seen, so `has_changed()` would miss it.
         let mut fresh_announcement = false;
+        let mut next_discovery = self.discovery.as_ref().map(|d| Instant::now() + d.interval);
         loop {
+            if let Some(at) = next_discovery
+                && Instant::now() >= at
+            {
+                let added = self.discover(&mut reader, &waker).await?;
+                if added > 0 && reader.idle {
+                    // A new split holds the watermark back until it has
+                    // data, as any active split: the reader is active again.
+                    reader.idle = false;
+                    outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Active));
+                }
+                next_discovery = self.discovery.as_ref().map(|d| Instant::now() + d.interval);
+            }
             let barrier = match self.triggers.as_mut() {
                 Some(rx) if rx.has_changed().unwrap_or(false) => *rx.borrow_and_update(),
                 _ => None,
@@ -320,6 +369,10 @@ impl SourceTask {
                 }
                 let polled = s.split.poll_batch()?;
                 self.write_dead_letters(s.split.as_mut())?;
+                let skipped = s.split.take_skipped();
+                if skipped > 0 {
+                    self.metrics.skipped_records.fetch_add(skipped, Ordering::Relaxed);
+                }
                 let polled = match polled {
                     SplitPoll::Batch(b) => SplitPoll::Changes(b.into()),
                     other => other,
@@ -421,6 +474,7 @@ impl SourceTask {
                     .min()
                     .map_or(next_tick, |t| t.min(next_tick));
                 let wake = next_align.map_or(wake, |a| a.min(wake));
+                let wake = next_discovery.map_or(wake, |d| d.min(wake));
                 let mut stop = self.stop.clone();
                 let mut triggers = self.triggers.clone();
                 let trigger = async {
@@ -441,6 +495,7 @@ impl SourceTask {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
                             _ = trigger => {}
+                            _ = waker.notified() => {}
                             r = rx.changed() => match r {
                                 Ok(()) => fresh_announcement = true,
                                 // The coordinator ended with the job.
@@ -456,6 +511,7 @@ impl SourceTask {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
                             _ = trigger => {}
+                            _ = waker.notified() => {}
                         }
                     }
                 }
@@ -463,6 +519,50 @@ impl SourceTask {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// Asks for splits that appeared since the job started and starts
+    /// reading those this reader owns.
+    async fn discover(&mut self, reader: &mut Reader, waker: &Arc<tokio::sync::Notify>) -> Result<usize> {
+        let Some(d) = &self.discovery else { return Ok(0) };
+        let factory = d.factory.clone();
+        let known = d.known.clone();
+        // Listing asks the cluster: off the reader's thread.
+        let found = tokio::task::spawn_blocking(move || factory.discover(&known))
+            .await
+            .map_err(|e| ExecError::internal(format!("split discovery failed: {e}")))?;
+        let found = match found {
+            Ok(f) => f,
+            Err(e) => {
+                // The listing is tried again at the next interval; the
+                // splits being read are not affected.
+                tracing::warn!(target: "weir::source", "{}: split discovery failed: {e}", self.uid);
+                return Ok(0);
+            }
+        };
+        let Some(d) = self.discovery.as_mut() else { return Ok(0) };
+        let now = Instant::now();
+        let mut added = 0;
+        for mut split in found {
+            let id = split.id();
+            if !d.known.insert(id.clone()) || d.owner(&id) != self.subtask {
+                continue;
+            }
+            split.set_waker(waker.clone());
+            reader.splits.push(SplitState {
+                split,
+                watermark: MIN_WATERMARK,
+                idle: false,
+                finished: false,
+                last_activity: now,
+                wait_until: None,
+                align: SplitAlignment::default(),
+                paused_since: None,
+                paused_total: Duration::ZERO,
+            });
+            added += 1;
+        }
+        Ok(added)
     }
 
     /// Pauses and resumes splits against the announced group minimum.
@@ -848,10 +948,12 @@ mod tests {
             alignment: None,
             status: None,
             uid: "source-test".into(),
+            subtask: 0,
             restored: HashMap::new(),
             triggers: None,
             checkpointing: None,
             dead_letters: None,
+            discovery: None,
         }
     }
 

@@ -9,13 +9,13 @@
 //! - `part_file`: the two-phase commit of files, shared by the sink and
 //!   dead letters.
 
-mod changelog;
+pub(crate) mod changelog;
 pub(crate) mod part_file;
 pub(crate) mod partition;
 mod records;
-mod sink;
-mod source;
-mod text_time;
+pub(crate) mod sink;
+pub(crate) mod source;
+pub(crate) mod text_time;
 
 pub use sink::FileSink;
 pub use source::FileSource;
@@ -27,17 +27,9 @@ use super::config_error;
 use crate::connectors::dead_letter::PATH_OPTION as DEAD_LETTER_PATH;
 use crate::error::Result;
 
-pub const OPTIONS: &[OptionSpec] = &[
-    OptionSpec::new(
-        "path",
-        OptionKind::Path,
-        "a file or directory; 'file://' prefix allowed",
-    ),
-    OptionSpec::new(
-        "format",
-        OptionKind::Enum(&["json", "csv", "parquet", "debezium-json", "canal-json", "maxwell-json"]),
-        "the file format; debezium-json, canal-json and maxwell-json hold changes (an update is written as a delete and an insert)",
-    ),
+/// The options of the text formats (json, csv and the changelog
+/// formats), shared with the Kafka connector.
+pub const FORMAT_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         "canal-json.ignore-parse-errors",
         OptionKind::Bool,
@@ -115,6 +107,19 @@ pub const OPTIONS: &[OptionSpec] = &[
         "csv.null-literal",
         OptionKind::String,
         "a field that is exactly this text is NULL (read), and NULL is written as it; without it no field is NULL and NULL is written as an empty field",
+    ),
+];
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        "path",
+        OptionKind::Path,
+        "a file or directory; 'file://' prefix allowed",
+    ),
+    OptionSpec::new(
+        "format",
+        OptionKind::Enum(&["json", "csv", "parquet", "debezium-json", "canal-json", "maxwell-json"]),
+        "the file format; debezium-json, canal-json and maxwell-json hold changes (an update is written as a delete and an insert)",
     ),
     OptionSpec::new(
         DEAD_LETTER_PATH,
@@ -303,7 +308,13 @@ fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
 }
 
 pub fn format_options(options: &Options) -> Result<FormatOptions> {
-    let format = match options.require("format")?.to_ascii_lowercase().as_str() {
+    format_options_named(options, options.require("format")?)
+}
+
+/// The options of format `name` (json, csv, parquet, or a changelog
+/// format), read from `options` (the Kafka connector's `value.format`).
+pub fn format_options_named(options: &Options, name: &str) -> Result<FormatOptions> {
+    let format = match name.to_ascii_lowercase().as_str() {
         "json" => Format::Json,
         "csv" => Format::Csv,
         "debezium-json" => Format::DebeziumJson,

@@ -467,30 +467,36 @@ impl FileWriter {
 
     /// Timestamps as text the way Flink writes them.
     fn stringify_timestamps(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let format = if self.format.iso_timestamps {
-            "%Y-%m-%dT%H:%M:%S%.3f"
-        } else {
-            "%Y-%m-%d %H:%M:%S%.3f"
-        };
-        let opts = CastOptions {
-            safe: false,
-            format_options: DisplayOptions::default()
-                .with_timestamp_format(Some(format))
-                .with_timestamp_tz_format(Some(format)),
-        };
-        let mut fields = vec![];
-        let mut cols: Vec<ArrayRef> = vec![];
-        for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
-            if matches!(f.data_type(), DataType::Timestamp(_, _)) {
-                cols.push(cast_with_options(c, &DataType::Utf8, &opts)?);
-                fields.push(Field::new(f.name(), DataType::Utf8, f.is_nullable()));
-            } else {
-                cols.push(c.clone());
-                fields.push(f.as_ref().clone());
-            }
-        }
-        Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+        stringify_timestamps(batch, self.format.iso_timestamps)
     }
+}
+
+/// `batch` with its timestamps as text the way Flink's json and csv formats
+/// write them (`iso`: `yyyy-MM-ddTHH:mm:ss.SSS`). Shared with Kafka.
+pub(crate) fn stringify_timestamps(batch: &RecordBatch, iso: bool) -> Result<RecordBatch> {
+    let format = if iso {
+        "%Y-%m-%dT%H:%M:%S%.3f"
+    } else {
+        "%Y-%m-%d %H:%M:%S%.3f"
+    };
+    let opts = CastOptions {
+        safe: false,
+        format_options: DisplayOptions::default()
+            .with_timestamp_format(Some(format))
+            .with_timestamp_tz_format(Some(format)),
+    };
+    let mut fields = vec![];
+    let mut cols: Vec<ArrayRef> = vec![];
+    for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
+        if matches!(f.data_type(), DataType::Timestamp(_, _)) {
+            cols.push(cast_with_options(c, &DataType::Utf8, &opts)?);
+            fields.push(Field::new(f.name(), DataType::Utf8, f.is_nullable()));
+        } else {
+            cols.push(c.clone());
+            fields.push(f.as_ref().clone());
+        }
+    }
+    Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
 }
 
 impl Operator for FileWriter {

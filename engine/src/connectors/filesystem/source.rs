@@ -724,8 +724,10 @@ fn refuse_long_numbers(text: &[u8], json: bool) -> std::result::Result<(), arrow
     Ok(())
 }
 
-/// Decodes lines of one format into batches of the table's schema.
-struct LineDecoder {
+/// Decodes lines of one format into batches of the table's schema (a
+/// changelog format: into its envelopes, see [`super::changelog::expand`]).
+/// Shared with the Kafka connector, whose records are decoded the same way.
+pub(crate) struct LineDecoder {
     format: FormatOptions,
     schema: SchemaRef,
     /// json, csv: the schema with timestamps read as text, for the fast parser.
@@ -733,6 +735,22 @@ struct LineDecoder {
 }
 
 impl LineDecoder {
+    /// The decoder of `format` for rows of `schema`.
+    pub(crate) fn new(format: FormatOptions, schema: &SchemaRef) -> Self {
+        let text_schema = match format.format {
+            Format::Csv | Format::Json => text_time::text_schema(schema),
+            _ => None,
+        };
+        Self {
+            schema: match format.format {
+                f if f.is_changelog() => super::changelog::envelope_schema(f, schema),
+                _ => schema.clone(),
+            },
+            format,
+            text_schema,
+        }
+    }
+
     fn decode(&self, text: &str) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
         if text.is_empty() {
             return Ok(None);
@@ -892,7 +910,10 @@ impl LineDecoder {
     /// run into the next (`{"a":1,"b":` then `2}`, or an open CSV quote)
     /// and two lines decode as one record: a row count that is not the
     /// line count is an error, so that each line is judged on its own.
-    fn decode_lines(&self, lines: &[&str]) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
+    pub(crate) fn decode_lines(
+        &self,
+        lines: &[&str],
+    ) -> std::result::Result<Option<RecordBatch>, arrow::error::ArrowError> {
         let batch = self.decode(&lines.join("\n"))?;
         let rows = batch.as_ref().map_or(0, |b| b.num_rows());
         if rows != lines.len() {
@@ -921,7 +942,7 @@ impl LineDecoder {
 
     /// Appends (index + `base`, reason) for every line of `lines` that
     /// does not decode on its own, halving the lines that fail together.
-    fn find_bad(&self, lines: &[&str], base: usize, bad: &mut Vec<(usize, String)>) {
+    pub(crate) fn find_bad(&self, lines: &[&str], base: usize, bad: &mut Vec<(usize, String)>) {
         match self.decode_lines(lines) {
             Ok(_) => {}
             Err(e) if lines.len() == 1 => bad.push((base, self.reason(&e))),

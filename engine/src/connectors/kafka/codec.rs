@@ -1,0 +1,573 @@
+//! Records to rows and rows to records, as Flink's Kafka table connector
+//! does: the value holds every column (`value.fields-include` = `ALL`) or
+//! every column but the key's (`EXCEPT_KEY`, with `key.format` and
+//! `key.fields`, whose names may carry `key.fields-prefix`, which the key's
+//! own field names do not).
+//!
+//! Text formats (json, csv, the changelog formats) are read by the same
+//! decoder as the filesystem connector's lines; `raw` is the bytes of one
+//! STRING or BYTES column.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BinaryArray, StringArray};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use weir_catalog::Options;
+
+use super::{NAME, invalid};
+use crate::change::ChangeBatch;
+use crate::connectors::config_error;
+use crate::connectors::filesystem::source::LineDecoder;
+use crate::connectors::filesystem::{self, Format, FormatOptions};
+use crate::error::Result;
+
+/// The format of a key or value.
+#[derive(Debug, Clone)]
+pub(super) enum PartFormat {
+    /// The bytes as they are: one STRING (UTF-8) or BYTES column.
+    Raw,
+    Text(FormatOptions),
+}
+
+impl PartFormat {
+    fn of(options: &Options, name: &str, key: &str, schema: &SchemaRef) -> Result<Self> {
+        if name.eq_ignore_ascii_case("raw") {
+            match schema.fields().as_ref() {
+                [f] if matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary) => {
+                    Ok(PartFormat::Raw)
+                }
+                fields => Err(invalid(
+                    key,
+                    format!(
+                        "format 'raw' reads and writes one STRING or BYTES column, but it would hold {} ({})",
+                        fields.len(),
+                        fields.iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                )),
+            }
+        } else {
+            let f = filesystem::format_options_named(options, name)?;
+            if f.format == Format::Csv
+                && let Some(nested) = schema.fields().iter().find(|c| c.data_type().is_nested())
+            {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "format 'csv' cannot hold column '{}': ARRAY, MAP and ROW columns are not supported in CSV yet (use 'json')",
+                        nested.name()
+                    ),
+                ));
+            }
+            Ok(PartFormat::Text(f))
+        }
+    }
+
+    fn decoder(&self, schema: &SchemaRef) -> Option<LineDecoder> {
+        match self {
+            PartFormat::Raw => None,
+            PartFormat::Text(f) => Some(LineDecoder::new(f.clone(), schema)),
+        }
+    }
+
+    fn is_changelog(&self) -> bool {
+        matches!(self, PartFormat::Text(f) if f.format.is_changelog())
+    }
+}
+
+/// The key part of a record (with `EXCEPT_KEY`).
+#[derive(Debug, Clone)]
+struct KeyPart {
+    format: PartFormat,
+    /// The key columns' indexes in the table.
+    columns: Vec<usize>,
+    /// Their schema, named as the key's fields (prefix removed).
+    schema: SchemaRef,
+}
+
+/// How a table's rows are a topic's records.
+#[derive(Debug, Clone)]
+pub(super) struct Codec {
+    schema: SchemaRef,
+    value: PartFormat,
+    /// The columns the value holds, by index in the table.
+    value_columns: Vec<usize>,
+    value_schema: SchemaRef,
+    key: Option<KeyPart>,
+    /// With `ALL`, the key columns written as the record key (the value
+    /// holds them too, and is what they are read from).
+    write_key: Option<KeyPart>,
+}
+
+/// Rows as records: their keys (with a key format) and values (`None`: a
+/// raw NULL value, written as a record without one).
+pub(super) type Encoded = (Option<Vec<Vec<u8>>>, Vec<Option<Vec<u8>>>);
+
+/// One record as read.
+pub(super) struct Record {
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// What a poll's records decode into.
+pub(super) struct Decoded {
+    pub rows: Option<ChangeBatch>,
+    /// Offsets of records that do not decode, with why.
+    pub bad: Vec<(i64, String)>,
+}
+
+fn project(schema: &SchemaRef, columns: &[usize], rename: impl Fn(&str) -> String) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|i| {
+                let f = schema.field(*i);
+                f.as_ref().clone().with_name(rename(f.name()))
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+impl Codec {
+    pub fn new(options: &Options, schema: &SchemaRef) -> Result<Self> {
+        let (value_key, value_name) = match (options.get("format"), options.get("value.format")) {
+            (Some(_), Some(_)) => {
+                return Err(config_error(
+                    NAME,
+                    "options 'format' and 'value.format' are the same option: set one of them",
+                )
+                .into());
+            }
+            (Some(f), None) => ("format", f),
+            (None, Some(f)) => ("value.format", f),
+            (None, None) => return Err(config_error(NAME, "needs option 'format' (or 'value.format')").into()),
+        };
+        let except_key = options
+            .get("value.fields-include")
+            .is_some_and(|v| v.eq_ignore_ascii_case("EXCEPT_KEY"));
+        let prefix = options.get("key.fields-prefix").unwrap_or_default().to_string();
+        if !prefix.is_empty() && !except_key {
+            return Err(invalid(
+                "key.fields-prefix",
+                "a key prefix needs 'value.fields-include' = 'EXCEPT_KEY' (with ALL the value holds the key columns under their own names)",
+            ));
+        }
+        let key_columns = match options.get("key.fields") {
+            None => vec![],
+            Some(list) => {
+                let mut cols = vec![];
+                for name in list.split(';').map(str::trim).filter(|n| !n.is_empty()) {
+                    let i = schema.index_of(name).map_err(|_| {
+                        invalid(
+                            "key.fields",
+                            format!(
+                                "column '{name}' is not a physical column of the table (columns: {})",
+                                schema
+                                    .fields()
+                                    .iter()
+                                    .map(|f| f.name().as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        )
+                    })?;
+                    if !name.starts_with(&prefix) {
+                        return Err(invalid(
+                            "key.fields",
+                            format!("key column '{name}' does not start with 'key.fields-prefix' '{prefix}'"),
+                        ));
+                    }
+                    cols.push(i);
+                }
+                cols
+            }
+        };
+        let key = match (options.get("key.format"), key_columns.is_empty()) {
+            (Some(_), true) => {
+                return Err(config_error(NAME, "option 'key.format' needs 'key.fields' (the key columns)").into());
+            }
+            (None, false) => {
+                return Err(
+                    config_error(NAME, "option 'key.fields' needs 'key.format' (how the key is written)").into(),
+                );
+            }
+            (None, true) => None,
+            (Some(f), false) => {
+                let key_schema = project(schema, &key_columns, |n| n[prefix.len()..].to_string());
+                Some(KeyPart {
+                    format: PartFormat::of(options, f, "key.format", &key_schema)?,
+                    columns: key_columns.clone(),
+                    schema: key_schema,
+                })
+            }
+        };
+        if except_key && key.is_none() {
+            return Err(invalid(
+                "value.fields-include",
+                "'EXCEPT_KEY' needs 'key.format' and 'key.fields': without a key the value holds every column",
+            ));
+        }
+        let value_columns: Vec<usize> = (0..schema.fields().len())
+            .filter(|i| !except_key || !key_columns.contains(i))
+            .collect();
+        let value_schema = project(schema, &value_columns, str::to_string);
+        let value = PartFormat::of(options, value_name, value_key, &value_schema)?;
+        if value.is_changelog() && key.is_some() {
+            return Err(config_error(
+                NAME,
+                "a changelog value format with 'key.format' is not supported: its envelope holds the whole row",
+            )
+            .into());
+        }
+        let (key, write_key) = if except_key { (key, None) } else { (None, key) };
+        Ok(Self {
+            schema: schema.clone(),
+            value,
+            value_columns,
+            value_schema,
+            key,
+            write_key,
+        })
+    }
+
+    /// `<format>.ignore-parse-errors` of the value's (or key's) format.
+    pub fn ignores_parse_errors(&self) -> bool {
+        let ignores = |f: &PartFormat| matches!(f, PartFormat::Text(o) if o.ignore_parse_errors);
+        ignores(&self.value) || self.key.as_ref().is_some_and(|k| ignores(&k.format))
+    }
+
+    pub fn produces_changes(&self) -> bool {
+        self.value.is_changelog()
+    }
+
+    pub fn decoders(&self) -> Decoders {
+        Decoders {
+            value: self.value.decoder(&self.value_schema),
+            key: self.key.as_ref().and_then(|k| k.format.decoder(&k.schema)),
+        }
+    }
+
+    /// Decodes the records of one poll. Bad records are reported, not
+    /// failed on: the reader fails or skips them.
+    pub fn decode(&self, d: &Decoders, records: &[Record]) -> Result<Decoded> {
+        let values: Vec<&[u8]> = records.iter().map(|r| r.value.as_slice()).collect();
+        let keys: Vec<&[u8]> = records.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
+        // The common case: every record decodes, in one go.
+        if let Ok(value) = rows_of(&self.value, d.value.as_ref(), &self.value_schema, &values) {
+            let key = match &self.key {
+                None => Some(None),
+                Some(k) => rows_of(&k.format, d.key.as_ref(), &k.schema, &keys).ok().map(Some),
+            };
+            if let Some(key) = key {
+                return Ok(Decoded {
+                    rows: self.assemble(value, key)?,
+                    bad: vec![],
+                });
+            }
+        }
+        let mut bad: Vec<(i64, String)> = vec![];
+        decode_part(&self.value, d.value.as_ref(), &values, records, &mut bad);
+        if let Some(k) = &self.key {
+            decode_part(&k.format, d.key.as_ref(), &keys, records, &mut bad);
+        }
+        bad.sort_by_key(|(o, _)| *o);
+        bad.dedup_by_key(|(o, _)| *o);
+        let good: Vec<&Record> = records
+            .iter()
+            .filter(|r| bad.binary_search_by_key(&r.offset, |(o, _)| *o).is_err())
+            .collect();
+        if good.is_empty() {
+            return Ok(Decoded { rows: None, bad });
+        }
+        let together = |e: String| {
+            crate::error::ExecError::internal(format!("records that decode one by one do not decode together: {e}"))
+        };
+        let values: Vec<&[u8]> = good.iter().map(|r| r.value.as_slice()).collect();
+        let value = rows_of(&self.value, d.value.as_ref(), &self.value_schema, &values).map_err(together)?;
+        let key = match &self.key {
+            None => None,
+            Some(k) => {
+                let keys: Vec<&[u8]> = good.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
+                Some(rows_of(&k.format, d.key.as_ref(), &k.schema, &keys).map_err(together)?)
+            }
+        };
+        Ok(Decoded {
+            rows: self.assemble(value, key)?,
+            bad,
+        })
+    }
+
+    /// The table's rows from decoded values (and keys, with `EXCEPT_KEY`).
+    fn assemble(&self, value: RecordBatch, key: Option<RecordBatch>) -> Result<Option<ChangeBatch>> {
+        if let PartFormat::Text(f) = &self.value
+            && f.format.is_changelog()
+        {
+            let changes = filesystem::changelog::expand(f.format, &value, &self.schema)?;
+            return Ok((changes.num_rows() > 0).then_some(changes));
+        }
+        let rows = match (&self.key, key) {
+            (Some(k), Some(key)) => {
+                let mut columns: Vec<Option<ArrayRef>> = vec![None; self.schema.fields().len()];
+                for (c, i) in k.columns.iter().enumerate() {
+                    columns[*i] = Some(key.column(c).clone());
+                }
+                for (c, i) in self.value_columns.iter().enumerate() {
+                    columns[*i] = Some(value.column(c).clone());
+                }
+                let columns = columns
+                    .into_iter()
+                    .map(|c| c.ok_or_else(|| crate::error::ExecError::internal("a column is in neither key nor value")))
+                    .collect::<Result<Vec<_>>>()?;
+                crate::operators::calc::batch_with_schema(&self.schema, columns)?
+            }
+            _ => crate::operators::calc::batch_with_schema(&self.schema, value.columns().to_vec())?,
+        };
+        Ok((rows.num_rows() > 0).then(|| rows.into()))
+    }
+
+    /// Each row of `batch` (the table's physical columns) as a record's
+    /// key (with `key.format`) and value.
+    pub fn encode(&self, batch: &RecordBatch) -> Result<Encoded> {
+        let keys = match self.key.as_ref().or(self.write_key.as_ref()) {
+            None => None,
+            Some(k) => {
+                let cols = k.columns.iter().map(|i| batch.column(*i).clone()).collect();
+                let part = RecordBatch::try_new(k.schema.clone(), cols)?;
+                Some(
+                    encode_part(&k.format, &part)?
+                        .into_iter()
+                        .map(Option::unwrap_or_default)
+                        .collect(),
+                )
+            }
+        };
+        let cols = self.value_columns.iter().map(|i| batch.column(*i).clone()).collect();
+        let part = RecordBatch::try_new(self.value_schema.clone(), cols)?;
+        Ok((keys, encode_part(&self.value, &part)?))
+    }
+}
+
+/// The per-split decoders of a [`Codec`].
+pub(super) struct Decoders {
+    value: Option<LineDecoder>,
+    key: Option<LineDecoder>,
+}
+
+/// Text of a record, without the line break some producers end it with.
+fn text_of(bytes: &[u8]) -> std::result::Result<&str, String> {
+    let t = std::str::from_utf8(bytes).map_err(|e| format!("invalid UTF-8 after byte {}", e.valid_up_to()))?;
+    Ok(t.trim_end_matches(['\n', '\r']))
+}
+
+/// Adds the records of `parts` that do not decode on their own to `bad`.
+fn decode_part(
+    format: &PartFormat,
+    d: Option<&LineDecoder>,
+    parts: &[&[u8]],
+    records: &[Record],
+    bad: &mut Vec<(i64, String)>,
+) {
+    let (PartFormat::Text(_), Some(d)) = (format, d) else {
+        return;
+    };
+    let mut texts = vec![];
+    let mut at = vec![];
+    for (i, p) in parts.iter().enumerate() {
+        match text_of(p) {
+            Ok(t) if t.trim().is_empty() => bad.push((records[i].offset, "an empty record".into())),
+            Ok(t) => {
+                texts.push(t);
+                at.push(i);
+            }
+            Err(e) => bad.push((records[i].offset, e)),
+        }
+    }
+    if d.decode_lines(&texts).is_ok() {
+        return;
+    }
+    let mut failed = vec![];
+    d.find_bad(&texts, 0, &mut failed);
+    for (i, reason) in failed {
+        bad.push((records[at[i]].offset, reason));
+    }
+}
+
+/// Decodes every part into a batch of `schema`; an error if any part
+/// does not decode (then [`decode_part`] finds which).
+fn rows_of(
+    format: &PartFormat,
+    d: Option<&LineDecoder>,
+    schema: &SchemaRef,
+    parts: &[&[u8]],
+) -> std::result::Result<RecordBatch, String> {
+    match (format, d) {
+        (PartFormat::Text(_), Some(d)) => {
+            let texts = parts
+                .iter()
+                .map(|p| text_of(p))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            match d.decode_lines(&texts).map_err(|e| e.to_string())? {
+                Some(b) => Ok(b),
+                None => Ok(RecordBatch::new_empty(schema.clone())),
+            }
+        }
+        _ => {
+            let column: ArrayRef = match schema.field(0).data_type() {
+                // As Java's `new String(bytes, UTF_8)`: bad bytes become U+FFFD.
+                DataType::Utf8 => Arc::new(StringArray::from_iter_values(
+                    parts.iter().map(|p| String::from_utf8_lossy(p).into_owned()),
+                )),
+                DataType::LargeUtf8 => Arc::new(arrow::array::LargeStringArray::from_iter_values(
+                    parts.iter().map(|p| String::from_utf8_lossy(p).into_owned()),
+                )),
+                _ => Arc::new(BinaryArray::from_iter_values(parts.iter())),
+            };
+            RecordBatch::try_new(schema.clone(), vec![column]).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// Each row of `part` as bytes in `format` (`None`: a raw NULL).
+fn encode_part(format: &PartFormat, part: &RecordBatch) -> Result<Vec<Option<Vec<u8>>>> {
+    let f = match format {
+        PartFormat::Raw => {
+            let c = part.column(0);
+            return Ok(match c.data_type() {
+                DataType::Utf8 => c
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|v| v.map(|s| s.as_bytes().to_vec()))
+                    .collect(),
+                DataType::LargeUtf8 => c
+                    .as_string::<i64>()
+                    .iter()
+                    .map(|v| v.map(|s| s.as_bytes().to_vec()))
+                    .collect(),
+                _ => c.as_binary::<i32>().iter().map(|v| v.map(<[u8]>::to_vec)).collect(),
+            });
+        }
+        PartFormat::Text(f) => f,
+    };
+    let text = filesystem::sink::stringify_timestamps(part, f.iso_timestamps)?;
+    if f.format == Format::Json {
+        let mut json = Vec::new();
+        {
+            // Flink's JSON format writes NULL fields as `null`.
+            let mut w = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::LineDelimited>(&mut json);
+            w.write(&text)?;
+            w.finish()?;
+        }
+        let out: Vec<Option<Vec<u8>>> = json
+            .split(|b| *b == b'\n')
+            .take(part.num_rows())
+            .map(|l| Some(l.to_vec()))
+            .collect();
+        if out.len() != part.num_rows() {
+            return Err(crate::error::ExecError::internal(
+                "JSON writer wrote fewer lines than rows",
+            ));
+        }
+        return Ok(out);
+    }
+    // CSV: row by row, since a quoted field may hold a line break.
+    let mut out = Vec::with_capacity(part.num_rows());
+    for r in 0..part.num_rows() {
+        let mut buffer = Vec::new();
+        {
+            let mut b = arrow::csv::WriterBuilder::new()
+                .with_header(false)
+                .with_delimiter(f.delimiter)
+                .with_quote(f.quote);
+            if let Some(null) = &f.null_literal {
+                b = b.with_null(null.clone());
+            }
+            b.build(&mut buffer).write(&text.slice(r, 1))?;
+        }
+        while buffer.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            buffer.pop();
+        }
+        out.push(Some(buffer));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::Field;
+    use std::collections::BTreeMap;
+
+    fn options(pairs: &[(&str, &str)]) -> Options {
+        let m: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let specs: Vec<_> = super::super::OPTIONS
+            .iter()
+            .chain(filesystem::FORMAT_OPTIONS)
+            .copied()
+            .collect();
+        Options::validate(&m, &specs, "connector 'kafka'").expect("valid options")
+    }
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k_id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]))
+    }
+
+    fn record(offset: i64, key: &str, value: &str) -> Record {
+        Record {
+            offset,
+            key: Some(key.as_bytes().to_vec()),
+            value: value.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn except_key_reads_the_key_columns_from_the_key_without_their_prefix() {
+        let o = options(&[
+            ("format", "json"),
+            ("key.format", "json"),
+            ("key.fields", "k_id"),
+            ("key.fields-prefix", "k_"),
+            ("value.fields-include", "EXCEPT_KEY"),
+        ]);
+        let c = Codec::new(&o, &schema()).expect("codec");
+        let d = c.decoders();
+        let out = c
+            .decode(
+                &d,
+                &[
+                    record(7, r#"{"id":1}"#, r#"{"name":"a"}"#),
+                    record(8, r#"{"id":2}"#, "{oops"),
+                ],
+            )
+            .expect("decoded");
+        assert_eq!(out.bad.len(), 1);
+        assert_eq!(out.bad[0].0, 8);
+        let rows = out.rows.expect("rows").rows;
+        assert_eq!(rows.num_rows(), 1);
+        assert_eq!(rows.column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0), 1);
+        assert_eq!(rows.column(1).as_string::<i32>().value(0), "a");
+        let (keys, values) = c.encode(&rows).expect("encoded");
+        assert_eq!(keys.expect("keys")[0], br#"{"id":1}"#.to_vec());
+        assert_eq!(values[0].as_deref(), Some(&br#"{"name":"a"}"#[..]));
+    }
+
+    #[test]
+    fn options_that_contradict_each_other_are_refused_by_name() {
+        let e = Codec::new(&options(&[("format", "json"), ("key.fields-prefix", "k_")]), &schema())
+            .expect_err("prefix without EXCEPT_KEY");
+        assert!(e.to_string().contains("key.fields-prefix"), "{e}");
+        let e = Codec::new(&options(&[("format", "raw")]), &schema()).expect_err("raw with two columns");
+        assert!(e.to_string().contains("one STRING or BYTES column"), "{e}");
+        let e = Codec::new(
+            &options(&[("format", "json"), ("key.fields", "nope"), ("key.format", "json")]),
+            &schema(),
+        )
+        .expect_err("unknown key column");
+        assert!(e.to_string().contains("'nope'"), "{e}");
+    }
+}

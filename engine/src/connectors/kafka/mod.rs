@@ -1,0 +1,292 @@
+//! `kafka`: topics as a source (one split per topic partition, each with
+//! its own offset, watermark, idleness and alignment pause) and as a sink,
+//! with Flink's option names and defaults, on librdkafka (the `rdkafka`
+//! crate).
+//!
+//! - `source`: the enumerator (metadata, start and stop offsets by
+//!   `scan.startup.mode` / `scan.bounded.mode`) and the split reader.
+//!   Offsets live in Weir's checkpoints (a split's position is its next
+//!   offset), never in the consumer group: the group is only told after a
+//!   checkpoint completes, for monitoring.
+//! - `sink`: the producer writer, `none`, `at-least-once` (flushed and
+//!   every delivery checked at each barrier) or `exactly-once` (a Kafka
+//!   transaction per checkpoint, committed when it completes).
+//! - `protocol`: the raw requests librdkafka lacks (`EndTxn` for another
+//!   process's transaction; a fetch that shows transaction markers).
+//! - `codec`: records to rows and rows to records (`json`, `csv`, `raw`,
+//!   and the changelog formats as sources), with `key.format`,
+//!   `key.fields` and `value.fields-include`.
+
+mod codec;
+pub mod protocol;
+mod sink;
+mod source;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use weir_catalog::{CatalogError, OptionKind, OptionSpec, Options};
+
+pub use sink::KafkaSink;
+pub use source::KafkaSource;
+
+use super::config_error;
+use crate::error::{ConnectorError, Result};
+
+pub const NAME: &str = "kafka";
+
+/// Formats of a record's value or key.
+const FORMATS: &[&str] = &["json", "csv", "raw", "debezium-json", "canal-json", "maxwell-json"];
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        "topic",
+        OptionKind::String,
+        "the topic, or topics separated by ';' (source); the topic written to (sink)",
+    ),
+    OptionSpec::new(
+        "topic-pattern",
+        OptionKind::String,
+        "a regular expression: every topic whose whole name matches it is read (source)",
+    ),
+    OptionSpec::new(
+        "properties.bootstrap.servers",
+        OptionKind::String,
+        "host:port of Kafka brokers, separated by ','",
+    ),
+    OptionSpec::new(
+        "properties.group.id",
+        OptionKind::String,
+        "the consumer group: offsets are committed to it after each checkpoint, and read from it by 'group-offsets'",
+    ),
+    OptionSpec::new(
+        "properties.**",
+        OptionKind::String,
+        "any librdkafka client property, passed to the client as it is",
+    ),
+    OptionSpec::new(
+        "scan.startup.mode",
+        OptionKind::Enum(&[
+            "earliest-offset",
+            "latest-offset",
+            "group-offsets",
+            "timestamp",
+            "specific-offsets",
+        ]),
+        "where a partition without checkpointed state starts",
+    )
+    .with_default("group-offsets"),
+    OptionSpec::new(
+        "scan.startup.timestamp-millis",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "'timestamp' startup: the first record at or after this time (ms since the epoch)",
+    ),
+    OptionSpec::new(
+        "scan.startup.specific-offsets",
+        OptionKind::String,
+        "'specific-offsets' startup: 'partition:0,offset:42;partition:1,offset:300'",
+    ),
+    OptionSpec::new(
+        "scan.bounded.mode",
+        OptionKind::Enum(&["unbounded", "latest-offset", "group-offsets", "timestamp", "specific-offsets"]),
+        "where a partition ends: the source is bounded unless 'unbounded'",
+    )
+    .with_default("unbounded"),
+    OptionSpec::new(
+        "scan.bounded.timestamp-millis",
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "'timestamp' bounded mode: read the records before this time (ms since the epoch)",
+    ),
+    OptionSpec::new(
+        "scan.bounded.specific-offsets",
+        OptionKind::String,
+        "'specific-offsets' bounded mode: 'partition:0,offset:42;...' (exclusive; a partition not listed is not read)",
+    ),
+    OptionSpec::new(
+        "scan.topic-partition-discovery.interval",
+        OptionKind::Duration,
+        "how often topics and partitions are listed again while running; 0 disables",
+    )
+    .with_default("5 min"),
+    OptionSpec::new("format", OptionKind::Enum(FORMATS), "the format of record values"),
+    OptionSpec::new("value.format", OptionKind::Enum(FORMATS), "the format of record values (same as 'format')"),
+    OptionSpec::new(
+        "key.format",
+        OptionKind::Enum(&["json", "csv", "raw"]),
+        "the format of record keys (needs 'key.fields')",
+    ),
+    OptionSpec::new(
+        "key.fields",
+        OptionKind::String,
+        "the columns of the record key, separated by ';'",
+    ),
+    OptionSpec::new(
+        "key.fields-prefix",
+        OptionKind::String,
+        "a prefix of the key columns' names that the key's own names do not have (needs EXCEPT_KEY)",
+    ),
+    OptionSpec::new(
+        "value.fields-include",
+        OptionKind::Enum(&["ALL", "EXCEPT_KEY"]),
+        "whether the value holds every column (ALL) or every column but the key's",
+    )
+    .with_default("ALL"),
+    OptionSpec::new(
+        "sink.delivery-guarantee",
+        OptionKind::Enum(&["none", "at-least-once", "exactly-once"]),
+        "'at-least-once': every record is acknowledged before a checkpoint completes",
+    )
+    .with_default("at-least-once"),
+    OptionSpec::new(
+        "sink.transactional-id-prefix",
+        OptionKind::String,
+        "'exactly-once': the prefix of the producers' transactional ids",
+    ),
+    OptionSpec::new(
+        "sink.partitioner",
+        OptionKind::String,
+        "'default' (the key's murmur2 hash as Kafka's Java client, any partition without a key), 'fixed' (subtask i writes partition i % partitions) or 'round-robin'",
+    )
+    .with_default("default"),
+];
+
+/// How long the client may take to answer a metadata or offsets request
+/// before the job fails with the broker named.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn invalid(key: &str, message: impl Into<String>) -> crate::error::ExecError {
+    CatalogError::InvalidOption {
+        key: key.into(),
+        message: message.into(),
+    }
+    .into()
+}
+
+/// A failure of the Kafka cluster or the client: not the user's SQL.
+fn external(message: impl Into<String>) -> crate::error::ExecError {
+    ConnectorError::External {
+        system: "kafka".into(),
+        message: message.into(),
+    }
+    .into()
+}
+
+/// The client properties (`properties.*`, without the prefix).
+fn client_properties(options: &Options) -> BTreeMap<String, String> {
+    options
+        .raw()
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("properties.").map(|k| (k.to_string(), v.clone())))
+        .collect()
+}
+
+fn client_config(properties: &BTreeMap<String, String>) -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    for (k, v) in properties {
+        c.set(k, v);
+    }
+    // The client's own log goes through ours, at its level.
+    c.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
+    c
+}
+
+/// `partition:0,offset:42;partition:1,offset:300` (Flink's syntax).
+fn parse_specific_offsets(key: &str, text: &str) -> Result<BTreeMap<i32, i64>> {
+    let mut out = BTreeMap::new();
+    for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || {
+            invalid(
+                key,
+                format!(
+                    "invalid entry '{part}', expected 'partition:<number>,offset:<number>' (entries separated by ';')"
+                ),
+            )
+        };
+        let mut partition = None;
+        let mut offset = None;
+        for kv in part.split(',') {
+            let (k, v) = kv.split_once(':').ok_or_else(bad)?;
+            match k.trim() {
+                "partition" => partition = Some(v.trim().parse::<i32>().map_err(|_| bad())?),
+                "offset" => offset = Some(v.trim().parse::<i64>().map_err(|_| bad())?),
+                _ => return Err(bad()),
+            }
+        }
+        match (partition, offset) {
+            (Some(p), Some(o)) if p >= 0 && o >= 0 => {
+                out.insert(p, o);
+            }
+            _ => return Err(bad()),
+        }
+    }
+    if out.is_empty() {
+        return Err(invalid(key, "no offsets given"));
+    }
+    Ok(out)
+}
+
+/// The topics a source reads.
+#[derive(Debug, Clone)]
+enum Topics {
+    List(Vec<String>),
+    /// Matched against the whole name, as Java's `Pattern.matcher().matches()`.
+    Pattern(regex::Regex),
+}
+
+impl Topics {
+    fn from_options(options: &Options) -> Result<Self> {
+        match (options.get("topic"), options.get("topic-pattern")) {
+            (Some(_), Some(_)) => Err(config_error(
+                NAME,
+                "options 'topic' and 'topic-pattern' cannot both be set: name the topics or give a pattern",
+            )
+            .into()),
+            (None, None) => Err(config_error(NAME, "needs option 'topic' or 'topic-pattern'").into()),
+            (Some(t), None) => {
+                let list: Vec<String> = t
+                    .split(';')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                if list.is_empty() {
+                    return Err(invalid("topic", "no topic given"));
+                }
+                Ok(Topics::List(list))
+            }
+            (None, Some(p)) => regex::Regex::new(&format!("^(?:{p})$"))
+                .map(Topics::Pattern)
+                .map_err(|e| {
+                    invalid(
+                        "topic-pattern",
+                        format!(
+                            "invalid regular expression '{p}': {}",
+                            e.to_string()
+                                .lines()
+                                .last()
+                                .unwrap_or_default()
+                                .trim_start_matches("error: ")
+                        ),
+                    )
+                }),
+        }
+    }
+}
+
+/// Checks what can be checked before the table is used (no broker needed):
+/// at CREATE TABLE, so a wrong option is named before any query.
+pub fn validate(options: &Options, schema: &SchemaRef) -> Result<()> {
+    if options.get("properties.bootstrap.servers").is_none() {
+        return Err(config_error(
+            NAME,
+            "needs option 'properties.bootstrap.servers' (host:port of the brokers)",
+        )
+        .into());
+    }
+    Topics::from_options(options)?;
+    codec::Codec::new(options, schema)?;
+    source::Settings::from_options(options)?;
+    sink::check_guarantee(options)?;
+    Ok(())
+}

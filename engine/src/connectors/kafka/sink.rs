@@ -1,0 +1,812 @@
+//! The Kafka sink: one producer per sink subtask (exactly-once: one
+//! transactional producer per checkpoint, from a pool of ids).
+//!
+//! `sink.delivery-guarantee`:
+//! - `none`: records are handed to the producer and not waited for;
+//! - `at-least-once` (the default): the producer is idempotent, and at
+//!   every checkpoint barrier (and at the end of input) it is flushed and
+//!   every delivery checked: a record the cluster did not take fails the
+//!   checkpoint, so the job restarts from the previous one and writes it
+//!   again. Records may then be written twice, never lost.
+//! - `exactly-once`: each checkpoint's records are one Kafka transaction,
+//!   pre-committed (flushed) at the barrier and committed when the
+//!   checkpoint completes (see [`Transactions`]).
+//!
+//! Keys are placed by `sink.partitioner`: `default` is Kafka's Java
+//! client's (murmur2 of the key, so other Kafka clients put the same key in
+//! the same partition; librdkafka's own default is CRC32), `fixed` writes
+//! subtask i's records to partition i % partitions, `round-robin` spreads
+//! them in turn.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use rdkafka::ClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::statistics::Statistics;
+use weir_catalog::Options;
+
+use super::codec::Codec;
+use super::protocol;
+use super::{NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid};
+use crate::change::ChangeBatch;
+use crate::checkpoint::OperatorSnapshot;
+use crate::connectors::{Committer, SinkContext, SinkFactory};
+use crate::error::Result;
+use crate::operators::{Collector, Operator};
+
+/// Longest a flush may wait for the cluster to acknowledge every record.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Transactional ids per sink subtask: one being written, the others
+/// pre-committed and waiting for their checkpoint to complete (more than
+/// one when checkpoints failed in between: a later one commits them).
+const SLOTS: usize = 8;
+
+/// How long a writer waits at a barrier for an id whose commit is under
+/// way before it fails (every id waiting means checkpoints keep failing).
+const FREE_ID_WAIT: Duration = Duration::from_secs(10);
+
+/// Weir's default `transaction.timeout.ms`: the broker's default maximum
+/// (`transaction.max.timeout.ms`, 15 min); Flink's 1 h is refused by
+/// brokers left at their defaults.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 900_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Guarantee {
+    None,
+    AtLeastOnce,
+    ExactlyOnce { prefix: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Partitioner {
+    Default,
+    Fixed,
+    RoundRobin,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    guarantee: Guarantee,
+    partitioner: Partitioner,
+    topic: String,
+}
+
+/// The delivery guarantee and what it needs (checked at CREATE TABLE).
+pub(super) fn check_guarantee(options: &Options) -> Result<()> {
+    Settings::guarantee(options).map(|_| ())
+}
+
+impl Settings {
+    fn guarantee(options: &Options) -> Result<Guarantee> {
+        Ok(match options.enum_value("sink.delivery-guarantee").as_deref() {
+            Some("none") => Guarantee::None,
+            Some("exactly-once") => {
+                let prefix = options.get("sink.transactional-id-prefix").ok_or_else(|| {
+                    invalid(
+                        "sink.delivery-guarantee",
+                        "'exactly-once' needs 'sink.transactional-id-prefix' (unique per job writing the cluster)",
+                    )
+                })?;
+                if prefix.trim().is_empty() {
+                    return Err(invalid("sink.transactional-id-prefix", "must not be empty"));
+                }
+                Guarantee::ExactlyOnce {
+                    prefix: prefix.to_string(),
+                }
+            }
+            _ => Guarantee::AtLeastOnce,
+        })
+    }
+
+    pub fn from_options(options: &Options) -> Result<Self> {
+        let guarantee = Self::guarantee(options)?;
+        let partitioner = match options.get("sink.partitioner").unwrap_or("default") {
+            p if p.eq_ignore_ascii_case("default") => Partitioner::Default,
+            p if p.eq_ignore_ascii_case("fixed") => Partitioner::Fixed,
+            p if p.eq_ignore_ascii_case("round-robin") => Partitioner::RoundRobin,
+            other => {
+                return Err(invalid(
+                    "sink.partitioner",
+                    format!(
+                        "invalid value '{other}', expected default, fixed or round-robin (Java partitioner classes cannot run in Weir)"
+                    ),
+                ));
+            }
+        };
+        let topic = match Topics::from_options(options)? {
+            Topics::List(list) if list.len() == 1 => list[0].clone(),
+            Topics::List(_) => {
+                return Err(invalid(
+                    "topic",
+                    "a sink writes one topic; several topics need a 'topic' metadata column, which Weir does not have yet",
+                ));
+            }
+            Topics::Pattern(_) => {
+                return Err(invalid("topic-pattern", "a sink writes one named topic: use 'topic'"));
+            }
+        };
+        Ok(Self {
+            guarantee,
+            partitioner,
+            topic,
+        })
+    }
+}
+
+#[derive(Debug)]
+pub struct KafkaSink {
+    table: String,
+    properties: BTreeMap<String, String>,
+    settings: Settings,
+    codec: Codec,
+    transactions: Arc<Transactions>,
+}
+
+impl KafkaSink {
+    pub fn new(options: &Options, schema: SchemaRef, table: &str) -> Result<Self> {
+        let settings = Settings::from_options(options)?;
+        let mut properties = client_properties(options);
+        // Kafka's Java client places keys by murmur2; librdkafka's default
+        // (CRC32) would put them elsewhere.
+        properties
+            .entry("partitioner".into())
+            .or_insert_with(|| "murmur2_random".into());
+        match &settings.guarantee {
+            Guarantee::AtLeastOnce => {
+                properties
+                    .entry("enable.idempotence".into())
+                    .or_insert_with(|| "true".into());
+            }
+            Guarantee::ExactlyOnce { .. } => {
+                properties
+                    .entry("transaction.timeout.ms".into())
+                    .or_insert_with(|| DEFAULT_TRANSACTION_TIMEOUT_MS.to_string());
+                properties
+                    .entry("statistics.interval.ms".into())
+                    .or_insert_with(|| "100".into());
+                if let Some(v) = properties.get("transactional.id") {
+                    return Err(invalid(
+                        "properties.transactional.id",
+                        format!("'{v}': Weir names its transactions from 'sink.transactional-id-prefix'"),
+                    ));
+                }
+            }
+            Guarantee::None => {}
+        }
+        let bootstrap = properties.get("bootstrap.servers").cloned().unwrap_or_default();
+        Ok(Self {
+            table: table.to_string(),
+            transactions: Arc::new(Transactions {
+                prefix: match &settings.guarantee {
+                    Guarantee::ExactlyOnce { prefix } => prefix.clone(),
+                    _ => String::new(),
+                },
+                bootstrap,
+                properties: properties.clone(),
+                live: Mutex::new(HashMap::new()),
+                committed: Condvar::new(),
+                old_parallelism: Mutex::new(0),
+            }),
+            properties,
+            settings,
+            codec: Codec::new(options, &schema)?,
+        })
+    }
+
+    /// The transaction timeout, checked against the checkpoints it must
+    /// outlive.
+    fn check_timeout(&self, ctx: &SinkContext) -> Result<()> {
+        if !ctx.exactly_once {
+            return Err(invalid(
+                "sink.delivery-guarantee",
+                "'exactly-once' commits a transaction per checkpoint: turn checkpointing on \
+                 (SET 'execution.checkpointing.interval' = '10 s') or use 'at-least-once'",
+            ));
+        }
+        let timeout = self
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .ok_or_else(|| invalid("properties.transaction.timeout.ms", "expected milliseconds"))?;
+        let needed = ctx.checkpoint_interval.unwrap_or_default() + ctx.checkpoint_timeout.unwrap_or_default();
+        if timeout <= needed {
+            return Err(invalid(
+                "properties.transaction.timeout.ms",
+                format!(
+                    "{} ms is not longer than a checkpoint interval plus its timeout ({} ms): the broker would abort \
+                     transactions before their checkpoint completes, losing their records",
+                    timeout.as_millis(),
+                    needed.as_millis()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl SinkFactory for KafkaSink {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn changes_hint(&self) -> String {
+        " ('kafka' writes inserts only; 'upsert-kafka' is not supported yet)".into()
+    }
+
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
+        let partitions = match self.settings.partitioner {
+            Partitioner::Default => 0,
+            _ => self.partitions()?,
+        };
+        let delivery = match &self.settings.guarantee {
+            Guarantee::ExactlyOnce { prefix } => {
+                self.check_timeout(ctx)?;
+                // A broker without EndTxn would take the records and never
+                // let a transaction commit: refused before anything is written.
+                if protocol::supports(&self.transactions.bootstrap, 26, REQUEST_TIMEOUT) == Ok(false) {
+                    return Err(invalid(
+                        "sink.delivery-guarantee",
+                        format!(
+                            "'exactly-once' needs Kafka transactions, and the cluster at '{}' does not serve EndTxn; \
+                             use 'at-least-once'",
+                            self.transactions.bootstrap
+                        ),
+                    ));
+                }
+                let ids: Vec<String> = (0..SLOTS).map(|s| format!("{prefix}-{subtask}-{s}")).collect();
+                // Whatever an earlier run left open under these ids is
+                // aborted, and its producers fenced, before writing.
+                for id in &ids {
+                    self.transactions.open(id)?;
+                }
+                let mut w = TxnWriter {
+                    transactions: self.transactions.clone(),
+                    ids,
+                    subtask,
+                    parallelism,
+                    current: None,
+                    pending: vec![],
+                };
+                w.begin()?;
+                Delivery::Transactional(w)
+            }
+            _ => {
+                let producer: BaseProducer<Deliveries> = client_config(&self.properties)
+                    .create_with_context(Deliveries::default())
+                    .map_err(|e| external(format!("cannot create a producer for table '{}': {e}", self.table)))?;
+                Delivery::Plain(producer)
+            }
+        };
+        Ok(Box::new(KafkaWriter {
+            delivery,
+            settings: self.settings.clone(),
+            codec: self.codec.clone(),
+            partitions,
+            next: subtask as i32,
+            subtask: subtask as i32,
+        }))
+    }
+
+    fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
+        matches!(self.settings.guarantee, Guarantee::ExactlyOnce { .. })
+            .then(|| Arc::new(TxnCommitter(self.transactions.clone())) as Arc<dyn Committer>)
+    }
+}
+
+impl KafkaSink {
+    /// The topic's number of partitions (`fixed`, `round-robin`).
+    fn partitions(&self) -> Result<i32> {
+        let topic = &self.settings.topic;
+        let consumer: rdkafka::consumer::BaseConsumer = client_config(&self.properties)
+            .create()
+            .map_err(|e| external(format!("cannot create a client for table '{}': {e}", self.table)))?;
+        use rdkafka::consumer::Consumer;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+            .map_err(|e| external(format!("cannot read the metadata of topic '{topic}': {e}")))?;
+        let n = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        if n == 0 {
+            return Err(external(format!(
+                "topic '{topic}' does not exist (table '{}')",
+                self.table
+            )));
+        }
+        Ok(n as i32)
+    }
+}
+
+/// A producer's delivery reports (the first failure, kept until checked)
+/// and, for a transactional producer, its id and epoch from librdkafka's
+/// statistics (`eos`): the only place librdkafka tells them.
+#[derive(Default)]
+struct Deliveries {
+    failed: Mutex<Option<String>>,
+    identity: Mutex<Option<(i64, i16)>>,
+}
+
+impl ClientContext for Deliveries {
+    fn stats(&self, statistics: Statistics) {
+        if let Some(eos) = statistics.eos
+            && eos.producer_id >= 0
+            && eos.producer_epoch >= 0
+            && let Ok(mut id) = self.identity.lock()
+        {
+            *id = Some((eos.producer_id, eos.producer_epoch as i16));
+        }
+    }
+}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, m)) = result
+            && let Ok(mut failed) = self.failed.lock()
+            && failed.is_none()
+        {
+            *failed = Some(format!(
+                "a record to topic '{}' partition {} was not delivered: {e}",
+                m.topic(),
+                m.partition()
+            ));
+        }
+    }
+}
+
+/// Fails if a delivery of `producer` failed since the last check.
+fn check_deliveries(producer: &BaseProducer<Deliveries>) -> Result<()> {
+    let failed = producer
+        .context()
+        .failed
+        .lock()
+        .map_err(|_| crate::error::ExecError::internal("delivery reports poisoned"))?
+        .take();
+    match failed {
+        Some(message) => Err(external(message)),
+        None => Ok(()),
+    }
+}
+
+/// Waits until the cluster acknowledged every record sent, then checks
+/// that each was taken.
+fn flush(producer: &BaseProducer<Deliveries>, topic: &str) -> Result<()> {
+    producer.flush(FLUSH_TIMEOUT).map_err(|e| {
+        external(format!(
+            "records to topic '{topic}' were not acknowledged within {} s: {e}",
+            FLUSH_TIMEOUT.as_secs()
+        ))
+    })?;
+    check_deliveries(producer)
+}
+
+/// A pre-committed transaction, as a checkpoint keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Committable {
+    transactional_id: String,
+    producer_id: i64,
+    epoch: i16,
+    subtask: usize,
+    parallelism: usize,
+}
+
+/// The transactions of one sink, shared by its writers and its committer.
+///
+/// Transactional ids are `<prefix>-<subtask>-<slot>`, [`SLOTS`] per
+/// subtask. A writer writes one transaction at a time; at the barrier it
+/// flushes it (pre-commit), records `(id, producer id, epoch)` in the
+/// checkpoint, hands the producer here (`live`) and begins the next
+/// transaction under a free id with a new producer (librdkafka cannot
+/// rename one; `init_transactions` on a new instance bumps the epoch and
+/// fences the old one). An id is free once its transaction committed.
+///
+/// When the checkpoint completes, the committer commits the live producer's
+/// transaction. After a restart there is no live producer: the checkpoint's
+/// transactions are committed with a raw `EndTxn` carrying the stored id,
+/// producer id and epoch ([`protocol::end_transaction`]; asking again for
+/// one already committed answers NONE). An id is only reused (at a new
+/// epoch) after its commit succeeded, so an `EndTxn` that is fenced means
+/// the transaction was committed before, unless the broker aborted it on
+/// its timeout, which is logged as possible loss. Then `recover` aborts
+/// every other transaction the earlier run left open under the ids of its
+/// subtasks, and the writers abort theirs when they start.
+#[derive(Debug)]
+struct Transactions {
+    /// `sink.transactional-id-prefix`.
+    prefix: String,
+    bootstrap: String,
+    properties: BTreeMap<String, String>,
+    /// Pre-committed transactions by id: `Some(producer)` waiting for its
+    /// checkpoint, `None` while being committed (the id is still busy).
+    live: Mutex<HashMap<String, LiveTxn>>,
+    committed: Condvar,
+    /// The parallelism of the run a restore came from (from its committables).
+    old_parallelism: Mutex<usize>,
+}
+
+struct LiveTxn {
+    producer: Option<BaseProducer<Deliveries>>,
+    producer_id: i64,
+    epoch: i16,
+}
+
+impl std::fmt::Debug for LiveTxn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LiveTxn({}, {})", self.producer_id, self.epoch)
+    }
+}
+
+impl Transactions {
+    /// A new transactional producer for `id`, its transactions initialised:
+    /// whatever was open under `id` is aborted and older producers fenced.
+    fn open(&self, id: &str) -> Result<BaseProducer<Deliveries>> {
+        let mut config = client_config(&self.properties);
+        config.set("transactional.id", id);
+        let producer: BaseProducer<Deliveries> = config
+            .create_with_context(Deliveries::default())
+            .map_err(|e| external(format!("cannot create the transactional producer '{id}': {e}")))?;
+        producer
+            .init_transactions(REQUEST_TIMEOUT)
+            .map_err(|e| external(format!("cannot initialise transactions of '{id}': {e}")))?;
+        Ok(producer)
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, LiveTxn>>> {
+        self.live
+            .lock()
+            .map_err(|_| crate::error::ExecError::internal("Kafka transactions poisoned"))
+    }
+
+    fn busy(&self, id: &str) -> Result<bool> {
+        Ok(self.lock()?.contains_key(id))
+    }
+
+    /// Commits one pre-committed transaction.
+    fn commit(&self, c: &Committable) -> Result<()> {
+        let producer = {
+            let mut live = self.lock()?;
+            match live.get_mut(&c.transactional_id) {
+                Some(t) if t.producer_id == c.producer_id && t.epoch == c.epoch => t.producer.take(),
+                _ => None,
+            }
+        };
+        let result = match &producer {
+            Some(p) => p.commit_transaction(REQUEST_TIMEOUT).map_err(|e| {
+                external(format!(
+                    "transaction '{}' of a completed checkpoint could not be committed: {e}; its records are lost",
+                    c.transactional_id
+                ))
+            }),
+            None => self.commit_restored(c),
+        };
+        if producer.is_some() || result.is_ok() {
+            let mut live = self.lock()?;
+            if live
+                .get(&c.transactional_id)
+                .is_some_and(|t| t.producer_id == c.producer_id && t.epoch == c.epoch)
+            {
+                live.remove(&c.transactional_id);
+            }
+            self.committed.notify_all();
+        }
+        result
+    }
+
+    /// Commits a transaction a previous process pre-committed.
+    fn commit_restored(&self, c: &Committable) -> Result<()> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            match protocol::end_transaction(
+                &self.bootstrap,
+                &c.transactional_id,
+                c.producer_id,
+                c.epoch,
+                true,
+                REQUEST_TIMEOUT,
+            ) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(protocol::ProtocolError::Code(code @ (47 | 49 | 90))) => {
+                    // The id went on to a later epoch: Weir only does that
+                    // after a commit, so it was committed before the
+                    // restart; the broker's timeout is the other cause.
+                    tracing::warn!(
+                        target: "weir::kafka",
+                        "transaction '{}' (producer {} epoch {}) was ended before the restart ({}): committed by the \
+                         run that pre-committed it, or aborted by the broker's transaction timeout",
+                        c.transactional_id,
+                        c.producer_id,
+                        c.epoch,
+                        protocol::error_name(code)
+                    );
+                    return Ok(());
+                }
+                Err(e) => {
+                    return Err(external(format!(
+                        "transaction '{}' of the restored checkpoint could not be committed: {e}",
+                        c.transactional_id
+                    )));
+                }
+            }
+        }
+    }
+}
+
+struct TxnCommitter(Arc<Transactions>);
+
+impl Committer for TxnCommitter {
+    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+        for c in committables {
+            let c: Committable = serde_json::from_value(c.clone()).map_err(|e| {
+                crate::error::ExecError::internal(format!("a Kafka committable that does not read: {e}"))
+            })?;
+            if let Ok(mut p) = self.0.old_parallelism.lock() {
+                *p = (*p).max(c.parallelism);
+            }
+            self.0.commit(&c)?;
+        }
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<()> {
+        // Producers of a failed attempt in this process hold transactions
+        // no checkpoint has: dropped, and aborted below.
+        self.0.lock()?.clear();
+        let old = self.0.old_parallelism.lock().map(|p| *p).unwrap_or(0);
+        let prefix = &self.0.prefix;
+        // The ids of the restored run's subtasks: the writers of this run
+        // abort their own when they start; these cover a run that had
+        // more subtasks than this one.
+        for subtask in 0..old {
+            for slot in 0..SLOTS {
+                self.0.open(&format!("{prefix}-{subtask}-{slot}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The transactional writer of one subtask.
+struct TxnWriter {
+    transactions: Arc<Transactions>,
+    ids: Vec<String>,
+    subtask: usize,
+    parallelism: usize,
+    /// The transaction being written: its id and producer.
+    current: Option<(String, BaseProducer<Deliveries>, bool)>,
+    /// Pre-committed, not known to be committed yet: kept in every
+    /// checkpoint until then (a checkpoint that failed never commits them;
+    /// the next completed one does).
+    pending: Vec<Committable>,
+}
+
+impl TxnWriter {
+    /// Begins a transaction under a free id, waiting for one if every id
+    /// waits for its checkpoint.
+    fn begin(&mut self) -> Result<()> {
+        let deadline = Instant::now() + FREE_ID_WAIT;
+        let id = loop {
+            let mut free = None;
+            for id in &self.ids {
+                if !self.transactions.busy(id)? {
+                    free = Some(id.clone());
+                    break;
+                }
+            }
+            if let Some(id) = free {
+                break id;
+            }
+            if Instant::now() >= deadline {
+                return Err(external(format!(
+                    "all {SLOTS} transactional ids of sink subtask {} wait for their checkpoints to complete \
+                     (checkpoints keep failing): restarting from the last completed one",
+                    self.subtask
+                )));
+            }
+            let live = self.transactions.lock()?;
+            let _ = self
+                .transactions
+                .committed
+                .wait_timeout(live, Duration::from_millis(100))
+                .map_err(|_| crate::error::ExecError::internal("Kafka transactions poisoned"))?;
+        };
+        let producer = self.transactions.open(&id)?;
+        producer
+            .begin_transaction()
+            .map_err(|e| external(format!("cannot begin a transaction of '{id}': {e}")))?;
+        self.current = Some((id, producer, false));
+        Ok(())
+    }
+
+    /// The producer id and epoch of `producer`, from its statistics.
+    fn identity(producer: &BaseProducer<Deliveries>, id: &str) -> Result<(i64, i16)> {
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            if let Some(i) = *producer
+                .context()
+                .identity
+                .lock()
+                .map_err(|_| crate::error::ExecError::internal("producer statistics poisoned"))?
+            {
+                return Ok(i);
+            }
+            if Instant::now() >= deadline {
+                return Err(external(format!(
+                    "the producer of '{id}' reported no producer id within {} s",
+                    REQUEST_TIMEOUT.as_secs()
+                )));
+            }
+            producer.poll(Duration::from_millis(20));
+        }
+    }
+
+    /// The barrier: flushes the current transaction and hands it over.
+    fn pre_commit(&mut self, topic: &str) -> Result<Vec<serde_json::Value>> {
+        self.pending.retain(|c| {
+            self.transactions
+                .lock()
+                .map(|live| {
+                    live.get(&c.transactional_id)
+                        .is_some_and(|t| t.producer_id == c.producer_id)
+                })
+                .unwrap_or(true)
+        });
+        if let Some((id, producer, wrote)) = self.current.take() {
+            if !wrote {
+                // Nothing written: the transaction goes on (librdkafka has
+                // not told the broker of it yet).
+                self.current = Some((id, producer, false));
+            } else {
+                flush(&producer, topic)?;
+                let (producer_id, epoch) = Self::identity(&producer, &id)?;
+                let c = Committable {
+                    transactional_id: id.clone(),
+                    producer_id,
+                    epoch,
+                    subtask: self.subtask,
+                    parallelism: self.parallelism,
+                };
+                self.transactions.lock()?.insert(
+                    id,
+                    LiveTxn {
+                        producer: Some(producer),
+                        producer_id,
+                        epoch,
+                    },
+                );
+                self.pending.push(c);
+                self.begin()?;
+            }
+        }
+        self.pending
+            .iter()
+            .map(|c| serde_json::to_value(c).map_err(|e| crate::error::ExecError::internal(e.to_string())))
+            .collect()
+    }
+}
+
+enum Delivery {
+    Plain(BaseProducer<Deliveries>),
+    Transactional(TxnWriter),
+}
+
+struct KafkaWriter {
+    delivery: Delivery,
+    settings: Settings,
+    codec: Codec,
+    /// The topic's partitions (`fixed`, `round-robin`).
+    partitions: i32,
+    /// `round-robin`: the next partition.
+    next: i32,
+    subtask: i32,
+}
+
+impl KafkaWriter {
+    fn partition(&mut self) -> Option<i32> {
+        match self.settings.partitioner {
+            Partitioner::Default => None,
+            Partitioner::Fixed => Some(self.subtask % self.partitions),
+            Partitioner::RoundRobin => {
+                let p = self.next % self.partitions;
+                self.next = (self.next + 1) % self.partitions;
+                Some(p)
+            }
+        }
+    }
+}
+
+impl Operator for KafkaWriter {
+    fn name(&self) -> &str {
+        "Sink: kafka"
+    }
+
+    fn process_batch(&mut self, batch: ChangeBatch, _out: &mut Collector) -> Result<()> {
+        let rows = batch.into_inserts("Sink: kafka")?;
+        let (keys, values) = self.codec.encode(&rows)?;
+        let topic = self.settings.topic.clone();
+        let partitions: Vec<Option<i32>> = (0..values.len()).map(|_| self.partition()).collect();
+        let producer = match &mut self.delivery {
+            Delivery::Plain(p) => &*p,
+            Delivery::Transactional(w) => match w.current.as_mut() {
+                Some((_, p, wrote)) => {
+                    *wrote = true;
+                    &*p
+                }
+                None => {
+                    return Err(crate::error::ExecError::internal(
+                        "a Kafka transactional writer without a transaction",
+                    ));
+                }
+            },
+        };
+        for (i, value) in values.iter().enumerate() {
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic);
+            if let Some(v) = value {
+                record = record.payload(v.as_slice());
+            }
+            if let Some(k) = keys.as_ref().map(|k| k[i].as_slice()) {
+                record = record.key(k);
+            }
+            if let Some(p) = partitions[i] {
+                record = record.partition(p);
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        // The producer's queue is full: wait for deliveries
+                        // (back-pressure), then send again.
+                        record = r;
+                        producer.poll(Duration::from_millis(100));
+                    }
+                    Err((e, _)) => {
+                        return Err(external(format!("cannot send a record to topic '{topic}': {e}")));
+                    }
+                }
+            }
+        }
+        producer.poll(Duration::ZERO);
+        check_deliveries(producer)
+    }
+
+    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        // The barrier: every record before it is in the topic (or in the
+        // pre-committed transaction) before the checkpoint can complete.
+        let topic = self.settings.topic.clone();
+        match &mut self.delivery {
+            Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
+            Delivery::Plain(_) => {}
+            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+        }
+        Ok(None)
+    }
+
+    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
+        let topic = self.settings.topic.clone();
+        match &mut self.delivery {
+            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+            Delivery::Plain(_) => Ok(None),
+        }
+    }
+
+    fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
+        let topic = self.settings.topic.clone();
+        match &self.delivery {
+            Delivery::Plain(p) => flush(p, &topic),
+            // Its last transaction is pre-committed by the final checkpoint.
+            Delivery::Transactional(_) => Ok(()),
+        }
+    }
+}

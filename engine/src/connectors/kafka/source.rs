@@ -1,0 +1,774 @@
+//! The Kafka source: one split per topic partition.
+//!
+//! The enumerator (`create_splits`) reads the topics' metadata and decides
+//! every partition's start offset by `scan.startup.mode` and, when bounded,
+//! its stop offset by `scan.bounded.mode`, once, as Flink's enumerator
+//! does; a partition with checkpointed state starts at its checkpointed
+//! offset instead (`seek`), whatever the startup mode.
+//!
+//! A split reads its partition with a consumer of its own, assigned (never
+//! subscribed) at an explicit offset. A split paused by watermark alignment
+//! is simply not polled: librdkafka fetches until the partition's local
+//! queue holds `queued.max.messages.kbytes`, then stops fetching it, and
+//! nothing fetched is thrown away (librdkafka's `pause()` would purge the
+//! prefetched records and fetch them again on resume).
+//!
+//! The position a checkpoint records is the split's next offset: the
+//! offset after the last record handed on, or the consumer's position when
+//! it is further (control records of transactions take offsets too, so a
+//! bounded read ends by position, not by last offset + 1: FLINK-34470).
+//! After a checkpoint completes the offsets are committed to the consumer
+//! group, for monitoring only; the source never reads them back except for
+//! `group-offsets` startup.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use weir_catalog::Options;
+
+use super::codec::{Codec, Decoders, Record};
+use super::{
+    NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid, parse_specific_offsets,
+};
+use crate::connectors::{Committer, SinkContext, SourceFactory, SourceSplit, SplitPoll};
+use crate::error::{ConnectorError, Result};
+
+/// Most records one poll hands on.
+const MAX_RECORDS: usize = 8192;
+
+/// How long an empty split waits before it is polled again; librdkafka
+/// wakes the reader sooner when a record arrives.
+const EMPTY_WAIT: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone)]
+enum Startup {
+    Earliest,
+    Latest,
+    Group,
+    Timestamp(i64),
+    Specific(BTreeMap<i32, i64>),
+}
+
+#[derive(Debug, Clone)]
+enum Bounded {
+    Unbounded,
+    Latest,
+    Group,
+    Timestamp(i64),
+    Specific(BTreeMap<i32, i64>),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Settings {
+    startup: Startup,
+    bounded: Bounded,
+}
+
+impl Settings {
+    pub fn from_options(options: &Options) -> Result<Self> {
+        let millis = |mode_key: &str, key: &str| -> Result<i64> {
+            options
+                .i64(key)?
+                .ok_or_else(|| invalid(mode_key, format!("mode 'timestamp' needs option '{key}'")))
+        };
+        let specific = |mode_key: &str, key: &str| -> Result<BTreeMap<i32, i64>> {
+            let text = options
+                .get(key)
+                .ok_or_else(|| invalid(mode_key, format!("mode 'specific-offsets' needs option '{key}'")))?;
+            parse_specific_offsets(key, text)
+        };
+        let startup = match options.enum_value("scan.startup.mode").as_deref() {
+            Some("earliest-offset") => Startup::Earliest,
+            Some("latest-offset") => Startup::Latest,
+            Some("timestamp") => Startup::Timestamp(millis("scan.startup.mode", "scan.startup.timestamp-millis")?),
+            Some("specific-offsets") => {
+                Startup::Specific(specific("scan.startup.mode", "scan.startup.specific-offsets")?)
+            }
+            _ => Startup::Group,
+        };
+        let bounded = match options.enum_value("scan.bounded.mode").as_deref() {
+            Some("latest-offset") => Bounded::Latest,
+            Some("group-offsets") => Bounded::Group,
+            Some("timestamp") => Bounded::Timestamp(millis("scan.bounded.mode", "scan.bounded.timestamp-millis")?),
+            Some("specific-offsets") => {
+                Bounded::Specific(specific("scan.bounded.mode", "scan.bounded.specific-offsets")?)
+            }
+            _ => Bounded::Unbounded,
+        };
+        for (key, applies) in [
+            (
+                "scan.startup.timestamp-millis",
+                matches!(startup, Startup::Timestamp(_)),
+            ),
+            ("scan.startup.specific-offsets", matches!(startup, Startup::Specific(_))),
+            (
+                "scan.bounded.timestamp-millis",
+                matches!(bounded, Bounded::Timestamp(_)),
+            ),
+            ("scan.bounded.specific-offsets", matches!(bounded, Bounded::Specific(_))),
+        ] {
+            if options.get(key).is_some() && !applies {
+                let mode = if key.starts_with("scan.startup") {
+                    "scan.startup.mode"
+                } else {
+                    "scan.bounded.mode"
+                };
+                return Err(invalid(key, format!("does not apply to the '{mode}' given")));
+            }
+        }
+        Ok(Self { startup, bounded })
+    }
+}
+
+/// Offsets of the topics' partitions at a moment, for one startup or stop rule.
+type PartitionOffsets = BTreeMap<(String, i32), i64>;
+
+#[derive(Debug)]
+pub struct KafkaSource {
+    table: String,
+    properties: BTreeMap<String, String>,
+    topics: Topics,
+    settings: Settings,
+    codec: Codec,
+    /// The user's consumer group, where offsets are committed.
+    group: Option<String>,
+    /// `scan.topic-partition-discovery.interval`.
+    discovery: Option<Duration>,
+}
+
+impl KafkaSource {
+    pub fn new(options: &Options, schema: SchemaRef, table: &str) -> Result<Self> {
+        let mut properties = client_properties(options);
+        let group = properties.get("group.id").cloned();
+        if let Some(reset) = properties.get("auto.offset.reset")
+            && !matches!(
+                reset.as_str(),
+                "earliest" | "latest" | "smallest" | "largest" | "error" | "none"
+            )
+        {
+            return Err(invalid(
+                "properties.auto.offset.reset",
+                format!("invalid value '{reset}', expected earliest, latest or none"),
+            ));
+        }
+        // Offsets are Weir's (checkpoints); the group is only told.
+        properties.insert("enable.auto.commit".into(), "false".into());
+        properties.insert("enable.auto.offset.store".into(), "false".into());
+        properties.insert("enable.partition.eof".into(), "true".into());
+        properties
+            .entry("isolation.level".into())
+            .or_insert_with(|| "read_committed".into());
+        // A paused split keeps at most this much fetched (librdkafka's
+        // per-partition queue limit: a split has its own consumer).
+        properties
+            .entry("queued.max.messages.kbytes".into())
+            .or_insert_with(|| "8192".into());
+        properties
+            .entry("group.id".into())
+            .or_insert_with(|| format!("weir-{table}"));
+        Ok(Self {
+            table: table.to_string(),
+            properties,
+            topics: Topics::from_options(options)?,
+            settings: Settings::from_options(options)?,
+            codec: Codec::new(options, &schema)?,
+            group,
+            discovery: options.duration("scan.topic-partition-discovery.interval")?,
+        })
+    }
+
+    fn consumer(&self) -> Result<BaseConsumer> {
+        let mut config = client_config(&self.properties);
+        // What `group-offsets` falls back to is ours to apply (below).
+        config.remove("auto.offset.reset");
+        config
+            .create()
+            .map_err(|e| external(format!("cannot create a consumer for table '{}': {e}", self.table)))
+    }
+
+    fn servers(&self) -> &str {
+        self.properties.get("bootstrap.servers").map_or("", String::as_str)
+    }
+
+    /// Every partition of the topics read, sorted.
+    fn partitions(&self, consumer: &BaseConsumer) -> Result<Vec<(String, i32)>> {
+        let topic = match &self.topics {
+            Topics::List(list) if list.len() == 1 => Some(list[0].as_str()),
+            _ => None,
+        };
+        let metadata = consumer.fetch_metadata(topic, REQUEST_TIMEOUT).map_err(|e| {
+            external(format!(
+                "cannot read the metadata of the cluster at '{}' within {} s: {e}",
+                self.servers(),
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })?;
+        let mut out = vec![];
+        let mut missing = vec![];
+        match &self.topics {
+            Topics::List(list) => {
+                for name in list {
+                    match metadata.topics().iter().find(|t| t.name() == name) {
+                        Some(t) if t.error().is_none() && !t.partitions().is_empty() => {
+                            out.extend(t.partitions().iter().map(|p| (name.clone(), p.id())));
+                        }
+                        _ => missing.push(name.clone()),
+                    }
+                }
+            }
+            Topics::Pattern(re) => {
+                for t in metadata.topics() {
+                    if re.is_match(t.name()) && !t.name().starts_with("__") && t.error().is_none() {
+                        out.extend(t.partitions().iter().map(|p| (t.name().to_string(), p.id())));
+                    }
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Err(external(format!(
+                "topic '{}' does not exist on the cluster at '{}' (table '{}')",
+                missing.join("', '"),
+                self.servers(),
+                self.table
+            )));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The earliest or latest offset of each partition.
+    fn watermarks(&self, consumer: &BaseConsumer, parts: &[(String, i32)], latest: bool) -> Result<PartitionOffsets> {
+        let mut out = BTreeMap::new();
+        for (t, p) in parts {
+            let (low, high) = consumer
+                .fetch_watermarks(t, *p, REQUEST_TIMEOUT)
+                .map_err(|e| external(format!("cannot read the offsets of topic '{t}' partition {p}: {e}")))?;
+            out.insert((t.clone(), *p), if latest { high } else { low });
+        }
+        Ok(out)
+    }
+
+    /// The offset of each partition's first record at or after `millis`
+    /// (its latest offset when there is none).
+    fn at_time(&self, consumer: &BaseConsumer, parts: &[(String, i32)], millis: i64) -> Result<PartitionOffsets> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            tpl.add_partition_offset(t, *p, Offset::Offset(millis))
+                .map_err(|e| external(e.to_string()))?;
+        }
+        let found = consumer
+            .offsets_for_times(tpl, REQUEST_TIMEOUT)
+            .map_err(|e| external(format!("cannot look up offsets by time {millis}: {e}")))?;
+        let latest = self.watermarks(consumer, parts, true)?;
+        let mut out = BTreeMap::new();
+        for e in found.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            let o = match e.offset() {
+                Offset::Offset(o) => o,
+                _ => latest.get(&key).copied().unwrap_or(0),
+            };
+            out.insert(key, o);
+        }
+        Ok(out)
+    }
+
+    /// The group's committed offsets; a partition without one follows
+    /// `properties.auto.offset.reset`, and fails the job without it, as
+    /// Flink's default (NONE) does.
+    fn committed(&self, consumer: &BaseConsumer, parts: &[(String, i32)]) -> Result<PartitionOffsets> {
+        let mut tpl = TopicPartitionList::new();
+        for (t, p) in parts {
+            let _ = tpl.add_partition(t, *p);
+        }
+        let found = consumer.committed_offsets(tpl, REQUEST_TIMEOUT).map_err(|e| {
+            external(format!(
+                "cannot read the committed offsets of group '{}': {e}",
+                self.properties.get("group.id").map_or("", String::as_str)
+            ))
+        })?;
+        let mut out = BTreeMap::new();
+        let mut fallback = vec![];
+        for e in found.elements() {
+            let key = (e.topic().to_string(), e.partition());
+            match e.offset() {
+                Offset::Offset(o) => {
+                    out.insert(key, o);
+                }
+                _ => fallback.push(key),
+            }
+        }
+        if !fallback.is_empty() {
+            let reset = self.properties.get("auto.offset.reset").map(String::as_str);
+            let latest = match reset {
+                Some("earliest" | "smallest") => false,
+                Some("latest" | "largest") => true,
+                _ => {
+                    let (t, p) = &fallback[0];
+                    return Err(invalid(
+                        "scan.startup.mode",
+                        format!(
+                            "'group-offsets': group '{}' has no committed offset for topic '{t}' partition {p}; \
+                             set 'properties.auto.offset.reset' to 'earliest' or 'latest', or choose another startup mode",
+                            self.properties.get("group.id").map_or("", String::as_str)
+                        ),
+                    ));
+                }
+            };
+            let ends = self.watermarks(consumer, &fallback, latest)?;
+            out.extend(ends);
+        }
+        Ok(out)
+    }
+
+    fn start_offsets(&self, consumer: &BaseConsumer, parts: &[(String, i32)]) -> Result<PartitionOffsets> {
+        match &self.settings.startup {
+            Startup::Earliest => self.watermarks(consumer, parts, false),
+            Startup::Latest => self.watermarks(consumer, parts, true),
+            Startup::Group => self.committed(consumer, parts),
+            Startup::Timestamp(ms) => self.at_time(consumer, parts, *ms),
+            Startup::Specific(offsets) => {
+                // A partition not listed starts at its earliest offset.
+                let mut out = self.watermarks(consumer, parts, false)?;
+                for ((_, p), o) in out.iter_mut() {
+                    if let Some(given) = offsets.get(p) {
+                        *o = *given;
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    fn stop_offsets(&self, consumer: &BaseConsumer, parts: &[(String, i32)]) -> Result<Option<PartitionOffsets>> {
+        Ok(Some(match &self.settings.bounded {
+            Bounded::Unbounded => return Ok(None),
+            Bounded::Latest => self.watermarks(consumer, parts, true)?,
+            Bounded::Group => self.committed(consumer, parts)?,
+            Bounded::Timestamp(ms) => self.at_time(consumer, parts, *ms)?,
+            // A partition not listed is not read (stops at 0: before anything).
+            Bounded::Specific(offsets) => parts
+                .iter()
+                .map(|(t, p)| ((t.clone(), *p), offsets.get(p).copied().unwrap_or(0)))
+                .collect(),
+        }))
+    }
+
+    /// The splits of `parts`; those in `restored` start where the
+    /// checkpoint says (`seek`), the others by the startup mode.
+    fn splits_of(&self, parts: Vec<(String, i32)>, restored: &[(String, i32)]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let consumer = self.consumer()?;
+        let fresh: Vec<(String, i32)> = parts.iter().filter(|p| !restored.contains(p)).cloned().collect();
+        let starts = if fresh.is_empty() {
+            BTreeMap::new()
+        } else if !restored.is_empty() {
+            // Partitions that appeared after the job started are read
+            // whole, as Flink's enumerator reads discovered partitions.
+            self.watermarks(&consumer, &fresh, false)?
+        } else {
+            self.start_offsets(&consumer, &fresh)?
+        };
+        let stops = self.stop_offsets(&consumer, &parts)?;
+        self.splits_at(parts, &starts, stops.as_ref())
+    }
+
+    fn splits_at(
+        &self,
+        parts: Vec<(String, i32)>,
+        starts: &PartitionOffsets,
+        stops: Option<&PartitionOffsets>,
+    ) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let shared = Arc::new(Shared {
+            table: self.table.clone(),
+            properties: self.properties.clone(),
+            codec: self.codec.clone(),
+            ignore_parse_errors: self.codec.ignores_parse_errors(),
+        });
+        Ok(parts
+            .into_iter()
+            .map(|(topic, partition)| {
+                let key = (topic, partition);
+                let start = starts.get(&key).copied().unwrap_or(0);
+                // A partition without a stop offset (not listed in specific
+                // offsets) is not read: it stops at 0, before anything.
+                let stop = stops.map(|s| s.get(&key).copied().unwrap_or(0));
+                Box::new(KafkaSplit {
+                    shared: shared.clone(),
+                    topic: key.0,
+                    partition: key.1,
+                    next_offset: start,
+                    stop,
+                    consumer: None,
+                    decoders: None,
+                    waker: None,
+                    skipped: 0,
+                }) as Box<dyn SourceSplit>
+            })
+            .collect())
+    }
+}
+
+fn split_id(topic: &str, partition: i32) -> String {
+    format!("{topic}:{partition}")
+}
+
+impl SourceFactory for KafkaSource {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn is_bounded(&self) -> bool {
+        !matches!(self.settings.bounded, Bounded::Unbounded)
+    }
+
+    fn produces_changes(&self) -> bool {
+        self.codec.produces_changes()
+    }
+
+    fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let consumer = self.consumer()?;
+        let parts = self.partitions(&consumer)?;
+        self.splits_of(parts, &[])
+    }
+
+    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        // The checkpointed partitions, and any the topics have gained
+        // since (they start by the startup mode, as on a fresh start).
+        let consumer = self.consumer()?;
+        let mut restored: Vec<(String, i32)> = vec![];
+        for id in ids {
+            let (t, p) = id
+                .rsplit_once(':')
+                .and_then(|(t, p)| Some((t.to_string(), p.parse::<i32>().ok()?)))
+                .ok_or_else(|| crate::error::ExecError::internal(format!("not a Kafka split id: '{id}'")))?;
+            restored.push((t, p));
+        }
+        let mut parts = restored.clone();
+        for p in self.partitions(&consumer)? {
+            if !parts.contains(&p) {
+                parts.push(p);
+            }
+        }
+        parts.sort();
+        self.splits_of(parts, &restored)
+    }
+
+    fn discovery_interval(&self) -> Option<Duration> {
+        // As Flink: a bounded read lists its partitions once.
+        self.discovery.filter(|d| !d.is_zero() && !self.is_bounded())
+    }
+
+    fn discover(&self, known: &std::collections::BTreeSet<String>) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let consumer = self.consumer()?;
+        let new: Vec<(String, i32)> = self
+            .partitions(&consumer)?
+            .into_iter()
+            .filter(|(t, p)| !known.contains(&split_id(t, *p)))
+            .collect();
+        if new.is_empty() {
+            return Ok(vec![]);
+        }
+        tracing::info!(
+            target: "weir::kafka",
+            "table '{}': found {} new partition(s), read from their earliest offset: {}",
+            self.table,
+            new.len(),
+            new.iter().map(|(t, p)| split_id(t, *p)).collect::<Vec<_>>().join(", ")
+        );
+        // Read whole, as Flink's enumerator reads discovered partitions.
+        let starts = self.watermarks(&consumer, &new, false)?;
+        self.splits_at(new, &starts, None)
+    }
+
+    fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
+        let group = self.group.clone()?;
+        let commit = self
+            .properties
+            .get("commit.offsets.on.checkpoint")
+            .is_none_or(|v| v != "false");
+        commit.then(|| {
+            Arc::new(OffsetCommitter {
+                group,
+                properties: self.properties.clone(),
+                consumer: std::sync::Mutex::new(None),
+            }) as Arc<dyn Committer>
+        })
+    }
+}
+
+/// What the splits of one source share.
+#[derive(Debug)]
+struct Shared {
+    table: String,
+    properties: BTreeMap<String, String>,
+    codec: Codec,
+    ignore_parse_errors: bool,
+}
+
+pub struct KafkaSplit {
+    shared: Arc<Shared>,
+    topic: String,
+    partition: i32,
+    /// The next offset to read (exclusive end of what was handed on).
+    next_offset: i64,
+    /// Bounded: the offset the split ends before.
+    stop: Option<i64>,
+    consumer: Option<BaseConsumer>,
+    decoders: Option<Decoders>,
+    waker: Option<Arc<tokio::sync::Notify>>,
+    /// Bad records skipped (`*.ignore-parse-errors`) since last taken.
+    skipped: u64,
+}
+
+impl KafkaSplit {
+    fn location(&self, offset: i64) -> String {
+        format!(
+            "kafka topic '{}' partition {} offset {offset}",
+            self.topic, self.partition
+        )
+    }
+
+    fn open(&mut self) -> Result<()> {
+        let mut config = client_config(&self.shared.properties);
+        // An offset no longer on the broker (retention): read from the
+        // earliest kept, unless the user chose otherwise.
+        if !self.shared.properties.contains_key("auto.offset.reset") {
+            config.set("auto.offset.reset", "earliest");
+        }
+        let mut consumer: BaseConsumer<DefaultConsumerContext> = config.create().map_err(|e| {
+            external(format!(
+                "cannot create a consumer for topic '{}' partition {}: {e}",
+                self.topic, self.partition
+            ))
+        })?;
+        if let Some(w) = &self.waker {
+            let w = w.clone();
+            consumer.set_nonempty_callback(move || w.notify_one());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, self.partition, Offset::Offset(self.next_offset))
+            .map_err(|e| external(e.to_string()))?;
+        consumer.assign(&tpl).map_err(|e| {
+            external(format!(
+                "cannot assign topic '{}' partition {}: {e}",
+                self.topic, self.partition
+            ))
+        })?;
+        self.decoders = Some(self.shared.codec.decoders());
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.stop.is_some_and(|s| self.next_offset >= s)
+    }
+
+    /// The consumer's position: past control records the records skip.
+    fn consumer_position(&self) -> Option<i64> {
+        let positions = self.consumer.as_ref()?.position().ok()?;
+        positions
+            .find_partition(&self.topic, self.partition)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+    }
+
+    /// Fails on an error the client cannot recover from; logs the others
+    /// (a broker down: librdkafka reconnects and the split goes on).
+    fn on_error(&self, e: KafkaError) -> Result<()> {
+        let fatal = match &e {
+            KafkaError::MessageConsumptionFatal(_) => true,
+            KafkaError::MessageConsumption(code) => matches!(
+                code,
+                RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::GroupAuthorizationFailed
+                    | RDKafkaErrorCode::Fatal
+                    | RDKafkaErrorCode::AutoOffsetReset
+                    | RDKafkaErrorCode::UnknownTopic
+            ),
+            _ => false,
+        };
+        if fatal {
+            return Err(external(format!("{}: {e}", self.location(self.next_offset))));
+        }
+        tracing::warn!(target: "weir::kafka", "topic '{}' partition {}: {e} (retrying)", self.topic, self.partition);
+        Ok(())
+    }
+}
+
+impl SourceSplit for KafkaSplit {
+    fn id(&self) -> String {
+        split_id(&self.topic, self.partition)
+    }
+
+    fn offset(&self) -> u64 {
+        self.next_offset.max(0) as u64
+    }
+
+    fn seek(&mut self, position: u64) -> Result<()> {
+        self.next_offset = position as i64;
+        if self.consumer.is_some() {
+            // Re-assigned at the new offset on the next poll.
+            self.consumer = None;
+        }
+        Ok(())
+    }
+
+    fn set_waker(&mut self, waker: Arc<tokio::sync::Notify>) {
+        self.waker = Some(waker);
+    }
+
+    fn take_skipped(&mut self) -> u64 {
+        std::mem::take(&mut self.skipped)
+    }
+
+    fn committable(&self) -> Option<serde_json::Value> {
+        Some(serde_json::json!({
+            "topic": self.topic,
+            "partition": self.partition,
+            "offset": self.next_offset,
+        }))
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        if self.done() {
+            return Ok(SplitPoll::Finished);
+        }
+        if self.consumer.is_none() {
+            self.open()?;
+        }
+        let mut records: Vec<Record> = vec![];
+        let mut eof = false;
+        let mut error = None;
+        {
+            let Some(consumer) = self.consumer.as_ref() else {
+                return Err(crate::error::ExecError::internal("a Kafka split without its consumer"));
+            };
+            while records.len() < MAX_RECORDS {
+                match consumer.poll(Duration::ZERO) {
+                    None => break,
+                    Some(Err(KafkaError::PartitionEOF(_))) => {
+                        eof = true;
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        error = Some(e);
+                        break;
+                    }
+                    Some(Ok(m)) => {
+                        let offset = m.offset();
+                        if offset < self.next_offset {
+                            continue;
+                        }
+                        if self.stop.is_some_and(|s| offset >= s) {
+                            self.next_offset = self.stop.unwrap_or(offset);
+                            break;
+                        }
+                        self.next_offset = offset + 1;
+                        // A record without a value (a tombstone) is no row
+                        // of a plain `kafka` table; its offset is passed.
+                        if let Some(value) = m.payload() {
+                            records.push(Record {
+                                offset,
+                                key: m.key().map(<[u8]>::to_vec),
+                                value: value.to_vec(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(e) = error {
+            self.on_error(e)?;
+        }
+        if records.is_empty() {
+            if eof && let Some(p) = self.consumer_position() {
+                self.next_offset = self.next_offset.max(p);
+            }
+            if self.done() {
+                return Ok(SplitPoll::Finished);
+            }
+            return Ok(SplitPoll::Wait(tokio::time::Instant::now() + EMPTY_WAIT));
+        }
+        let Some(decoders) = self.decoders.as_ref() else {
+            return Err(crate::error::ExecError::internal("a Kafka split without its decoders"));
+        };
+        let decoded = self.shared.codec.decode(decoders, &records)?;
+        if let Some((offset, reason)) = decoded.bad.first() {
+            if !self.shared.ignore_parse_errors {
+                return Err(ConnectorError::Data {
+                    location: self.location(*offset),
+                    message: format!("{reason} (table '{}')", self.shared.table),
+                }
+                .into());
+            }
+            for (offset, reason) in &decoded.bad {
+                tracing::debug!(target: "weir::kafka", "{}: skipped: {reason}", self.location(*offset));
+            }
+            self.skipped += decoded.bad.len() as u64;
+        }
+        match decoded.rows {
+            Some(rows) if rows.kinds.is_some() => Ok(SplitPoll::Changes(rows)),
+            Some(rows) => Ok(SplitPoll::Batch(rows.rows)),
+            // Only bad records or tombstones: poll again at once.
+            None => Ok(SplitPoll::Wait(tokio::time::Instant::now())),
+        }
+    }
+}
+
+/// Commits the offsets of a completed checkpoint to the consumer group
+/// (for monitoring: lag tools read them; the source does not).
+struct OffsetCommitter {
+    group: String,
+    properties: BTreeMap<String, String>,
+    consumer: std::sync::Mutex<Option<BaseConsumer>>,
+}
+
+impl Committer for OffsetCommitter {
+    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for c in committables {
+            let (Some(t), Some(p), Some(o)) = (c["topic"].as_str(), c["partition"].as_i64(), c["offset"].as_i64())
+            else {
+                continue;
+            };
+            if tpl.add_partition_offset(t, p as i32, Offset::Offset(o)).is_err() {
+                continue;
+            }
+        }
+        if tpl.count() == 0 {
+            return Ok(());
+        }
+        let mut guard = self
+            .consumer
+            .lock()
+            .map_err(|_| crate::error::ExecError::internal("offset committer poisoned"))?;
+        if guard.is_none() {
+            match client_config(&self.properties).create::<BaseConsumer>() {
+                Ok(c) => *guard = Some(c),
+                Err(e) => {
+                    tracing::warn!(target: "weir::kafka", "cannot commit offsets to group '{}': {e}", self.group);
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(c) = guard.as_ref()
+            && let Err(e) = c.commit(&tpl, CommitMode::Sync)
+        {
+            // Offsets live in the checkpoint: a failed commit only leaves
+            // the group's view behind.
+            tracing::warn!(target: "weir::kafka", "cannot commit offsets to group '{}': {e}", self.group);
+        }
+        Ok(())
+    }
+
+    fn recover(&self) -> Result<()> {
+        Ok(())
+    }
+}
