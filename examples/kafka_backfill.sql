@@ -4,7 +4,8 @@
 -- event time, so it runs ahead; the alignment group pauses it (it is not
 -- polled, nothing fetched is dropped) whenever it is more than 30 s of
 -- event time ahead of the slowest partition, and the others keep flowing.
--- SHOW WATERMARKS at the end lists each partition's time paused.
+-- SHOW WATERMARKS at the end lists each partition's time paused (how much
+-- depends on how fast the broker serves the read).
 --
 --   weir run examples/kafka_produce.sql     (fills the topic first)
 --   weir run examples/kafka_backfill.sql
