@@ -564,7 +564,10 @@ SHOW WATERMARKS FOR JOB 'aligned';
         )
     };
     let (clean, _, _) = run(None);
-    let (restored, stdout, stderr) = run(Some("window.snapshot:8:error"));
+    // The 4th window snapshot (checkpoint 2's second subtask) fails: a
+    // loaded machine may complete only three checkpoints in the whole run,
+    // so a later one would never be reached.
+    let (restored, stdout, stderr) = run(Some("window.snapshot:4:error"));
     assert!(stderr.contains("restoring from checkpoint"), "{stderr}");
     // The restored attempt has its own, working alignment group.
     assert!(
