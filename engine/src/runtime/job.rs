@@ -835,6 +835,31 @@ async fn run_attempt(
     let tuning = crate::state::RocksDbTuning::for_job(config.rocksdb, config.parallelism);
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
+        // A source's splits are listed once and dealt to its subtasks: a
+        // listing per subtask could differ (a topic created in between)
+        // and leave a split to no reader.
+        let mut dealt: Vec<Vec<Box<dyn crate::connectors::SourceSplit>>> = vec![];
+        let mut all_splits = std::collections::BTreeSet::new();
+        if let NodeKind::Source(src) = &head.kind {
+            // Restored: the splits the snapshot has positions for,
+            // whatever the parallelism was (split ids do not depend on
+            // it); fresh: as many as subtasks.
+            let recorded: Vec<String> = restored
+                .as_ref()
+                .and_then(|r| r.metadata.sources.get(&head.uid))
+                .map(|positions| positions.iter().map(|p| p.split.clone()).collect())
+                .unwrap_or_default();
+            let splits = if recorded.is_empty() {
+                src.factory.create_splits(head.parallelism)?
+            } else {
+                src.factory.restore_splits(&recorded)?
+            };
+            all_splits = splits.iter().map(|s| s.id()).collect();
+            dealt = (0..head.parallelism).map(|_| vec![]).collect();
+            for (i, s) in splits.into_iter().enumerate() {
+                dealt[i % head.parallelism].push(s);
+            }
+        }
         for subtask in 0..head.parallelism {
             let first_op = usize::from(matches!(head.kind, NodeKind::Source(_)));
             let mut ops: Vec<Box<dyn Operator>> = vec![];
@@ -865,34 +890,16 @@ async fn run_attempt(
             let chain_ops = Chain::new(ops, op_metrics, uids, subtask);
             match &head.kind {
                 NodeKind::Source(src) => {
-                    // Restored: the splits the snapshot has positions for,
-                    // whatever the parallelism was (split ids do not
-                    // depend on it); fresh: as many as subtasks.
-                    let recorded: Vec<String> = restored
-                        .as_ref()
-                        .and_then(|r| r.metadata.sources.get(&head.uid))
-                        .map(|positions| positions.iter().map(|p| p.split.clone()).collect())
-                        .unwrap_or_default();
-                    let splits = if recorded.is_empty() {
-                        src.factory.create_splits(head.parallelism)?
-                    } else {
-                        src.factory.restore_splits(&recorded)?
-                    };
                     let discovery =
                         src.factory
                             .discovery_interval()
                             .map(|interval| crate::runtime::source_task::Discovery {
                                 factory: src.factory.clone(),
                                 interval,
-                                known: splits.iter().map(|s| s.id()).collect(),
+                                known: all_splits.clone(),
                                 parallelism: head.parallelism,
                             });
-                    let mine = splits
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(i, _)| i % head.parallelism == subtask)
-                        .map(|(_, s)| s)
-                        .collect();
+                    let mine = std::mem::take(&mut dealt[subtask]);
                     let emit = match src.table.options.get("scan.watermark.emit.strategy") {
                         Some(v) if v.eq_ignore_ascii_case("on-event") => EmitStrategy::OnEvent,
                         _ => EmitStrategy::OnPeriodic,

@@ -171,6 +171,7 @@ impl<'a> Reader<'a> {
 pub struct Connection {
     stream: TcpStream,
     correlation: i32,
+    address: String,
 }
 
 impl Connection {
@@ -184,7 +185,11 @@ impl Connection {
         let stream = TcpStream::connect_timeout(&addr, timeout).map_err(|e| io(format!("'{address}': {e}")))?;
         stream.set_read_timeout(Some(timeout)).map_err(io)?;
         stream.set_write_timeout(Some(timeout)).map_err(io)?;
-        Ok(Self { stream, correlation: 0 })
+        Ok(Self {
+            stream,
+            correlation: 0,
+            address: address.to_string(),
+        })
     }
 
     /// Sends one request (header v1) and returns its response body.
@@ -196,9 +201,16 @@ impl Connection {
         let mut frame = size.to_be_bytes().to_vec();
         frame.extend_from_slice(&header.0);
         frame.extend_from_slice(&body.0);
-        self.stream.write_all(&frame).map_err(io)?;
+        // A broker that does not serve a request closes the connection.
+        let broken = |e: std::io::Error| {
+            io(format!(
+                "request {api_key} v{version} to '{}' got no answer ({e}): the broker may not serve it",
+                self.address
+            ))
+        };
+        self.stream.write_all(&frame).map_err(broken)?;
         let mut len = [0u8; 4];
-        self.stream.read_exact(&mut len).map_err(io)?;
+        self.stream.read_exact(&mut len).map_err(broken)?;
         let len = i32::from_be_bytes(len);
         if !(4..=256 * 1024 * 1024).contains(&len) {
             return Err(io(format!("a response of {len} bytes")));
@@ -217,65 +229,58 @@ impl Connection {
     }
 }
 
-/// Whether the first reachable broker of `bootstrap` serves request
-/// `api_key` (ApiVersions v0).
-pub fn supports(bootstrap: &str, api_key: i16, timeout: Duration) -> Result<bool> {
+/// A connection to the first reachable server of `bootstrap` (`host:port`
+/// separated by commas).
+fn first_broker(bootstrap: &str, timeout: Duration) -> Result<Connection> {
     let mut last = io(format!("no bootstrap server in '{bootstrap}'"));
     for server in bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let mut c = match Connection::open(server, timeout) {
-            Ok(c) => c,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        let response = c.call(18, 0, &Writer::default())?;
-        let mut r = Reader::new(&response);
-        let error = r.i16()?;
-        if error != 0 {
-            return Err(ProtocolError::Code(error));
+        match Connection::open(server, timeout) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
         }
-        for _ in 0..r.i32()? {
-            let key = r.i16()?;
-            let _min = r.i16()?;
-            let _max = r.i16()?;
-            if key == api_key {
-                return Ok(true);
-            }
-        }
-        return Ok(false);
     }
     Err(last)
 }
 
+/// Whether the first reachable broker of `bootstrap` serves request
+/// `api_key` (ApiVersions v0).
+pub fn supports(bootstrap: &str, api_key: i16, timeout: Duration) -> Result<bool> {
+    let mut c = first_broker(bootstrap, timeout)?;
+    let response = c.call(18, 0, &Writer::default())?;
+    let mut r = Reader::new(&response);
+    let error = r.i16()?;
+    if error != 0 {
+        return Err(ProtocolError::Code(error));
+    }
+    for _ in 0..r.i32()? {
+        let key = r.i16()?;
+        let _min = r.i16()?;
+        let _max = r.i16()?;
+        if key == api_key {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The broker coordinating transactional id `id`, as `host:port`.
 pub fn find_transaction_coordinator(bootstrap: &str, id: &str, timeout: Duration) -> Result<String> {
-    let mut last = io(format!("no bootstrap server in '{bootstrap}'"));
-    for server in bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let mut c = match Connection::open(server, timeout) {
-            Ok(c) => c,
-            Err(e) => {
-                last = e;
-                continue;
-            }
-        };
-        let mut body = Writer::default();
-        // FindCoordinator v1: key, key_type (1 = transaction).
-        body.string(id).i8(1);
-        let response = c.call(10, 1, &body)?;
-        let mut r = Reader::new(&response);
-        let _throttle = r.i32()?;
-        let error = r.i16()?;
-        let _message = r.string()?;
-        let _node = r.i32()?;
-        let host = r.string()?.unwrap_or_default();
-        let port = r.i32()?;
-        if error != 0 {
-            return Err(ProtocolError::Code(error));
-        }
-        return Ok(format!("{host}:{port}"));
+    let mut c = first_broker(bootstrap, timeout)?;
+    let mut body = Writer::default();
+    // FindCoordinator v1: key, key_type (1 = transaction).
+    body.string(id).i8(1);
+    let response = c.call(10, 1, &body)?;
+    let mut r = Reader::new(&response);
+    let _throttle = r.i32()?;
+    let error = r.i16()?;
+    let _message = r.string()?;
+    let _node = r.i32()?;
+    let host = r.string()?.unwrap_or_default();
+    let port = r.i32()?;
+    if error != 0 {
+        return Err(ProtocolError::Code(error));
     }
-    Err(last)
+    Ok(format!("{host}:{port}"))
 }
 
 /// Ends transaction `id` of producer `producer_id` at `epoch`: commits it

@@ -37,6 +37,7 @@ use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::connectors::{Committer, SinkContext, SinkFactory};
 use crate::error::Result;
+use crate::failpoint::failpoint;
 use crate::operators::{Collector, Operator};
 
 /// Longest a flush may wait for the cluster to acknowledge every record.
@@ -263,15 +264,14 @@ impl SinkFactory for KafkaSink {
                 let ids: Vec<String> = (0..SLOTS).map(|s| format!("{prefix}-{subtask}-{s}")).collect();
                 // Whatever an earlier run left open under these ids is
                 // aborted, and its producers fenced, before writing.
-                for id in &ids {
-                    self.transactions.open(id)?;
-                }
+                self.transactions.abort_all(&ids)?;
                 let mut w = TxnWriter {
                     transactions: self.transactions.clone(),
                     ids,
                     subtask,
                     parallelism,
                     current: None,
+                    next_slot: 0,
                     pending: vec![],
                 };
                 w.begin()?;
@@ -461,6 +461,18 @@ impl Transactions {
         Ok(producer)
     }
 
+    /// Aborts whatever is open under `ids` and fences its producers, the
+    /// ids side by side (each is a round trip to the coordinator).
+    fn abort_all(&self, ids: &[String]) -> Result<()> {
+        std::thread::scope(|scope| {
+            let opened: Vec<_> = ids.iter().map(|id| scope.spawn(|| self.open(id).map(drop))).collect();
+            opened.into_iter().try_for_each(|h| {
+                h.join()
+                    .map_err(|_| crate::error::ExecError::internal("a Kafka transaction abort panicked"))?
+            })
+        })
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, HashMap<String, LiveTxn>>> {
         self.live
             .lock()
@@ -514,7 +526,13 @@ impl Transactions {
                 true,
                 REQUEST_TIMEOUT,
             ) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // A crash while recovering: the next restore commits
+                    // this transaction a second time (the broker answers
+                    // that it already ended) and the others the first time.
+                    failpoint("kafka_sink.restored_commit");
+                    return Ok(());
+                }
                 Err(e) if e.is_retriable() && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -556,6 +574,9 @@ impl Committer for TxnCommitter {
                 *p = (*p).max(c.parallelism);
             }
             self.0.commit(&c)?;
+            // One of a checkpoint's transactions committed, maybe not the
+            // rest: the restored run commits those and not this one again.
+            failpoint("kafka_sink.committed_one");
         }
         Ok(())
     }
@@ -569,12 +590,10 @@ impl Committer for TxnCommitter {
         // The ids of the restored run's subtasks: the writers of this run
         // abort their own when they start; these cover a run that had
         // more subtasks than this one.
-        for subtask in 0..old {
-            for slot in 0..SLOTS {
-                self.0.open(&format!("{prefix}-{subtask}-{slot}"))?;
-            }
-        }
-        Ok(())
+        let ids: Vec<String> = (0..old)
+            .flat_map(|subtask| (0..SLOTS).map(move |slot| format!("{prefix}-{subtask}-{slot}")))
+            .collect();
+        self.0.abort_all(&ids)
     }
 }
 
@@ -586,6 +605,8 @@ struct TxnWriter {
     parallelism: usize,
     /// The transaction being written: its id and producer.
     current: Option<(String, BaseProducer<Deliveries>, bool)>,
+    /// Where `begin` starts looking for a free id.
+    next_slot: usize,
     /// Pre-committed, not known to be committed yet: kept in every
     /// checkpoint until then (a checkpoint that failed never commits them;
     /// the next completed one does).
@@ -598,15 +619,23 @@ impl TxnWriter {
     fn begin(&mut self) -> Result<()> {
         let deadline = Instant::now() + FREE_ID_WAIT;
         let id = loop {
+            // Round the ids from the one after the last taken: an id comes
+            // back only after the others, checkpoints later, so a restore
+            // re-commits its checkpoint's transactions while their ids
+            // hold nothing newer (a re-commit behind a newer epoch is
+            // answered PRODUCER_FENCED by Kafka, but tansu drops the
+            // connection instead).
             let mut free = None;
-            for id in &self.ids {
-                if !self.transactions.busy(id)? {
-                    free = Some(id.clone());
+            for k in 0..self.ids.len() {
+                let slot = (self.next_slot + k) % self.ids.len();
+                if !self.transactions.busy(&self.ids[slot])? {
+                    free = Some(slot);
                     break;
                 }
             }
-            if let Some(id) = free {
-                break id;
+            if let Some(slot) = free {
+                self.next_slot = slot + 1;
+                break self.ids[slot].clone();
             }
             if Instant::now() >= deadline {
                 return Err(external(format!(
@@ -687,6 +716,9 @@ impl TxnWriter {
                     },
                 );
                 self.pending.push(c);
+                // Flushed, not yet in a completed checkpoint: a crash here
+                // must see this transaction aborted on restore.
+                failpoint("kafka_sink.pre_committed");
                 self.begin()?;
             }
         }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
@@ -190,6 +190,17 @@ impl KafkaSource {
         config
             .create()
             .map_err(|e| external(format!("cannot create a consumer for table '{}': {e}", self.table)))
+    }
+
+    /// The group told of each completed checkpoint's positions: the
+    /// user's `properties.group.id`, unless
+    /// `properties.commit.offsets.on.checkpoint` is false.
+    fn offsets_group(&self) -> Option<String> {
+        let commit = self
+            .properties
+            .get("commit.offsets.on.checkpoint")
+            .is_none_or(|v| v != "false");
+        self.group.clone().filter(|_| commit)
     }
 
     fn servers(&self) -> &str {
@@ -388,6 +399,7 @@ impl KafkaSource {
             properties: self.properties.clone(),
             codec: self.codec.clone(),
             ignore_parse_errors: self.codec.ignores_parse_errors(),
+            commits_offsets: self.offsets_group().is_some(),
         });
         Ok(parts
             .into_iter()
@@ -486,12 +498,7 @@ impl SourceFactory for KafkaSource {
     }
 
     fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
-        let group = self.group.clone()?;
-        let commit = self
-            .properties
-            .get("commit.offsets.on.checkpoint")
-            .is_none_or(|v| v != "false");
-        commit.then(|| {
+        self.offsets_group().map(|group| {
             Arc::new(OffsetCommitter {
                 group,
                 properties: self.properties.clone(),
@@ -503,11 +510,28 @@ impl SourceFactory for KafkaSource {
 
 /// What the splits of one source share.
 #[derive(Debug)]
+/// A split consumer's context: the end-of-partition events a bounded read
+/// asks for are expected, not errors to log.
+struct SplitContext;
+
+impl rdkafka::ClientContext for SplitContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+            return;
+        }
+        tracing::error!(target: "weir::kafka", "librdkafka: {error}: {reason}");
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for SplitContext {}
+
 struct Shared {
     table: String,
     properties: BTreeMap<String, String>,
     codec: Codec,
     ignore_parse_errors: bool,
+    /// Positions are told to the group when a checkpoint completes.
+    commits_offsets: bool,
 }
 
 pub struct KafkaSplit {
@@ -518,7 +542,7 @@ pub struct KafkaSplit {
     next_offset: i64,
     /// Bounded: the offset the split ends before.
     stop: Option<i64>,
-    consumer: Option<BaseConsumer>,
+    consumer: Option<BaseConsumer<SplitContext>>,
     decoders: Option<Decoders>,
     waker: Option<Arc<tokio::sync::Notify>>,
     /// Bad records skipped (`*.ignore-parse-errors`) since last taken.
@@ -540,7 +564,7 @@ impl KafkaSplit {
         if !self.shared.properties.contains_key("auto.offset.reset") {
             config.set("auto.offset.reset", "earliest");
         }
-        let mut consumer: BaseConsumer<DefaultConsumerContext> = config.create().map_err(|e| {
+        let mut consumer: BaseConsumer<SplitContext> = config.create_with_context(SplitContext).map_err(|e| {
             external(format!(
                 "cannot create a consumer for topic '{}' partition {}: {e}",
                 self.topic, self.partition
@@ -629,6 +653,7 @@ impl SourceSplit for KafkaSplit {
     }
 
     fn committable(&self) -> Option<serde_json::Value> {
+        self.shared.commits_offsets.then_some(())?;
         Some(serde_json::json!({
             "topic": self.topic,
             "partition": self.partition,
