@@ -21,5 +21,5 @@ for _ in $(seq 100); do
   (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
   sleep 0.1
 done
-echo "# $(uname -m), $(nproc) cores, commit $(git rev-parse --short HEAD), tansu 0.6.0 (memory), $rows rows"
+echo "# $(uname -m), $(nproc) cores, commit $(git rev-parse --short HEAD), tansu 510f3e2 (memory), $rows rows"
 "$bin" bench kafka --bootstrap "127.0.0.1:$port" --rows "$rows"

