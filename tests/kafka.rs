@@ -1038,16 +1038,8 @@ async fn a_broker_gone_for_seconds_mid_read_loses_and_repeats_nothing() {
     session
         .execute_sql(&format!(
             "SET 'table.dml-sync' = 'true';
-             SET 'pipeline.name' = 'flaky';
-             SET 'execution.checkpointing.interval' = '100 ms';
-             CREATE TABLE flaky (id BIGINT, dt TIMESTAMP(3))
-             WITH ('connector' = 'kafka', 'topic' = 'flaky', 'properties.bootstrap.servers' = '{}',
-               'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
-               'properties.max.partition.fetch.bytes' = '1024');
-             CREATE TABLE copy (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
-             INSERT INTO copy SELECT id FROM flaky;",
-            broker.servers(),
-            out.display()
+             {}",
+            bounded_copy_sql("flaky", &broker, &out)
         ))
         .await
         .expect("the job ends once the broker is back");
@@ -1064,6 +1056,24 @@ async fn a_broker_gone_for_seconds_mid_read_loses_and_repeats_nothing() {
         "{} rows, each id once expected",
         ids.len()
     );
+}
+
+/// A job named after `topic` copying its ids, from the earliest to the
+/// latest offset in 1 KB fetches (so the read lasts a while), into a
+/// checkpointed CSV directory `out`.
+fn bounded_copy_sql(topic: &str, broker: &Broker, out: &std::path::Path) -> String {
+    format!(
+        "SET 'pipeline.name' = '{topic}';
+         SET 'execution.checkpointing.interval' = '100 ms';
+         CREATE TABLE {topic} (id BIGINT, dt TIMESTAMP(3))
+         WITH ('connector' = 'kafka', 'topic' = '{topic}', 'properties.bootstrap.servers' = '{}',
+           'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+           'properties.max.partition.fetch.bytes' = '1024');
+         CREATE TABLE copy (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+         INSERT INTO copy SELECT id FROM {topic};",
+        broker.servers(),
+        out.display()
+    )
 }
 
 /// Whether a checkpoint below `root` (`chk-N/_metadata`) is complete.
@@ -1090,21 +1100,13 @@ fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpoint
     std::fs::write(
         &script,
         format!(
-            "SET 'pipeline.name' = 'resume';
-             SET 'parallelism.default' = '2';
-             SET 'execution.checkpointing.interval' = '100 ms';
-             CREATE TABLE stream (id BIGINT, dt TIMESTAMP(3))
-             WITH ('connector' = 'kafka', 'topic' = 'stream', 'properties.bootstrap.servers' = '{}',
-               'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
-               'properties.max.partition.fetch.bytes' = '1024');
-             CREATE TABLE copy (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
-             INSERT INTO copy SELECT id FROM stream;",
-            broker.servers(),
-            out.display()
+            "SET 'parallelism.default' = '2';
+             {}",
+            bounded_copy_sql("stream", &broker, &out)
         ),
     )
     .expect("script");
-    let kills = run_with_faults(&data, &script, "resume", Fault::Kills(3));
+    let kills = run_with_faults(&data, &script, "stream", Fault::Kills(3));
     assert!(kills >= 1, "at least one kill landed mid-run");
     let ids: Vec<i64> = output_lines(&out).iter().map(|l| l.parse().expect("id")).collect();
     let mut sorted = ids.clone();
