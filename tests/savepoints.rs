@@ -5,6 +5,8 @@
 //! first; NO_CLAIM leaves the savepoint untouched; a savepoint that cannot
 //! be restored is refused with a message and nothing starts.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -155,26 +157,6 @@ const INSERT: &str = "INSERT INTO counts SELECT k, window_start, window_end, COU
     FROM TABLE(HOP(TABLE events, DESCRIPTOR(ts), INTERVAL '5' SECOND, INTERVAL '10' SECOND))
     GROUP BY k, window_start, window_end;";
 
-/// The committed output, sorted.
-fn output(out: &Path) -> Vec<String> {
-    let mut lines: Vec<String> = match std::fs::read_dir(out) {
-        Ok(d) => d
-            .flatten()
-            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-            .flat_map(|e| {
-                std::fs::read_to_string(e.path())
-                    .expect("read output")
-                    .lines()
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-            .collect(),
-        Err(_) => vec![],
-    };
-    lines.sort();
-    lines
-}
-
 struct Run<'a> {
     parallelism: usize,
     backend: &'a str,
@@ -258,7 +240,7 @@ async fn undisturbed_query(dir: &Path, input: &Path, backend: &str, insert: &str
         insert,
     )
     .await;
-    let rows = output(&out);
+    let rows = common::committed_lines(&out);
     assert!(rows.len() > 20, "{} rows", rows.len());
     rows
 }
@@ -289,7 +271,7 @@ async fn golden_rerun_with(query: &str, extra: &str) {
                 extra,
             };
             let sp = run_to_savepoint(&mut session, run, query).await;
-            let so_far = output(&out);
+            let so_far = common::committed_lines(&out);
             assert!(
                 so_far.len() < expected.len(),
                 "{backend} p={p}: stopped midway ({} of {} rows)",
@@ -306,7 +288,7 @@ async fn golden_rerun_with(query: &str, extra: &str) {
             extra,
         };
         start_query(&mut session, run, query).await;
-        let got = output(&out);
+        let got = common::committed_lines(&out);
         assert_same_rows(&got, &expected, backend);
     }
 }
@@ -355,7 +337,11 @@ async fn savepoints_move_between_state_backends() {
         extra: "",
     };
     start_query(&mut session, run, query).await;
-    assert_same_rows(&output(&out), &expected, "rocksdb -> hashmap -> rocksdb");
+    assert_same_rows(
+        &common::committed_lines(&out),
+        &expected,
+        "rocksdb -> hashmap -> rocksdb",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -482,7 +468,7 @@ async fn a_retained_rocksdb_checkpoint_restores_at_another_parallelism() {
                 .and_then(|n| n.parse::<u64>().ok())
         })
         .expect("a complete retained checkpoint");
-    assert!(output(&out).len() < expected.len(), "cancelled midway");
+    assert!(common::committed_lines(&out).len() < expected.len(), "cancelled midway");
     start(
         &mut session,
         Run {
@@ -494,7 +480,7 @@ async fn a_retained_rocksdb_checkpoint_restores_at_another_parallelism() {
         },
     )
     .await;
-    assert_same_rows(&output(&out), &expected, "retained checkpoint");
+    assert_same_rows(&common::committed_lines(&out), &expected, "retained checkpoint");
 }
 
 /// Sum of the `n` column of TUMBLE output rows.
@@ -555,7 +541,7 @@ async fn drain_fires_every_window_before_the_savepoint_and_no_drain_keeps_them()
             "STOP JOB 'golden' WITH SAVEPOINT;"
         };
         let sp = savepoint(&mut session, stmt).await;
-        let rows = output(&out);
+        let rows = common::committed_lines(&out);
         let read = lines_read(&sp);
         assert!(
             read > 0 && read < (FILES * ROWS_PER_FILE) as u64,
@@ -699,7 +685,7 @@ fn copy_dir(from: &Path, to: &Path) {
 async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut session, out, sp) = stopped_with_savepoint(dir.path()).await;
-    let rows_before = output(&out);
+    let rows_before = common::committed_lines(&out);
     let state_file = snapshot_files(&sp)
         .into_iter()
         .map(|(p, _)| p)
@@ -769,7 +755,7 @@ async fn savepoints_that_cannot_be_restored_are_refused_and_nothing_starts() {
         err.contains("matches no operator") && err.contains("ignore-unclaimed-state"),
         "{err}"
     );
-    assert_eq!(output(&out), rows_before, "nothing ran");
+    assert_eq!(common::committed_lines(&out), rows_before, "nothing ran");
     // Allowed: the unclaimed state is dropped, the new operator starts empty.
     session
         .execute_sql(&format!(
@@ -839,5 +825,5 @@ async fn pinned_uids_keep_window_state_across_a_changed_filter() {
         extra: pin,
     };
     start_query(&mut session, run, &after).await;
-    assert_same_rows(&output(&out), &expected, "pinned uids");
+    assert_same_rows(&common::committed_lines(&out), &expected, "pinned uids");
 }

@@ -202,3 +202,25 @@ pub fn successful_stdout(out: &std::process::Output) -> String {
     );
     stdout
 }
+
+/// The lines of every visible file in `dir` (a file sink's committed
+/// output: in-progress and pending files are hidden), sorted.
+#[allow(dead_code)]
+pub fn committed_lines(dir: &std::path::Path) -> Vec<String> {
+    let mut lines: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .flat_map(|e| {
+                std::fs::read_to_string(e.path())
+                    .expect("read output")
+                    .lines()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect(),
+        Err(_) => vec![],
+    };
+    lines.sort();
+    lines
+}

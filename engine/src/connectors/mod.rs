@@ -400,3 +400,25 @@ pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result
         }
     })
 }
+
+/// A pattern option (`*.include`, `topic-pattern`) matched against a whole
+/// name, as Java's `Pattern.matches` does; a bad pattern is an error that
+/// names `key` and what the regex parser found wrong.
+pub(crate) fn whole_name_pattern(key: &str, pattern: &str) -> Result<regex::Regex> {
+    regex::Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
+        weir_catalog::CatalogError::InvalidOption {
+            key: key.into(),
+            // The parser's last line says what is wrong (the lines before
+            // draw the pattern).
+            message: format!(
+                "invalid regular expression '{pattern}': {}",
+                e.to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ")
+            ),
+        }
+        .into()
+    })
+}

@@ -257,25 +257,7 @@ pub struct FormatOptions {
 /// A `*.include` pattern, matched against the whole name as Java's
 /// `Pattern.matches` does.
 fn include_pattern(options: &Options, key: &str) -> Result<Option<regex::Regex>> {
-    let Some(p) = options.get(key) else {
-        return Ok(None);
-    };
-    regex::Regex::new(&format!("^(?:{p})$")).map(Some).map_err(|e| {
-        weir_catalog::CatalogError::InvalidOption {
-            key: key.into(),
-            // The parser's last line says what is wrong (the lines before
-            // draw the pattern).
-            message: format!(
-                "invalid regular expression '{p}': {}",
-                e.to_string()
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-                    .trim_start_matches("error: ")
-            ),
-        }
-        .into()
-    })
+    options.get(key).map(|p| super::whole_name_pattern(key, p)).transpose()
 }
 
 fn single_byte(options: &Options, key: &str) -> Result<u8> {

@@ -255,21 +255,7 @@ impl Topics {
                 }
                 Ok(Topics::List(list))
             }
-            (None, Some(p)) => regex::Regex::new(&format!("^(?:{p})$"))
-                .map(Topics::Pattern)
-                .map_err(|e| {
-                    invalid(
-                        "topic-pattern",
-                        format!(
-                            "invalid regular expression '{p}': {}",
-                            e.to_string()
-                                .lines()
-                                .last()
-                                .unwrap_or_default()
-                                .trim_start_matches("error: ")
-                        ),
-                    )
-                }),
+            (None, Some(p)) => super::whole_name_pattern("topic-pattern", p).map(Topics::Pattern),
         }
     }
 }
