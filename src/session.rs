@@ -1158,7 +1158,16 @@ impl Session {
                         c.type_name.clone()
                     });
                     v.2.push(c.nullable);
-                    v.3.push(c.computed.as_ref().map(|e| format!("AS {e}")));
+                    // Flink's DESCRIBE "extras": `AS expr`, `METADATA FROM 'k' VIRTUAL`.
+                    v.3.push(match (&c.computed, &c.metadata) {
+                        (Some(e), _) => Some(format!("AS {e}")),
+                        (None, Some(m)) => Some(format!(
+                            "METADATA FROM '{}'{}",
+                            m.key,
+                            if m.is_virtual { " VIRTUAL" } else { "" }
+                        )),
+                        (None, None) => None,
+                    });
                     v.4.push(t.watermark.as_ref().filter(|_| rowtime).map(|w| match &w.alignment {
                         Some(a) => format!(
                             "{} ALIGNMENT GROUP '{}' MAX DRIFT {} ms UPDATE {} ms",

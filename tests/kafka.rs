@@ -264,6 +264,15 @@ impl Broker {
     /// Writes `records` (partition, key, value). Each partition's last
     /// record goes alone in a batch of its own (see the module comment).
     fn produce(&self, topic: &str, records: &[(i32, Option<String>, String)]) {
+        let records: Vec<(i32, Option<String>, Option<String>)> = records
+            .iter()
+            .map(|(p, k, v)| (*p, k.clone(), Some(v.clone())))
+            .collect();
+        self.produce_records(topic, &records)
+    }
+
+    /// [`Broker::produce`] with records without values (tombstones).
+    fn produce_records(&self, topic: &str, records: &[(i32, Option<String>, Option<String>)]) {
         // One record a batch: tansu answers a fetch from an offset
         // inside a batch with the batches after it (see the module comment).
         let producer: BaseProducer = self
@@ -276,8 +285,11 @@ impl Broker {
         for (i, (p, _, _)) in records.iter().enumerate() {
             last.insert(*p, i);
         }
-        let send = |(p, k, v): &(i32, Option<String>, String)| {
-            let mut r: BaseRecord<'_, str, str> = BaseRecord::to(topic).partition(*p).payload(v.as_str());
+        let send = |(p, k, v): &(i32, Option<String>, Option<String>)| {
+            let mut r: BaseRecord<'_, str, str> = BaseRecord::to(topic).partition(*p);
+            if let Some(v) = v {
+                r = r.payload(v.as_str());
+            }
             if let Some(k) = k {
                 r = r.key(k.as_str());
             }
@@ -623,6 +635,296 @@ async fn the_sink_writes_every_row_keyed_as_kafkas_java_client_places_keys() {
     ids.dedup();
     assert_eq!(ids.len(), 3000, "every row written");
     assert!(records.len() >= 3000);
+}
+
+/// An upsert topic's table: its keys' latest values, a tombstone (read
+/// back with an empty value) removing its key.
+fn compacted(records: &[(i32, i64, Option<String>, String)]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (_, _, key, value) in records {
+        let key = key.clone().expect("every upsert record has a key");
+        if value.is_empty() {
+            out.remove(&key);
+        } else {
+            out.insert(key, value.clone());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_kafka_reads_a_keyed_changelog_and_writes_one() {
+    let broker = Broker::start();
+    broker.create_topic("users", 2);
+    broker.create_topic("region_totals", 3);
+    let user = |id: i64, region: &str, score: i64| {
+        let key = format!(r#"{{"id":{id}}}"#);
+        let p = java_partition(key.as_bytes(), 2);
+        (
+            p,
+            Some(key),
+            Some(format!(r#"{{"id":{id},"region":"{region}","score":{score}}}"#)),
+        )
+    };
+    let tombstone = |id: i64| {
+        let key = format!(r#"{{"id":{id}}}"#);
+        (java_partition(key.as_bytes(), 2), Some(key), None)
+    };
+    broker.produce_records(
+        "users",
+        &[
+            user(1, "eu", 10),
+            user(2, "us", 7),
+            user(3, "eu", 4),
+            user(4, "us", 1),
+            user(5, "apac", 3),
+            // Updates; a tombstone of a key never written is nothing.
+            user(1, "eu", 15),
+            tombstone(3),
+            tombstone(9),
+            user(4, "eu", 1),
+            // The same row again changes nothing.
+            user(2, "us", 7),
+            tombstone(5),
+        ],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    session
+        .execute_sql(&format!(
+            "SET 'parallelism.default' = '2';
+             SET 'table.dml-sync' = 'true';
+             CREATE TABLE users (id BIGINT, region STRING, score BIGINT, PRIMARY KEY (id) NOT ENFORCED)
+               WITH ('connector' = 'upsert-kafka', 'topic' = 'users', 'properties.bootstrap.servers' = '{0}',
+                     'key.format' = 'json', 'value.format' = 'json', 'scan.bounded.mode' = 'latest-offset');
+             CREATE TABLE region_totals (region STRING, total BIGINT, n BIGINT, PRIMARY KEY (region) NOT ENFORCED)
+               WITH ('connector' = 'upsert-kafka', 'topic' = 'region_totals', 'properties.bootstrap.servers' = '{0}',
+                     'key.format' = 'raw', 'value.format' = 'json', 'value.fields-include' = 'EXCEPT_KEY');
+             INSERT INTO region_totals SELECT region, SUM(score), COUNT(*) FROM users GROUP BY region;",
+            broker.servers()
+        ))
+        .await
+        .expect("job");
+    let records = broker.read_all("region_totals", 3);
+    for (p, _, key, _) in &records {
+        let key = key.as_deref().expect("a key");
+        assert_eq!(
+            *p,
+            java_partition(key.as_bytes(), 3),
+            "records of key {key} in its partition"
+        );
+    }
+    // eu: ids 1 (15) and 4 (moved from us); us: id 2; apac: its only user
+    // deleted, so its row is deleted (a tombstone).
+    let table = compacted(&records);
+    assert_eq!(
+        table.into_iter().collect::<Vec<_>>(),
+        vec![
+            ("eu".to_string(), r#"{"total":16,"n":2}"#.to_string()),
+            ("us".to_string(), r#"{"total":7,"n":1}"#.to_string()),
+        ],
+        "{records:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|(_, _, k, v)| k.as_deref() == Some("apac") && v.is_empty()),
+        "apac's delete is a tombstone: {records:?}"
+    );
+
+    // The same changes into a plain 'kafka' table as Debezium envelopes (an
+    // update a delete and an insert), replayed here.
+    broker.create_topic("region_cdc", 1);
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE region_cdc (region STRING, total BIGINT)
+               WITH ('connector' = 'kafka', 'topic' = 'region_cdc', 'properties.bootstrap.servers' = '{}',
+                     'format' = 'debezium-json');
+             INSERT INTO region_cdc SELECT region, SUM(score) FROM users GROUP BY region;",
+            broker.servers()
+        ))
+        .await
+        .expect("debezium job");
+    let mut live: Vec<serde_json::Value> = vec![];
+    for (_, _, _, value) in broker.read_all("region_cdc", 1) {
+        let e: serde_json::Value = serde_json::from_str(&value).expect("an envelope");
+        match e["op"].as_str() {
+            Some("c") => live.push(e["after"].clone()),
+            Some("d") => {
+                let at = live
+                    .iter()
+                    .position(|r| *r == e["before"])
+                    .expect("a delete of a live row");
+                live.remove(at);
+            }
+            other => panic!("op {other:?} in {value}"),
+        }
+    }
+    live.sort_by_key(|r| r["region"].as_str().map(str::to_string));
+    assert_eq!(
+        serde_json::Value::Array(live).to_string(),
+        r#"[{"region":"eu","total":16},{"region":"us","total":7}]"#
+    );
+
+    // The normalized changelog, as a query shows it.
+    let explain = session
+        .execute_sql("EXPLAIN SELECT * FROM users;")
+        .await
+        .expect("explain");
+    let Some(StatementResult::Explain(plan)) = explain.into_iter().next() else {
+        panic!("no plan")
+    };
+    assert!(plan.contains("ChangelogNormalize: by [id"), "{plan}");
+
+    // Flink's refusals, each naming what is wrong.
+    let create = |extra: &str, pk: &str| {
+        format!(
+            "CREATE TABLE bad (id BIGINT, v STRING{pk}) WITH ('connector' = 'upsert-kafka', 'topic' = 't',
+               'properties.bootstrap.servers' = '{}', 'key.format' = 'json'{extra});",
+            broker.servers()
+        )
+    };
+    for (sql, expected) in [
+        (
+            create(", 'value.format' = 'json'", ""),
+            "require to define a PRIMARY KEY",
+        ),
+        (
+            create(", 'value.format' = 'debezium-json'", ", PRIMARY KEY (id) NOT ENFORCED"),
+            "doesn't support 'debezium-json' as value format",
+        ),
+        (
+            create("", ", PRIMARY KEY (id) NOT ENFORCED"),
+            "needs option 'value.format'",
+        ),
+        (
+            create(
+                ", 'value.format' = 'json', 'key.fields' = 'id'",
+                ", PRIMARY KEY (id) NOT ENFORCED",
+            ),
+            "key.fields",
+        ),
+    ] {
+        let Err(e) = session.execute_sql(&sql).await else {
+            panic!("{sql} should be refused")
+        };
+        let e = e.to_string();
+        assert!(e.contains(expected), "{sql}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_timestamps() {
+    let broker = Broker::start();
+    broker.create_topic("stamped", 1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    // Written: the record timestamp from a column (not in the value).
+    session
+        .execute_sql(&format!(
+            "SET 'table.dml-sync' = 'true';
+             CREATE TABLE stamped (id BIGINT, ts TIMESTAMP(3) METADATA FROM 'timestamp')
+               WITH ('connector' = 'kafka', 'topic' = 'stamped', 'properties.bootstrap.servers' = '{}',
+                     'format' = 'json');
+             CREATE TABLE src (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '3',
+               'fields.id.kind' = 'sequence', 'fields.id.start' = '1', 'fields.id.end' = '3');
+             INSERT INTO stamped SELECT id, TO_TIMESTAMP(CONCAT('2024-01-01 00:00:0', CAST(id AS STRING))) FROM src;",
+            broker.servers()
+        ))
+        .await
+        .expect("write");
+    let records = broker.read_all("stamped", 1);
+    let mut values: Vec<&str> = records.iter().map(|r| r.3.as_str()).collect();
+    values.sort();
+    assert_eq!(
+        values,
+        [r#"{"id":1}"#, r#"{"id":2}"#, r#"{"id":3}"#],
+        "the value holds no metadata column"
+    );
+    // Read back: every metadata key Weir has, the rowtime from the record.
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE back (id BIGINT, ts TIMESTAMP(3) METADATA FROM 'timestamp',
+               p INT METADATA FROM 'partition' VIRTUAL, o BIGINT METADATA FROM 'offset' VIRTUAL,
+               `topic` STRING METADATA VIRTUAL, tt STRING METADATA FROM 'timestamp-type' VIRTUAL,
+               WATERMARK FOR ts AS ts)
+             WITH ('connector' = 'kafka', 'topic' = 'stamped', 'properties.bootstrap.servers' = '{}',
+                   'format' = 'json', 'scan.startup.mode' = 'earliest-offset',
+                   'scan.bounded.mode' = 'specific-offsets', 'scan.bounded.specific-offsets' = 'partition:0,offset:3');",
+            broker.servers()
+        ))
+        .await
+        .expect("create");
+    let out = rows_of(
+        &mut session,
+        "SELECT COUNT(*) AS n, SUM(o) AS offsets, MIN(p) AS p, MIN(`topic`) AS t, MIN(tt) AS tt,
+                SUM(CASE WHEN EXTRACT(SECOND FROM ts) = id THEN 1 ELSE 0 END) AS stamped
+         FROM back;",
+    )
+    .await;
+    let row = out
+        .lines()
+        .rev()
+        .find(|l| l.contains("stamped") || l.contains("CreateTime"))
+        .expect("a row");
+    let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(cells, ["3", "3", "0", "stamped", "CreateTime", "3"], "{out}");
+    let describe = rows_of(&mut session, "SELECT * FROM back LIMIT 1;").await;
+    assert!(describe.contains("CreateTime"), "{describe}");
+
+    // Refused, each naming the column and key.
+    let table = |columns: &str, connector: &str| {
+        format!(
+            "CREATE TABLE bad (id BIGINT, {columns}) WITH ({connector}, 'topic' = 't',
+               'properties.bootstrap.servers' = '{}', 'format' = 'json');",
+            broker.servers()
+        )
+    };
+    let kafka = "'connector' = 'kafka'";
+    for (sql, expected) in [
+        (
+            table("x INT METADATA FROM 'nope'", kafka),
+            "Invalid metadata key 'nope' in column 'x' of table 'bad'",
+        ),
+        (
+            table("x INT METADATA FROM 'leader-epoch'", kafka),
+            "is not supported yet",
+        ),
+        (
+            table("x DATE METADATA FROM 'offset'", kafka),
+            "column 'x' of table 'bad' is DATE, but metadata 'offset' is BIGINT",
+        ),
+    ] {
+        let Err(e) = session.execute_sql(&sql).await else {
+            panic!("{sql} should be refused")
+        };
+        assert!(e.to_string().contains(expected), "{sql}: {e}");
+    }
+    let Err(e) = session
+        .execute_sql(&format!(
+            "CREATE TABLE f (id BIGINT, o BIGINT METADATA FROM 'offset') WITH ('connector' = 'filesystem',
+               'path' = '{}', 'format' = 'json');",
+            dir.path().display()
+        ))
+        .await
+    else {
+        panic!("metadata on a filesystem table should be refused")
+    };
+    assert!(e.to_string().contains("has no metadata: column 'o'"), "{e}");
+    // A read-only key must be VIRTUAL in a table written to.
+    session
+        .execute_sql(&table("o BIGINT METADATA FROM 'offset'", kafka).replace("bad", "ro"))
+        .await
+        .expect("a read-only metadata column is fine to read");
+    let Err(e) = session.execute_sql("INSERT INTO ro SELECT id, id + 1 FROM src;").await else {
+        panic!("writing a read-only metadata column should be refused")
+    };
+    assert!(
+        e.to_string()
+            .contains("Invalid metadata key 'offset' in column 'o' of table 'ro'")
+            && e.to_string().contains("for writing: timestamp"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

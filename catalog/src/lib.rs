@@ -20,4 +20,4 @@ pub mod table;
 pub use error::CatalogError;
 pub use options::{OptionKind, OptionSpec, Options};
 pub use store::Catalog;
-pub use table::{AlignmentSpec, ColumnDef, TableDef, ViewDef, WatermarkSpec};
+pub use table::{AlignmentSpec, ColumnDef, MetadataColumn, TableDef, ViewDef, WatermarkSpec};

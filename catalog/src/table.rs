@@ -16,6 +16,19 @@ pub struct ColumnDef {
     pub nullable: bool,
     /// SQL text of the expression of a computed column.
     pub computed: Option<String>,
+    /// `METADATA [FROM 'key'] [VIRTUAL]`: supplied by the connector from
+    /// beside the record's fields (Kafka's offset, timestamp, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<MetadataColumn>,
+}
+
+/// A metadata column's key and whether it is only read (`VIRTUAL`: not a
+/// column an INSERT writes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataColumn {
+    pub key: String,
+    #[serde(rename = "virtual")]
+    pub is_virtual: bool,
 }
 
 /// `ALIGNMENT GROUP 'g' MAX DRIFT ... UPDATE INTERVAL ...`, or the
@@ -69,6 +82,30 @@ impl TableDef {
                 .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
                 .collect::<Vec<_>>(),
         ))
+    }
+
+    /// The columns an INSERT writes: the physical ones but `VIRTUAL`
+    /// metadata columns.
+    pub fn writable_columns(&self) -> impl Iterator<Item = &ColumnDef> {
+        self.physical_columns()
+            .filter(|c| !c.metadata.as_ref().is_some_and(|m| m.is_virtual))
+    }
+
+    pub fn writable_schema(&self) -> SchemaRef {
+        std::sync::Arc::new(Schema::new(
+            self.writable_columns()
+                .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    /// The metadata columns among `columns` (physical or writable ones):
+    /// (index among them, metadata key).
+    pub fn metadata_of<'a>(columns: impl Iterator<Item = &'a ColumnDef>) -> Vec<(usize, String)> {
+        columns
+            .enumerate()
+            .filter_map(|(i, c)| c.metadata.as_ref().map(|m| (i, m.key.clone())))
+            .collect()
     }
 
     /// The schema queries see: every column, computed ones included.

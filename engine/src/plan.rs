@@ -117,6 +117,7 @@ pub enum NodeKind {
     Rank(RankNode),
     Limit(LimitNode),
     UpsertMaterialize(UpsertMaterializeNode),
+    ChangelogNormalize(ChangelogNormalizeNode),
     TemporalSort(TemporalSortNode),
     SessionWindow(SessionWindowNode),
     OverAggregate(OverAggregateNode),
@@ -703,6 +704,15 @@ pub struct UpsertMaterializeNode {
     pub upsert_key: Option<Vec<usize>>,
 }
 
+/// The changelog normalizer behind an upsert source (Flink's
+/// `ChangelogNormalize`): each key's last row, so upserts and key-only
+/// deletes become a full changelog.
+#[derive(Debug)]
+pub struct ChangelogNormalizeNode {
+    /// The source's PRIMARY KEY columns (its partitioning).
+    pub key: Vec<Arc<dyn PhysicalExpr>>,
+}
+
 #[derive(Debug)]
 pub struct SinkNode {
     pub name: String,
@@ -907,6 +917,9 @@ impl StreamGraph {
                         s,
                         "      state: {backend}, the live rows of each sink key by key group|sink key, in arrival order"
                     );
+                }
+                NodeKind::ChangelogNormalize(_) => {
+                    let _ = writeln!(s, "      state: {backend}, the last row of each key by key group|key");
                 }
                 _ => {}
             }
@@ -1141,6 +1154,10 @@ impl StreamNode {
                     ),
                     None => "entries by whole row".into(),
                 }
+            ),
+            NodeKind::ChangelogNormalize(c) => format!(
+                "ChangelogNormalize: by [{}]",
+                c.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
             ),
             NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
         }

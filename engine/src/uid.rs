@@ -260,6 +260,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 "upsert_materialize",
                 format!("key={};upsert={:?}", canonical_exprs(&m.key), m.upsert_key),
             ),
+            NodeKind::ChangelogNormalize(c) => ("changelog_normalize", format!("key={}", canonical_exprs(&c.key))),
             NodeKind::Sink(s) => ("sink", format!("table={};connector={}", s.name, s.factory.name())),
         };
         let text = format!("{kind}|{body}|in=[{}]|out=[{}]", inputs.join(";"), out_types.join(","));

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use datafusion::common::DFSchema;
-use weir_catalog::{AlignmentSpec, ColumnDef, TableDef, WatermarkSpec};
+use weir_catalog::{AlignmentSpec, ColumnDef, MetadataColumn, TableDef, WatermarkSpec};
 
 use crate::error::{Result, SqlError};
 use crate::parser::CreateTable;
@@ -41,6 +41,10 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
                 data_type,
                 nullable: c.nullable,
                 computed: None,
+                metadata: c.metadata.as_ref().map(|(key, is_virtual)| MetadataColumn {
+                    key: key.clone().unwrap_or_else(|| c.name.value.clone()),
+                    is_virtual: *is_virtual,
+                }),
             });
         }
     }
@@ -55,6 +59,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
                         data_type: f.data_type().clone(),
                         nullable: f.is_nullable(),
                         computed: None,
+                        metadata: None,
                     });
                 }
             }
@@ -84,6 +89,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
                     data_type,
                     nullable: true,
                     computed: Some(expr.to_string()),
+                    metadata: None,
                 },
             );
             position += 1;
@@ -167,7 +173,6 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             .at(*at));
         }
     }
-    weir_engine::connectors::validate_table(&def)?;
     if let Some((cols, at)) = &stmt.primary_key {
         let mut key = vec![];
         for c in cols {
@@ -176,10 +181,11 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
                     SqlError::plan(format!("PRIMARY KEY column '{}' is not a column of the table", c.value)).at(*at),
                 );
             };
-            if col.computed.is_some() {
+            if col.computed.is_some() || col.metadata.is_some() {
                 return Err(SqlError::plan(format!(
-                    "PRIMARY KEY column '{}' is a computed column; a key must be a physical column",
-                    c.value
+                    "PRIMARY KEY column '{}' is a {} column; a key must be a physical column",
+                    c.value,
+                    if col.computed.is_some() { "computed" } else { "metadata" }
                 ))
                 .at(*at));
             }
@@ -190,6 +196,8 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         }
         def.primary_key = Some(key);
     }
+    // After the key: a connector may need one (upsert-kafka).
+    weir_engine::connectors::validate_table(&def)?;
     Ok(def)
 }
 

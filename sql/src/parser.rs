@@ -23,6 +23,9 @@ pub struct ColumnSpec {
     pub data_type: Option<ast::DataType>,
     pub nullable: bool,
     pub computed: Option<Expr>,
+    /// `METADATA [FROM 'key'] [VIRTUAL]`: the key (`None`: the column's
+    /// name) and whether the column is virtual.
+    pub metadata: Option<(Option<String>, bool)>,
     pub location: Location,
 }
 
@@ -936,6 +939,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                         data_type: None,
                         nullable: true,
                         computed: Some(expr),
+                        metadata: None,
                         location: loc(&start),
                     });
                 } else {
@@ -946,9 +950,16 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                     } else {
                         let _ = p.parse_keyword(Keyword::NULL);
                     }
-                    if p.parse_keyword(Keyword::METADATA) {
-                        return Err(SqlError::unsupported("METADATA columns are not supported yet").at(loc(&start)));
-                    }
+                    let metadata = if p.parse_keyword(Keyword::METADATA) {
+                        let key = if p.parse_keyword(Keyword::FROM) {
+                            Some(parse_string_literal(p)?)
+                        } else {
+                            None
+                        };
+                        Some((key, p.parse_keyword(Keyword::VIRTUAL)))
+                    } else {
+                        None
+                    };
                     if p.parse_keyword(Keyword::COMMENT) {
                         p.parse_literal_string()?;
                     }
@@ -957,6 +968,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                         data_type: Some(data_type),
                         nullable,
                         computed: None,
+                        metadata,
                         location: loc(&start),
                     });
                 }

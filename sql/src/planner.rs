@@ -38,10 +38,10 @@ use sqlparser::ast;
 use weir_catalog::{Catalog, TableDef};
 use weir_engine::config::JobConfig;
 use weir_engine::plan::{
-    AggCall, AggFunc, CalcNode, ChangelogMode, Exchange, GroupAggregateNode, GroupOutput, JoinNode, JoinType, LagCall,
-    LimitNode, NodeId, NodeKind, OverAggregateNode, OverFrame, OverOutput, RankNode, RankStrategy, SessionWindowNode,
-    SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph, StreamNode, TemporalSortNode, UpsertMaterializeNode,
-    WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
+    AggCall, AggFunc, CalcNode, ChangelogMode, ChangelogNormalizeNode, Exchange, GroupAggregateNode, GroupOutput,
+    JoinNode, JoinType, LagCall, LimitNode, NodeId, NodeKind, OverAggregateNode, OverFrame, OverOutput, RankNode,
+    RankStrategy, SessionWindowNode, SinkNode, SortKey, SourceNode, StreamEdge, StreamGraph, StreamNode,
+    TemporalSortNode, UpsertMaterializeNode, WatermarkNode, WindowAggregateNode, WindowKind, WindowSpec,
 };
 
 use crate::error::{Result, SqlError};
@@ -1012,6 +1012,24 @@ impl<'a> GraphBuilder<'a> {
     fn mode_of(&self, kind: &NodeKind, input: Option<NodeId>) -> ChangelogMode {
         let input = input.map(|i| self.nodes[i].changelog.clone()).unwrap_or_default();
         match kind {
+            // Upserts by the key: no `-U`, deletes maybe of the key only
+            // (normalized right behind).
+            NodeKind::Source(s) if s.factory.is_upsert() => ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: None,
+                no_update_before: true,
+            },
+            NodeKind::ChangelogNormalize(c) => ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: c
+                    .key
+                    .iter()
+                    .map(|k| k.downcast_ref::<Column>().map(|c| c.index()))
+                    .collect(),
+                no_update_before: false,
+            },
             // A changelog format reads updates and deletes.
             NodeKind::Source(s) if s.factory.produces_changes() => ChangelogMode {
                 updates: true,
@@ -1250,6 +1268,7 @@ impl<'a> GraphBuilder<'a> {
         if !weir_engine::connectors::supports_column_pruning(def) {
             needed.extend(def.physical_columns().map(|c| c.name.clone()));
         }
+        needed.extend(weir_engine::connectors::required_columns(def));
         if let Some(w) = &def.watermark {
             needed.insert(w.column.clone());
             needed.extend(identifiers(&w.expr));
@@ -1308,6 +1327,25 @@ impl<'a> GraphBuilder<'a> {
             }),
             None,
         );
+        // An upsert source's changes become a full changelog by its key
+        // (Flink's ChangelogNormalize), which every scan of it reads.
+        let source = if let NodeKind::Source(s) = &self.nodes[source].kind
+            && s.factory.is_upsert()
+        {
+            let pk = def.primary_key.clone().unwrap_or_default();
+            let key = pk
+                .iter()
+                .map(|c| Ok(Arc::new(Column::new(c, full_schema.index_of(c)?)) as Arc<dyn PhysicalExpr>))
+                .collect::<Result<Vec<_>>>()?;
+            self.add(
+                self.config.parallelism,
+                full_schema.clone(),
+                NodeKind::ChangelogNormalize(ChangelogNormalizeNode { key: key.clone() }),
+                Some((source, Exchange::Hash(key))),
+            )
+        } else {
+            source
+        };
         self.sources.insert(def.name.clone(), source);
         self.project_scan(source, scan, &projected)
     }
@@ -2606,7 +2644,7 @@ impl<'a> GraphBuilder<'a> {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let sink_cols: Vec<&str> = sink.physical_columns().map(|c| c.name.as_str()).collect();
+        let sink_cols: Vec<&str> = sink.writable_columns().map(|c| c.name.as_str()).collect();
         let pk_positions: Vec<usize> = pk
             .iter()
             .map(|k| sink_cols.iter().position(|c| c == k))
@@ -2665,7 +2703,7 @@ impl<'a> GraphBuilder<'a> {
                 factory.changes_hint()
             )));
         }
-        let target = sink.physical_schema();
+        let target = sink.writable_schema();
         let have = self.nodes[last].schema.clone();
         if have.fields().len() != target.fields().len() {
             let cols: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();

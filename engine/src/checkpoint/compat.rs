@@ -41,6 +41,7 @@ fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
         NodeKind::Join(j) => &j.left_keys,
         NodeKind::Rank(r) => &r.partition,
         NodeKind::UpsertMaterialize(m) => &m.key,
+        NodeKind::ChangelogNormalize(c) => &c.key,
         _ => return vec![],
     };
     let Some(input) = graph.inputs(id).next().map(|e| graph.node(e.from).schema.clone()) else {

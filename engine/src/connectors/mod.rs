@@ -113,6 +113,14 @@ pub trait SourceFactory: Debug + Send + Sync {
         false
     }
 
+    /// Whether its changes are upserts by the table's PRIMARY KEY (`+U`
+    /// and `-D`, no `-U`; a `-D` may know only the key's columns), as
+    /// `upsert-kafka` reads them: the planner puts a changelog normalizer
+    /// keyed by the PRIMARY KEY behind it.
+    fn is_upsert(&self) -> bool {
+        false
+    }
+
     /// Every split of the source. `count` is for connectors that choose
     /// their number of splits (generators): the parallelism on a fresh
     /// start, the number the snapshot has positions for on a restore (so a
@@ -255,7 +263,15 @@ const COMMON_OPTIONS: &[OptionSpec] = &[
     .with_default("1 s"),
 ];
 
-const CONNECTORS: &[&str] = &["nexmark", "datagen", "filesystem", "kafka", "print", "blackhole"];
+const CONNECTORS: &[&str] = &[
+    "nexmark",
+    "datagen",
+    "filesystem",
+    "kafka",
+    "upsert-kafka",
+    "print",
+    "blackhole",
+];
 
 fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
     let own: Vec<&[OptionSpec]> = match connector {
@@ -268,6 +284,7 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
             filesystem::partition::OPTIONS,
         ],
         "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS],
+        "upsert-kafka" => return Some(upsert_kafka_specs()),
         "print" => vec![print::OPTIONS],
         "blackhole" => vec![],
         _ => return None,
@@ -279,6 +296,15 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
             .copied()
             .collect(),
     )
+}
+
+fn upsert_kafka_specs() -> Vec<OptionSpec> {
+    COMMON_OPTIONS
+        .iter()
+        .copied()
+        .chain(kafka::upsert_options())
+        .chain(filesystem::FORMAT_OPTIONS.iter().copied())
+        .collect()
 }
 
 fn config_error(connector: &str, message: impl Into<String>) -> ConnectorError {
@@ -300,14 +326,6 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
             ),
         )
     })?;
-    if connector == "upsert-kafka" {
-        return Err(config_error(
-            connector,
-            "is not supported yet (a changelog as a compacted topic keyed by the PRIMARY KEY, deletes as tombstones); \
-             'kafka' reads and writes inserts",
-        )
-        .into());
-    }
     let specs = specs_of(connector).ok_or_else(|| {
         config_error(
             connector,
@@ -332,21 +350,69 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
     if connector == "nexmark" {
         nexmark::NexmarkSource::new(&options, table.physical_schema())?;
     }
-    if connector == "kafka" {
-        kafka::validate(&options, &table.physical_schema())?;
+    let metadata = TableDef::metadata_of(table.physical_columns());
+    if connector == kafka::NAME {
+        kafka::validate(&options, &table.physical_schema(), false, &metadata, &table.name)?;
+    } else if connector == kafka::UPSERT_NAME {
+        let kafka_specs = specs_of(kafka::NAME).unwrap_or_default();
+        let options = kafka::upsert_as_kafka(&options, table.primary_key.as_deref(), &kafka_specs)?;
+        kafka::validate(&options, &table.physical_schema(), true, &metadata, &table.name)?;
+        return Ok((connector.to_string(), options));
+    } else if let Some((i, key)) = metadata.first() {
+        let column = table
+            .physical_columns()
+            .nth(*i)
+            .map(|c| c.name.as_str())
+            .unwrap_or_default();
+        return Err(config_error(
+            connector,
+            format!(
+                "has no metadata: column '{column}' of table '{}' declares METADATA FROM '{key}' \
+                 (the 'kafka' and 'upsert-kafka' connectors have metadata columns)",
+                table.name
+            ),
+        )
+        .into());
     }
     Ok((connector.to_string(), options))
 }
 
 /// Whether a source may be given only the columns a query uses. Not for
-/// positional formats (CSV): every column must be read to find the ones
-/// wanted.
+/// positional formats (CSV, and Kafka's `raw`, which is one column): every
+/// column must be read to find the ones wanted.
 pub fn supports_column_pruning(table: &TableDef) -> bool {
-    !(table.connector() == Some("filesystem")
-        && table
+    let positional = |key: &str| {
+        table
             .options
-            .get("format")
-            .is_some_and(|f| f.eq_ignore_ascii_case("csv")))
+            .get(key)
+            .is_some_and(|f| f.eq_ignore_ascii_case("csv") || f.eq_ignore_ascii_case("raw"))
+    };
+    match table.connector() {
+        Some("filesystem") => !positional("format"),
+        Some(kafka::NAME | kafka::UPSERT_NAME) => !["format", "value.format", "key.format"].into_iter().any(positional),
+        _ => true,
+    }
+}
+
+/// Columns a source needs whatever a query uses: a Kafka record key's
+/// (`key.fields`; an `upsert-kafka` table's PRIMARY KEY), so that the key
+/// still decodes and changes still find their rows.
+pub fn required_columns(table: &TableDef) -> Vec<String> {
+    match table.connector() {
+        Some(kafka::NAME) => table
+            .options
+            .get("key.fields")
+            .map(|k| {
+                k.split(';')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Some(kafka::UPSERT_NAME) => table.primary_key.clone().unwrap_or_default(),
+        _ => vec![],
+    }
 }
 
 /// The columns a connector supplies when the table declares none
@@ -379,7 +445,17 @@ pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Resu
         "nexmark" => Arc::new(nexmark::NexmarkSource::new(&options, schema)?),
         "datagen" => Arc::new(datagen::DatagenSource::new(&options, schema)?),
         "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema, &table.partition_keys)?),
-        "kafka" => Arc::new(kafka::KafkaSource::new(&options, schema, &table.name)?),
+        "kafka" | "upsert-kafka" => {
+            let metadata = TableDef::metadata_of(table.physical_columns());
+            let upsert = connector == kafka::UPSERT_NAME;
+            Arc::new(kafka::KafkaSource::new(
+                &options,
+                schema,
+                &table.name,
+                upsert,
+                &metadata,
+            )?)
+        }
         other => {
             return Err(config_error(other, "can only be used as a sink (INSERT INTO), not read from").into());
         }
@@ -389,12 +465,17 @@ pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Resu
 pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<Arc<dyn SinkFactory>> {
     check_table_paths(table, paths)?;
     let (connector, options) = validate_table(table)?;
-    let schema = table.physical_schema();
+    // An INSERT writes every column but the virtual metadata ones.
+    let schema = table.writable_schema();
     Ok(match connector.as_str() {
         "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
         "blackhole" => Arc::new(blackhole::BlackholeSink),
         "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys)?),
-        "kafka" => Arc::new(kafka::KafkaSink::new(&options, schema, &table.name)?),
+        "kafka" | "upsert-kafka" => {
+            let metadata = TableDef::metadata_of(table.writable_columns());
+            let upsert = connector == kafka::UPSERT_NAME;
+            Arc::new(kafka::KafkaSink::new(&options, schema, &table.name, upsert, &metadata)?)
+        }
         other => {
             return Err(config_error(other, "is a source only; it cannot be written to").into());
         }

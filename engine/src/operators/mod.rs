@@ -12,6 +12,7 @@
 //!   operator (after alignment); the runtime forwards the barrier.
 
 pub mod calc;
+pub mod changelog_normalize;
 pub mod dedup_first;
 pub mod group;
 pub mod interval_join;

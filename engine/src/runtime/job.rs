@@ -1265,6 +1265,16 @@ fn create_operator(
                 metrics.nodes[id].clone(),
             )?)
         }
+        NodeKind::ChangelogNormalize(c) => {
+            let state = state_of(crate::operators::changelog_normalize::STATES)?;
+            Box::new(crate::operators::changelog_normalize::ChangelogNormalizeOperator::new(
+                &c.key,
+                node.schema.clone(),
+                config.max_parallelism,
+                state,
+                metrics.nodes[id].clone(),
+            )?)
+        }
         NodeKind::UpsertMaterialize(m) => {
             let state = state_of(crate::operators::upsert_materialize::STATES)?;
             Box::new(crate::operators::upsert_materialize::UpsertMaterializeOperator::new(

@@ -15,8 +15,9 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use weir_catalog::Options;
 
+use super::metadata::{self, Meta, RecordMeta};
 use super::{NAME, invalid};
-use crate::change::ChangeBatch;
+use crate::change::{ChangeBatch, RowKind};
 use crate::connectors::config_error;
 use crate::connectors::filesystem::source::LineDecoder;
 use crate::connectors::filesystem::{self, Format, FormatOptions};
@@ -97,17 +98,29 @@ pub(super) struct Codec {
     /// With `ALL`, the key columns written as the record key (the value
     /// holds them too, and is what they are read from).
     write_key: Option<KeyPart>,
+    /// `upsert-kafka`: records are upserts and tombstones of their keys.
+    upsert: bool,
+    /// Metadata columns: (index in the table, what they hold).
+    metadata: Vec<(usize, Meta)>,
 }
 
-/// Rows as records: their keys (with a key format) and values (`None`: a
-/// raw NULL value, written as a record without one).
-pub(super) type Encoded = (Option<Vec<Vec<u8>>>, Vec<Option<Vec<u8>>>);
+/// Rows as records.
+pub(super) struct Encoded {
+    /// With a key format, each record's key.
+    pub keys: Option<Vec<Vec<u8>>>,
+    /// `None`: a record without a value (a raw NULL, a tombstone).
+    pub values: Vec<Option<Vec<u8>>>,
+    /// With a `timestamp` metadata column, each record's timestamp (ms).
+    pub timestamps: Option<Vec<Option<i64>>>,
+}
 
 /// One record as read.
 pub(super) struct Record {
     pub offset: i64,
     pub key: Option<Vec<u8>>,
-    pub value: Vec<u8>,
+    /// `None`: a tombstone (only `upsert-kafka` reads them).
+    pub value: Option<Vec<u8>>,
+    pub meta: RecordMeta,
 }
 
 /// What a poll's records decode into.
@@ -130,7 +143,8 @@ fn project(schema: &SchemaRef, columns: &[usize], rename: impl Fn(&str) -> Strin
 }
 
 impl Codec {
-    pub fn new(options: &Options, schema: &SchemaRef) -> Result<Self> {
+    /// `metadata`: the metadata columns, by index in `schema`.
+    pub fn new(options: &Options, schema: &SchemaRef, upsert: bool, metadata: Vec<(usize, Meta)>) -> Result<Self> {
         let (value_key, value_name) = match (options.get("format"), options.get("value.format")) {
             (Some(_), Some(_)) => {
                 return Err(config_error(
@@ -172,6 +186,12 @@ impl Codec {
                             ),
                         )
                     })?;
+                    if metadata.iter().any(|(m, _)| *m == i) {
+                        return Err(invalid(
+                            "key.fields",
+                            format!("column '{name}' is a metadata column, not a field of the record key"),
+                        ));
+                    }
                     if !name.starts_with(&prefix) {
                         return Err(invalid(
                             "key.fields",
@@ -210,6 +230,7 @@ impl Codec {
         }
         let value_columns: Vec<usize> = (0..schema.fields().len())
             .filter(|i| !except_key || !key_columns.contains(i))
+            .filter(|i| !metadata.iter().any(|(m, _)| m == i))
             .collect();
         let value_schema = project(schema, &value_columns, str::to_string);
         let value = PartFormat::of(options, value_name, value_key, &value_schema)?;
@@ -217,6 +238,13 @@ impl Codec {
             return Err(config_error(
                 NAME,
                 "a changelog value format with 'key.format' is not supported: its envelope holds the whole row",
+            )
+            .into());
+        }
+        if value.is_changelog() && !metadata.is_empty() {
+            return Err(config_error(
+                NAME,
+                "metadata columns with a changelog value format are not supported yet",
             )
             .into());
         }
@@ -228,7 +256,18 @@ impl Codec {
             value_schema,
             key,
             write_key,
+            upsert,
+            metadata,
         })
+    }
+
+    pub fn is_upsert(&self) -> bool {
+        self.upsert
+    }
+
+    /// The record key's part, whichever `value.fields-include` is.
+    fn any_key(&self) -> Option<&KeyPart> {
+        self.key.as_ref().or(self.write_key.as_ref())
     }
 
     /// `<format>.ignore-parse-errors` of the value's (or key's) format.
@@ -238,20 +277,168 @@ impl Codec {
     }
 
     pub fn produces_changes(&self) -> bool {
-        self.value.is_changelog()
+        self.upsert || self.value.is_changelog()
     }
 
-    pub fn decoders(&self) -> Decoders {
+    /// The decoders of a split of `topic`.
+    pub fn decoders(&self, topic: &str) -> Decoders {
+        // Tombstones are read from their keys, also with `ALL`.
+        let key = if self.upsert { self.any_key() } else { self.key.as_ref() };
         Decoders {
             value: self.value.decoder(&self.value_schema),
-            key: self.key.as_ref().and_then(|k| k.format.decoder(&k.schema)),
+            key: key.and_then(|k| k.format.decoder(&k.schema)),
+            topic: topic.to_string(),
         }
+    }
+
+    /// The metadata columns of `records`, by index in the table.
+    fn metadata_columns(&self, d: &Decoders, records: &[&Record]) -> Result<Vec<(usize, ArrayRef)>> {
+        if self.metadata.is_empty() {
+            return Ok(vec![]);
+        }
+        let metas: Vec<(i64, RecordMeta)> = records.iter().map(|r| (r.offset, r.meta)).collect();
+        self.metadata
+            .iter()
+            .map(|(i, m)| {
+                Ok((
+                    *i,
+                    metadata::column(*m, &d.topic, &metas, self.schema.field(*i).data_type())?,
+                ))
+            })
+            .collect()
     }
 
     /// Decodes the records of one poll. Bad records are reported, not
     /// failed on: the reader fails or skips them.
     pub fn decode(&self, d: &Decoders, records: &[Record]) -> Result<Decoded> {
-        let values: Vec<&[u8]> = records.iter().map(|r| r.value.as_slice()).collect();
+        if !self.upsert {
+            let values: Vec<&Record> = records.iter().filter(|r| r.value.is_some()).collect();
+            return self.decode_values(d, &values);
+        }
+        let (values, tombstones): (Vec<&Record>, Vec<&Record>) = records.iter().partition(|r| r.value.is_some());
+        let mut upserts = self.decode_values(d, &values)?;
+        let mut bad = std::mem::take(&mut upserts.bad);
+        let upsert_rows = upserts.rows.map(|c| c.rows);
+        let good_upserts: Vec<i64> = values
+            .iter()
+            .map(|r| r.offset)
+            .filter(|o| bad.binary_search_by_key(o, |(b, _)| *b).is_err())
+            .collect();
+        let deletes = self.decode_tombstones(d, &tombstones, &mut bad)?;
+        bad.sort_by_key(|(o, _)| *o);
+        if deletes.is_none() {
+            let rows = upsert_rows.map(|r| {
+                let n = r.num_rows();
+                ChangeBatch::new(r, vec![RowKind::UpdateAfter; n])
+            });
+            return Ok(Decoded { rows, bad });
+        }
+        // Both in offset order: merged back into it.
+        let mut order: Vec<(i64, usize, usize)> = good_upserts.iter().enumerate().map(|(i, o)| (*o, 0, i)).collect();
+        if let Some((offsets, _)) = &deletes {
+            order.extend(offsets.iter().enumerate().map(|(i, o)| (*o, 1, i)));
+        }
+        order.sort_unstable();
+        let parts: Vec<RecordBatch> = [upsert_rows, deletes.map(|(_, rows)| rows)]
+            .into_iter()
+            .map(|b| b.unwrap_or_else(|| RecordBatch::new_empty(self.schema.clone())))
+            .collect();
+        if order.is_empty() {
+            return Ok(Decoded { rows: None, bad });
+        }
+        let at: Vec<(usize, usize)> = order.iter().map(|(_, part, i)| (*part, *i)).collect();
+        let columns = (0..self.schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> = parts.iter().map(|p| p.column(c).as_ref()).collect();
+                arrow::compute::interleave(&arrays, &at)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let rows = RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(at.len())),
+        )?;
+        let kinds = order
+            .iter()
+            .map(|(_, part, _)| {
+                if *part == 0 {
+                    RowKind::UpdateAfter
+                } else {
+                    RowKind::Delete
+                }
+            })
+            .collect();
+        Ok(Decoded {
+            rows: Some(ChangeBatch::new(rows, kinds)),
+            bad,
+        })
+    }
+
+    /// Tombstones as rows of the table: the key's columns from the record
+    /// key, the others empty (NULL, or a NOT NULL column's default: the
+    /// normalizer replaces the row by the key's last one). Returns the
+    /// good tombstones' offsets and rows; bad ones go to `bad`.
+    fn decode_tombstones(
+        &self,
+        d: &Decoders,
+        tombstones: &[&Record],
+        bad: &mut Vec<(i64, String)>,
+    ) -> Result<Option<(Vec<i64>, RecordBatch)>> {
+        let Some(k) = self.any_key() else {
+            return Err(crate::error::ExecError::internal("an upsert table without a key"));
+        };
+        let mut good: Vec<&Record> = vec![];
+        for r in tombstones {
+            match &r.key {
+                Some(_) => good.push(r),
+                None => bad.push((r.offset, "a tombstone (a record without a value) without a key".into())),
+            }
+        }
+        let keys: Vec<&[u8]> = good.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
+        let key_rows = match rows_of(&k.format, d.key.as_ref(), &k.schema, &keys) {
+            Ok(rows) => rows,
+            Err(_) => {
+                let mut failed = vec![];
+                decode_part(&k.format, d.key.as_ref(), &keys, &good, &mut failed);
+                failed.sort_by_key(|(o, _)| *o);
+                good.retain(|r| failed.binary_search_by_key(&r.offset, |(o, _)| *o).is_err());
+                bad.extend(failed);
+                let keys: Vec<&[u8]> = good.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
+                rows_of(&k.format, d.key.as_ref(), &k.schema, &keys).map_err(|e| {
+                    crate::error::ExecError::internal(format!(
+                        "keys that decode one by one do not decode together: {e}"
+                    ))
+                })?
+            }
+        };
+        if good.is_empty() {
+            return Ok(None);
+        }
+        let n = good.len();
+        let metadata = self.metadata_columns(d, &good)?;
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match k.columns.iter().position(|c| *c == i) {
+                Some(at) => Ok(key_rows.column(at).clone()),
+                None if metadata.iter().any(|(m, _)| *m == i) => Ok(metadata
+                    .iter()
+                    .find(|(m, _)| *m == i)
+                    .map(|(_, c)| c.clone())
+                    .unwrap_or_else(|| arrow::array::new_null_array(f.data_type(), n))),
+                None if f.is_nullable() => Ok(arrow::array::new_null_array(f.data_type(), n)),
+                None => Ok(datafusion::common::ScalarValue::new_default(f.data_type())?.to_array_of_size(n)?),
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let rows = crate::operators::calc::batch_with_schema(&self.schema, columns)?;
+        Ok(Some((good.iter().map(|r| r.offset).collect(), rows)))
+    }
+
+    /// Decodes records that all have values.
+    fn decode_values(&self, d: &Decoders, records: &[&Record]) -> Result<Decoded> {
+        let values: Vec<&[u8]> = records.iter().map(|r| r.value.as_deref().unwrap_or_default()).collect();
         let keys: Vec<&[u8]> = records.iter().map(|r| r.key.as_deref().unwrap_or_default()).collect();
         // The common case: every record decodes, in one go.
         if let Ok(value) = rows_of(&self.value, d.value.as_ref(), &self.value_schema, &values) {
@@ -261,7 +448,7 @@ impl Codec {
             };
             if let Some(key) = key {
                 return Ok(Decoded {
-                    rows: self.assemble(value, key)?,
+                    rows: self.assemble(d, value, key, records)?,
                     bad: vec![],
                 });
             }
@@ -275,6 +462,7 @@ impl Codec {
         bad.dedup_by_key(|(o, _)| *o);
         let good: Vec<&Record> = records
             .iter()
+            .copied()
             .filter(|r| bad.binary_search_by_key(&r.offset, |(o, _)| *o).is_err())
             .collect();
         if good.is_empty() {
@@ -283,7 +471,7 @@ impl Codec {
         let together = |e: String| {
             crate::error::ExecError::internal(format!("records that decode one by one do not decode together: {e}"))
         };
-        let values: Vec<&[u8]> = good.iter().map(|r| r.value.as_slice()).collect();
+        let values: Vec<&[u8]> = good.iter().map(|r| r.value.as_deref().unwrap_or_default()).collect();
         let value = rows_of(&self.value, d.value.as_ref(), &self.value_schema, &values).map_err(together)?;
         let key = match &self.key {
             None => None,
@@ -293,42 +481,55 @@ impl Codec {
             }
         };
         Ok(Decoded {
-            rows: self.assemble(value, key)?,
+            rows: self.assemble(d, value, key, &good)?,
             bad,
         })
     }
 
-    /// The table's rows from decoded values (and keys, with `EXCEPT_KEY`).
-    fn assemble(&self, value: RecordBatch, key: Option<RecordBatch>) -> Result<Option<ChangeBatch>> {
+    /// The table's rows from decoded values (and keys, with `EXCEPT_KEY`)
+    /// of `records` (and their metadata).
+    fn assemble(
+        &self,
+        d: &Decoders,
+        value: RecordBatch,
+        key: Option<RecordBatch>,
+        records: &[&Record],
+    ) -> Result<Option<ChangeBatch>> {
         if let PartFormat::Text(f) = &self.value
             && f.format.is_changelog()
         {
             let changes = filesystem::changelog::expand(f.format, &value, &self.schema)?;
             return Ok((changes.num_rows() > 0).then_some(changes));
         }
-        let rows = match (&self.key, key) {
-            (Some(k), Some(key)) => {
-                let mut columns: Vec<Option<ArrayRef>> = vec![None; self.schema.fields().len()];
-                for (c, i) in k.columns.iter().enumerate() {
-                    columns[*i] = Some(key.column(c).clone());
-                }
-                for (c, i) in self.value_columns.iter().enumerate() {
-                    columns[*i] = Some(value.column(c).clone());
-                }
-                let columns = columns
-                    .into_iter()
-                    .map(|c| c.ok_or_else(|| crate::error::ExecError::internal("a column is in neither key nor value")))
-                    .collect::<Result<Vec<_>>>()?;
-                crate::operators::calc::batch_with_schema(&self.schema, columns)?
+        let mut columns: Vec<Option<ArrayRef>> = vec![None; self.schema.fields().len()];
+        if let (Some(k), Some(key)) = (&self.key, key) {
+            for (c, i) in k.columns.iter().enumerate() {
+                columns[*i] = Some(key.column(c).clone());
             }
-            _ => crate::operators::calc::batch_with_schema(&self.schema, value.columns().to_vec())?,
-        };
+        }
+        for (c, i) in self.value_columns.iter().enumerate() {
+            columns[*i] = Some(value.column(c).clone());
+        }
+        for (i, column) in self.metadata_columns(d, records)? {
+            columns[i] = Some(column);
+        }
+        let columns = columns
+            .into_iter()
+            .map(|c| {
+                c.ok_or_else(|| crate::error::ExecError::internal("a column is in neither key, value nor metadata"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let rows = crate::operators::calc::batch_with_schema(&self.schema, columns)?;
         Ok((rows.num_rows() > 0).then(|| rows.into()))
     }
 
     /// Each row of `batch` (the table's physical columns) as a record's
     /// key (with `key.format`) and value.
     pub fn encode(&self, batch: &RecordBatch) -> Result<Encoded> {
+        let timestamps = match self.metadata.iter().find(|(_, m)| *m == Meta::Timestamp) {
+            Some((i, _)) => Some(metadata::timestamps(batch.column(*i))?),
+            None => None,
+        };
         let keys = match self.key.as_ref().or(self.write_key.as_ref()) {
             None => None,
             Some(k) => {
@@ -344,7 +545,60 @@ impl Codec {
         };
         let cols = self.value_columns.iter().map(|i| batch.column(*i).clone()).collect();
         let part = RecordBatch::try_new(self.value_schema.clone(), cols)?;
-        Ok((keys, encode_part(&self.value, &part)?))
+        Ok(Encoded {
+            keys,
+            values: encode_part(&self.value, &part)?,
+            timestamps,
+        })
+    }
+
+    /// Whether the value format is a changelog one (`debezium-json`, ...):
+    /// every change a record, an update two.
+    pub fn writes_changes(&self) -> bool {
+        !self.upsert && self.value.is_changelog()
+    }
+
+    /// Changes as records of the changelog value format, one envelope
+    /// each (`+I`/`+U` an insert, `-U`/`-D` a delete, as Flink writes).
+    pub fn encode_changelog(&self, batch: ChangeBatch) -> Result<Encoded> {
+        let PartFormat::Text(f) = &self.value else {
+            return Err(crate::error::ExecError::internal("a changelog format that is not text"));
+        };
+        let mut encoded = self.encode(&batch.rows)?;
+        let mut json = Vec::new();
+        for v in &encoded.values {
+            json.extend_from_slice(v.as_deref().unwrap_or_default());
+            json.push(b'\n');
+        }
+        let lines = filesystem::changelog::envelopes(f.format, &batch, &json)?;
+        encoded.values = lines
+            .split(|b| *b == b'\n')
+            .take(batch.num_rows())
+            .map(|l| Some(l.to_vec()))
+            .collect();
+        Ok(encoded)
+    }
+
+    /// An upsert table's changes as records: `+I` and `+U` the row, `-D`
+    /// a tombstone of its key; `-U` none (the `+U` after it replaces it).
+    pub fn encode_changes(&self, batch: ChangeBatch) -> Result<Encoded> {
+        let batch = if batch.kinds.is_some() {
+            let keep: arrow::array::BooleanArray = (0..batch.num_rows())
+                .map(|i| Some(batch.kind(i) != RowKind::UpdateBefore))
+                .collect();
+            batch.filter(&keep)?
+        } else {
+            batch
+        };
+        let mut encoded = self.encode(&batch.rows)?;
+        if batch.kinds.is_some() {
+            for (i, v) in encoded.values.iter_mut().enumerate() {
+                if batch.kind(i) == RowKind::Delete {
+                    *v = None;
+                }
+            }
+        }
+        Ok(encoded)
     }
 }
 
@@ -352,6 +606,8 @@ impl Codec {
 pub(super) struct Decoders {
     value: Option<LineDecoder>,
     key: Option<LineDecoder>,
+    /// The split's topic (the `topic` metadata column).
+    topic: String,
 }
 
 /// Text of a record, without the line break some producers end it with.
@@ -365,7 +621,7 @@ fn decode_part(
     format: &PartFormat,
     d: Option<&LineDecoder>,
     parts: &[&[u8]],
-    records: &[Record],
+    records: &[&Record],
     bad: &mut Vec<(i64, String)>,
 ) {
     let (PartFormat::Text(_), Some(d)) = (format, d) else {
@@ -450,7 +706,9 @@ fn encode_part(format: &PartFormat, part: &RecordBatch) -> Result<Vec<Option<Vec
         PartFormat::Text(f) => f,
     };
     let text = filesystem::sink::stringify_timestamps(part, f.iso_timestamps)?;
-    if f.format == Format::Json {
+    // A changelog format's rows are JSON objects (put in envelopes by
+    // `Codec::encode_changelog`).
+    if f.format == Format::Json || f.format.is_changelog() {
         let mut json = Vec::new();
         {
             // Flink's JSON format writes NULL fields as `null`.
@@ -521,8 +779,58 @@ mod tests {
         Record {
             offset,
             key: Some(key.as_bytes().to_vec()),
-            value: value.as_bytes().to_vec(),
+            value: Some(value.as_bytes().to_vec()),
+            meta: RecordMeta::default(),
         }
+    }
+
+    fn tombstone(offset: i64, key: &str) -> Record {
+        Record {
+            offset,
+            key: Some(key.as_bytes().to_vec()),
+            value: None,
+            meta: RecordMeta::default(),
+        }
+    }
+
+    #[test]
+    fn upsert_records_are_updates_and_tombstones_deletes_in_offset_order() {
+        // `ALL`: the key columns are read from the value, and from the key
+        // of a tombstone.
+        let o = options(&[("value.format", "json"), ("key.format", "json"), ("key.fields", "k_id")]);
+        let c = Codec::new(&o, &schema(), true, vec![]).expect("codec");
+        let d = c.decoders("t");
+        let out = c
+            .decode(
+                &d,
+                &[
+                    record(1, r#"{"k_id":1}"#, r#"{"k_id":1,"name":"a"}"#),
+                    tombstone(2, r#"{"k_id":1}"#),
+                    tombstone(3, "{oops"),
+                    Record {
+                        offset: 4,
+                        key: None,
+                        value: None,
+                        meta: RecordMeta::default(),
+                    },
+                    record(5, r#"{"k_id":2}"#, r#"{"k_id":2,"name":"b"}"#),
+                ],
+            )
+            .expect("decoded");
+        assert_eq!(out.bad.iter().map(|(o, _)| *o).collect::<Vec<_>>(), vec![3, 4]);
+        let rows = out.rows.expect("rows");
+        let kinds: Vec<&str> = (0..rows.num_rows()).map(|i| rows.kind(i).short()).collect();
+        assert_eq!(kinds, ["+U", "-D", "+U"]);
+        let ids = rows.rows.column(0).as_primitive::<arrow::datatypes::Int64Type>();
+        assert_eq!(ids.values().to_vec(), vec![1, 1, 2]);
+        assert!(rows.rows.column(1).is_null(1), "a tombstone knows only its key");
+
+        // Written back: -U dropped, -D a tombstone of its key.
+        let mut changes = rows.clone();
+        changes.kinds = Some(arrow::array::UInt8Array::from(vec![2, 1, 3]));
+        let e = c.encode_changes(changes).expect("encoded");
+        assert_eq!(e.values, vec![Some(br#"{"k_id":1,"name":"a"}"#.to_vec()), None]);
+        assert_eq!(e.keys.expect("keys")[1], br#"{"k_id":2}"#.to_vec());
     }
 
     #[test]
@@ -534,8 +842,8 @@ mod tests {
             ("key.fields-prefix", "k_"),
             ("value.fields-include", "EXCEPT_KEY"),
         ]);
-        let c = Codec::new(&o, &schema()).expect("codec");
-        let d = c.decoders();
+        let c = Codec::new(&o, &schema(), false, vec![]).expect("codec");
+        let d = c.decoders("t");
         let out = c
             .decode(
                 &d,
@@ -551,21 +859,28 @@ mod tests {
         assert_eq!(rows.num_rows(), 1);
         assert_eq!(rows.column(0).as_primitive::<arrow::datatypes::Int64Type>().value(0), 1);
         assert_eq!(rows.column(1).as_string::<i32>().value(0), "a");
-        let (keys, values) = c.encode(&rows).expect("encoded");
-        assert_eq!(keys.expect("keys")[0], br#"{"id":1}"#.to_vec());
-        assert_eq!(values[0].as_deref(), Some(&br#"{"name":"a"}"#[..]));
+        let e = c.encode(&rows).expect("encoded");
+        assert_eq!(e.keys.expect("keys")[0], br#"{"id":1}"#.to_vec());
+        assert_eq!(e.values[0].as_deref(), Some(&br#"{"name":"a"}"#[..]));
     }
 
     #[test]
     fn options_that_contradict_each_other_are_refused_by_name() {
-        let e = Codec::new(&options(&[("format", "json"), ("key.fields-prefix", "k_")]), &schema())
-            .expect_err("prefix without EXCEPT_KEY");
+        let e = Codec::new(
+            &options(&[("format", "json"), ("key.fields-prefix", "k_")]),
+            &schema(),
+            false,
+            vec![],
+        )
+        .expect_err("prefix without EXCEPT_KEY");
         assert!(e.to_string().contains("key.fields-prefix"), "{e}");
-        let e = Codec::new(&options(&[("format", "raw")]), &schema()).expect_err("raw with two columns");
+        let e = Codec::new(&options(&[("format", "raw")]), &schema(), false, vec![]).expect_err("raw with two columns");
         assert!(e.to_string().contains("one STRING or BYTES column"), "{e}");
         let e = Codec::new(
             &options(&[("format", "json"), ("key.fields", "nope"), ("key.format", "json")]),
             &schema(),
+            false,
+            vec![],
         )
         .expect_err("unknown key column");
         assert!(e.to_string().contains("'nope'"), "{e}");

@@ -18,6 +18,7 @@
 //!   `key.fields` and `value.fields-include`.
 
 mod codec;
+mod metadata;
 pub mod protocol;
 mod sink;
 mod source;
@@ -35,6 +36,9 @@ use super::config_error;
 use crate::error::{ConnectorError, Result};
 
 pub const NAME: &str = "kafka";
+/// The changelog of a keyed table as a topic: each record the latest row
+/// of its key, a record without a value (a tombstone) the key's delete.
+pub const UPSERT_NAME: &str = "upsert-kafka";
 
 /// Formats of a record's value or key.
 const FORMATS: &[&str] = &["json", "csv", "raw", "debezium-json", "canal-json", "maxwell-json"];
@@ -151,6 +155,73 @@ pub const OPTIONS: &[OptionSpec] = &[
     .with_default("default"),
 ];
 
+/// The options of `upsert-kafka`: `kafka`'s without those its key and
+/// its reading fix (the key is the PRIMARY KEY, `key.fields` and the
+/// partitioner follow from it; a table is read from the earliest offset).
+pub fn upsert_options() -> Vec<OptionSpec> {
+    const NOT_UPSERT: &[&str] = &[
+        "format",
+        "key.fields",
+        "scan.startup.mode",
+        "scan.startup.timestamp-millis",
+        "scan.startup.specific-offsets",
+        "sink.partitioner",
+    ];
+    OPTIONS
+        .iter()
+        .filter(|o| !NOT_UPSERT.contains(&o.key))
+        .copied()
+        .collect()
+}
+
+/// An `upsert-kafka` table's options as the `kafka` options they mean:
+/// the key is the PRIMARY KEY, the topic read from its start. Flink's
+/// checks and messages.
+/// `kafka_specs`: every option of a `kafka` table.
+pub fn upsert_as_kafka(
+    options: &Options,
+    primary_key: Option<&[String]>,
+    kafka_specs: &[OptionSpec],
+) -> Result<Options> {
+    let Some(pk) = primary_key.filter(|k| !k.is_empty()) else {
+        return Err(config_error(
+            UPSERT_NAME,
+            "tables require to define a PRIMARY KEY constraint. The PRIMARY KEY specifies which columns should be \
+             read from or write to the Kafka message key. The PRIMARY KEY also defines records in the 'upsert-kafka' \
+             table should update or delete on which keys.",
+        )
+        .into());
+    };
+    for key in ["key.format", "value.format"] {
+        if options.get(key).is_none() {
+            return Err(config_error(
+                UPSERT_NAME,
+                format!("needs option '{key}' (the record {}'s format)", &key[..key.len() - 7]),
+            )
+            .into());
+        }
+    }
+    if let Some(f) = options.get("value.format")
+        && !matches!(f.to_ascii_lowercase().as_str(), "json" | "csv" | "raw")
+    {
+        return Err(invalid(
+            "value.format",
+            format!(
+                "'upsert-kafka' doesn't support '{f}' as value format: its records are the rows of their keys, so \
+                 the format must hold rows only (json, csv, raw), not changes"
+            ),
+        ));
+    }
+    let mut raw = options.raw().clone();
+    raw.insert("key.fields".into(), pk.join(";"));
+    raw.insert("scan.startup.mode".into(), "earliest-offset".into());
+    Ok(Options::validate(
+        &raw,
+        kafka_specs,
+        &format!("connector '{UPSERT_NAME}'"),
+    )?)
+}
+
 /// How long the client may take to answer a metadata or offsets request
 /// before the job fails with the broker named.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -262,7 +333,28 @@ impl Topics {
 
 /// Checks what can be checked before the table is used (no broker needed):
 /// at CREATE TABLE, so a wrong option is named before any query.
-pub fn validate(options: &Options, schema: &SchemaRef) -> Result<()> {
+/// The metadata columns declared (`(index in schema, key)`) as what they
+/// hold; `write`: of a sink (its non-virtual ones, which it writes).
+fn metadata_columns(
+    schema: &SchemaRef,
+    declared: &[(usize, String)],
+    table: &str,
+    write: bool,
+) -> Result<Vec<(usize, metadata::Meta)>> {
+    declared
+        .iter()
+        .map(|(i, key)| Ok((*i, metadata::Meta::of(key, schema.field(*i), table, write)?)))
+        .collect()
+}
+
+/// `metadata`: the table's metadata columns, `(index in schema, key)`.
+pub fn validate(
+    options: &Options,
+    schema: &SchemaRef,
+    upsert: bool,
+    metadata: &[(usize, String)],
+    table: &str,
+) -> Result<()> {
     if options.get("properties.bootstrap.servers").is_none() {
         return Err(config_error(
             NAME,
@@ -271,7 +363,12 @@ pub fn validate(options: &Options, schema: &SchemaRef) -> Result<()> {
         .into());
     }
     Topics::from_options(options)?;
-    codec::Codec::new(options, schema)?;
+    codec::Codec::new(
+        options,
+        schema,
+        upsert,
+        metadata_columns(schema, metadata, table, false)?,
+    )?;
     source::Settings::from_options(options)?;
     sink::check_guarantee(options)?;
     Ok(())

@@ -150,7 +150,15 @@ pub struct KafkaSink {
 }
 
 impl KafkaSink {
-    pub fn new(options: &Options, schema: SchemaRef, table: &str) -> Result<Self> {
+    /// `upsert`: an `upsert-kafka` table (its options as [`super::upsert_as_kafka`] gives them).
+    /// `metadata`: its written metadata columns, `(index in schema, key)`.
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        table: &str,
+        upsert: bool,
+        metadata: &[(usize, String)],
+    ) -> Result<Self> {
         let settings = Settings::from_options(options)?;
         let mut properties = client_properties(options);
         // Kafka's Java client places keys by murmur2; librdkafka's default
@@ -196,7 +204,12 @@ impl KafkaSink {
             }),
             properties,
             settings,
-            codec: Codec::new(options, &schema)?,
+            codec: Codec::new(
+                options,
+                &schema,
+                upsert,
+                super::metadata_columns(&schema, metadata, table, true)?,
+            )?,
         })
     }
 
@@ -234,11 +247,27 @@ impl KafkaSink {
 
 impl SinkFactory for KafkaSink {
     fn name(&self) -> &str {
-        NAME
+        if self.codec.is_upsert() {
+            super::UPSERT_NAME
+        } else {
+            NAME
+        }
+    }
+
+    /// `upsert-kafka`: `+I`/`+U` as records, `-D` as tombstones; a
+    /// changelog value format: every change as a record.
+    fn accepts_changes(&self) -> bool {
+        self.codec.is_upsert() || self.codec.writes_changes()
+    }
+
+    fn requires_update_before(&self) -> bool {
+        self.codec.writes_changes()
     }
 
     fn changes_hint(&self) -> String {
-        " ('kafka' writes inserts only; 'upsert-kafka' is not supported yet)".into()
+        " ('kafka' writes changes with a changelog value format such as 'debezium-json'; 'upsert-kafka' writes a \
+         changelog by the table's PRIMARY KEY)"
+            .into()
     }
 
     fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
@@ -765,8 +794,14 @@ impl Operator for KafkaWriter {
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, _out: &mut Collector) -> Result<()> {
-        let rows = batch.into_inserts("Sink: kafka")?;
-        let (keys, values) = self.codec.encode(&rows)?;
+        let encoded = if self.codec.is_upsert() {
+            self.codec.encode_changes(batch)?
+        } else if self.codec.writes_changes() {
+            self.codec.encode_changelog(batch)?
+        } else {
+            self.codec.encode(&batch.into_inserts("Sink: kafka")?)?
+        };
+        let (keys, values) = (encoded.keys, encoded.values);
         let topic = self.settings.topic.clone();
         let partitions: Vec<Option<i32>> = (0..values.len()).map(|_| self.partition()).collect();
         let producer = match &mut self.delivery {
@@ -793,6 +828,9 @@ impl Operator for KafkaWriter {
             }
             if let Some(p) = partitions[i] {
                 record = record.partition(p);
+            }
+            if let Some(t) = encoded.timestamps.as_ref().and_then(|t| t[i]) {
+                record = record.timestamp(t);
             }
             loop {
                 match producer.send(record) {

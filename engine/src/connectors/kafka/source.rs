@@ -33,6 +33,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use weir_catalog::Options;
 
 use super::codec::{Codec, Decoders, Record};
+use super::metadata::RecordMeta;
 use super::{
     NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid, parse_specific_offsets,
 };
@@ -143,7 +144,15 @@ pub struct KafkaSource {
 }
 
 impl KafkaSource {
-    pub fn new(options: &Options, schema: SchemaRef, table: &str) -> Result<Self> {
+    /// `upsert`: an `upsert-kafka` table (its options as [`super::upsert_as_kafka`] gives them).
+    /// `metadata`: its metadata columns, `(index in schema, key)`.
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        table: &str,
+        upsert: bool,
+        metadata: &[(usize, String)],
+    ) -> Result<Self> {
         let mut properties = client_properties(options);
         let group = properties.get("group.id").cloned();
         if let Some(reset) = properties.get("auto.offset.reset")
@@ -177,7 +186,12 @@ impl KafkaSource {
             properties,
             topics: Topics::from_options(options)?,
             settings: Settings::from_options(options)?,
-            codec: Codec::new(options, &schema)?,
+            codec: Codec::new(
+                options,
+                &schema,
+                upsert,
+                super::metadata_columns(&schema, metadata, table, false)?,
+            )?,
             group,
             discovery: options.duration("scan.topic-partition-discovery.interval")?,
         })
@@ -442,6 +456,10 @@ impl SourceFactory for KafkaSource {
         self.codec.produces_changes()
     }
 
+    fn is_upsert(&self) -> bool {
+        self.codec.is_upsert()
+    }
+
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
         let consumer = self.consumer()?;
         let parts = self.partitions(&consumer)?;
@@ -583,7 +601,7 @@ impl KafkaSplit {
                 self.topic, self.partition
             ))
         })?;
-        self.decoders = Some(self.shared.codec.decoders());
+        self.decoders = Some(self.shared.codec.decoders(&self.topic));
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -697,12 +715,14 @@ impl SourceSplit for KafkaSplit {
                         }
                         self.next_offset = offset + 1;
                         // A record without a value (a tombstone) is no row
-                        // of a plain `kafka` table; its offset is passed.
-                        if let Some(value) = m.payload() {
+                        // of a plain `kafka` table (its offset is passed),
+                        // and the delete of its key in an `upsert-kafka` one.
+                        if m.payload().is_some() || self.shared.codec.is_upsert() {
                             records.push(Record {
                                 offset,
                                 key: m.key().map(<[u8]>::to_vec),
-                                value: value.to_vec(),
+                                value: m.payload().map(<[u8]>::to_vec),
+                                meta: RecordMeta::of(&m),
                             });
                         }
                     }

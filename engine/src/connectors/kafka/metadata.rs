@@ -1,0 +1,197 @@
+//! Kafka's metadata columns (`offset BIGINT METADATA VIRTUAL`, `ts
+//! TIMESTAMP_LTZ(3) METADATA FROM 'timestamp'`), with Flink's keys and
+//! types. A column may declare any type the metadata's own casts to (a
+//! `TIMESTAMP(3)` for `timestamp`, as Flink allows).
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Int32Array, Int64Array, StringArray, TimestampMillisecondArray};
+use arrow::datatypes::{DataType, Field, TimeUnit};
+
+use super::invalid;
+use crate::error::Result;
+
+/// A metadata key Weir reads from or writes to a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Meta {
+    Topic,
+    Partition,
+    Offset,
+    Timestamp,
+    TimestampType,
+}
+
+/// Flink's keys, in its order, with what Weir does with each.
+const KEYS: &[(&str, Option<Meta>)] = &[
+    ("topic", Some(Meta::Topic)),
+    ("partition", Some(Meta::Partition)),
+    // MAP columns are not supported yet; the epoch is not exposed by the
+    // client's safe interface.
+    ("headers", None),
+    ("leader-epoch", None),
+    ("offset", Some(Meta::Offset)),
+    ("timestamp", Some(Meta::Timestamp)),
+    ("timestamp-type", Some(Meta::TimestampType)),
+];
+
+/// Keys a sink writes (Flink's: `headers`, `timestamp`).
+const WRITABLE: &[Meta] = &[Meta::Timestamp];
+
+impl Meta {
+    /// The metadata's own type (Flink's).
+    pub fn data_type(self) -> DataType {
+        match self {
+            Meta::Topic | Meta::TimestampType => DataType::Utf8,
+            Meta::Partition => DataType::Int32,
+            Meta::Offset => DataType::Int64,
+            Meta::Timestamp => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+        }
+    }
+
+    fn key(self) -> &'static str {
+        KEYS.iter()
+            .find(|(_, m)| *m == Some(self))
+            .map(|(k, _)| *k)
+            .unwrap_or_default()
+    }
+
+    /// The metadata of column `field`, declared `METADATA FROM 'key'`;
+    /// `write`: of a table written to (a sink's non-virtual column).
+    pub fn of(key: &str, field: &Field, table: &str, write: bool) -> Result<Meta> {
+        let listed = |keys: Vec<&str>| keys.join(", ");
+        let Some((_, found)) = KEYS.iter().find(|(k, _)| *k == key) else {
+            return Err(invalid(
+                "METADATA",
+                format!(
+                    "Invalid metadata key '{key}' in column '{}' of table '{table}'. The 'kafka' connector supports \
+                     the following metadata keys for reading: {}",
+                    field.name(),
+                    listed(KEYS.iter().map(|(k, _)| *k).collect())
+                ),
+            ));
+        };
+        let Some(meta) = *found else {
+            return Err(invalid(
+                "METADATA",
+                format!(
+                    "metadata key '{key}' (column '{}' of table '{table}') is not supported yet; supported: {}",
+                    field.name(),
+                    listed(KEYS.iter().filter(|(_, m)| m.is_some()).map(|(k, _)| *k).collect())
+                ),
+            ));
+        };
+        if write && !WRITABLE.contains(&meta) {
+            return Err(invalid(
+                "METADATA",
+                format!(
+                    "Invalid metadata key '{key}' in column '{}' of table '{table}'. The 'kafka' connector supports \
+                     the following metadata keys for writing: {} (declare a read-only key VIRTUAL so that INSERT \
+                     does not write it)",
+                    field.name(),
+                    listed(WRITABLE.iter().map(|m| m.key()).collect())
+                ),
+            ));
+        }
+        let (from, to) = if write {
+            (field.data_type(), &meta.data_type())
+        } else {
+            (&meta.data_type(), field.data_type())
+        };
+        if !castable(from, to) {
+            return Err(invalid(
+                "METADATA",
+                format!(
+                    "column '{}' of table '{table}' is {}, but metadata '{key}' is {}",
+                    field.name(),
+                    shown(field.data_type()),
+                    shown(&meta.data_type())
+                ),
+            ));
+        }
+        Ok(meta)
+    }
+}
+
+/// Flink's casts between a metadata's type and a column's (narrower than
+/// arrow's: no BIGINT to DATE).
+fn castable(from: &DataType, to: &DataType) -> bool {
+    use DataType as D;
+    from == to
+        || matches!(to, D::Utf8 | D::LargeUtf8) && !matches!(from, D::Binary)
+        || from.is_numeric() && to.is_numeric()
+        || matches!((from, to), (D::Timestamp(..), D::Timestamp(..) | D::Date32))
+}
+
+/// A type as Flink's DDL names it (for the types errors here show).
+fn shown(t: &DataType) -> String {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 => "STRING".into(),
+        DataType::Int32 => "INT".into(),
+        DataType::Int64 => "BIGINT".into(),
+        DataType::Timestamp(TimeUnit::Millisecond, Some(_)) => "TIMESTAMP_LTZ(3)".into(),
+        DataType::Timestamp(TimeUnit::Millisecond, None) => "TIMESTAMP(3)".into(),
+        DataType::Date32 => "DATE".into(),
+        DataType::Boolean => "BOOLEAN".into(),
+        other => other.to_string(),
+    }
+}
+
+/// What a record carries beside its key and value.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RecordMeta {
+    pub partition: i32,
+    /// Milliseconds since the epoch; `None`: the record has none.
+    pub timestamp: Option<i64>,
+    /// `NoTimestampType`, `CreateTime` or `LogAppendTime` (0, 1, 2).
+    pub timestamp_type: u8,
+}
+
+impl RecordMeta {
+    pub fn of(m: &impl rdkafka::Message) -> Self {
+        use rdkafka::Timestamp as T;
+        let (timestamp, timestamp_type) = match m.timestamp() {
+            T::NotAvailable => (None, 0),
+            T::CreateTime(t) => (Some(t), 1),
+            T::LogAppendTime(t) => (Some(t), 2),
+        };
+        RecordMeta {
+            partition: m.partition(),
+            timestamp,
+            timestamp_type,
+        }
+    }
+}
+
+/// The column of `meta` for records (`topic`, offset and their
+/// [`RecordMeta`]), cast to the declared type `to`.
+pub(super) fn column(meta: Meta, topic: &str, records: &[(i64, RecordMeta)], to: &DataType) -> Result<ArrayRef> {
+    let own: ArrayRef = match meta {
+        Meta::Topic => Arc::new(StringArray::from_iter_values(records.iter().map(|_| topic))),
+        Meta::Partition => Arc::new(Int32Array::from_iter_values(records.iter().map(|(_, m)| m.partition))),
+        Meta::Offset => Arc::new(Int64Array::from_iter_values(records.iter().map(|(o, _)| *o))),
+        // Flink's is NOT NULL: a record without one (a pre-0.10 message
+        // format) reads as -1, as Kafka's Java client reports it.
+        Meta::Timestamp => Arc::new(
+            TimestampMillisecondArray::from_iter_values(records.iter().map(|(_, m)| m.timestamp.unwrap_or(-1)))
+                .with_timezone("UTC"),
+        ),
+        Meta::TimestampType => Arc::new(StringArray::from_iter_values(records.iter().map(
+            |(_, m)| match m.timestamp_type {
+                1 => "CreateTime",
+                2 => "LogAppendTime",
+                _ => "NoTimestampType",
+            },
+        ))),
+    };
+    Ok(arrow::compute::cast(&own, to)?)
+}
+
+/// A sink's `timestamp` column as the records' timestamps (ms).
+pub(super) fn timestamps(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
+    let ms = arrow::compute::cast(column, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
+    let ms = ms
+        .as_any()
+        .downcast_ref::<TimestampMillisecondArray>()
+        .ok_or_else(|| crate::error::ExecError::internal("a timestamp cast gave another type"))?;
+    Ok(ms.iter().collect())
+}

@@ -1,0 +1,297 @@
+//! The changelog normalizer behind an upsert source (Flink's
+//! `ChangelogNormalize` over `upsert-kafka`): an upsert stream says only
+//! "this is now the row of key k" (`+U`) or "key k is gone" (`-D`, whose
+//! other columns are unknown). Operators downstream need the changes
+//! that retract what they took before, so per key it keeps the last row
+//! and emits, as Flink's `ProcTimeDeduplicateKeepLastRowFunction` on a
+//! changelog does:
+//!
+//! - `+I`/`+U` for a key without a row: `+I[row]`;
+//! - `+I`/`+U` for a key with one: `-U[previous]`, `+U[row]`; nothing when
+//!   the row equals the previous one (only without state TTL, as Flink: a
+//!   TTL may have dropped the key downstream, so the row is sent again);
+//! - `-D`/`-U` for a key with a row: `-D[previous]` (whole, not the
+//!   tombstone's key-only row); for a key without one: nothing.
+//!
+//! Its output is a full changelog whose upsert key is the PRIMARY KEY.
+//!
+//! State, through the keyed-state layer: `changelog-normalize-rows` (value
+//! per key: the key's last row; TTL'd with `table.exec.state.ttl`).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use datafusion::physical_expr::PhysicalExpr;
+use hashbrown::HashMap;
+
+use crate::change::{ChangeBatch, RowKind};
+use crate::checkpoint::OperatorSnapshot;
+use crate::error::{ExecError, Result};
+use crate::keygroup::{KeyEncoder, key_group};
+use crate::operators::calc::batch_with_schema;
+use crate::operators::{Collector, Operator};
+use crate::state::codec::RowCodec;
+use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+use arrow::datatypes::SchemaRef;
+
+const ROWS: usize = 0;
+/// The operator's states; their names are part of savepoints.
+pub const STATES: &[StateDecl] = &[StateDecl {
+    name: "changelog-normalize-rows",
+    kind: StateKind::Value,
+    ttl: true,
+}];
+
+pub struct ChangelogNormalizeOperator {
+    key: Vec<Arc<dyn PhysicalExpr>>,
+    key_encoder: KeyEncoder,
+    codec: RowCodec,
+    schema: SchemaRef,
+    state: KeyedState,
+    max_parallelism: u16,
+    metrics: Arc<crate::runtime::metrics::NodeMetrics>,
+}
+
+/// A key of the batch: its row as the batch's rows change it.
+struct Slot {
+    first: usize,
+    group: u16,
+    row: Option<Vec<u8>>,
+    stored_len: Option<usize>,
+    changed: bool,
+}
+
+impl ChangelogNormalizeOperator {
+    pub fn new(
+        key: &[Arc<dyn PhysicalExpr>],
+        schema: SchemaRef,
+        max_parallelism: u16,
+        state: KeyedState,
+        metrics: Arc<crate::runtime::metrics::NodeMetrics>,
+    ) -> Result<Self> {
+        let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
+        let key_encoder = KeyEncoder::for_keys(key, &schema)?
+            .ok_or_else(|| ExecError::internal("a changelog normalizer without a key"))?;
+        Ok(Self {
+            key: key.to_vec(),
+            key_encoder,
+            codec: RowCodec::new(&types).map_err(ExecError::internal)?,
+            schema,
+            state,
+            max_parallelism,
+            metrics,
+        })
+    }
+}
+
+impl Operator for ChangelogNormalizeOperator {
+    fn name(&self) -> &str {
+        "ChangelogNormalize"
+    }
+
+    fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        Ok(Some(self.state.snapshot(checkpoint_id)?))
+    }
+
+    fn processing_time_interval(&self) -> Option<std::time::Duration> {
+        self.state.expiry_interval()
+    }
+
+    fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
+        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+    }
+
+    // Watermarks pass through (the default): the normalizer holds no rows
+    // back, so it moves no row past a watermark.
+    fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let keys = self
+            .key
+            .iter()
+            .map(|k| k.evaluate(&batch.rows).and_then(|v| v.into_array(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys = self.key_encoder.encode(&keys)?;
+        let rows = self.codec.encode(batch.rows.columns())?;
+
+        let mut slot_of: HashMap<&[u8], usize> = HashMap::new();
+        let mut slots: Vec<Slot> = vec![];
+        let mut row_slot = Vec::with_capacity(n);
+        for i in 0..n {
+            let k = keys.row(i);
+            let s = *slot_of.entry(k).or_insert_with(|| {
+                slots.push(Slot {
+                    first: i,
+                    group: key_group(k, self.max_parallelism),
+                    row: None,
+                    stored_len: None,
+                    changed: false,
+                });
+                slots.len() - 1
+            });
+            row_slot.push(s);
+        }
+        let refs: Vec<EntryRef> = slots
+            .iter()
+            .map(|s| EntryRef {
+                key_group: s.group,
+                key: keys.row(s.first),
+                namespace: &[],
+            })
+            .collect();
+        for (slot, stored) in slots.iter_mut().zip(self.state.get(ROWS, &refs)?) {
+            if let Some(v) = stored {
+                slot.stored_len = Some(v.len());
+                slot.row = Some(v);
+            }
+        }
+
+        // Equal rows are dropped only when no TTL can have expired the
+        // key downstream (Flink's rule).
+        let drop_equal = !self.state.ttl_enabled();
+        let mut emitted: Vec<(RowKind, Vec<u8>)> = vec![];
+        for (i, &s) in row_slot.iter().enumerate() {
+            let slot = &mut slots[s];
+            let row = rows.row(i);
+            if batch.kind(i).is_accumulate() {
+                match slot.row.take() {
+                    None => emitted.push((RowKind::Insert, row.to_vec())),
+                    Some(previous) if drop_equal && previous == row => {
+                        slot.row = Some(previous);
+                        continue;
+                    }
+                    Some(previous) => {
+                        emitted.push((RowKind::UpdateBefore, previous));
+                        emitted.push((RowKind::UpdateAfter, row.to_vec()));
+                    }
+                }
+                slot.row = Some(row.to_vec());
+            } else {
+                let Some(previous) = slot.row.take() else {
+                    // A delete of a key never seen (or expired): nothing.
+                    continue;
+                };
+                emitted.push((RowKind::Delete, previous));
+            }
+            slot.changed = true;
+        }
+
+        let mut w = KeyedWrite::default();
+        let mut grown = 0i64;
+        for (slot, e) in slots.iter().zip(&refs) {
+            if !slot.changed {
+                continue;
+            }
+            let overhead = 2 * e.key.len() as i64;
+            if let Some(old) = slot.stored_len {
+                grown -= overhead + old as i64;
+            }
+            match &slot.row {
+                Some(row) => {
+                    grown += overhead + row.len() as i64;
+                    w.put(ROWS, *e, row.clone());
+                }
+                None if slot.stored_len.is_some() => w.delete(ROWS, *e),
+                None => {}
+            }
+        }
+        self.state.write(w)?;
+        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
+
+        if !emitted.is_empty() {
+            let columns = self.codec.decode(emitted.iter().map(|(_, r)| r.as_slice()))?;
+            let kinds = emitted.iter().map(|(k, _)| *k).collect();
+            out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::metrics::NodeMetrics;
+    use crate::state::HeapBackend;
+    use arrow::array::{Array, AsArray, Int64Array, StringArray};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use arrow::record_batch::RecordBatch;
+    use datafusion::physical_expr::expressions::Column;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]))
+    }
+
+    fn normalizer() -> ChangelogNormalizeOperator {
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        ChangelogNormalizeOperator::new(
+            &[Arc::new(Column::new("id", 0))],
+            schema(),
+            128,
+            state,
+            Arc::new(NodeMetrics::new("normalize".into())),
+        )
+        .expect("normalizer")
+    }
+
+    fn changes(rows: &[(&str, i64, Option<&str>)]) -> ChangeBatch {
+        let batch = RecordBatch::try_new(
+            schema(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .expect("batch");
+        let kinds = rows
+            .iter()
+            .map(|r| RowKind::from_short(r.0).expect("a row kind"))
+            .collect();
+        ChangeBatch::new(batch, kinds)
+    }
+
+    fn run(op: &mut ChangelogNormalizeOperator, batch: ChangeBatch) -> Vec<String> {
+        let mut out = Collector::default();
+        op.process_batch(batch, &mut out).expect("processed");
+        out.take()
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows()).map(move |i| {
+                    let id = b.rows.column(0).as_primitive::<Int64Type>().value(i);
+                    let name = b.rows.column(1).as_string::<i32>();
+                    let name = if name.is_null(i) { "null" } else { name.value(i) };
+                    format!("{}[{id}, {name}]", b.kind(i).short())
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn upserts_become_inserts_and_updates_and_tombstones_whole_deletes() {
+        let mut op = normalizer();
+        let out = run(
+            &mut op,
+            changes(&[
+                ("+U", 1, Some("a")),
+                ("+U", 2, Some("x")),
+                ("+U", 1, Some("b")),
+                // The same row again: no change.
+                ("+U", 1, Some("b")),
+                // A tombstone knows only its key.
+                ("-D", 1, None),
+                // A tombstone of a key never seen: nothing.
+                ("-D", 3, None),
+            ]),
+        );
+        assert_eq!(out, ["+I[1, a]", "+I[2, x]", "-U[1, a]", "+U[1, b]", "-D[1, b]"]);
+        // Across batches, from state: key 1 starts over, key 2 updates.
+        let out = run(&mut op, changes(&[("+U", 1, Some("c")), ("+U", 2, Some("y"))]));
+        assert_eq!(out, ["+I[1, c]", "-U[2, x]", "+U[2, y]"]);
+        let out = run(&mut op, changes(&[("-D", 2, None), ("-D", 2, None)]));
+        assert_eq!(out, ["-D[2, y]"]);
+    }
+}
