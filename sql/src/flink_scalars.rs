@@ -42,6 +42,9 @@ enum Eval {
     NullableText(NullableTextFn),
     /// Milliseconds since the epoch, as `TIMESTAMP(3)`.
     Millis(fn(&[&str]) -> Result<Option<i64>>),
+    /// Milliseconds since the epoch, as `TIMESTAMP_LTZ(3)`, from arguments
+    /// whose types matter (a number or a string).
+    MillisLtz(fn(&[&str], &[DataType]) -> Result<Option<i64>>),
     /// Days since the epoch, as `DATE`.
     Days(fn(&[&str]) -> Result<Option<i32>>),
 }
@@ -54,6 +57,7 @@ impl Eval {
             Eval::Bool(..) => DataType::Boolean,
             Eval::Int(_) => DataType::Int64,
             Eval::Millis(_) => DataType::Timestamp(TimeUnit::Millisecond, None),
+            Eval::MillisLtz(_) => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
             Eval::Days(_) => DataType::Date32,
         }
     }
@@ -99,6 +103,7 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("is_alpha", (1, 1), Eval::Bool(is_alpha, Some(false))),
         FlinkScalar::udf("to_timestamp", (1, 2), Eval::Millis(to_timestamp)),
         FlinkScalar::udf("to_date", (1, 2), Eval::Days(to_date)),
+        FlinkScalar::udf("to_timestamp_ltz", (1, 3), Eval::MillisLtz(to_timestamp_ltz)),
         FlinkScalar::udf("unix_timestamp", (1, 2), Eval::Int(unix_timestamp)),
         FlinkScalar::udf("from_unixtime", (1, 2), Eval::Text(from_unixtime)),
         FlinkScalar::udf("locate", (2, 3), Eval::Int32(locate)),
@@ -242,6 +247,16 @@ impl ScalarUDFImpl for FlinkScalar {
                 } else {
                     Arc::new(a)
                 }
+            }
+            Eval::MillisLtz(f) => {
+                let mut t = TimestampMillisecondBuilder::with_capacity(rows).with_timezone("UTC");
+                for i in 0..rows {
+                    match row!(i) {
+                        Some(v) => t.append_option(f(v, &types).map_err(fail)?),
+                        None => t.append_null(),
+                    }
+                }
+                Arc::new(t.finish())
             }
             Eval::Int32(f) => {
                 let mut b = arrow::array::Int32Builder::with_capacity(rows);
@@ -758,6 +773,57 @@ fn to_date(v: &[&str]) -> Result<Option<i32>> {
         let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
         (t.date() - epoch).num_days() as i32
     }))
+}
+
+/// `TO_TIMESTAMP_LTZ(n [, precision])`: epoch seconds (precision 0) or
+/// milliseconds (3, the default) as a `TIMESTAMP_LTZ(3)`, a fraction of a
+/// millisecond cut off as Java's `(long)` cast does; NULL out of range.
+/// `TO_TIMESTAMP_LTZ(s [, pattern [, zone]])`: a time string (Flink's
+/// `TO_TIMESTAMP` patterns) read in `zone` (only UTC yet).
+fn to_timestamp_ltz(v: &[&str], types: &[DataType]) -> Result<Option<i64>> {
+    /// Flink's range of `TIMESTAMP_LTZ` (years 0000 to 9999).
+    const MAX_MILLIS: f64 = 253_402_300_799_999.0;
+    const MIN_MILLIS: f64 = -62_167_219_200_000.0;
+    if types[0].is_numeric() {
+        let scale = match v.get(1).copied().unwrap_or("3").trim() {
+            "0" => 1000.0,
+            "3" => 1.0,
+            p => {
+                return Err(DataFusionError::Execution(format!(
+                    "The precision value '{p}' for function TO_TIMESTAMP_LTZ(numeric, precision) is unsupported, \
+                     the supported value is '0' for second or '3' for millisecond."
+                )));
+            }
+        };
+        if v.len() > 2 {
+            return Err(DataFusionError::Plan(
+                "TO_TIMESTAMP_LTZ(numeric, precision) takes 2 arguments, not 3".into(),
+            ));
+        }
+        if matches!(
+            types[0],
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+        ) {
+            let n = int(v[0], "the epoch value")?;
+            let millis = n.checked_mul(scale as i64);
+            return Ok(millis.filter(|m| (MIN_MILLIS..=MAX_MILLIS).contains(&(*m as f64))));
+        }
+        let x: f64 = v[0]
+            .trim()
+            .parse()
+            .map_err(|_| DataFusionError::Execution(format!("'{}' is not a number", v[0])))?;
+        let millis = (x * scale).trunc();
+        return Ok((millis.is_finite() && (MIN_MILLIS..=MAX_MILLIS).contains(&millis)).then_some(millis as i64));
+    }
+    if let Some(zone) = v.get(2)
+        && !matches!(zone.trim(), "UTC" | "GMT" | "Z" | "+00:00" | "Etc/UTC")
+    {
+        return Err(DataFusionError::Execution(format!(
+            "time zone '{zone}': only UTC is supported yet ('table.local-time-zone' is UTC)"
+        )));
+    }
+    // Without a pattern, as TO_TIMESTAMP's default: the fraction optional.
+    to_timestamp(&v[..v.len().min(2)])
 }
 
 /// `UNIX_TIMESTAMP(s [, pattern])`: seconds since the epoch (UTC); NULL

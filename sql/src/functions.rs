@@ -193,7 +193,12 @@ pub const FUNCTIONS: &[Function] = &[
     ),
     f("TO_DATE", S, Own, "Java patterns"),
     f("TO_TIMESTAMP", S, Own, "Java patterns; TIMESTAMP(3)"),
-    f("TO_TIMESTAMP_LTZ", S, No(NOT_YET), ""),
+    f(
+        "TO_TIMESTAMP_LTZ",
+        S,
+        Own,
+        "epoch seconds (precision 0) or milliseconds (3); a string with a pattern; UTC",
+    ),
     f(
         "UNIX_TIMESTAMP",
         S,

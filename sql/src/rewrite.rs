@@ -11,6 +11,7 @@
 //! - Function names are lower-cased: Flink's functions are case-insensitive
 //!   while identifiers are case-sensitive (ident normalization is off).
 
+use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
@@ -652,10 +653,53 @@ impl Rewriter<'_> {
     }
 }
 
+/// Names a select list's repeated unnamed items as Flink does (`SELECT id,
+/// id` gives columns `id` and `id0`; a repeated expression is `EXPR$<i>`,
+/// its position), where DataFusion would refuse the projection.
+fn uniquify_names(select: &mut Select) {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut taken: HashSet<String> = select
+        .projection
+        .iter()
+        .filter_map(|item| match item {
+            ast::SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+            ast::SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(i.value.clone()),
+            ast::SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => parts.last().map(|i| i.value.clone()),
+            _ => None,
+        })
+        .collect();
+    for (position, item) in select.projection.iter_mut().enumerate() {
+        let ast::SelectItem::UnnamedExpr(expr) = item else {
+            continue;
+        };
+        if seen.insert(expr.to_string()) {
+            continue;
+        }
+        let alias = match expr {
+            Expr::Identifier(i) => Some(i.value.clone()),
+            Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+            _ => None,
+        }
+        .map(|name| {
+            (0..)
+                .map(|k| format!("{name}{k}"))
+                .find(|n| !taken.contains(n))
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| format!("EXPR${position}"));
+        taken.insert(alias.clone());
+        *item = ast::SelectItem::ExprWithAlias {
+            expr: expr.clone(),
+            alias: Ident::new(alias),
+        };
+    }
+}
+
 impl VisitorMut for Rewriter<'_> {
     type Break = SqlError;
 
     fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<SqlError> {
+        uniquify_names(select);
         match self.temporal_joins(select).and_then(|()| self.group_window(select)) {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => ControlFlow::Break(e),
