@@ -19,19 +19,16 @@
 //! per key: the key's last row; TTL'd with `table.exec.state.ttl`).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use datafusion::physical_expr::PhysicalExpr;
-use hashbrown::HashMap;
 
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
-use crate::keygroup::{KeyEncoder, key_group};
-use crate::operators::calc::batch_with_schema;
-use crate::operators::{Collector, Operator};
+use crate::keygroup::KeyEncoder;
+use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
 use crate::state::codec::RowCodec;
-use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+use crate::state::{KeyedState, StateDecl, StateKind};
 use arrow::datatypes::SchemaRef;
 
 const ROWS: usize = 0;
@@ -54,8 +51,6 @@ pub struct ChangelogNormalizeOperator {
 
 /// A key of the batch: its row as the batch's rows change it.
 struct Slot {
-    first: usize,
-    group: u16,
     row: Option<Vec<u8>>,
     stored_len: Option<usize>,
     changed: bool,
@@ -116,43 +111,23 @@ impl Operator for ChangelogNormalizeOperator {
         let keys = self.key_encoder.encode(&keys)?;
         let rows = self.codec.encode(batch.rows.columns())?;
 
-        let mut slot_of: HashMap<&[u8], usize> = HashMap::new();
-        let mut slots: Vec<Slot> = vec![];
-        let mut row_slot = Vec::with_capacity(n);
-        for i in 0..n {
-            let k = keys.row(i);
-            let s = *slot_of.entry(k).or_insert_with(|| {
-                slots.push(Slot {
-                    first: i,
-                    group: key_group(k, self.max_parallelism),
-                    row: None,
-                    stored_len: None,
-                    changed: false,
-                });
-                slots.len() - 1
-            });
-            row_slot.push(s);
-        }
-        let refs: Vec<EntryRef> = slots
-            .iter()
-            .map(|s| EntryRef {
-                key_group: s.group,
-                key: keys.row(s.first),
-                namespace: &[],
+        let (refs, of_row) = batch_keys(&keys, self.max_parallelism);
+        let mut slots: Vec<Slot> = self
+            .state
+            .get(ROWS, &refs)?
+            .into_iter()
+            .map(|stored| Slot {
+                stored_len: stored.as_ref().map(Vec::len),
+                row: stored,
+                changed: false,
             })
             .collect();
-        for (slot, stored) in slots.iter_mut().zip(self.state.get(ROWS, &refs)?) {
-            if let Some(v) = stored {
-                slot.stored_len = Some(v.len());
-                slot.row = Some(v);
-            }
-        }
 
         // Equal rows are dropped only when no TTL can have expired the
         // key downstream (Flink's rule).
         let drop_equal = !self.state.ttl_enabled();
         let mut emitted: Vec<(RowKind, Vec<u8>)> = vec![];
-        for (i, &s) in row_slot.iter().enumerate() {
+        for (i, &s) in of_row.iter().enumerate() {
             let slot = &mut slots[s];
             let row = rows.row(i);
             if batch.kind(i).is_accumulate() {
@@ -177,35 +152,17 @@ impl Operator for ChangelogNormalizeOperator {
             }
             slot.changed = true;
         }
-
-        let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
-        for (slot, e) in slots.iter().zip(&refs) {
-            if !slot.changed {
-                continue;
-            }
-            let overhead = 2 * e.key.len() as i64;
-            if let Some(old) = slot.stored_len {
-                grown -= overhead + old as i64;
-            }
-            match &slot.row {
-                Some(row) => {
-                    grown += overhead + row.len() as i64;
-                    w.put(ROWS, *e, row.clone());
-                }
-                None if slot.stored_len.is_some() => w.delete(ROWS, *e),
-                None => {}
-            }
-        }
-        self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-
-        if !emitted.is_empty() {
-            let columns = self.codec.decode(emitted.iter().map(|(_, r)| r.as_slice()))?;
-            let kinds = emitted.iter().map(|(k, _)| *k).collect();
-            out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
-        }
-        Ok(())
+        let changes = slots.iter().enumerate().filter(|(_, s)| s.changed).map(|(i, s)| {
+            (
+                i,
+                ValueChange {
+                    stored_len: s.stored_len,
+                    value: s.row.as_deref(),
+                },
+            )
+        });
+        write_values(&mut self.state, ROWS, &refs, changes, &self.metrics)?;
+        emit_rows(&self.codec, &self.schema, &emitted, out)
     }
 }
 

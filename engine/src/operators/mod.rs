@@ -50,6 +50,88 @@ pub(crate) fn expire_state(
     Ok(())
 }
 
+/// The keys of a batch's rows, each once in first-seen order as an entry
+/// of a keyed value state, and the key of each row (an index into them).
+pub(crate) fn batch_keys(
+    keys: &crate::state::codec::Rows,
+    max_parallelism: u16,
+) -> (Vec<crate::state::EntryRef<'_>>, Vec<usize>) {
+    let mut slot_of: hashbrown::HashMap<&[u8], usize> = hashbrown::HashMap::new();
+    let mut refs = vec![];
+    let mut of_row = Vec::with_capacity(keys.len());
+    for i in 0..keys.len() {
+        let k = keys.row(i);
+        let s = *slot_of.entry(k).or_insert_with(|| {
+            refs.push(crate::state::EntryRef {
+                key_group: crate::keygroup::key_group(k, max_parallelism),
+                key: k,
+                namespace: &[],
+            });
+            refs.len() - 1
+        });
+        of_row.push(s);
+    }
+    (refs, of_row)
+}
+
+/// One key's value of a keyed value state as a batch left it.
+pub(crate) struct ValueChange<'a> {
+    /// The length of the value the state held (`None`: none).
+    pub stored_len: Option<usize>,
+    /// The new value (`None`: the key has none now).
+    pub value: Option<&'a [u8]>,
+}
+
+/// Writes the changed values of `refs` to `state` as one write, and moves
+/// the operator's state-size metric by what they grew or shrank.
+pub(crate) fn write_values<'a>(
+    state: &mut crate::state::KeyedState,
+    id: usize,
+    refs: &[crate::state::EntryRef<'_>],
+    changes: impl Iterator<Item = (usize, ValueChange<'a>)>,
+    metrics: &crate::runtime::metrics::NodeMetrics,
+) -> Result<()> {
+    let mut w = crate::state::KeyedWrite::default();
+    let mut grown = 0i64;
+    for (slot, change) in changes {
+        let e = refs[slot];
+        let overhead = 2 * e.key.len() as i64;
+        if let Some(old) = change.stored_len {
+            grown -= overhead + old as i64;
+        }
+        match change.value {
+            Some(v) => {
+                grown += overhead + v.len() as i64;
+                w.put(id, e, v.to_vec());
+            }
+            None if change.stored_len.is_some() => w.delete(id, e),
+            None => {}
+        }
+    }
+    state.write(w)?;
+    metrics
+        .state_bytes
+        .fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// Emits rows as `codec` encoded them, with their kinds, as one change
+/// batch of `schema`.
+pub(crate) fn emit_rows(
+    codec: &crate::state::codec::RowCodec,
+    schema: &arrow::datatypes::SchemaRef,
+    emitted: &[(crate::change::RowKind, Vec<u8>)],
+    out: &mut Collector,
+) -> Result<()> {
+    if emitted.is_empty() {
+        return Ok(());
+    }
+    let columns = codec.decode(emitted.iter().map(|(_, r)| r.as_slice()))?;
+    let kinds = emitted.iter().map(|(k, _)| *k).collect();
+    out.emit(ChangeBatch::new(calc::batch_with_schema(schema, columns)?, kinds));
+    Ok(())
+}
+
 /// Where an operator puts its output. Batches only: watermarks, barriers and
 /// statuses are forwarded by the runtime so an operator cannot lose them.
 #[derive(Default)]

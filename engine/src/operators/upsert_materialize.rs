@@ -21,21 +21,18 @@
 //! `table.exec.state.ttl` as in Flink).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::PhysicalExpr;
-use hashbrown::HashMap;
 
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, key_group};
-use crate::operators::calc::batch_with_schema;
-use crate::operators::{Collector, Operator};
+use crate::keygroup::KeyEncoder;
+use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
 use crate::state::codec::{RowCodec, append_counts, decode_counts_prefix};
-use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
+use crate::state::{KeyedState, StateDecl, StateKind};
 
 const ROWS: usize = 0;
 /// The operator's states; their names are part of savepoints.
@@ -76,8 +73,6 @@ impl Entry {
 
 /// A sink key of the batch: its entries as the batch's rows change them.
 struct Slot {
-    first: usize,
-    group: u16,
     entries: Vec<Entry>,
     stored_len: Option<usize>,
     changed: bool,
@@ -194,36 +189,14 @@ impl Operator for UpsertMaterializeOperator {
         let id_of = |i: usize| -> &[u8] { ids.as_ref().map_or_else(|| rows.row(i), |r| r.row(i)) };
         let stored_id = |i: usize| -> Vec<u8> { ids.as_ref().map_or_else(Vec::new, |r| r.row(i).to_vec()) };
 
-        let mut slot_of: HashMap<&[u8], usize> = HashMap::new();
+        let (refs, row_slot) = batch_keys(&keys, self.max_parallelism);
         let mut slots: Vec<Slot> = vec![];
-        let mut row_slot = Vec::with_capacity(n);
-        for i in 0..n {
-            let k = keys.row(i);
-            let s = *slot_of.entry(k).or_insert_with(|| {
-                slots.push(Slot {
-                    first: i,
-                    group: key_group(k, self.max_parallelism),
-                    entries: vec![],
-                    stored_len: None,
-                    changed: false,
-                });
-                slots.len() - 1
+        for stored in self.state.get(ROWS, &refs)? {
+            slots.push(Slot {
+                stored_len: stored.as_ref().map(Vec::len),
+                entries: stored.as_deref().map(decode_entries).transpose()?.unwrap_or_default(),
+                changed: false,
             });
-            row_slot.push(s);
-        }
-        let refs: Vec<EntryRef> = slots
-            .iter()
-            .map(|s| EntryRef {
-                key_group: s.group,
-                key: keys.row(s.first),
-                namespace: &[],
-            })
-            .collect();
-        for (slot, stored) in slots.iter_mut().zip(self.state.get(ROWS, &refs)?) {
-            if let Some(v) = stored {
-                slot.stored_len = Some(v.len());
-                slot.entries = decode_entries(&v)?;
-            }
         }
 
         // The output, in input order: each row's bytes and kind.
@@ -272,35 +245,21 @@ impl Operator for UpsertMaterializeOperator {
             );
         }
 
-        let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
-        for (slot, e) in slots.iter().zip(&refs) {
-            if !slot.changed {
-                continue;
-            }
-            let overhead = 2 * e.key.len() as i64;
-            if let Some(old) = slot.stored_len {
-                grown -= overhead + old as i64;
-            }
-            if slot.entries.is_empty() {
-                if slot.stored_len.is_some() {
-                    w.delete(ROWS, *e);
-                }
-            } else {
-                let value = encode_entries(&slot.entries);
-                grown += overhead + value.len() as i64;
-                w.put(ROWS, *e, value);
-            }
-        }
-        self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-
-        if !emitted.is_empty() {
-            let columns = self.codec.decode(emitted.iter().map(|(_, r)| r.as_slice()))?;
-            let kinds = emitted.iter().map(|(k, _)| *k).collect();
-            out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
-        }
-        Ok(())
+        let values: Vec<Option<Vec<u8>>> = slots
+            .iter()
+            .map(|s| (s.changed && !s.entries.is_empty()).then(|| encode_entries(&s.entries)))
+            .collect();
+        let changes = slots.iter().enumerate().filter(|(_, s)| s.changed).map(|(i, s)| {
+            (
+                i,
+                ValueChange {
+                    stored_len: s.stored_len,
+                    value: values[i].as_deref(),
+                },
+            )
+        });
+        write_values(&mut self.state, ROWS, &refs, changes, &self.metrics)?;
+        emit_rows(&self.codec, &self.schema, &emitted, out)
     }
 }
 
@@ -408,7 +367,7 @@ mod tests {
         );
         // a is not the latest of 35: nothing; b leaves 35 empty: -D with its values.
         assert_eq!(left, ["-D[b, 35]", "-D[c, 36]"]);
-        assert_eq!(op.metrics.state_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(op.metrics.state_bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     /// With an upsert key a `+U` replaces its key's entry; without one the
