@@ -732,6 +732,28 @@ async fn upsert_kafka_reads_a_keyed_changelog_and_writes_one() {
         "apac's delete is a tombstone: {records:?}"
     );
 
+    // With the reduce buffer: each key's latest record only (a job this
+    // short sends its buffer once, at its end), the same table.
+    broker.create_topic("region_totals_buffered", 3);
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE region_totals_buffered (region STRING, total BIGINT, n BIGINT, PRIMARY KEY (region) NOT ENFORCED)
+               WITH ('connector' = 'upsert-kafka', 'topic' = 'region_totals_buffered',
+                     'properties.bootstrap.servers' = '{}', 'key.format' = 'raw', 'value.format' = 'json',
+                     'value.fields-include' = 'EXCEPT_KEY',
+                     'sink.buffer-flush.max-rows' = '1000', 'sink.buffer-flush.interval' = '10 s');
+             INSERT INTO region_totals_buffered SELECT region, SUM(score), COUNT(*) FROM users GROUP BY region;",
+            broker.servers()
+        ))
+        .await
+        .expect("buffered job");
+    let buffered = broker.read_all("region_totals_buffered", 3);
+    assert_eq!(compacted(&buffered), compacted(&records));
+    assert!(
+        buffered.len() == 3 && records.len() > 3,
+        "one record per key (eu, us, apac's tombstone) instead of every change: {buffered:?}"
+    );
+
     // The same changes into a plain 'kafka' table as Debezium envelopes (an
     // update a delete and an insert), replayed here.
     broker.create_topic("region_cdc", 1);
@@ -799,6 +821,13 @@ async fn upsert_kafka_reads_a_keyed_changelog_and_writes_one() {
         ),
         (
             create(
+                ", 'value.format' = 'json', 'sink.buffer-flush.max-rows' = '10'",
+                ", PRIMARY KEY (id) NOT ENFORCED",
+            ),
+            "must be set to be greater than zero together",
+        ),
+        (
+            create(
                 ", 'value.format' = 'json', 'key.fields' = 'id'",
                 ", PRIMARY KEY (id) NOT ENFORCED",
             ),
@@ -837,7 +866,15 @@ async fn upsert_kafka_is_a_versioned_table_for_temporal_joins() {
             format!(r#"{{"id":{id},"currency":"{currency}","amount":10,"ts":"2024-01-01 00:00:{secs:02}"}}"#),
         )
     };
-    broker.produce("orders", &[order(1, "EUR", 3), order(2, "EUR", 6), order(3, "USD", 7), order(4, "GBP", 8)]);
+    broker.produce(
+        "orders",
+        &[
+            order(1, "EUR", 3),
+            order(2, "EUR", 6),
+            order(3, "USD", 7),
+            order(4, "GBP", 8),
+        ],
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let mut session = Session::open(dir.path()).expect("session");
     session

@@ -155,6 +155,22 @@ pub const OPTIONS: &[OptionSpec] = &[
     .with_default("default"),
 ];
 
+/// `upsert-kafka`'s own options.
+pub const UPSERT_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        "sink.buffer-flush.max-rows",
+        OptionKind::Int { min: 0, max: 1_000_000 },
+        "keep the latest record of each key until this many are buffered (with 'sink.buffer-flush.interval'; 0: off)",
+    )
+    .with_default("0"),
+    OptionSpec::new(
+        "sink.buffer-flush.interval",
+        OptionKind::Duration,
+        "send the buffered records this often (with 'sink.buffer-flush.max-rows'; 0: off)",
+    )
+    .with_default("0 s"),
+];
+
 /// The options of `upsert-kafka`: `kafka`'s without those its key and
 /// its reading fix (the key is the PRIMARY KEY, `key.fields` and the
 /// partitioner follow from it; a table is read from the earliest offset).
@@ -170,6 +186,7 @@ pub fn upsert_options() -> Vec<OptionSpec> {
     OPTIONS
         .iter()
         .filter(|o| !NOT_UPSERT.contains(&o.key))
+        .chain(UPSERT_OPTIONS)
         .copied()
         .collect()
 }
@@ -215,11 +232,8 @@ pub fn upsert_as_kafka(
     let mut raw = options.raw().clone();
     raw.insert("key.fields".into(), pk.join(";"));
     raw.insert("scan.startup.mode".into(), "earliest-offset".into());
-    Ok(Options::validate(
-        &raw,
-        kafka_specs,
-        &format!("connector '{UPSERT_NAME}'"),
-    )?)
+    let specs: Vec<OptionSpec> = kafka_specs.iter().chain(UPSERT_OPTIONS).copied().collect();
+    Ok(Options::validate(&raw, &specs, &format!("connector '{UPSERT_NAME}'"))?)
 }
 
 /// How long the client may take to answer a metadata or offsets request
@@ -371,5 +385,6 @@ pub fn validate(
     )?;
     source::Settings::from_options(options)?;
     sink::check_guarantee(options)?;
+    sink::buffer(options)?;
     Ok(())
 }

@@ -30,7 +30,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::statistics::Statistics;
 use weir_catalog::Options;
 
-use super::codec::Codec;
+use super::codec::{Codec, Encoded};
 use super::protocol;
 use super::{NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid};
 use crate::change::ChangeBatch;
@@ -76,6 +76,24 @@ pub(super) struct Settings {
     guarantee: Guarantee,
     partitioner: Partitioner,
     topic: String,
+    /// `upsert-kafka`'s `sink.buffer-flush.*`: (max rows, interval).
+    buffer: Option<(usize, Duration)>,
+}
+
+/// `upsert-kafka`'s reduce buffer (`sink.buffer-flush.*`): (max rows,
+/// interval), both set or neither (checked at CREATE TABLE).
+pub(super) fn buffer(options: &Options) -> Result<Option<(usize, Duration)>> {
+    let rows = options.i64("sink.buffer-flush.max-rows")?.unwrap_or(0);
+    let interval = options.duration("sink.buffer-flush.interval")?.unwrap_or_default();
+    match (rows > 0, !interval.is_zero()) {
+        (true, true) => Ok(Some((rows as usize, interval))),
+        (false, false) => Ok(None),
+        _ => Err(invalid(
+            "sink.buffer-flush.max-rows",
+            "'sink.buffer-flush.max-rows' and 'sink.buffer-flush.interval' must be set to be greater than zero \
+             together to enable sink buffer flushing",
+        )),
+    }
 }
 
 /// The delivery guarantee and what it needs (checked at CREATE TABLE).
@@ -136,6 +154,7 @@ impl Settings {
             guarantee,
             partitioner,
             topic,
+            buffer: buffer(options)?,
         })
     }
 }
@@ -315,6 +334,10 @@ impl SinkFactory for KafkaSink {
         };
         Ok(Box::new(KafkaWriter {
             delivery,
+            buffer: self.settings.buffer.map(|(max_rows, _)| ReduceBuffer {
+                max_rows,
+                records: HashMap::new(),
+            }),
             settings: self.settings.clone(),
             codec: self.codec.clone(),
             partitions,
@@ -763,8 +786,22 @@ enum Delivery {
     Transactional(TxnWriter),
 }
 
+/// `upsert-kafka`'s `sink.buffer-flush.*` (Flink's `ReducingUpsertWriter`):
+/// the latest record of each key, sent when `max_rows` keys are held, when
+/// the interval passes and at every barrier; many updates of a key in
+/// between are one record.
+struct ReduceBuffer {
+    max_rows: usize,
+    /// Key → its latest record.
+    records: HashMap<Vec<u8>, Buffered>,
+}
+
+/// A buffered record's value (`None`: a tombstone) and timestamp.
+type Buffered = (Option<Vec<u8>>, Option<i64>);
+
 struct KafkaWriter {
     delivery: Delivery,
+    buffer: Option<ReduceBuffer>,
     settings: Settings,
     codec: Codec,
     /// The topic's partitions (`fixed`, `round-robin`).
@@ -801,6 +838,87 @@ impl Operator for KafkaWriter {
         } else {
             self.codec.encode(&batch.into_inserts("Sink: kafka")?)?
         };
+        let Some(buffer) = self.buffer.as_mut() else {
+            return self.send(encoded);
+        };
+        let keys = encoded.keys.unwrap_or_default();
+        for (i, (key, value)) in keys.into_iter().zip(encoded.values).enumerate() {
+            let timestamp = encoded.timestamps.as_ref().and_then(|t| t[i]);
+            buffer.records.insert(key, (value, timestamp));
+        }
+        if buffer.records.len() >= buffer.max_rows {
+            self.send_buffered()?;
+        }
+        Ok(())
+    }
+
+    fn processing_time_interval(&self) -> Option<Duration> {
+        self.settings.buffer.map(|(_, interval)| interval)
+    }
+
+    fn on_processing_time(&mut self, _now: i64, _out: &mut Collector) -> Result<()> {
+        self.send_buffered()
+    }
+
+    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        // The barrier: every record before it is in the topic (or in the
+        // pre-committed transaction) before the checkpoint can complete.
+        self.send_buffered()?;
+        let topic = self.settings.topic.clone();
+        match &mut self.delivery {
+            Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
+            Delivery::Plain(_) => {}
+            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+        }
+        Ok(None)
+    }
+
+    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
+        self.send_buffered()?;
+        let topic = self.settings.topic.clone();
+        match &mut self.delivery {
+            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+            Delivery::Plain(_) => Ok(None),
+        }
+    }
+
+    fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
+        self.send_buffered()?;
+        let topic = self.settings.topic.clone();
+        match &self.delivery {
+            Delivery::Plain(p) => flush(p, &topic),
+            // Its last transaction is pre-committed by the final checkpoint.
+            Delivery::Transactional(_) => Ok(()),
+        }
+    }
+}
+
+impl KafkaWriter {
+    /// Sends what the reduce buffer holds.
+    fn send_buffered(&mut self) -> Result<()> {
+        let Some(buffer) = self.buffer.as_mut() else {
+            return Ok(());
+        };
+        if buffer.records.is_empty() {
+            return Ok(());
+        }
+        let mut keys = Vec::with_capacity(buffer.records.len());
+        let mut values = Vec::with_capacity(buffer.records.len());
+        let mut timestamps = Vec::with_capacity(buffer.records.len());
+        for (k, (v, t)) in buffer.records.drain() {
+            keys.push(k);
+            values.push(v);
+            timestamps.push(t);
+        }
+        self.send(Encoded {
+            keys: Some(keys),
+            values,
+            timestamps: Some(timestamps),
+        })
+    }
+
+    /// Sends records to the producer (or the open transaction).
+    fn send(&mut self, encoded: Encoded) -> Result<()> {
         let (keys, values) = (encoded.keys, encoded.values);
         let topic = self.settings.topic.clone();
         let partitions: Vec<Option<i32>> = (0..values.len()).map(|_| self.partition()).collect();
@@ -849,34 +967,5 @@ impl Operator for KafkaWriter {
         }
         producer.poll(Duration::ZERO);
         check_deliveries(producer)
-    }
-
-    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
-        // The barrier: every record before it is in the topic (or in the
-        // pre-committed transaction) before the checkpoint can complete.
-        let topic = self.settings.topic.clone();
-        match &mut self.delivery {
-            Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
-            Delivery::Plain(_) => {}
-            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
-        }
-        Ok(None)
-    }
-
-    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
-        let topic = self.settings.topic.clone();
-        match &mut self.delivery {
-            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
-            Delivery::Plain(_) => Ok(None),
-        }
-    }
-
-    fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
-        let topic = self.settings.topic.clone();
-        match &self.delivery {
-            Delivery::Plain(p) => flush(p, &topic),
-            // Its last transaction is pre-committed by the final checkpoint.
-            Delivery::Transactional(_) => Ok(()),
-        }
     }
 }
