@@ -1505,6 +1505,47 @@ fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpoint
     }
 }
 
+/// A bounded read's stop offsets are the first attempt's: records written
+/// while the job was down are not read by its restart (Flink keeps them in
+/// its split state).
+#[test]
+fn a_restarted_bounded_read_stops_at_the_offsets_its_first_attempt_took() {
+    let broker = Broker::start();
+    broker.create_topic("bounded", 3);
+    const N: i64 = 60_000;
+    let records: Vec<(i32, Option<String>, String)> = (0..N).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
+    broker.produce("bounded", &records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let data = dir.path().join("data");
+    let script = dir.path().join("job.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "SET 'parallelism.default' = '2';\n{}",
+            bounded_copy_sql("bounded", &broker, &out)
+        ),
+    )
+    .expect("script");
+    let later: Vec<(i32, Option<String>, String)> = (N..N + 300).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
+    let kills = run_with_faults(
+        &data,
+        &script,
+        "bounded",
+        Fault::KillThen(&|| broker.produce("bounded", &later)),
+    );
+    assert_eq!(kills, 1, "the kill landed mid-run");
+    let mut ids: Vec<i64> = common::committed_lines(&out)
+        .iter()
+        .map(|l| l.parse().expect("id"))
+        .collect();
+    ids.sort();
+    let beyond = ids.iter().filter(|i| **i >= N).count();
+    ids.dedup();
+    assert_eq!(beyond, 0, "records written while the job was down were read");
+    assert_eq!(ids.len() as i64, N, "every record before the stop offsets, once");
+}
+
 /// How `run_with_faults` interrupts the job's first runs.
 #[derive(Clone, Copy)]
 enum Fault<'a> {
@@ -1514,6 +1555,8 @@ enum Fault<'a> {
     /// The first runs armed with these `WEIR_FAILPOINTS` specs, one a run,
     /// each aborting the process at its site.
     Failpoints(&'a [&'a str]),
+    /// One SIGKILL as `Kills`, then this before the restart.
+    KillThen(&'a dyn Fn()),
 }
 
 /// Runs `weir run script` until it finishes, interrupted as `fault` says;
@@ -1522,6 +1565,7 @@ fn run_with_faults(data: &std::path::Path, script: &std::path::Path, name: &str,
     let checkpoints = data.join("checkpoints").join(name);
     let kills = match fault {
         Fault::Kills(k) => k,
+        Fault::KillThen(_) => 1,
         Fault::Failpoints(_) => 0,
     };
     let mut landed = 0;
@@ -1579,7 +1623,12 @@ fn run_with_faults(data: &std::path::Path, script: &std::path::Path, name: &str,
         };
         let stderr = reader.join().expect("stderr reader");
         match (status, armed) {
-            (None, _) => landed += 1,
+            (None, _) => {
+                landed += 1;
+                if let Fault::KillThen(then) = fault {
+                    then();
+                }
+            }
             (Some(s), Some(spec)) => {
                 assert!(
                     !s.success() && stderr.contains("aborting"),

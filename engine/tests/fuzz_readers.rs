@@ -381,6 +381,7 @@ fn sample_metadata() -> CheckpointMetadata {
             split: "data/a.json".into(),
             position: 7,
             finished: false,
+            end: None,
         }],
     );
     CheckpointMetadata {

@@ -32,6 +32,11 @@ pub struct SplitPosition {
     pub split: String,
     pub position: u64,
     pub finished: bool,
+    /// Where the split ends when that was fixed as the job first started
+    /// (a bounded Kafka partition's stop offset, Flink's split state), so
+    /// that a restored job stops where the first attempt would have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<u64>,
 }
 
 /// One operator subtask's state in a checkpoint.

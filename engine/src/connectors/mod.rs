@@ -62,6 +62,13 @@ pub trait SourceSplit: Send {
     /// Continues from a checkpointed `position`, before the first poll.
     fn seek(&mut self, position: u64) -> Result<()>;
 
+    /// Where the split ends, when that was fixed as the job started (a
+    /// bounded Kafka partition's stop offset): kept in checkpoints and
+    /// given back to [`SourceFactory::restore_splits`].
+    fn end(&self) -> Option<u64> {
+        None
+    }
+
     /// Whether this split can be paused on its own (watermark alignment).
     fn supports_pause(&self) -> bool {
         true
@@ -128,11 +135,12 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// split's id must depend only on the connector's options and `count`.
     fn create_splits(&self, count: usize) -> Result<Vec<Box<dyn SourceSplit>>>;
 
-    /// The splits of a restore whose snapshot has positions for `ids`: by
-    /// default as many as it recorded. Connectors whose split ids carry
-    /// their layout (a file's byte ranges) rebuild it from them.
-    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
-        self.create_splits(ids.len())
+    /// The splits of a restore whose snapshot has positions for
+    /// `recorded`: by default as many as it recorded. Connectors whose
+    /// split ids carry their layout (a file's byte ranges) rebuild it from
+    /// them; those with split ends take them back.
+    fn restore_splits(&self, recorded: &[crate::checkpoint::SplitPosition]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        self.create_splits(recorded.len())
     }
 
     /// Where bad records go (`scan.dead-letter.path`); `None`: the source

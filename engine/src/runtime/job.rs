@@ -844,15 +844,15 @@ async fn run_attempt(
             // Restored: the splits the snapshot has positions for,
             // whatever the parallelism was (split ids do not depend on
             // it); fresh: as many as subtasks.
-            let recorded: Vec<String> = restored
+            let recorded: &[crate::checkpoint::SplitPosition] = restored
                 .as_ref()
                 .and_then(|r| r.metadata.sources.get(&head.uid))
-                .map(|positions| positions.iter().map(|p| p.split.clone()).collect())
+                .map(Vec::as_slice)
                 .unwrap_or_default();
             let splits = if recorded.is_empty() {
                 src.factory.create_splits(head.parallelism)?
             } else {
-                src.factory.restore_splits(&recorded)?
+                src.factory.restore_splits(recorded)?
             };
             all_splits = splits.iter().map(|s| s.id()).collect();
             dealt = (0..head.parallelism).map(|_| vec![]).collect();

@@ -161,6 +161,7 @@ impl SourceTask {
                         split: s.split.id(),
                         position: s.split.position(),
                         finished: s.finished,
+                        end: s.split.end(),
                     })
                     .collect(),
             )],

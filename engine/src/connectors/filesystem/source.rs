@@ -284,7 +284,8 @@ impl SourceFactory for FileSource {
         self.splits(plan)
     }
 
-    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
+    fn restore_splits(&self, recorded: &[crate::checkpoint::SplitPosition]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let ids: Vec<&str> = recorded.iter().map(|p| p.split.as_str()).collect();
         // The ranges the snapshot read each file in; files it did not know
         // (new in the directory) are read whole.
         let plan = self
@@ -1240,9 +1241,21 @@ mod tests {
                 .map(|i| format!("{}#{i}-of-3", path.display()))
                 .collect::<Vec<_>>()
         );
-        let restored = source.restore_splits(&ids[1..]).expect("restore");
+        let recorded = |ids: &[String]| -> Vec<crate::checkpoint::SplitPosition> {
+            ids.iter()
+                .map(|id| crate::checkpoint::SplitPosition {
+                    split: id.clone(),
+                    position: 0,
+                    finished: false,
+                    end: None,
+                })
+                .collect()
+        };
+        let restored = source.restore_splits(&recorded(&ids[1..])).expect("restore");
         assert_eq!(restored.iter().map(|s| s.id()).collect::<Vec<_>>(), ids);
-        let whole = source.restore_splits(&[path.display().to_string()]).expect("restore");
+        let whole = source
+            .restore_splits(&recorded(&[path.display().to_string()]))
+            .expect("restore");
         assert_eq!(whole.len(), 1);
         let mut rows = vec![];
         for mut s in splits {

@@ -385,8 +385,16 @@ impl KafkaSource {
     }
 
     /// The splits of `parts`; those in `restored` start where the
-    /// checkpoint says (`seek`), the others by the startup mode.
-    fn splits_of(&self, parts: Vec<(String, i32)>, restored: &[(String, i32)]) -> Result<Vec<Box<dyn SourceSplit>>> {
+    /// checkpoint says (`seek`), the others by the startup mode. A bounded
+    /// read's stop offsets are taken now, but for those the checkpoint
+    /// recorded (`ends`): the first attempt's, as Flink keeps them in its
+    /// split state, so records written since are not read.
+    fn splits_of(
+        &self,
+        parts: Vec<(String, i32)>,
+        restored: &[(String, i32)],
+        ends: &PartitionOffsets,
+    ) -> Result<Vec<Box<dyn SourceSplit>>> {
         let consumer = self.consumer()?;
         let fresh: Vec<(String, i32)> = parts.iter().filter(|p| !restored.contains(p)).cloned().collect();
         let starts = if fresh.is_empty() {
@@ -398,7 +406,10 @@ impl KafkaSource {
         } else {
             self.start_offsets(&consumer, &fresh)?
         };
-        let stops = self.stop_offsets(&consumer, &parts)?;
+        let mut stops = self.stop_offsets(&consumer, &parts)?;
+        if let Some(stops) = stops.as_mut() {
+            stops.extend(ends.iter().map(|(k, v)| (k.clone(), *v)));
+        }
         self.splits_at(parts, &starts, stops.as_ref())
     }
 
@@ -463,19 +474,24 @@ impl SourceFactory for KafkaSource {
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
         let consumer = self.consumer()?;
         let parts = self.partitions(&consumer)?;
-        self.splits_of(parts, &[])
+        self.splits_of(parts, &[], &PartitionOffsets::new())
     }
 
-    fn restore_splits(&self, ids: &[String]) -> Result<Vec<Box<dyn SourceSplit>>> {
+    fn restore_splits(&self, recorded: &[crate::checkpoint::SplitPosition]) -> Result<Vec<Box<dyn SourceSplit>>> {
         // The checkpointed partitions, and any the topics have gained
         // since (they start by the startup mode, as on a fresh start).
         let consumer = self.consumer()?;
         let mut restored: Vec<(String, i32)> = vec![];
-        for id in ids {
+        let mut ends = PartitionOffsets::new();
+        for r in recorded {
+            let id = &r.split;
             let (t, p) = id
                 .rsplit_once(':')
                 .and_then(|(t, p)| Some((t.to_string(), p.parse::<i32>().ok()?)))
                 .ok_or_else(|| crate::error::ExecError::internal(format!("not a Kafka split id: '{id}'")))?;
+            if let Some(end) = r.end {
+                ends.insert((t.clone(), p), end as i64);
+            }
             restored.push((t, p));
         }
         let mut parts = restored.clone();
@@ -485,7 +501,7 @@ impl SourceFactory for KafkaSource {
             }
         }
         parts.sort();
-        self.splits_of(parts, &restored)
+        self.splits_of(parts, &restored, &ends)
     }
 
     fn discovery_interval(&self) -> Option<Duration> {
@@ -660,6 +676,10 @@ impl SourceSplit for KafkaSplit {
             self.consumer = None;
         }
         Ok(())
+    }
+
+    fn end(&self) -> Option<u64> {
+        self.stop.map(|s| s as u64)
     }
 
     fn set_waker(&mut self, waker: Arc<tokio::sync::Notify>) {
