@@ -1452,6 +1452,39 @@ fn bounded_copy_sql(topic: &str, broker: &Broker, out: &std::path::Path) -> Stri
     )
 }
 
+/// The paths of a `weir run` copy job (see [`bounded_copy_sql`]).
+struct CopyJob {
+    dir: tempfile::TempDir,
+    out: std::path::PathBuf,
+    data: std::path::PathBuf,
+    script: std::path::PathBuf,
+}
+
+/// `topic` (3 partitions) holding ids `0..n`, and a script copying it with
+/// 2 subtasks into a directory.
+fn copy_job(broker: &Broker, topic: &str, n: i64) -> CopyJob {
+    broker.create_topic(topic, 3);
+    broker.produce(topic, &bids(0..n));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (out, data, script) = (
+        dir.path().join("out"),
+        dir.path().join("data"),
+        dir.path().join("job.sql"),
+    );
+    // Small fetches keep the read going for a while, so kills land mid-run.
+    let sql = format!(
+        "SET 'parallelism.default' = '2';\n{}",
+        bounded_copy_sql(topic, broker, &out)
+    );
+    std::fs::write(&script, sql).expect("script");
+    CopyJob { dir, out, data, script }
+}
+
+/// Bids of `ids`, spread over 3 partitions by id.
+fn bids(ids: std::ops::Range<i64>) -> Vec<(i32, Option<String>, String)> {
+    ids.map(|i| ((i % 3) as i32, None, bid(i, i))).collect()
+}
+
 /// Whether a checkpoint below `root` (`chk-N/_metadata`) is complete.
 fn has_completed_checkpoint(root: &std::path::Path) -> bool {
     std::fs::read_dir(root)
@@ -1464,24 +1497,13 @@ fn has_completed_checkpoint(root: &std::path::Path) -> bool {
 #[test]
 fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpointed_offsets() {
     let broker = Broker::start();
-    broker.create_topic("stream", 3);
     const N: i64 = 60_000;
-    let records: Vec<(i32, Option<String>, String)> = (0..N).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
-    broker.produce("stream", &records);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("out");
-    let data = dir.path().join("data");
-    let script = dir.path().join("job.sql");
-    // Small fetches keep the read going for a while, so kills land mid-run.
-    std::fs::write(
-        &script,
-        format!(
-            "SET 'parallelism.default' = '2';
-             {}",
-            bounded_copy_sql("stream", &broker, &out)
-        ),
-    )
-    .expect("script");
+    let CopyJob {
+        dir: _dir,
+        out,
+        data,
+        script,
+    } = copy_job(&broker, "stream", N);
     let kills = run_with_faults(&data, &script, "stream", Fault::Kills(3));
     assert!(kills >= 1, "at least one kill landed mid-run");
     let ids: Vec<i64> = common::committed_lines(&out)
@@ -1511,23 +1533,14 @@ fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpoint
 #[test]
 fn a_restarted_bounded_read_stops_at_the_offsets_its_first_attempt_took() {
     let broker = Broker::start();
-    broker.create_topic("bounded", 3);
     const N: i64 = 60_000;
-    let records: Vec<(i32, Option<String>, String)> = (0..N).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
-    broker.produce("bounded", &records);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("out");
-    let data = dir.path().join("data");
-    let script = dir.path().join("job.sql");
-    std::fs::write(
-        &script,
-        format!(
-            "SET 'parallelism.default' = '2';\n{}",
-            bounded_copy_sql("bounded", &broker, &out)
-        ),
-    )
-    .expect("script");
-    let later: Vec<(i32, Option<String>, String)> = (N..N + 300).map(|i| ((i % 3) as i32, None, bid(i, i))).collect();
+    let CopyJob {
+        dir: _dir,
+        out,
+        data,
+        script,
+    } = copy_job(&broker, "bounded", N);
+    let later = bids(N..N + 300);
     let kills = run_with_faults(
         &data,
         &script,
