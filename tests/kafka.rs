@@ -905,7 +905,7 @@ async fn upsert_kafka_is_a_versioned_table_for_temporal_joins() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_timestamps() {
+async fn metadata_columns_read_offsets_partitions_timestamps_and_headers_and_write_timestamps_and_headers() {
     let broker = Broker::start();
     broker.create_topic("stamped", 1);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -914,12 +914,14 @@ async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_times
     session
         .execute_sql(&format!(
             "SET 'table.dml-sync' = 'true';
-             CREATE TABLE stamped (id BIGINT, ts TIMESTAMP(3) METADATA FROM 'timestamp')
+             CREATE TABLE stamped (id BIGINT, ts TIMESTAMP(3) METADATA FROM 'timestamp',
+               h MAP<STRING, BYTES> METADATA FROM 'headers')
                WITH ('connector' = 'kafka', 'topic' = 'stamped', 'properties.bootstrap.servers' = '{}',
                      'format' = 'json');
              CREATE TABLE src (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '3',
                'fields.id.kind' = 'sequence', 'fields.id.start' = '1', 'fields.id.end' = '3');
-             INSERT INTO stamped SELECT id, TO_TIMESTAMP(CONCAT('2024-01-01 00:00:0', CAST(id AS STRING))) FROM src;",
+             INSERT INTO stamped SELECT id, TO_TIMESTAMP(CONCAT('2024-01-01 00:00:0', CAST(id AS STRING))),
+               MAP['k', CAST(CAST(id AS STRING) AS BYTES)] FROM src;",
             broker.servers()
         ))
         .await
@@ -938,6 +940,7 @@ async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_times
             "CREATE TABLE back (id BIGINT, ts TIMESTAMP(3) METADATA FROM 'timestamp',
                p INT METADATA FROM 'partition' VIRTUAL, o BIGINT METADATA FROM 'offset' VIRTUAL,
                `topic` STRING METADATA VIRTUAL, tt STRING METADATA FROM 'timestamp-type' VIRTUAL,
+               h MAP<STRING, BYTES> METADATA FROM 'headers' VIRTUAL,
                WATERMARK FOR ts AS ts)
              WITH ('connector' = 'kafka', 'topic' = 'stamped', 'properties.bootstrap.servers' = '{}',
                    'format' = 'json', 'scan.startup.mode' = 'earliest-offset',
@@ -949,7 +952,9 @@ async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_times
     let out = rows_of(
         &mut session,
         "SELECT COUNT(*) AS n, SUM(o) AS offsets, MIN(p) AS p, MIN(`topic`) AS t, MIN(tt) AS tt,
-                SUM(CASE WHEN EXTRACT(SECOND FROM ts) = id THEN 1 ELSE 0 END) AS stamped
+                SUM(CASE WHEN EXTRACT(SECOND FROM ts) = id THEN 1 ELSE 0 END) AS stamped,
+                SUM(CASE WHEN CAST(h['k'] AS STRING) = CAST(id AS STRING) AND CARDINALITY(h) = 1
+                    THEN 1 ELSE 0 END) AS headed
          FROM back;",
     )
     .await;
@@ -959,7 +964,7 @@ async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_times
         .find(|l| l.contains("stamped") || l.contains("CreateTime"))
         .expect("a row");
     let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).collect();
-    assert_eq!(cells, ["3", "3", "0", "stamped", "CreateTime", "3"], "{out}");
+    assert_eq!(cells, ["3", "3", "0", "stamped", "CreateTime", "3", "3"], "{out}");
     let describe = rows_of(&mut session, "SELECT * FROM back LIMIT 1;").await;
     assert!(describe.contains("CreateTime"), "{describe}");
 
@@ -1013,7 +1018,7 @@ async fn metadata_columns_read_offsets_partitions_and_timestamps_and_write_times
     assert!(
         e.to_string()
             .contains("Invalid metadata key 'offset' in column 'o' of table 'ro'")
-            && e.to_string().contains("for writing: timestamp"),
+            && e.to_string().contains("for writing: headers, timestamp"),
         "{e}"
     );
 }

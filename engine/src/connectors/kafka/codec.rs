@@ -112,7 +112,12 @@ pub(super) struct Encoded {
     pub values: Vec<Option<Vec<u8>>>,
     /// With a `timestamp` metadata column, each record's timestamp (ms).
     pub timestamps: Option<Vec<Option<i64>>>,
+    /// With a `headers` metadata column, each record's headers.
+    pub headers: Option<Vec<Headers>>,
 }
+
+/// A record's headers, in order: (key, value).
+pub(super) type Headers = Vec<(String, Option<Vec<u8>>)>;
 
 /// One record as read.
 pub(super) struct Record {
@@ -261,6 +266,11 @@ impl Codec {
         })
     }
 
+    /// Whether a column reads the records' headers.
+    pub fn reads_headers(&self) -> bool {
+        self.metadata.iter().any(|(_, m)| *m == Meta::Headers)
+    }
+
     pub fn is_upsert(&self) -> bool {
         self.upsert
     }
@@ -296,7 +306,7 @@ impl Codec {
         if self.metadata.is_empty() {
             return Ok(vec![]);
         }
-        let metas: Vec<(i64, RecordMeta)> = records.iter().map(|r| (r.offset, r.meta)).collect();
+        let metas: Vec<(i64, &RecordMeta)> = records.iter().map(|r| (r.offset, &r.meta)).collect();
         self.metadata
             .iter()
             .map(|(i, m)| {
@@ -530,6 +540,10 @@ impl Codec {
             Some((i, _)) => Some(metadata::timestamps(batch.column(*i))?),
             None => None,
         };
+        let headers = match self.metadata.iter().find(|(_, m)| *m == Meta::Headers) {
+            Some((i, _)) => Some(metadata::headers(batch.column(*i))?),
+            None => None,
+        };
         let keys = match self.key.as_ref().or(self.write_key.as_ref()) {
             None => None,
             Some(k) => {
@@ -549,6 +563,7 @@ impl Codec {
             keys,
             values: encode_part(&self.value, &part)?,
             timestamps,
+            headers,
         })
     }
 

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int32Array, Int64Array, StringArray, TimestampMillisecondArray};
+use arrow::array::{
+    Array, ArrayRef, BinaryBuilder, Int32Array, Int64Array, MapArray, MapBuilder, MapFieldNames, StringArray,
+    StringBuilder, TimestampMillisecondArray,
+};
 use arrow::datatypes::{DataType, Field, TimeUnit};
 
 use super::invalid;
@@ -19,15 +22,15 @@ pub(super) enum Meta {
     Offset,
     Timestamp,
     TimestampType,
+    Headers,
 }
 
 /// Flink's keys, in its order, with what Weir does with each.
 const KEYS: &[(&str, Option<Meta>)] = &[
     ("topic", Some(Meta::Topic)),
     ("partition", Some(Meta::Partition)),
-    // MAP columns are not supported yet; the epoch is not exposed by the
-    // client's safe interface.
-    ("headers", None),
+    ("headers", Some(Meta::Headers)),
+    // The epoch is not exposed by the client's safe interface.
     ("leader-epoch", None),
     ("offset", Some(Meta::Offset)),
     ("timestamp", Some(Meta::Timestamp)),
@@ -35,7 +38,7 @@ const KEYS: &[(&str, Option<Meta>)] = &[
 ];
 
 /// Keys a sink writes (Flink's: `headers`, `timestamp`).
-const WRITABLE: &[Meta] = &[Meta::Timestamp];
+const WRITABLE: &[Meta] = &[Meta::Headers, Meta::Timestamp];
 
 impl Meta {
     /// The metadata's own type (Flink's).
@@ -45,6 +48,7 @@ impl Meta {
             Meta::Partition => DataType::Int32,
             Meta::Offset => DataType::Int64,
             Meta::Timestamp => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            Meta::Headers => headers_type(),
         }
     }
 
@@ -112,14 +116,44 @@ impl Meta {
     }
 }
 
+/// `MAP<STRING, BYTES>`, the type of `headers`.
+fn headers_type() -> DataType {
+    let entries = Field::new(
+        "entries",
+        DataType::Struct(
+            vec![
+                Field::new("key", DataType::Utf8, false),
+                Field::new("value", DataType::Binary, true),
+            ]
+            .into(),
+        ),
+        false,
+    );
+    DataType::Map(Arc::new(entries), false)
+}
+
 /// Flink's casts between a metadata's type and a column's (narrower than
 /// arrow's: no BIGINT to DATE).
 fn castable(from: &DataType, to: &DataType) -> bool {
     use DataType as D;
+    if matches!(from, D::Map(..)) || matches!(to, D::Map(..)) {
+        // Maps compare by their key and value types (field names aside).
+        return map_types(from) == map_types(to) && map_types(from).is_some();
+    }
     from == to
         || matches!(to, D::Utf8 | D::LargeUtf8) && !matches!(from, D::Binary)
         || from.is_numeric() && to.is_numeric()
         || matches!((from, to), (D::Timestamp(..), D::Timestamp(..) | D::Date32))
+}
+
+fn map_types(t: &DataType) -> Option<(DataType, DataType)> {
+    match t {
+        DataType::Map(entries, _) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => Some((kv[0].data_type().clone(), kv[1].data_type().clone())),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// A type as Flink's DDL names it (for the types errors here show).
@@ -132,39 +166,52 @@ fn shown(t: &DataType) -> String {
         DataType::Timestamp(TimeUnit::Millisecond, None) => "TIMESTAMP(3)".into(),
         DataType::Date32 => "DATE".into(),
         DataType::Boolean => "BOOLEAN".into(),
+        DataType::Map(..) if map_types(t) == map_types(&headers_type()) => "MAP<STRING, BYTES>".into(),
         other => other.to_string(),
     }
 }
 
 /// What a record carries beside its key and value.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct RecordMeta {
     pub partition: i32,
     /// Milliseconds since the epoch; `None`: the record has none.
     pub timestamp: Option<i64>,
     /// `NoTimestampType`, `CreateTime` or `LogAppendTime` (0, 1, 2).
     pub timestamp_type: u8,
+    /// Its headers, in order (read only when a column asks for them).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 impl RecordMeta {
-    pub fn of(m: &impl rdkafka::Message) -> Self {
+    /// `headers`: whether to copy the record's headers.
+    pub fn of(m: &impl rdkafka::Message, headers: bool) -> Self {
         use rdkafka::Timestamp as T;
+        use rdkafka::message::Headers;
         let (timestamp, timestamp_type) = match m.timestamp() {
             T::NotAvailable => (None, 0),
             T::CreateTime(t) => (Some(t), 1),
             T::LogAppendTime(t) => (Some(t), 2),
         };
+        let headers = match m.headers() {
+            Some(h) if headers => h
+                .iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect(),
+            _ => vec![],
+        };
         RecordMeta {
             partition: m.partition(),
             timestamp,
             timestamp_type,
+            headers,
         }
     }
 }
 
 /// The column of `meta` for records (`topic`, offset and their
 /// [`RecordMeta`]), cast to the declared type `to`.
-pub(super) fn column(meta: Meta, topic: &str, records: &[(i64, RecordMeta)], to: &DataType) -> Result<ArrayRef> {
+pub(super) fn column(meta: Meta, topic: &str, records: &[(i64, &RecordMeta)], to: &DataType) -> Result<ArrayRef> {
     let own: ArrayRef = match meta {
         Meta::Topic => Arc::new(StringArray::from_iter_values(records.iter().map(|_| topic))),
         Meta::Partition => Arc::new(Int32Array::from_iter_values(records.iter().map(|(_, m)| m.partition))),
@@ -182,6 +229,46 @@ pub(super) fn column(meta: Meta, topic: &str, records: &[(i64, RecordMeta)], to:
                 _ => "NoTimestampType",
             },
         ))),
+        Meta::Headers => {
+            let mut b = MapBuilder::new(
+                Some(MapFieldNames {
+                    entry: "entries".into(),
+                    key: "key".into(),
+                    value: "value".into(),
+                }),
+                StringBuilder::new(),
+                BinaryBuilder::new(),
+            );
+            for (_, m) in records {
+                // A key given twice is one entry: its first place, its last
+                // value (Flink reads headers into a map the same way).
+                let mut entries: Vec<(&str, Option<&[u8]>)> = Vec::with_capacity(m.headers.len());
+                for (k, v) in &m.headers {
+                    match entries.iter_mut().find(|(seen, _)| *seen == k) {
+                        Some(e) => e.1 = v.as_deref(),
+                        None => entries.push((k, v.as_deref())),
+                    }
+                }
+                for (k, v) in entries {
+                    b.keys().append_value(k);
+                    b.values().append_option(v);
+                }
+                b.append(true)?;
+            }
+            let map = b.finish();
+            // The builder's value field is nullable as Flink's; keep the
+            // declared field names.
+            return Ok(Arc::new(MapArray::try_new(
+                match to {
+                    DataType::Map(f, _) => f.clone(),
+                    _ => return Err(crate::error::ExecError::internal("headers read into a non-map column")),
+                },
+                map.offsets().clone(),
+                map.entries().clone(),
+                None,
+                false,
+            )?));
+        }
     };
     Ok(arrow::compute::cast(&own, to)?)
 }
@@ -194,4 +281,37 @@ pub(super) fn timestamps(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
         .downcast_ref::<TimestampMillisecondArray>()
         .ok_or_else(|| crate::error::ExecError::internal("a timestamp cast gave another type"))?;
     Ok(ms.iter().collect())
+}
+
+/// A sink's `headers` column as each record's headers (a NULL map: none).
+pub(super) fn headers(column: &ArrayRef) -> Result<Vec<super::codec::Headers>> {
+    let Some(maps) = column.as_any().downcast_ref::<MapArray>() else {
+        return Err(crate::error::ExecError::internal("a headers column that is not a map"));
+    };
+    let keys = arrow::compute::cast(maps.keys(), &DataType::Utf8)?;
+    let keys = keys
+        .as_any()
+        .downcast_ref::<StringArray>()
+        .ok_or_else(|| crate::error::ExecError::internal("header keys cast to another type"))?;
+    let values = arrow::compute::cast(maps.values(), &DataType::Binary)?;
+    let values = values
+        .as_any()
+        .downcast_ref::<arrow::array::BinaryArray>()
+        .ok_or_else(|| crate::error::ExecError::internal("header values cast to another type"))?;
+    let offsets = maps.value_offsets();
+    Ok((0..maps.len())
+        .map(|i| {
+            if maps.is_null(i) {
+                return vec![];
+            }
+            (offsets[i] as usize..offsets[i + 1] as usize)
+                .map(|j| {
+                    (
+                        keys.value(j).to_string(),
+                        values.is_valid(j).then(|| values.value(j).to_vec()),
+                    )
+                })
+                .collect()
+        })
+        .collect())
 }

@@ -30,7 +30,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::statistics::Statistics;
 use weir_catalog::Options;
 
-use super::codec::{Codec, Encoded};
+use super::codec::{Codec, Encoded, Headers};
 use super::protocol;
 use super::{NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid};
 use crate::change::ChangeBatch;
@@ -796,8 +796,8 @@ struct ReduceBuffer {
     records: HashMap<Vec<u8>, Buffered>,
 }
 
-/// A buffered record's value (`None`: a tombstone) and timestamp.
-type Buffered = (Option<Vec<u8>>, Option<i64>);
+/// A buffered record's value (`None`: a tombstone), timestamp and headers.
+type Buffered = (Option<Vec<u8>>, Option<i64>, Headers);
 
 struct KafkaWriter {
     delivery: Delivery,
@@ -842,9 +842,11 @@ impl Operator for KafkaWriter {
             return self.send(encoded);
         };
         let keys = encoded.keys.unwrap_or_default();
+        let mut headers = encoded.headers.map(Vec::into_iter);
         for (i, (key, value)) in keys.into_iter().zip(encoded.values).enumerate() {
             let timestamp = encoded.timestamps.as_ref().and_then(|t| t[i]);
-            buffer.records.insert(key, (value, timestamp));
+            let h = headers.as_mut().and_then(Iterator::next).unwrap_or_default();
+            buffer.records.insert(key, (value, timestamp, h));
         }
         if buffer.records.len() >= buffer.max_rows {
             self.send_buffered()?;
@@ -905,15 +907,18 @@ impl KafkaWriter {
         let mut keys = Vec::with_capacity(buffer.records.len());
         let mut values = Vec::with_capacity(buffer.records.len());
         let mut timestamps = Vec::with_capacity(buffer.records.len());
-        for (k, (v, t)) in buffer.records.drain() {
+        let mut headers = Vec::with_capacity(buffer.records.len());
+        for (k, (v, t, h)) in buffer.records.drain() {
             keys.push(k);
             values.push(v);
             timestamps.push(t);
+            headers.push(h);
         }
         self.send(Encoded {
             keys: Some(keys),
             values,
             timestamps: Some(timestamps),
+            headers: Some(headers),
         })
     }
 
@@ -949,6 +954,16 @@ impl KafkaWriter {
             }
             if let Some(t) = encoded.timestamps.as_ref().and_then(|t| t[i]) {
                 record = record.timestamp(t);
+            }
+            if let Some(h) = encoded.headers.as_ref().map(|h| &h[i]).filter(|h| !h.is_empty()) {
+                let mut owned = rdkafka::message::OwnedHeaders::new_with_capacity(h.len());
+                for (key, value) in h {
+                    owned = owned.insert(rdkafka::message::Header {
+                        key: key.as_str(),
+                        value: value.as_deref(),
+                    });
+                }
+                record = record.headers(owned);
             }
             loop {
                 match producer.send(record) {

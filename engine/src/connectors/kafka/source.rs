@@ -742,7 +742,7 @@ impl SourceSplit for KafkaSplit {
                                 offset,
                                 key: m.key().map(<[u8]>::to_vec),
                                 value: m.payload().map(<[u8]>::to_vec),
-                                meta: RecordMeta::of(&m),
+                                meta: RecordMeta::of(&m, self.shared.codec.reads_headers()),
                             });
                         }
                     }
