@@ -1,7 +1,7 @@
 //! Results as text: Flink's tableau (for the REPL and `weir run`) and
 //! `+I[...]` rows (for tests and the print sink).
 
-use arrow::array::Array;
+use arrow::array::{Array, AsArray};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::ArrayFormatter;
@@ -159,15 +159,10 @@ impl Tableau {
             batch.clone().into()
         };
         let batch = &changes.rows;
-        let opts = weir_engine::connectors::print::format_options();
-        let fmts = batch
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref() as &dyn Array, &opts))
-            .collect::<Result<Vec<_>, _>>()?;
+        let texts = column_texts(batch)?;
         let mut out = String::new();
         for row in 0..batch.num_rows() {
-            let vals: Vec<String> = fmts.iter().map(|f| f.value(row).to_string()).collect();
+            let vals: Vec<String> = texts.iter().map(|c| c[row].clone()).collect();
             out.push_str(&self.line(changes.kind(row).short(), &vals));
             out.push('\n');
         }
@@ -233,16 +228,10 @@ impl Materialized {
         } else {
             batch.clone().into()
         };
-        let opts = weir_engine::connectors::print::format_options();
-        let fmts = changes
-            .rows
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref() as &dyn Array, &opts))
-            .collect::<Result<Vec<_>, _>>()?;
+        let texts = column_texts(&changes.rows)?;
         for i in 0..changes.num_rows() {
             self.changes += 1;
-            let row: Vec<String> = fmts.iter().map(|f| f.value(i).to_string()).collect();
+            let row: Vec<String> = texts.iter().map(|c| c[i].clone()).collect();
             let at = self.rows.iter().position(|(r, _)| *r == row);
             let kind = changes.kind(i);
             match (kind.is_accumulate(), at) {
@@ -306,6 +295,30 @@ impl Materialized {
     }
 }
 
+/// Every value of every column as Flink's SQL client shows it: the text
+/// `CAST(v AS STRING)` gives (`TRUE`, `8.5E37`, `{a=1}`, `(Oslo, 150)`,
+/// `2024-01-02 03:04:05.000`), NULL as `<NULL>`.
+fn column_texts(batch: &RecordBatch) -> Result<Vec<Vec<String>>, arrow::error::ArrowError> {
+    batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let texts = weir_sql::flink_cast::to_strings(c)
+                .map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))?;
+            let texts = texts.as_string::<i32>();
+            Ok((0..texts.len())
+                .map(|i| {
+                    if texts.is_null(i) {
+                        NULL.to_string()
+                    } else {
+                        texts.value(i).to_string()
+                    }
+                })
+                .collect())
+        })
+        .collect()
+}
+
 /// Epoch milliseconds as `yyyy-MM-dd HH:mm:ss.SSS` (UTC).
 pub fn format_millis(ms: i64) -> String {
     let a = arrow::array::TimestampMillisecondArray::from(vec![ms]);
@@ -340,7 +353,7 @@ pub fn column_strings(batches: &[RecordBatch], index: usize) -> Vec<String> {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Int32Array, StringArray};
+    use arrow::array::{Int32Array, StringArray, StringBuilder};
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
@@ -391,5 +404,48 @@ mod tests {
         let width = display_width(lines[0]);
         assert!(lines.iter().all(|l| display_width(l) == width), "{text}");
         assert!(text.contains(long), "the table mode shows whole values: {text}");
+    }
+
+    #[test]
+    fn values_show_as_flinks_sql_client_writes_them() {
+        use arrow::array::{BooleanArray, Float64Array, MapBuilder, StructArray};
+        let mut map = MapBuilder::new(None, StringBuilder::new(), arrow::array::Int32Builder::new());
+        map.keys().append_value("a");
+        map.values().append_value(1);
+        map.keys().append_value("b");
+        map.values().append_null();
+        map.append(true).expect("map");
+        let map = Arc::new(map.finish()) as arrow::array::ArrayRef;
+        let row = Arc::new(StructArray::from(vec![
+            (
+                Arc::new(Field::new("city", DataType::Utf8, true)),
+                Arc::new(StringArray::from(vec![Some("Oslo")])) as arrow::array::ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("zip", DataType::Int32, true)),
+                Arc::new(Int32Array::from(vec![None])) as arrow::array::ArrayRef,
+            ),
+        ])) as arrow::array::ArrayRef;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("flag", DataType::Boolean, true),
+            Field::new("d", DataType::Float64, true),
+            Field::new("m", map.data_type().clone(), true),
+            Field::new("r", row.data_type().clone(), true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(BooleanArray::from(vec![Some(true)])),
+                Arc::new(Float64Array::from(vec![Some(8.5e37)])),
+                map,
+                row,
+            ],
+        )
+        .expect("valid");
+        let mut tab = Tableau::new(&schema);
+        let text = tab.rows(&batch).expect("valid");
+        for shown in ["TRUE", "8.5E37", "{a=1, b=NULL}", "(Oslo, NULL)"] {
+            assert!(text.contains(shown), "{shown} in {text}");
+        }
     }
 }

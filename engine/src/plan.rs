@@ -333,6 +333,13 @@ pub enum AggFunc {
     VarSamp,
     StddevPop,
     StddevSamp,
+    /// The first non-NULL value (insert-only input).
+    FirstValue,
+    /// The last non-NULL value (insert-only input).
+    LastValue,
+    /// The non-NULL values joined by [`AggCall::separator`] in arrival
+    /// order (insert-only input).
+    ListAgg,
 }
 
 impl AggFunc {
@@ -347,7 +354,17 @@ impl AggFunc {
             AggFunc::VarSamp => "VAR_SAMP",
             AggFunc::StddevPop => "STDDEV_POP",
             AggFunc::StddevSamp => "STDDEV_SAMP",
+            AggFunc::FirstValue => "FIRST_VALUE",
+            AggFunc::LastValue => "LAST_VALUE",
+            AggFunc::ListAgg => "LISTAGG",
         }
+    }
+
+    /// Whether the call keeps a value of its input (FIRST_VALUE,
+    /// LAST_VALUE, LISTAGG): insert-only input only, as nothing records
+    /// which value a retraction takes back.
+    pub fn keeps_a_value(self) -> bool {
+        matches!(self, AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg)
     }
 
     /// Whether this is one of the variance family.
@@ -459,6 +476,8 @@ pub struct AggCall {
     pub input_type: arrow::datatypes::DataType,
     /// The planned result type.
     pub output_type: arrow::datatypes::DataType,
+    /// LISTAGG's separator (`,` by default).
+    pub separator: Option<String>,
 }
 
 impl std::fmt::Display for AggCall {

@@ -195,7 +195,9 @@ impl GroupsAccumulator for IntGroupsAvg {
 }
 
 /// Flink's `MOD(a, b)`: the remainder of integer or floating division
-/// (DataFusion spells it `a % b` only).
+/// (DataFusion spells it `a % b` only). Of integers it is typed as `b`,
+/// as Calcite types it (the remainder is smaller than `b`): `MOD(i, 3)`
+/// of an INT is an INT, `MOD(bigint, 3)` too.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct FlinkMod {
     signature: Signature,
@@ -204,9 +206,13 @@ pub struct FlinkMod {
 impl FlinkMod {
     pub fn udf() -> datafusion::logical_expr::ScalarUDF {
         datafusion::logical_expr::ScalarUDF::new_from_impl(Self {
-            signature: Signature::uniform(2, vec![DataType::Int64, DataType::Float64], Volatility::Immutable),
+            signature: Signature::user_defined(Volatility::Immutable),
         })
     }
+}
+
+fn both_integers(types: &[DataType]) -> bool {
+    types.len() == 2 && types.iter().all(|t| t.is_integer() || *t == DataType::Null)
 }
 
 impl datafusion::logical_expr::ScalarUDFImpl for FlinkMod {
@@ -218,8 +224,36 @@ impl datafusion::logical_expr::ScalarUDFImpl for FlinkMod {
         &self.signature
     }
 
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if arg_types.len() != 2 {
+            return datafusion::common::plan_err!("MOD takes two arguments, not {}", arg_types.len());
+        }
+        if both_integers(arg_types) {
+            return Ok(arg_types
+                .iter()
+                .map(|t| {
+                    if *t == DataType::Null {
+                        DataType::Int32
+                    } else {
+                        t.clone()
+                    }
+                })
+                .collect());
+        }
+        for t in arg_types {
+            if !t.is_numeric() && *t != DataType::Null {
+                return datafusion::common::plan_err!("MOD takes numbers, not {}", crate::types::flink_name(t));
+            }
+        }
+        Ok(vec![DataType::Float64; 2])
+    }
+
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        Ok(arg_types.first().cloned().unwrap_or(DataType::Int64))
+        Ok(if both_integers(arg_types) {
+            arg_types[1].clone()
+        } else {
+            DataType::Float64
+        })
     }
 
     fn invoke_with_args(
@@ -230,7 +264,14 @@ impl datafusion::logical_expr::ScalarUDFImpl for FlinkMod {
         let [a, b] = args.args.as_slice() else {
             return datafusion::common::exec_err!("MOD takes two arguments");
         };
-        let out = arrow::compute::kernels::numeric::rem(&a.to_array(n)?, &b.to_array(n)?)?;
+        let (a, b) = (a.to_array(n)?, b.to_array(n)?);
+        let out = if both_integers(&[a.data_type().clone(), b.data_type().clone()]) {
+            let wide = |x: &arrow::array::ArrayRef| arrow::compute::cast(x, &DataType::Int64);
+            let r = arrow::compute::kernels::numeric::rem(&wide(&a)?, &wide(&b)?)?;
+            arrow::compute::cast(&r, b.data_type())?
+        } else {
+            arrow::compute::kernels::numeric::rem(&a, &b)?
+        };
         Ok(datafusion::logical_expr::ColumnarValue::Array(out))
     }
 }

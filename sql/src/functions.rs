@@ -63,7 +63,6 @@ use Support::{DataFusion as DF, Refused as No, Weir as Own};
 
 const NOT_YET: &str = "not supported yet";
 const LIBM: &str = "results may differ from Java's in the last digit";
-const INT_LITERALS: &str = "an integer literal is BIGINT (Flink: INT when it fits), so results with one are BIGINT and do not wrap at INT's range";
 const NO_NOW: &str = "not supported yet: Flink evaluates it per record in a streaming job";
 
 /// Flink 2.x's built-in functions called by name (operators, `CASE`,
@@ -72,7 +71,7 @@ const NO_NOW: &str = "not supported yet: Flink evaluates it per record in a stre
 pub const FUNCTIONS: &[Function] = &[
     // Arithmetic.
     f("ABS", S, DF, ""),
-    f("MOD", S, Own, INT_LITERALS),
+    f("MOD", S, Own, "typed as its second argument, as Flink"),
     f("POWER", S, DF, ""),
     f("SQRT", S, Own, ""),
     f("LN", S, DF, ""),
@@ -159,7 +158,12 @@ pub const FUNCTIONS: &[Function] = &[
     f("RIGHT", S, DF, ""),
     f("LOCATE", S, Own, ""),
     f("SPLIT_INDEX", S, Own, ""),
-    f("STR_TO_MAP", S, No(NOT_YET), ""),
+    f(
+        "STR_TO_MAP",
+        S,
+        Own,
+        "entries in Java HashMap order as Flink; delimiters are Java regular expressions",
+    ),
     f("PARSE_URL", S, Own, ""),
     f("ELT", S, Own, ""),
     f("STARTSWITH", S, Own, ""),
@@ -235,7 +239,7 @@ pub const FUNCTIONS: &[Function] = &[
     f("CURRENT_WATERMARK", S, Own, ""),
     // Conditions and types.
     f("COALESCE", S, DF, ""),
-    f("NULLIF", S, DF, INT_LITERALS),
+    f("NULLIF", S, DF, ""),
     f("IFNULL", S, DF, ""),
     f("IF", S, Own, ""),
     f("GREATEST", S, Own, ""),
@@ -246,27 +250,34 @@ pub const FUNCTIONS: &[Function] = &[
         "CARDINALITY",
         S,
         Own,
-        "of an ARRAY; MAP and MULTISET are not supported yet",
+        "of an ARRAY or a MAP; MULTISET is not supported yet",
     ),
     f("ELEMENT", S, Own, ""),
     f("ARRAY_CONTAINS", S, Own, ""),
-    f("ARRAY_APPEND", S, No(NOT_YET), ""),
-    f("ARRAY_PREPEND", S, No(NOT_YET), ""),
-    f("ARRAY_CONCAT", S, No(NOT_YET), ""),
-    f("ARRAY_DISTINCT", S, No(NOT_YET), ""),
-    f("ARRAY_EXCEPT", S, No(NOT_YET), ""),
-    f("ARRAY_INTERSECT", S, No(NOT_YET), ""),
-    f("ARRAY_JOIN", S, No(NOT_YET), ""),
-    f("ARRAY_MAX", S, No(NOT_YET), ""),
-    f("ARRAY_MIN", S, No(NOT_YET), ""),
-    f("ARRAY_POSITION", S, No(NOT_YET), ""),
-    f("ARRAY_REMOVE", S, No(NOT_YET), ""),
-    f("ARRAY_REVERSE", S, No(NOT_YET), ""),
-    f("ARRAY_SLICE", S, No(NOT_YET), ""),
-    f("ARRAY_SORT", S, No(NOT_YET), ""),
-    f("ARRAY_UNION", S, No(NOT_YET), ""),
-    f("MAP_KEYS", S, No(NOT_YET), ""),
-    f("MAP_VALUES", S, No(NOT_YET), ""),
+    f("ARRAY_APPEND", S, Own, ""),
+    f("ARRAY_PREPEND", S, Own, ""),
+    f("ARRAY_CONCAT", S, Own, ""),
+    f("ARRAY_DISTINCT", S, Own, ""),
+    f("ARRAY_EXCEPT", S, Own, ""),
+    f("ARRAY_INTERSECT", S, Own, ""),
+    f("ARRAY_JOIN", S, Own, ""),
+    f("ARRAY_MAX", S, Own, ""),
+    f("ARRAY_MIN", S, Own, ""),
+    f("ARRAY_POSITION", S, Own, ""),
+    f("ARRAY_REMOVE", S, Own, ""),
+    f("ARRAY_REVERSE", S, Own, ""),
+    f("ARRAY_SLICE", S, Own, ""),
+    f("ARRAY_SORT", S, Own, ""),
+    f("ARRAY_UNION", S, Own, ""),
+    f("MAP_KEYS", S, DF, ""),
+    f("MAP_VALUES", S, DF, ""),
+    f("MAP_ENTRIES", S, DF, ""),
+    f(
+        "MAP_FROM_ARRAYS",
+        S,
+        Own,
+        "DataFusion's map(keys, values): a NULL or repeated key fails the query",
+    ),
     f(
         "JSON_VALUE",
         S,
@@ -294,7 +305,7 @@ pub const FUNCTIONS: &[Function] = &[
         Own,
         "x IS [NOT] JSON [VALUE, SCALAR, ARRAY or OBJECT]; FALSE for NULL",
     ),
-    f("ROW", S, No(NOT_YET), ""),
+    f("ROW", S, Own, "fields named EXPR$0, EXPR$1, ... as Flink names them"),
     // Aggregates.
     f("COUNT", A, DF, ""),
     f("SUM", A, DF, ""),
@@ -315,13 +326,13 @@ pub const FUNCTIONS: &[Function] = &[
         "FIRST_VALUE",
         A,
         DF,
-        "in windows; refused in a GROUP BY without a window",
+        "in windows, and in a GROUP BY over an insert-only input (NULLs skipped)",
     ),
     f(
         "LAST_VALUE",
         A,
         DF,
-        "in windows; refused in a GROUP BY without a window",
+        "in windows, and in a GROUP BY over an insert-only input (NULLs skipped)",
     ),
     f("VARIANCE", A, Own, "VAR_SAMP"),
     f("COLLECT", A, No(NOT_YET), ""),
@@ -329,7 +340,7 @@ pub const FUNCTIONS: &[Function] = &[
         "LISTAGG",
         A,
         Own,
-        "in windows (DataFusion's string_agg, ',' by default); refused in a GROUP BY without a window and with DISTINCT",
+        "',' by default; in windows (DataFusion's string_agg) and in a GROUP BY over an insert-only input; refused with DISTINCT",
     ),
     f("ARRAY_AGG", A, No(NOT_YET), ""),
     f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
@@ -441,6 +452,23 @@ fn call(name: &str, args: Vec<ast::Expr>) -> ast::Expr {
     })
 }
 
+/// `(ROW(a, b)).EXPR$0` and `items[1].sku`: a field named after a
+/// subscript or a parenthesized value. DataFusion plans a field given as
+/// a string (`."sku"`-style), not as a name: the names become texts
+/// (case kept: Flink's field names are case-sensitive).
+fn field_names_as_text(chain: &mut Vec<ast::AccessExpr>) {
+    let taken = std::mem::take(chain);
+    for access in taken {
+        match access {
+            ast::AccessExpr::Dot(ast::Expr::Identifier(id)) => chain.push(ast::AccessExpr::Dot(text(&id.value))),
+            ast::AccessExpr::Dot(ast::Expr::CompoundIdentifier(ids)) => {
+                chain.extend(ids.iter().map(|id| ast::AccessExpr::Dot(text(&id.value))));
+            }
+            other => chain.push(other),
+        }
+    }
+}
+
 fn text(s: &str) -> ast::Expr {
     ast::Expr::Value(ast::Value::SingleQuotedString(s.into()).into())
 }
@@ -455,6 +483,8 @@ fn text(s: &str) -> ast::Expr {
 /// - `STARTSWITH` / `ENDSWITH` are DataFusion's `starts_with` / `ends_with`;
 /// - `E()` is the DOUBLE literal of e;
 /// - `CARDINALITY(a)` is DataFusion's, cast to Flink's INT;
+/// - `MAP_FROM_ARRAYS(k, v)` is DataFusion's `map(k, v)`;
+/// - `ROW(a, b)` is `named_struct('EXPR$0', a, 'EXPR$1', b)`;
 /// - `LISTAGG(x[, sep])` is DataFusion's `string_agg(x, sep)`, `sep` ','
 ///   by default;
 /// - a `TIMESTAMP '...'` literal is typed by its fraction digits;
@@ -470,6 +500,23 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
     let _ = ast::visit_expressions_mut(node, |e| {
         if let ast::Expr::TypedString(t) = e {
             timestamp_literal_precision(t);
+            return ControlFlow::Continue(());
+        }
+        if let ast::Expr::Cast { data_type, .. } = e
+            && match data_type {
+                ast::DataType::Bytes(None) => true,
+                ast::DataType::Custom(name, modifiers) => {
+                    modifiers.is_empty() && name.to_string().eq_ignore_ascii_case("BYTES")
+                }
+                _ => false,
+            }
+        {
+            // Flink's BYTES (DataFusion knows BYTEA).
+            *data_type = ast::DataType::Bytea;
+            return ControlFlow::Continue(());
+        }
+        if let ast::Expr::CompoundFieldAccess { access_chain, .. } = e {
+            field_names_as_text(access_chain);
             return ControlFlow::Continue(());
         }
         if matches!(e, ast::Expr::IsDistinctFrom(..) | ast::Expr::IsNotDistinctFrom(..)) {
@@ -512,6 +559,22 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                 }
             }
             return ControlFlow::Continue(());
+        }
+        if name == "listagg"
+            && let ast::FunctionArguments::List(list) = &f.args
+            && list.duplicate_treatment == Some(ast::DuplicateTreatment::Distinct)
+        {
+            let start = f.name.span().start;
+            let e = SqlError::unsupported("LISTAGG(DISTINCT ...) is not supported yet");
+            err = Some(if start.line > 0 {
+                e.at(Location {
+                    line: start.line,
+                    column: start.column,
+                })
+            } else {
+                e
+            });
+            return ControlFlow::Break(());
         }
         let Some(args) = plain_args(f) else {
             return ControlFlow::Continue(());
@@ -585,6 +648,16 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                 array: false,
                 format: None,
             }),
+            ("map_from_arrays", [k, v]) => Some(call("map", vec![k.clone(), v.clone()])),
+            // Flink names a ROW(...)'s fields EXPR$0, EXPR$1, ...
+            ("row", fields) if !fields.is_empty() => Some(call(
+                "named_struct",
+                fields
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, x)| [text(&format!("EXPR${i}")), x.clone()])
+                    .collect(),
+            )),
             ("startswith", [a, b]) => Some(call("starts_with", vec![a.clone(), b.clone()])),
             ("endswith", [a, b]) => Some(call("ends_with", vec![a.clone(), b.clone()])),
             ("e", []) => Some(ast::Expr::Value(

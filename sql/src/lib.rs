@@ -16,16 +16,22 @@
 //! - [`flink_functions`]: functions where Flink's result differs from
 //!   DataFusion's (`AVG` of integers), and Flink's own (`TYPEOF`).
 //! - [`flink_cast`]: casts to strings write Flink's text.
+//! - [`flink_arrays`]: the `ARRAY_*` functions with Flink's NULL rules and orders.
+//! - [`flink_maps`]: `MAP[...]` and `STR_TO_MAP` as Flink builds maps.
+//! - [`flink_literals`]: integer literals are `INT` when they fit, as in Flink.
 //! - [`flink_scalars`]: Flink's string and time functions DataFusion lacks.
 //! - [`functions`]: the registry of Flink's functions a query may call.
 //! - [`error`]: [`SqlError`] with the position of the problem.
 
 pub mod ddl;
 pub mod error;
+pub mod flink_arrays;
 pub mod flink_cast;
 pub mod flink_collections;
 pub mod flink_functions;
 pub mod flink_json;
+pub mod flink_literals;
+pub mod flink_maps;
 pub mod flink_math;
 pub mod flink_moments;
 pub mod flink_scalars;

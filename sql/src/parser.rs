@@ -196,7 +196,9 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_is_json_tokens(rewrite_system_time_tokens(rewrite_tvf_tokens(part.to_vec())));
+        let tokens = rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(rewrite_tvf_tokens(
+            part.to_vec(),
+        ))));
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
@@ -522,6 +524,40 @@ fn rewrite_is_json_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> 
         let count = new.len();
         tokens.splice(first..=end, new.into_iter().map(|t| TokenWithSpan::new(t, span)));
         at = first + count;
+    }
+    tokens
+}
+
+/// sqlparser has no `MAP[k1, v1, k2, v2, ...]` value constructor: it
+/// becomes the call `__weir_map(k1, v1, ...)` (`functions::flink_calls`
+/// plans it). `MAP<K, V>` types and backquoted `map` names are untouched.
+fn rewrite_map_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut at = 0;
+    while let Some(map) = next(at, &tokens) {
+        at = map + 1;
+        if !word(&tokens[map].token, "MAP") {
+            continue;
+        }
+        let Some(open) = next(map + 1, &tokens).filter(|o| tokens[*o].token == Token::LBracket) else {
+            continue;
+        };
+        let mut depth = 0usize;
+        let close = (open..tokens.len()).find(|i| {
+            match tokens[*i].token {
+                Token::LBracket => depth += 1,
+                Token::RBracket => depth -= 1,
+                _ => {}
+            }
+            depth == 0
+        });
+        // An unclosed bracket stays as it is: sqlparser reports it.
+        let Some(close) = close else {
+            continue;
+        };
+        tokens[map].token = Token::make_word(crate::flink_maps::MAP_FN, None);
+        tokens[open].token = Token::LParen;
+        tokens[close].token = Token::RParen;
     }
     tokens
 }
@@ -943,7 +979,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                         location: loc(&start),
                     });
                 } else {
-                    let data_type = p.parse_data_type()?;
+                    let data_type = parse_column_type(p)?;
                     let mut nullable = true;
                     if p.parse_keywords(&[Keyword::NOT, Keyword::NULL]) {
                         nullable = false;
@@ -1015,6 +1051,117 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         watermark,
         options,
     })
+}
+
+/// A column's type, with Flink's nested types that sqlparser's generic
+/// dialect lacks: `MAP<K, V>`, `ROW<name type, ...>` and `ROW(name type,
+/// ...)`, and `ARRAY<T>` of them, where `>>` closes two at once. The rest
+/// is sqlparser's. `NOT NULL` inside a nested type is accepted and not
+/// kept (the field stays nullable).
+fn parse_column_type(p: &mut Parser) -> Result<ast::DataType> {
+    let mut pending = 0;
+    let t = parse_nested_type(p, &mut pending)?;
+    if pending > 0 {
+        return Err(SqlError::new(ErrorKind::Parse, "unmatched '>' after the column's type").at(loc(&p.peek_token())));
+    }
+    Ok(t)
+}
+
+/// One (possibly nested) type; `pending` counts the `>` of enclosing
+/// types a `>>` has already consumed.
+fn parse_nested_type(p: &mut Parser, pending: &mut usize) -> Result<ast::DataType> {
+    let at = p.peek_token();
+    let word = match &at.token {
+        Token::Word(w) if w.quote_style.is_none() => w.value.to_ascii_uppercase(),
+        _ => String::new(),
+    };
+    let opens = |t: &Token| matches!(t, Token::Lt) || (word == "ROW" && matches!(t, Token::LParen));
+    if !matches!(word.as_str(), "ARRAY" | "MAP" | "ROW" | "MULTISET") || !opens(&p.peek_nth_token(1).token) {
+        return Ok(p.parse_data_type()?);
+    }
+    p.next_token();
+    if word == "MULTISET" {
+        return Err(SqlError::unsupported("type MULTISET is not supported yet").at(loc(&at)));
+    }
+    if word == "ROW" && p.consume_token(&Token::LParen) {
+        let fields = parse_row_fields(p, pending)?;
+        if *pending > 0 {
+            return Err(SqlError::new(ErrorKind::Parse, "unmatched '>' in ROW(...)").at(loc(&p.peek_token())));
+        }
+        p.expect_token(&Token::RParen)?;
+        return Ok(ast::DataType::Struct(fields, ast::StructBracketKind::Parentheses));
+    }
+    p.expect_token(&Token::Lt)?;
+    let t = match word.as_str() {
+        "ARRAY" => {
+            let elem = parse_nested_type(p, pending)?;
+            skip_not_null(p, *pending);
+            ast::DataType::Array(ast::ArrayElemTypeDef::AngleBracket(Box::new(elem)))
+        }
+        "MAP" => {
+            let key = parse_nested_type(p, pending)?;
+            skip_not_null(p, *pending);
+            if *pending > 0 {
+                return Err(SqlError::new(ErrorKind::Parse, "MAP<K, V> needs a value type").at(loc(&at)));
+            }
+            p.expect_token(&Token::Comma)?;
+            let value = parse_nested_type(p, pending)?;
+            skip_not_null(p, *pending);
+            ast::DataType::Map(Box::new(key), Box::new(value))
+        }
+        _ => ast::DataType::Struct(parse_row_fields(p, pending)?, ast::StructBracketKind::AngleBrackets),
+    };
+    close_angle(p, pending)?;
+    Ok(t)
+}
+
+/// `name type [NOT NULL] ['comment'], ...` up to the closing bracket
+/// (not consumed), or up to a `>>` that closed it.
+fn parse_row_fields(p: &mut Parser, pending: &mut usize) -> Result<Vec<ast::StructField>> {
+    let mut fields = vec![];
+    loop {
+        let name = p.parse_identifier()?;
+        let field_type = parse_nested_type(p, pending)?;
+        skip_not_null(p, *pending);
+        if *pending == 0 && matches!(p.peek_token().token, Token::SingleQuotedString(_)) {
+            p.next_token();
+        }
+        fields.push(ast::StructField {
+            field_name: Some(name),
+            field_type,
+            options: None,
+        });
+        if *pending > 0 || !p.consume_token(&Token::Comma) {
+            return Ok(fields);
+        }
+    }
+}
+
+fn skip_not_null(p: &mut Parser, pending: usize) {
+    if pending == 0 && !p.parse_keywords(&[Keyword::NOT, Keyword::NULL]) {
+        let _ = p.parse_keyword(Keyword::NULL);
+    }
+}
+
+/// The `>` closing a nested type, or the second half of a `>>`.
+fn close_angle(p: &mut Parser, pending: &mut usize) -> Result<()> {
+    if *pending > 0 {
+        *pending -= 1;
+        return Ok(());
+    }
+    let t = p.next_token();
+    match &t.token {
+        Token::Gt => Ok(()),
+        Token::ShiftRight => {
+            *pending += 1;
+            Ok(())
+        }
+        other => Err(SqlError::new(
+            ErrorKind::Parse,
+            format!("expected '>' closing the type, found {other}"),
+        )
+        .at(loc(&t))),
+    }
 }
 
 fn parse_string_literal(p: &mut Parser) -> Result<String> {

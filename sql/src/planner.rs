@@ -187,6 +187,8 @@ impl Planner {
         .chain(crate::flink_time::all())
         .chain(crate::flink_math::all())
         .chain(crate::flink_collections::all())
+        .chain(crate::flink_maps::all())
+        .chain(crate::flink_arrays::all())
         {
             let _ = state.register_udf(Arc::new(udf));
         }
@@ -210,6 +212,7 @@ impl Planner {
         crate::functions::flink_calls(&mut expr)?;
         lowercase_functions(&mut expr);
         let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
+        let logical = crate::flink_literals::flink_literals_in(logical)?.data;
         let logical = crate::flink_cast::flink_casts_in(logical, schema)?.data;
         let physical = self.state.create_physical_expr(logical.clone(), schema)?;
         let physical = weir_engine::expr::fast_paths(physical, schema.as_arrow())?;
@@ -233,6 +236,8 @@ impl Planner {
         let provider = self.provider(catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
         let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
+        // `1` is an INT, as in Flink (before coercion widens it).
+        let plan = crate::flink_literals::flink_literals(plan)?.data;
         let plan = self
             .state
             .analyzer()
@@ -1594,24 +1599,52 @@ impl<'a> GraphBuilder<'a> {
                 "var" | "var_samp" => AggFunc::VarSamp,
                 "stddev_pop" => AggFunc::StddevPop,
                 "stddev" | "stddev_samp" => AggFunc::StddevSamp,
+                "first_value" => AggFunc::FirstValue,
+                "last_value" => AggFunc::LastValue,
+                // LISTAGG is planned as DataFusion's string_agg.
+                "string_agg" => AggFunc::ListAgg,
                 other => {
-                    // LISTAGG is planned as DataFusion's string_agg.
-                    let other = if other == "string_agg" { "listagg" } else { other };
                     return Err(SqlError::unsupported(format!(
                         "aggregate function {} is not supported in a GROUP BY without a window yet \
                          (supported: COUNT, SUM, AVG, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP, \
-                         each with DISTINCT and FILTER)",
+                         each with DISTINCT and FILTER; FIRST_VALUE, LAST_VALUE and LISTAGG)",
                         other.to_ascii_uppercase()
                     )));
                 }
             };
+            if func.keeps_a_value() && a.is_distinct() {
+                return Err(SqlError::unsupported(format!(
+                    "{}(DISTINCT ...) is not supported in a GROUP BY without a window",
+                    func.name()
+                )));
+            }
             if !a.order_bys().is_empty() {
                 return Err(SqlError::unsupported(format!(
                     "{}(... ORDER BY ...) is not supported on a stream",
                     func.name()
                 )));
             }
-            let exprs = a.expressions();
+            let mut exprs = a.expressions();
+            // LISTAGG(x, sep): the separator is a literal.
+            let separator = if func == AggFunc::ListAgg && exprs.len() == 2 {
+                let sep = exprs.pop().and_then(|e| {
+                    e.downcast_ref::<datafusion::physical_expr::expressions::Literal>()
+                        .and_then(|l| match l.value() {
+                            datafusion::common::ScalarValue::Utf8(Some(t))
+                            | datafusion::common::ScalarValue::LargeUtf8(Some(t))
+                            | datafusion::common::ScalarValue::Utf8View(Some(t)) => Some(t.clone()),
+                            _ => None,
+                        })
+                });
+                match sep {
+                    Some(t) => Some(t),
+                    None => {
+                        return Err(SqlError::unsupported("LISTAGG's separator must be a string literal"));
+                    }
+                }
+            } else {
+                None
+            };
             if exprs.len() > 1 {
                 return Err(SqlError::unsupported(format!(
                     "{} of several arguments is not supported on a stream",
@@ -1652,9 +1685,19 @@ impl<'a> GraphBuilder<'a> {
                 filter: lowered.filter,
                 input_type,
                 output_type: a.field().data_type().clone(),
+                separator,
             });
         }
         let input = self.convert(&agg.input)?;
+        if let Some(c) = calls.iter().find(|c| c.func.keeps_a_value())
+            && !self.nodes[input].changelog.is_insert_only()
+        {
+            return Err(SqlError::unsupported(format!(
+                "{} in a GROUP BY without a window over an updating input is not supported yet \
+                 (its input takes rows back)",
+                c.func.name()
+            )));
+        }
         let ttl = self.hinted_ttl(&agg.input);
         Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls, ttl))
     }
@@ -2727,6 +2770,30 @@ impl<'a> GraphBuilder<'a> {
                 let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(a.name(), i));
                 if a.data_type() == b.data_type() {
                     exprs.push(col);
+                } else if crate::udf::casts_a_row(a.data_type(), b.data_type()) {
+                    if !crate::udf::positionally_castable(a.data_type(), b.data_type()) {
+                        return Err(SqlError::plan(format!(
+                            "INSERT INTO {}: column {} ('{}') is {} but the sink column '{}' is {}",
+                            sink.name,
+                            i + 1,
+                            a.name(),
+                            crate::types::flink_name(a.data_type()),
+                            b.name(),
+                            crate::types::flink_name(b.data_type())
+                        )));
+                    }
+                    // Rows are written by position, as Flink does.
+                    let udf = Arc::new(crate::udf::PositionalCast::udf());
+                    let target = datafusion::common::ScalarValue::try_from(b.data_type())?;
+                    let call = Expr::ScalarFunction(datafusion::logical_expr::expr::ScalarFunction::new_udf(
+                        udf,
+                        vec![
+                            Expr::Column(datafusion::common::Column::from_name(a.name())),
+                            Expr::Literal(target, None),
+                        ],
+                    ));
+                    let df_schema = datafusion::common::DFSchema::try_from(have.as_ref().clone())?;
+                    exprs.push(self.planner.state.create_physical_expr(call, &df_schema)?);
                 } else if arrow::compute::can_cast_types(a.data_type(), b.data_type()) {
                     exprs.push(cast(col, &have, b.data_type().clone())?);
                 } else {

@@ -653,6 +653,83 @@ impl Rewriter<'_> {
     }
 }
 
+/// `SELECT *, id FROM t`: the `*` (or `t.*`) of one catalog table spelt
+/// out as its columns when another item repeats one of their names, so
+/// [`uniquify_names`] can name the repeat `id0` as Flink does (DataFusion
+/// expands the wildcard later and refuses the repeated name).
+fn expand_wildcard_beside_columns(select: &mut Select, catalog: &Catalog) {
+    let [from] = select.from.as_slice() else {
+        return;
+    };
+    if !from.joins.is_empty() {
+        return;
+    }
+    let TableFactor::Table {
+        name,
+        alias,
+        args: None,
+        ..
+    } = &from.relation
+    else {
+        return;
+    };
+    let key = name
+        .0
+        .iter()
+        .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
+        .collect::<Vec<_>>()
+        .join(".");
+    let Some(Entry::Table(def)) = catalog.get(&key) else {
+        return;
+    };
+    let qualifier = alias
+        .as_ref()
+        .map(|a| a.name.value.clone())
+        .or_else(|| name.0.last().and_then(|p| p.as_ident()).map(|i| i.value.clone()));
+    let is_ours = |item: &ast::SelectItem| match item {
+        ast::SelectItem::Wildcard(opts) => is_plain(opts),
+        ast::SelectItem::QualifiedWildcard(ast::SelectItemQualifiedWildcardKind::ObjectName(q), opts) => {
+            is_plain(opts) && q.0.last().and_then(|p| p.as_ident()).map(|i| &i.value) == qualifier.as_ref()
+        }
+        _ => false,
+    };
+    let named: HashSet<String> = select
+        .projection
+        .iter()
+        .filter_map(|item| match item {
+            ast::SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(i.value.clone()),
+            ast::SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => parts.last().map(|i| i.value.clone()),
+            ast::SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
+            _ => None,
+        })
+        .collect();
+    let repeats = def.columns.iter().any(|c| named.contains(&c.name));
+    if !repeats || !select.projection.iter().any(is_ours) {
+        return;
+    }
+    let items = std::mem::take(&mut select.projection);
+    for item in items {
+        if is_ours(&item) {
+            select.projection.extend(
+                def.columns
+                    .iter()
+                    .map(|c| ast::SelectItem::UnnamedExpr(Expr::Identifier(Ident::with_quote('`', &c.name)))),
+            );
+        } else {
+            select.projection.push(item);
+        }
+    }
+}
+
+/// A wildcard without `EXCEPT`, `REPLACE`, ... options.
+fn is_plain(opts: &ast::WildcardAdditionalOptions) -> bool {
+    opts.opt_ilike.is_none()
+        && opts.opt_exclude.is_none()
+        && opts.opt_except.is_none()
+        && opts.opt_replace.is_none()
+        && opts.opt_rename.is_none()
+}
+
 /// Names a select list's repeated unnamed items as Flink does (`SELECT id,
 /// id` gives columns `id` and `id0`; a repeated expression is `EXPR$<i>`,
 /// its position), where DataFusion would refuse the projection.
@@ -672,7 +749,14 @@ fn uniquify_names(select: &mut Select) {
         let ast::SelectItem::UnnamedExpr(expr) = item else {
             continue;
         };
-        if seen.insert(expr.to_string()) {
+        // A column is named by its name, however qualified or quoted
+        // (`a.id` and `b.id` of a join are `id` and `id0` in Flink).
+        let key = match &*expr {
+            Expr::Identifier(i) => i.value.clone(),
+            Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()).unwrap_or_default(),
+            other => other.to_string(),
+        };
+        if seen.insert(key) {
             continue;
         }
         let alias = match expr {
@@ -699,6 +783,7 @@ impl VisitorMut for Rewriter<'_> {
     type Break = SqlError;
 
     fn pre_visit_select(&mut self, select: &mut Select) -> ControlFlow<SqlError> {
+        expand_wildcard_beside_columns(select, self.catalog);
         uniquify_names(select);
         match self.temporal_joins(select).and_then(|()| self.group_window(select)) {
             Ok(()) => ControlFlow::Continue(()),

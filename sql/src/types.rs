@@ -1,6 +1,8 @@
 //! Flink SQL types as Arrow types, and back for `DESCRIBE`.
 
-use arrow::datatypes::{DataType, TimeUnit};
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, TimeUnit};
 use sqlparser::ast::{self, ExactNumberInfo, TimezoneInfo};
 
 use crate::error::{Result, SqlError};
@@ -52,7 +54,7 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
             };
             (DataType::Utf8, format!("CHAR({len})"))
         }
-        T::Bytea | T::Binary(_) | T::Varbinary(_) | T::Blob(_) => (DataType::Binary, "BYTES".into()),
+        T::Bytea | T::Bytes(_) | T::Binary(_) | T::Varbinary(_) | T::Blob(_) => (DataType::Binary, "BYTES".into()),
         T::Date => (DataType::Date32, "DATE".into()),
         T::Array(
             ast::ArrayElemTypeDef::AngleBracket(inner)
@@ -61,6 +63,31 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
         ) => {
             let (elem, name) = to_arrow(inner)?;
             (DataType::new_list(elem, true), format!("ARRAY<{name}>"))
+        }
+        T::Map(key, value) => {
+            let (k, k_name) = to_arrow(key)?;
+            let (v, v_name) = to_arrow(value)?;
+            (map_type(k, v), format!("MAP<{k_name}, {v_name}>"))
+        }
+        T::Struct(fields, _) => {
+            let mut arrow_fields = Vec::with_capacity(fields.len());
+            let mut names = Vec::with_capacity(fields.len());
+            for (i, f) in fields.iter().enumerate() {
+                let name = f
+                    .field_name
+                    .as_ref()
+                    .map_or_else(|| format!("EXPR${i}"), |n| n.value.clone());
+                if arrow_fields.iter().any(|a: &Field| a.name() == &name) {
+                    return Err(SqlError::plan(format!("ROW field '{name}' is declared twice")));
+                }
+                let (t, t_name) = to_arrow(&f.field_type)?;
+                names.push(format!("`{name}` {t_name}"));
+                arrow_fields.push(Field::new(name, t, true));
+            }
+            (
+                DataType::Struct(arrow_fields.into()),
+                format!("ROW<{}>", names.join(", ")),
+            )
         }
         T::Timestamp(p, tz) => {
             let p = p.unwrap_or(6);
@@ -98,6 +125,17 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
     })
 }
 
+/// Arrow's type of Flink's `MAP<K, V>`: entries of a non-null key and a
+/// nullable value, unsorted (DataFusion's `make_map` builds the same).
+pub fn map_type(key: DataType, value: DataType) -> DataType {
+    let entries = Field::new(
+        "entries",
+        DataType::Struct(vec![Field::new("key", key, false), Field::new("value", value, true)].into()),
+        false,
+    );
+    DataType::Map(Arc::new(entries), false)
+}
+
 /// Flink's name for an Arrow type (columns whose type was inferred).
 pub fn flink_name(t: &DataType) -> String {
     match t {
@@ -130,7 +168,9 @@ pub fn flink_name(t: &DataType) -> String {
         DataType::List(f) | DataType::LargeList(f) => format!("ARRAY<{}>", flink_field_type(f)),
         DataType::Map(entries, _) => match entries.data_type() {
             DataType::Struct(kv) if kv.len() == 2 => {
-                format!("MAP<{}, {}>", flink_field_type(&kv[0]), flink_field_type(&kv[1]))
+                // Arrow's map keys are never NULL; Flink's type of a
+                // declared `MAP<STRING, V>` has no `NOT NULL` either.
+                format!("MAP<{}, {}>", flink_name(kv[0].data_type()), flink_field_type(&kv[1]))
             }
             other => other.to_string(),
         },

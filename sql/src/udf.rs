@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, TimestampMillisecondArray};
+use arrow::array::{Array, ArrayRef, AsArray, TimestampMillisecondArray};
 use arrow::datatypes::{DataType, TimeUnit, TimestampMillisecondType};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
@@ -160,4 +160,118 @@ impl ScalarUDFImpl for TemporalJoinMarker {
     fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
     }
+}
+
+/// `INSERT` of a ROW into a ROW column of other field names: Flink matches
+/// fields by position (DataFusion's struct casts match them by name). The
+/// planner's `__weir_positional_cast(x, NULL of the target type)`.
+pub const POSITIONAL_CAST_FN: &str = "__weir_positional_cast";
+
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct PositionalCast {
+    signature: Signature,
+}
+
+impl PositionalCast {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::any(2, Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for PositionalCast {
+    fn name(&self) -> &str {
+        POSITIONAL_CAST_FN
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        Ok(args[1].clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let to = args.return_field.data_type().clone();
+        match &args.args[0] {
+            ColumnarValue::Array(a) => Ok(ColumnarValue::Array(cast_by_position(a, &to)?)),
+            ColumnarValue::Scalar(s) => {
+                let a = cast_by_position(&s.to_array()?, &to)?;
+                Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&a, 0)?))
+            }
+        }
+    }
+}
+
+/// Whether `from` casts to `to` with rows matched by position: the same
+/// shape, and castable leaves.
+pub fn positionally_castable(from: &DataType, to: &DataType) -> bool {
+    match (from, to) {
+        (DataType::Struct(a), DataType::Struct(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| positionally_castable(x.data_type(), y.data_type()))
+        }
+        (DataType::List(a), DataType::List(b)) | (DataType::Map(a, _), DataType::Map(b, _)) => {
+            positionally_castable(a.data_type(), b.data_type())
+        }
+        _ => arrow::compute::can_cast_types(from, to),
+    }
+}
+
+/// Whether a cast from `from` to `to` meets a row (and so needs
+/// [`cast_by_position`]).
+pub fn casts_a_row(from: &DataType, to: &DataType) -> bool {
+    from != to
+        && match (from, to) {
+            (DataType::Struct(_), DataType::Struct(_)) => true,
+            (DataType::List(a), DataType::List(b)) | (DataType::Map(a, _), DataType::Map(b, _)) => {
+                casts_a_row(a.data_type(), b.data_type())
+            }
+            _ => false,
+        }
+}
+
+/// `a` as `to`, rows' fields matched by position (recursively through
+/// arrays and maps); other values by Arrow's cast.
+pub fn cast_by_position(a: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    use arrow::array::{AsArray, ListArray, MapArray, StructArray};
+    Ok(match (a.data_type(), to) {
+        (DataType::Struct(from), DataType::Struct(fields)) if from.len() == fields.len() => {
+            let s = a.as_struct();
+            let columns = s
+                .columns()
+                .iter()
+                .zip(fields.iter())
+                .map(|(c, f)| cast_by_position(c, f.data_type()))
+                .collect::<Result<Vec<_>>>()?;
+            Arc::new(StructArray::try_new(fields.clone(), columns, s.nulls().cloned())?)
+        }
+        (DataType::List(_), DataType::List(field)) => {
+            let l = a.as_list::<i32>();
+            let values = cast_by_position(l.values(), field.data_type())?;
+            Arc::new(ListArray::try_new(
+                field.clone(),
+                l.offsets().clone(),
+                values,
+                l.nulls().cloned(),
+            )?)
+        }
+        (DataType::Map(_, _), DataType::Map(field, sorted)) => {
+            let m = a.as_map();
+            let entries: ArrayRef = Arc::new(m.entries().clone());
+            let entries = cast_by_position(&entries, field.data_type())?;
+            Arc::new(MapArray::try_new(
+                field.clone(),
+                m.offsets().clone(),
+                entries.as_struct().clone(),
+                m.nulls().cloned(),
+                *sorted,
+            )?)
+        }
+        _ => arrow::compute::cast(a, to)?,
+    })
 }

@@ -222,23 +222,33 @@ def step_i_updating_query(conn, t):
 
 
 def step_j_nested_columns(conn, t):
-    """ARRAY columns reach a DB-API client as Arrow lists: NULL arrays,
-    empty arrays and NULL elements included."""
+    """ARRAY, MAP and ROW columns reach a DB-API client as Arrow lists, maps
+    and structs: NULL values, empty ones and NULLs inside included."""
     data = os.path.join(t["sink"], "arrays.json")
     with open(data, "w") as f:
-        f.write('{"id": 1, "tags": ["a", "b"], "nums": [1, null]}\n')
-        f.write('{"id": 2, "tags": [], "nums": null}\n')
+        f.write('{"id": 1, "tags": ["a", "b"], "nums": [1, null], "attrs": {"k": 1, "z": null}, '
+                '"addr": {"city": "Oslo", "zip": 150}}\n')
+        f.write('{"id": 2, "tags": [], "nums": null, "attrs": {}, "addr": null}\n')
     with conn.cursor() as cur:
-        cur.execute("CREATE TABLE nested (id INT, tags ARRAY<STRING>, nums ARRAY<INT>) WITH ("
+        cur.execute("CREATE TABLE nested (id INT, tags ARRAY<STRING>, nums ARRAY<INT>, attrs MAP<STRING, INT>, "
+                    "addr ROW<city STRING, zip INT>) WITH ("
                     f"'connector' = 'filesystem', 'path' = '{data}', 'format' = 'json')")
     with conn.cursor() as cur:
-        cur.execute("SELECT id, tags, nums, ARRAY[id, id + 1] AS made, CARDINALITY(tags) AS n FROM nested")
+        cur.execute("SELECT id, tags, nums, ARRAY[id, id + 1] AS made, CARDINALITY(tags) AS n, attrs, addr, "
+                    "MAP['id', id] AS m, ROW(id, addr.city) AS r FROM nested")
         table = cur.fetch_arrow_table()
-    assert str(table.schema.field("tags").type) == "list<item: string>", f"tags is {table.schema.field('tags').type}"
+    types = {f.name: str(f.type) for f in table.schema}
+    assert types["tags"] == "list<item: string>", f"tags is {types['tags']}"
+    assert types["attrs"].startswith("map<string, int32"), f"attrs is {types['attrs']}"
+    assert types["addr"] == "struct<city: string, zip: int32>", f"addr is {types['addr']}"
+    assert types["r"] == "struct<EXPR$0: int32, EXPR$1: string>", f"r is {types['r']}"
     got = sorted(table.to_pylist(), key=lambda r: r["id"])
     assert got == [
-        {"id": 1, "tags": ["a", "b"], "nums": [1, None], "made": [1, 2], "n": 2},
-        {"id": 2, "tags": [], "nums": None, "made": [2, 3], "n": 0},
+        {"id": 1, "tags": ["a", "b"], "nums": [1, None], "made": [1, 2], "n": 2,
+         "attrs": [("k", 1), ("z", None)], "addr": {"city": "Oslo", "zip": 150},
+         "m": [("id", 1)], "r": {"EXPR$0": 1, "EXPR$1": "Oslo"}},
+        {"id": 2, "tags": [], "nums": None, "made": [2, 3], "n": 0,
+         "attrs": [], "addr": None, "m": [("id", 2)], "r": {"EXPR$0": 2, "EXPR$1": None}},
     ], f"rows {got}"
 
 

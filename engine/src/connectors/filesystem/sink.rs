@@ -391,7 +391,11 @@ impl FileWriter {
         let mut buffer = std::mem::take(&mut self.buffer);
         buffer.clear();
         if format.format == Format::Json {
-            let mut jw = arrow::json::LineDelimitedWriter::new(&mut buffer);
+            // NULLs written out (`"x":null`), in rows and maps, as Flink's
+            // json format does (`json.encode.ignore-null-fields` false).
+            let mut jw = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::LineDelimited>(&mut buffer);
             jw.write(&text).map_err(|e| arrow_err(&path, e))?;
             jw.finish().map_err(|e| arrow_err(&path, e))?;
         } else {

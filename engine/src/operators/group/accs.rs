@@ -99,7 +99,15 @@ impl AggSpec {
             _ => None,
         };
         let extreme = matches!(call.func, AggFunc::Min | AggFunc::Max);
-        let codec = if call.distinct || extreme {
+        if call.func.keeps_a_value() && (!insert_only || call.distinct) {
+            return Err(ExecError::internal(format!(
+                "{} of an updating input or with DISTINCT has no accumulator",
+                call.func.name()
+            )));
+        }
+        let codec = if call.func == AggFunc::ListAgg {
+            Some(RowCodec::new(&[DataType::Utf8]).map_err(ExecError::internal)?)
+        } else if call.distinct || extreme || call.func.keeps_a_value() {
             Some(RowCodec::new(std::slice::from_ref(&call.input_type)).map_err(ExecError::internal)?)
         } else {
             None
@@ -136,7 +144,9 @@ impl AggSpec {
                 sum: Num::zero(self.class.unwrap_or(NumClass::Int)),
                 n: 0,
             },
-            AggFunc::Min | AggFunc::Max => Acc::Extreme(None),
+            AggFunc::Min | AggFunc::Max | AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg => {
+                Acc::Extreme(None)
+            }
             AggFunc::VarPop | AggFunc::VarSamp | AggFunc::StddevPop | AggFunc::StddevSamp => {
                 Acc::Moments(Welford::default())
             }
@@ -189,6 +199,40 @@ impl AggSpec {
                 *cur = Some(v);
             }
         }
+    }
+
+    /// FIRST_VALUE, LAST_VALUE, LISTAGG: row `i` of `arg` arrives (an
+    /// insert-only input: nothing is taken back). NULLs are skipped, as
+    /// Flink's.
+    pub fn keep(&self, acc: &mut Acc, arg: &ArrayRef, i: usize) -> Result<()> {
+        let Acc::Extreme(cur) = acc else {
+            return Ok(());
+        };
+        if arg.is_null(i) {
+            return Ok(());
+        }
+        match self.call.func {
+            AggFunc::FirstValue if cur.is_none() => *cur = Some(ScalarValue::try_from_array(arg, i)?),
+            AggFunc::LastValue => *cur = Some(ScalarValue::try_from_array(arg, i)?),
+            AggFunc::ListAgg => {
+                let v = ScalarValue::try_from_array(arg, i)?;
+                let v = match v.cast_to(&DataType::Utf8)? {
+                    ScalarValue::Utf8(Some(t)) => t,
+                    _ => return Ok(()),
+                };
+                let joined = match cur.take() {
+                    Some(ScalarValue::Utf8(Some(mut so_far))) => {
+                        so_far.push_str(self.call.separator.as_deref().unwrap_or(","));
+                        so_far.push_str(&v);
+                        so_far
+                    }
+                    _ => v,
+                };
+                *cur = Some(ScalarValue::Utf8(Some(joined)));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The best of `candidates` (values whose count is positive).
@@ -484,6 +528,7 @@ mod tests {
             filter: None,
             input_type: input,
             output_type: output,
+            separator: None,
         }
     }
 

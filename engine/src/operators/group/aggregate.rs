@@ -515,6 +515,12 @@ impl Operator for GroupAggregateOperator {
                         {
                             spec.offer(acc, ScalarValue::try_from_array(a, i)?);
                         }
+                    } else if spec.call.func.keeps_a_value() {
+                        if let Some(a) = &args[j]
+                            && sign > 0
+                        {
+                            spec.keep(acc, a, i)?;
+                        }
                     } else {
                         spec.add(acc, args[j].as_ref(), i, sign);
                     }
