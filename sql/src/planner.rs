@@ -2765,6 +2765,17 @@ impl<'a> GraphBuilder<'a> {
             .zip(target.fields())
             .any(|(a, b)| a.data_type() != b.data_type())
         {
+            let mismatch = |i: usize, a: &arrow::datatypes::Field, b: &arrow::datatypes::Field| {
+                SqlError::plan(format!(
+                    "INSERT INTO {}: column {} ('{}') is {} but the sink column '{}' is {}",
+                    sink.name,
+                    i + 1,
+                    a.name(),
+                    crate::types::flink_name(a.data_type()),
+                    b.name(),
+                    crate::types::flink_name(b.data_type())
+                ))
+            };
             let mut exprs = vec![];
             for (i, (a, b)) in have.fields().iter().zip(target.fields()).enumerate() {
                 let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(a.name(), i));
@@ -2772,15 +2783,7 @@ impl<'a> GraphBuilder<'a> {
                     exprs.push(col);
                 } else if crate::udf::casts_a_row(a.data_type(), b.data_type()) {
                     if !crate::udf::positionally_castable(a.data_type(), b.data_type()) {
-                        return Err(SqlError::plan(format!(
-                            "INSERT INTO {}: column {} ('{}') is {} but the sink column '{}' is {}",
-                            sink.name,
-                            i + 1,
-                            a.name(),
-                            crate::types::flink_name(a.data_type()),
-                            b.name(),
-                            crate::types::flink_name(b.data_type())
-                        )));
+                        return Err(mismatch(i, a, b));
                     }
                     // Rows are written by position, as Flink does.
                     let udf = Arc::new(crate::udf::PositionalCast::udf());
@@ -2797,15 +2800,7 @@ impl<'a> GraphBuilder<'a> {
                 } else if arrow::compute::can_cast_types(a.data_type(), b.data_type()) {
                     exprs.push(cast(col, &have, b.data_type().clone())?);
                 } else {
-                    return Err(SqlError::plan(format!(
-                        "INSERT INTO {}: column {} ('{}') is {} but the sink column '{}' is {}",
-                        sink.name,
-                        i + 1,
-                        a.name(),
-                        crate::types::flink_name(a.data_type()),
-                        b.name(),
-                        crate::types::flink_name(b.data_type())
-                    )));
+                    return Err(mismatch(i, a, b));
                 }
             }
             input = self.calc(input, target.clone(), None, Some(exprs));
