@@ -106,6 +106,7 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("to_timestamp_ltz", (1, 3), Eval::MillisLtz(to_timestamp_ltz)),
         FlinkScalar::udf("unix_timestamp", (1, 2), Eval::Int(unix_timestamp)),
         FlinkScalar::udf("from_unixtime", (1, 2), Eval::Text(from_unixtime)),
+        FlinkScalar::udf("convert_tz", (3, 3), Eval::Text(convert_tz)),
         FlinkScalar::udf("locate", (2, 3), Eval::Int32(locate)),
         FlinkScalar::udf("elt", (2, 255), Eval::NullableText(elt)),
         FlinkScalar::udf("parse_url", (2, 3), Eval::Text(parse_url)),
@@ -815,15 +816,90 @@ fn to_timestamp_ltz(v: &[&str], types: &[DataType]) -> Result<Option<i64>> {
         let millis = (x * scale).trunc();
         return Ok((millis.is_finite() && (MIN_MILLIS..=MAX_MILLIS).contains(&millis)).then_some(millis as i64));
     }
-    if let Some(zone) = v.get(2)
-        && !matches!(zone.trim(), "UTC" | "GMT" | "Z" | "+00:00" | "Etc/UTC")
-    {
-        return Err(DataFusionError::Execution(format!(
-            "time zone '{zone}': only UTC is supported yet ('table.local-time-zone' is UTC)"
-        )));
-    }
     // Without a pattern, as TO_TIMESTAMP's default: the fraction optional.
-    to_timestamp(&v[..v.len().min(2)])
+    let Some(local) = to_timestamp(&v[..v.len().min(2)])? else {
+        return Ok(None);
+    };
+    let Some(zone) = v.get(2) else {
+        return Ok(Some(local));
+    };
+    let Some(local) = chrono::DateTime::from_timestamp_millis(local) else {
+        return Ok(None);
+    };
+    Ok(Some(in_zone(local.naive_utc(), &java_zone(zone)).timestamp_millis()))
+}
+
+/// A time zone as Java's `TimeZone.getTimeZone` reads its id (what Flink's
+/// time functions use): a tz database name (`Asia/Shanghai`, `UTC`),
+/// `GMT+h`, `GMT+hh`, `GMT+hh:mm` or `GMT-...`; anything else is GMT, as
+/// Java falls back (`'+05:30'` and `'Foo/Bar'` included).
+fn java_zone(id: &str) -> arrow::array::timezone::Tz {
+    let gmt = || "+00:00".parse().expect("a fixed offset");
+    let id = id.trim();
+    if let Some(rest) = id.strip_prefix("GMT").filter(|r| !r.is_empty()) {
+        let (sign, digits) = rest.split_at(1);
+        if !matches!(sign, "+" | "-") {
+            return gmt();
+        }
+        let (h, m) = digits.split_once(':').unwrap_or(match digits.len() {
+            3 | 4 => digits.split_at(digits.len() - 2),
+            _ => (digits, "0"),
+        });
+        let (Ok(h), Ok(m)) = (h.parse::<u32>(), m.parse::<u32>()) else {
+            return gmt();
+        };
+        if h > 23 || m > 59 {
+            return gmt();
+        }
+        return format!("{sign}{h:02}:{m:02}").parse().unwrap_or_else(|_| gmt());
+    }
+    if id.starts_with(['+', '-']) {
+        return gmt();
+    }
+    id.parse().unwrap_or_else(|_| gmt())
+}
+
+/// The instant a local time names in `zone`, as Java's lenient calendar
+/// reads it: in a gap (clocks forward) with the offset before the gap, in
+/// an overlap (clocks back) the later instant.
+fn in_zone(local: NaiveDateTime, zone: &arrow::array::timezone::Tz) -> chrono::DateTime<chrono::Utc> {
+    use chrono::{Offset, TimeZone};
+    match zone.from_local_datetime(&local) {
+        chrono::LocalResult::Single(t) => t.with_timezone(&chrono::Utc),
+        chrono::LocalResult::Ambiguous(_, later) => later.with_timezone(&chrono::Utc),
+        chrono::LocalResult::None => {
+            let before = zone
+                .offset_from_utc_datetime(&(local - chrono::Duration::hours(3)))
+                .fix();
+            (local - chrono::Duration::seconds(i64::from(before.local_minus_utc()))).and_utc()
+        }
+    }
+}
+
+/// `CONVERT_TZ(text, from, to)`: a `yyyy-MM-dd HH:mm:ss` time read in
+/// zone `from`, written in zone `to` (Java's zone ids, see
+/// [`java_zone`]); NULL when the text does not parse.
+fn convert_tz(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let [text, from, to] = v else {
+        return datafusion::common::exec_err!("CONVERT_TZ takes a time text and two time zones");
+    };
+    // A date alone is not a time here (Flink: NULL).
+    if !text.contains(':') {
+        return Ok(None);
+    }
+    let Some(millis) = to_timestamp(&[text])? else {
+        return Ok(None);
+    };
+    let Some(local) = chrono::DateTime::from_timestamp_millis(millis) else {
+        return Ok(None);
+    };
+    let instant = in_zone(local.naive_utc(), &java_zone(from));
+    Ok(Some(
+        instant
+            .with_timezone(&java_zone(to))
+            .format("%Y-%m-%d %H:%M:%S")
+            .to_string(),
+    ))
 }
 
 /// `UNIX_TIMESTAMP(s [, pattern])`: seconds since the epoch (UTC); NULL
@@ -863,6 +939,43 @@ mod tests {
         );
         assert_eq!(hex(&["Hi"], &[DataType::Utf8]).expect("hex").as_deref(), Some("4869"));
         assert_eq!(bin(&["7"], &[DataType::Int64]).expect("bin").as_deref(), Some("111"));
+    }
+
+    #[test]
+    fn zones_read_as_java_reads_their_ids() {
+        let tz = |from: &str, to: &str, t: &str| convert_tz(&[t, from, to], &[]).expect("convert");
+        // Flink 2.3's answers.
+        assert_eq!(
+            tz("UTC", "America/Los_Angeles", "1970-01-01 00:00:00").as_deref(),
+            Some("1969-12-31 16:00:00")
+        );
+        // A DST gap takes the offset before it; an overlap the later instant.
+        assert_eq!(
+            tz("America/New_York", "UTC", "2024-03-10 02:30:00").as_deref(),
+            Some("2024-03-10 07:30:00")
+        );
+        assert_eq!(
+            tz("America/New_York", "UTC", "2024-11-03 01:30:00").as_deref(),
+            Some("2024-11-03 06:30:00")
+        );
+        assert_eq!(
+            tz("UTC", "GMT+08:00", "2024-02-29 13:45:30.123").as_deref(),
+            Some("2024-02-29 21:45:30")
+        );
+        assert_eq!(
+            tz("UTC", "GMT+8", "2024-02-29 13:45:30").as_deref(),
+            Some("2024-02-29 21:45:30")
+        );
+        // Ids Java does not know are GMT.
+        assert_eq!(
+            tz("UTC", "Foo/Bar", "2024-02-29 13:45:30").as_deref(),
+            Some("2024-02-29 13:45:30")
+        );
+        assert_eq!(
+            tz("UTC", "+05:30", "2024-02-29 13:45:30").as_deref(),
+            Some("2024-02-29 13:45:30")
+        );
+        assert_eq!(tz("UTC", "Asia/Tokyo", "2024-02-29"), None);
     }
 
     #[test]

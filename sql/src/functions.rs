@@ -201,7 +201,7 @@ pub const FUNCTIONS: &[Function] = &[
         "TO_TIMESTAMP_LTZ",
         S,
         Own,
-        "epoch seconds (precision 0) or milliseconds (3); a string with a pattern; UTC",
+        "epoch seconds (precision 0) or milliseconds (3); a string with a pattern, read in a zone (Java's ids, as CONVERT_TZ); shown in UTC ('table.local-time-zone' is UTC only)",
     ),
     f(
         "UNIX_TIMESTAMP",
@@ -210,7 +210,12 @@ pub const FUNCTIONS: &[Function] = &[
         "with a string argument; UNIX_TIMESTAMP() (now) is refused; UTC",
     ),
     f("FROM_UNIXTIME", S, Own, "UTC"),
-    f("CONVERT_TZ", S, No(NOT_YET), ""),
+    f(
+        "CONVERT_TZ",
+        S,
+        Own,
+        "Java's zone ids (tz names, GMT+hh:mm; others read as GMT); a DST gap takes the offset before it, an overlap the later instant",
+    ),
     f("TIMESTAMPADD", S, Own, ""),
     f("TIMESTAMPDIFF", S, Own, ""),
     f("YEAR", S, Own, ""),
