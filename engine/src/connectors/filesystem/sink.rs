@@ -492,7 +492,10 @@ pub(crate) fn stringify_timestamps(batch: &RecordBatch, iso: bool) -> Result<Rec
     let mut fields = vec![];
     let mut cols: Vec<ArrayRef> = vec![];
     for (f, c) in batch.schema().fields().iter().zip(batch.columns()) {
-        if matches!(f.data_type(), DataType::Timestamp(_, _)) {
+        if let Some(text) = fast_timestamp_text(c, iso) {
+            cols.push(text);
+            fields.push(Field::new(f.name(), DataType::Utf8, f.is_nullable()));
+        } else if matches!(f.data_type(), DataType::Timestamp(_, _)) {
             cols.push(cast_with_options(c, &DataType::Utf8, &opts)?);
             fields.push(Field::new(f.name(), DataType::Utf8, f.is_nullable()));
         } else {
@@ -501,6 +504,40 @@ pub(crate) fn stringify_timestamps(batch: &RecordBatch, iso: bool) -> Result<Rec
         }
     }
     Ok(RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)?)
+}
+
+/// A UTC (or zone-less) timestamp column as text by
+/// [`crate::time_format::write_millis_text`]; `None` when another zone or
+/// a year beyond 9999 needs the general cast.
+fn fast_timestamp_text(c: &ArrayRef, iso: bool) -> Option<ArrayRef> {
+    use arrow::array::AsArray;
+    use arrow::datatypes::{
+        TimeUnit, TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType,
+    };
+    let DataType::Timestamp(unit, tz) = c.data_type() else {
+        return None;
+    };
+    if tz.as_deref().is_some_and(|z| !matches!(z, "UTC" | "+00:00" | "Z")) {
+        return None;
+    }
+    let (values, ticks): (&[i64], i64) = match unit {
+        TimeUnit::Second => (c.as_primitive::<TimestampSecondType>().values(), 1),
+        TimeUnit::Millisecond => (c.as_primitive::<TimestampMillisecondType>().values(), 1000),
+        TimeUnit::Microsecond => (c.as_primitive::<TimestampMicrosecondType>().values(), 1_000_000),
+        TimeUnit::Nanosecond => (c.as_primitive::<TimestampNanosecondType>().values(), 1_000_000_000),
+    };
+    let mut out = arrow::array::StringBuilder::with_capacity(c.len(), c.len() * 23);
+    let mut text = String::with_capacity(23);
+    for (i, v) in values.iter().enumerate() {
+        if c.is_null(i) {
+            out.append_null();
+            continue;
+        }
+        text.clear();
+        crate::time_format::write_millis_text(*v, ticks, iso, &mut text)?;
+        out.append_value(&text);
+    }
+    Some(Arc::new(out.finish()))
 }
 
 impl Operator for FileWriter {
