@@ -567,7 +567,8 @@ fn word(t: &Token, kw: &str) -> bool {
     matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw))
 }
 
-fn object_name(name: &ObjectName) -> String {
+/// A table or view name as the catalog keys it (`db.t`, quotes dropped).
+pub(crate) fn object_name(name: &ObjectName) -> String {
     name.0
         .iter()
         .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))

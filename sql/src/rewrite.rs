@@ -332,7 +332,7 @@ impl Rewriter<'_> {
     }
 
     fn view(&self, name: &ObjectName, alias: &Option<ast::TableAlias>) -> Result<Option<TableFactor>> {
-        let key = catalog_key(name);
+        let key = crate::parser::object_name(name);
         let Some(Entry::View(v)) = self.catalog.get(&key) else {
             return Ok(None);
         };
@@ -491,7 +491,7 @@ impl Rewriter<'_> {
                 let Some((time, name, alias)) = system_time(&mut join.relation)? else {
                     continue;
                 };
-                let table_name = catalog_key(&name);
+                let table_name = crate::parser::object_name(&name);
                 let (rowtime, pk) = match self.catalog.get(&table_name) {
                     Some(Entry::Table(def)) => {
                         let Some(pk) = def.primary_key.clone().filter(|k| !k.is_empty()) else {
@@ -663,7 +663,7 @@ fn expand_wildcard_beside_columns(select: &mut Select, catalog: &Catalog) {
     else {
         return;
     };
-    let key = catalog_key(name);
+    let key = crate::parser::object_name(name);
     let Some(Entry::Table(def)) = catalog.get(&key) else {
         return;
     };
@@ -704,15 +704,6 @@ fn expand_wildcard_beside_columns(select: &mut Select, catalog: &Catalog) {
             select.projection.push(item);
         }
     }
-}
-
-/// The catalog's key of a table or view name (`db.t`, quotes dropped).
-fn catalog_key(name: &ObjectName) -> String {
-    name.0
-        .iter()
-        .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// A wildcard without `EXCEPT`, `REPLACE`, ... options.
