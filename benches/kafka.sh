@@ -2,7 +2,8 @@
 # Kafka read and write rates (issue 13), against tansu started here on a
 # free port with in-memory storage: the at-least-once and exactly-once
 # sinks (Nexmark bids as JSON), the librdkafka consumer alone reading the
-# topic (the physical limit), Weir's q0 (topic → blackhole) and a q5-style
+# topic (the physical limit), Weir's q0 (topic → blackhole; JSON, and raw
+# without the decode) and a q5-style
 # HOP count from the topic, all at parallelism 1.
 #
 #   benches/kafka.sh [rows]      (needs a release build and scripts/setup.sh's tansu)

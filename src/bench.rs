@@ -777,6 +777,25 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
         rows / t,
         100.0 * rows / t / raw
     );
+    // The same records as one STRING each (`raw`): the read without the
+    // JSON decode, to tell the decode's cost from the rest of the path.
+    let t = timed(&format!(
+        "SET 'parallelism.default' = '1';
+         SET 'table.dml-sync' = 'true';
+         CREATE TABLE lines (line STRING)
+           WITH ('connector' = 'kafka', 'topic' = '{alo}', 'properties.bootstrap.servers' = '{}',
+                 'format' = 'raw', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');
+         CREATE TABLE sink (line STRING) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT * FROM lines;",
+        args.bootstrap
+    ))
+    .await?;
+    println!(
+        "| q0 from Kafka, raw format (no decode) | {} | {t:.1} | {:.0} ({:.0} % of the consumer alone) |",
+        args.rows,
+        rows / t,
+        100.0 * rows / t / raw
+    );
     let t = timed(&read(
         "CREATE TABLE sink (auction BIGINT, n BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT auction, COUNT(*), window_end
