@@ -23,4 +23,4 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 echo "# $(uname -m), $(nproc) cores, commit $(git rev-parse --short HEAD), tansu 510f3e2 (memory), $rows rows"
-"$bin" bench kafka --bootstrap "127.0.0.1:$port" --rows "$rows"
+WEIR_BENCH_BROKER_PID=$broker "$bin" bench kafka --bootstrap "127.0.0.1:$port" --rows "$rows" "${@:2}"

@@ -641,6 +641,9 @@ pub struct KafkaArgs {
     pub rows: u64,
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
+    /// Only the reads, of this already filled topic (to profile them).
+    #[arg(long)]
+    pub read_topic: Option<String>,
 }
 
 /// Creates `topic` with `partitions` partitions (it must not exist).
@@ -658,8 +661,8 @@ fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), Str
 }
 
 /// The physical limit: librdkafka's consumer alone reading every record
-/// of `topic` on one thread (rows/s).
-fn raw_read(bootstrap: &str, topic: &str, partitions: i32, rows: u64) -> Result<f64, String> {
+/// of `topic` on one thread.
+fn raw_read(bootstrap: &str, topic: &str, partitions: i32, rows: u64) -> Result<(), String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -684,16 +687,65 @@ fn raw_read(bootstrap: &str, topic: &str, partitions: i32, rows: u64) -> Result<
             n += 1;
         }
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok(())
 }
 
-/// Runs `sql` (DDL and one INSERT, dml-sync) and returns its wall time.
-async fn timed(sql: &str) -> Result<f64, String> {
+/// CPU seconds (user + system) a process has used so far, from
+/// `/proc/<pid>/stat`; None where there is no procfs.
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(ticks / 100.0)
+}
+
+/// A run's wall time and the CPU time Weir and the broker spent in it.
+struct Timed {
+    wall: f64,
+    weir_cpu: Option<f64>,
+    broker_cpu: Option<f64>,
+}
+
+impl Timed {
+    /// `| seconds | rows/s | Weir CPU s | rows per Weir CPU s | broker CPU s |`
+    fn cells(&self, rows: f64) -> String {
+        let f = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.1}"));
+        let per_core = self.weir_cpu.map_or("?".to_string(), |c| format!("{:.0}", rows / c));
+        format!(
+            "{:.1} | {:.0} | {} | {per_core} | {}",
+            self.wall,
+            rows / self.wall,
+            f(self.weir_cpu),
+            f(self.broker_cpu)
+        )
+    }
+}
+
+/// Measures `run` (wall and CPU time; the broker's pid from
+/// `WEIR_BENCH_BROKER_PID`, which benches/kafka.sh sets).
+async fn measured<F: std::future::Future<Output = Result<(), String>>>(run: F) -> Result<Timed, String> {
+    let broker = std::env::var("WEIR_BENCH_BROKER_PID").ok();
+    let broker_cpu = || broker.as_deref().and_then(cpu_seconds);
+    let (weir0, broker0) = (cpu_seconds("self"), broker_cpu());
+    let started = Instant::now();
+    run.await?;
+    let wall = started.elapsed().as_secs_f64();
+    let diff = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+    Ok(Timed {
+        wall,
+        weir_cpu: diff(weir0, cpu_seconds("self")),
+        broker_cpu: diff(broker0, broker_cpu()),
+    })
+}
+
+/// Runs `sql` (DDL and one INSERT, dml-sync), measured.
+async fn timed(sql: &str) -> Result<Timed, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut session = Session::open(dir.path()).map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    session.execute_sql(sql).await.map_err(|e| e.to_string())?;
-    Ok(started.elapsed().as_secs_f64())
+    measured(async { session.execute_sql(sql).await.map(|_| ()).map_err(|e| e.to_string()) }).await
 }
 
 pub async fn run_kafka(args: &KafkaArgs) -> i32 {
@@ -708,10 +760,15 @@ pub async fn run_kafka(args: &KafkaArgs) -> i32 {
 
 async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
     let tag = chrono::Utc::now().timestamp_millis();
-    let alo = format!("weir-bench-{tag}-alo");
+    let alo = args
+        .read_topic
+        .clone()
+        .unwrap_or_else(|| format!("weir-bench-{tag}-alo"));
     let eos = format!("weir-bench-{tag}-eos");
-    create_topic(&args.bootstrap, &alo, args.partitions)?;
-    create_topic(&args.bootstrap, &eos, args.partitions)?;
+    if args.read_topic.is_none() {
+        create_topic(&args.bootstrap, &alo, args.partitions)?;
+        create_topic(&args.bootstrap, &eos, args.partitions)?;
+    }
     // 46 of every 50 Nexmark events are bids.
     let events = args.rows * 50 / 46 + 50;
     let write = |topic: &str, guarantee: &str| {
@@ -742,41 +799,46 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
         )
     };
     let rows = args.rows as f64;
-    println!("| run | rows | seconds | rows/s |\n|---|---|---|---|");
-    let t = timed(&write(&alo, "at-least-once")).await?;
+    eprintln!("topic {alo}");
     println!(
-        "| sink at-least-once (Nexmark bids → JSON) | {} | {t:.1} | {:.0} |",
-        args.rows,
-        rows / t
+        "| run | rows | seconds | rows/s | Weir CPU s | rows per Weir CPU s | broker CPU s |\n|---|---:|---:|---:|---:|---:|---:|"
     );
-    let t = timed(&write(&eos, "exactly-once")).await?;
-    println!(
-        "| sink exactly-once (checkpoint 1 s) | {} | {t:.1} | {:.0} |",
-        args.rows,
-        rows / t
-    );
+    let row = |name: &str, t: &Timed| println!("| {name} | {} | {} |", args.rows, t.cells(rows));
+    if args.read_topic.is_none() {
+        row(
+            "sink at-least-once (Nexmark bids → JSON)",
+            &timed(&write(&alo, "at-least-once")).await?,
+        );
+        row(
+            "sink exactly-once (checkpoint 1 s)",
+            &timed(&write(&eos, "exactly-once")).await?,
+        );
+    }
     let bootstrap = args.bootstrap.clone();
     let (partitions, n) = (args.partitions, args.rows);
     let topic = alo.clone();
-    let raw = tokio::task::spawn_blocking(move || raw_read(&bootstrap, &topic, partitions, n))
-        .await
-        .map_err(|e| e.to_string())??;
-    println!(
-        "| librdkafka consumer alone (the limit) | {} | {:.1} | {raw:.0} |",
-        args.rows,
-        rows / raw
-    );
+    let raw = measured(async move {
+        tokio::task::spawn_blocking(move || raw_read(&bootstrap, &topic, partitions, n))
+            .await
+            .map_err(|e| e.to_string())?
+    })
+    .await?;
+    row("librdkafka consumer alone (the limit)", &raw);
+    let share = |t: &Timed| {
+        let per_cpu = |t: &Timed| t.weir_cpu.map(|c| rows / c);
+        let cpu = match (per_cpu(t), per_cpu(&raw)) {
+            (Some(a), Some(b)) => format!(", {:.0} % per CPU second", 100.0 * a / b),
+            _ => String::new(),
+        };
+        eprintln!("  {:.0} % of the consumer alone's rate{cpu}", 100.0 * raw.wall / t.wall);
+    };
     let t = timed(&read(
         "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT * FROM bid;",
     ))
     .await?;
-    println!(
-        "| q0 from Kafka (JSON → blackhole) | {} | {t:.1} | {:.0} ({:.0} % of the consumer alone) |",
-        args.rows,
-        rows / t,
-        100.0 * rows / t / raw
-    );
+    row("q0 from Kafka (JSON → blackhole)", &t);
+    share(&t);
     // The same records as one STRING each (`raw`): the read without the
     // JSON decode, to tell the decode's cost from the rest of the path.
     let t = timed(&format!(
@@ -790,12 +852,8 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
         args.bootstrap
     ))
     .await?;
-    println!(
-        "| q0 from Kafka, raw format (no decode) | {} | {t:.1} | {:.0} ({:.0} % of the consumer alone) |",
-        args.rows,
-        rows / t,
-        100.0 * rows / t / raw
-    );
+    row("q0 from Kafka, raw format (no decode)", &t);
+    share(&t);
     let t = timed(&read(
         "CREATE TABLE sink (auction BIGINT, n BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT auction, COUNT(*), window_end
@@ -803,10 +861,7 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
          GROUP BY auction, window_start, window_end;",
     ))
     .await?;
-    println!(
-        "| q5-style HOP count from Kafka | {} | {t:.1} | {:.0} |",
-        args.rows,
-        rows / t
-    );
+    row("q5-style HOP count from Kafka", &t);
+    share(&t);
     Ok(())
 }

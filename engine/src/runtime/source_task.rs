@@ -489,6 +489,7 @@ impl SourceTask {
                         None => std::future::pending::<()>().await,
                     }
                 };
+                let mut woken = false;
                 match announcements.as_mut() {
                     Some(rx) => {
                         let mut gone = false;
@@ -496,7 +497,7 @@ impl SourceTask {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
                             _ = trigger => {}
-                            _ = waker.notified() => {}
+                            _ = waker.notified() => woken = true,
                             r = rx.changed() => match r {
                                 Ok(()) => fresh_announcement = true,
                                 // The coordinator ended with the job.
@@ -512,8 +513,18 @@ impl SourceTask {
                             _ = tokio::time::sleep_until(wake) => {}
                             _ = stop.changed() => {}
                             _ = trigger => {}
-                            _ = waker.notified() => {}
+                            _ = waker.notified() => woken = true,
                         }
+                    }
+                }
+                if woken {
+                    // A split has data: which one the waker does not say,
+                    // and an empty split's poll costs next to nothing, so
+                    // every waiting split is due now (else the one with
+                    // data would sit out its wait: measured, 30 waits of
+                    // 200 ms per partition in a 4-partition backfill).
+                    for s in reader.splits.iter_mut() {
+                        s.wait_until = None;
                     }
                 }
             } else {

@@ -193,12 +193,14 @@ impl RecordMeta {
             T::CreateTime(t) => (Some(t), 1),
             T::LogAppendTime(t) => (Some(t), 2),
         };
-        let headers = match m.headers() {
-            Some(h) if headers => h
+        // Asked only when read: librdkafka parses the headers (and
+        // allocates) on the first call, 8 % of a backfill's time.
+        let headers = match headers.then(|| m.headers()).flatten() {
+            Some(h) => h
                 .iter()
                 .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
                 .collect(),
-            _ => vec![],
+            None => vec![],
         };
         RecordMeta {
             partition: m.partition(),

@@ -22,6 +22,7 @@
 //! `group-offsets` startup.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,6 +179,13 @@ impl KafkaSource {
         properties
             .entry("queued.max.messages.kbytes".into())
             .or_insert_with(|| "8192".into());
+        // librdkafka stops fetching a partition for this long once its
+        // queue passed a threshold (default 1 s): a split drains its queue
+        // in milliseconds, then sat idle the rest of the second (a 4-partition
+        // backfill read at a third of the client's rate).
+        properties
+            .entry("fetch.queue.backoff.ms".into())
+            .or_insert_with(|| "10".into());
         properties
             .entry("group.id".into())
             .or_insert_with(|| format!("weir-{table}"));
@@ -626,6 +634,20 @@ impl KafkaSplit {
         self.stop.is_some_and(|s| self.next_offset >= s)
     }
 
+    /// Closes the finished split's consumer on a thread of its own:
+    /// closing takes librdkafka about 100 ms, and a reader's splits
+    /// closed one after another held a bounded job's end back.
+    fn close(&mut self) {
+        if let Some(consumer) = self.consumer.take() {
+            let closing = std::thread::Builder::new()
+                .name("weir-kafka-close".into())
+                .spawn(move || drop(consumer));
+            if let Err(e) = closing {
+                tracing::debug!(target: "weir::kafka", "closing a consumer in place: {e}");
+            }
+        }
+    }
+
     /// The consumer's position: past control records the records skip.
     fn consumer_position(&self) -> Option<i64> {
         let positions = self.consumer.as_ref()?.position().ok()?;
@@ -701,19 +723,22 @@ impl SourceSplit for KafkaSplit {
 
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         if self.done() {
+            self.close();
             return Ok(SplitPoll::Finished);
         }
         if self.consumer.is_none() {
             self.open()?;
         }
-        let mut records: Vec<Record> = vec![];
+        // Keys and values go into one buffer, each record a slice of it.
+        let mut data: Vec<u8> = vec![];
+        let mut read: Vec<(i64, Option<Range<usize>>, Option<Range<usize>>, RecordMeta)> = vec![];
         let mut eof = false;
         let mut error = None;
         {
             let Some(consumer) = self.consumer.as_ref() else {
                 return Err(crate::error::ExecError::internal("a Kafka split without its consumer"));
             };
-            while records.len() < MAX_RECORDS {
+            while read.len() < MAX_RECORDS {
                 match consumer.poll(Duration::ZERO) {
                     None => break,
                     Some(Err(KafkaError::PartitionEOF(_))) => {
@@ -738,12 +763,19 @@ impl SourceSplit for KafkaSplit {
                         // of a plain `kafka` table (its offset is passed),
                         // and the delete of its key in an `upsert-kafka` one.
                         if m.payload().is_some() || self.shared.codec.is_upsert() {
-                            records.push(Record {
+                            let mut copy = |part: Option<&[u8]>| {
+                                part.map(|p| {
+                                    data.extend_from_slice(p);
+                                    data.len() - p.len()..data.len()
+                                })
+                            };
+                            let (key, value) = (copy(m.key()), copy(m.payload()));
+                            read.push((
                                 offset,
-                                key: m.key().map(<[u8]>::to_vec),
-                                value: m.payload().map(<[u8]>::to_vec),
-                                meta: RecordMeta::of(&m, self.shared.codec.reads_headers()),
-                            });
+                                key,
+                                value,
+                                RecordMeta::of(&m, self.shared.codec.reads_headers()),
+                            ));
                         }
                     }
                 }
@@ -752,11 +784,22 @@ impl SourceSplit for KafkaSplit {
         if let Some(e) = error {
             self.on_error(e)?;
         }
+        let data = bytes::Bytes::from(data);
+        let records: Vec<Record> = read
+            .into_iter()
+            .map(|(offset, key, value, meta)| Record {
+                offset,
+                key: key.map(|r| data.slice(r)),
+                value: value.map(|r| data.slice(r)),
+                meta,
+            })
+            .collect();
         if records.is_empty() {
             if eof && let Some(p) = self.consumer_position() {
                 self.next_offset = self.next_offset.max(p);
             }
             if self.done() {
+                self.close();
                 return Ok(SplitPoll::Finished);
             }
             return Ok(SplitPoll::Wait(tokio::time::Instant::now() + EMPTY_WAIT));
