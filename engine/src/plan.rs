@@ -340,6 +340,9 @@ pub enum AggFunc {
     /// The non-NULL values joined by [`AggCall::separator`] in arrival
     /// order (insert-only input).
     ListAgg,
+    /// The values (NULLs too, unless [`AggCall::ignore_nulls`]) as an
+    /// ARRAY in arrival order (insert-only input).
+    ArrayAgg,
 }
 
 impl AggFunc {
@@ -357,14 +360,18 @@ impl AggFunc {
             AggFunc::FirstValue => "FIRST_VALUE",
             AggFunc::LastValue => "LAST_VALUE",
             AggFunc::ListAgg => "LISTAGG",
+            AggFunc::ArrayAgg => "ARRAY_AGG",
         }
     }
 
     /// Whether the call keeps a value of its input (FIRST_VALUE,
-    /// LAST_VALUE, LISTAGG): insert-only input only, as nothing records
-    /// which value a retraction takes back.
+    /// LAST_VALUE, LISTAGG, ARRAY_AGG): insert-only input only, as nothing
+    /// records which value a retraction takes back.
     pub fn keeps_a_value(self) -> bool {
-        matches!(self, AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg)
+        matches!(
+            self,
+            AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg | AggFunc::ArrayAgg
+        )
     }
 
     /// Whether this is one of the variance family.
@@ -478,6 +485,9 @@ pub struct AggCall {
     pub output_type: arrow::datatypes::DataType,
     /// LISTAGG's separator (`,` by default).
     pub separator: Option<String>,
+    /// ARRAY_AGG(x IGNORE NULLS): NULLs are left out (Flink's default is
+    /// RESPECT NULLS).
+    pub ignore_nulls: bool,
 }
 
 impl std::fmt::Display for AggCall {

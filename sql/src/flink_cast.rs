@@ -282,6 +282,9 @@ pub fn flink_casts_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
         if let Expr::ScalarFunction(call) = &e {
             return flink_function(call, &e);
         }
+        if let Expr::BinaryExpr(b) = &e {
+            return crate::flink_decimal::binary(b, &e, schema);
+        }
         let (inner, to) = match &e {
             Expr::Cast(Cast { expr, field }) | Expr::TryCast(TryCast { expr, field }) => (expr, field.data_type()),
             _ => return Ok(Transformed::no(e)),

@@ -347,7 +347,12 @@ pub const FUNCTIONS: &[Function] = &[
         Own,
         "',' by default; in windows (DataFusion's string_agg) and in a GROUP BY over an insert-only input; refused with DISTINCT",
     ),
-    f("ARRAY_AGG", A, No(NOT_YET), ""),
+    f(
+        "ARRAY_AGG",
+        A,
+        DF,
+        "NULLs kept unless IGNORE NULLS, arrival order; in windows and in a GROUP BY over an insert-only input; refused with DISTINCT",
+    ),
     f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
     f("JSON_ARRAYAGG", A, No(NOT_YET), ""),
     // OVER windows.

@@ -18,6 +18,7 @@
 //! - [`flink_cast`]: casts to strings write Flink's text.
 //! - [`flink_arrays`]: the `ARRAY_*` functions with Flink's NULL rules and orders.
 //! - [`flink_maps`]: `MAP[...]` and `STR_TO_MAP` as Flink builds maps.
+//! - [`flink_decimal`]: DECIMAL `+ - * /` with Flink's result types and HALF_UP rounding.
 //! - [`flink_literals`]: integer literals are `INT` when they fit, as in Flink.
 //! - [`flink_scalars`]: Flink's string and time functions DataFusion lacks.
 //! - [`functions`]: the registry of Flink's functions a query may call.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod flink_arrays;
 pub mod flink_cast;
 pub mod flink_collections;
+pub mod flink_decimal;
 pub mod flink_functions;
 pub mod flink_json;
 pub mod flink_literals;

@@ -1603,11 +1603,12 @@ impl<'a> GraphBuilder<'a> {
                 "last_value" => AggFunc::LastValue,
                 // LISTAGG is planned as DataFusion's string_agg.
                 "string_agg" => AggFunc::ListAgg,
+                "array_agg" => AggFunc::ArrayAgg,
                 other => {
                     return Err(SqlError::unsupported(format!(
                         "aggregate function {} is not supported in a GROUP BY without a window yet \
                          (supported: COUNT, SUM, AVG, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP, \
-                         each with DISTINCT and FILTER; FIRST_VALUE, LAST_VALUE and LISTAGG)",
+                         each with DISTINCT and FILTER; FIRST_VALUE, LAST_VALUE, LISTAGG and ARRAY_AGG)",
                         other.to_ascii_uppercase()
                     )));
                 }
@@ -1686,6 +1687,7 @@ impl<'a> GraphBuilder<'a> {
                 input_type,
                 output_type: a.field().data_type().clone(),
                 separator,
+                ignore_nulls: a.ignore_nulls(),
             });
         }
         let input = self.convert(&agg.input)?;

@@ -41,6 +41,9 @@ use super::{
 use crate::connectors::{Committer, SinkContext, SourceFactory, SourceSplit, SplitPoll};
 use crate::error::{ConnectorError, Result};
 
+/// Where a record's key or value is in a poll's buffer.
+type Span = Range<usize>;
+
 /// Most records one poll hands on.
 const MAX_RECORDS: usize = 8192;
 
@@ -731,7 +734,7 @@ impl SourceSplit for KafkaSplit {
         }
         // Keys and values go into one buffer, each record a slice of it.
         let mut data: Vec<u8> = vec![];
-        let mut read: Vec<(i64, Option<Range<usize>>, Option<Range<usize>>, RecordMeta)> = vec![];
+        let mut read: Vec<(i64, Option<Span>, Option<Span>, RecordMeta)> = vec![];
         let mut eof = false;
         let mut error = None;
         {

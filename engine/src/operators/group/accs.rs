@@ -16,6 +16,8 @@
 //!   digits), the result cast back to the input's type as Java casts
 //!   (saturating).
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Decimal128Type, Float64Type, Int64Type};
@@ -107,6 +109,8 @@ impl AggSpec {
         }
         let codec = if call.func == AggFunc::ListAgg {
             Some(RowCodec::new(&[DataType::Utf8]).map_err(ExecError::internal)?)
+        } else if call.func == AggFunc::ArrayAgg {
+            Some(RowCodec::new(std::slice::from_ref(&call.output_type)).map_err(ExecError::internal)?)
         } else if call.distinct || extreme || call.func.keeps_a_value() {
             Some(RowCodec::new(std::slice::from_ref(&call.input_type)).map_err(ExecError::internal)?)
         } else {
@@ -144,9 +148,12 @@ impl AggSpec {
                 sum: Num::zero(self.class.unwrap_or(NumClass::Int)),
                 n: 0,
             },
-            AggFunc::Min | AggFunc::Max | AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg => {
-                Acc::Extreme(None)
-            }
+            AggFunc::Min
+            | AggFunc::Max
+            | AggFunc::FirstValue
+            | AggFunc::LastValue
+            | AggFunc::ListAgg
+            | AggFunc::ArrayAgg => Acc::Extreme(None),
             AggFunc::VarPop | AggFunc::VarSamp | AggFunc::StddevPop | AggFunc::StddevSamp => {
                 Acc::Moments(Welford::default())
             }
@@ -201,13 +208,20 @@ impl AggSpec {
         }
     }
 
-    /// FIRST_VALUE, LAST_VALUE, LISTAGG: row `i` of `arg` arrives (an
-    /// insert-only input: nothing is taken back). NULLs are skipped, as
-    /// Flink's.
+    /// FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG: row `i` of `arg`
+    /// arrives (an insert-only input: nothing is taken back). NULLs are
+    /// skipped, as Flink's, except by ARRAY_AGG without IGNORE NULLS.
     pub fn keep(&self, acc: &mut Acc, arg: &ArrayRef, i: usize) -> Result<()> {
         let Acc::Extreme(cur) = acc else {
             return Ok(());
         };
+        if self.call.func == AggFunc::ArrayAgg {
+            if arg.is_null(i) && self.call.ignore_nulls {
+                return Ok(());
+            }
+            *cur = Some(appended(cur.take(), arg, i, &self.call.output_type)?);
+            return Ok(());
+        }
         if arg.is_null(i) {
             return Ok(());
         }
@@ -319,6 +333,29 @@ impl AggSpec {
             .map(|i| Ok(ScalarValue::try_from_array(col, i)?))
             .collect()
     }
+}
+
+/// ARRAY_AGG's array so far (`None`: empty) with `arg[i]` appended.
+fn appended(so_far: Option<ScalarValue>, arg: &ArrayRef, i: usize, output: &DataType) -> Result<ScalarValue> {
+    let DataType::List(field) = output else {
+        return Err(ExecError::internal(format!("ARRAY_AGG typed {output}")));
+    };
+    let one = arg.slice(i, 1);
+    let one = if one.data_type() == field.data_type() {
+        one
+    } else {
+        cast(&one, field.data_type())?
+    };
+    let values = match so_far {
+        Some(ScalarValue::List(list)) if !list.is_empty() => {
+            let before = list.value(0);
+            arrow::compute::concat(&[before.as_ref(), one.as_ref()])?
+        }
+        _ => one,
+    };
+    let offsets = arrow::buffer::OffsetBuffer::from_lengths([values.len()]);
+    let list = arrow::array::ListArray::try_new(field.clone(), offsets, values, None)?;
+    Ok(ScalarValue::List(Arc::new(list)))
 }
 
 /// One call's accumulator.
@@ -529,6 +566,7 @@ mod tests {
             input_type: input,
             output_type: output,
             separator: None,
+            ignore_nulls: false,
         }
     }
 

@@ -422,9 +422,13 @@ impl Operator for GroupAggregateOperator {
             filters.push(filter);
         }
         // Whether row i takes part in call j: its FILTER holds and its
-        // argument is not NULL (COUNT(*) counts every row).
+        // argument is not NULL (COUNT(*) counts every row; ARRAY_AGG keeps
+        // NULLs unless told to ignore them).
         let takes = |j: usize, i: usize| -> bool {
-            filters[j].as_ref().is_none_or(|f| f.value(i)) && args[j].as_ref().is_none_or(|a| a.is_valid(i))
+            let call = &self.specs[j].call;
+            let keeps_nulls = call.func == AggFunc::ArrayAgg && !call.ignore_nulls;
+            filters[j].as_ref().is_none_or(|f| f.value(i))
+                && (keeps_nulls || args[j].as_ref().is_none_or(|a| a.is_valid(i)))
         };
 
         // Value counts of MIN/MAX/DISTINCT calls touched by the batch:

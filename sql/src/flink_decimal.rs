@@ -1,0 +1,371 @@
+//! DECIMAL arithmetic typed and rounded as Flink does.
+//!
+//! Flink derives the result type of `+ - * /` on DECIMALs by SQL Server's
+//! rules (`LogicalTypeMerging`), and rounds HALF_UP to that scale:
+//!
+//! - `a / b`: scale `max(6, s1 + p2 + 1)`, precision `p1 - s1 + s2 + scale`;
+//! - `a * b`: precision `p1 + p2 + 1`, scale `s1 + s2`;
+//! - `a + b`, `a - b`: scale `max(s1, s2)`, precision
+//!   `max(p1 - s1, p2 - s2) + scale + 1`;
+//!
+//! and when the precision passes 38 it keeps the integer digits and gives
+//! up scale, down to `min(scale, 6)` (division: down to 6). An integer
+//! operand is `DECIMAL(3|5|10|19, 0)` by its type. A result that does not
+//! fit its precision is NULL, and a division by zero fails the query
+//! (Java's `ArithmeticException`).
+//!
+//! DataFusion types division differently (`m / 3` of a `DECIMAL(10, 2)`:
+//! DataFusion `4.116666`, Flink `DECIMAL(21, 13)` `4.1166666666667`), so
+//! an operation whose DataFusion type is not Flink's becomes a call of
+//! [`FlinkDecimal`], after coercion (see [`crate::flink_cast`]).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, Decimal128Array};
+use arrow::datatypes::{DataType, Decimal128Type, i256};
+use datafusion::common::tree_node::Transformed;
+use datafusion::common::{DFSchema, ExprSchema, Result, ScalarValue, exec_err};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{
+    BinaryExpr, ColumnarValue, Expr, ExprSchemable, Operator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+
+const MAX_PRECISION: u8 = 38;
+/// The least scale an adjusted result keeps.
+const MIN_ADJUSTED_SCALE: i8 = 6;
+
+/// Flink's `DECIMAL(p, s)` of an operand of type `t`, if it takes part in
+/// DECIMAL arithmetic.
+fn decimal_of(t: &DataType) -> Option<(u8, i8)> {
+    match t {
+        DataType::Decimal128(p, s) => Some((*p, *s)),
+        DataType::Int8 => Some((3, 0)),
+        DataType::Int16 => Some((5, 0)),
+        DataType::Int32 => Some((10, 0)),
+        DataType::Int64 => Some((19, 0)),
+        _ => None,
+    }
+}
+
+/// Keeps the integer digits of a result too wide for 38 digits and gives
+/// up scale, down to `min(scale, 6)` (Flink's `adjustPrecisionScale`).
+fn adjusted(precision: i32, scale: i32) -> (u8, i8) {
+    if precision <= MAX_PRECISION as i32 {
+        return (precision as u8, scale as i8);
+    }
+    let integer_digits = precision - scale;
+    let least = scale.min(MIN_ADJUSTED_SCALE as i32);
+    let scale = (MAX_PRECISION as i32 - integer_digits).max(least);
+    (MAX_PRECISION, scale as i8)
+}
+
+/// Flink's result type of `a op b` on `DECIMAL(p1, s1)` and `DECIMAL(p2, s2)`.
+pub fn result_type(op: Operator, (p1, s1): (u8, i8), (p2, s2): (u8, i8)) -> Option<(u8, i8)> {
+    let (p1, s1, p2, s2) = (p1 as i32, s1 as i32, p2 as i32, s2 as i32);
+    match op {
+        Operator::Divide => {
+            let scale = (s1 + p2 + 1).max(MIN_ADJUSTED_SCALE as i32);
+            let precision = p1 - s1 + s2 + scale;
+            if precision > MAX_PRECISION as i32 {
+                let scale = (MAX_PRECISION as i32 - (precision - scale)).max(MIN_ADJUSTED_SCALE as i32);
+                return Some((MAX_PRECISION, scale as i8));
+            }
+            Some((precision as u8, scale as i8))
+        }
+        Operator::Multiply => Some(adjusted(p1 + p2 + 1, s1 + s2)),
+        Operator::Plus | Operator::Minus => {
+            let scale = s1.max(s2);
+            Some(adjusted((p1 - s1).max(p2 - s2) + scale + 1, scale))
+        }
+        _ => None,
+    }
+}
+
+/// The operand as written: the widening of an integer to DECIMAL that
+/// coercion adds is peeled off (DataFusion widens a BIGINT to
+/// `DECIMAL(20, 0)`, Flink reads it as `DECIMAL(19, 0)`); a CAST the user
+/// wrote is not (DataFusion does not widen DECIMAL operands).
+fn written(e: &Expr, schema: &DFSchema) -> Option<(Expr, (u8, i8))> {
+    let mut e = e;
+    if let Expr::Cast(c) = e {
+        let widening = match c.expr.get_type(schema as &dyn ExprSchema).ok()? {
+            DataType::Int8 => Some(3),
+            DataType::Int16 => Some(5),
+            DataType::Int32 => Some(10),
+            DataType::Int64 => Some(20),
+            _ => None,
+        };
+        if widening.is_some_and(|p| c.field.data_type() == &DataType::Decimal128(p, 0)) {
+            e = &c.expr;
+        }
+    }
+    let t = e.get_type(schema as &dyn ExprSchema).ok()?;
+    Some((e.clone(), decimal_of(&t)?))
+}
+
+/// `a op b` as Flink computes it, when its DataFusion type differs.
+pub fn binary(b: &BinaryExpr, e: &Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    let (Some((left, l)), Some((right, r))) = (written(&b.left, schema), written(&b.right, schema)) else {
+        return Ok(Transformed::no(e.clone()));
+    };
+    // Integers alone are not DECIMAL arithmetic.
+    let decimal = |x: &Expr| matches!(x.get_type(schema as &dyn ExprSchema), Ok(DataType::Decimal128(..)));
+    if !decimal(&left) && !decimal(&right) {
+        return Ok(Transformed::no(e.clone()));
+    }
+    let Some((p, s)) = result_type(b.op, l, r) else {
+        return Ok(Transformed::no(e.clone()));
+    };
+    if e.get_type(schema as &dyn ExprSchema).ok() == Some(DataType::Decimal128(p, s)) {
+        return Ok(Transformed::no(e.clone()));
+    }
+    let udf = FlinkDecimal::udf(b.op);
+    Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
+        Arc::new(udf),
+        vec![left, right],
+    ))))
+}
+
+/// `+ - * /` on DECIMALs with Flink's result type and HALF_UP rounding.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkDecimal {
+    op: Operator,
+    name: String,
+    signature: Signature,
+}
+
+impl FlinkDecimal {
+    pub fn udf(op: Operator) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            name: format!("__weir_decimal_{}", op_name(op)),
+            op,
+            signature: Signature::any(2, Volatility::Immutable),
+        })
+    }
+}
+
+fn op_name(op: Operator) -> &'static str {
+    match op {
+        Operator::Divide => "divide",
+        Operator::Multiply => "multiply",
+        Operator::Plus => "plus",
+        _ => "minus",
+    }
+}
+
+impl ScalarUDFImpl for FlinkDecimal {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        let [a, b] = args else {
+            return exec_err!("{} takes two arguments", self.name);
+        };
+        match (decimal_of(a), decimal_of(b)) {
+            (Some(l), Some(r)) => match result_type(self.op, l, r) {
+                Some((p, s)) => Ok(DataType::Decimal128(p, s)),
+                None => exec_err!("{}: not an arithmetic operator", self.name),
+            },
+            _ => exec_err!("{}: {a} and {b} are not DECIMAL or integer types", self.name),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let [a, b] = args.args.as_slice() else {
+            return exec_err!("{} takes two arguments", self.name);
+        };
+        let DataType::Decimal128(p, s) = args.return_field.data_type() else {
+            return exec_err!("{}: not a DECIMAL result", self.name);
+        };
+        let scalar = matches!((a, b), (ColumnarValue::Scalar(_), ColumnarValue::Scalar(_)));
+        let rows = args.number_rows;
+        let (a, sa) = as_decimal(a, rows)?;
+        let (b, sb) = as_decimal(b, rows)?;
+        let (p, s) = (*p, *s);
+        let limit = i256::from_i128(10).wrapping_pow(p as u32);
+        let mut out = Vec::with_capacity(rows);
+        for i in 0..rows {
+            if a.is_null(i) || b.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            let (x, y) = (i256::from_i128(a.value(i)), i256::from_i128(b.value(i)));
+            let v = match self.op {
+                Operator::Divide => divide(x, sa, y, sb, s)?,
+                Operator::Multiply => rescale(x.checked_mul(y), sa + sb, s),
+                Operator::Plus | Operator::Minus => {
+                    let common = sa.max(sb);
+                    let (x, y) = (rescale(Some(x), sa, common), rescale(Some(y), sb, common));
+                    let sum = match (x, y) {
+                        (Some(x), Some(y)) if self.op == Operator::Plus => x.checked_add(y),
+                        (Some(x), Some(y)) => x.checked_sub(y),
+                        _ => None,
+                    };
+                    rescale(sum, common, s)
+                }
+                _ => None,
+            };
+            // Past the result's precision: NULL, as Flink's DecimalData.
+            out.push(v.filter(|v| v.wrapping_abs() < limit).and_then(|v| v.to_i128()));
+        }
+        let array: ArrayRef = Arc::new(Decimal128Array::from(out).with_precision_and_scale(p, s)?);
+        Ok(if scalar {
+            ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?)
+        } else {
+            ColumnarValue::Array(array)
+        })
+    }
+}
+
+/// An operand as DECIMAL values and their scale (integers at scale 0).
+fn as_decimal(v: &ColumnarValue, rows: usize) -> Result<(Decimal128Array, i8)> {
+    let array = v.to_array(rows)?;
+    let scale = match array.data_type() {
+        DataType::Decimal128(_, s) => *s,
+        _ => 0,
+    };
+    let cast = arrow::compute::cast(&array, &DataType::Decimal128(MAX_PRECISION, scale))?;
+    Ok((cast.as_primitive::<Decimal128Type>().clone(), scale))
+}
+
+fn ten_pow(n: u32) -> Option<i256> {
+    i256::from_i128(10).checked_pow(n)
+}
+
+/// `v` at scale `from` brought to scale `to`, rounding HALF_UP.
+fn rescale(v: Option<i256>, from: i8, to: i8) -> Option<i256> {
+    let v = v?;
+    if to >= from {
+        return v.checked_mul(ten_pow((to - from) as u32)?);
+    }
+    let d = ten_pow((from - to) as u32)?;
+    Some(half_up(v, d))
+}
+
+/// `n / d` rounded HALF_UP (away from zero at the half), `d` > 0.
+fn half_up(n: i256, d: i256) -> i256 {
+    let (q, r) = (n / d, n % d);
+    if r.wrapping_abs().wrapping_mul(i256::from_i128(2)) >= d {
+        if n.is_negative() { q - i256::ONE } else { q + i256::ONE }
+    } else {
+        q
+    }
+}
+
+/// `x / y` (at scales `sx`, `sy`) at scale `s`, HALF_UP; None past i256.
+fn divide(x: i256, sx: i8, y: i256, sy: i8, s: i8) -> Result<Option<i256>> {
+    if y == i256::ZERO {
+        return exec_err!("Division by zero");
+    }
+    let negative = x.is_negative() != y.is_negative();
+    let (x, y) = (x.wrapping_abs(), y.wrapping_abs());
+    // quotient * 10^s = x * 10^(s + sy - sx) / y
+    let k = s as i32 + sy as i32 - sx as i32;
+    let (mut n, mut d) = (x, y);
+    if k < 0 {
+        match ten_pow((-k) as u32).and_then(|t| d.checked_mul(t)) {
+            Some(v) => d = v,
+            // The divisor is beyond every dividend: the quotient rounds to 0.
+            None => return Ok(Some(i256::ZERO)),
+        }
+    }
+    let digits = k.max(0) as u32;
+    let q = match ten_pow(digits).and_then(|t| n.checked_mul(t)) {
+        Some(v) => {
+            n = v;
+            half_up(n, d)
+        }
+        None => {
+            // Too wide at once: long division, a digit at a time.
+            let (mut q, mut r) = (n / d, n % d);
+            for _ in 0..digits {
+                let Some(r10) = r.checked_mul(i256::from_i128(10)) else {
+                    return Ok(None);
+                };
+                let Some(q10) = q.checked_mul(i256::from_i128(10)) else {
+                    return Ok(None);
+                };
+                q = q10 + r10 / d;
+                r = r10 % d;
+            }
+            if r.wrapping_mul(i256::from_i128(2)) >= d {
+                q + i256::ONE
+            } else {
+                q
+            }
+        }
+    };
+    Ok(Some(if negative { q.wrapping_neg() } else { q }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(op: Operator, l: (u8, i8), r: (u8, i8)) -> (u8, i8) {
+        result_type(op, l, r).expect("arithmetic")
+    }
+
+    #[test]
+    fn result_types_are_flinks() {
+        // Each as Flink 2.3's TYPEOF answers.
+        assert_eq!(typed(Operator::Divide, (10, 2), (10, 0)), (21, 13));
+        assert_eq!(typed(Operator::Divide, (10, 2), (5, 1)), (17, 8));
+        assert_eq!(typed(Operator::Divide, (10, 0), (10, 2)), (23, 11));
+        assert_eq!(typed(Operator::Divide, (38, 10), (38, 10)), (38, 6));
+        assert_eq!(typed(Operator::Divide, (30, 20), (5, 2)), (38, 26));
+        assert_eq!(typed(Operator::Divide, (10, 2), (10, 2)), (23, 13));
+        assert_eq!(typed(Operator::Multiply, (10, 2), (10, 2)), (21, 4));
+        assert_eq!(typed(Operator::Multiply, (10, 2), (30, 20)), (38, 19));
+        assert_eq!(typed(Operator::Multiply, (30, 20), (30, 20)), (38, 17));
+        assert_eq!(typed(Operator::Plus, (10, 2), (5, 3)), (12, 3));
+        assert_eq!(typed(Operator::Plus, (38, 2), (38, 3)), (38, 3));
+        assert_eq!(typed(Operator::Minus, (10, 2), (5, 3)), (12, 3));
+    }
+
+    fn div(x: i128, sx: i8, y: i128, sy: i8, s: i8) -> Option<i128> {
+        divide(i256::from_i128(x), sx, i256::from_i128(y), sy, s)
+            .expect("divides")
+            .and_then(|v| v.to_i128())
+    }
+
+    #[test]
+    fn division_rounds_half_up_at_the_result_scale() {
+        // 12.35 / 3 = 4.1166666666667 at scale 13.
+        assert_eq!(div(1235, 2, 3, 0, 13), Some(41_166_666_666_667));
+        // -0.05 / 3 = -0.0166666666667 (HALF_UP: away from zero).
+        assert_eq!(div(-5, 2, 3, 0, 13), Some(-166_666_666_667));
+        // 1 / 3 of two DECIMAL(38, 10): scale 6.
+        assert_eq!(div(10_000_000_000, 10, 30_000_000_000, 10, 6), Some(333_333));
+        // 0.5 / 1 at scale 0 rounds up; -0.5 down.
+        assert_eq!(div(5, 1, 1, 0, 0), Some(1));
+        assert_eq!(div(-5, 1, 1, 0, 0), Some(-1));
+    }
+
+    #[test]
+    fn a_division_too_wide_for_one_step_is_long_division() {
+        // 10^37 / 3 at scale 40 needs 10^77: past i256 at once.
+        let x = 10i128.pow(37);
+        let q = divide(i256::from_i128(x), 0, i256::from_i128(3), 0, 40).expect("divides");
+        let expected = "3".repeat(77);
+        assert_eq!(q.map(|v| v.to_string()), Some(expected));
+    }
+
+    #[test]
+    fn division_by_zero_fails() {
+        assert!(divide(i256::ONE, 0, i256::ZERO, 0, 6).is_err());
+    }
+
+    #[test]
+    fn products_and_sums_round_half_up_when_scale_is_given_up() {
+        assert_eq!(rescale(Some(i256::from_i128(125)), 2, 1), Some(i256::from_i128(13)));
+        assert_eq!(rescale(Some(i256::from_i128(-125)), 2, 1), Some(i256::from_i128(-13)));
+        assert_eq!(rescale(Some(i256::from_i128(124)), 2, 1), Some(i256::from_i128(12)));
+    }
+}
