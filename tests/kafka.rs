@@ -1212,7 +1212,7 @@ async fn partitions_ahead_of_their_alignment_group_pause_until_the_late_one_catc
     let broker = Broker::start();
     broker.create_topic("ahead", 4);
     // Partition 0 holds the first 10 s of event time; partitions 1..3,
-    // written once the job has read partition 0, 2000 s.
+    // written once the job has read partition 0, 6000 s.
     let early: Vec<(i32, Option<String>, String)> = (0..10i64).map(|i| (0, None, bid(i * 4, i * 1000))).collect();
     broker.produce("ahead", &early);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1239,7 +1239,7 @@ async fn partitions_ahead_of_their_alignment_group_pause_until_the_late_one_catc
     })
     .await;
     let mut records: Vec<(i32, Option<String>, String)> = vec![];
-    for i in 0..2000i64 {
+    for i in 0..6000i64 {
         for p in 1..4 {
             records.push((p, None, bid(i * 4 + p as i64, i * 1000)));
         }
@@ -1253,20 +1253,23 @@ async fn partitions_ahead_of_their_alignment_group_pause_until_the_late_one_catc
     })
     .await;
     // Paused far before their ends, while the late partition reads on.
+    // A split reads on until the next announcement (50 ms here, as
+    // Flink's readers), so how far past the drift depends on the read
+    // rate: hundreds of records on this machine.
     assert_eq!(rows["ahead:0"].0, "active", "{rows:#?}");
     for s in ahead {
         assert!(
-            rows[s].2 < 1000,
+            rows[s].2 < 3000,
             "{s} paused within the drift, not at its end: {rows:#?}"
         );
     }
     // The late partition catches up: the others read on to their ends.
-    let late: Vec<(i32, Option<String>, String)> = (10..2000i64).map(|i| (0, None, bid(i * 4, i * 1000))).collect();
+    let late: Vec<(i32, Option<String>, String)> = (10..6000i64).map(|i| (0, None, bid(i * 4, i * 1000))).collect();
     broker.produce("ahead", &late);
     wait_for_splits(&mut session, "paused", "every partition read to its end", |r| {
         (0..4).all(|p| {
             r.get(&format!("ahead:{p}"))
-                .is_some_and(|(state, _, offset)| state == "active" && *offset == 2000)
+                .is_some_and(|(state, _, offset)| state == "active" && *offset == 6000)
         })
     })
     .await;
