@@ -118,6 +118,11 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("url_decode", (1, 1), Eval::Text(url_decode)),
         FlinkScalar::udf("is_decimal", (1, 1), Eval::Bool(is_decimal, Some(false))),
         FlinkScalar::udf("json_value", (2, 2), Eval::Text(json::json_value)),
+        FlinkScalar::udf(
+            crate::udf::JSON_VALUE_ON_ERROR_FN,
+            (4, 4),
+            Eval::NullableText(json::json_value_on_error),
+        ),
         FlinkScalar::udf("json_query", (2, 2), Eval::Text(json::json_query)),
         FlinkScalar::udf("json_exists", (2, 2), Eval::Bool(json::json_exists, None)),
         FlinkScalar::udf("json_string", (1, 1), Eval::Text(json::json_string)),
@@ -193,10 +198,15 @@ impl ScalarUDFImpl for FlinkScalar {
             .map(|a| cast(&a.to_array(rows)?, &DataType::Utf8).map_err(Into::into))
             .collect::<Result<Vec<ArrayRef>>>()?;
         let cols: Vec<&arrow::array::StringArray> = cols.iter().map(|c| c.as_string::<i32>()).collect();
-        let name = self.name.to_ascii_uppercase();
+        // Internal functions (`__weir_...`) stand for a Flink call whose
+        // name the message already gives.
+        let name = match self.name.strip_prefix("__weir_") {
+            Some(_) => String::new(),
+            None => format!("{}: ", self.name.to_ascii_uppercase()),
+        };
         let fail = |e: DataFusionError| match e {
-            DataFusionError::Execution(why) => DataFusionError::Execution(format!("{name}: {why}")),
-            other => DataFusionError::Execution(format!("{name}: {other}")),
+            DataFusionError::Execution(why) => DataFusionError::Execution(format!("{name}{why}")),
+            other => DataFusionError::Execution(format!("{name}{other}")),
         };
         let mut vals: Vec<&str> = Vec::with_capacity(cols.len());
         // The row's arguments, or `None` when one is NULL.

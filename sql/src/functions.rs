@@ -287,7 +287,7 @@ pub const FUNCTIONS: &[Function] = &[
         "JSON_VALUE",
         S,
         Own,
-        "paths: $, .key, ['key'], [n] (wildcards and filters refused); RETURNING; ON EMPTY / ON ERROR clauses do not parse yet",
+        "paths: $, .key, ['key'], [n] (wildcards and filters refused); RETURNING; {NULL | ERROR | DEFAULT literal} ON ERROR for any result that is not a scalar (not JSON, absent, JSON null, an object or array, as Flink 2.3); ON EMPTY is read and, as in Flink 2.3, never applies",
     ),
     f("JSON_QUERY", S, Own, "WITHOUT WRAPPER only; paths as JSON_VALUE"),
     f("JSON_EXISTS", S, Own, "paths as JSON_VALUE"),

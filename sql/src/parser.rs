@@ -196,8 +196,8 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(rewrite_tvf_tokens(
-            part.to_vec(),
+        let tokens = rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(
+            rewrite_tvf_tokens(part.to_vec()),
         ))));
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
@@ -558,6 +558,143 @@ fn rewrite_map_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
         tokens[map].token = Token::make_word(crate::flink_maps::MAP_FN, None);
         tokens[open].token = Token::LParen;
         tokens[close].token = Token::RParen;
+    }
+    tokens
+}
+
+/// sqlparser has no `JSON_VALUE(j, p [RETURNING t] [{NULL | ERROR |
+/// DEFAULT literal} ON EMPTY] [{NULL | ERROR | DEFAULT literal} ON ERROR])`
+/// clauses: the call becomes
+/// `[TRY_CAST(] __weir_json_value_on_error(j, p, 'MODE', CAST(literal AS
+/// STRING)) [AS t)]`. ON EMPTY is read and dropped: in Flink 2.3 an
+/// absent value is an error, and ON EMPTY never applies (see
+/// `flink_json::json_value_on_error`). A
+/// DEFAULT that is not a literal (Flink fails on one) is left for
+/// sqlparser to refuse.
+fn rewrite_json_value_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut at = 0;
+    while let Some(name) = next(at, &tokens) {
+        at = name + 1;
+        if !word(&tokens[name].token, "JSON_VALUE") {
+            continue;
+        }
+        let Some(open) = next(name + 1, &tokens).filter(|o| tokens[*o].token == Token::LParen) else {
+            continue;
+        };
+        // The call's own tokens (depth 1), and where it closes.
+        let mut depth = 0usize;
+        let mut top: Vec<usize> = vec![];
+        let mut close = None;
+        for (i, t) in tokens.iter().enumerate().skip(open) {
+            match t.token {
+                Token::LParen => depth += 1,
+                Token::RParen => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                close = Some(i);
+                break;
+            }
+            if depth == 1 && i > open && !is_blank(&t.token) {
+                top.push(i);
+            }
+        }
+        let Some(close) = close else { continue };
+        // Clauses, read from the end: `<behaviour> ON EMPTY|ERROR`.
+        let mut end = top.len();
+        let mut on_error: Option<(String, Option<Vec<Token>>)> = None;
+        let mut clauses = 0;
+        let mut valid = true;
+        while end >= 3 && clauses < 2 {
+            let (on, target) = (top[end - 2], top[end - 1]);
+            let is_error = word(&tokens[target].token, "ERROR");
+            if !word(&tokens[on].token, "ON") || !(is_error || word(&tokens[target].token, "EMPTY")) {
+                break;
+            }
+            let before = top[end - 3];
+            let (mode, literal, start) =
+                if word(&tokens[before].token, "NULL") && !(end >= 4 && word(&tokens[top[end - 4]].token, "DEFAULT")) {
+                    ("NULL", None, end - 3)
+                } else if word(&tokens[before].token, "ERROR") {
+                    ("ERROR", None, end - 3)
+                } else {
+                    // DEFAULT [-] literal
+                    let Some(d) = (0..end - 2).rev().find(|k| word(&tokens[top[*k]].token, "DEFAULT")) else {
+                        valid = false;
+                        break;
+                    };
+                    let value: Vec<Token> = top[d + 1..end - 2].iter().map(|k| tokens[*k].token.clone()).collect();
+                    let literal = match value.as_slice() {
+                        [Token::Number(..) | Token::SingleQuotedString(_)] => true,
+                        [Token::Minus | Token::Plus, Token::Number(..)] => true,
+                        [t] => ["NULL", "TRUE", "FALSE"].iter().any(|w| word(t, w)),
+                        _ => false,
+                    };
+                    if !literal {
+                        valid = false;
+                        break;
+                    }
+                    ("DEFAULT", Some(value), d)
+                };
+            if is_error && on_error.is_none() {
+                on_error = Some((mode.to_string(), literal));
+            }
+            end = start;
+            clauses += 1;
+        }
+        if !valid || clauses == 0 {
+            continue;
+        }
+        // What remains: `j, p [RETURNING type...]`.
+        let args = &top[..end];
+        let returning = args.iter().position(|k| word(&tokens[*k].token, "RETURNING"));
+        let args_end = returning.map_or(top[end - 1] + 1, |r| args[r]);
+        let span = tokens[name].span;
+        let (mode, default) = on_error.unwrap_or_else(|| ("NULL".to_string(), None));
+        let mut new: Vec<Token> = vec![];
+        if returning.is_some() {
+            new.extend([Token::make_keyword("TRY_CAST"), Token::LParen]);
+        }
+        new.extend([
+            Token::make_word(crate::udf::JSON_VALUE_ON_ERROR_FN, None),
+            Token::LParen,
+        ]);
+        new.extend(tokens[open + 1..args_end].iter().map(|t| t.token.clone()));
+        new.extend([Token::Comma, Token::SingleQuotedString(mode), Token::Comma]);
+        match default {
+            Some(value) => {
+                new.extend([Token::make_keyword("CAST"), Token::LParen, Token::LParen]);
+                new.extend(
+                    value
+                        .into_iter()
+                        .flat_map(|t| [t, Token::Whitespace(Whitespace::Space)]),
+                );
+                new.extend([
+                    Token::RParen,
+                    Token::Whitespace(Whitespace::Space),
+                    Token::make_keyword("AS"),
+                    Token::Whitespace(Whitespace::Space),
+                    Token::make_word("STRING", None),
+                    Token::RParen,
+                ]);
+            }
+            None => new.push(Token::make_keyword("NULL")),
+        }
+        new.push(Token::RParen);
+        if let Some(r) = returning {
+            new.extend([
+                Token::Whitespace(Whitespace::Space),
+                Token::make_keyword("AS"),
+                Token::Whitespace(Whitespace::Space),
+            ]);
+            let type_end = top[end - 1];
+            new.extend(tokens[args[r] + 1..=type_end].iter().map(|t| t.token.clone()));
+            new.push(Token::RParen);
+        }
+        let count = new.len();
+        tokens.splice(name..=close, new.into_iter().map(|t| TokenWithSpan::new(t, span)));
+        at = name + count;
     }
     tokens
 }

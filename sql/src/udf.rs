@@ -126,6 +126,10 @@ pub const SYSTEM_TIME_FN: &str = "__weir_system_time";
 /// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
 /// is parsed as (see `parser::rewrite_is_json_tokens`).
 pub const IS_JSON_FN: &str = "__weir_is_json_kind";
+/// `JSON_VALUE(j, p ... ON ERROR)` as the parser writes it:
+/// `__weir_json_value_on_error(j, p, mode, default)` (see
+/// `parser::rewrite_json_value_tokens`).
+pub const JSON_VALUE_ON_ERROR_FN: &str = "__weir_json_value_on_error";
 /// The rewrite's mark of a temporal join, one conjunct of its `ON`:
 /// `__weir_temporal_join(left_time, right_rowtime, right_pk...)`. The
 /// planner takes it out of the condition; it is true if evaluated.
