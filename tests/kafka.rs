@@ -1024,6 +1024,84 @@ async fn metadata_columns_read_offsets_partitions_timestamps_and_headers_and_wri
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_column_routes_each_record_within_the_listed_topics() {
+    let broker = Broker::start();
+    broker.create_topic("even", 1);
+    broker.create_topic("odd", 2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    let source = "CREATE TABLE src (id BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '6',
+               'fields.id.kind' = 'sequence', 'fields.id.start' = '1', 'fields.id.end' = '6');";
+    // A list of topics: each record goes to the one its column names
+    // (round-robin over that topic's own partitions).
+    session
+        .execute_sql(&format!(
+            "SET 'table.dml-sync' = 'true';
+             CREATE TABLE routed (id BIGINT, t STRING METADATA FROM 'topic')
+               WITH ('connector' = 'kafka', 'topic' = 'even;odd', 'properties.bootstrap.servers' = '{}',
+                     'format' = 'json', 'sink.partitioner' = 'round-robin');
+             {source}
+             INSERT INTO routed SELECT id, CASE WHEN MOD(id, 2) = 0 THEN 'even' ELSE 'odd' END FROM src;",
+            broker.servers()
+        ))
+        .await
+        .expect("write");
+    let values = |topic: &str, partitions: i32| {
+        let mut v: Vec<String> = broker.read_all(topic, partitions).into_iter().map(|r| r.3).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(values("even", 1), [r#"{"id":2}"#, r#"{"id":4}"#, r#"{"id":6}"#]);
+    assert_eq!(values("odd", 2), [r#"{"id":1}"#, r#"{"id":3}"#, r#"{"id":5}"#]);
+    let per_partition: BTreeMap<i32, usize> = broker.read_all("odd", 2).iter().fold(BTreeMap::new(), |mut m, r| {
+        *m.entry(r.0).or_default() += 1;
+        m
+    });
+    assert_eq!(
+        per_partition.len(),
+        2,
+        "round-robin over odd's partitions: {per_partition:?}"
+    );
+    // A topic outside the list fails the job, naming it.
+    let e = error_of(&mut session, "INSERT INTO routed SELECT id, 'elsewhere' FROM src;").await;
+    assert!(e.contains("topic 'elsewhere' is not one of topics 'even;odd'"), "{e}");
+    // One named topic wins over the column (Flink's rule).
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE one (id BIGINT, t STRING METADATA FROM 'topic')
+               WITH ('connector' = 'kafka', 'topic' = 'even', 'properties.bootstrap.servers' = '{}', 'format' = 'json');
+             INSERT INTO one SELECT id, 'odd' FROM src WHERE id = 1;",
+            broker.servers()
+        ))
+        .await
+        .expect("write one");
+    assert_eq!(values("even", 1).len(), 4, "the record went to 'even'");
+    // Several topics without a column to choose: refused, saying how.
+    let e = error_of(
+        &mut session,
+        &format!(
+            "CREATE TABLE many (id BIGINT) WITH ('connector' = 'kafka', 'topic' = 'even;odd',
+               'properties.bootstrap.servers' = '{}', 'format' = 'json');
+             INSERT INTO many SELECT id FROM src;",
+            broker.servers()
+        ),
+    )
+    .await;
+    assert!(e.contains("`topic` metadata column"), "{e}");
+    // No topic option at all: the column names any topic.
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE anywhere (id BIGINT, t STRING METADATA FROM 'topic')
+               WITH ('connector' = 'kafka', 'properties.bootstrap.servers' = '{}', 'format' = 'json');
+             INSERT INTO anywhere SELECT id, 'odd' FROM src WHERE id = 1;",
+            broker.servers()
+        ))
+        .await
+        .expect("write anywhere");
+    assert_eq!(values("odd", 2).len(), 4, "the record went to 'odd'");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_hold_offsets_and_commit_them_to_the_group_after_they_complete() {
     let broker = Broker::start();
     broker.create_topic("events", 2);

@@ -114,6 +114,8 @@ pub(super) struct Encoded {
     pub timestamps: Option<Vec<Option<i64>>>,
     /// With a `headers` metadata column, each record's headers.
     pub headers: Option<Vec<Headers>>,
+    /// With a `topic` metadata column, each record's topic.
+    pub topics: Option<Vec<Option<String>>>,
 }
 
 /// A record's headers, in order: (key, value).
@@ -265,6 +267,11 @@ impl Codec {
             upsert,
             metadata,
         })
+    }
+
+    /// Whether a sink writes a `topic` column (each record's topic).
+    pub fn writes_topic(&self) -> bool {
+        self.metadata.iter().any(|(_, m)| *m == Meta::Topic)
     }
 
     /// Whether a column reads the records' headers.
@@ -545,6 +552,10 @@ impl Codec {
             Some((i, _)) => Some(metadata::headers(batch.column(*i))?),
             None => None,
         };
+        let topics = match self.metadata.iter().find(|(_, m)| *m == Meta::Topic) {
+            Some((i, _)) => Some(metadata::topics(batch.column(*i))?),
+            None => None,
+        };
         let keys = match self.key.as_ref().or(self.write_key.as_ref()) {
             None => None,
             Some(k) => {
@@ -565,6 +576,7 @@ impl Codec {
             values: encode_part(&self.value, &part)?,
             timestamps,
             headers,
+            topics,
         })
     }
 

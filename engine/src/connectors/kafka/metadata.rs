@@ -38,7 +38,7 @@ const KEYS: &[(&str, Option<Meta>)] = &[
 ];
 
 /// Keys a sink writes (Flink's: `headers`, `timestamp`).
-const WRITABLE: &[Meta] = &[Meta::Headers, Meta::Timestamp];
+const WRITABLE: &[Meta] = &[Meta::Headers, Meta::Timestamp, Meta::Topic];
 
 impl Meta {
     /// The metadata's own type (Flink's).
@@ -283,6 +283,15 @@ pub(super) fn timestamps(column: &ArrayRef) -> Result<Vec<Option<i64>>> {
         .downcast_ref::<TimestampMillisecondArray>()
         .ok_or_else(|| crate::error::ExecError::internal("a timestamp cast gave another type"))?;
     Ok(ms.iter().collect())
+}
+
+/// A sink's `topic` column as each record's topic.
+pub(super) fn topics(column: &ArrayRef) -> Result<Vec<Option<String>>> {
+    let text = arrow::compute::cast(column, &DataType::Utf8)?;
+    let Some(text) = text.as_any().downcast_ref::<StringArray>() else {
+        return Err(crate::error::ExecError::internal("a topic cast gave another type"));
+    };
+    Ok(text.iter().map(|t| t.map(str::to_string)).collect())
 }
 
 /// A sink's `headers` column as each record's headers (a NULL map: none).

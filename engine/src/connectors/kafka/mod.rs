@@ -376,7 +376,12 @@ pub fn validate(
         )
         .into());
     }
-    Topics::from_options(options)?;
+    // A table only written to may name no topic when a `topic` column
+    // names each record's (reading it then asks for one).
+    let named = options.get("topic").is_some() || options.get("topic-pattern").is_some();
+    if named || !metadata.iter().any(|(_, key)| key == "topic") {
+        Topics::from_options(options)?;
+    }
     codec::Codec::new(
         options,
         schema,

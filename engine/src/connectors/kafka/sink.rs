@@ -36,7 +36,7 @@ use super::{NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, ext
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::connectors::{Committer, SinkContext, SinkFactory};
-use crate::error::Result;
+use crate::error::{ConnectorError, Result};
 use crate::failpoint::failpoint;
 use crate::operators::{Collector, Operator};
 
@@ -71,11 +71,68 @@ enum Partitioner {
     RoundRobin,
 }
 
+/// Where a sink's records go.
+#[derive(Debug, Clone)]
+enum SinkTopics {
+    /// Every record, whatever a `topic` column says.
+    One(String),
+    /// The topic a `topic` column names, one of these.
+    List(Vec<String>),
+    /// The topic a `topic` column names, matching this.
+    Pattern(regex::Regex),
+    /// The topic a `topic` column names.
+    Any,
+}
+
+impl SinkTopics {
+    /// The topics as messages name them.
+    fn text(&self) -> String {
+        match self {
+            SinkTopics::One(t) => format!("topic '{t}'"),
+            SinkTopics::List(l) => format!("topics '{}'", l.join(";")),
+            SinkTopics::Pattern(p) => format!("topics matching '{}'", p.as_str()),
+            SinkTopics::Any => "the topics of the 'topic' column".to_string(),
+        }
+    }
+
+    /// Record `i`'s topic (`column`: the `topic` column's values), as
+    /// Flink's `DynamicKafkaRecordSerializationSchema.getTargetTopic`.
+    fn of<'a>(&'a self, column: Option<&'a [Option<String>]>, i: usize) -> Result<&'a str> {
+        if let SinkTopics::One(t) = self {
+            return Ok(t);
+        }
+        let named = column.and_then(|c| c.get(i)).and_then(|t| t.as_deref());
+        let Some(topic) = named else {
+            return Err(ConnectorError::Data {
+                location: "kafka sink".into(),
+                message: format!(
+                    "a record's 'topic' metadata column is NULL: it must name one of {}",
+                    self.text()
+                ),
+            }
+            .into());
+        };
+        let allowed = match self {
+            SinkTopics::List(l) => l.iter().any(|t| t == topic),
+            SinkTopics::Pattern(p) => p.is_match(topic),
+            _ => true,
+        };
+        if !allowed {
+            return Err(ConnectorError::Data {
+                location: "kafka sink".into(),
+                message: format!("a record's topic '{topic}' is not one of {}", self.text()),
+            }
+            .into());
+        }
+        Ok(topic)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Settings {
     guarantee: Guarantee,
     partitioner: Partitioner,
-    topic: String,
+    topics: SinkTopics,
     /// `upsert-kafka`'s `sink.buffer-flush.*`: (max rows, interval).
     buffer: Option<(usize, Duration)>,
 }
@@ -138,22 +195,21 @@ impl Settings {
                 ));
             }
         };
-        let topic = match Topics::from_options(options)? {
-            Topics::List(list) if list.len() == 1 => list[0].clone(),
-            Topics::List(_) => {
-                return Err(invalid(
-                    "topic",
-                    "a sink writes one topic; several topics need a 'topic' metadata column, which Weir does not have yet",
-                ));
-            }
-            Topics::Pattern(_) => {
-                return Err(invalid("topic-pattern", "a sink writes one named topic: use 'topic'"));
-            }
+        // As Flink's sink: one topic is where every record goes (a `topic`
+        // column is then ignored); a list or a pattern is what a `topic`
+        // column may name; neither lets the column name any topic.
+        let topics = match (options.get("topic"), options.get("topic-pattern")) {
+            (None, None) => SinkTopics::Any,
+            _ => match Topics::from_options(options)? {
+                Topics::List(list) if list.len() == 1 => SinkTopics::One(list[0].clone()),
+                Topics::List(list) => SinkTopics::List(list),
+                Topics::Pattern(p) => SinkTopics::Pattern(p),
+            },
         };
         Ok(Self {
             guarantee,
             partitioner,
-            topic,
+            topics,
             buffer: buffer(options)?,
         })
     }
@@ -179,6 +235,27 @@ impl KafkaSink {
         metadata: &[(usize, String)],
     ) -> Result<Self> {
         let settings = Settings::from_options(options)?;
+        let codec = Codec::new(
+            options,
+            &schema,
+            upsert,
+            super::metadata_columns(&schema, metadata, table, true)?,
+        )?;
+        if !codec.writes_topic() && !matches!(settings.topics, SinkTopics::One(_)) {
+            let key = if options.get("topic-pattern").is_some() {
+                "topic-pattern"
+            } else {
+                "topic"
+            };
+            return Err(invalid(
+                key,
+                format!(
+                    "table '{table}' writes {}: each record's topic must come from a `topic` metadata column \
+                     (`t STRING METADATA FROM 'topic'`), or 'topic' must name one topic",
+                    settings.topics.text()
+                ),
+            ));
+        }
         let mut properties = client_properties(options);
         // Kafka's Java client places keys by murmur2; librdkafka's default
         // (CRC32) would put them elsewhere.
@@ -223,12 +300,7 @@ impl KafkaSink {
             }),
             properties,
             settings,
-            codec: Codec::new(
-                options,
-                &schema,
-                upsert,
-                super::metadata_columns(&schema, metadata, table, true)?,
-            )?,
+            codec,
         })
     }
 
@@ -290,10 +362,14 @@ impl SinkFactory for KafkaSink {
     }
 
     fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
-        let partitions = match self.settings.partitioner {
-            Partitioner::Default => 0,
-            _ => self.partitions()?,
-        };
+        // `fixed` and `round-robin` need each topic's partition count: the
+        // one topic's is read here, the others' when first written.
+        let mut partitions = HashMap::new();
+        if let (Partitioner::Fixed | Partitioner::RoundRobin, SinkTopics::One(t)) =
+            (self.settings.partitioner, &self.settings.topics)
+        {
+            partitions.insert(t.clone(), self.partitions(t)?);
+        }
         let delivery = match &self.settings.guarantee {
             Guarantee::ExactlyOnce { prefix } => {
                 self.check_timeout(ctx)?;
@@ -340,8 +416,10 @@ impl SinkFactory for KafkaSink {
             }),
             settings: self.settings.clone(),
             codec: self.codec.clone(),
-            partitions,
-            next: subtask as i32,
+            placement: Placement {
+                partitions,
+                next: HashMap::new(),
+            },
             subtask: subtask as i32,
         }))
     }
@@ -353,9 +431,8 @@ impl SinkFactory for KafkaSink {
 }
 
 impl KafkaSink {
-    /// The topic's number of partitions (`fixed`, `round-robin`).
-    fn partitions(&self) -> Result<i32> {
-        let topic = &self.settings.topic;
+    /// A topic's number of partitions (`fixed`, `round-robin`).
+    fn partitions(&self, topic: &str) -> Result<i32> {
         let consumer: rdkafka::consumer::BaseConsumer = client_config(&self.properties)
             .create()
             .map_err(|e| external(format!("cannot create a client for table '{}': {e}", self.table)))?;
@@ -435,7 +512,7 @@ fn check_deliveries(producer: &BaseProducer<Deliveries>) -> Result<()> {
 fn flush(producer: &BaseProducer<Deliveries>, topic: &str) -> Result<()> {
     producer.flush(FLUSH_TIMEOUT).map_err(|e| {
         external(format!(
-            "records to topic '{topic}' were not acknowledged within {} s: {e}",
+            "records to {topic} were not acknowledged within {} s: {e}",
             FLUSH_TIMEOUT.as_secs()
         ))
     })?;
@@ -796,32 +873,70 @@ struct ReduceBuffer {
     records: HashMap<Vec<u8>, Buffered>,
 }
 
-/// A buffered record's value (`None`: a tombstone), timestamp and headers.
-type Buffered = (Option<Vec<u8>>, Option<i64>, Headers);
+/// A buffered record's value (`None`: a tombstone), timestamp, headers
+/// and topic (from a `topic` column).
+type Buffered = (Option<Vec<u8>>, Option<i64>, Headers, Option<String>);
 
 struct KafkaWriter {
     delivery: Delivery,
     buffer: Option<ReduceBuffer>,
     settings: Settings,
     codec: Codec,
-    /// The topic's partitions (`fixed`, `round-robin`).
-    partitions: i32,
-    /// `round-robin`: the next partition.
-    next: i32,
+    /// `fixed`, `round-robin`: each topic's partitions (read when first
+    /// written) and next partition.
+    placement: Placement,
     subtask: i32,
 }
 
-impl KafkaWriter {
-    fn partition(&mut self) -> Option<i32> {
-        match self.settings.partitioner {
-            Partitioner::Default => None,
-            Partitioner::Fixed => Some(self.subtask % self.partitions),
-            Partitioner::RoundRobin => {
-                let p = self.next % self.partitions;
-                self.next = (self.next + 1) % self.partitions;
-                Some(p)
-            }
+/// Where `fixed` and `round-robin` put records: each topic's partition
+/// count and round-robin position.
+#[derive(Default)]
+struct Placement {
+    partitions: HashMap<String, i32>,
+    next: HashMap<String, i32>,
+}
+
+impl Placement {
+    /// The partition a record to `topic` goes to (`None`: by its key).
+    fn partition(
+        &mut self,
+        partitioner: Partitioner,
+        subtask: i32,
+        topic: &str,
+        producer: &BaseProducer<Deliveries>,
+    ) -> Result<Option<i32>> {
+        if partitioner == Partitioner::Default {
+            return Ok(None);
         }
+        let n = match self.partitions.get(topic) {
+            Some(n) => *n,
+            None => {
+                let metadata = producer
+                    .client()
+                    .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+                    .map_err(|e| external(format!("cannot read the metadata of topic '{topic}': {e}")))?;
+                let n = metadata
+                    .topics()
+                    .iter()
+                    .find(|t| t.name() == topic)
+                    .map_or(0, |t| t.partitions().len() as i32);
+                if n == 0 {
+                    return Err(external(format!("topic '{topic}' does not exist")));
+                }
+                self.partitions.insert(topic.to_string(), n);
+                n
+            }
+        };
+        Ok(Some(match partitioner {
+            Partitioner::Fixed => subtask % n,
+            _ => {
+                // Subtasks start at their own partition, then go round.
+                let next = self.next.entry(topic.to_string()).or_insert(subtask);
+                let p = *next % n;
+                *next = (p + 1) % n;
+                p
+            }
+        }))
     }
 }
 
@@ -843,10 +958,12 @@ impl Operator for KafkaWriter {
         };
         let keys = encoded.keys.unwrap_or_default();
         let mut headers = encoded.headers.map(Vec::into_iter);
+        let mut topics = encoded.topics.map(Vec::into_iter);
         for (i, (key, value)) in keys.into_iter().zip(encoded.values).enumerate() {
             let timestamp = encoded.timestamps.as_ref().and_then(|t| t[i]);
             let h = headers.as_mut().and_then(Iterator::next).unwrap_or_default();
-            buffer.records.insert(key, (value, timestamp, h));
+            let topic = topics.as_mut().and_then(Iterator::next).flatten();
+            buffer.records.insert(key, (value, timestamp, h, topic));
         }
         if buffer.records.len() >= buffer.max_rows {
             self.send_buffered()?;
@@ -866,7 +983,7 @@ impl Operator for KafkaWriter {
         // The barrier: every record before it is in the topic (or in the
         // pre-committed transaction) before the checkpoint can complete.
         self.send_buffered()?;
-        let topic = self.settings.topic.clone();
+        let topic = self.settings.topics.text();
         match &mut self.delivery {
             Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
             Delivery::Plain(_) => {}
@@ -877,7 +994,7 @@ impl Operator for KafkaWriter {
 
     fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
         self.send_buffered()?;
-        let topic = self.settings.topic.clone();
+        let topic = self.settings.topics.text();
         match &mut self.delivery {
             Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
             Delivery::Plain(_) => Ok(None),
@@ -886,7 +1003,7 @@ impl Operator for KafkaWriter {
 
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
         self.send_buffered()?;
-        let topic = self.settings.topic.clone();
+        let topic = self.settings.topics.text();
         match &self.delivery {
             Delivery::Plain(p) => flush(p, &topic),
             // Its last transaction is pre-committed by the final checkpoint.
@@ -908,25 +1025,29 @@ impl KafkaWriter {
         let mut values = Vec::with_capacity(buffer.records.len());
         let mut timestamps = Vec::with_capacity(buffer.records.len());
         let mut headers = Vec::with_capacity(buffer.records.len());
-        for (k, (v, t, h)) in buffer.records.drain() {
+        let mut topics = Vec::with_capacity(buffer.records.len());
+        for (k, (v, t, h, topic)) in buffer.records.drain() {
             keys.push(k);
             values.push(v);
             timestamps.push(t);
             headers.push(h);
+            topics.push(topic);
         }
         self.send(Encoded {
             keys: Some(keys),
             values,
             timestamps: Some(timestamps),
             headers: Some(headers),
+            topics: Some(topics),
         })
     }
 
     /// Sends records to the producer (or the open transaction).
     fn send(&mut self, encoded: Encoded) -> Result<()> {
         let (keys, values) = (encoded.keys, encoded.values);
-        let topic = self.settings.topic.clone();
-        let partitions: Vec<Option<i32>> = (0..values.len()).map(|_| self.partition()).collect();
+        let topics = (0..values.len())
+            .map(|i| self.settings.topics.of(encoded.topics.as_deref(), i))
+            .collect::<Result<Vec<&str>>>()?;
         let producer = match &mut self.delivery {
             Delivery::Plain(p) => &*p,
             Delivery::Transactional(w) => match w.current.as_mut() {
@@ -941,8 +1062,16 @@ impl KafkaWriter {
                 }
             },
         };
+        let mut partitions = Vec::with_capacity(values.len());
+        for topic in &topics {
+            let p = self
+                .placement
+                .partition(self.settings.partitioner, self.subtask, topic, producer)?;
+            partitions.push(p);
+        }
         for (i, value) in values.iter().enumerate() {
-            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&topic);
+            let topic = topics[i];
+            let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
             if let Some(v) = value {
                 record = record.payload(v.as_slice());
             }
