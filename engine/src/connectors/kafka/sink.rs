@@ -437,22 +437,29 @@ impl KafkaSink {
             .create()
             .map_err(|e| external(format!("cannot create a client for table '{}': {e}", self.table)))?;
         use rdkafka::consumer::Consumer;
-        let metadata = consumer
-            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-            .map_err(|e| external(format!("cannot read the metadata of topic '{topic}': {e}")))?;
-        let n = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map_or(0, |t| t.partitions().len());
-        if n == 0 {
-            return Err(external(format!(
-                "topic '{topic}' does not exist (table '{}')",
-                self.table
-            )));
-        }
-        Ok(n as i32)
+        partition_count(consumer.client(), topic, &format!(" (table '{}')", self.table))
     }
+}
+
+/// `topic`'s number of partitions, from the cluster's metadata (`about`:
+/// said after an error).
+fn partition_count<C: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+    about: &str,
+) -> Result<i32> {
+    let metadata = client
+        .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+        .map_err(|e| external(format!("cannot read the metadata of topic '{topic}'{about}: {e}")))?;
+    let n = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len());
+    if n == 0 {
+        return Err(external(format!("topic '{topic}' does not exist{about}")));
+    }
+    Ok(n as i32)
 }
 
 /// A producer's delivery reports (the first failure, kept until checked)
@@ -911,18 +918,7 @@ impl Placement {
         let n = match self.partitions.get(topic) {
             Some(n) => *n,
             None => {
-                let metadata = producer
-                    .client()
-                    .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-                    .map_err(|e| external(format!("cannot read the metadata of topic '{topic}': {e}")))?;
-                let n = metadata
-                    .topics()
-                    .iter()
-                    .find(|t| t.name() == topic)
-                    .map_or(0, |t| t.partitions().len() as i32);
-                if n == 0 {
-                    return Err(external(format!("topic '{topic}' does not exist")));
-                }
+                let n = partition_count(producer.client(), topic, "")?;
                 self.partitions.insert(topic.to_string(), n);
                 n
             }
