@@ -135,8 +135,11 @@ impl OperatorTask {
         }
         let mut unaligned: Option<UnalignedPending> = None;
         // Processing-time ticks (state TTL) for the operators that ask.
+        // The first tick a period from now: `interval`'s first completes at
+        // once, which flushed an upsert sink's reduce buffer at whatever
+        // moment the task first lost the race to its input.
         let mut ticker = self.chain.processing_time_interval().map(|d| {
-            let mut t = tokio::time::interval(d);
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + d, d);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             t
         });
