@@ -106,6 +106,12 @@ fn written(e: &Expr, schema: &DFSchema) -> Option<(Expr, (u8, i8))> {
 
 /// `a op b` as Flink computes it, when its DataFusion type differs.
 pub fn binary(b: &BinaryExpr, e: &Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    if !matches!(
+        b.op,
+        Operator::Plus | Operator::Minus | Operator::Multiply | Operator::Divide
+    ) {
+        return Ok(Transformed::no(e.clone()));
+    }
     let (Some((left, l)), Some((right, r))) = (written(&b.left, schema), written(&b.right, schema)) else {
         return Ok(Transformed::no(e.clone()));
     };

@@ -384,16 +384,24 @@ impl Path {
 /// The JSON document and the value at the path: `Err` is an error (not
 /// JSON, or absent in strict mode), `Ok(None)` empty.
 fn lookup(json: &str, path: &str) -> Result<std::result::Result<Option<Value>, ()>> {
-    LAST_PATH.with(|last| {
-        let mut last = last.borrow_mut();
-        let path = match &*last {
-            Some((text, p)) if text == path => p,
-            _ => &last.insert((path.to_string(), Path::parse(path)?)).1,
-        };
+    with_path(path, |path| {
         let Some(doc) = Value::parse(json) else {
             return Ok(Err(()));
         };
         Ok(path.find(&doc).map(|v| v.cloned()))
+    })
+}
+
+/// Runs `f` with the parsed `path`, read once per thread while rows keep
+/// asking for the same one.
+fn with_path<T>(path: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    LAST_PATH.with(|last| {
+        let mut last = last.borrow_mut();
+        let parsed = match &*last {
+            Some((text, p)) if text == path => p,
+            _ => &last.insert((path.to_string(), Path::parse(path)?)).1,
+        };
+        f(parsed)
     })
 }
 
@@ -425,18 +433,23 @@ pub fn json_value_on_error(v: &[Option<&str>], _: &[DataType]) -> Result<Option<
     let (Some(json), Some(path)) = (v[0], v[1]) else {
         return Ok(None);
     };
-    let parsed = Path::parse(path)?;
-    let why = match Value::parse(json) {
-        None => "is not JSON".to_string(),
-        Some(doc) => match parsed.walk(&doc) {
-            Walk::Found(Value::String(s)) => return Ok(Some(s.clone())),
-            Walk::Found(Value::Number(n)) => return Ok(Some(n.clone())),
-            Walk::Found(Value::Bool(b)) => return Ok(Some(b.to_string())),
-            Walk::Found(Value::Null) => "holds null there".to_string(),
-            Walk::Found(_) => "holds an object or array there, not a scalar".to_string(),
-            Walk::Absent => "has nothing there".to_string(),
-            Walk::Mismatch(step) => format!("has no object or array to take {step} of"),
-        },
+    let found = with_path(path, |parsed| {
+        Ok(match Value::parse(json) {
+            None => Err("is not JSON".to_string()),
+            Some(doc) => match parsed.walk(&doc) {
+                Walk::Found(Value::String(s)) => Ok(s.clone()),
+                Walk::Found(Value::Number(n)) => Ok(n.clone()),
+                Walk::Found(Value::Bool(b)) => Ok(b.to_string()),
+                Walk::Found(Value::Null) => Err("holds null there".to_string()),
+                Walk::Found(_) => Err("holds an object or array there, not a scalar".to_string()),
+                Walk::Absent => Err("has nothing there".to_string()),
+                Walk::Mismatch(step) => Err(format!("has no object or array to take {step} of")),
+            },
+        })
+    })?;
+    let why = match found {
+        Ok(scalar) => return Ok(Some(scalar)),
+        Err(why) => why,
     };
     match v.get(2).copied().flatten() {
         Some("DEFAULT") => Ok(v.get(3).copied().flatten().map(str::to_string)),

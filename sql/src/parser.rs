@@ -528,6 +528,24 @@ fn rewrite_is_json_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> 
     tokens
 }
 
+/// The `)` or `]` that closes the `(` or `[` at `open`, if any.
+fn matching_close(tokens: &[TokenWithSpan], open: usize) -> Option<usize> {
+    let (opens, closes) = match tokens[open].token {
+        Token::LParen => (Token::LParen, Token::RParen),
+        Token::LBracket => (Token::LBracket, Token::RBracket),
+        _ => return None,
+    };
+    let mut depth = 0usize;
+    (open..tokens.len()).find(|i| {
+        if tokens[*i].token == opens {
+            depth += 1;
+        } else if tokens[*i].token == closes {
+            depth -= 1;
+        }
+        depth == 0
+    })
+}
+
 /// sqlparser has no `MAP[k1, v1, k2, v2, ...]` value constructor: it
 /// becomes the call `__weir_map(k1, v1, ...)` (`functions::flink_calls`
 /// plans it). `MAP<K, V>` types and backquoted `map` names are untouched.
@@ -542,17 +560,8 @@ fn rewrite_map_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
         let Some(open) = next(map + 1, &tokens).filter(|o| tokens[*o].token == Token::LBracket) else {
             continue;
         };
-        let mut depth = 0usize;
-        let close = (open..tokens.len()).find(|i| {
-            match tokens[*i].token {
-                Token::LBracket => depth += 1,
-                Token::RBracket => depth -= 1,
-                _ => {}
-            }
-            depth == 0
-        });
         // An unclosed bracket stays as it is: sqlparser reports it.
-        let Some(close) = close else {
+        let Some(close) = matching_close(&tokens, open) else {
             continue;
         };
         tokens[map].token = Token::make_word(crate::flink_maps::MAP_FN, None);
@@ -582,25 +591,23 @@ fn rewrite_json_value_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpa
         let Some(open) = next(name + 1, &tokens).filter(|o| tokens[*o].token == Token::LParen) else {
             continue;
         };
-        // The call's own tokens (depth 1), and where it closes.
+        let Some(close) = matching_close(&tokens, open) else {
+            continue;
+        };
+        // The call's own tokens (those at its depth, and the closing
+        // parenthesis of each nested one, which ends an argument).
         let mut depth = 0usize;
         let mut top: Vec<usize> = vec![];
-        let mut close = None;
-        for (i, t) in tokens.iter().enumerate().skip(open) {
-            match t.token {
+        for i in open + 1..close {
+            match tokens[i].token {
                 Token::LParen => depth += 1,
                 Token::RParen => depth -= 1,
                 _ => {}
             }
-            if depth == 0 {
-                close = Some(i);
-                break;
-            }
-            if depth == 1 && i > open && !is_blank(&t.token) {
+            if depth == 0 && !is_blank(&tokens[i].token) {
                 top.push(i);
             }
         }
-        let Some(close) = close else { continue };
         // Clauses, read from the end: `<behaviour> ON EMPTY|ERROR`.
         let mut end = top.len();
         let mut on_error: Option<(String, Option<Vec<Token>>)> = None;
