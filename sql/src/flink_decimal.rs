@@ -23,12 +23,14 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Decimal128Array};
 use arrow::datatypes::{DataType, Decimal128Type, i256};
-use datafusion::common::tree_node::Transformed;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, ExprSchema, Result, ScalarValue, exec_err};
 use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::merge_schema;
 use datafusion::logical_expr::{
-    BinaryExpr, ColumnarValue, Expr, ExprSchemable, Operator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-    Volatility,
+    BinaryExpr, Cast, ColumnarValue, Expr, ExprSchemable, LogicalPlan, Operator, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility,
 };
 
 const MAX_PRECISION: u8 = 38;
@@ -374,4 +376,92 @@ mod tests {
         assert_eq!(rescale(Some(i256::from_i128(-125)), 2, 1), Some(i256::from_i128(-13)));
         assert_eq!(rescale(Some(i256::from_i128(124)), 2, 1), Some(i256::from_i128(12)));
     }
+}
+
+/// Flink's common type of a DOUBLE (or FLOAT) and a DECIMAL is DOUBLE:
+/// in comparisons, `BETWEEN`, `IN`, `CASE` (and `IF`) results and
+/// `COALESCE`-like calls. DataFusion's is `DECIMAL(30, 15)`, which rounds
+/// the double and fails past 10^15 (`d > 0.5` of `d` = 8.5E37). Before
+/// DataFusion's coercion, each DECIMAL side of such an expression is cast
+/// to DOUBLE. (Arithmetic already computes in DOUBLE in both.)
+pub fn approximate_wins(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    plan.transform_up_with_subqueries(|node| {
+        let schema = merge_schema(&node.inputs());
+        let names = NamePreserver::new(&node);
+        let t = node.map_expressions(|e| {
+            let saved = names.save(&e);
+            Ok(approximate_wins_in(e, &schema)?.update_data(|e| saved.restore(e)))
+        })?;
+        if !t.transformed {
+            return Ok(t);
+        }
+        t.map_data(|n| n.recompute_schema())
+    })
+}
+
+/// [`approximate_wins`] on one expression over `schema`.
+pub fn approximate_wins_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
+    let kind = |e: &Expr| match e.get_type(schema as &dyn ExprSchema) {
+        Ok(DataType::Float16 | DataType::Float32 | DataType::Float64) => Some(true),
+        Ok(DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..)) => {
+            Some(false)
+        }
+        _ => None,
+    };
+    // Casts the DECIMALs among `xs` to DOUBLE when a DOUBLE is among them.
+    let widen = |xs: Vec<&mut Expr>| -> bool {
+        let kinds: Vec<Option<bool>> = xs.iter().map(|x| kind(x)).collect();
+        if !kinds.contains(&Some(true)) || !kinds.contains(&Some(false)) {
+            return false;
+        }
+        for (x, k) in xs.into_iter().zip(kinds) {
+            if k == Some(false) {
+                let inner = std::mem::replace(x, Expr::Literal(ScalarValue::Null, None));
+                *x = Expr::Cast(Cast::new(Box::new(inner), DataType::Float64));
+            }
+        }
+        true
+    };
+    e.transform_up(|mut e| {
+        let changed = match &mut e {
+            Expr::BinaryExpr(b)
+                if matches!(
+                    b.op,
+                    Operator::Eq
+                        | Operator::NotEq
+                        | Operator::Lt
+                        | Operator::LtEq
+                        | Operator::Gt
+                        | Operator::GtEq
+                        | Operator::IsDistinctFrom
+                        | Operator::IsNotDistinctFrom
+                ) =>
+            {
+                widen(vec![&mut *b.left, &mut *b.right])
+            }
+            Expr::Between(b) => widen(vec![&mut *b.expr, &mut *b.low, &mut *b.high]),
+            Expr::InList(l) => widen(std::iter::once(&mut *l.expr).chain(l.list.iter_mut()).collect()),
+            Expr::Case(c) => widen(
+                c.when_then_expr
+                    .iter_mut()
+                    .map(|(_, then)| &mut **then)
+                    .chain(c.else_expr.as_deref_mut())
+                    .collect(),
+            ),
+            Expr::ScalarFunction(call)
+                if matches!(
+                    call.func.name(),
+                    "coalesce" | "nullif" | "nvl" | "ifnull" | "greatest" | "least"
+                ) =>
+            {
+                widen(call.args.iter_mut().collect())
+            }
+            _ => false,
+        };
+        Ok(if changed {
+            Transformed::yes(e)
+        } else {
+            Transformed::no(e)
+        })
+    })
 }

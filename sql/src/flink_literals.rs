@@ -9,6 +9,7 @@
 //! then widens the literal wherever the other side needs it (`b = 5` of a
 //! `BIGINT` compares as `BIGINT`).
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
@@ -44,6 +45,32 @@ pub fn flink_literals_in(e: Expr) -> Result<Transformed<Expr>> {
         Expr::ScalarFunction(call) if call.func.name() == crate::udf::WINDOW_FN => {
             Ok(Transformed::new(e, false, TreeNodeRecursion::Jump))
         }
+        // A number as the parser types it (`parser::rewrite_numbers`), or
+        // a user's cast of one: the literal itself. An exact number keeps
+        // its value and scale, and takes the precision of its digits.
+        Expr::Cast(c) if matches!(c.field.data_type(), DataType::Decimal128(..)) => {
+            match (&*c.expr, c.field.data_type()) {
+                (Expr::Literal(ScalarValue::Decimal128(Some(v), _, s), meta), DataType::Decimal128(p, to_s))
+                    if s == to_s && (v.unsigned_abs() < 10u128.pow(u32::from(*p))) =>
+                {
+                    Ok(Transformed::yes(Expr::Literal(
+                        ScalarValue::Decimal128(Some(*v), *p, *s),
+                        meta.clone(),
+                    )))
+                }
+                _ => Ok(Transformed::no(e)),
+            }
+        }
+        Expr::Cast(c) if c.field.data_type() == &DataType::Float64 => match &*c.expr {
+            Expr::Literal(ScalarValue::Utf8(Some(text)), meta) => match text.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() => Ok(Transformed::yes(Expr::Literal(
+                    ScalarValue::Float64(Some(v)),
+                    meta.clone(),
+                ))),
+                _ => Ok(Transformed::no(e)),
+            },
+            _ => Ok(Transformed::no(e)),
+        },
         Expr::Literal(ScalarValue::Int64(Some(v)), meta) => match i32::try_from(*v) {
             Ok(v) => Ok(Transformed::yes(Expr::Literal(
                 ScalarValue::Int32(Some(v)),

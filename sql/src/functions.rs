@@ -87,12 +87,7 @@ pub const FUNCTIONS: &[Function] = &[
     f("CEIL", S, DF, ""),
     f("CEILING", S, DF, ""),
     f("FLOOR", S, DF, ""),
-    f(
-        "ROUND",
-        S,
-        DF,
-        "ROUND of a DECIMAL literal returns DOUBLE (Flink: DECIMAL)",
-    ),
+    f("ROUND", S, DF, ""),
     f("SIN", S, DF, LIBM),
     f("COS", S, DF, LIBM),
     f("TAN", S, DF, LIBM),
@@ -670,9 +665,14 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
             )),
             ("startswith", [a, b]) => Some(call("starts_with", vec![a.clone(), b.clone()])),
             ("endswith", [a, b]) => Some(call("ends_with", vec![a.clone(), b.clone()])),
-            ("e", []) => Some(ast::Expr::Value(
-                ast::Value::Number("2.718281828459045".into(), false).into(),
-            )),
+            // A DOUBLE, as the parser writes approximate numbers.
+            ("e", []) => Some(ast::Expr::Cast {
+                kind: ast::CastKind::Cast,
+                expr: Box::new(text("2.718281828459045")),
+                data_type: ast::DataType::Double(ast::ExactNumberInfo::None),
+                array: false,
+                format: None,
+            }),
             ("sha224" | "sha256" | "sha384" | "sha512", [x]) => Some(call(
                 "encode",
                 vec![call("digest", vec![x.clone(), text(&name)]), text("hex")],

@@ -197,7 +197,7 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         check_nesting(part)?;
         check_no_internal_names(part)?;
         let tokens = rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(
-            rewrite_tvf_tokens(part.to_vec()),
+            rewrite_tvf_tokens(rewrite_numbers(part.to_vec())),
         ))));
         let statement = parse_one(tokens).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
@@ -524,6 +524,67 @@ fn rewrite_is_json_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> 
         let count = new.len();
         tokens.splice(first..=end, new.into_iter().map(|t| TokenWithSpan::new(t, span)));
         at = first + count;
+    }
+    tokens
+}
+
+/// Numbers typed as Flink (Calcite) types them. One with an exponent
+/// (`1.5e0`) is a DOUBLE; DataFusion, asked for DECIMALs
+/// (`parse_float_as_decimal`), would make it one too, so it becomes
+/// `CAST('1.5e0' AS DOUBLE)`, which `flink_literals` folds back into a
+/// DOUBLE literal. One with a point is a DECIMAL of the digits as written,
+/// leading zeros counted (`0.1` DECIMAL(2, 1), `.5` DECIMAL(1, 1), `100.00`
+/// DECIMAL(5, 2)), where DataFusion drops them (`0.1` DECIMAL(1, 1)):
+/// it becomes `CAST(0.1 AS DECIMAL(2, 1))`, folded the same way.
+fn rewrite_numbers(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let mut at = 0;
+    while at < tokens.len() {
+        let (value, target) = match &tokens[at].token {
+            Token::Number(n, _) if n.contains(['e', 'E']) => (
+                Token::SingleQuotedString(n.clone()),
+                vec![Token::make_word("DOUBLE", None)],
+            ),
+            Token::Number(n, _) if n.contains('.') => {
+                let digits = n.chars().filter(char::is_ascii_digit).count();
+                let scale = n
+                    .split_once('.')
+                    .map_or(0, |(_, f)| f.chars().filter(char::is_ascii_digit).count());
+                // Beyond DECIMAL(38): DataFusion's own typing (and error).
+                if digits == 0 || digits > 38 {
+                    at += 1;
+                    continue;
+                }
+                (
+                    tokens[at].token.clone(),
+                    vec![
+                        Token::make_word("DECIMAL", None),
+                        Token::LParen,
+                        Token::Number(digits.to_string(), false),
+                        Token::Comma,
+                        Token::Number(scale.to_string(), false),
+                        Token::RParen,
+                    ],
+                )
+            }
+            _ => {
+                at += 1;
+                continue;
+            }
+        };
+        let span = tokens[at].span;
+        let mut new = vec![
+            Token::make_keyword("CAST"),
+            Token::LParen,
+            value,
+            Token::Whitespace(Whitespace::Space),
+            Token::make_keyword("AS"),
+            Token::Whitespace(Whitespace::Space),
+        ];
+        new.extend(target);
+        new.push(Token::RParen);
+        let count = new.len();
+        tokens.splice(at..=at, new.into_iter().map(|t| TokenWithSpan::new(t, span)));
+        at += count;
     }
     tokens
 }

@@ -151,6 +151,9 @@ fn parser_options() -> ParserOptions {
     ParserOptions {
         enable_ident_normalization: false,
         collect_spans: true,
+        // `1.5` is a DECIMAL(2, 1) in Flink (an exponent makes a DOUBLE:
+        // `parser::rewrite_numbers`).
+        parse_float_as_decimal: true,
         ..ParserOptions::default()
     }
 }
@@ -160,6 +163,7 @@ impl Planner {
         let mut config = datafusion::prelude::SessionConfig::new();
         config.options_mut().sql_parser.enable_ident_normalization = false;
         config.options_mut().sql_parser.collect_spans = true;
+        config.options_mut().sql_parser.parse_float_as_decimal = true;
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
@@ -213,6 +217,7 @@ impl Planner {
         lowercase_functions(&mut expr);
         let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
         let logical = crate::flink_literals::flink_literals_in(logical)?.data;
+        let logical = crate::flink_decimal::approximate_wins_in(logical, schema)?.data;
         let logical = crate::flink_cast::flink_casts_in(logical, schema)?.data;
         let physical = self.state.create_physical_expr(logical.clone(), schema)?;
         let physical = weir_engine::expr::fast_paths(physical, schema.as_arrow())?;
@@ -238,6 +243,8 @@ impl Planner {
         let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
         // `1` is an INT, as in Flink (before coercion widens it).
         let plan = crate::flink_literals::flink_literals(plan)?.data;
+        // DOUBLE beside DECIMAL is DOUBLE, as in Flink.
+        let plan = crate::flink_decimal::approximate_wins(plan)?.data;
         let plan = self
             .state
             .analyzer()
