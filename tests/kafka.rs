@@ -32,6 +32,9 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use weir::{Session, StatementResult};
 
+/// A record to produce: (partition, key, value).
+type Record = (i32, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// A TCP proxy in front of the broker: `cut` closes every connection and
 /// refuses new ones, as a broker gone away does to its clients; `restore`
 /// listens again on the same port, the broker's data intact.
@@ -273,6 +276,13 @@ impl Broker {
 
     /// [`Broker::produce`] with records without values (tombstones).
     fn produce_records(&self, topic: &str, records: &[(i32, Option<String>, Option<String>)]) {
+        let bytes = |s: &Option<String>| s.as_ref().map(|s| s.as_bytes().to_vec());
+        let records: Vec<Record> = records.iter().map(|(p, k, v)| (*p, bytes(k), bytes(v))).collect();
+        self.produce_bytes(topic, &records)
+    }
+
+    /// [`Broker::produce_records`] of any bytes.
+    fn produce_bytes(&self, topic: &str, records: &[Record]) {
         // One record a batch: tansu answers a fetch from an offset
         // inside a batch with the batches after it (see the module comment).
         let producer: BaseProducer = self
@@ -285,13 +295,13 @@ impl Broker {
         for (i, (p, _, _)) in records.iter().enumerate() {
             last.insert(*p, i);
         }
-        let send = |(p, k, v): &(i32, Option<String>, Option<String>)| {
-            let mut r: BaseRecord<'_, str, str> = BaseRecord::to(topic).partition(*p);
+        let send = |(p, k, v): &Record| {
+            let mut r: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(*p);
             if let Some(v) = v {
-                r = r.payload(v.as_str());
+                r = r.payload(v.as_slice());
             }
             if let Some(k) = k {
-                r = r.key(k.as_str());
+                r = r.key(k.as_slice());
             }
             loop {
                 match producer.send(r) {
@@ -318,6 +328,15 @@ impl Broker {
 
     /// Every record of `topic`: (partition, offset, key, value).
     fn read_all(&self, topic: &str, partitions: i32) -> Vec<(i32, i64, Option<String>, String)> {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        self.read_bytes(topic, partitions)
+            .into_iter()
+            .map(|(p, o, k, v)| (p, o, k.as_deref().map(text), text(v.as_deref().unwrap_or_default())))
+            .collect()
+    }
+
+    /// [`Broker::read_all`] as bytes: (partition, offset, key, value).
+    fn read_bytes(&self, topic: &str, partitions: i32) -> Vec<(i32, i64, Option<Vec<u8>>, Option<Vec<u8>>)> {
         let consumer: BaseConsumer = self
             .client()
             .set("group.id", "weir-test-reader")
@@ -346,8 +365,8 @@ impl Broker {
                     out.push((
                         m.partition(),
                         m.offset(),
-                        m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                        String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                        m.key().map(<[u8]>::to_vec),
+                        m.payload().map(<[u8]>::to_vec),
                     ));
                 }
             }
@@ -1864,5 +1883,177 @@ fn exactly_once_into_kafka_at_the_sink_failpoints_commits_each_row_once() {
         // (The first crash comes after a commit, so the restored
         // checkpoint surely holds a transaction for the restore to commit.)
         Fault::Failpoints(&["kafka_sink.committed_one:1", "kafka_sink.restored_commit:1"]),
+    );
+}
+
+/// The Avro schema Flink 2.3 derives for `(id BIGINT NOT NULL, name
+/// STRING, price DECIMAL(10, 2), ts TIMESTAMP(3), tags ARRAY<STRING>)`
+/// (`AvroSchemaConverter`, as Flink's avro format documentation shows
+/// it), written out here so the test does not take Weir's word for it.
+const FLINK_AVRO_VALUE: &str = r#"{"type": "record", "name": "record", "namespace": "org.apache.flink.avro.generated",
+  "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "name", "type": ["null", "string"], "default": null},
+    {"name": "price", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}], "default": null},
+    {"name": "ts", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": null},
+    {"name": "tags", "type": ["null", {"type": "array", "items": ["null", "string"]}], "default": null}]}"#;
+const FLINK_AVRO_KEY: &str = r#"{"type": "record", "name": "record", "namespace": "org.apache.flink.avro.generated",
+  "fields": [{"name": "id", "type": "long"}]}"#;
+
+/// An Avro value as text: `1|OSLO|1250|1704067210000|[a, null]`.
+fn avro_text(v: &apache_avro::types::Value) -> String {
+    use apache_avro::types::Value as V;
+    match v {
+        V::Union(_, inner) => avro_text(inner),
+        V::Null => "null".into(),
+        V::Long(i) | V::TimestampMillis(i) => i.to_string(),
+        V::String(s) => s.clone(),
+        V::Decimal(d) => {
+            let bytes = Vec::<u8>::try_from(d).expect("decimal bytes");
+            let mut full = [if bytes[0] & 0x80 != 0 { 0xFF } else { 0 }; 16];
+            full[16 - bytes.len()..].copy_from_slice(&bytes);
+            i128::from_be_bytes(full).to_string()
+        }
+        V::Array(xs) => format!("[{}]", xs.iter().map(avro_text).collect::<Vec<_>>().join(", ")),
+        V::Record(fields) => fields.iter().map(|(_, f)| avro_text(f)).collect::<Vec<_>>().join("|"),
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_records_are_read_and_written_with_the_schema_flink_derives() {
+    use apache_avro::types::Value as V;
+    let broker = Broker::start();
+    broker.create_topic("avro_in", 1);
+    broker.create_topic("avro_out", 1);
+    broker.create_topic("avro_bad", 1);
+    let value_schema = apache_avro::Schema::parse_str(FLINK_AVRO_VALUE).expect("value schema");
+    let key_schema = apache_avro::Schema::parse_str(FLINK_AVRO_KEY).expect("key schema");
+    let some = |v: V| V::Union(1, Box::new(v));
+    let null = || V::Union(0, Box::new(V::Null));
+    let decimal = |unscaled: i128| {
+        let bytes = unscaled.to_be_bytes();
+        let skip = bytes.iter().take(15).take_while(|b| **b == 0).count();
+        V::Decimal(apache_avro::Decimal::from(&bytes[skip..]))
+    };
+    let row = |id: i64, name: V, price: V, ts: V, tags: V| {
+        V::Record(vec![
+            ("id".into(), V::Long(id)),
+            ("name".into(), name),
+            ("price".into(), price),
+            ("ts".into(), ts),
+            ("tags".into(), tags),
+        ])
+    };
+    let rows = [
+        row(
+            1,
+            some(V::String("oslo".into())),
+            some(decimal(1250)),
+            some(V::TimestampMillis(1_704_067_210_000)),
+            some(V::Array(vec![some(V::String("a".into())), null()])),
+        ),
+        row(
+            2,
+            null(),
+            some(V::Decimal(apache_avro::Decimal::from([0xFFu8]))),
+            null(),
+            some(V::Array(vec![])),
+        ),
+        row(
+            3,
+            some(V::String("bergen".into())),
+            null(),
+            some(V::TimestampMillis(1_704_067_211_500)),
+            null(),
+        ),
+    ];
+    let records: Vec<Record> = rows
+        .iter()
+        .map(|r| {
+            let V::Record(fields) = r else {
+                unreachable!("rows are records")
+            };
+            let key = V::Record(vec![fields[0].clone()]);
+            (
+                0,
+                Some(apache_avro::to_avro_datum(&key_schema, key).expect("key datum")),
+                Some(apache_avro::to_avro_datum(&value_schema, r.clone()).expect("value datum")),
+            )
+        })
+        .collect();
+    broker.produce_bytes("avro_in", &records);
+    let mut bad = records[..1].to_vec();
+    bad.push((0, None, Some(vec![0x02, 0x02, 0x7F])));
+    broker.produce_bytes("avro_bad", &bad);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path()).expect("session");
+    let columns = "(id BIGINT NOT NULL, name STRING, price DECIMAL(10, 2), ts TIMESTAMP(3), tags ARRAY<STRING>)";
+    session
+        .execute_sql(&format!(
+            "SET 'table.dml-sync' = 'true';
+             CREATE TABLE src {columns} WITH ('connector' = 'kafka', 'topic' = 'avro_in',
+               'properties.bootstrap.servers' = '{0}', 'format' = 'avro', 'key.format' = 'avro', 'key.fields' = 'id',
+               'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');
+             CREATE TABLE dst {columns} WITH ('connector' = 'kafka', 'topic' = 'avro_out',
+               'properties.bootstrap.servers' = '{0}', 'format' = 'avro', 'key.format' = 'avro', 'key.fields' = 'id');
+             INSERT INTO dst SELECT id, UPPER(name), CAST(price * 2 AS DECIMAL(10, 2)), ts + INTERVAL '1' SECOND, tags
+               FROM src;",
+            broker.servers()
+        ))
+        .await
+        .expect("job");
+    let mut written: Vec<(String, String)> = broker
+        .read_bytes("avro_out", 1)
+        .into_iter()
+        .map(|(_, _, k, v)| {
+            let key = apache_avro::from_avro_datum(&key_schema, &mut k.expect("a key").as_slice(), None)
+                .expect("a key in Flink's schema");
+            let value = apache_avro::from_avro_datum(&value_schema, &mut v.expect("a value").as_slice(), None)
+                .expect("a value in Flink's schema");
+            (avro_text(&key), avro_text(&value))
+        })
+        .collect();
+    written.sort();
+    assert_eq!(
+        written,
+        [
+            ("1", "1|OSLO|2500|1704067211000|[a, null]"),
+            ("2", "2|null|-2|null|[]"),
+            ("3", "3|BERGEN|null|1704067212500|null"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+    );
+
+    // A record that is no datum of the columns: its place named.
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE bad {columns} WITH ('connector' = 'kafka', 'topic' = 'avro_bad',
+               'properties.bootstrap.servers' = '{}', 'format' = 'avro',
+               'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');",
+            broker.servers()
+        ))
+        .await
+        .expect("create");
+    let text = error_of(&mut session, "SELECT COUNT(*) FROM bad;").await;
+    assert!(
+        text.contains("topic 'avro_bad' partition 0 offset 1") && text.contains("Avro"),
+        "{text}"
+    );
+    // A column Avro cannot hold: refused at CREATE TABLE, named.
+    let text = session
+        .execute_sql(&format!(
+            "CREATE TABLE nanos (t TIMESTAMP(9)) WITH ('connector' = 'kafka', 'topic' = 'avro_bad',
+               'properties.bootstrap.servers' = '{}', 'format' = 'avro', 'scan.bounded.mode' = 'latest-offset');",
+            broker.servers()
+        ))
+        .await
+        .err()
+        .expect("no Avro type")
+        .to_string();
+    assert!(
+        text.contains("'format'") && text.contains("column 't'") && text.contains("TIMESTAMP(9)"),
+        "{text}"
     );
 }

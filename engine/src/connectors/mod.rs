@@ -393,7 +393,7 @@ pub fn supports_column_pruning(table: &TableDef) -> bool {
         table
             .options
             .get(key)
-            .is_some_and(|f| f.eq_ignore_ascii_case("csv") || f.eq_ignore_ascii_case("raw"))
+            .is_some_and(|f| ["csv", "raw", "avro"].iter().any(|p| f.eq_ignore_ascii_case(p)))
     };
     match table.connector() {
         Some("filesystem") => !positional("format"),

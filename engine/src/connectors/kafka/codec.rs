@@ -15,6 +15,7 @@ use arrow::datatypes::{DataType, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use weir_catalog::Options;
 
+use super::avro::AvroFormat;
 use super::metadata::{self, Meta, RecordMeta};
 use super::{NAME, invalid};
 use crate::change::{ChangeBatch, RowKind};
@@ -29,10 +30,17 @@ pub(super) enum PartFormat {
     /// The bytes as they are: one STRING (UTF-8) or BYTES column.
     Raw,
     Text(FormatOptions),
+    /// One Avro binary datum of the columns (`avro.rs`).
+    Avro(Arc<AvroFormat>),
 }
 
 impl PartFormat {
     fn of(options: &Options, name: &str, key: &str, schema: &SchemaRef) -> Result<Self> {
+        if name.eq_ignore_ascii_case("avro") {
+            return AvroFormat::new(schema)
+                .map(|f| PartFormat::Avro(Arc::new(f)))
+                .map_err(|e| invalid(key, format!("format 'avro': {e}")));
+        }
         if name.eq_ignore_ascii_case("raw") {
             match schema.fields().as_ref() {
                 [f] if matches!(f.data_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary) => {
@@ -66,7 +74,7 @@ impl PartFormat {
 
     fn decoder(&self, schema: &SchemaRef) -> Option<LineDecoder> {
         match self {
-            PartFormat::Raw => None,
+            PartFormat::Raw | PartFormat::Avro(_) => None,
             PartFormat::Text(f) => Some(LineDecoder::new(f.clone(), schema)),
         }
     }
@@ -652,6 +660,14 @@ fn decode_part(
     records: &[&Record],
     bad: &mut Vec<(i64, String)>,
 ) {
+    if let PartFormat::Avro(a) = format {
+        for (i, p) in parts.iter().enumerate() {
+            if let Err(e) = a.decode(&[p]) {
+                bad.push((records[i].offset, e));
+            }
+        }
+        return;
+    }
     let (PartFormat::Text(_), Some(d)) = (format, d) else {
         return;
     };
@@ -686,6 +702,7 @@ fn rows_of(
     parts: &[&[u8]],
 ) -> std::result::Result<RecordBatch, String> {
     match (format, d) {
+        (PartFormat::Avro(a), _) => a.decode(parts),
         (PartFormat::Text(_), Some(d)) => {
             let texts = parts
                 .iter()
@@ -730,6 +747,13 @@ fn encode_part(format: &PartFormat, part: &RecordBatch) -> Result<Vec<Option<Vec
                     .collect(),
                 _ => c.as_binary::<i32>().iter().map(|v| v.map(<[u8]>::to_vec)).collect(),
             });
+        }
+        PartFormat::Avro(a) => {
+            let datums = a.encode(part).map_err(|message| crate::error::ConnectorError::Data {
+                location: format!("connector '{NAME}', format 'avro'"),
+                message,
+            })?;
+            return Ok(datums.into_iter().map(Some).collect());
         }
         PartFormat::Text(f) => f,
     };

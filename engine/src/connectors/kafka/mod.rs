@@ -17,6 +17,7 @@
 //!   and the changelog formats as sources), with `key.format`,
 //!   `key.fields` and `value.fields-include`.
 
+mod avro;
 mod codec;
 mod metadata;
 pub mod protocol;
@@ -41,7 +42,15 @@ pub const NAME: &str = "kafka";
 pub const UPSERT_NAME: &str = "upsert-kafka";
 
 /// Formats of a record's value or key.
-const FORMATS: &[&str] = &["json", "csv", "raw", "debezium-json", "canal-json", "maxwell-json"];
+const FORMATS: &[&str] = &[
+    "json",
+    "csv",
+    "raw",
+    "avro",
+    "debezium-json",
+    "canal-json",
+    "maxwell-json",
+];
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -117,9 +126,21 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new("value.format", OptionKind::Enum(FORMATS), "the format of record values (same as 'format')"),
     OptionSpec::new(
         "key.format",
-        OptionKind::Enum(&["json", "csv", "raw"]),
+        OptionKind::Enum(&["json", "csv", "raw", "avro"]),
         "the format of record keys (needs 'key.fields')",
     ),
+    OptionSpec::new(
+        "avro.encoding",
+        OptionKind::Enum(&["binary"]),
+        "'avro': how a datum is encoded (Avro's JSON encoding is not supported)",
+    )
+    .with_default("binary"),
+    OptionSpec::new(
+        "avro.timestamp_mapping.legacy",
+        OptionKind::Bool,
+        "'avro': TIMESTAMP as timestamp-millis (true) or local-timestamp-millis; the bytes are the same",
+    )
+    .with_default("true"),
     OptionSpec::new(
         "key.fields",
         OptionKind::String,
@@ -219,13 +240,13 @@ pub fn upsert_as_kafka(
         }
     }
     if let Some(f) = options.get("value.format")
-        && !matches!(f.to_ascii_lowercase().as_str(), "json" | "csv" | "raw")
+        && !matches!(f.to_ascii_lowercase().as_str(), "json" | "csv" | "raw" | "avro")
     {
         return Err(invalid(
             "value.format",
             format!(
                 "'upsert-kafka' doesn't support '{f}' as value format: its records are the rows of their keys, so \
-                 the format must hold rows only (json, csv, raw), not changes"
+                 the format must hold rows only (json, csv, raw, avro), not changes"
             ),
         ));
     }
