@@ -34,6 +34,8 @@ use weir::{Session, StatementResult};
 
 /// A record to produce: (partition, key, value).
 type Record = (i32, Option<Vec<u8>>, Option<Vec<u8>>);
+/// A record read: (partition, offset, key, value).
+type ReadRecord = (i32, i64, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// A TCP proxy in front of the broker: `cut` closes every connection and
 /// refuses new ones, as a broker gone away does to its clients; `restore`
@@ -336,7 +338,7 @@ impl Broker {
     }
 
     /// [`Broker::read_all`] as bytes: (partition, offset, key, value).
-    fn read_bytes(&self, topic: &str, partitions: i32) -> Vec<(i32, i64, Option<Vec<u8>>, Option<Vec<u8>>)> {
+    fn read_bytes(&self, topic: &str, partitions: i32) -> Vec<ReadRecord> {
         let consumer: BaseConsumer = self
             .client()
             .set("group.id", "weir-test-reader")

@@ -312,72 +312,6 @@ fn divide(x: i256, sx: i8, y: i256, sy: i8, s: i8) -> Result<Option<i256>> {
     Ok(Some(if negative { q.wrapping_neg() } else { q }))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn typed(op: Operator, l: (u8, i8), r: (u8, i8)) -> (u8, i8) {
-        result_type(op, l, r).expect("arithmetic")
-    }
-
-    #[test]
-    fn result_types_are_flinks() {
-        // Each as Flink 2.3's TYPEOF answers.
-        assert_eq!(typed(Operator::Divide, (10, 2), (10, 0)), (21, 13));
-        assert_eq!(typed(Operator::Divide, (10, 2), (5, 1)), (17, 8));
-        assert_eq!(typed(Operator::Divide, (10, 0), (10, 2)), (23, 11));
-        assert_eq!(typed(Operator::Divide, (38, 10), (38, 10)), (38, 6));
-        assert_eq!(typed(Operator::Divide, (30, 20), (5, 2)), (38, 26));
-        assert_eq!(typed(Operator::Divide, (10, 2), (10, 2)), (23, 13));
-        assert_eq!(typed(Operator::Multiply, (10, 2), (10, 2)), (21, 4));
-        assert_eq!(typed(Operator::Multiply, (10, 2), (30, 20)), (38, 19));
-        assert_eq!(typed(Operator::Multiply, (30, 20), (30, 20)), (38, 17));
-        assert_eq!(typed(Operator::Plus, (10, 2), (5, 3)), (12, 3));
-        assert_eq!(typed(Operator::Plus, (38, 2), (38, 3)), (38, 3));
-        assert_eq!(typed(Operator::Minus, (10, 2), (5, 3)), (12, 3));
-    }
-
-    fn div(x: i128, sx: i8, y: i128, sy: i8, s: i8) -> Option<i128> {
-        divide(i256::from_i128(x), sx, i256::from_i128(y), sy, s)
-            .expect("divides")
-            .and_then(|v| v.to_i128())
-    }
-
-    #[test]
-    fn division_rounds_half_up_at_the_result_scale() {
-        // 12.35 / 3 = 4.1166666666667 at scale 13.
-        assert_eq!(div(1235, 2, 3, 0, 13), Some(41_166_666_666_667));
-        // -0.05 / 3 = -0.0166666666667 (HALF_UP: away from zero).
-        assert_eq!(div(-5, 2, 3, 0, 13), Some(-166_666_666_667));
-        // 1 / 3 of two DECIMAL(38, 10): scale 6.
-        assert_eq!(div(10_000_000_000, 10, 30_000_000_000, 10, 6), Some(333_333));
-        // 0.5 / 1 at scale 0 rounds up; -0.5 down.
-        assert_eq!(div(5, 1, 1, 0, 0), Some(1));
-        assert_eq!(div(-5, 1, 1, 0, 0), Some(-1));
-    }
-
-    #[test]
-    fn a_division_too_wide_for_one_step_is_long_division() {
-        // 10^37 / 3 at scale 40 needs 10^77: past i256 at once.
-        let x = 10i128.pow(37);
-        let q = divide(i256::from_i128(x), 0, i256::from_i128(3), 0, 40).expect("divides");
-        let expected = "3".repeat(77);
-        assert_eq!(q.map(|v| v.to_string()), Some(expected));
-    }
-
-    #[test]
-    fn division_by_zero_fails() {
-        assert!(divide(i256::ONE, 0, i256::ZERO, 0, 6).is_err());
-    }
-
-    #[test]
-    fn products_and_sums_round_half_up_when_scale_is_given_up() {
-        assert_eq!(rescale(Some(i256::from_i128(125)), 2, 1), Some(i256::from_i128(13)));
-        assert_eq!(rescale(Some(i256::from_i128(-125)), 2, 1), Some(i256::from_i128(-13)));
-        assert_eq!(rescale(Some(i256::from_i128(124)), 2, 1), Some(i256::from_i128(12)));
-    }
-}
-
 /// Flink's common type of a DOUBLE (or FLOAT) and a DECIMAL is DOUBLE:
 /// in comparisons, `BETWEEN`, `IN`, `CASE` (and `IF`) results and
 /// `COALESCE`-like calls. DataFusion's is `DECIMAL(30, 15)`, which rounds
@@ -464,4 +398,70 @@ pub fn approximate_wins_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Exp
             Transformed::no(e)
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(op: Operator, l: (u8, i8), r: (u8, i8)) -> (u8, i8) {
+        result_type(op, l, r).expect("arithmetic")
+    }
+
+    #[test]
+    fn result_types_are_flinks() {
+        // Each as Flink 2.3's TYPEOF answers.
+        assert_eq!(typed(Operator::Divide, (10, 2), (10, 0)), (21, 13));
+        assert_eq!(typed(Operator::Divide, (10, 2), (5, 1)), (17, 8));
+        assert_eq!(typed(Operator::Divide, (10, 0), (10, 2)), (23, 11));
+        assert_eq!(typed(Operator::Divide, (38, 10), (38, 10)), (38, 6));
+        assert_eq!(typed(Operator::Divide, (30, 20), (5, 2)), (38, 26));
+        assert_eq!(typed(Operator::Divide, (10, 2), (10, 2)), (23, 13));
+        assert_eq!(typed(Operator::Multiply, (10, 2), (10, 2)), (21, 4));
+        assert_eq!(typed(Operator::Multiply, (10, 2), (30, 20)), (38, 19));
+        assert_eq!(typed(Operator::Multiply, (30, 20), (30, 20)), (38, 17));
+        assert_eq!(typed(Operator::Plus, (10, 2), (5, 3)), (12, 3));
+        assert_eq!(typed(Operator::Plus, (38, 2), (38, 3)), (38, 3));
+        assert_eq!(typed(Operator::Minus, (10, 2), (5, 3)), (12, 3));
+    }
+
+    fn div(x: i128, sx: i8, y: i128, sy: i8, s: i8) -> Option<i128> {
+        divide(i256::from_i128(x), sx, i256::from_i128(y), sy, s)
+            .expect("divides")
+            .and_then(|v| v.to_i128())
+    }
+
+    #[test]
+    fn division_rounds_half_up_at_the_result_scale() {
+        // 12.35 / 3 = 4.1166666666667 at scale 13.
+        assert_eq!(div(1235, 2, 3, 0, 13), Some(41_166_666_666_667));
+        // -0.05 / 3 = -0.0166666666667 (HALF_UP: away from zero).
+        assert_eq!(div(-5, 2, 3, 0, 13), Some(-166_666_666_667));
+        // 1 / 3 of two DECIMAL(38, 10): scale 6.
+        assert_eq!(div(10_000_000_000, 10, 30_000_000_000, 10, 6), Some(333_333));
+        // 0.5 / 1 at scale 0 rounds up; -0.5 down.
+        assert_eq!(div(5, 1, 1, 0, 0), Some(1));
+        assert_eq!(div(-5, 1, 1, 0, 0), Some(-1));
+    }
+
+    #[test]
+    fn a_division_too_wide_for_one_step_is_long_division() {
+        // 10^37 / 3 at scale 40 needs 10^77: past i256 at once.
+        let x = 10i128.pow(37);
+        let q = divide(i256::from_i128(x), 0, i256::from_i128(3), 0, 40).expect("divides");
+        let expected = "3".repeat(77);
+        assert_eq!(q.map(|v| v.to_string()), Some(expected));
+    }
+
+    #[test]
+    fn division_by_zero_fails() {
+        assert!(divide(i256::ONE, 0, i256::ZERO, 0, 6).is_err());
+    }
+
+    #[test]
+    fn products_and_sums_round_half_up_when_scale_is_given_up() {
+        assert_eq!(rescale(Some(i256::from_i128(125)), 2, 1), Some(i256::from_i128(13)));
+        assert_eq!(rescale(Some(i256::from_i128(-125)), 2, 1), Some(i256::from_i128(-13)));
+        assert_eq!(rescale(Some(i256::from_i128(124)), 2, 1), Some(i256::from_i128(12)));
+    }
 }

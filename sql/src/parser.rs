@@ -659,13 +659,13 @@ fn rewrite_json_value_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpa
         // parenthesis of each nested one, which ends an argument).
         let mut depth = 0usize;
         let mut top: Vec<usize> = vec![];
-        for i in open + 1..close {
-            match tokens[i].token {
+        for (i, t) in tokens.iter().enumerate().take(close).skip(open + 1) {
+            match t.token {
                 Token::LParen => depth += 1,
                 Token::RParen => depth -= 1,
                 _ => {}
             }
-            if depth == 0 && !is_blank(&tokens[i].token) {
+            if depth == 0 && !is_blank(&t.token) {
                 top.push(i);
             }
         }

@@ -658,7 +658,7 @@ mod tests {
         let parts: Vec<&[u8]> = datums.iter().map(Vec::as_slice).collect();
         let batch = f.decode(&parts).expect("decodes");
         assert_eq!(batch.num_rows(), 2);
-        let text = arrow::util::pretty::pretty_format_batches(&[batch.clone()])
+        let text = arrow::util::pretty::pretty_format_batches(std::slice::from_ref(&batch))
             .expect("prints")
             .to_string();
         for expected in [
