@@ -689,7 +689,14 @@ fn expand_wildcard_beside_columns(select: &mut Select, catalog: &Catalog) {
         })
         .collect();
     let repeats = def.columns.iter().any(|c| named.contains(&c.name));
-    if !repeats || !select.projection.iter().any(is_ours) {
+    // An expression after the `*` is named by its position among the
+    // expanded columns (`SELECT *, i * 2` of 11 columns: `EXPR$11`).
+    let expression_after = select
+        .projection
+        .iter()
+        .skip_while(|item| !is_ours(item))
+        .any(|item| matches!(item, ast::SelectItem::UnnamedExpr(e) if column_name(e).is_none()));
+    if !(repeats || expression_after) || !select.projection.iter().any(is_ours) {
         return;
     }
     let items = std::mem::take(&mut select.projection);
@@ -715,9 +722,23 @@ fn is_plain(opts: &ast::WildcardAdditionalOptions) -> bool {
         && opts.opt_rename.is_none()
 }
 
-/// Names a select list's repeated unnamed items as Flink does (`SELECT id,
-/// id` gives columns `id` and `id0`; a repeated expression is `EXPR$<i>`,
-/// its position), where DataFusion would refuse the projection.
+/// The name an unnamed select item has by itself in Flink: a column's
+/// (however qualified or parenthesized); `None` for an expression.
+fn column_name(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Identifier(i) => Some(i.value.clone()),
+        Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
+        Expr::Nested(inner) => column_name(inner),
+        _ => None,
+    }
+}
+
+/// Names a select list's unnamed items as Flink does: an expression is
+/// `EXPR$<i>`, its position (DataFusion would name it by its text, as
+/// `t.i + Int32(1)`), and a repeated column gets a number (`SELECT id, id`
+/// gives columns `id` and `id0`, where DataFusion would refuse the
+/// projection). After a `*` that could not be spelt out (a join's), an
+/// expression's position is not known here: it keeps DataFusion's name.
 fn uniquify_names(select: &mut Select) {
     let mut seen: HashSet<String> = HashSet::new();
     let mut taken: HashSet<String> = select
@@ -725,37 +746,42 @@ fn uniquify_names(select: &mut Select) {
         .iter()
         .filter_map(|item| match item {
             ast::SelectItem::ExprWithAlias { alias, .. } => Some(alias.value.clone()),
-            ast::SelectItem::UnnamedExpr(Expr::Identifier(i)) => Some(i.value.clone()),
-            ast::SelectItem::UnnamedExpr(Expr::CompoundIdentifier(parts)) => parts.last().map(|i| i.value.clone()),
+            ast::SelectItem::UnnamedExpr(e) => column_name(e),
             _ => None,
         })
         .collect();
+    let mut after_wildcard = false;
     for (position, item) in select.projection.iter_mut().enumerate() {
         let ast::SelectItem::UnnamedExpr(expr) = item else {
+            after_wildcard |= matches!(
+                item,
+                ast::SelectItem::Wildcard(_) | ast::SelectItem::QualifiedWildcard(..)
+            );
             continue;
         };
+        if column_name(expr).is_none() && !after_wildcard {
+            let alias = format!("EXPR${position}");
+            taken.insert(alias.clone());
+            *item = ast::SelectItem::ExprWithAlias {
+                expr: expr.clone(),
+                alias: Ident::new(alias),
+            };
+            continue;
+        }
         // A column is named by its name, however qualified or quoted
         // (`a.id` and `b.id` of a join are `id` and `id0` in Flink).
-        let key = match &*expr {
-            Expr::Identifier(i) => i.value.clone(),
-            Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()).unwrap_or_default(),
-            other => other.to_string(),
-        };
-        if seen.insert(key) {
+        let name = column_name(expr);
+        if seen.insert(name.clone().unwrap_or_else(|| expr.to_string())) {
             continue;
         }
-        let alias = match expr {
-            Expr::Identifier(i) => Some(i.value.clone()),
-            Expr::CompoundIdentifier(parts) => parts.last().map(|i| i.value.clone()),
-            _ => None,
-        }
-        .map(|name| {
-            (0..)
-                .map(|k| format!("{name}{k}"))
-                .find(|n| !taken.contains(n))
-                .unwrap_or_default()
-        })
-        .unwrap_or_else(|| format!("EXPR${position}"));
+        let alias = name
+            .map(|name| {
+                (0..)
+                    .map(|k| format!("{name}{k}"))
+                    .find(|n| !taken.contains(n))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_else(|| format!("EXPR${position}"));
         taken.insert(alias.clone());
         *item = ast::SelectItem::ExprWithAlias {
             expr: expr.clone(),
