@@ -30,6 +30,7 @@ pub mod connectors;
 pub mod error;
 pub mod expr;
 pub mod failpoint;
+pub mod java_text;
 pub mod keygroup;
 pub mod message;
 pub mod operators;

@@ -196,54 +196,7 @@ fn write_value(a: &dyn Array, i: usize, out: &mut String) -> Result<()> {
     Ok(())
 }
 
-/// Java's `Double.toString`: plain digits for `1e-3 <= |v| < 1e7` (at
-/// least one after the point), else `d.dddE±n`; the shortest digits that
-/// read back as `v`.
-pub fn java_double(v: f64, out: &mut String) {
-    java_number(v, || format!("{v}"), || format!("{v:e}"), out);
-}
-
-/// Java's `Float.toString` (as [`java_double`], with a float's digits).
-pub fn java_float(v: f32, out: &mut String) {
-    java_number(f64::from(v), || format!("{v}"), || format!("{v:e}"), out);
-}
-
-/// `v`'s text as Java writes it, given Rust's plain and scientific texts
-/// of it at its own precision.
-fn java_number(
-    v: f64,
-    plain_text: impl FnOnce() -> String,
-    scientific_text: impl FnOnce() -> String,
-    out: &mut String,
-) {
-    if v.is_nan() {
-        out.push_str("NaN");
-    } else if v.is_infinite() {
-        out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
-    } else if v == 0.0 || (1e-3..1e7).contains(&v.abs()) {
-        plain(&plain_text(), out);
-    } else {
-        scientific(&scientific_text(), out);
-    }
-}
-
-fn plain(digits: &str, out: &mut String) {
-    out.push_str(digits);
-    if !digits.contains('.') {
-        out.push_str(".0");
-    }
-}
-
-/// `8.5e37` → `8.5E37`, `1e7` → `1.0E7`, `1e-5` → `1.0E-5`.
-fn scientific(text: &str, out: &mut String) {
-    let (mantissa, exp) = text.split_once('e').unwrap_or((text, "0"));
-    out.push_str(mantissa);
-    if !mantissa.contains('.') {
-        out.push_str(".0");
-    }
-    out.push('E');
-    out.push_str(exp);
-}
+pub use weir_engine::java_text::{java_double, java_float};
 
 /// Rewrites, in every expression of `plan`, casts to a string of values
 /// whose text Flink writes differently into [`FlinkToString`].

@@ -110,11 +110,21 @@ impl Operator for PrintWriter {
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, _out: &mut Collector) -> Result<()> {
+        // As Flink's print sink: `Row.toString()` of the row's Java
+        // values (`2024-01-01T00:00:10`, `1.0E10`), which is not the SQL
+        // client's text `format_changes` writes.
         let mut text = String::new();
-        for line in format_changes(&batch)? {
+        for row in 0..batch.num_rows() {
             text.push_str(&self.prefix);
-            text.push_str(&line);
-            text.push('\n');
+            text.push_str(batch.kind(row).short());
+            text.push('[');
+            for (c, column) in batch.rows.columns().iter().enumerate() {
+                if c > 0 {
+                    text.push_str(", ");
+                }
+                crate::java_text::java_value(column.as_ref(), row, &mut text);
+            }
+            text.push_str("]\n");
         }
         let res = if self.stderr {
             std::io::stderr().lock().write_all(text.as_bytes())
