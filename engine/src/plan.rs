@@ -364,9 +364,9 @@ impl AggFunc {
         }
     }
 
-    /// Whether the call keeps a value of its input (FIRST_VALUE,
-    /// LAST_VALUE, LISTAGG, ARRAY_AGG): insert-only input only, as nothing
-    /// records which value a retraction takes back.
+    /// Whether the call keeps values of its input (FIRST_VALUE,
+    /// LAST_VALUE, LISTAGG, ARRAY_AGG): over an updating input, every
+    /// value present, so that a retraction can take one back.
     pub fn keeps_a_value(self) -> bool {
         matches!(
             self,

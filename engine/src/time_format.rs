@@ -114,20 +114,17 @@ mod tests {
     }
 }
 
-/// Timestamps as `yyyy-MM-dd HH:mm:ss.SSS` (`T` between date and time
-/// with `iso`), written digit by digit: what the json and csv sinks write
-/// for every timestamp, where chrono's `strftime` interpreter was a tenth
-/// of a Kafka sink's time. `ticks` per second is the column's unit; the
-/// fraction is cut to milliseconds, as `%.3f`. `None` for a year outside
-/// 0000–9999 (the caller formats those the slow way).
-pub fn write_millis_text(value: i64, ticks_per_second: i64, iso: bool, out: &mut String) -> Option<()> {
+/// Timestamps as Flink's json and csv formats write them:
+/// `yyyy-MM-dd HH:mm:ss` (`T` between date and time with `iso`), then the
+/// fraction of the column's unit without its trailing zeros (none when
+/// zero: `00:00:00.12`, `00:00:00`), then `Z` for a TIMESTAMP_LTZ
+/// (`zoned`), written digit by digit: chrono's `strftime` interpreter was
+/// a tenth of a Kafka sink's time. `ticks` per second is the column's
+/// unit. `None` for a year outside 0000–9999 (the caller formats those
+/// the slow way).
+pub fn write_timestamp_text(value: i64, ticks_per_second: i64, iso: bool, zoned: bool, out: &mut String) -> Option<()> {
     let secs = value.div_euclid(ticks_per_second);
     let sub = value.rem_euclid(ticks_per_second);
-    let millis = if ticks_per_second >= 1000 {
-        sub / (ticks_per_second / 1000)
-    } else {
-        0
-    };
     let days = secs.div_euclid(86_400);
     let of_day = secs.rem_euclid(86_400);
     // Howard Hinnant's civil_from_days.
@@ -144,7 +141,7 @@ pub fn write_millis_text(value: i64, ticks_per_second: i64, iso: bool, out: &mut
         return None;
     }
     fn digits(out: &mut String, v: i64, n: usize) {
-        let mut buf = [b'0'; 4];
+        let mut buf = [b'0'; 9];
         let mut v = v;
         for b in buf[..n].iter_mut().rev() {
             *b = b'0' + (v % 10) as u8;
@@ -163,18 +160,35 @@ pub fn write_millis_text(value: i64, ticks_per_second: i64, iso: bool, out: &mut
     digits(out, of_day % 3600 / 60, 2);
     out.push(':');
     digits(out, of_day % 60, 2);
-    out.push('.');
-    digits(out, millis, 3);
+    if sub > 0 {
+        // The fraction in nanoseconds, its trailing zeros left out.
+        let mut nanos = sub * (1_000_000_000 / ticks_per_second.clamp(1, 1_000_000_000));
+        let mut n = 9;
+        while nanos % 10 == 0 {
+            nanos /= 10;
+            n -= 1;
+        }
+        out.push('.');
+        digits(out, nanos, n);
+    }
+    if zoned {
+        out.push('Z');
+    }
     Some(())
 }
 
 #[cfg(test)]
-mod millis_text_tests {
-    use super::write_millis_text;
+mod timestamp_text_tests {
+    use super::write_timestamp_text;
+
+    fn text(v: i64, ticks: i64, iso: bool, zoned: bool) -> String {
+        let mut s = String::new();
+        write_timestamp_text(v, ticks, iso, zoned, &mut s).expect("in range");
+        s
+    }
 
     #[test]
     fn matches_chrono_for_every_unit_and_sign() {
-        let layout = "%Y-%m-%d %H:%M:%S%.3f";
         for ms in [
             0i64,
             1,
@@ -187,11 +201,9 @@ mod millis_text_tests {
             253_402_300_799_999,
             -86_400_001,
         ] {
-            let expected = chrono::DateTime::from_timestamp_millis(ms)
+            let t = chrono::DateTime::from_timestamp_millis(ms)
                 .expect("in range")
-                .naive_utc()
-                .format(layout)
-                .to_string();
+                .naive_utc();
             let at = |scale: i64, extra: i64| ms.checked_mul(scale).and_then(|v| v.checked_add(extra));
             for (ticks, v) in [
                 (1000, Some(ms)),
@@ -200,14 +212,32 @@ mod millis_text_tests {
             ] {
                 // Nanoseconds reach only the years 1677 to 2262.
                 let Some(v) = v else { continue };
-                let mut s = String::new();
-                write_millis_text(v, ticks, false, &mut s).expect("in range");
-                assert_eq!(s, expected, "{v} at {ticks} ticks");
+                // The ticks below the millisecond, in nanoseconds.
+                let below = (v - ms * (ticks / 1000)) * (1_000_000_000 / ticks);
+                let expected = t + chrono::TimeDelta::nanoseconds(below);
+                let digits = expected.format("%Y-%m-%d %H:%M:%S%.9f").to_string();
+                let trimmed = digits.trim_end_matches('0').trim_end_matches('.');
+                assert_eq!(text(v, ticks, false, false), trimmed, "{v} at {ticks} ticks");
             }
         }
-        let mut s = String::new();
-        write_millis_text(5, 1, true, &mut s).expect("in range");
-        assert_eq!(s, "1970-01-01T00:00:05.000");
-        assert!(write_millis_text(253_402_300_800_000, 1000, false, &mut String::new()).is_none());
+        assert!(write_timestamp_text(253_402_300_800_000, 1000, false, false, &mut String::new()).is_none());
+    }
+
+    /// Flink 2.3's json sink, for TIMESTAMP(3), TIMESTAMP_LTZ(3) and the
+    /// ISO-8601 standard.
+    #[test]
+    fn writes_what_flinks_json_format_writes() {
+        assert_eq!(text(1_704_067_200_120, 1000, false, false), "2024-01-01 00:00:00.12");
+        assert_eq!(text(1_704_067_200_500, 1000, false, false), "2024-01-01 00:00:00.5");
+        assert_eq!(text(1_704_067_200_000, 1000, false, false), "2024-01-01 00:00:00");
+        assert_eq!(text(1_704_067_200_001, 1000, false, true), "2024-01-01 00:00:00.001Z");
+        assert_eq!(text(1_704_067_200, 1, false, true), "2024-01-01 00:00:00Z");
+        assert_eq!(text(1_704_067_200_120, 1000, true, false), "2024-01-01T00:00:00.12");
+        assert_eq!(text(1_704_067_200_000, 1000, true, true), "2024-01-01T00:00:00Z");
+        // Microseconds are kept, not cut to milliseconds.
+        assert_eq!(
+            text(1_704_067_200_123_456, 1_000_000, false, false),
+            "2024-01-01 00:00:00.123456"
+        );
     }
 }

@@ -88,7 +88,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
                     type_name: flink_name(&data_type),
                     data_type,
                     nullable: true,
-                    computed: Some(expr.to_string()),
+                    computed: c.computed_text.clone().or_else(|| Some(expr.to_string())),
                     metadata: None,
                 },
             );
@@ -128,7 +128,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         if !is_rowtime_type(&t) {
             return Err(SqlError::plan(format!(
                 "the WATERMARK expression must return TIMESTAMP(3) or TIMESTAMP_LTZ(3), but '{}' returns {}",
-                w.expr,
+                w.expr_text,
                 flink_name(&t)
             ))
             .at(w.location));
@@ -136,7 +136,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         let alignment = alignment_spec(w, &def).map_err(|e| e.at(w.location))?;
         def.watermark = Some(WatermarkSpec {
             column: col.name.clone(),
-            expr: w.expr.to_string(),
+            expr: w.expr_text.clone(),
             alignment,
         });
     } else if def.options.keys().any(|k| k.starts_with("scan.watermark.alignment.")) {

@@ -135,6 +135,39 @@ pub fn binary(b: &BinaryExpr, e: &Expr, schema: &DFSchema) -> Result<Transformed
     ))))
 }
 
+/// Plans a product whose scale passes 38 as Flink's, while the query is
+/// turned into a plan: DataFusion's coercion refuses it when the plan's
+/// schema is computed, before [`binary`] could retype it (Flink gives up
+/// scale: `DECIMAL(30, 20) * DECIMAL(30, 20)` is `DECIMAL(38, 17)`).
+#[derive(Debug)]
+pub struct WideProducts;
+
+impl datafusion::logical_expr::planner::ExprPlanner for WideProducts {
+    fn plan_binary_op(
+        &self,
+        expr: datafusion::logical_expr::planner::RawBinaryExpr,
+        schema: &DFSchema,
+    ) -> Result<datafusion::logical_expr::planner::PlannerResult<datafusion::logical_expr::planner::RawBinaryExpr>>
+    {
+        use datafusion::logical_expr::planner::PlannerResult;
+        let wide = expr.op == sqlparser::ast::BinaryOperator::Multiply
+            && matches!(
+                (
+                    expr.left.get_type(schema as &dyn ExprSchema).ok().as_ref().and_then(decimal_of),
+                    expr.right.get_type(schema as &dyn ExprSchema).ok().as_ref().and_then(decimal_of),
+                ),
+                (Some((_, sl)), Some((_, sr))) if i32::from(sl) + i32::from(sr) > i32::from(MAX_PRECISION)
+            );
+        if !wide {
+            return Ok(PlannerResult::Original(expr));
+        }
+        Ok(PlannerResult::Planned(Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(FlinkDecimal::udf(Operator::Multiply)),
+            vec![expr.left, expr.right],
+        ))))
+    }
+}
+
 /// `+ - * /` on DECIMALs with Flink's result type and HALF_UP rounding.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct FlinkDecimal {

@@ -23,6 +23,9 @@ pub struct ColumnSpec {
     pub data_type: Option<ast::DataType>,
     pub nullable: bool,
     pub computed: Option<Expr>,
+    /// The computed expression as the user wrote it (what DESCRIBE shows
+    /// and the catalog keeps: `computed` has the token rewrites applied).
+    pub computed_text: Option<String>,
     /// `METADATA [FROM 'key'] [VIRTUAL]`: the key (`None`: the column's
     /// name) and whether the column is virtual.
     pub metadata: Option<(Option<String>, bool)>,
@@ -41,6 +44,8 @@ pub struct AlignmentClause {
 pub struct WatermarkClause {
     pub column: Ident,
     pub expr: Expr,
+    /// `expr` as the user wrote it.
+    pub expr_text: String,
     pub alignment: Option<AlignmentClause>,
     pub location: Location,
 }
@@ -196,10 +201,8 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(
-            rewrite_tvf_tokens(rewrite_numbers(part.to_vec())),
-        ))));
-        let statement = parse_one(tokens).map_err(|e| {
+        let tokens = rewrite_tokens(part.to_vec());
+        let statement = parse_one(tokens, sql).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
             let at = if e.message.ends_with("found: EOF") {
@@ -216,6 +219,34 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         });
     }
     Ok(out)
+}
+
+/// Flink's syntax that sqlparser lacks, written as what it parses (each
+/// rewrite keeps the positions of the tokens it replaces).
+fn rewrite_tokens(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(
+        rewrite_tvf_tokens(rewrite_numbers(tokens)),
+    ))))
+}
+
+/// Parses an expression the catalog keeps as the user wrote it (a computed
+/// column, a watermark), with the same rewrites as a statement's.
+pub fn parse_expr_text(text: &str) -> Result<Expr> {
+    let dialect = dialect();
+    let tokens = Tokenizer::new(&dialect, text)
+        .tokenize_with_location()
+        .map_err(|e| SqlError::new(ErrorKind::Parse, format!("in '{text}': {}", e.message)))?;
+    check_nesting(&tokens)?;
+    let mut p = Parser::new(&dialect).with_tokens_with_locations(rewrite_tokens(tokens));
+    let expr = p.parse_expr()?;
+    let next = p.peek_token();
+    if next.token != Token::EOF {
+        return Err(SqlError::new(
+            ErrorKind::Parse,
+            format!("unexpected '{}' after the expression '{text}'", next.token),
+        ));
+    }
+    Ok(expr)
 }
 
 /// The deepest a statement's expressions may nest, counted as
@@ -781,11 +812,12 @@ pub(crate) fn object_name(name: &ObjectName) -> String {
         .join(".")
 }
 
-fn parse_one(tokens: Vec<TokenWithSpan>) -> Result<Statement> {
+/// `sql` is the text the tokens' positions point into.
+fn parse_one(tokens: Vec<TokenWithSpan>, sql: &str) -> Result<Statement> {
     let dialect = dialect();
     let (tokens, on_conflict) = split_on_conflict(tokens)?;
     let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
-    let mut stmt = parse_statement(&mut p)?;
+    let mut stmt = parse_statement(&mut p, sql)?;
     if let Some(strategy) = on_conflict {
         let insert = match &mut stmt {
             Statement::Explain(inner) => inner.as_mut(),
@@ -860,7 +892,7 @@ fn split_on_conflict(mut tokens: Vec<TokenWithSpan>) -> Result<(Vec<TokenWithSpa
     Ok((tokens, Some(strategy)))
 }
 
-fn parse_statement(p: &mut Parser) -> Result<Statement> {
+fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
     let start = p.peek_token();
     if p.parse_keyword(Keyword::EXPLAIN) {
         // EXPLAIN [PLAN FOR] <statement>. Not recursive: `EXPLAIN EXPLAIN
@@ -870,7 +902,7 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
         if matches!(&inner.token, Token::Word(w) if w.keyword == Keyword::EXPLAIN) {
             return Err(SqlError::unsupported("EXPLAIN of an EXPLAIN is not supported").at(loc(&inner)));
         }
-        return Ok(Statement::Explain(Box::new(parse_statement(p)?)));
+        return Ok(Statement::Explain(Box::new(parse_statement(p, sql)?)));
     }
     if p.parse_keyword(Keyword::CREATE) {
         let or_replace = p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]);
@@ -882,7 +914,7 @@ fn parse_statement(p: &mut Parser) -> Result<Statement> {
                         .at(loc(&start)),
                 );
             }
-            return Ok(Statement::CreateTable(parse_create_table(p)?));
+            return Ok(Statement::CreateTable(parse_create_table(p, sql)?));
         }
         if p.parse_keyword(Keyword::VIEW) {
             let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
@@ -1105,7 +1137,7 @@ fn parse_option_text(p: &mut Parser, key: bool) -> Result<String> {
     }
 }
 
-fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
+fn parse_create_table(p: &mut Parser, sql: &str) -> Result<CreateTable> {
     let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
     let name = object_name(&p.parse_object_name(false)?);
     let mut columns = vec![];
@@ -1118,7 +1150,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                 p.expect_keyword(Keyword::FOR)?;
                 let column = p.parse_identifier()?;
                 p.expect_keyword(Keyword::AS)?;
-                let expr = p.parse_expr()?;
+                let (expr, expr_text) = parse_written_expr(p, sql)?;
                 let at = p.peek_token();
                 let alignment = if parse_word(p, "ALIGNMENT") {
                     // ALIGNMENT GROUP 'g' MAX DRIFT <interval> [UPDATE <interval>]
@@ -1154,6 +1186,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                 watermark = Some(WatermarkClause {
                     column,
                     expr,
+                    expr_text,
                     alignment,
                     location: loc(&start),
                 });
@@ -1175,12 +1208,13 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
             } else {
                 let name = p.parse_identifier()?;
                 if p.parse_keyword(Keyword::AS) {
-                    let expr = p.parse_expr()?;
+                    let (expr, text) = parse_written_expr(p, sql)?;
                     columns.push(ColumnSpec {
                         name,
                         data_type: None,
                         nullable: true,
                         computed: Some(expr),
+                        computed_text: Some(text),
                         metadata: None,
                         location: loc(&start),
                     });
@@ -1210,6 +1244,7 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
                         data_type: Some(data_type),
                         nullable,
                         computed: None,
+                        computed_text: None,
                         metadata,
                         location: loc(&start),
                     });
@@ -1257,6 +1292,25 @@ fn parse_create_table(p: &mut Parser) -> Result<CreateTable> {
         watermark,
         options,
     })
+}
+
+/// An expression and its text in `sql` as written (before the token
+/// rewrites: `0.1`, not `CAST(0.1 AS DECIMAL(2, 1))`).
+fn parse_written_expr(p: &mut Parser, sql: &str) -> Result<(Expr, String)> {
+    let start = loc(&p.peek_token());
+    let expr = p.parse_expr()?;
+    // The last token read: the parser may have looked ahead and stepped
+    // back, which leaves blanks before its position.
+    let mut at = p.get_current_index();
+    while at > 0 && is_blank(&p.token_at(at).token) {
+        at -= 1;
+    }
+    let last = p.token_at(at);
+    let end = Location {
+        line: last.span.end.line,
+        column: last.span.end.column,
+    };
+    Ok((expr, slice_text(sql, start, end)))
 }
 
 /// A column's type, with Flink's nested types that sqlparser's generic

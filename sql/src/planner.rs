@@ -45,7 +45,7 @@ use weir_engine::plan::{
 };
 
 use crate::error::{Result, SqlError};
-use crate::parser::{OnConflict, dialect};
+use crate::parser::OnConflict;
 use crate::rewrite::rewrite_query;
 use crate::udf::{WINDOW_FN, WindowMarker};
 
@@ -122,6 +122,10 @@ impl ContextProvider for Provider<'_> {
         None
     }
 
+    fn get_type_planner(&self) -> Option<Arc<dyn datafusion::logical_expr::planner::TypePlanner>> {
+        Some(Arc::new(crate::types::FlinkTypes))
+    }
+
     fn get_expr_planners(&self) -> &[Arc<dyn datafusion::logical_expr::planner::ExprPlanner>] {
         self.state.expr_planners()
     }
@@ -168,6 +172,7 @@ impl Planner {
             .with_config(config)
             .with_default_features()
             .build();
+        let _ = state.register_expr_planner(Arc::new(crate::flink_decimal::WideProducts));
         // Registering a fresh UDF into a fresh state cannot clash.
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
@@ -227,8 +232,7 @@ impl Planner {
     /// Parses and plans a stored expression text (computed columns,
     /// watermarks).
     fn plan_expr_text(&self, text: &str, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
-        let d = dialect();
-        let expr = sqlparser::parser::Parser::new(&d).try_with_sql(text)?.parse_expr()?;
+        let expr = crate::parser::parse_expr_text(text)?;
         Ok(self.plan_expr(&expr, schema)?.1)
     }
 
@@ -1698,15 +1702,6 @@ impl<'a> GraphBuilder<'a> {
             });
         }
         let input = self.convert(&agg.input)?;
-        if let Some(c) = calls.iter().find(|c| c.func.keeps_a_value())
-            && !self.nodes[input].changelog.is_insert_only()
-        {
-            return Err(SqlError::unsupported(format!(
-                "{} in a GROUP BY without a window over an updating input is not supported yet \
-                 (its input takes rows back)",
-                c.func.name()
-            )));
-        }
         let ttl = self.hinted_ttl(&agg.input);
         Ok(self.group_node(input, Arc::new(agg.schema.as_arrow().clone()), keys, calls, ttl))
     }
@@ -2814,7 +2809,7 @@ impl<'a> GraphBuilder<'a> {
             }
             input = self.calc(input, target.clone(), None, Some(exprs));
         }
-        let p = self.nodes[input].parallelism;
+        let (p, exchange) = self.sink_exchange(input, sink, &target)?;
         Ok(self.add(
             p,
             target,
@@ -2822,19 +2817,63 @@ impl<'a> GraphBuilder<'a> {
                 name: sink.name.clone(),
                 factory,
             }),
-            Some((input, Exchange::Forward)),
+            Some((input, exchange)),
         ))
+    }
+
+    /// The sink's parallelism (`sink.parallelism`, else its input's) and
+    /// how rows reach it, as Flink's `CommonExecSink`: forwarded at the
+    /// input's parallelism; at another one, round-robin from an
+    /// insert-only input, by the sink's primary key from an updating one
+    /// (so a key's changes stay in order), which must then have one.
+    fn sink_exchange(&self, input: NodeId, sink: &TableDef, target: &SchemaRef) -> Result<(usize, Exchange)> {
+        let have = self.nodes[input].parallelism;
+        let Some(text) = sink.options.get(weir_engine::connectors::SINK_PARALLELISM) else {
+            return Ok((have, Exchange::Forward));
+        };
+        let p: usize = text.trim().parse().map_err(|_| {
+            SqlError::plan(format!(
+                "option '{}' of table '{}': '{text}' is not a whole number",
+                weir_engine::connectors::SINK_PARALLELISM,
+                sink.name
+            ))
+        })?;
+        if p == have {
+            return Ok((p, Exchange::Forward));
+        }
+        let mode = &self.nodes[input].changelog;
+        if mode.is_insert_only() {
+            return Ok((p, Exchange::Rebalance));
+        }
+        let Some(pk) = sink.primary_key.as_ref().filter(|k| !k.is_empty()) else {
+            return Err(SqlError::plan(format!(
+                "The sink for table '{}' has a configured parallelism of {p}, while the input parallelism is {have}. \
+                 Since the configured parallelism is different from the input's parallelism and the changelog mode \
+                 contains {}, which is not INSERT_ONLY mode, primary key is required but no primary key is found",
+                sink.name,
+                mode.kinds()
+            )));
+        };
+        let key = pk
+            .iter()
+            .map(|name| {
+                let i = target.index_of(name).map_err(|_| {
+                    SqlError::internal(format!(
+                        "primary key column '{name}' is not a column of sink '{}'",
+                        sink.name
+                    ))
+                })?;
+                Ok(Arc::new(Column::new(name, i)) as Arc<dyn PhysicalExpr>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((p, Exchange::Hash(key)))
     }
 }
 
 /// Identifiers an expression text refers to (columns, approximately: any
 /// identifier; extra names are harmless).
 fn identifiers(text: &str) -> Vec<String> {
-    let d = dialect();
-    let Ok(expr) = sqlparser::parser::Parser::new(&d)
-        .try_with_sql(text)
-        .and_then(|mut p| p.parse_expr())
-    else {
+    let Ok(expr) = crate::parser::parse_expr_text(text) else {
         return vec![];
     };
     let mut out = vec![];

@@ -16,6 +16,27 @@ fn time_unit(precision: u64) -> TimeUnit {
 }
 
 /// The Arrow type and Flink's name of a declared column type.
+/// Flink's types DataFusion does not know, where a query names a type
+/// (`CAST(x AS TIMESTAMP_LTZ(3))`); the rest are DataFusion's.
+#[derive(Debug)]
+pub struct FlinkTypes;
+
+impl datafusion::logical_expr::planner::TypePlanner for FlinkTypes {
+    fn plan_type_field(
+        &self,
+        sql_type: &ast::DataType,
+    ) -> datafusion::common::Result<Option<arrow::datatypes::FieldRef>> {
+        let ast::DataType::Custom(name, _) = sql_type else {
+            return Ok(None);
+        };
+        if !name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ") {
+            return Ok(None);
+        }
+        let (t, _) = to_arrow(sql_type).map_err(|e| datafusion::error::DataFusionError::Plan(e.to_string()))?;
+        Ok(Some(Arc::new(arrow::datatypes::Field::new("", t, true))))
+    }
+}
+
 pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
     use ast::DataType as T;
     Ok(match t {

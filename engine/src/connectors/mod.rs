@@ -240,6 +240,15 @@ pub trait Committer: Send + Sync {
 }
 
 /// Table options every connector accepts.
+/// Flink's `sink.parallelism`, of the sinks that have it (kafka,
+/// upsert-kafka, filesystem, print).
+pub const SINK_PARALLELISM: &str = "sink.parallelism";
+const SINK_OPTIONS: &[OptionSpec] = &[OptionSpec::new(
+    SINK_PARALLELISM,
+    OptionKind::Int { min: 1, max: 32768 },
+    "subtasks of the sink (default: its input's); rows reach it round-robin, or, from an updating input, by primary key",
+)];
+
 const COMMON_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new("connector", OptionKind::String, "the connector"),
     OptionSpec::new(
@@ -290,10 +299,11 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
             filesystem::FORMAT_OPTIONS,
             filesystem::ROLLING_OPTIONS,
             filesystem::partition::OPTIONS,
+            SINK_OPTIONS,
         ],
-        "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS],
+        "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS, SINK_OPTIONS],
         "upsert-kafka" => return Some(upsert_kafka_specs()),
-        "print" => vec![print::OPTIONS],
+        "print" => vec![print::OPTIONS, SINK_OPTIONS],
         "blackhole" => vec![],
         _ => return None,
     };
@@ -312,6 +322,7 @@ fn upsert_kafka_specs() -> Vec<OptionSpec> {
         .copied()
         .chain(kafka::upsert_options())
         .chain(filesystem::FORMAT_OPTIONS.iter().copied())
+        .chain(SINK_OPTIONS.iter().copied())
         .collect()
 }
 

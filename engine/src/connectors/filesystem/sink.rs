@@ -476,18 +476,21 @@ impl FileWriter {
 }
 
 /// `batch` with its timestamps as text the way Flink's json and csv formats
-/// write them (`iso`: `yyyy-MM-ddTHH:mm:ss.SSS`). Shared with Kafka.
+/// write them: `yyyy-MM-dd HH:mm:ss[.fraction]` (`iso`: a `T` between),
+/// a TIMESTAMP_LTZ with `Z` after ([`crate::time_format::write_timestamp_text`]).
+/// Shared with Kafka.
 pub(crate) fn stringify_timestamps(batch: &RecordBatch, iso: bool) -> Result<RecordBatch> {
-    let format = if iso {
-        "%Y-%m-%dT%H:%M:%S%.3f"
+    // Years past 9999 (chrono's `%.f`: the fraction in 0, 3, 6 or 9 digits).
+    let (format, zoned) = if iso {
+        ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.fZ")
     } else {
-        "%Y-%m-%d %H:%M:%S%.3f"
+        ("%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.fZ")
     };
     let opts = CastOptions {
         safe: false,
         format_options: DisplayOptions::default()
             .with_timestamp_format(Some(format))
-            .with_timestamp_tz_format(Some(format)),
+            .with_timestamp_tz_format(Some(zoned)),
     };
     let mut fields = vec![];
     let mut cols: Vec<ArrayRef> = vec![];
@@ -507,8 +510,8 @@ pub(crate) fn stringify_timestamps(batch: &RecordBatch, iso: bool) -> Result<Rec
 }
 
 /// A UTC (or zone-less) timestamp column as text by
-/// [`crate::time_format::write_millis_text`]; `None` when another zone or
-/// a year beyond 9999 needs the general cast.
+/// [`crate::time_format::write_timestamp_text`]; `None` when another zone
+/// or a year beyond 9999 needs the general cast.
 fn fast_timestamp_text(c: &ArrayRef, iso: bool) -> Option<ArrayRef> {
     use arrow::array::AsArray;
     use arrow::datatypes::{
@@ -526,15 +529,15 @@ fn fast_timestamp_text(c: &ArrayRef, iso: bool) -> Option<ArrayRef> {
         TimeUnit::Microsecond => (c.as_primitive::<TimestampMicrosecondType>().values(), 1_000_000),
         TimeUnit::Nanosecond => (c.as_primitive::<TimestampNanosecondType>().values(), 1_000_000_000),
     };
-    let mut out = arrow::array::StringBuilder::with_capacity(c.len(), c.len() * 23);
-    let mut text = String::with_capacity(23);
+    let mut out = arrow::array::StringBuilder::with_capacity(c.len(), c.len() * 24);
+    let mut text = String::with_capacity(30);
     for (i, v) in values.iter().enumerate() {
         if c.is_null(i) {
             out.append_null();
             continue;
         }
         text.clear();
-        crate::time_format::write_millis_text(*v, ticks, iso, &mut text)?;
+        crate::time_format::write_timestamp_text(*v, ticks, iso, tz.is_some(), &mut text)?;
         out.append_value(&text);
     }
     Some(Arc::new(out.finish()))

@@ -14,7 +14,13 @@
 //! - VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP: Welford's count, mean
 //!   and squared deviations in DOUBLE, retracted in reverse (Flink's
 //!   digits), the result cast back to the input's type as Java casts
-//!   (saturating).
+//!   (saturating);
+//! - FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG: over insert-only input
+//!   the value so far; over an updating input the values present, in
+//!   arrival order, where a retraction takes out the earliest equal value
+//!   (Flink's `*WithRetract` functions: their order lists and `ListView`
+//!   come to the same, and a retraction of a value not present changes
+//!   nothing).
 
 use std::sync::Arc;
 
@@ -86,6 +92,10 @@ pub struct AggSpec {
     /// input with retractions (over insert-only input a value never
     /// leaves, so the extreme alone is enough, as Flink's plain MAX).
     pub map: bool,
+    /// FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG over an updating
+    /// input: the accumulator is the values present ([`Acc::Values`]), of
+    /// this type, encoded by `codec`.
+    pub values_of: Option<DataType>,
 }
 
 impl AggSpec {
@@ -101,13 +111,24 @@ impl AggSpec {
             _ => None,
         };
         let extreme = matches!(call.func, AggFunc::Min | AggFunc::Max);
-        if call.func.keeps_a_value() && (!insert_only || call.distinct) {
+        if call.func.keeps_a_value() && call.distinct {
             return Err(ExecError::internal(format!(
-                "{} of an updating input or with DISTINCT has no accumulator",
+                "{} with DISTINCT has no accumulator",
                 call.func.name()
             )));
         }
-        let codec = if call.func == AggFunc::ListAgg {
+        let values_of = match call.func {
+            _ if insert_only || !call.func.keeps_a_value() => None,
+            AggFunc::ListAgg => Some(DataType::Utf8),
+            AggFunc::ArrayAgg => match &call.output_type {
+                DataType::List(f) => Some(f.data_type().clone()),
+                other => return Err(ExecError::internal(format!("ARRAY_AGG typed {other}"))),
+            },
+            _ => Some(call.input_type.clone()),
+        };
+        let codec = if let Some(t) = &values_of {
+            Some(RowCodec::new(std::slice::from_ref(t)).map_err(ExecError::internal)?)
+        } else if call.func == AggFunc::ListAgg {
             Some(RowCodec::new(&[DataType::Utf8]).map_err(ExecError::internal)?)
         } else if call.func == AggFunc::ArrayAgg {
             Some(RowCodec::new(std::slice::from_ref(&call.output_type)).map_err(ExecError::internal)?)
@@ -121,6 +142,7 @@ impl AggSpec {
             class,
             codec,
             map: call.distinct || (extreme && !insert_only),
+            values_of,
         })
     }
 
@@ -142,6 +164,9 @@ impl AggSpec {
 
     /// A fresh accumulator.
     pub fn empty(&self) -> Acc {
+        if self.values_of.is_some() {
+            return Acc::Values(vec![]);
+        }
         match self.call.func {
             AggFunc::Count => Acc::Count(0),
             AggFunc::Sum | AggFunc::Avg => Acc::Sum {
@@ -186,7 +211,7 @@ impl AggSpec {
                 let v = a.as_primitive::<Float64Type>().value(i);
                 if sign > 0 { w.add(v) } else { w.retract(v) }
             }
-            Acc::Extreme(_) => {}
+            Acc::Extreme(_) | Acc::Values(_) => {}
         }
     }
 
@@ -249,6 +274,56 @@ impl AggSpec {
         Ok(())
     }
 
+    /// Over an updating input: row `i` of `arg` arrives (`sign` 1) and is
+    /// appended, or is taken back (-1): its earliest equal value leaves.
+    pub fn present(&self, acc: &mut Acc, arg: &ArrayRef, i: usize, sign: i64) -> Result<()> {
+        let (Acc::Values(values), Some(t)) = (acc, &self.values_of) else {
+            return Ok(());
+        };
+        let mut v = ScalarValue::try_from_array(arg, i)?;
+        if &v.data_type() != t {
+            v = v.cast_to(t)?;
+        }
+        if sign > 0 {
+            values.push(v);
+        } else if let Some(at) = values.iter().position(|p| *p == v) {
+            values.remove(at);
+        }
+        Ok(())
+    }
+
+    /// The result of [`Acc::Values`].
+    fn of_values(&self, values: &[ScalarValue]) -> Result<ScalarValue> {
+        let out = &self.call.output_type;
+        let v = match (self.call.func, values) {
+            (_, []) => return Ok(ScalarValue::try_from(out)?),
+            (AggFunc::FirstValue, [first, ..]) => first.clone(),
+            (AggFunc::LastValue, [.., last]) => last.clone(),
+            (AggFunc::ListAgg, _) => {
+                let sep = self.call.separator.as_deref().unwrap_or(",");
+                let texts: Vec<&str> = values
+                    .iter()
+                    .filter_map(|v| match v {
+                        ScalarValue::Utf8(Some(t)) => Some(t.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                ScalarValue::Utf8(Some(texts.join(sep)))
+            }
+            (AggFunc::ArrayAgg, _) => {
+                let DataType::List(field) = out else {
+                    return Err(ExecError::internal(format!("ARRAY_AGG typed {out}")));
+                };
+                let items = ScalarValue::iter_to_array(values.iter().cloned())?;
+                let offsets = arrow::buffer::OffsetBuffer::from_lengths([items.len()]);
+                let list = arrow::array::ListArray::try_new(field.clone(), offsets, items, None)?;
+                ScalarValue::List(Arc::new(list))
+            }
+            (f, _) => return Err(ExecError::internal(format!("{} keeps no values", f.name()))),
+        };
+        Ok(v)
+    }
+
     /// The best of `candidates` (values whose count is positive).
     pub fn best(&self, candidates: impl Iterator<Item = ScalarValue>) -> Option<ScalarValue> {
         let mut acc = Acc::Extreme(None);
@@ -295,6 +370,7 @@ impl AggSpec {
             },
             Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
             Acc::Extreme(Some(v)) => v.clone(),
+            Acc::Values(values) => self.of_values(values)?,
             Acc::Moments(w) => crate::plan::moment_scalar(self.call.func.moment(w), out)?,
         };
         if &v.data_type() == out {
@@ -370,6 +446,9 @@ pub enum Acc {
     Extreme(Option<ScalarValue>),
     /// The variance family's running moments.
     Moments(Welford),
+    /// FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG over an updating input:
+    /// the values present, in arrival order.
+    Values(Vec<ScalarValue>),
 }
 
 /// A key's accumulators and its row count (`+I`/`+U` minus `-U`/`-D`):
@@ -430,6 +509,22 @@ impl KeyAccs {
                     push_int(&mut b, bytes.len() as i64);
                     b.extend_from_slice(&bytes);
                 }
+                Acc::Values(values) => {
+                    b.push(4);
+                    push_int(&mut b, values.len() as i64);
+                    if !values.is_empty() {
+                        let codec = spec
+                            .codec
+                            .as_ref()
+                            .ok_or_else(|| ExecError::internal("no value codec"))?;
+                        let rows = codec.encode(&[ScalarValue::iter_to_array(values.iter().cloned())?])?;
+                        for i in 0..values.len() {
+                            let row = rows.row(i);
+                            push_int(&mut b, row.len() as i64);
+                            b.extend_from_slice(row);
+                        }
+                    }
+                }
             }
         }
         Ok(b)
@@ -483,6 +578,19 @@ impl KeyAccs {
                         Acc::Extreme(vals.pop())
                     }
                 },
+                (4, _) if spec.values_of.is_some() => {
+                    let n = r.len().ok_or_else(|| corrupt("truncated values"))?;
+                    let mut rows = Vec::with_capacity(n.min(bytes.len()));
+                    for _ in 0..n {
+                        let len = r.len().ok_or_else(|| corrupt("truncated values"))?;
+                        rows.push(r.take(len).ok_or_else(|| corrupt("truncated values"))?);
+                    }
+                    Acc::Values(if rows.is_empty() {
+                        vec![]
+                    } else {
+                        spec.decode_values(rows)?
+                    })
+                }
                 (3, _) if spec.call.func.is_moment() => {
                     let n = r.i64().ok_or_else(|| corrupt("truncated moments"))?;
                     let mut float = || {
@@ -611,6 +719,58 @@ mod tests {
         // AVG(DECIMAL(10,2)) of 10.01 over 2 rows = 5.005000 (DECIMAL(14,6)).
         assert_eq!(values[2], ScalarValue::Decimal128(Some(5_005_000), 14, 6));
         assert_eq!(values[4], ScalarValue::Float64(None));
+        for cut in 0..bytes.len() {
+            assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
+        }
+    }
+
+    /// Over an updating input the kept values round-trip through bytes
+    /// (NULLs too), and a retraction takes out the earliest equal value.
+    #[test]
+    fn kept_values_over_an_updating_input_take_out_the_earliest_equal_value() {
+        let item = Arc::new(arrow::datatypes::Field::new_list_field(DataType::Int32, true));
+        let specs = vec![
+            AggSpec::new(
+                &call(AggFunc::FirstValue, DataType::Int32, DataType::Int32, false),
+                false,
+            )
+            .expect("first"),
+            AggSpec::new(
+                &call(AggFunc::LastValue, DataType::Int32, DataType::Int32, false),
+                false,
+            )
+            .expect("last"),
+            AggSpec::new(&call(AggFunc::ListAgg, DataType::Utf8, DataType::Utf8, false), false).expect("listagg"),
+            AggSpec::new(
+                &call(AggFunc::ArrayAgg, DataType::Int32, DataType::List(item), false),
+                false,
+            )
+            .expect("array"),
+        ];
+        let ints: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![Some(1), Some(2), Some(1), None]));
+        let texts: ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["1", "2", "1", "x"]));
+        let mut k = KeyAccs::new(&specs);
+        for (j, spec) in specs.iter().enumerate() {
+            let arg = if j == 2 { &texts } else { &ints };
+            for i in 0..4 {
+                spec.present(&mut k.accs[j], arg, i, 1).expect("add");
+            }
+            // The first 1 leaves; the later one stays.
+            spec.present(&mut k.accs[j], arg, 0, -1).expect("retract");
+            // A value not present changes nothing.
+            let absent: ArrayRef = Arc::new(arrow::array::Int32Array::from(vec![7]));
+            let absent_text: ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["7"]));
+            spec.present(&mut k.accs[j], if j == 2 { &absent_text } else { &absent }, 0, -1)
+                .expect("retract absent");
+        }
+        let bytes = k.encode(&specs).expect("encode");
+        let back = KeyAccs::decode(&bytes, &specs).expect("decode");
+        assert_eq!(back, k);
+        let v = back.values(&specs).expect("values");
+        assert_eq!(v[0], ScalarValue::Int32(Some(2)));
+        assert_eq!(v[1], ScalarValue::Int32(None));
+        assert_eq!(v[2], ScalarValue::Utf8(Some("2,1,x".into())));
+        assert_eq!(v[3].to_string(), "[2, 1, ]");
         for cut in 0..bytes.len() {
             assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
         }

@@ -5,6 +5,9 @@
 //! backend:
 //! - `group-acc` (value state): key → the key's row count and every
 //!   call's accumulator ([`KeyAccs`]);
+//!   (FIRST_VALUE, LAST_VALUE, LISTAGG and ARRAY_AGG over an updating
+//!   input keep the values present there, so their cost grows with the
+//!   key's values, as the result itself does);
 //! - `group-agg-map` (value state): key, namespace = call index (u16 BE) |
 //!   value in Weir's key encoding → count (zigzag varint), for MIN/MAX and
 //!   DISTINCT calls. DISTINCT calls over the same argument share one
@@ -518,6 +521,10 @@ impl Operator for GroupAggregateOperator {
                             && sign > 0
                         {
                             spec.offer(acc, ScalarValue::try_from_array(a, i)?);
+                        }
+                    } else if spec.values_of.is_some() {
+                        if let Some(a) = &args[j] {
+                            spec.present(acc, a, i, sign)?;
                         }
                     } else if spec.call.func.keeps_a_value() {
                         if let Some(a) = &args[j]
