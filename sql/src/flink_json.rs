@@ -541,7 +541,22 @@ fn to_json(text: &str, t: &DataType) -> Value {
     if *t == DataType::Boolean {
         return Value::Bool(text == "true");
     }
+    if *t == DataType::LargeUtf8
+        && let Some(v) = Value::parse(text)
+    {
+        return v;
+    }
     Value::String(text.to_string())
+}
+
+/// Marks a JSON constructor's value nested in another constructor's
+/// arguments: Flink inserts it as JSON (`JSON_ARRAY(JSON_OBJECT('a'
+/// VALUE 1))` is `[{"a":1}]`), where any other string is a JSON string.
+pub const RAW_FN: &str = "__weir_json_raw";
+
+/// [`RAW_FN`]: the text, typed as JSON ([`to_json`] reads it back).
+pub fn raw(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    Ok(Some(v[0].to_string()))
 }
 
 /// `JSON_STRING(x)`: `x` serialised as JSON.

@@ -47,6 +47,9 @@ enum Eval {
     MillisLtz(fn(&[&str], &[DataType]) -> Result<Option<i64>>),
     /// Days since the epoch, as `DATE`.
     Days(fn(&[&str]) -> Result<Option<i32>>),
+    /// JSON text that the JSON constructors insert as JSON, not as a
+    /// string: typed `LargeUtf8`, which no Flink type maps to.
+    Json(fn(&[&str], &[DataType]) -> Result<Option<String>>),
 }
 
 impl Eval {
@@ -59,6 +62,7 @@ impl Eval {
             Eval::Millis(_) => DataType::Timestamp(TimeUnit::Millisecond, None),
             Eval::MillisLtz(_) => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
             Eval::Days(_) => DataType::Date32,
+            Eval::Json(_) => DataType::LargeUtf8,
         }
     }
 }
@@ -93,6 +97,7 @@ pub fn all() -> Vec<ScalarUDF> {
         substr(),
         FlinkScalar::udf("substring", (2, 3), Eval::Text(substring_of)),
         FlinkScalar::udf("split_index", (3, 3), Eval::Text(split_index)),
+        FlinkScalar::udf("overlay", (3, 4), Eval::Text(overlay)),
         FlinkScalar::udf("regexp_extract", (2, 3), Eval::Text(regexp_extract)),
         FlinkScalar::udf("regexp", (2, 2), Eval::Bool(regexp, None)),
         FlinkScalar::udf("to_base64", (1, 1), Eval::Text(to_base64)),
@@ -139,6 +144,7 @@ pub fn all() -> Vec<ScalarUDF> {
             Eval::NullableText(json::json_object_absent),
         ),
         FlinkScalar::udf("__weir_is_json", (1, 2), Eval::Bool(json::is_json, Some(false))),
+        FlinkScalar::udf(json::RAW_FN, (1, 1), Eval::Json(json::raw)),
     ]
 }
 
@@ -222,6 +228,16 @@ impl ScalarUDFImpl for FlinkScalar {
             }};
         }
         let out: ArrayRef = match self.eval {
+            Eval::Json(f) => {
+                let mut b = arrow::array::LargeStringBuilder::with_capacity(rows, rows * 8);
+                for i in 0..rows {
+                    match row!(i) {
+                        Some(v) => b.append_option(f(v, &types).map_err(fail)?),
+                        None => b.append_null(),
+                    }
+                }
+                Arc::new(b.finish())
+            }
             Eval::Text(f) => {
                 let mut b = StringBuilder::with_capacity(rows, rows * 8);
                 for i in 0..rows {
@@ -454,6 +470,51 @@ fn int(text: &str, what: &str) -> Result<i64> {
     text.trim()
         .parse::<i64>()
         .map_err(|_| DataFusionError::Execution(format!("{what} '{text}' is not an integer")))
+}
+
+/// Plans `OVERLAY(s PLACING r FROM start [FOR length])` as Weir's
+/// `overlay` ([`overlay`]), where DataFusion's planner would take its own.
+#[derive(Debug)]
+pub struct FlinkOverlay;
+
+impl datafusion::logical_expr::planner::ExprPlanner for FlinkOverlay {
+    fn plan_overlay(
+        &self,
+        args: Vec<datafusion::logical_expr::Expr>,
+    ) -> Result<datafusion::logical_expr::planner::PlannerResult<Vec<datafusion::logical_expr::Expr>>> {
+        let udf = Arc::new(FlinkScalar::udf("overlay", (3, 4), Eval::Text(overlay)));
+        Ok(datafusion::logical_expr::planner::PlannerResult::Planned(
+            datafusion::logical_expr::Expr::ScalarFunction(datafusion::logical_expr::expr::ScalarFunction::new_udf(
+                udf, args,
+            )),
+        ))
+    }
+}
+
+/// `OVERLAY(s PLACING r FROM start [FOR length])` as Flink 2.3 answers it
+/// (measured; DataFusion's differs at the edges): `s` unchanged when
+/// `start` is not one of its characters (`OVERLAY('' PLACING 'XX' FROM 1)`
+/// is ''); `r` ends the text when the replaced part reaches the end of `s`
+/// or `length` (default: `r`'s) is not positive; else the text after the
+/// replaced part follows.
+fn overlay(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let (s, r) = (v[0], v[1]);
+    let start = int(v[2], "the start position")?;
+    let n = s.chars().count() as i64;
+    if start < 1 || start > n {
+        return Ok(Some(s.to_string()));
+    }
+    let length = match v.get(3) {
+        Some(l) => int(l, "the length")?,
+        None => r.chars().count() as i64,
+    };
+    let mut out: String = s.chars().take((start - 1) as usize).collect();
+    out.push_str(r);
+    let end = (start - 1).saturating_add(length);
+    if length > 0 && end < n {
+        out.extend(s.chars().skip(end as usize));
+    }
+    Ok(Some(out))
 }
 
 /// `SPLIT_INDEX(s, sep, i)`: the `i`-th (from 0) piece of `s` split at
@@ -931,6 +992,38 @@ fn from_unixtime(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flink 2.3's answers.
+    #[test]
+    fn overlay_answers_as_flink_at_the_edges() {
+        let o = |s: &str, r: &str, from: &str, len: Option<&str>| {
+            let mut args = vec![s, r, from];
+            args.extend(len);
+            overlay(&args, &[]).expect("overlay").expect("text")
+        };
+        assert_eq!(o("", "XX", "2", Some("3")), "");
+        assert_eq!(o("", "XX", "1", Some("3")), "");
+        assert_eq!(o("a", "XX", "2", Some("3")), "a");
+        assert_eq!(o("abc", "XX", "4", Some("1")), "abc");
+        assert_eq!(o("abcdef", "XX", "2", Some("10")), "aXX");
+        assert_eq!(o("abcdef", "XX", "0", Some("2")), "abcdef");
+        assert_eq!(o("abcdef", "XX", "-1", Some("2")), "abcdef");
+        assert_eq!(o("abcdef", "XX", "2", Some("-1")), "aXX");
+        assert_eq!(o("abcdef", "XX", "2", None), "aXXdef");
+        assert_eq!(o("ab", "XX", "5", None), "ab");
+        assert_eq!(o("abcdef", "XX", "2", Some("0")), "aXX");
+        assert_eq!(o("abcdef", "XX", "3", Some("0")), "abXX");
+        assert_eq!(o("abcdef", "XX", "6", Some("1")), "abcdeXX");
+        assert_eq!(o("abcdef", "XX", "2", Some("1")), "aXXcdef");
+        assert_eq!(o("abcdef", "", "2", Some("2")), "adef");
+        assert_eq!(o("äöüß", "X", "2", Some("1")), "äXüß");
+        assert_eq!(o("abcdef", "XX", "5", Some("2")), "abcdXX");
+        assert_eq!(o("abcdef", "XX", "5", Some("1")), "abcdXXf");
+        assert_eq!(o("abcdef", "XYZ", "2", None), "aXYZef");
+        assert_eq!(o("abcdef", "", "2", None), "a");
+        assert_eq!(o("abcdef", "XX", "1", Some("6")), "XX");
+        assert_eq!(o("abcdef", "XX", "1", Some("5")), "XXf");
+    }
 
     #[test]
     fn split_index_keeps_empty_pieces() {

@@ -290,13 +290,13 @@ pub const FUNCTIONS: &[Function] = &[
         "JSON_OBJECT",
         S,
         Own,
-        "a nested JSON_OBJECT/JSON_ARRAY value is a string, not raw JSON",
+        "a JSON_OBJECT/JSON_ARRAY argument is inserted as JSON, any other string as a JSON string (Flink's rule)",
     ),
     f(
         "JSON_ARRAY",
         S,
         Own,
-        "a nested JSON_OBJECT/JSON_ARRAY value is a string, not raw JSON",
+        "a JSON_OBJECT/JSON_ARRAY argument is inserted as JSON, any other string as a JSON string (Flink's rule)",
     ),
     f("JSON_STRING", S, Own, ""),
     f(
@@ -761,6 +761,23 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
         ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(e)) => Some(e.clone()),
         _ => None,
     };
+    // A JSON constructor's value in another's arguments is inserted as
+    // JSON (Flink's rule); any other string is a JSON string.
+    let mut nested = false;
+    let mut as_json = |e: ast::Expr| -> ast::Expr {
+        let constructor = matches!(&e, ast::Expr::Function(g) if g.name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
+            matches!(
+                i.value.to_ascii_lowercase().as_str(),
+                "json_object" | "json_array" | "__weir_json_object" | "__weir_json_object_absent" | "__weir_json_array_nulls"
+            )
+        }));
+        if constructor {
+            nested = true;
+            call(crate::flink_json::RAW_FN, vec![e])
+        } else {
+            e
+        }
+    };
     match name {
         "json_object" => {
             let mut args = vec![];
@@ -770,12 +787,12 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
                         name,
                         arg: ast::FunctionArgExpr::Expr(v),
                         operator: ast::FunctionArgOperator::Value,
-                    } => args.extend([name.clone(), v.clone()]),
+                    } => args.extend([name.clone(), as_json(v.clone())]),
                     ast::FunctionArg::Named {
                         name,
                         arg: ast::FunctionArgExpr::Expr(v),
                         operator: ast::FunctionArgOperator::Value,
-                    } => args.extend([text(&name.value), v.clone()]),
+                    } => args.extend([text(&name.value), as_json(v.clone())]),
                     _ => {
                         return Err(at(
                             SqlError::plan("JSON_OBJECT takes members as `key VALUE value`"),
@@ -791,11 +808,17 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
             Ok(Some(call(udf, args)))
         }
         "json_array" => {
-            if nulls != Some(ast::JsonNullClause::NullOnNull) {
+            let Some(args) = list.args.iter().map(unnamed).collect::<Option<Vec<_>>>() else {
                 return Ok(None);
+            };
+            let args: Vec<ast::Expr> = args.into_iter().map(&mut as_json).collect();
+            if nulls == Some(ast::JsonNullClause::NullOnNull) {
+                Ok(Some(call("__weir_json_array_nulls", args)))
+            } else if nested {
+                Ok(Some(call("json_array", args)))
+            } else {
+                Ok(None)
             }
-            let args = list.args.iter().map(unnamed).collect::<Option<Vec<_>>>();
-            Ok(args.map(|a| call("__weir_json_array_nulls", a)))
         }
         _ => {
             let Some(t) = returning else {

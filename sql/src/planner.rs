@@ -58,6 +58,9 @@ pub enum QueryPlan {
 
 pub struct Planner {
     state: SessionState,
+    /// Weir's expression planners, then DataFusion's: the first to plan an
+    /// expression wins.
+    expr_planners: Vec<Arc<dyn datafusion::logical_expr::planner::ExprPlanner>>,
 }
 
 impl Default for Planner {
@@ -90,6 +93,7 @@ impl TableSource for StreamTableSource {
 
 struct Provider<'a> {
     state: &'a SessionState,
+    expr_planners: &'a [Arc<dyn datafusion::logical_expr::planner::ExprPlanner>],
     catalog: &'a Catalog,
 }
 
@@ -127,7 +131,7 @@ impl ContextProvider for Provider<'_> {
     }
 
     fn get_expr_planners(&self) -> &[Arc<dyn datafusion::logical_expr::planner::ExprPlanner>] {
-        self.state.expr_planners()
+        self.expr_planners
     }
 
     fn options(&self) -> &ConfigOptions {
@@ -172,7 +176,6 @@ impl Planner {
             .with_config(config)
             .with_default_features()
             .build();
-        let _ = state.register_expr_planner(Arc::new(crate::flink_decimal::WideProducts));
         // Registering a fresh UDF into a fresh state cannot clash.
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
@@ -201,12 +204,18 @@ impl Planner {
         {
             let _ = state.register_udf(Arc::new(udf));
         }
-        Self { state }
+        let mut expr_planners: Vec<Arc<dyn datafusion::logical_expr::planner::ExprPlanner>> = vec![
+            Arc::new(crate::flink_decimal::WideProducts),
+            Arc::new(crate::flink_scalars::FlinkOverlay),
+        ];
+        expr_planners.extend(state.expr_planners().iter().cloned());
+        Self { state, expr_planners }
     }
 
     fn provider<'a>(&'a self, catalog: &'a Catalog) -> Provider<'a> {
         Provider {
             state: &self.state,
+            expr_planners: &self.expr_planners,
             catalog,
         }
     }
