@@ -42,6 +42,8 @@ pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
 pub const STATE_TTL: &str = "table.exec.state.ttl";
+/// Flink's session time zone: UTC only yet ([`check_local_time_zone`]).
+pub const LOCAL_TIME_ZONE: &str = "table.local-time-zone";
 /// How the shell shows a query's result (Flink's SQL client option).
 pub const RESULT_MODE: &str = "sql-client.execution.result-mode";
 pub const ROCKSDB_MANAGED: &str = "state.backend.rocksdb.memory.managed";
@@ -56,6 +58,12 @@ pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
 pub const JOB_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        LOCAL_TIME_ZONE,
+        OptionKind::String,
+        "the session time zone TIMESTAMP_LTZ values are shown, cast and cut into windows in: UTC only yet",
+    )
+    .with_default("UTC"),
     OptionSpec::new(
         PARALLELISM,
         OptionKind::Int { min: 1, max: 1024 },
@@ -373,12 +381,44 @@ pub struct JobConfig {
     pub paths: crate::paths::PathPolicy,
 }
 
+/// `table.local-time-zone`: Weir shows, casts and windows TIMESTAMP_LTZ
+/// values in UTC, so a zone that is not UTC is refused rather than
+/// silently ignored.
+fn check_local_time_zone(zone: &str) -> Result<()> {
+    let z = zone.trim();
+    let utc = [
+        "UTC",
+        "Etc/UTC",
+        "GMT",
+        "Etc/GMT",
+        "Z",
+        "UTC+00:00",
+        "GMT+00:00",
+        "+00:00",
+        "UTC0",
+        "GMT0",
+    ];
+    if utc.iter().any(|u| u.eq_ignore_ascii_case(z)) {
+        return Ok(());
+    }
+    Err(weir_catalog::CatalogError::InvalidOption {
+        key: LOCAL_TIME_ZONE.into(),
+        message: format!(
+            "'{zone}' is not supported yet: only UTC (Weir shows, casts and cuts windows of TIMESTAMP_LTZ values in UTC)"
+        ),
+    }
+    .into())
+}
+
 impl JobConfig {
     /// Checks one `SET` pair.
     pub fn validate_pair(key: &str, value: &str) -> Result<()> {
         let mut m = BTreeMap::new();
         m.insert(key.to_string(), value.to_string());
         Options::validate(&m, JOB_OPTIONS, "SET")?;
+        if key == LOCAL_TIME_ZONE {
+            check_local_time_zone(value)?;
+        }
         if key == OPERATOR_UIDS {
             crate::uid::parse_pinned(value).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?;
         }
@@ -404,6 +444,9 @@ impl JobConfig {
         data_dir: &std::path::Path,
     ) -> Result<Self> {
         let o = Options::validate(settings, JOB_OPTIONS, "SET")?;
+        if let Some(zone) = o.get(LOCAL_TIME_ZONE) {
+            check_local_time_zone(zone)?;
+        }
         let parallelism = match o.i64(PARALLELISM)? {
             Some(p) => p as usize,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
