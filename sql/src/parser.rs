@@ -524,7 +524,9 @@ fn rewrite_is_json_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> 
                 .iter()
                 .any(|w| word(&tokens[*k].token, w))
         });
-        let span = tokens[json].span;
+        // The new tokens stand for `JSON [kind]`: they take its whole span
+        // (a computed column's text is cut by its tokens' spans).
+        let span = tokens[json].span.union(&tokens[kind.unwrap_or(json)].span);
         let kind_text = kind.map_or("VALUE".to_string(), |k| {
             tokens[k].token.to_string().to_ascii_uppercase()
         });
@@ -749,7 +751,9 @@ fn rewrite_json_value_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpa
         let args = &top[..end];
         let returning = args.iter().position(|k| word(&tokens[*k].token, "RETURNING"));
         let args_end = returning.map_or(top[end - 1] + 1, |r| args[r]);
-        let span = tokens[name].span;
+        // The call's whole span, as each new token's (a computed column's
+        // text is cut by its tokens' spans).
+        let span = tokens[name].span.union(&tokens[close].span);
         let (mode, default) = on_error.unwrap_or_else(|| ("NULL".to_string(), None));
         let mut new: Vec<Token> = vec![];
         if returning.is_some() {
