@@ -2850,6 +2850,16 @@ impl<'a> GraphBuilder<'a> {
         if p == have {
             return Ok((p, Exchange::Forward));
         }
+        // Key groups are spread over the subtasks: no more subtasks than
+        // key groups (as 'parallelism.default').
+        let max = usize::from(self.config.max_parallelism);
+        if p > max {
+            return Err(SqlError::plan(format!(
+                "option '{}' of table '{}': {p} exceeds 'pipeline.max-parallelism' = {max}",
+                weir_engine::connectors::SINK_PARALLELISM,
+                sink.name
+            )));
+        }
         let mode = &self.nodes[input].changelog;
         if mode.is_insert_only() {
             return Ok((p, Exchange::Rebalance));
