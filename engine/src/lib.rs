@@ -22,6 +22,7 @@
 //! - [`state`]: the [`state::StateBackend`] trait, RocksDB and heap backends.
 //! - [`error`]: [`error::ExecError`] and friends.
 //! - [`expr`]: faster physical expressions swapped in after planning.
+//! - [`multiset`]: Flink's `MULTISET<T>` as an Arrow map element → count.
 
 pub mod change;
 pub mod checkpoint;
@@ -33,6 +34,7 @@ pub mod failpoint;
 pub mod java_text;
 pub mod keygroup;
 pub mod message;
+pub mod multiset;
 pub mod operators;
 pub mod paths;
 pub mod plan;

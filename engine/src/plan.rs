@@ -343,6 +343,9 @@ pub enum AggFunc {
     /// The values (NULLs too, unless [`AggCall::ignore_nulls`]) as an
     /// ARRAY in arrival order (insert-only input).
     ArrayAgg,
+    /// The non-NULL values as a MULTISET (element → count,
+    /// [`crate::multiset`]); a retraction takes one occurrence back.
+    Collect,
 }
 
 impl AggFunc {
@@ -361,6 +364,7 @@ impl AggFunc {
             AggFunc::LastValue => "LAST_VALUE",
             AggFunc::ListAgg => "LISTAGG",
             AggFunc::ArrayAgg => "ARRAY_AGG",
+            AggFunc::Collect => "COLLECT",
         }
     }
 
@@ -370,7 +374,7 @@ impl AggFunc {
     pub fn keeps_a_value(self) -> bool {
         matches!(
             self,
-            AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg | AggFunc::ArrayAgg
+            AggFunc::FirstValue | AggFunc::LastValue | AggFunc::ListAgg | AggFunc::ArrayAgg | AggFunc::Collect
         )
     }
 

@@ -250,7 +250,7 @@ pub const FUNCTIONS: &[Function] = &[
         "CARDINALITY",
         S,
         Own,
-        "of an ARRAY or a MAP; MULTISET is not supported yet",
+        "of an ARRAY or a MAP; of a MULTISET refused (Flink 2.3 fails on it too)",
     ),
     f("ELEMENT", S, Own, ""),
     f("ARRAY_CONTAINS", S, Own, ""),
@@ -335,7 +335,12 @@ pub const FUNCTIONS: &[Function] = &[
         "NULLs skipped; in windows and in a GROUP BY (over an updating input, a retraction takes out the earliest equal value, as Flink's)",
     ),
     f("VARIANCE", A, Own, "VAR_SAMP"),
-    f("COLLECT", A, No(NOT_YET), ""),
+    f(
+        "COLLECT",
+        A,
+        Own,
+        "a MULTISET of the non-NULL values, `{}` when none; in windows, OVER windows and a GROUP BY (a retraction takes one occurrence back); elements in order of first arrival (Flink's order is its hash map's); refused with DISTINCT",
+    ),
     f(
         "LISTAGG",
         A,

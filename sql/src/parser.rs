@@ -1318,8 +1318,8 @@ fn parse_written_expr(p: &mut Parser, sql: &str) -> Result<(Expr, String)> {
 }
 
 /// A column's type, with Flink's nested types that sqlparser's generic
-/// dialect lacks: `MAP<K, V>`, `ROW<name type, ...>` and `ROW(name type,
-/// ...)`, and `ARRAY<T>` of them, where `>>` closes two at once. The rest
+/// dialect lacks: `MAP<K, V>`, `MULTISET<T>`, `ROW<name type, ...>` and
+/// `ROW(name type, ...)`, and `ARRAY<T>` of them, where `>>` closes two at once. The rest
 /// is sqlparser's. `NOT NULL` inside a nested type is accepted and not
 /// kept (the field stays nullable).
 fn parse_column_type(p: &mut Parser) -> Result<ast::DataType> {
@@ -1344,9 +1344,6 @@ fn parse_nested_type(p: &mut Parser, pending: &mut usize) -> Result<ast::DataTyp
         return Ok(p.parse_data_type()?);
     }
     p.next_token();
-    if word == "MULTISET" {
-        return Err(SqlError::unsupported("type MULTISET is not supported yet").at(loc(&at)));
-    }
     if word == "ROW" && p.consume_token(&Token::LParen) {
         let fields = parse_row_fields(p, pending)?;
         if *pending > 0 {
@@ -1372,6 +1369,11 @@ fn parse_nested_type(p: &mut Parser, pending: &mut usize) -> Result<ast::DataTyp
             let value = parse_nested_type(p, pending)?;
             skip_not_null(p, *pending);
             ast::DataType::Map(Box::new(key), Box::new(value))
+        }
+        "MULTISET" => {
+            let elem = parse_nested_type(p, pending)?;
+            skip_not_null(p, *pending);
+            crate::types::multiset_ast(elem)
         }
         _ => ast::DataType::Struct(parse_row_fields(p, pending)?, ast::StructBracketKind::AngleBrackets),
     };

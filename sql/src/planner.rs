@@ -180,6 +180,7 @@ impl Planner {
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
+        let _ = state.register_udaf(Arc::new(crate::flink_collect::Collect::udaf()));
         for udaf in crate::flink_moments::all() {
             let _ = state.register_udaf(Arc::new(udaf));
         }
@@ -1624,11 +1625,12 @@ impl<'a> GraphBuilder<'a> {
                 // LISTAGG is planned as DataFusion's string_agg.
                 "string_agg" => AggFunc::ListAgg,
                 "array_agg" => AggFunc::ArrayAgg,
+                "collect" => AggFunc::Collect,
                 other => {
                     return Err(SqlError::unsupported(format!(
                         "aggregate function {} is not supported in a GROUP BY without a window yet \
                          (supported: COUNT, SUM, AVG, MIN, MAX, VAR_POP, VAR_SAMP, STDDEV_POP, STDDEV_SAMP, \
-                         each with DISTINCT and FILTER; FIRST_VALUE, LAST_VALUE, LISTAGG and ARRAY_AGG)",
+                         each with DISTINCT and FILTER; FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG and COLLECT)",
                         other.to_ascii_uppercase()
                     )));
                 }

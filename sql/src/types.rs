@@ -85,6 +85,10 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
             let (elem, name) = to_arrow(inner)?;
             (DataType::new_list(elem, true), format!("ARRAY<{name}>"))
         }
+        T::Map(elem, count) if is_multiset_count(count) => {
+            let (e, e_name) = to_arrow(elem)?;
+            (weir_engine::multiset::data_type(e), format!("MULTISET<{e_name}>"))
+        }
         T::Map(key, value) => {
             let (k, k_name) = to_arrow(key)?;
             let (v, v_name) = to_arrow(value)?;
@@ -146,6 +150,20 @@ pub fn to_arrow(t: &ast::DataType) -> Result<(DataType, String)> {
     })
 }
 
+/// sqlparser has no MULTISET type: the parser gives `MULTISET<T>` as a
+/// map from `T` to this marker type, which only [`to_arrow`] reads.
+const MULTISET_COUNT: &str = "WEIR_MULTISET_COUNT";
+
+/// The parsed form of `MULTISET<elem>` ([`MULTISET_COUNT`]).
+pub fn multiset_ast(elem: ast::DataType) -> ast::DataType {
+    let count = ast::DataType::Custom(ast::ObjectName::from(vec![ast::Ident::new(MULTISET_COUNT)]), vec![]);
+    ast::DataType::Map(Box::new(elem), Box::new(count))
+}
+
+fn is_multiset_count(t: &ast::DataType) -> bool {
+    matches!(t, ast::DataType::Custom(name, _) if name.to_string() == MULTISET_COUNT)
+}
+
 /// Arrow's type of Flink's `MAP<K, V>`: entries of a non-null key and a
 /// nullable value, unsorted (DataFusion's `make_map` builds the same).
 pub fn map_type(key: DataType, value: DataType) -> DataType {
@@ -187,6 +205,10 @@ pub fn flink_name(t: &DataType) -> String {
         }
         DataType::Null => "NULL".into(),
         DataType::List(f) | DataType::LargeList(f) => format!("ARRAY<{}>", flink_field_type(f)),
+        DataType::Map(..) if weir_engine::multiset::element_type(t).is_some() => {
+            let elem = weir_engine::multiset::element_type(t).map_or_else(String::new, flink_name);
+            format!("MULTISET<{elem}>")
+        }
         DataType::Map(entries, _) => match entries.data_type() {
             DataType::Struct(kv) if kv.len() == 2 => {
                 // Arrow's map keys are never NULL; Flink's type of a

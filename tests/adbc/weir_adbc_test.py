@@ -252,9 +252,31 @@ def step_j_nested_columns(conn, t):
     ], f"rows {got}"
 
 
+def step_k_multisets(conn, t):
+    """A MULTISET column reaches a DB-API client as an Arrow map from each
+    element to its count (INT), as Flink holds one."""
+    data = os.path.join(t["sink"], "multisets.json")
+    with open(data, "w") as f:
+        f.write('{"id": 1, "bag": {"a": 2, "b": 1}}\n{"id": 2, "bag": {}}\n{"id": 3, "bag": null}\n')
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE bags (id INT, bag MULTISET<STRING>) WITH ("
+                    f"'connector' = 'filesystem', 'path' = '{data}', 'format' = 'json')")
+    with conn.cursor() as cur:
+        cur.execute("SELECT id, bag, CAST(bag AS STRING) AS text FROM bags")
+        table = cur.fetch_arrow_table()
+    bag = table.schema.field("bag").type
+    assert str(bag).startswith("map<string, int32"), f"bag is {bag}"
+    got = sorted(table.to_pylist(), key=lambda r: r["id"])
+    assert got == [
+        {"id": 1, "bag": [("a", 2), ("b", 1)], "text": "{a=2, b=1}"},
+        {"id": 2, "bag": [], "text": "{}"},
+        {"id": 3, "bag": None, "text": None},
+    ], f"rows {got}"
+
+
 STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
          step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements,
-         step_i_updating_query, step_j_nested_columns]
+         step_i_updating_query, step_j_nested_columns, step_k_multisets]
 
 
 def main():

@@ -15,7 +15,10 @@
 //! - floats: IEEE bits big-endian, transformed so byte order is the total
 //!   order (`-NaN < -inf < ... < -0 < +0 < ... < +inf < NaN`);
 //! - strings and binaries: length (u32 big-endian) and the bytes;
-//! - lists: element count (u32 big-endian) and the elements.
+//! - lists: element count (u32 big-endian) and the elements;
+//! - rows (structs): each field in order (nothing more when NULL);
+//! - maps (and MULTISETs): entry count (u32 big-endian) and each entry as
+//!   a row of key and value.
 //!
 //! Types are named by [`type_name`], also Weir's, for the same reason.
 
@@ -23,10 +26,10 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayData, ArrayRef, AsArray, BinaryArray, BinaryViewArray, BooleanArray, LargeBinaryArray, LargeListArray,
-    LargeStringArray, ListArray, StringArray, StringViewArray, make_array,
+    LargeStringArray, ListArray, MapArray, StringArray, StringViewArray, StructArray, make_array,
 };
 use arrow::buffer::{Buffer, NullBuffer, OffsetBuffer};
-use arrow::datatypes::{DataType, FieldRef, TimeUnit};
+use arrow::datatypes::{DataType, FieldRef, Fields, TimeUnit};
 
 use crate::error::StateError;
 
@@ -128,6 +131,15 @@ enum Kind {
         field: FieldRef,
         item: Box<Kind>,
     },
+    Struct {
+        fields: Fields,
+        children: Vec<Kind>,
+    },
+    Map {
+        entries: FieldRef,
+        sorted: bool,
+        entry: Box<Kind>,
+    },
 }
 
 fn kind_of(dt: &DataType, depth: usize) -> Option<Kind> {
@@ -157,6 +169,18 @@ fn kind_of(dt: &DataType, depth: usize) -> Option<Kind> {
             large: matches!(dt, LargeList(_)),
             field: f.clone(),
             item: Box::new(kind_of(f.data_type(), depth + 1)?),
+        }),
+        Struct(fields) if depth < MAX_DEPTH => Some(Kind::Struct {
+            fields: fields.clone(),
+            children: fields
+                .iter()
+                .map(|f| kind_of(f.data_type(), depth + 1))
+                .collect::<Option<Vec<_>>>()?,
+        }),
+        Map(entries, sorted) if depth < MAX_DEPTH => Some(Kind::Map {
+            entries: entries.clone(),
+            sorted: *sorted,
+            entry: Box::new(kind_of(entries.data_type(), depth + 1)?),
         }),
         _ => None,
     }
@@ -197,6 +221,24 @@ pub fn type_name(dt: &DataType) -> String {
         Utf8 | LargeUtf8 | Utf8View => "string".into(),
         Binary | LargeBinary | BinaryView => "binary".into(),
         List(f) | LargeList(f) => format!("list<{}>", type_name(f.data_type())),
+        Struct(fields) => {
+            let fields: Vec<String> = fields
+                .iter()
+                .map(|f| format!("{}:{}", f.name(), type_name(f.data_type())))
+                .collect();
+            format!("struct<{}>", fields.join(","))
+        }
+        Map(entries, _) => match entries.data_type() {
+            Struct(kv) if kv.len() == 2 => {
+                let kind = if entries.name() == crate::multiset::ENTRIES {
+                    "multiset"
+                } else {
+                    "map"
+                };
+                format!("{kind}<{},{}>", type_name(kv[0].data_type()), type_name(kv[1].data_type()))
+            }
+            other => format!("unsupported:{other}"),
+        },
         Null => "null".into(),
         other => format!("unsupported:{other}"),
     }
@@ -330,6 +372,7 @@ enum Body<'a> {
     Fixed { buf: Buffer, width: usize, num: Num },
     Bytes(&'a dyn Array, Bytes),
     List { offsets: Vec<usize>, item: Box<Col<'a>> },
+    Struct(Vec<Col<'a>>),
 }
 
 impl<'a> Col<'a> {
@@ -363,6 +406,23 @@ impl<'a> Col<'a> {
                 Body::List {
                     offsets,
                     item: Box::new(Col::new(values.as_ref(), item)?),
+                }
+            }
+            Kind::Struct { children, .. } => {
+                let row = a.as_struct_opt().ok_or_else(|| mismatch(a))?;
+                Body::Struct(
+                    row.columns()
+                        .iter()
+                        .zip(children)
+                        .map(|(c, k)| Col::new(c.as_ref(), k))
+                        .collect::<Result<_, _>>()?,
+                )
+            }
+            Kind::Map { entry, .. } => {
+                let m = a.as_map_opt().ok_or_else(|| mismatch(a))?;
+                Body::List {
+                    offsets: m.value_offsets().iter().map(|o| *o as usize).collect(),
+                    item: Box::new(Col::new(m.entries(), entry)?),
                 }
             }
         };
@@ -411,6 +471,11 @@ impl<'a> Col<'a> {
                 out.extend_from_slice(&((e - s) as u32).to_be_bytes());
                 for j in s..e {
                     item.encode(j, out);
+                }
+            }
+            Body::Struct(children) => {
+                for c in children {
+                    c.encode(i, out);
                 }
             }
         }
@@ -464,6 +529,18 @@ enum Builder {
         field: FieldRef,
         item: Box<Builder>,
     },
+    Struct {
+        valid: Vec<bool>,
+        fields: Fields,
+        children: Vec<Builder>,
+    },
+    Map {
+        offsets: Vec<usize>,
+        valid: Vec<bool>,
+        entries: FieldRef,
+        sorted: bool,
+        entry: Box<Builder>,
+    },
 }
 
 impl Builder {
@@ -490,6 +567,45 @@ impl Builder {
                 field: field.clone(),
                 item: Box::new(Builder::new(item)),
             },
+            Kind::Struct { fields, children } => Builder::Struct {
+                valid: vec![],
+                fields: fields.clone(),
+                children: children.iter().map(Builder::new).collect(),
+            },
+            Kind::Map { entries, sorted, entry } => Builder::Map {
+                offsets: vec![0],
+                valid: vec![],
+                entries: entries.clone(),
+                sorted: *sorted,
+                entry: Box::new(Builder::new(entry)),
+            },
+        }
+    }
+
+    /// A NULL row (the fields of a NULL struct: every column of a struct
+    /// array has a row for it).
+    fn push_null(&mut self) {
+        match self {
+            Builder::Bool { values, valid } => {
+                valid.push(false);
+                values.push(false);
+            }
+            Builder::Fixed { bytes, valid, width, .. } => {
+                valid.push(false);
+                bytes.extend(std::iter::repeat_n(0, *width));
+            }
+            Builder::Bytes { values, offsets, valid } => {
+                valid.push(false);
+                offsets.push(values.len());
+            }
+            Builder::List { offsets, valid, .. } | Builder::Map { offsets, valid, .. } => {
+                valid.push(false);
+                offsets.push(offsets.last().copied().unwrap_or(0));
+            }
+            Builder::Struct { valid, children, .. } => {
+                valid.push(false);
+                children.iter_mut().for_each(Builder::push_null);
+            }
         }
     }
 
@@ -538,8 +654,20 @@ impl Builder {
                 }
                 offsets.push(values.len());
             }
+            Builder::Struct { valid, children, .. } => {
+                valid.push(present);
+                for c in children.iter_mut() {
+                    if present { c.read(cur)? } else { c.push_null() }
+                }
+            }
             Builder::List {
                 offsets, valid, item, ..
+            }
+            | Builder::Map {
+                offsets,
+                valid,
+                entry: item,
+                ..
             } => {
                 valid.push(present);
                 let mut count = 0;
@@ -638,6 +766,43 @@ impl Builder {
                         Arc::new(ListArray::try_new(field, OffsetBuffer::new(o.into()), values, nulls).map_err(arrow)?)
                     }
                 }
+            }
+            Builder::Struct {
+                valid,
+                fields,
+                children,
+            } => {
+                let columns = children
+                    .into_iter()
+                    .zip(fields.iter())
+                    .map(|(c, f)| c.finish(f.data_type()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if columns.is_empty() {
+                    Arc::new(StructArray::new_empty_fields(valid.len(), nulls(valid)))
+                } else {
+                    Arc::new(StructArray::try_new(fields, columns, nulls(valid)).map_err(arrow)?)
+                }
+            }
+            Builder::Map {
+                offsets,
+                valid,
+                entries,
+                sorted,
+                entry,
+            } => {
+                let values = entry.finish(entries.data_type())?;
+                let values = values
+                    .as_struct_opt()
+                    .ok_or_else(|| corrupt("map entries are not rows".into()))?
+                    .clone();
+                let o: Vec<i32> = offsets
+                    .iter()
+                    .map(|o| i32::try_from(*o).map_err(|_| corrupt("map over 2^31 entries".into())))
+                    .collect::<Result<_, _>>()?;
+                Arc::new(
+                    MapArray::try_new(entries, OffsetBuffer::new(o.into()), values, nulls(valid), sorted)
+                        .map_err(arrow)?,
+                )
             }
         })
     }
@@ -763,6 +928,45 @@ mod tests {
                 "0100000000".to_string()
             ]
         );
+    }
+
+    #[test]
+    fn golden_encodings_of_rows_and_maps() {
+        let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, None]));
+        let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), None, Some("")]));
+        let fields = Fields::from(vec![Field::new("a", DataType::Int32, true), Field::new("b", DataType::Utf8, true)]);
+        let rows = StructArray::try_new(fields, vec![a, b], Some(NullBuffer::from(vec![true, false, true])))
+            .expect("struct");
+        assert_eq!(
+            golden(Arc::new(rows.clone())),
+            ["0101800000010100000001".to_string() + "78", "00".into(), "01000100000000".into()]
+        );
+        assert_eq!(golden(Arc::new(rows.slice(1, 2))), ["00", "01000100000000"]);
+
+        let mut m = MapBuilder::new(None, StringBuilder::new(), Int32Builder::new());
+        m.keys().append_value("a");
+        m.values().append_value(1);
+        m.append(true).expect("entry");
+        m.append(false).expect("null");
+        m.append(true).expect("empty");
+        m.keys().append_value("b");
+        m.values().append_null();
+        m.append(true).expect("entry");
+        let m = m.finish();
+        assert_eq!(
+            golden(Arc::new(m.clone())),
+            [
+                "0100000001".to_string() + "01" + "010000000161" + "0180000001",
+                "00".into(),
+                "0100000000".into(),
+                "0100000001".to_string() + "01" + "010000000162" + "00",
+            ]
+        );
+        assert_eq!(golden(Arc::new(m.slice(2, 2))).len(), 2);
+        let multiset = crate::multiset::data_type(DataType::Utf8);
+        assert_eq!(type_name(&multiset), "multiset<string,i32>");
+        assert_eq!(type_name(m.data_type()), "map<string,i32>");
+        assert_eq!(type_name(rows.data_type()), "struct<a:i32,b:string>");
     }
 
     #[test]

@@ -20,7 +20,10 @@
 //!   arrival order, where a retraction takes out the earliest equal value
 //!   (Flink's `*WithRetract` functions: their order lists and `ListView`
 //!   come to the same, and a retraction of a value not present changes
-//!   nothing).
+//!   nothing);
+//! - COLLECT: each distinct value present with its count (Flink's
+//!   `CollectAggFunction`, a map view element → count), over any input; a
+//!   retraction takes one occurrence back, the element leaves at 0.
 
 use std::sync::Arc;
 
@@ -118,6 +121,7 @@ impl AggSpec {
             )));
         }
         let values_of = match call.func {
+            AggFunc::Collect => Some(call.input_type.clone()),
             _ if insert_only || !call.func.keeps_a_value() => None,
             AggFunc::ListAgg => Some(DataType::Utf8),
             AggFunc::ArrayAgg => match &call.output_type {
@@ -164,6 +168,9 @@ impl AggSpec {
 
     /// A fresh accumulator.
     pub fn empty(&self) -> Acc {
+        if self.call.func == AggFunc::Collect {
+            return Acc::Counted(vec![]);
+        }
         if self.values_of.is_some() {
             return Acc::Values(vec![]);
         }
@@ -178,7 +185,8 @@ impl AggSpec {
             | AggFunc::FirstValue
             | AggFunc::LastValue
             | AggFunc::ListAgg
-            | AggFunc::ArrayAgg => Acc::Extreme(None),
+            | AggFunc::ArrayAgg
+            | AggFunc::Collect => Acc::Extreme(None),
             AggFunc::VarPop | AggFunc::VarSamp | AggFunc::StddevPop | AggFunc::StddevSamp => {
                 Acc::Moments(Welford::default())
             }
@@ -211,7 +219,7 @@ impl AggSpec {
                 let v = a.as_primitive::<Float64Type>().value(i);
                 if sign > 0 { w.add(v) } else { w.retract(v) }
             }
-            Acc::Extreme(_) | Acc::Values(_) => {}
+            Acc::Extreme(_) | Acc::Values(_) | Acc::Counted(_) => {}
         }
     }
 
@@ -276,14 +284,31 @@ impl AggSpec {
 
     /// Over an updating input: row `i` of `arg` arrives (`sign` 1) and is
     /// appended, or is taken back (-1): its earliest equal value leaves.
+    /// COLLECT counts it up or down instead.
     pub fn present(&self, acc: &mut Acc, arg: &ArrayRef, i: usize, sign: i64) -> Result<()> {
-        let (Acc::Values(values), Some(t)) = (acc, &self.values_of) else {
+        let Some(t) = &self.values_of else {
             return Ok(());
         };
         let mut v = ScalarValue::try_from_array(arg, i)?;
         if &v.data_type() != t {
             v = v.cast_to(t)?;
         }
+        if let Acc::Counted(counted) = acc {
+            match counted.iter().position(|(p, _)| *p == v) {
+                Some(at) => {
+                    counted[at].1 += sign;
+                    if counted[at].1 <= 0 {
+                        counted.remove(at);
+                    }
+                }
+                None if sign > 0 => counted.push((v, sign)),
+                None => {}
+            }
+            return Ok(());
+        }
+        let Acc::Values(values) = acc else {
+            return Ok(());
+        };
         if sign > 0 {
             values.push(v);
         } else if let Some(at) = values.iter().position(|p| *p == v) {
@@ -371,6 +396,12 @@ impl AggSpec {
             Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
             Acc::Extreme(Some(v)) => v.clone(),
             Acc::Values(values) => self.of_values(values)?,
+            Acc::Counted(counted) => {
+                let elem = crate::multiset::element_type(out)
+                    .ok_or_else(|| ExecError::internal(format!("COLLECT typed {out}")))?;
+                let counts = counted.iter().map(|(_, c)| i32::try_from(*c).unwrap_or(i32::MAX)).collect();
+                crate::multiset::from_counts(elem, counted.iter().map(|(v, _)| v.clone()), counts)?
+            }
             Acc::Moments(w) => crate::plan::moment_scalar(self.call.func.moment(w), out)?,
         };
         if &v.data_type() == out {
@@ -395,6 +426,30 @@ impl AggSpec {
             .ok_or_else(|| ExecError::internal("no value codec"))?;
         let rows = codec.encode(&[v.to_array()?])?;
         Ok(rows.row(0).to_vec())
+    }
+
+    /// Appends `values` encoded by the call's codec, each after what
+    /// `before(b, i)` writes and its length.
+    fn push_values<'a>(
+        &self,
+        b: &mut Vec<u8>,
+        values: impl ExactSizeIterator<Item = &'a ScalarValue>,
+        before: impl Fn(&mut Vec<u8>, usize),
+    ) -> Result<()> {
+        if values.len() == 0 {
+            return Ok(());
+        }
+        let codec = self
+            .codec
+            .as_ref()
+            .ok_or_else(|| ExecError::internal("no value codec"))?;
+        let rows = codec.encode(&[ScalarValue::iter_to_array(values.cloned())?])?;
+        for (i, row) in rows.iter().enumerate() {
+            before(b, i);
+            push_int(b, row.len() as i64);
+            b.extend_from_slice(row);
+        }
+        Ok(())
     }
 
     /// Decodes values encoded by the call's codec.
@@ -449,6 +504,9 @@ pub enum Acc {
     /// FIRST_VALUE, LAST_VALUE, LISTAGG, ARRAY_AGG over an updating input:
     /// the values present, in arrival order.
     Values(Vec<ScalarValue>),
+    /// COLLECT: each distinct value present and its count (> 0), in order
+    /// of first arrival.
+    Counted(Vec<(ScalarValue, i64)>),
 }
 
 /// A key's accumulators and its row count (`+I`/`+U` minus `-U`/`-D`):
@@ -512,18 +570,12 @@ impl KeyAccs {
                 Acc::Values(values) => {
                     b.push(4);
                     push_int(&mut b, values.len() as i64);
-                    if !values.is_empty() {
-                        let codec = spec
-                            .codec
-                            .as_ref()
-                            .ok_or_else(|| ExecError::internal("no value codec"))?;
-                        let rows = codec.encode(&[ScalarValue::iter_to_array(values.iter().cloned())?])?;
-                        for i in 0..values.len() {
-                            let row = rows.row(i);
-                            push_int(&mut b, row.len() as i64);
-                            b.extend_from_slice(row);
-                        }
-                    }
+                    spec.push_values(&mut b, values.iter(), |_, _| {})?;
+                }
+                Acc::Counted(counted) => {
+                    b.push(5);
+                    push_int(&mut b, counted.len() as i64);
+                    spec.push_values(&mut b, counted.iter().map(|(v, _)| v), |b, i| push_int(b, counted[i].1))?;
                 }
             }
         }
@@ -578,18 +630,28 @@ impl KeyAccs {
                         Acc::Extreme(vals.pop())
                     }
                 },
-                (4, _) if spec.values_of.is_some() => {
+                (4 | 5, _) if spec.values_of.is_some() => {
+                    let counted = tag == 5;
                     let n = r.len().ok_or_else(|| corrupt("truncated values"))?;
                     let mut rows = Vec::with_capacity(n.min(bytes.len()));
+                    let mut counts = Vec::with_capacity(if counted { n.min(bytes.len()) } else { 0 });
                     for _ in 0..n {
+                        if counted {
+                            counts.push(r.i64().ok_or_else(|| corrupt("truncated count"))?);
+                        }
                         let len = r.len().ok_or_else(|| corrupt("truncated values"))?;
                         rows.push(r.take(len).ok_or_else(|| corrupt("truncated values"))?);
                     }
-                    Acc::Values(if rows.is_empty() {
+                    let values = if rows.is_empty() {
                         vec![]
                     } else {
                         spec.decode_values(rows)?
-                    })
+                    };
+                    if counted {
+                        Acc::Counted(values.into_iter().zip(counts).collect())
+                    } else {
+                        Acc::Values(values)
+                    }
                 }
                 (3, _) if spec.call.func.is_moment() => {
                     let n = r.i64().ok_or_else(|| corrupt("truncated moments"))?;
@@ -722,6 +784,34 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
         }
+    }
+
+    /// COLLECT counts each value up and down (an element leaves at 0, a
+    /// retraction of an absent value changes nothing), its counts
+    /// round-trip through bytes, and its result is a MULTISET.
+    #[test]
+    fn collect_counts_values_and_round_trips_through_bytes() {
+        let out = crate::multiset::data_type(DataType::Utf8);
+        let specs = vec![AggSpec::new(&call(AggFunc::Collect, DataType::Utf8, out, false), true).expect("collect")];
+        let mut k = KeyAccs::new(&specs);
+        let arg: ArrayRef = Arc::new(arrow::array::StringArray::from(vec!["b", "a", "b", "zz"]));
+        for (i, sign) in [(0, 1), (1, 1), (2, 1), (1, -1), (3, -1)] {
+            specs[0].present(&mut k.accs[0], &arg, i, sign).expect("count");
+        }
+        assert_eq!(k.accs[0], Acc::Counted(vec![(ScalarValue::Utf8(Some("b".into())), 2)]));
+        let bytes = k.encode(&specs).expect("encode");
+        assert_eq!(KeyAccs::decode(&bytes, &specs).expect("decode"), k);
+        for cut in 0..bytes.len() {
+            assert!(KeyAccs::decode(&bytes[..cut], &specs).is_err(), "cut at {cut}");
+        }
+        let ScalarValue::Map(m) = specs[0].value(&k.accs[0]).expect("value") else {
+            panic!("COLLECT is a map");
+        };
+        assert_eq!(m.value(0).len(), 1);
+        let ScalarValue::Map(empty) = specs[0].value(&Acc::Counted(vec![])).expect("empty") else {
+            panic!("COLLECT of nothing is a map");
+        };
+        assert_eq!((empty.is_null(0), empty.value(0).len()), (false, 0));
     }
 
     /// Over an updating input the kept values round-trip through bytes
