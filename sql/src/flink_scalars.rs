@@ -104,6 +104,7 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("from_base64", (1, 1), Eval::Text(from_base64)),
         FlinkScalar::udf("hex", (1, 1), Eval::Text(hex)),
         FlinkScalar::udf("bin", (1, 1), Eval::Text(bin)),
+        FlinkScalar::udf("chr", (1, 1), Eval::Text(chr)),
         FlinkScalar::udf("is_digit", (1, 1), Eval::Bool(is_digit, Some(false))),
         FlinkScalar::udf("is_alpha", (1, 1), Eval::Bool(is_alpha, Some(false))),
         FlinkScalar::udf("to_timestamp", (1, 2), Eval::Millis(to_timestamp)),
@@ -795,6 +796,19 @@ fn bin(v: &[&str], types: &[DataType]) -> Result<Option<String>> {
     Ok(Some(format!("{:b}", int(v[0], "BIN's argument")?)))
 }
 
+/// `CHR(n)`: the character of `n`'s low byte (`CHR(321)` is `A`, 256 is
+/// U+0000), `''` for a negative `n` (Flink's `SqlFunctionUtils.chr`).
+fn chr(v: &[&str], types: &[DataType]) -> Result<Option<String>> {
+    if !types.first().is_some_and(is_integer) {
+        return Err(DataFusionError::Plan("CHR takes an integer".into()));
+    }
+    let n = int(v[0], "CHR's argument")?;
+    if n < 0 {
+        return Ok(Some(String::new()));
+    }
+    Ok(Some(char::from((n & 0xFF) as u8).to_string()))
+}
+
 /// `IS_DIGIT(s)`: `s` is not empty and only ASCII digits.
 fn is_digit(v: &[&str]) -> Result<Option<bool>> {
     Ok(Some(!v[0].is_empty() && v[0].chars().all(|c| c.is_ascii_digit())))
@@ -992,6 +1006,18 @@ fn from_unixtime(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chr_takes_the_low_byte_as_flink() {
+        let int = [DataType::Int32];
+        let c = |n: &str| chr(&[n], &int).expect("chr");
+        assert_eq!(c("65"), Some("A".into()));
+        assert_eq!(c("321"), Some("A".into()), "321 & 0xFF = 65");
+        assert_eq!(c("256"), Some("\u{0}".into()));
+        assert_eq!(c("233"), Some("é".into()), "Latin-1, as Java's (char)");
+        assert_eq!(c("-350"), Some(String::new()));
+        assert!(chr(&["a"], &[DataType::Utf8]).is_err(), "CHR takes an integer");
+    }
 
     /// Flink 2.3's answers.
     #[test]

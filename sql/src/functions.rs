@@ -147,7 +147,12 @@ pub const FUNCTIONS: &[Function] = &[
     f("RPAD", S, DF, ""),
     f("REVERSE", S, DF, ""),
     f("ASCII", S, DF, ""),
-    f("CHR", S, DF, ""),
+    f(
+        "CHR",
+        S,
+        Own,
+        "the character of the low byte (`CHR(321)` is `A`), `''` for a negative number, as Flink",
+    ),
     f("INSTR", S, DF, ""),
     f("LEFT", S, DF, ""),
     f("RIGHT", S, DF, ""),
