@@ -21,7 +21,11 @@ use crate::error::{ExecError, Result};
 pub const ENTRIES: &str = "multiset";
 
 fn entry_fields(elem: DataType) -> Fields {
-    vec![Field::new("key", elem, false), Field::new("value", DataType::Int32, false)].into()
+    vec![
+        Field::new("key", elem, false),
+        Field::new("value", DataType::Int32, false),
+    ]
+    .into()
 }
 
 /// Arrow's type of `MULTISET<elem>`.
@@ -67,7 +71,11 @@ pub fn of_values<'a>(elem: &DataType, values: impl IntoIterator<Item = &'a Scala
 }
 
 /// The multiset of the given distinct elements and their counts.
-pub fn from_counts(elem: &DataType, elements: impl Iterator<Item = ScalarValue>, counts: Vec<i32>) -> Result<ScalarValue> {
+pub fn from_counts(
+    elem: &DataType,
+    elements: impl Iterator<Item = ScalarValue>,
+    counts: Vec<i32>,
+) -> Result<ScalarValue> {
     let keys = ScalarValue::iter_to_array(elements.chain(std::iter::once(ScalarValue::try_from(elem)?)))?;
     // The NULL appended above types an empty list of keys; it is cut off.
     let keys = keys.slice(0, counts.len());
@@ -109,7 +117,10 @@ mod tests {
             panic!("not a map");
         };
         assert_eq!((empty.len(), empty.value(0).len(), empty.is_null(0)), (1, 0, false));
-        assert_eq!(element_type(&crate::multiset::data_type(DataType::Int64)), Some(&DataType::Int64));
+        assert_eq!(
+            element_type(&crate::multiset::data_type(DataType::Int64)),
+            Some(&DataType::Int64)
+        );
         assert_eq!(element_type(&DataType::Utf8), None);
     }
 }

@@ -140,7 +140,9 @@ impl Counts {
 fn one_list(items: ArrayRef) -> Result<ScalarValue> {
     let field = Arc::new(Field::new_list_field(items.data_type().clone(), true));
     let offsets = OffsetBuffer::from_lengths([items.len()]);
-    Ok(ScalarValue::List(Arc::new(ListArray::try_new(field, offsets, items, None)?)))
+    Ok(ScalarValue::List(Arc::new(ListArray::try_new(
+        field, offsets, items, None,
+    )?)))
 }
 
 impl Accumulator for Counts {

@@ -2750,6 +2750,7 @@ impl<'a> GraphBuilder<'a> {
     fn add_sink(&mut self, last: NodeId, sink: &TableDef, on_conflict: Option<OnConflict>) -> Result<NodeId> {
         let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
         let last = self.resolve_conflicts(last, sink, factory.as_ref(), on_conflict)?;
+        let last = self.drop_unneeded_normalize(last, sink, factory.as_ref())?;
         let mode = &self.nodes[last].changelog;
         if !mode.is_insert_only() && !factory.accepts_changes() {
             let origin = self.updating_origin(last);
@@ -2830,6 +2831,130 @@ impl<'a> GraphBuilder<'a> {
             }),
             Some((input, exchange)),
         ))
+    }
+
+    /// Removes the changelog normalizer of an upsert source whose changes
+    /// reach a sink that writes them by the same key (Flink 2.x's
+    /// `ChangelogNormalizeRequirementResolver`, FLINK-37475): the sink
+    /// needs no `-U` and no deleted row's other columns, so the
+    /// normalizer's state and work buy nothing. It stays when anything
+    /// between them filters (an update could have to become a delete) or
+    /// is not a projection, when the sink's PRIMARY KEY is not the
+    /// source's (as columns passed through unchanged), when a metadata
+    /// column is read (a tombstone has no value to read it from), and when
+    /// the source also feeds another part of the query. Returns the node
+    /// that now feeds the sink (`last`, renumbered).
+    fn drop_unneeded_normalize(
+        &mut self,
+        last: NodeId,
+        sink: &TableDef,
+        factory: &dyn weir_engine::connectors::SinkFactory,
+    ) -> Result<NodeId> {
+        if !factory.writes_upserts() {
+            return Ok(last);
+        }
+        let consumers = |b: &Self, id: NodeId| b.edges.iter().filter(|e| e.from == id).count();
+        let input_of = |b: &Self, id: NodeId| b.edges.iter().find(|e| e.to == id).map(|e| e.from);
+        // The sink's key columns, followed down the projections.
+        let sink_cols: Vec<&str> = sink.writable_columns().map(|c| c.name.as_str()).collect();
+        let mut key: Option<Vec<usize>> = match &sink.primary_key {
+            Some(pk) => Some(
+                pk.iter()
+                    .map(|k| sink_cols.iter().position(|c| c == k))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| SqlError::internal("a PRIMARY KEY column is not a column of its sink"))?,
+            ),
+            None => None,
+        };
+        let mut path = vec![];
+        let mut at = last;
+        let normalize = loop {
+            match &self.nodes[at].kind {
+                NodeKind::ChangelogNormalize(_) => break at,
+                NodeKind::Calc(CalcNode {
+                    filter: None,
+                    projection,
+                }) if path.is_empty() || consumers(self, at) == 1 => {
+                    if let (Some(cols), Some(p)) = (&mut key, projection) {
+                        for c in cols.iter_mut() {
+                            match p.get(*c).and_then(|e| e.downcast_ref::<Column>()) {
+                                Some(col) => *c = col.index(),
+                                None => return Ok(last),
+                            }
+                        }
+                    }
+                    path.push(at);
+                    match input_of(self, at) {
+                        Some(i) => at = i,
+                        None => return Ok(last),
+                    }
+                }
+                _ => return Ok(last),
+            }
+        };
+        let NodeKind::ChangelogNormalize(n) = &self.nodes[normalize].kind else {
+            return Ok(last);
+        };
+        let normalize_key: Vec<usize> = n
+            .key
+            .iter()
+            .filter_map(|k| k.downcast_ref::<Column>().map(|c| c.index()))
+            .collect();
+        if let Some(cols) = &key {
+            let (mut a, mut b) = (cols.clone(), normalize_key.clone());
+            a.sort_unstable();
+            a.dedup();
+            b.sort_unstable();
+            if a != b {
+                return Ok(last);
+            }
+        }
+        let Some(source) = input_of(self, normalize) else {
+            return Ok(last);
+        };
+        let reads_metadata = matches!(&self.nodes[source].kind,
+            NodeKind::Source(s) if s.table.columns.iter().any(|c| c.metadata.is_some()));
+        // The normalizer feeds the path only (`last` feeds nothing yet).
+        let feeds = usize::from(!path.is_empty());
+        if reads_metadata || consumers(self, normalize) != feeds || consumers(self, source) != 1 {
+            return Ok(last);
+        }
+        // Source → (by the key, so each key's changes stay in order) → the
+        // first projection; the normalizer's node and edges go.
+        let exchange = self
+            .edges
+            .iter()
+            .find(|e| e.to == normalize)
+            .map(|e| e.exchange.clone())
+            .unwrap_or(Exchange::Forward);
+        self.edges.retain(|e| e.from != normalize && e.to != normalize);
+        if let Some(&first) = path.last() {
+            self.edges.push(StreamEdge {
+                from: source,
+                to: first,
+                exchange,
+                input: 0,
+            });
+        }
+        self.nodes.remove(normalize);
+        let renumber = |id: NodeId| if id > normalize { id - 1 } else { id };
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            node.id = i;
+        }
+        for e in &mut self.edges {
+            e.from = renumber(e.from);
+            e.to = renumber(e.to);
+        }
+        for id in self.sources.values_mut() {
+            *id = renumber(if *id == normalize { source } else { *id });
+        }
+        // The projections now pass the source's upserts on.
+        for &id in path.iter().rev() {
+            let id = renumber(id);
+            let input = input_of(self, id);
+            self.nodes[id].changelog = self.mode_of(&self.nodes[id].kind, input);
+        }
+        Ok(renumber(if last == normalize { source } else { last }))
     }
 
     /// The sink's parallelism (`sink.parallelism`, else its input's) and

@@ -17,6 +17,11 @@ impl SinkFactory for BlackholeSink {
         true
     }
 
+    /// As Flink's: `-U` is not asked for.
+    fn writes_upserts(&self) -> bool {
+        true
+    }
+
     fn create_writer(
         &self,
         _subtask: usize,

@@ -205,6 +205,14 @@ pub trait SinkFactory: Debug + Send + Sync {
         false
     }
 
+    /// Whether the sink writes each change by key and needs no `-U` nor
+    /// a delete's other columns (Flink's ONLY_UPDATE_AFTER sinks:
+    /// `upsert-kafka`, `blackhole`): an upsert source feeding it through
+    /// projections needs no changelog normalizer.
+    fn writes_upserts(&self) -> bool {
+        false
+    }
+
     /// Appended to the planner's refusal of updates: what would take them.
     fn changes_hint(&self) -> String {
         String::new()

@@ -235,7 +235,11 @@ pub fn type_name(dt: &DataType) -> String {
                 } else {
                     "map"
                 };
-                format!("{kind}<{},{}>", type_name(kv[0].data_type()), type_name(kv[1].data_type()))
+                format!(
+                    "{kind}<{},{}>",
+                    type_name(kv[0].data_type()),
+                    type_name(kv[1].data_type())
+                )
             }
             other => format!("unsupported:{other}"),
         },
@@ -590,7 +594,9 @@ impl Builder {
                 valid.push(false);
                 values.push(false);
             }
-            Builder::Fixed { bytes, valid, width, .. } => {
+            Builder::Fixed {
+                bytes, valid, width, ..
+            } => {
                 valid.push(false);
                 bytes.extend(std::iter::repeat_n(0, *width));
             }
@@ -934,12 +940,19 @@ mod tests {
     fn golden_encodings_of_rows_and_maps() {
         let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), None, None]));
         let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), None, Some("")]));
-        let fields = Fields::from(vec![Field::new("a", DataType::Int32, true), Field::new("b", DataType::Utf8, true)]);
-        let rows = StructArray::try_new(fields, vec![a, b], Some(NullBuffer::from(vec![true, false, true])))
-            .expect("struct");
+        let fields = Fields::from(vec![
+            Field::new("a", DataType::Int32, true),
+            Field::new("b", DataType::Utf8, true),
+        ]);
+        let rows =
+            StructArray::try_new(fields, vec![a, b], Some(NullBuffer::from(vec![true, false, true]))).expect("struct");
         assert_eq!(
             golden(Arc::new(rows.clone())),
-            ["0101800000010100000001".to_string() + "78", "00".into(), "01000100000000".into()]
+            [
+                "0101800000010100000001".to_string() + "78",
+                "00".into(),
+                "01000100000000".into()
+            ]
         );
         assert_eq!(golden(Arc::new(rows.slice(1, 2))), ["00", "01000100000000"]);
 

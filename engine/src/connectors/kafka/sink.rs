@@ -355,6 +355,10 @@ impl SinkFactory for KafkaSink {
         self.codec.writes_changes()
     }
 
+    fn writes_upserts(&self) -> bool {
+        self.codec.is_upsert()
+    }
+
     fn changes_hint(&self) -> String {
         " ('kafka' writes changes with a changelog value format such as 'debezium-json'; 'upsert-kafka' writes a \
          changelog by the table's PRIMARY KEY)"

@@ -399,7 +399,10 @@ impl AggSpec {
             Acc::Counted(counted) => {
                 let elem = crate::multiset::element_type(out)
                     .ok_or_else(|| ExecError::internal(format!("COLLECT typed {out}")))?;
-                let counts = counted.iter().map(|(_, c)| i32::try_from(*c).unwrap_or(i32::MAX)).collect();
+                let counts = counted
+                    .iter()
+                    .map(|(_, c)| i32::try_from(*c).unwrap_or(i32::MAX))
+                    .collect();
                 crate::multiset::from_counts(elem, counted.iter().map(|(v, _)| v.clone()), counts)?
             }
             Acc::Moments(w) => crate::plan::moment_scalar(self.call.func.moment(w), out)?,
