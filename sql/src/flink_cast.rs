@@ -388,6 +388,14 @@ fn refuse_multiset_argument(call: &ScalarFunction, schema: &DFSchema) -> Result<
 /// Sunday = 1 (DataFusion's from 0).
 fn flink_function(call: &ScalarFunction, e: &Expr, schema: &DFSchema) -> Result<Transformed<Expr>> {
     match call.func.name() {
+        // Each call with a literal seed (or none) has its own generator.
+        name @ ("rand" | "rand_integer") => Ok(match crate::flink_clock::Rand::for_call(name, &call.args) {
+            Some(udf) => Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
+                Arc::new(udf),
+                call.args.clone(),
+            ))),
+            None => Transformed::no(e.clone()),
+        }),
         // Flink's CEIL/FLOOR of a DECIMAL(p, s) is a DECIMAL(p, 0);
         // DataFusion's keeps (p, s), where CEIL(99999999.99) overflows a
         // DECIMAL(10, 2). Computed one digit wider, then typed as Flink.

@@ -63,7 +63,7 @@ use Support::{DataFusion as DF, Refused as No, Weir as Own};
 
 const NOT_YET: &str = "not supported yet";
 const LIBM: &str = "results may differ from Java's in the last digit";
-const NO_NOW: &str = "not supported yet: Flink evaluates it per record in a streaming job";
+const PER_BATCH: &str = "the clock when each batch of rows is processed (Flink: per record in a streaming job), in UTC";
 
 /// Flink 2.x's built-in functions called by name (operators, `CASE`,
 /// `CAST`, `EXTRACT`, `POSITION`, `TRIM`, `SUBSTRING ... FROM`,
@@ -104,8 +104,18 @@ pub const FUNCTIONS: &[Function] = &[
     f("PI", S, DF, ""),
     f("E", S, Own, ""),
     f("SIGN", S, Own, ""),
-    f("RAND", S, No(NOT_YET), ""),
-    f("RAND_INTEGER", S, No(NOT_YET), ""),
+    f(
+        "RAND",
+        S,
+        Own,
+        "java.util.Random's numbers: a literal seed's sequence per call (Flink's at parallelism 1), a row's seed its first number",
+    ),
+    f(
+        "RAND_INTEGER",
+        S,
+        Own,
+        "as RAND; a bound not above 0 fails the query, as in Flink",
+    ),
     f("UUID", S, DF, ""),
     f("BIN", S, Own, ""),
     f("HEX", S, Own, ""),
@@ -228,13 +238,13 @@ pub const FUNCTIONS: &[Function] = &[
     f("HOUR", S, Own, ""),
     f("MINUTE", S, Own, ""),
     f("SECOND", S, Own, ""),
-    f("NOW", S, No(NO_NOW), ""),
-    f("CURRENT_TIMESTAMP", S, No(NO_NOW), ""),
-    f("LOCALTIMESTAMP", S, No(NO_NOW), ""),
-    f("CURRENT_DATE", S, No(NO_NOW), ""),
-    f("CURRENT_TIME", S, No(NO_NOW), ""),
-    f("LOCALTIME", S, No(NO_NOW), ""),
-    f("CURRENT_ROW_TIMESTAMP", S, No(NO_NOW), ""),
+    f("NOW", S, Own, PER_BATCH),
+    f("CURRENT_TIMESTAMP", S, Own, PER_BATCH),
+    f("LOCALTIMESTAMP", S, Own, PER_BATCH),
+    f("CURRENT_DATE", S, Own, PER_BATCH),
+    f("CURRENT_TIME", S, Own, PER_BATCH),
+    f("LOCALTIME", S, Own, PER_BATCH),
+    f("CURRENT_ROW_TIMESTAMP", S, Own, PER_BATCH),
     f(
         "PROCTIME",
         S,

@@ -16,6 +16,7 @@
 //! - [`flink_functions`]: functions where Flink's result differs from
 //!   DataFusion's (`AVG` of integers), and Flink's own (`TYPEOF`).
 //! - [`flink_cast`]: casts to strings write Flink's text.
+//! - [`flink_clock`]: the clock functions (per batch) and `RAND` as Java's `Random`.
 //! - [`flink_collect`]: `COLLECT`, a group's values as a MULTISET.
 //! - [`flink_arrays`]: the `ARRAY_*` functions with Flink's NULL rules and orders.
 //! - [`flink_maps`]: `MAP[...]` and `STR_TO_MAP` as Flink builds maps.
@@ -29,6 +30,7 @@ pub mod ddl;
 pub mod error;
 pub mod flink_arrays;
 pub mod flink_cast;
+pub mod flink_clock;
 pub mod flink_collect;
 pub mod flink_collections;
 pub mod flink_decimal;

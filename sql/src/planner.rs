@@ -189,6 +189,12 @@ impl Planner {
         let _ = state.register_udf(Arc::new(crate::flink_functions::DateFormat::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::TypeOf::udf()));
+        for udf in crate::flink_clock::clocks()
+            .into_iter()
+            .chain(crate::flink_clock::Rand::udfs())
+        {
+            let _ = state.register_udf(Arc::new(udf));
+        }
         for udf in [
             crate::flink_functions::FlinkLog::udf(),
             crate::flink_functions::FlinkSqrt::udf(),

@@ -190,6 +190,10 @@ pub fn flink_name(t: &DataType) -> String {
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => "STRING".into(),
         DataType::Binary | DataType::LargeBinary => "BYTES".into(),
         DataType::Date32 => "DATE".into(),
+        DataType::Time32(TimeUnit::Second) => "TIME(0)".into(),
+        DataType::Time32(_) => "TIME(3)".into(),
+        DataType::Time64(TimeUnit::Microsecond) => "TIME(6)".into(),
+        DataType::Time64(_) => "TIME(9)".into(),
         DataType::Timestamp(u, tz) => {
             let p = match u {
                 TimeUnit::Second => 0,
