@@ -50,7 +50,11 @@ enum Eval {
     /// JSON text that the JSON constructors insert as JSON, not as a
     /// string: typed `LargeUtf8`, which no Flink type maps to.
     Json(fn(&[&str], &[DataType]) -> Result<Option<String>>),
+    /// An `ARRAY<STRING>` (elements may be NULL).
+    Strings(StringsFn),
 }
+
+type StringsFn = fn(&[&str], &[DataType]) -> Result<Option<Vec<Option<String>>>>;
 
 impl Eval {
     fn output(&self) -> DataType {
@@ -63,6 +67,7 @@ impl Eval {
             Eval::MillisLtz(_) => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
             Eval::Days(_) => DataType::Date32,
             Eval::Json(_) => DataType::LargeUtf8,
+            Eval::Strings(_) => DataType::new_list(DataType::Utf8, true),
         }
     }
 }
@@ -99,6 +104,8 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("split_index", (3, 3), Eval::Text(split_index)),
         FlinkScalar::udf("overlay", (3, 4), Eval::Text(overlay)),
         FlinkScalar::udf("regexp_extract", (2, 3), Eval::Text(regexp_extract)),
+        FlinkScalar::udf("regexp_extract_all", (2, 3), Eval::Strings(regexp_extract_all)),
+        FlinkScalar::udf("split", (2, 2), Eval::Strings(split)),
         FlinkScalar::udf("regexp", (2, 2), Eval::Bool(regexp, None)),
         FlinkScalar::udf("to_base64", (1, 1), Eval::Text(to_base64)),
         FlinkScalar::udf("from_base64", (1, 1), Eval::Text(from_base64)),
@@ -229,6 +236,22 @@ impl ScalarUDFImpl for FlinkScalar {
             }};
         }
         let out: ArrayRef = match self.eval {
+            Eval::Strings(f) => {
+                let mut b = arrow::array::ListBuilder::new(StringBuilder::new());
+                for i in 0..rows {
+                    match row!(i) {
+                        Some(v) => match f(v, &types).map_err(fail)? {
+                            Some(items) => {
+                                b.values().extend(items);
+                                b.append(true);
+                            }
+                            None => b.append(false),
+                        },
+                        None => b.append(false),
+                    }
+                }
+                Arc::new(b.finish())
+            }
             Eval::Json(f) => {
                 let mut b = arrow::array::LargeStringBuilder::with_capacity(rows, rows * 8);
                 for i in 0..rows {
@@ -545,6 +568,43 @@ fn regexp_extract(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
         .captures(v[0])
         .and_then(|c| c.get(group as usize))
         .map(|m| m.as_str().to_string()))
+}
+
+/// `REGEXP_EXTRACT_ALL(s, regex[, group])`: group `group` (1 by default,
+/// 0 the whole match) of every match, NULL where the group took no part;
+/// NULL for an invalid regex or a group the regex does not have.
+fn regexp_extract_all(v: &[&str], _: &[DataType]) -> Result<Option<Vec<Option<String>>>> {
+    let group = match v.get(2) {
+        Some(g) => int(g, "the group")?,
+        None => 1,
+    };
+    let Some(re) = java_regex(v[1])? else {
+        return Ok(None);
+    };
+    let Some(group) = usize::try_from(group).ok().filter(|g| *g < re.captures_len()) else {
+        return Ok(None);
+    };
+    Ok(Some(
+        re.captures_iter(v[0])
+            .map(|c| c.get(group).map(|m| m.as_str().to_string()))
+            .collect(),
+    ))
+}
+
+/// `SPLIT(s, delimiter)`: the parts between delimiters, empty ones too
+/// (`'a,,b,'` is `[a, , b, ]`); every character for an empty delimiter;
+/// no part of an empty string.
+fn split(v: &[&str], _: &[DataType]) -> Result<Option<Vec<Option<String>>>> {
+    let [s, delimiter] = v else {
+        return datafusion::common::exec_err!("takes two arguments");
+    };
+    if s.is_empty() {
+        return Ok(Some(vec![]));
+    }
+    if delimiter.is_empty() {
+        return Ok(Some(s.chars().map(|c| Some(c.to_string())).collect()));
+    }
+    Ok(Some(s.split(delimiter).map(|p| Some(p.to_string())).collect()))
 }
 
 /// `REGEXP_COUNT(s, regex)`: how many times the regex matches (NULL for
