@@ -41,6 +41,9 @@ fn needs_flink_text(t: &DataType) -> bool {
             | DataType::LargeList(_)
             | DataType::Map(_, _)
             | DataType::Struct(_)
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
     )
 }
 
@@ -118,6 +121,11 @@ fn write_value(a: &dyn Array, i: usize, out: &mut String) -> Result<()> {
     };
     match a.data_type() {
         DataType::Boolean => out.push_str(if a.as_boolean().value(i) { "TRUE" } else { "FALSE" }),
+        // Bytes read as UTF-8, malformed bytes as U+FFFD (Java's decoder);
+        // Arrow's cast fails on them.
+        DataType::Binary => out.push_str(&String::from_utf8_lossy(a.as_binary::<i32>().value(i))),
+        DataType::LargeBinary => out.push_str(&String::from_utf8_lossy(a.as_binary::<i64>().value(i))),
+        DataType::BinaryView => out.push_str(&String::from_utf8_lossy(a.as_binary_view().value(i))),
         DataType::Float64 => java_double(a.as_primitive::<Float64Type>().value(i), out),
         DataType::Float32 => java_float(a.as_primitive::<Float32Type>().value(i), out),
         DataType::Date32 => {

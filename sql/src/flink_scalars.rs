@@ -107,7 +107,6 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("regexp_extract_all", (2, 3), Eval::Strings(regexp_extract_all)),
         FlinkScalar::udf("split", (2, 2), Eval::Strings(split)),
         FlinkScalar::udf("regexp", (2, 2), Eval::Bool(regexp, None)),
-        FlinkScalar::udf("to_base64", (1, 1), Eval::Text(to_base64)),
         FlinkScalar::udf("from_base64", (1, 1), Eval::Text(from_base64)),
         FlinkScalar::udf("hex", (1, 1), Eval::Text(hex)),
         FlinkScalar::udf("bin", (1, 1), Eval::Text(bin)),
@@ -690,10 +689,6 @@ fn is_decimal(v: &[&str]) -> Result<Option<bool>> {
 /// `REGEXP(s, regex)`: whether any part of `s` matches.
 fn regexp(v: &[&str]) -> Result<Option<bool>> {
     Ok(java_regex(v[1])?.map(|re| re.is_match(v[0])))
-}
-
-fn to_base64(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
-    Ok(Some(base64::engine::general_purpose::STANDARD.encode(v[0].as_bytes())))
 }
 
 /// `FROM_BASE64(s)`: the decoded bytes as UTF-8 text; NULL when `s` is

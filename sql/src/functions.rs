@@ -119,7 +119,12 @@ pub const FUNCTIONS: &[Function] = &[
     f("UUID", S, DF, ""),
     f("BIN", S, Own, ""),
     f("HEX", S, Own, ""),
-    f("UNHEX", S, No(NOT_YET), ""),
+    f(
+        "UNHEX",
+        S,
+        Own,
+        "BYTES of hex digits; an odd count's first digit dropped and a zero byte first, as Flink; NULL for a non-hex character",
+    ),
     f(
         "TRUNCATE",
         S,
@@ -193,10 +198,15 @@ pub const FUNCTIONS: &[Function] = &[
     f("PRINTF", S, No(NOT_YET), ""),
     f("URL_ENCODE", S, Own, ""),
     f("URL_DECODE", S, Own, ""),
-    f("TO_BASE64", S, Own, ""),
+    f("TO_BASE64", S, Own, "of a STRING's UTF-8 or of BYTES as they are"),
     f("FROM_BASE64", S, Own, ""),
-    f("ENCODE", S, No(NOT_YET), ""),
-    f("DECODE", S, No(NOT_YET), ""),
+    f(
+        "ENCODE",
+        S,
+        Own,
+        "Java's standard charsets (US-ASCII, ISO-8859-1, UTF-8, UTF-16BE, UTF-16LE, UTF-16), unmappable characters as '?'; another charset fails the query",
+    ),
+    f("DECODE", S, Own, "as ENCODE; malformed bytes as U+FFFD"),
     f("IS_ALPHA", S, Own, ""),
     f("IS_DECIMAL", S, Own, ""),
     f("IS_DIGIT", S, Own, ""),
@@ -704,8 +714,8 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                 format: None,
             }),
             ("sha224" | "sha256" | "sha384" | "sha512", [x]) => Some(call(
-                "encode",
-                vec![call("digest", vec![x.clone(), text(&name)]), text("hex")],
+                crate::flink_bytes::HEX_OF_BYTES,
+                vec![call("digest", vec![x.clone(), text(&name)])],
             )),
             ("sha2", [x, bits]) => match bits {
                 ast::Expr::Value(v) if matches!(&v.value, ast::Value::Number(n, _) if ["224", "256", "384", "512"].contains(&n.as_str())) =>
@@ -714,8 +724,8 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                         unreachable!()
                     };
                     Some(call(
-                        "encode",
-                        vec![call("digest", vec![x.clone(), text(&format!("sha{n}"))]), text("hex")],
+                        crate::flink_bytes::HEX_OF_BYTES,
+                        vec![call("digest", vec![x.clone(), text(&format!("sha{n}"))])],
                     ))
                 }
                 _ => {

@@ -15,6 +15,7 @@
 //! - [`udf`]: the internal window marker function.
 //! - [`flink_functions`]: functions where Flink's result differs from
 //!   DataFusion's (`AVG` of integers), and Flink's own (`TYPEOF`).
+//! - [`flink_bytes`]: `TO_BASE64`, `UNHEX`, `ENCODE`, `DECODE` on bytes.
 //! - [`flink_cast`]: casts to strings write Flink's text.
 //! - [`flink_clock`]: the clock functions (per batch) and `RAND` as Java's `Random`.
 //! - [`flink_collect`]: `COLLECT`, a group's values as a MULTISET.
@@ -29,6 +30,7 @@
 pub mod ddl;
 pub mod error;
 pub mod flink_arrays;
+pub mod flink_bytes;
 pub mod flink_cast;
 pub mod flink_clock;
 pub mod flink_collect;

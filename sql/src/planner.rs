@@ -192,6 +192,7 @@ impl Planner {
         for udf in crate::flink_clock::clocks()
             .into_iter()
             .chain(crate::flink_clock::Rand::udfs())
+            .chain(crate::flink_bytes::all())
         {
             let _ = state.register_udf(Arc::new(udf));
         }
