@@ -25,7 +25,7 @@ use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::compute::{cast, interleave, take};
 use arrow::datatypes::{DataType, Field};
 use arrow::row::{RowConverter, Rows, SortField};
-use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::common::{Result, exec_err, plan_err};
 use datafusion::logical_expr::type_coercion::binary::type_union_resolution;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
@@ -222,15 +222,10 @@ impl ScalarUDFImpl for ArrayOp {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let arrays = args.args.iter().map(|a| a.to_array(rows)).collect::<Result<Vec<_>>>()?;
         let out = self.eval(&arrays, rows)?;
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

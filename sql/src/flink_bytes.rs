@@ -10,7 +10,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BinaryBuilder, StringBuilder};
 use arrow::compute::cast;
 use arrow::datatypes::DataType;
 use base64::Engine;
-use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::common::{Result, exec_err, plan_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
 /// The internal function the SHA functions are planned with: a digest's
@@ -216,8 +216,7 @@ impl ScalarUDFImpl for BytesFn {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let cols = args.args.iter().map(|a| a.to_array(rows)).collect::<Result<Vec<_>>>()?;
         let name = self.flink_name();
         let first = byte_values(&cols[0])?;
@@ -273,11 +272,7 @@ impl ScalarUDFImpl for BytesFn {
                     Arc::new(b.finish())
                 }
             };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

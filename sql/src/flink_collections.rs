@@ -14,7 +14,7 @@ use arrow::array::{Array, ArrayRef, AsArray, BooleanBuilder, GenericListArray, O
 use arrow::compute::kernels::cmp::not_distinct;
 use arrow::compute::{cast, take};
 use arrow::datatypes::DataType;
-use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
+use datafusion::common::{Result, exec_err, plan_err};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,8 +87,7 @@ impl ScalarUDFImpl for ArrayFn {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let arrays = args.args.iter().map(|a| a.to_array(rows)).collect::<Result<Vec<_>>>()?;
         // One list layout for both offset widths.
         let list = match arrays[0].data_type() {
@@ -103,11 +102,7 @@ impl ScalarUDFImpl for ArrayFn {
             DataType::LargeList(_) => self.eval(list.as_list::<i64>(), arrays.get(1))?,
             _ => self.eval(list.as_list::<i32>(), arrays.get(1))?,
         };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

@@ -116,8 +116,7 @@ impl ScalarUDFImpl for MapFn {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let out = match self.op {
             Op::Constructor => construct(&args.args, rows)?,
             Op::StrToMap => {
@@ -125,11 +124,7 @@ impl ScalarUDFImpl for MapFn {
                 str_to_map(&arrays, rows)?
             }
         };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

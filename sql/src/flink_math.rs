@@ -156,8 +156,7 @@ impl ScalarUDFImpl for FlinkMath {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let x = args.args[0].to_array(rows)?;
         let n = match args.args.get(1) {
             Some(n) => Some(cast(&n.to_array(rows)?, &DataType::Int32)?),
@@ -237,11 +236,7 @@ impl ScalarUDFImpl for FlinkMath {
             }
             (_, other) => return exec_err!("{}: not a number: {other}", self.name_upper()),
         };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

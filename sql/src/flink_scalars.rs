@@ -17,7 +17,7 @@ use arrow::compute::cast;
 use arrow::datatypes::{DataType, TimeUnit};
 use base64::Engine;
 use chrono::{NaiveDate, NaiveDateTime};
-use datafusion::common::{Result, ScalarValue};
+use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
@@ -202,8 +202,7 @@ impl ScalarUDFImpl for FlinkScalar {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let types: Vec<DataType> = args.args.iter().map(|a| a.data_type()).collect();
         let cols = args
             .args
@@ -339,11 +338,7 @@ impl ScalarUDFImpl for FlinkScalar {
                 Arc::new(b.finish())
             }
         };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

@@ -427,8 +427,7 @@ impl ScalarUDFImpl for TimeArith {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let unit = self.unit(&args.args[0])?;
-        let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
-        let rows = if all_scalar { 1 } else { args.number_rows };
+        let (all_scalar, rows) = crate::udf::call_rows(&args);
         let arrays = args.args[1..]
             .iter()
             .map(|a| a.to_array(rows))
@@ -488,11 +487,7 @@ impl ScalarUDFImpl for TimeArith {
                 Arc::new(r)
             }
         };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
-        } else {
-            Ok(ColumnarValue::Array(out))
-        }
+        crate::udf::columnar(out, all_scalar)
     }
 }
 

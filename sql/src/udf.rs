@@ -36,6 +36,23 @@ impl WindowMarker {
     }
 }
 
+/// Whether every argument of a call is a scalar, and so how many rows it
+/// evaluates: one (its result goes back as a scalar: [`columnar`]), else
+/// the batch's.
+pub fn call_rows(args: &datafusion::logical_expr::ScalarFunctionArgs) -> (bool, usize) {
+    let all_scalar = args.args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_)));
+    (all_scalar, if all_scalar { 1 } else { args.number_rows })
+}
+
+/// `out` as a call's result: a scalar when every argument was one.
+pub fn columnar(out: ArrayRef, all_scalar: bool) -> Result<ColumnarValue> {
+    if all_scalar {
+        Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&out, 0)?))
+    } else {
+        Ok(ColumnarValue::Array(out))
+    }
+}
+
 fn literal_i64(v: &ColumnarValue) -> Option<i64> {
     match v {
         ColumnarValue::Scalar(ScalarValue::Int64(Some(x))) => Some(*x),
