@@ -559,6 +559,18 @@ pub fn raw(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     Ok(Some(v[0].to_string()))
 }
 
+/// A `JSON_ARRAYAGG(... NULL ON NULL)` element: its JSON text, `null` for
+/// NULL.
+pub const ELEMENT_NULLS_FN: &str = "__weir_json_element_nulls";
+
+/// [`ELEMENT_NULLS_FN`].
+pub fn element_nulls(v: &[Option<&str>], types: &[DataType]) -> Result<Option<String>> {
+    Ok(Some(match v[0] {
+        Some(x) => to_json(x, &types[0]).to_string(),
+        None => "null".into(),
+    }))
+}
+
 /// `JSON_STRING(x)`: `x` serialised as JSON.
 pub fn json_string(v: &[&str], types: &[DataType]) -> Result<Option<String>> {
     Ok(Some(to_json(v[0], &types[0]).to_string()))

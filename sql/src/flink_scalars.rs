@@ -138,6 +138,7 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf("json_query", (2, 2), Eval::Text(json::json_query)),
         FlinkScalar::udf("json_exists", (2, 2), Eval::Bool(json::json_exists, None)),
         FlinkScalar::udf("json_string", (1, 1), Eval::Text(json::json_string)),
+        FlinkScalar::udf(json::ELEMENT_NULLS_FN, (1, 1), Eval::NullableText(json::element_nulls)),
         FlinkScalar::udf("json_array", (0, 255), Eval::NullableText(json::json_array)),
         FlinkScalar::udf(
             "__weir_json_array_nulls",

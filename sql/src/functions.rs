@@ -389,7 +389,12 @@ pub const FUNCTIONS: &[Function] = &[
         "NULLs kept unless IGNORE NULLS, arrival order; in windows and in a GROUP BY (over an updating input, a retraction takes out the earliest equal value, as Flink's); refused with DISTINCT",
     ),
     f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
-    f("JSON_ARRAYAGG", A, No(NOT_YET), ""),
+    f(
+        "JSON_ARRAYAGG",
+        A,
+        Own,
+        "`[]` for no values; ABSENT ON NULL by default; in windows and a GROUP BY (a retraction takes out the earliest equal value, as Flink); not in OVER windows, as Flink",
+    ),
     // OVER windows.
     f("ROW_NUMBER", W, DF, "in Top-N and deduplication"),
     f("RANK", W, DF, "in Top-N"),
@@ -591,6 +596,16 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
         else {
             return ControlFlow::Continue(());
         };
+        if name == "json_arrayagg" {
+            match json_arrayagg(f) {
+                Ok(new) => *e = new,
+                Err(x) => {
+                    err = Some(x);
+                    return ControlFlow::Break(());
+                }
+            }
+            return ControlFlow::Continue(());
+        }
         if f.over.is_some() || f.filter.is_some() {
             return ControlFlow::Continue(());
         }
@@ -765,6 +780,73 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
     err.map_or(Ok(()), Err)
 }
 
+/// Whether `e` is a call of a JSON constructor (as written, or already
+/// rewritten to Weir's), whose value another constructor inserts as JSON.
+fn is_json_constructor(e: &ast::Expr) -> bool {
+    matches!(e, ast::Expr::Function(g) if g.name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
+        matches!(
+            i.value.to_ascii_lowercase().as_str(),
+            "json_object" | "json_array" | "__weir_json_object" | "__weir_json_object_absent" | "__weir_json_array_nulls"
+        )
+    }))
+}
+
+/// `JSON_ARRAYAGG(x [ABSENT | NULL ON NULL])`: the group's values as a JSON
+/// array, `[]` when there are none, planned as LISTAGG of each value's
+/// JSON text (JSON_STRING's; a JSON constructor's value inserted as JSON,
+/// a NULL left out or, with `NULL ON NULL`, `null`). LISTAGG brings the
+/// windows and the GROUP BY with retraction (the earliest equal value
+/// leaves, as Flink's `JsonArrayAggFunction`'s list view). Flink has it in
+/// no OVER window.
+fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
+    let refuse = |why: &str| at(SqlError::unsupported(format!("JSON_ARRAYAGG: {why}")), f.name.span());
+    if f.over.is_some() {
+        return Err(refuse("not supported in an OVER window (as in Flink)"));
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return Err(refuse("takes one value"));
+    };
+    let mut nulls = false;
+    for c in &list.clauses {
+        match c {
+            ast::FunctionArgumentClause::JsonNullClause(n) => nulls = *n == ast::JsonNullClause::NullOnNull,
+            other => return Err(refuse(&format!("the clause {other} is not supported"))),
+        }
+    }
+    if list.duplicate_treatment.is_some() {
+        return Err(refuse("DISTINCT is not supported"));
+    }
+    let [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(x))] = list.args.as_slice() else {
+        return Err(refuse("takes one value"));
+    };
+    let value = if is_json_constructor(x) {
+        call(crate::flink_json::RAW_FN, vec![x.clone()])
+    } else {
+        x.clone()
+    };
+    let element = call(
+        if nulls {
+            crate::flink_json::ELEMENT_NULLS_FN
+        } else {
+            "json_string"
+        },
+        vec![value],
+    );
+    let mut agg = call("string_agg", vec![element, text(",")]);
+    if let ast::Expr::Function(g) = &mut agg {
+        g.filter = f.filter.clone();
+    }
+    let concat = |l: ast::Expr, r: ast::Expr| ast::Expr::BinaryOp {
+        left: Box::new(l),
+        op: ast::BinaryOperator::StringConcat,
+        right: Box::new(r),
+    };
+    Ok(call(
+        "coalesce",
+        vec![concat(concat(text("["), agg), text("]")), text("[]")],
+    ))
+}
+
 /// Flink's JSON constructors and `JSON_VALUE ... RETURNING` as Weir's
 /// functions (`flink_json`):
 /// - `JSON_OBJECT(k VALUE v, ...)` is `__weir_json_object(k, v, ...)`
@@ -805,13 +887,7 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
     // JSON (Flink's rule); any other string is a JSON string.
     let mut nested = false;
     let mut as_json = |e: ast::Expr| -> ast::Expr {
-        let constructor = matches!(&e, ast::Expr::Function(g) if g.name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
-            matches!(
-                i.value.to_ascii_lowercase().as_str(),
-                "json_object" | "json_array" | "__weir_json_object" | "__weir_json_object_absent" | "__weir_json_array_nulls"
-            )
-        }));
-        if constructor {
+        if is_json_constructor(&e) {
             nested = true;
             call(crate::flink_json::RAW_FN, vec![e])
         } else {
