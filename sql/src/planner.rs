@@ -353,6 +353,20 @@ fn lowercase_functions(expr: &mut ast::Expr) {
     });
 }
 
+/// The positions of a sink's PRIMARY KEY columns among the columns an
+/// INSERT writes (`None`: no key).
+fn sink_key_positions(sink: &TableDef) -> Result<Option<Vec<usize>>> {
+    let Some(pk) = &sink.primary_key else {
+        return Ok(None);
+    };
+    let cols: Vec<&str> = sink.writable_columns().map(|c| c.name.as_str()).collect();
+    pk.iter()
+        .map(|k| cols.iter().position(|c| c == k))
+        .collect::<Option<Vec<_>>>()
+        .map(Some)
+        .ok_or_else(|| SqlError::internal("a PRIMARY KEY column is not a column of its sink"))
+}
+
 fn reads_a_table(plan: &LogicalPlan) -> bool {
     matches!(plan, LogicalPlan::TableScan(_)) || plan.inputs().iter().any(|p| reads_a_table(p))
 }
@@ -2709,12 +2723,7 @@ impl<'a> GraphBuilder<'a> {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let sink_cols: Vec<&str> = sink.writable_columns().map(|c| c.name.as_str()).collect();
-        let pk_positions: Vec<usize> = pk
-            .iter()
-            .map(|k| sink_cols.iter().position(|c| c == k))
-            .collect::<Option<_>>()
-            .ok_or_else(|| SqlError::internal("a PRIMARY KEY column is not a column of its sink"))?;
+        let pk_positions = sink_key_positions(sink)?.unwrap_or_default();
         // An upsert key inside the sink's key identifies the sink's rows.
         if let Some(upsert) = &mode.upsert_key
             && upsert.iter().all(|c| pk_positions.contains(c))
@@ -2863,16 +2872,7 @@ impl<'a> GraphBuilder<'a> {
         let consumers = |b: &Self, id: NodeId| b.edges.iter().filter(|e| e.from == id).count();
         let input_of = |b: &Self, id: NodeId| b.edges.iter().find(|e| e.to == id).map(|e| e.from);
         // The sink's key columns, followed down the projections.
-        let sink_cols: Vec<&str> = sink.writable_columns().map(|c| c.name.as_str()).collect();
-        let mut key: Option<Vec<usize>> = match &sink.primary_key {
-            Some(pk) => Some(
-                pk.iter()
-                    .map(|k| sink_cols.iter().position(|c| c == k))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| SqlError::internal("a PRIMARY KEY column is not a column of its sink"))?,
-            ),
-            None => None,
-        };
+        let mut key = sink_key_positions(sink)?;
         let mut path = vec![];
         let mut at = last;
         let normalize = loop {
