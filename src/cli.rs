@@ -427,7 +427,11 @@ async fn show(
 /// ([`show_table`]); Ctrl-C stops the query and keeps the table.
 async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
     let ResultStream {
-        schema, mut rows, job, ..
+        schema,
+        mut rows,
+        job,
+        zone,
+        ..
     } = rs;
     let metrics = job.metrics.clone();
     let watermark = move || {
@@ -440,7 +444,7 @@ async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), Ses
         )
     };
     let changes = futures::stream::poll_fn(|cx| rows.poll_recv(cx).map(|b| b.map(Ok::<_, std::convert::Infallible>)));
-    let ended = show_table(&schema, changes, signals, &watermark)
+    let ended = show_table(&schema, changes, signals, &watermark, zone)
         .await
         .map_err(weir_engine::ExecError::from)?;
     if ended == TableEnd::Interrupted {
@@ -471,6 +475,7 @@ pub(crate) async fn show_table<S, E>(
     mut changes: S,
     signals: &mut Signals,
     watermark: &dyn Fn() -> Option<String>,
+    zone: Option<weir_engine::time_zone::SessionZone>,
 ) -> Result<TableEnd, arrow::error::ArrowError>
 where
     S: futures::Stream<Item = Result<arrow::record_batch::RecordBatch, E>> + Unpin,
@@ -478,7 +483,7 @@ where
 {
     use futures::StreamExt;
     let terminal = std::io::stdout().is_terminal();
-    let mut view = crate::display::Materialized::new(schema);
+    let mut view = crate::display::Materialized::new(schema).in_zone(zone);
     let started = Instant::now();
     let mut redraw = tokio::time::interval(Duration::from_millis(250));
     redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -523,7 +528,7 @@ where
 
 /// Prints a streaming result as it arrives; Ctrl-C stops the query.
 async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
-    let mut tab = Tableau::new(&rs.schema);
+    let mut tab = Tableau::new(&rs.schema).in_zone(rs.zone.clone());
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{}", tab.header(&rs.schema));
     let mut rows = 0u64;

@@ -5,6 +5,7 @@ use arrow::array::{Array, AsArray};
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use arrow::util::display::ArrayFormatter;
+use weir_engine::time_zone::SessionZone;
 
 pub use weir_engine::connectors::print::{format_changes, format_rows};
 
@@ -80,6 +81,8 @@ pub struct Tableau {
     header_done: bool,
     /// The first column is `_op`: it fills the op column.
     changelog: bool,
+    /// `table.local-time-zone` (`None`: UTC).
+    zone: Option<SessionZone>,
 }
 
 /// Whether a result's first column is the `_op` of a changelog.
@@ -119,7 +122,14 @@ impl Tableau {
             widths,
             header_done: false,
             changelog,
+            zone: None,
         }
+    }
+
+    /// TIMESTAMP_LTZ values shown in `zone` (the session's).
+    pub fn in_zone(mut self, zone: Option<SessionZone>) -> Self {
+        self.zone = zone;
+        self
     }
 
     fn rule(&self) -> String {
@@ -159,7 +169,7 @@ impl Tableau {
             batch.clone().into()
         };
         let batch = &changes.rows;
-        let texts = column_texts(batch)?;
+        let texts = column_texts(batch, self.zone.as_ref())?;
         let mut out = String::new();
         for row in 0..batch.num_rows() {
             let vals: Vec<String> = texts.iter().map(|c| c[row].clone()).collect();
@@ -189,6 +199,8 @@ pub struct Materialized {
     /// Where the last `-U` removed a row: its `+U` goes there, so an
     /// updated row stays in place.
     hole: Option<usize>,
+    /// `table.local-time-zone` (`None`: UTC).
+    zone: Option<SessionZone>,
 }
 
 impl Materialized {
@@ -205,7 +217,14 @@ impl Materialized {
             rows: vec![],
             changes: 0,
             hole: None,
+            zone: None,
         }
+    }
+
+    /// TIMESTAMP_LTZ values shown in `zone` (the session's).
+    pub fn in_zone(mut self, zone: Option<SessionZone>) -> Self {
+        self.zone = zone;
+        self
     }
 
     /// Rows shown (with their multiplicity).
@@ -228,7 +247,7 @@ impl Materialized {
         } else {
             batch.clone().into()
         };
-        let texts = column_texts(&changes.rows)?;
+        let texts = column_texts(&changes.rows, self.zone.as_ref())?;
         for i in 0..changes.num_rows() {
             self.changes += 1;
             let row: Vec<String> = texts.iter().map(|c| c[i].clone()).collect();
@@ -298,12 +317,20 @@ impl Materialized {
 /// Every value of every column as Flink's SQL client shows it: the text
 /// `CAST(v AS STRING)` gives (`TRUE`, `8.5E37`, `{a=1}`, `(Oslo, 150)`,
 /// `2024-01-02 03:04:05.000`), NULL as `<NULL>`.
-fn column_texts(batch: &RecordBatch) -> Result<Vec<Vec<String>>, arrow::error::ArrowError> {
+/// A TIMESTAMP_LTZ shows as the wall time of the session's zone (`zone`;
+/// `None`: UTC), as in Flink's SQL client.
+fn column_texts(batch: &RecordBatch, zone: Option<&SessionZone>) -> Result<Vec<Vec<String>>, arrow::error::ArrowError> {
     batch
         .columns()
         .iter()
         .map(|c| {
-            let texts = weir_sql::flink_cast::to_strings(c)
+            let c = match (zone, c.data_type()) {
+                (Some(zone), arrow::datatypes::DataType::Timestamp(_, Some(_))) => {
+                    weir_engine::time_zone::wall_times(c, &zone.tz)?
+                }
+                _ => c.clone(),
+            };
+            let texts = weir_sql::flink_cast::to_strings(&c)
                 .map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))?;
             let texts = texts.as_string::<i32>();
             Ok((0..texts.len())
@@ -447,5 +474,20 @@ mod tests {
         for shown in ["TRUE", "8.5E37", "{a=1, b=NULL}", "(Oslo, NULL)"] {
             assert!(text.contains(shown), "{shown} in {text}");
         }
+    }
+
+    #[test]
+    fn timestamp_ltz_shows_in_the_session_zone() {
+        let ltz = arrow::array::TimestampMillisecondArray::from(vec![Some(1_710_064_800_000)]).with_timezone("UTC");
+        let schema = Arc::new(Schema::new(vec![Field::new("l", ltz.data_type().clone(), true)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ltz)]).expect("valid");
+        let utc = Tableau::new(&schema).rows(&batch).expect("valid");
+        assert!(utc.contains("2024-03-10 10:00:00.000"), "{utc}");
+        let zone = weir_engine::time_zone::session_zone("America/Los_Angeles").expect("valid");
+        let local = Tableau::new(&schema).in_zone(zone.clone()).rows(&batch).expect("valid");
+        assert!(local.contains("2024-03-10 03:00:00.000"), "{local}");
+        let mut view = Materialized::new(&schema).in_zone(zone);
+        view.apply(&batch).expect("valid");
+        assert!(view.render().contains("2024-03-10 03:00:00.000"), "{}", view.render());
     }
 }

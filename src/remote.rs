@@ -155,7 +155,7 @@ impl Remote {
             if table {
                 // The server's watermark is not on this stream: the
                 // status line leaves it out.
-                let end = crate::cli::show_table(&schema, stream, signals, &|| None)
+                let end = crate::cli::show_table(&schema, stream, signals, &|| None, None)
                     .await
                     .map_err(server_error)?;
                 if end == crate::cli::TableEnd::Interrupted {

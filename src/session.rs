@@ -68,6 +68,9 @@ pub struct ResultStream {
     /// The first column is `_op` (Flink's row kind of each row): a
     /// `SUBSCRIBE`, or a query whose result is updating.
     pub changelog: bool,
+    /// The session's `table.local-time-zone` (`None`: UTC), which the
+    /// shell shows TIMESTAMP_LTZ values in.
+    pub zone: Option<weir_engine::time_zone::SessionZone>,
 }
 
 /// The rows of a job's result channel as clients read them: with an `_op`
@@ -871,6 +874,7 @@ impl Session {
                             rows: result_rows(rx, changelog),
                             job,
                             changelog,
+                            zone: config.local_time_zone.clone(),
                         }))
                     }
                 }
@@ -903,6 +907,7 @@ impl Session {
                             rows: result_rows(rx, true),
                             job,
                             changelog: true,
+                            zone: config.local_time_zone.clone(),
                         }))
                     }
                 }

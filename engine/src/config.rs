@@ -42,7 +42,7 @@ pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
 pub const STATE_TTL: &str = "table.exec.state.ttl";
-/// Flink's session time zone: UTC only yet ([`check_local_time_zone`]).
+/// Flink's session time zone ([`local_time_zone`]).
 pub const LOCAL_TIME_ZONE: &str = "table.local-time-zone";
 /// How the shell shows a query's result (Flink's SQL client option).
 pub const RESULT_MODE: &str = "sql-client.execution.result-mode";
@@ -61,7 +61,7 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         LOCAL_TIME_ZONE,
         OptionKind::String,
-        "the session time zone TIMESTAMP_LTZ values are shown, cast and cut into windows in: UTC only yet",
+        "the session time zone: TIMESTAMP_LTZ values are cast, formatted and shown in it, LOCALTIMESTAMP and CURRENT_DATE read in it (a tz database id, 'GMT+hh:mm' or 'UTC')",
     )
     .with_default("UTC"),
     OptionSpec::new(
@@ -379,35 +379,19 @@ pub struct JobConfig {
     /// Where the job's SQL may make Weir read and write files (checked for
     /// every path option of the job and of its tables).
     pub paths: crate::paths::PathPolicy,
+    /// `table.local-time-zone` when it is not UTC.
+    pub local_time_zone: Option<crate::time_zone::SessionZone>,
 }
 
-/// `table.local-time-zone`: Weir shows, casts and windows TIMESTAMP_LTZ
-/// values in UTC, so a zone that is not UTC is refused rather than
-/// silently ignored.
-fn check_local_time_zone(zone: &str) -> Result<()> {
-    let z = zone.trim();
-    let utc = [
-        "UTC",
-        "Etc/UTC",
-        "GMT",
-        "Etc/GMT",
-        "Z",
-        "UTC+00:00",
-        "GMT+00:00",
-        "+00:00",
-        "UTC0",
-        "GMT0",
-    ];
-    if utc.iter().any(|u| u.eq_ignore_ascii_case(z)) {
-        return Ok(());
-    }
-    Err(weir_catalog::CatalogError::InvalidOption {
-        key: LOCAL_TIME_ZONE.into(),
-        message: format!(
-            "'{zone}' is not supported yet: only UTC (Weir shows, casts and cuts windows of TIMESTAMP_LTZ values in UTC)"
-        ),
-    }
-    .into())
+/// `table.local-time-zone`, read as Flink validates it (`None`: UTC).
+pub fn local_time_zone(zone: &str) -> Result<Option<crate::time_zone::SessionZone>> {
+    crate::time_zone::session_zone(zone).map_err(|message| {
+        weir_catalog::CatalogError::InvalidOption {
+            key: LOCAL_TIME_ZONE.into(),
+            message,
+        }
+        .into()
+    })
 }
 
 impl JobConfig {
@@ -417,7 +401,7 @@ impl JobConfig {
         m.insert(key.to_string(), value.to_string());
         Options::validate(&m, JOB_OPTIONS, "SET")?;
         if key == LOCAL_TIME_ZONE {
-            check_local_time_zone(value)?;
+            local_time_zone(value)?;
         }
         if key == OPERATOR_UIDS {
             crate::uid::parse_pinned(value).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?;
@@ -444,9 +428,10 @@ impl JobConfig {
         data_dir: &std::path::Path,
     ) -> Result<Self> {
         let o = Options::validate(settings, JOB_OPTIONS, "SET")?;
-        if let Some(zone) = o.get(LOCAL_TIME_ZONE) {
-            check_local_time_zone(zone)?;
-        }
+        let local_time_zone = match o.get(LOCAL_TIME_ZONE) {
+            Some(zone) => local_time_zone(zone)?,
+            None => None,
+        };
         let parallelism = match o.i64(PARALLELISM)? {
             Some(p) => p as usize,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -544,6 +529,7 @@ impl JobConfig {
                 None => vec![],
             },
             paths: crate::paths::PathPolicy::unrestricted(),
+            local_time_zone,
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,
             parallelism,

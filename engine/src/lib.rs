@@ -41,6 +41,7 @@ pub mod plan;
 pub mod runtime;
 pub mod state;
 pub mod time_format;
+pub mod time_zone;
 pub mod uid;
 
 pub use error::ExecError;

@@ -79,7 +79,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             position += 1;
         }
         if let Some(expr) = &c.computed {
-            let (_, phys) = planner.plan_expr(expr, &physical).map_err(|e| e.at(c.location))?;
+            let (_, phys) = planner.plan_expr(expr, &physical, None).map_err(|e| e.at(c.location))?;
             let data_type = phys.data_type(physical.as_arrow())?;
             def.columns.insert(
                 position,
@@ -123,7 +123,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
             .at(w.location));
         }
         let full = DFSchema::try_from(def.schema().as_ref().clone())?;
-        let (_, phys) = planner.plan_expr(&w.expr, &full).map_err(|e| e.at(w.location))?;
+        let (_, phys) = planner.plan_expr(&w.expr, &full, None).map_err(|e| e.at(w.location))?;
         let t = phys.data_type(full.as_arrow())?;
         if !is_rowtime_type(&t) {
             return Err(SqlError::plan(format!(

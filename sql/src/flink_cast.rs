@@ -147,9 +147,9 @@ fn write_value(a: &dyn Array, i: usize, out: &mut String) -> Result<()> {
             let Some(t) = t else {
                 return datafusion::common::exec_err!("a TIMESTAMP out of range");
             };
-            // Time zones other than UTC are not supported yet: a
-            // TIMESTAMP_LTZ is written in UTC, as `table.local-time-zone`
-            // is today.
+            // A TIMESTAMP_LTZ is written in UTC here; in a session with
+            // another zone, `flink_zone` has cast it to the zone's wall
+            // time before it gets here.
             let _ = write!(out, "{}", t.format("%Y-%m-%d %H:%M:%S"));
             if digits > 0 {
                 let nanos = t.and_utc().timestamp_subsec_nanos();
@@ -209,6 +209,15 @@ pub use weir_engine::java_text::{java_double, java_float};
 /// Rewrites, in every expression of `plan`, casts to a string of values
 /// whose text Flink writes differently into [`FlinkToString`].
 pub fn flink_casts(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    rewrite_expressions(plan, flink_casts_in)
+}
+
+/// Rewrites every expression of every node of `plan` (subqueries
+/// included) with `f`, given the schema the expression reads.
+pub fn rewrite_expressions(
+    plan: LogicalPlan,
+    f: impl Fn(Expr, &DFSchema) -> Result<Transformed<Expr>>,
+) -> Result<Transformed<LogicalPlan>> {
     plan.transform_up_with_subqueries(|node| {
         let schema = match node.inputs().as_slice() {
             [] => return Ok(Transformed::no(node)),
@@ -227,7 +236,7 @@ pub fn flink_casts(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         let names = datafusion::logical_expr::expr_rewriter::NamePreserver::new(&node);
         let t = node.map_expressions(|e| {
             let saved = names.save(&e);
-            Ok(flink_casts_in(e, &schema)?.update_data(|e| saved.restore(e)))
+            Ok(f(e, &schema)?.update_data(|e| saved.restore(e)))
         })?;
         if t.transformed {
             t.map_data(|n| n.recompute_schema())

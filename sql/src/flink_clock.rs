@@ -6,8 +6,9 @@
 //! A streaming Flink job evaluates the clock functions per record, not
 //! once per query (DataFusion's `now()` is folded into a constant when the
 //! plan is made); here they are volatile and read the clock once per batch
-//! of rows, which are processed at the same instant. The session's time
-//! zone is UTC (`table.local-time-zone`), so the local values are UTC's.
+//! of rows, which are processed at the same instant. The local values
+//! are UTC's here; in a session with another `table.local-time-zone`,
+//! `flink_zone` converts them to the zone's.
 //!
 //! `RAND(seed)` and `RAND_INTEGER(seed, bound)` give the numbers of
 //! `java.util.Random` as Flink's generated code does: with a literal seed,
@@ -45,6 +46,16 @@ pub fn clocks() -> Vec<ScalarUDF> {
         })
     })
     .collect()
+}
+
+/// `LOCALTIMESTAMP` in UTC (the session zone's is this converted:
+/// `flink_zone`).
+pub fn local_timestamp() -> ScalarUDF {
+    ScalarUDF::new_from_impl(ClockFn {
+        name: "localtimestamp",
+        clock: Clock::Local,
+        signature: Signature::nullary(Volatility::Volatile),
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

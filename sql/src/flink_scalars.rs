@@ -6,7 +6,8 @@
 //! and the time functions that take Java patterns (`TO_TIMESTAMP`,
 //! `TO_DATE`, `UNIX_TIMESTAMP`, `FROM_UNIXTIME`). Each one's answers are
 //! Flink 2.3's on the conformance suite (`tests/functions/cases.txt`).
-//! Times are UTC (`table.local-time-zone` is not supported yet).
+//! Times are UTC here; `flink_zone` converts what `UNIX_TIMESTAMP` and
+//! `FROM_UNIXTIME` see in a session with another `table.local-time-zone`.
 
 use std::sync::Arc;
 
@@ -916,7 +917,8 @@ fn to_date(v: &[&str]) -> Result<Option<i32>> {
 /// milliseconds (3, the default) as a `TIMESTAMP_LTZ(3)`, a fraction of a
 /// millisecond cut off as Java's `(long)` cast does; NULL out of range.
 /// `TO_TIMESTAMP_LTZ(s [, pattern [, zone]])`: a time string (Flink's
-/// `TO_TIMESTAMP` patterns) read in `zone` (only UTC yet).
+/// `TO_TIMESTAMP` patterns) read in `zone` (UTC when none is given, in
+/// every session zone, as Flink).
 fn to_timestamp_ltz(v: &[&str], types: &[DataType]) -> Result<Option<i64>> {
     /// Flink's range of `TIMESTAMP_LTZ` (years 0000 to 9999).
     const MAX_MILLIS: f64 = 253_402_300_799_999.0;
@@ -965,51 +967,12 @@ fn to_timestamp_ltz(v: &[&str], types: &[DataType]) -> Result<Option<i64>> {
     Ok(Some(in_zone(local.naive_utc(), &java_zone(zone)).timestamp_millis()))
 }
 
-/// A time zone as Java's `TimeZone.getTimeZone` reads its id (what Flink's
-/// time functions use): a tz database name (`Asia/Shanghai`, `UTC`),
-/// `GMT+h`, `GMT+hh`, `GMT+hh:mm` or `GMT-...`; anything else is GMT, as
-/// Java falls back (`'+05:30'` and `'Foo/Bar'` included).
-fn java_zone(id: &str) -> arrow::array::timezone::Tz {
-    let gmt = || "+00:00".parse().expect("a fixed offset");
-    let id = id.trim();
-    if let Some(rest) = id.strip_prefix("GMT").filter(|r| !r.is_empty()) {
-        let (sign, digits) = rest.split_at(1);
-        if !matches!(sign, "+" | "-") {
-            return gmt();
-        }
-        let (h, m) = digits.split_once(':').unwrap_or(match digits.len() {
-            3 | 4 => digits.split_at(digits.len() - 2),
-            _ => (digits, "0"),
-        });
-        let (Ok(h), Ok(m)) = (h.parse::<u32>(), m.parse::<u32>()) else {
-            return gmt();
-        };
-        if h > 23 || m > 59 {
-            return gmt();
-        }
-        return format!("{sign}{h:02}:{m:02}").parse().unwrap_or_else(|_| gmt());
-    }
-    if id.starts_with(['+', '-']) {
-        return gmt();
-    }
-    id.parse().unwrap_or_else(|_| gmt())
-}
+use weir_engine::time_zone::java_zone;
 
 /// The instant a local time names in `zone`, as Java's lenient calendar
-/// reads it: in a gap (clocks forward) with the offset before the gap, in
-/// an overlap (clocks back) the later instant.
+/// reads it.
 fn in_zone(local: NaiveDateTime, zone: &arrow::array::timezone::Tz) -> chrono::DateTime<chrono::Utc> {
-    use chrono::{Offset, TimeZone};
-    match zone.from_local_datetime(&local) {
-        chrono::LocalResult::Single(t) => t.with_timezone(&chrono::Utc),
-        chrono::LocalResult::Ambiguous(_, later) => later.with_timezone(&chrono::Utc),
-        chrono::LocalResult::None => {
-            let before = zone
-                .offset_from_utc_datetime(&(local - chrono::Duration::hours(3)))
-                .fix();
-            (local - chrono::Duration::seconds(i64::from(before.local_minus_utc()))).and_utc()
-        }
-    }
+    weir_engine::time_zone::instant_of(local, zone, weir_engine::time_zone::Resolve::Later)
 }
 
 /// `CONVERT_TZ(text, from, to)`: a `yyyy-MM-dd HH:mm:ss` time read in
@@ -1038,7 +1001,8 @@ fn convert_tz(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     ))
 }
 
-/// `UNIX_TIMESTAMP(s [, pattern])`: seconds since the epoch (UTC); NULL
+/// `UNIX_TIMESTAMP(s [, pattern])`: seconds since the epoch of `s` read
+/// in UTC (`flink_zone` shifts it for the session zone); NULL
 /// when `s` does not parse.
 fn unix_timestamp(v: &[&str]) -> Result<Option<i64>> {
     let pattern = v.get(1).copied().unwrap_or(DEFAULT_TIME_PATTERN);
@@ -1046,7 +1010,8 @@ fn unix_timestamp(v: &[&str]) -> Result<Option<i64>> {
 }
 
 /// `FROM_UNIXTIME(n [, pattern])`: seconds since the epoch as text
-/// (default `yyyy-MM-dd HH:mm:ss`, UTC).
+/// (default `yyyy-MM-dd HH:mm:ss`), in UTC (`flink_zone` shifts `n` for
+/// the session zone).
 fn from_unixtime(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     let secs = int(v[0], "the seconds")?;
     let pattern = v.get(1).copied().unwrap_or(DEFAULT_TIME_PATTERN);

@@ -159,7 +159,9 @@ enum Ticks {
 impl Ticks {
     fn of(t: &DataType) -> Option<Ticks> {
         match t {
-            DataType::Timestamp(u, None) => Some(Ticks::Timestamp(*u)),
+            // A TIMESTAMP_LTZ's instants are counted in UTC (the session
+            // zone's wall time is the caller's: `flink_zone`).
+            DataType::Timestamp(u, _) => Some(Ticks::Timestamp(*u)),
             DataType::Date32 => Some(Ticks::Date),
             _ => None,
         }
@@ -486,6 +488,11 @@ impl ScalarUDFImpl for TimeArith {
                     .collect::<Result<_>>()?;
                 Arc::new(r)
             }
+        };
+        // A TIMESTAMP_LTZ comes back labelled as one.
+        let out = match args.return_field.data_type() {
+            t @ DataType::Timestamp(_, Some(_)) if out.data_type() != t => cast(&out, t)?,
+            _ => out,
         };
         crate::udf::columnar(out, all_scalar)
     }

@@ -63,7 +63,7 @@ use Support::{DataFusion as DF, Refused as No, Weir as Own};
 
 const NOT_YET: &str = "not supported yet";
 const LIBM: &str = "results may differ from Java's in the last digit";
-const PER_BATCH: &str = "the clock when each batch of rows is processed (Flink: per record in a streaming job), in UTC";
+const PER_BATCH: &str = "the clock when each batch of rows is processed (Flink: per record in a streaming job); local values in the session zone";
 
 /// Flink 2.x's built-in functions called by name (operators, `CASE`,
 /// `CAST`, `EXTRACT`, `POSITION`, `TRIM`, `SUBSTRING ... FROM`,
@@ -231,15 +231,15 @@ pub const FUNCTIONS: &[Function] = &[
         "TO_TIMESTAMP_LTZ",
         S,
         Own,
-        "epoch seconds (precision 0) or milliseconds (3); a string with a pattern, read in a zone (Java's ids, as CONVERT_TZ); shown in UTC ('table.local-time-zone' is UTC only)",
+        "epoch seconds (precision 0) or milliseconds (3); a string with a pattern, read in a zone (Java's ids, as CONVERT_TZ; UTC when none is given, as Flink)",
     ),
     f(
         "UNIX_TIMESTAMP",
         S,
         Own,
-        "with a string argument; UNIX_TIMESTAMP() (now) is refused; UTC",
+        "with a string argument, read in the session zone; UNIX_TIMESTAMP() (now) is refused",
     ),
-    f("FROM_UNIXTIME", S, Own, "UTC"),
+    f("FROM_UNIXTIME", S, Own, "written in the session zone"),
     f(
         "CONVERT_TZ",
         S,

@@ -44,6 +44,7 @@ pub mod flink_math;
 pub mod flink_moments;
 pub mod flink_scalars;
 pub mod flink_time;
+pub mod flink_zone;
 pub mod functions;
 pub mod hints;
 pub mod parser;

@@ -48,6 +48,7 @@ use crate::error::{Result, SqlError};
 use crate::parser::OnConflict;
 use crate::rewrite::rewrite_query;
 use crate::udf::{WINDOW_FN, WindowMarker};
+use weir_engine::time_zone::SessionZone;
 
 pub enum QueryPlan {
     /// Reads at least one table: runs as a streaming job.
@@ -228,8 +229,14 @@ impl Planner {
         }
     }
 
-    /// Plans a scalar expression against `schema`: (logical, physical).
-    pub fn plan_expr(&self, expr: &ast::Expr, schema: &DFSchema) -> Result<(Expr, Arc<dyn PhysicalExpr>)> {
+    /// Plans a scalar expression against `schema`: (logical, physical),
+    /// in the session zone `zone` (`None`: UTC).
+    pub fn plan_expr(
+        &self,
+        expr: &ast::Expr,
+        schema: &DFSchema,
+        zone: Option<&SessionZone>,
+    ) -> Result<(Expr, Arc<dyn PhysicalExpr>)> {
         let catalog = Catalog::in_memory();
         let provider = self.provider(&catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
@@ -240,6 +247,7 @@ impl Planner {
         let logical = sql_to_rel.sql_to_expr(expr, schema, &mut PlannerContext::new())?;
         let logical = crate::flink_literals::flink_literals_in(logical)?.data;
         let logical = crate::flink_decimal::approximate_wins_in(logical, schema)?.data;
+        let logical = crate::flink_zone::local_zone_in(logical, schema, zone)?.data;
         let logical = crate::flink_cast::flink_casts_in(logical, schema)?.data;
         let physical = self.state.create_physical_expr(logical.clone(), schema)?;
         let physical = weir_engine::expr::fast_paths(physical, schema.as_arrow())?;
@@ -248,13 +256,29 @@ impl Planner {
 
     /// Parses and plans a stored expression text (computed columns,
     /// watermarks).
-    fn plan_expr_text(&self, text: &str, schema: &DFSchema) -> Result<Arc<dyn PhysicalExpr>> {
+    fn plan_expr_text(
+        &self,
+        text: &str,
+        schema: &DFSchema,
+        zone: Option<&SessionZone>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
         let expr = crate::parser::parse_expr_text(text)?;
-        Ok(self.plan_expr(&expr, schema)?.1)
+        Ok(self.plan_expr(&expr, schema, zone)?.1)
     }
 
-    /// The logical plan of a query, views inlined and windows rewritten.
+    /// The logical plan of a query, views inlined and windows rewritten,
+    /// its times those of UTC (types and names do not depend on the zone).
     pub fn logical_plan(&self, query: &ast::Query, catalog: &Catalog) -> Result<LogicalPlan> {
+        self.logical_plan_in(query, catalog, None)
+    }
+
+    /// [`Self::logical_plan`] in the session zone `zone` (`None`: UTC).
+    pub fn logical_plan_in(
+        &self,
+        query: &ast::Query,
+        catalog: &Catalog,
+        zone: Option<&SessionZone>,
+    ) -> Result<LogicalPlan> {
         let mut query = query.clone();
         rewrite_query(&mut query, catalog)?;
         crate::functions::check_calls(&query)?;
@@ -270,6 +294,9 @@ impl Planner {
             .state
             .analyzer()
             .execute_and_check(plan, self.state.config_options(), |_, _| {})?;
+        // TIMESTAMP_LTZ meets wall-clock times in the session zone (after
+        // coercion, which inserts casts of its own).
+        let plan = crate::flink_zone::local_zone(plan, zone)?.data;
         // Casts to strings write Flink's text (`TRUE`, `8.5E37`, ...).
         let plan = crate::flink_cast::flink_casts(plan)?.data;
         // Only rules that keep the plan's operators: column pruning (so
@@ -301,7 +328,7 @@ impl Planner {
 
     /// Plans a `SELECT`.
     pub fn plan_query(&self, query: &ast::Query, catalog: &Catalog, config: &JobConfig) -> Result<QueryPlan> {
-        let plan = self.logical_plan(query, catalog)?;
+        let plan = self.logical_plan_in(query, catalog, config.local_time_zone.as_ref())?;
         if !reads_a_table(&plan) {
             return Ok(QueryPlan::Batch(plan));
         }
@@ -320,7 +347,7 @@ impl Planner {
         catalog: &Catalog,
         config: &JobConfig,
     ) -> Result<StreamGraph> {
-        let plan = self.logical_plan(query, catalog)?;
+        let plan = self.logical_plan_in(query, catalog, config.local_time_zone.as_ref())?;
         if !reads_a_table(&plan) {
             return Err(SqlError::unsupported(
                 "INSERT of a query that reads no table is not supported",
@@ -1337,7 +1364,10 @@ impl<'a> GraphBuilder<'a> {
             let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
             for c in &narrowed.columns {
                 exprs.push(match &c.computed {
-                    Some(text) => self.planner.plan_expr_text(text, &physical_df)?,
+                    Some(text) => {
+                        self.planner
+                            .plan_expr_text(text, &physical_df, self.config.local_time_zone.as_ref())?
+                    }
                     None => Arc::new(Column::new(&c.name, physical_schema.index_of(&c.name)?)),
                 });
             }
@@ -1356,7 +1386,9 @@ impl<'a> GraphBuilder<'a> {
                 Some(WatermarkNode {
                     column: w.column.clone(),
                     sql: w.expr.clone(),
-                    expr: self.planner.plan_expr_text(&w.expr, &full_df)?,
+                    expr: self
+                        .planner
+                        .plan_expr_text(&w.expr, &full_df, self.config.local_time_zone.as_ref())?,
                     idle_timeout,
                     alignment: w.alignment.clone(),
                 })

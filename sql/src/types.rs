@@ -26,13 +26,28 @@ impl datafusion::logical_expr::planner::TypePlanner for FlinkTypes {
         &self,
         sql_type: &ast::DataType,
     ) -> datafusion::common::Result<Option<arrow::datatypes::FieldRef>> {
-        let ast::DataType::Custom(name, _) = sql_type else {
-            return Ok(None);
+        let t = match sql_type {
+            // `TIME(p)`: DataFusion knows only TIME without precision.
+            ast::DataType::Time(Some(p), TimezoneInfo::None | TimezoneInfo::WithoutTimeZone) => match p {
+                0 => DataType::Time32(TimeUnit::Second),
+                1..=3 => DataType::Time32(TimeUnit::Millisecond),
+                4..=6 => DataType::Time64(TimeUnit::Microsecond),
+                _ => DataType::Time64(TimeUnit::Nanosecond),
+            },
+            // A cast to TIMESTAMP_LTZ(0) drops the fraction, as Flink's.
+            ast::DataType::Custom(name, modifiers)
+                if name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ")
+                    && modifiers.first().is_some_and(|m| m == "0") =>
+            {
+                DataType::Timestamp(TimeUnit::Second, Some("UTC".into()))
+            }
+            ast::DataType::Custom(name, _) if name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ") => {
+                to_arrow(sql_type)
+                    .map_err(|e| datafusion::error::DataFusionError::Plan(e.to_string()))?
+                    .0
+            }
+            _ => return Ok(None),
         };
-        if !name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ") {
-            return Ok(None);
-        }
-        let (t, _) = to_arrow(sql_type).map_err(|e| datafusion::error::DataFusionError::Plan(e.to_string()))?;
         Ok(Some(Arc::new(arrow::datatypes::Field::new("", t, true))))
     }
 }

@@ -4,7 +4,7 @@ Flight SQL driver (Go, through adbc_driver_manager's Python DB-API).
 
     python weir_adbc_test.py grpc://127.0.0.1:PORT [SINK_DIR] [--skip d,f] [--keep-going]
 
-Runs the steps a-i below in order against a fresh `weir serve`; exit code 0
+Runs the steps a-l below in order against a fresh `weir serve`; exit code 0
 when every step that ran passed. The driver's pitfalls
 (`../shared/design/clients.md` §1-§2): the DB-API prepares every statement;
 a failed execute with parameters leaves that cursor unusable, so each step
@@ -274,9 +274,35 @@ def step_k_multisets(conn, t):
     ], f"rows {got}"
 
 
+def step_l_session_time_zone(conn, t):
+    """In a session with 'table.local-time-zone' set (never read, as DB-API
+    users run SET), TIMESTAMP_LTZ values reach the client as instants and
+    their casts and wall-clock functions are the zone's (Flink 2.3's
+    answers for America/Los_Angeles)."""
+    import datetime
+    data = os.path.join(t["sink"], "instants.csv")
+    with open(data, "w") as f:
+        f.write("1,1710064800000,2024-11-03 01:30:00\n")
+    with conn.cursor() as cur:
+        cur.execute("SET 'table.local-time-zone' = 'America/Los_Angeles'")
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE instants (id INT, ms BIGINT, s STRING) WITH ("
+                    f"'connector' = 'filesystem', 'path' = '{data}', 'format' = 'csv')")
+    got = rows(conn, "SELECT TO_TIMESTAMP_LTZ(ms, 3) AS l, CAST(TO_TIMESTAMP_LTZ(ms, 3) AS STRING) AS t, "
+                     "HOUR(TO_TIMESTAMP_LTZ(ms, 3)) AS h, UNIX_TIMESTAMP(s) AS u FROM instants")
+    assert got == [{
+        "l": datetime.datetime(2024, 3, 10, 10, 0, tzinfo=datetime.timezone.utc),
+        "t": "2024-03-10 03:00:00.000",
+        "h": 3,
+        "u": 1730626200,
+    }], f"rows {got}"
+    with conn.cursor() as cur:
+        cur.execute("RESET 'table.local-time-zone'")
+
+
 STEPS = [step_a_ddl, step_b_start_job, step_c_show_jobs, step_d_parameters,
          step_e_metadata, step_f_subscribe, step_g_stop_job, step_h_unread_statements,
-         step_i_updating_query, step_j_nested_columns, step_k_multisets]
+         step_i_updating_query, step_j_nested_columns, step_k_multisets, step_l_session_time_zone]
 
 
 def main():
