@@ -313,6 +313,10 @@ pub struct WindowAggregateNode {
     pub keys: Vec<Arc<dyn PhysicalExpr>>,
     pub group_outputs: Vec<GroupOutput>,
     pub aggregates: Vec<Arc<AggregateFunctionExpr>>,
+    /// Windows on a TIMESTAMP_LTZ in a session zone: the time column holds
+    /// wall times (the zoned window marker's), watermarks are compared on
+    /// the wall clock and `window_time` is an instant again.
+    pub zone: Option<crate::time_zone::SessionZone>,
 }
 
 /// An aggregate function of a non-windowed GROUP BY. Weir's own
@@ -1040,7 +1044,7 @@ impl StreamNode {
                 let keys: Vec<String> = w.keys.iter().map(|k| k.to_string()).collect();
                 let aggs: Vec<String> = w.aggregates.iter().map(|a| a.name().to_string()).collect();
                 format!(
-                    "WindowAggregate: {}{} keys [{}] aggregates [{}]",
+                    "WindowAggregate: {}{}{} keys [{}] aggregates [{}]",
                     w.window,
                     if w.proctime {
                         " on processing time"
@@ -1049,6 +1053,10 @@ impl StreamNode {
                     } else {
                         ""
                     },
+                    w.zone
+                        .as_ref()
+                        .map(|z| format!(" in time zone {}", z.id))
+                        .unwrap_or_default(),
                     keys.join(", "),
                     aggs.join(", ")
                 )

@@ -191,6 +191,47 @@ pub fn from_local(local: i64, ticks_per_second: i64, zone: &Tz, resolve: Resolve
     local.checked_add((instant - secs).checked_mul(ticks_per_second)?)
 }
 
+/// The wall-clock watermark of the instant watermark `wm` (milliseconds):
+/// the latest wall time every instant of which is at or before `wm`, so a
+/// window `[start, end)` of wall time is complete when `end - 1` is at or
+/// before it (Flink fires it at the instant of `end - 1`, the later one
+/// of a time that happens twice). Past a change forward, the wall time of
+/// `wm`; while the clocks go back (the first pass of the repeated hour),
+/// the wall time just before the repeated hour, since each of its times
+/// happens again later. The ends of time stay as they are.
+pub fn local_watermark(wm: i64, zone: &Tz) -> i64 {
+    const HOUR: i64 = 3_600_000;
+    if wm == i64::MIN || wm == i64::MAX {
+        return wm;
+    }
+    let Some(local) = to_local(wm, 1000, zone) else {
+        return wm;
+    };
+    match from_local(local, 1000, zone, Resolve::Later) {
+        Some(later) if later > wm => {}
+        _ => return local,
+    }
+    // In the repeated hour's first pass: the clocks go back within a few
+    // hours after `wm`; find the instant they do (to the millisecond).
+    let offset = |t: i64| to_local(t, 1000, zone).map(|l| l - t);
+    let before = offset(wm);
+    let (mut lo, mut hi) = (wm, wm.saturating_add(3 * HOUR));
+    if offset(hi) == before {
+        return local;
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if offset(mid) == before {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    // `hi` is the first instant on the new offset: its wall time starts
+    // the repeated hour.
+    to_local(hi, 1000, zone).map_or(local, |start| start - 1)
+}
+
 /// Ticks per second of a timestamp type (`None`: not a timestamp).
 pub fn ticks_per_second(t: &arrow::datatypes::DataType) -> Option<i64> {
     use arrow::datatypes::{DataType, TimeUnit};
@@ -256,6 +297,26 @@ mod tests {
         // In the overlap: 01:30 is 08:30 UTC (PDT) or 09:30 UTC (PST).
         assert_eq!(at("2024-11-03 01:30:00", Resolve::Earlier), 1_730_622_600_000);
         assert_eq!(at("2024-11-03 01:30:00", Resolve::Later), 1_730_626_200_000);
+        // The wall-clock watermark: the wall time, except in the first pass
+        // of the repeated hour (08:00-09:00 UTC on 2024-11-03), where it
+        // waits at 00:59:59.999 for the second pass.
+        let wall_ms = |s: &str| wall(s).and_utc().timestamp_millis();
+        let z = la();
+        assert_eq!(
+            local_watermark(1_730_622_600_000, &z),
+            wall_ms("2024-11-03 00:59:59") + 999
+        );
+        assert_eq!(
+            local_watermark(1_730_620_800_000, &z),
+            wall_ms("2024-11-03 00:59:59") + 999
+        );
+        assert_eq!(
+            local_watermark(1_730_620_799_999, &z),
+            wall_ms("2024-11-03 00:59:59") + 999
+        );
+        assert_eq!(local_watermark(1_730_624_400_000, &z), wall_ms("2024-11-03 01:00:00"));
+        assert_eq!(local_watermark(1_710_064_800_000, &z), wall_ms("2024-03-10 03:00:00"));
+        assert_eq!(local_watermark(i64::MAX, &z), i64::MAX);
         // Before the epoch, in seconds.
         assert_eq!(to_local(-1, 1, &la()), Some(-1 - 8 * 3600));
     }

@@ -20,9 +20,12 @@
 //! - `LOCALTIMESTAMP`, `CURRENT_DATE`, `CURRENT_TIME`, `LOCALTIME` are the
 //!   zone's.
 //!
-//! Windows on a TIMESTAMP_LTZ time attribute are refused in such a session:
-//! Flink cuts them at the zone's midnights (with days of 23 and 25 hours),
-//! and Weir's window operators cut in UTC.
+//! A window on a TIMESTAMP_LTZ time attribute is cut on the zone's wall
+//! clock, as Flink's (days of 23 and 25 hours): its marker becomes a zoned
+//! `WindowMarker` (`window_start`/`window_end` are wall times, TIMESTAMP(3)
+//! as in Flink), and the window aggregate compares watermarks with window
+//! ends on the wall clock (`time_zone::local_watermark`). SESSION windows,
+//! window joins and window Top-N on such an attribute are refused.
 
 use std::sync::Arc;
 
@@ -180,7 +183,56 @@ pub fn local_zone(plan: LogicalPlan, zone: Option<&SessionZone>) -> Result<Trans
     let Some(zone) = zone else {
         return Ok(Transformed::no(plan));
     };
+    // Windows first: a zoned marker's window_start is a wall time, which
+    // every node above must see in its schema before its casts are read.
+    let windows = crate::flink_cast::rewrite_expressions(plan, |e, schema| {
+        e.transform_up(|e| match &e {
+            Expr::ScalarFunction(call) if call.func.name() == crate::udf::WINDOW_FN => {
+                window_marker(call, &e, zone, &|x: &Expr| x.get_type(schema as &dyn ExprSchema).ok())
+            }
+            _ => Ok(Transformed::no(e)),
+        })
+    })?;
+    let plan = if windows.transformed {
+        windows
+            .data
+            .transform_up_with_subqueries(|n| Ok(Transformed::yes(n.recompute_schema()?)))?
+            .data
+    } else {
+        windows.data
+    };
     crate::flink_cast::rewrite_expressions(plan, |e, schema| local_zone_in(e, schema, Some(zone)))
+}
+
+/// A window marker on a TIMESTAMP_LTZ becomes a zoned one (see the
+/// module's notes); SESSION windows on one are refused.
+fn window_marker(
+    call: &ScalarFunction,
+    e: &Expr,
+    zone: &SessionZone,
+    type_of: &dyn Fn(&Expr) -> Option<DataType>,
+) -> Result<Transformed<Expr>> {
+    let Some(t) = call.args.first().and_then(type_of).filter(is_ltz) else {
+        return Ok(Transformed::no(e.clone()));
+    };
+    if crate::udf::WindowMarker::zone_of(&call.func).is_some() {
+        return Ok(Transformed::no(e.clone()));
+    }
+    if matches!(call.args.get(1), Some(Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(k)), _)) if k == "SESSION")
+    {
+        return plan_err!(
+            "SESSION windows on the {} time attribute '{}' with 'table.local-time-zone' = '{}' are not \
+             supported yet (window aggregations are); declare the time attribute as TIMESTAMP(3), or run \
+             the session in UTC",
+            crate::types::flink_name(&t),
+            call.args[0].schema_name(),
+            zone.id
+        );
+    }
+    Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
+        Arc::new(crate::udf::WindowMarker::zoned(zone.clone())),
+        call.args.clone(),
+    ))))
 }
 
 /// [`local_zone`] in one expression over `schema`.
@@ -247,19 +299,8 @@ fn function(
     };
     let name = call.func.name();
     Ok(match name {
-        crate::udf::WINDOW_FN => {
-            if let Some(t) = call.args.first().and_then(type_of).filter(is_ltz) {
-                return plan_err!(
-                    "a window on the {} time attribute '{}' with 'table.local-time-zone' = '{}' is not supported \
-                     yet: Flink cuts such windows at the zone's wall-clock boundaries, Weir's window operators in \
-                     UTC (declare the time attribute as TIMESTAMP(3), or run the session in UTC)",
-                    crate::types::flink_name(&t),
-                    call.args[0].schema_name(),
-                    zone.id
-                );
-            }
-            Transformed::no(e.clone())
-        }
+        // Windows on a TIMESTAMP_LTZ are cut on the zone's wall clock.
+        crate::udf::WINDOW_FN => window_marker(call, e, zone, type_of)?,
         "date_part" | "date_format" => match ltz_args_local() {
             Some(args) => Transformed::yes(with_args(args)),
             None => Transformed::no(e.clone()),

@@ -403,6 +403,9 @@ fn reads_a_table(plan: &LogicalPlan) -> bool {
 struct Marker {
     spec: WindowSpec,
     part: GroupOutput,
+    /// On a TIMESTAMP_LTZ's wall clock in a session zone
+    /// (`WindowMarker::zoned`).
+    zoned: bool,
 }
 
 fn marker_of(expr: &Expr) -> Option<Marker> {
@@ -439,6 +442,7 @@ fn marker_of(expr: &Expr) -> Option<Marker> {
             offset: lit_i(&args[4])?,
         },
         part,
+        zoned: WindowMarker::zone_of(&func).is_some(),
     })
 }
 
@@ -1838,6 +1842,12 @@ impl<'a> GraphBuilder<'a> {
         // when the window fires.
         let window = window_join_ends(join).filter(|_| lm.is_insert_only() && rm.is_insert_only());
         if let Some([l, r]) = window
+            && (trace_window_bound(&join.left, l).is_some_and(|m| m.zoned)
+                || trace_window_bound(&join.right, r).is_some_and(|m| m.zoned))
+        {
+            return Err(self.zoned_window_refused("window joins"));
+        }
+        if let Some([l, r]) = window
             && (self.window_on_proctime(&join.left, l) || self.window_on_proctime(&join.right, r))
         {
             return Err(SqlError::unsupported(
@@ -2381,6 +2391,11 @@ impl<'a> GraphBuilder<'a> {
             })
         };
         if let Some(end) = bound(GroupOutput::WindowEnd)
+            && trace_window_bound(&w.input, end).is_some_and(|m| m.zoned)
+        {
+            return Err(self.zoned_window_refused("window Top-N and deduplication"));
+        }
+        if let Some(end) = bound(GroupOutput::WindowEnd)
             && self.window_on_proctime(&w.input, end)
         {
             return Err(SqlError::unsupported(
@@ -2591,6 +2606,15 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
+    /// The refusal of `what` on a TIMESTAMP_LTZ's windows in a session zone.
+    fn zoned_window_refused(&self, what: &str) -> SqlError {
+        let zone = self.config.local_time_zone.as_ref().map_or("?", |z| z.id.as_str());
+        SqlError::unsupported(format!(
+            "{what} on TIMESTAMP_LTZ time attributes with 'table.local-time-zone' = '{zone}' are not supported \
+             yet (window aggregations are); declare the time attribute as TIMESTAMP(3), or run the session in UTC"
+        ))
+    }
+
     /// A window aggregate: over a window TVF's rows, or (`attached`) over
     /// a window aggregate's, each row in the window its bounds name.
     fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate, attached: bool) -> Result<NodeId> {
@@ -2599,6 +2623,7 @@ impl<'a> GraphBuilder<'a> {
         let mut keys = vec![];
         let mut spec: Option<WindowSpec> = None;
         let mut time_column = None;
+        let mut zoned = false;
         for g in &agg.group_expr {
             let marker = match g {
                 Expr::Column(c) => input_schema.index_of_column(c).ok().and_then(|i| {
@@ -2617,6 +2642,7 @@ impl<'a> GraphBuilder<'a> {
                         return Err(SqlError::plan("GROUP BY mixes columns of two different windows"));
                     }
                     spec = Some(m.spec);
+                    zoned |= m.zoned;
                     // The time a row's window is found from: a TVF row's
                     // window_start column (the marker), an attached row's
                     // window_end.
@@ -2649,6 +2675,14 @@ impl<'a> GraphBuilder<'a> {
         let time_column = time_column
             .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
         let proctime = !attached && self.window_on_proctime(&agg.input, time_column);
+        let zone = if zoned {
+            if proctime {
+                return Err(self.zoned_window_refused("windows on processing time"));
+            }
+            self.config.local_time_zone.clone()
+        } else {
+            None
+        };
         if proctime && spec.kind == WindowKind::Session {
             return Err(SqlError::unsupported(
                 "SESSION windows on processing time are not supported yet; use a rowtime attribute",
@@ -2685,6 +2719,7 @@ impl<'a> GraphBuilder<'a> {
                 keys,
                 group_outputs,
                 aggregates,
+                zone,
             }),
             Some((input, exchange)),
         ))

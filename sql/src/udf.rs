@@ -18,6 +18,7 @@ use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
 };
+use weir_engine::time_zone::{Resolve, SessionZone};
 
 pub const WINDOW_FN: &str = "__weir_window";
 /// The SESSION TVF's `PARTITION BY` as the parser hands it to the rewrite.
@@ -26,13 +27,34 @@ pub const PARTITION_BY_FN: &str = "__weir_partition_by";
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct WindowMarker {
     signature: Signature,
+    /// `table.local-time-zone` for a TIMESTAMP_LTZ time attribute: windows
+    /// are cut on the zone's wall clock, `window_start` and `window_end`
+    /// are that wall time (TIMESTAMP(3), as Flink's), `window_time` the
+    /// instant of the window's last millisecond.
+    zone: Option<SessionZone>,
 }
 
 impl WindowMarker {
     pub fn udf() -> ScalarUDF {
         ScalarUDF::new_from_impl(Self {
             signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
+            zone: None,
         })
+    }
+
+    /// The marker of a window on a TIMESTAMP_LTZ in a session zone.
+    pub fn zoned(zone: SessionZone) -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::new(TypeSignature::VariadicAny, Volatility::Immutable),
+            zone: Some(zone),
+        })
+    }
+
+    /// The session zone of a marker call's function, if it is a zoned
+    /// marker.
+    pub fn zone_of(func: &ScalarUDF) -> Option<&SessionZone> {
+        let any: &dyn std::any::Any = func.inner().as_ref();
+        any.downcast_ref::<WindowMarker>().and_then(|m| m.zone.as_ref())
     }
 }
 
@@ -88,6 +110,23 @@ impl ScalarUDFImpl for WindowMarker {
         }
     }
 
+    /// A zoned marker's `window_start` and `window_end` are wall times.
+    fn return_field_from_args(
+        &self,
+        args: datafusion::logical_expr::ReturnFieldArgs,
+    ) -> Result<arrow::datatypes::FieldRef> {
+        let types: Vec<DataType> = args.arg_fields.iter().map(|f| f.data_type().clone()).collect();
+        let mut t = self.return_type(&types)?;
+        let part = match args.scalar_arguments.get(5) {
+            Some(Some(ScalarValue::Utf8(Some(p)))) => p.as_str(),
+            _ => "",
+        };
+        if self.zone.is_some() && matches!(part, "start" | "end") {
+            t = DataType::Timestamp(TimeUnit::Millisecond, None);
+        }
+        Ok(Arc::new(arrow::datatypes::Field::new(self.name(), t, true)))
+    }
+
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let a = &args.args;
         if a.len() < 6 {
@@ -101,13 +140,23 @@ impl ScalarUDFImpl for WindowMarker {
         ) else {
             return exec_err!("malformed window marker arguments");
         };
+        let wall = |a: &ColumnarValue| -> Result<ColumnarValue> {
+            match &self.zone {
+                Some(z) => Ok(ColumnarValue::Array(weir_engine::time_zone::wall_times(
+                    &a.to_array(args.number_rows)?,
+                    &z.tz,
+                )?)),
+                None => Ok(a.clone()),
+            }
+        };
         if kind != "TUMBLE" {
-            return Ok(a[0].clone());
+            // The operator assigns the windows, from the wall time.
+            return if part == "time" { Ok(a[0].clone()) } else { wall(&a[0]) };
         }
+        let arr = wall(&a[0])?.to_array(args.number_rows)?;
         if size < 1 {
             return exec_err!("window size must be positive, got {size} ms");
         }
-        let arr = a[0].to_array(args.number_rows)?;
         let Some(ts) = arr.as_primitive_opt::<TimestampMillisecondType>() else {
             return exec_err!(
                 "the time attribute of a window must be TIMESTAMP(3), got {}",
@@ -128,10 +177,23 @@ impl ScalarUDFImpl for WindowMarker {
             })
         };
         let out: TimestampMillisecondArray = ts.unary(f);
-        let out = out.with_timezone_opt(match arr.data_type() {
-            DataType::Timestamp(_, tz) => tz.clone(),
+        let tz = match a[0].data_type() {
+            DataType::Timestamp(_, tz) => tz,
             _ => None,
-        });
+        };
+        let out = match &self.zone {
+            None => out.with_timezone_opt(tz),
+            Some(_) if part != "time" => out,
+            // The instant of the window's last millisecond (a time that
+            // happens twice: its second, so the window holds both).
+            Some(z) => out
+                .try_unary::<_, TimestampMillisecondType, _>(|v| {
+                    weir_engine::time_zone::from_local(v, 1000, &z.tz, Resolve::Later).ok_or_else(|| {
+                        arrow::error::ArrowError::ComputeError("a window out of the range of TIMESTAMP_LTZ".into())
+                    })
+                })?
+                .with_timezone_opt(tz),
+        };
         Ok(ColumnarValue::Array(Arc::new(out) as Arc<dyn Array>))
     }
 }

@@ -266,6 +266,8 @@ pub struct WindowAggregateOperator {
     slices: Slices,
     max_ts: Timestamp,
     parallelism: usize,
+    /// Windows on the wall clock of this zone ([`WindowAggregateNode::zone`]).
+    zone: Option<arrow::array::timezone::Tz>,
 }
 
 impl WindowAggregateOperator {
@@ -301,6 +303,7 @@ impl WindowAggregateOperator {
             slices: Slices::default(),
             max_ts: MIN_WATERMARK,
             parallelism,
+            zone: node.zone.as_ref().map(|z| z.tz),
         })
     }
 
@@ -643,6 +646,7 @@ fn output_batch<'a>(
         schema: &op.schema,
         group_outputs: &op.group_outputs,
         key_encoder: op.key_encoder.as_ref(),
+        zone: op.zone.as_ref(),
     };
     out.batch(&starts, ends, keys, agg_columns)
 }
@@ -652,6 +656,8 @@ pub(super) struct WindowOutput<'a> {
     pub schema: &'a SchemaRef,
     pub group_outputs: &'a [GroupOutput],
     pub key_encoder: Option<&'a KeyEncoder>,
+    /// Wall-clock windows: `window_time` is the instant of `end - 1`.
+    pub zone: Option<&'a arrow::array::timezone::Tz>,
 }
 
 impl WindowOutput<'_> {
@@ -670,7 +676,18 @@ impl WindowOutput<'_> {
         };
         let start_arr: TimestampMillisecondArray = starts.iter().map(|s| Some(*s)).collect();
         let end_arr: TimestampMillisecondArray = ends.iter().map(|e| Some(*e)).collect();
-        let times: TimestampMillisecondArray = ends.iter().map(|e| Some(e.saturating_sub(1))).collect();
+        let times: TimestampMillisecondArray = ends
+            .iter()
+            .map(|e| {
+                let last = e.saturating_sub(1);
+                match self.zone {
+                    // A time that happens twice: its second, when the
+                    // window is complete.
+                    Some(z) => crate::time_zone::from_local(last, 1000, z, crate::time_zone::Resolve::Later),
+                    None => Some(last),
+                }
+            })
+            .collect();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         for g in self.group_outputs {
             columns.push(match g {
@@ -897,6 +914,11 @@ impl Operator for WindowAggregateOperator {
         if self.proctime && watermark < crate::message::MAX_WATERMARK {
             return Ok(());
         }
+        // Wall-clock windows complete on the wall clock.
+        let watermark = match &self.zone {
+            Some(z) => crate::time_zone::local_watermark(watermark, z),
+            None => watermark,
+        };
         self.advance_to(watermark, out)
     }
 

@@ -589,6 +589,7 @@ impl SessionWindowOperator {
                     schema: &self.schema,
                     group_outputs,
                     key_encoder: self.key_encoder.as_ref(),
+                    zone: None,
                 }
                 .batch(&starts, &ends, fired.iter().map(|f| f.2), columns)
             }
