@@ -69,7 +69,7 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
     }
     assert!(status.success(), "ADBC client failed ({status}):\n{out}\n{err}");
     assert!(
-        out.contains("adbc: 11 passed, 0 failed"),
+        out.contains("adbc: 12 passed, 0 failed"),
         "every step ran:\n{out}\n{err}"
     );
 }
