@@ -321,7 +321,9 @@ fn numeric_cast(e: &Expr, inner: &Expr, to: &DataType, schema: &DFSchema) -> Res
         }
         return Ok(Transformed::no(e.clone()));
     }
-    if from.is_floating() && matches!(to, DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64) {
+    let narrower = |t: &DataType| integer_digits(t).unwrap_or(0) < integer_digits(&from).unwrap_or(0);
+    let narrowing = from.is_floating() || (from.is_integer() && narrower(to));
+    if narrowing && matches!(to, DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64) {
         return Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
             Arc::new(ScalarUDF::new_from_impl(JavaNarrow {
                 to: to.clone(),
@@ -333,8 +335,10 @@ fn numeric_cast(e: &Expr, inner: &Expr, to: &DataType, schema: &DFSchema) -> Res
     Ok(Transformed::no(e.clone()))
 }
 
-/// Java's narrowing of a floating-point value to an integer type (Rust's
-/// `as` to i32/i64 is the same rule: toward zero, saturating, NaN 0).
+/// Java's narrowing to an integer type: of a floating-point value toward
+/// zero, saturating, NaN 0 (Rust's `as` to i32/i64 is the same rule); of
+/// a wider integer, its low bits (`(byte) 2147483647` is -1), where
+/// DataFusion's cast fails the query.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct JavaNarrow {
     to: DataType,
@@ -360,6 +364,17 @@ impl ScalarUDFImpl for JavaNarrow {
             return datafusion::common::exec_err!("CAST takes one value");
         };
         let scalar = matches!(x, ColumnarValue::Scalar(_));
+        if x.data_type().is_integer() {
+            let a = arrow::compute::cast(&x.to_array(1)?, &DataType::Int64)?;
+            let v = a.as_primitive::<Int64Type>();
+            let out: ArrayRef = match self.to {
+                DataType::Int8 => Arc::new(v.unary::<_, Int8Type>(|v| v as i8)),
+                DataType::Int16 => Arc::new(v.unary::<_, Int16Type>(|v| v as i16)),
+                DataType::Int32 => Arc::new(v.unary::<_, Int32Type>(|v| v as i32)),
+                _ => Arc::new(v.clone()),
+            };
+            return crate::udf::columnar(out, scalar);
+        }
         let a = arrow::compute::cast(&x.to_array(1)?, &DataType::Float64)?;
         let d = a.as_primitive::<Float64Type>();
         let out: ArrayRef = match self.to {

@@ -195,7 +195,12 @@ pub const FUNCTIONS: &[Function] = &[
         Own,
         "empty parts kept; every character for an empty delimiter; `[]` for an empty string",
     ),
-    f("PRINTF", S, No(NOT_YET), ""),
+    f(
+        "PRINTF",
+        S,
+        Own,
+        "java.util.Formatter's conversions but %h, %a and %t (refused when run); NULL where Java throws, as Flink; ARRAY, MAP, ROW and BYTES arguments refused",
+    ),
     f("URL_ENCODE", S, Own, ""),
     f("URL_DECODE", S, Own, ""),
     f("TO_BASE64", S, Own, "of a STRING's UTF-8 or of BYTES as they are"),

@@ -42,6 +42,7 @@ pub mod flink_literals;
 pub mod flink_maps;
 pub mod flink_math;
 pub mod flink_moments;
+pub mod flink_printf;
 pub mod flink_scalars;
 pub mod flink_time;
 pub mod flink_zone;

@@ -190,6 +190,7 @@ impl Planner {
         let _ = state.register_udf(Arc::new(crate::flink_functions::DateFormat::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::CurrentWatermark::udf()));
         let _ = state.register_udf(Arc::new(crate::flink_functions::TypeOf::udf()));
+        let _ = state.register_udf(Arc::new(crate::flink_printf::Printf::udf()));
         for udf in crate::flink_clock::clocks()
             .into_iter()
             .chain(crate::flink_clock::Rand::udfs())
