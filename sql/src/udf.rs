@@ -121,7 +121,10 @@ impl ScalarUDFImpl for WindowMarker {
             Some(Some(ScalarValue::Utf8(Some(p)))) => p.as_str(),
             _ => "",
         };
-        if self.zone.is_some() && matches!(part, "start" | "end") {
+        // Flink's window_start and window_end are TIMESTAMP(3) for a
+        // TIMESTAMP_LTZ attribute too (its wall time; UTC's in a UTC
+        // session); window_time keeps the attribute's type.
+        if matches!(part, "start" | "end") {
             t = DataType::Timestamp(TimeUnit::Millisecond, None);
         }
         Ok(Arc::new(arrow::datatypes::Field::new(self.name(), t, true)))
@@ -140,14 +143,13 @@ impl ScalarUDFImpl for WindowMarker {
         ) else {
             return exec_err!("malformed window marker arguments");
         };
+        // The attribute's wall time (a TIMESTAMP: UTC's in a UTC session).
         let wall = |a: &ColumnarValue| -> Result<ColumnarValue> {
-            match &self.zone {
-                Some(z) => Ok(ColumnarValue::Array(weir_engine::time_zone::wall_times(
-                    &a.to_array(args.number_rows)?,
-                    &z.tz,
-                )?)),
-                None => Ok(a.clone()),
-            }
+            let arr = a.to_array(args.number_rows)?;
+            Ok(ColumnarValue::Array(match &self.zone {
+                Some(z) => weir_engine::time_zone::wall_times(&arr, &z.tz)?,
+                None => arrow::compute::cast(&arr, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
+            }))
         };
         if kind != "TUMBLE" {
             // The operator assigns the windows, from the wall time.
@@ -182,8 +184,8 @@ impl ScalarUDFImpl for WindowMarker {
             _ => None,
         };
         let out = match &self.zone {
+            _ if part != "time" => out,
             None => out.with_timezone_opt(tz),
-            Some(_) if part != "time" => out,
             // The instant of the window's last millisecond (a time that
             // happens twice: its second, so the window holds both).
             Some(z) => out
