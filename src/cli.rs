@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use tokio::runtime::Runtime;
 use weir_engine::runtime::JobHandle;
 
-use crate::display::{Tableau, table};
+use crate::display::Tableau;
 use crate::session::{ResultStream, Session, SessionError, StatementResult};
 
 #[derive(Parser, Debug)]
@@ -403,7 +403,12 @@ async fn show(
 ) -> Result<(), SessionError> {
     match result {
         StatementResult::Done(msg) => println!("[INFO] {msg}"),
-        StatementResult::Rows(_, batches) => println!("{}", table(&batches)),
+        StatementResult::Rows(_, batches) => {
+            println!(
+                "{}",
+                crate::display::result_table(&batches, session.local_time_zone().as_ref())
+            )
+        }
         StatementResult::Explain(text) => println!("{text}"),
         StatementResult::JobStarted {
             id,

@@ -324,14 +324,7 @@ fn column_texts(batch: &RecordBatch, zone: Option<&SessionZone>) -> Result<Vec<V
         .columns()
         .iter()
         .map(|c| {
-            let c = match (zone, c.data_type()) {
-                (Some(zone), arrow::datatypes::DataType::Timestamp(_, Some(_))) => {
-                    weir_engine::time_zone::wall_times(c, &zone.tz)?
-                }
-                _ => c.clone(),
-            };
-            let texts = weir_sql::flink_cast::to_strings(&c)
-                .map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))?;
+            let texts = flink_texts(c, zone)?;
             let texts = texts.as_string::<i32>();
             Ok((0..texts.len())
                 .map(|i| {
@@ -344,6 +337,48 @@ fn column_texts(batch: &RecordBatch, zone: Option<&SessionZone>) -> Result<Vec<V
                 .collect())
         })
         .collect()
+}
+
+/// Each value of `c` as `CAST(v AS STRING)` writes it in the session zone
+/// `zone` (NULL stays NULL).
+fn flink_texts(
+    c: &arrow::array::ArrayRef,
+    zone: Option<&SessionZone>,
+) -> Result<arrow::array::ArrayRef, arrow::error::ArrowError> {
+    let c = match (zone, c.data_type()) {
+        (Some(zone), arrow::datatypes::DataType::Timestamp(_, Some(_))) => {
+            weir_engine::time_zone::wall_times(c, &zone.tz)?
+        }
+        _ => c.clone(),
+    };
+    weir_sql::flink_cast::to_strings(&c).map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))
+}
+
+/// A statement's rows (a query without a table, SHOW, DESCRIBE) as a
+/// table of the values Flink's SQL client shows (`TRUE`, `8.5E37`,
+/// TIMESTAMP_LTZ in the session zone, `<NULL>`).
+pub fn result_table(batches: &[RecordBatch], zone: Option<&SessionZone>) -> String {
+    let texts: Result<Vec<RecordBatch>, arrow::error::ArrowError> = batches
+        .iter()
+        .map(|b| {
+            let columns = b
+                .columns()
+                .iter()
+                .map(|c| flink_texts(c, zone))
+                .collect::<Result<Vec<_>, _>>()?;
+            let fields: Vec<arrow::datatypes::Field> = b
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| arrow::datatypes::Field::new(f.name(), arrow::datatypes::DataType::Utf8, true))
+                .collect();
+            RecordBatch::try_new(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)), columns)
+        })
+        .collect();
+    match texts {
+        Ok(t) => table(&t),
+        Err(e) => format!("(cannot display result: {e})"),
+    }
 }
 
 /// Epoch milliseconds as `yyyy-MM-dd HH:mm:ss.SSS` (UTC).
@@ -472,6 +507,33 @@ mod tests {
         let mut tab = Tableau::new(&schema);
         let text = tab.rows(&batch).expect("valid");
         for shown in ["TRUE", "8.5E37", "{a=1, b=NULL}", "(Oslo, NULL)"] {
+            assert!(text.contains(shown), "{shown} in {text}");
+        }
+    }
+
+    #[test]
+    fn statement_rows_show_as_flinks_sql_client_writes_them() {
+        use arrow::array::{BooleanArray, Float64Array};
+        let ltz = arrow::array::TimestampMillisecondArray::from(vec![Some(1_704_067_200_000)]).with_timezone("UTC");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("b", DataType::Boolean, true),
+            Field::new("d", DataType::Float64, true),
+            Field::new("l", ltz.data_type().clone(), true),
+            Field::new("n", DataType::Int32, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(BooleanArray::from(vec![Some(true)])),
+                Arc::new(Float64Array::from(vec![Some(8.5e37)])),
+                Arc::new(ltz),
+                Arc::new(Int32Array::from(vec![None])),
+            ],
+        )
+        .expect("valid");
+        let zone = weir_engine::time_zone::session_zone("Asia/Shanghai").expect("valid");
+        let text = result_table(&[batch], zone.as_ref());
+        for shown in ["TRUE", "8.5E37", "2024-01-01 08:00:00.000", "<NULL>"] {
             assert!(text.contains(shown), "{shown} in {text}");
         }
     }

@@ -916,6 +916,12 @@ impl Session {
     }
 
     /// `sql-client.execution.result-mode`, if set.
+    /// `table.local-time-zone` of this session (`None`: UTC).
+    pub fn local_time_zone(&self) -> Option<weir_engine::time_zone::SessionZone> {
+        let zone = self.settings.get(weir_engine::config::LOCAL_TIME_ZONE)?;
+        weir_engine::config::local_time_zone(zone).ok().flatten()
+    }
+
     pub fn result_mode(&self) -> Option<&str> {
         self.settings.get(weir_engine::config::RESULT_MODE).map(String::as_str)
     }
