@@ -24,6 +24,9 @@ pub struct Remote {
     /// `sql-client.execution.result-mode` as this shell last set it (the
     /// server checks the value; the shell shows results by it).
     result_mode: Option<String>,
+    /// The server session's `table.local-time-zone`, as this shell set it:
+    /// TIMESTAMP_LTZ values are shown in it (Flink's SQL client does).
+    zone: Option<weir_engine::time_zone::SessionZone>,
 }
 
 /// Why a statement failed: the server's message, or a connection problem.
@@ -107,6 +110,7 @@ impl Remote {
             client,
             url: url.to_string(),
             result_mode: None,
+            zone: None,
         })
     }
 
@@ -126,6 +130,15 @@ impl Remote {
             && k.eq_ignore_ascii_case(weir_engine::config::RESULT_MODE)
         {
             self.result_mode = Some(v.to_ascii_lowercase());
+        }
+        // The server accepted the statement, so the zone is valid.
+        match &stmt.statement {
+            weir_sql::Statement::Set(Some((k, v))) if k == weir_engine::config::LOCAL_TIME_ZONE => {
+                self.zone = weir_engine::config::local_time_zone(v).ok().flatten();
+            }
+            weir_sql::Statement::Reset(None) => self.zone = None,
+            weir_sql::Statement::Reset(Some(k)) if k == weir_engine::config::LOCAL_TIME_ZONE => self.zone = None,
+            _ => {}
         }
         let schema = info.clone().try_decode_schema().unwrap_or_else(|_| Schema::empty());
         let mut out = std::io::stdout();
@@ -155,7 +168,7 @@ impl Remote {
             if table {
                 // The server's watermark is not on this stream: the
                 // status line leaves it out.
-                let end = crate::cli::show_table(&schema, stream, signals, &|| None, None)
+                let end = crate::cli::show_table(&schema, stream, signals, &|| None, self.zone.clone())
                     .await
                     .map_err(server_error)?;
                 if end == crate::cli::TableEnd::Interrupted {
@@ -163,7 +176,7 @@ impl Remote {
                 }
                 continue;
             }
-            let mut tab = Tableau::new(&schema);
+            let mut tab = Tableau::new(&schema).in_zone(self.zone.clone());
             let _ = writeln!(out, "{}", tab.header(&schema));
             let mut rows = 0u64;
             loop {
