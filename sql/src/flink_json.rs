@@ -571,6 +571,99 @@ pub fn element_nulls(v: &[Option<&str>], types: &[DataType]) -> Result<Option<St
     }))
 }
 
+/// A member `[KEY] k VALUE v` of `JSON_OBJECT` or `JSON_OBJECTAGG` as the
+/// parser's token rewrite writes it, `__weir_json_kv(k, v)`; the planner's
+/// rewrite of those calls reads it back (it is never called).
+pub const KV_FN: &str = "__weir_json_kv";
+
+/// A `JSON_OBJECTAGG(k VALUE v)` member: the text of `[k, v]`, `v` null
+/// when NULL. The aggregate is LISTAGG of members, which [`objectagg`]
+/// reads back.
+pub const MEMBER_FN: &str = "__weir_json_objectagg_member";
+
+/// A `JSON_OBJECTAGG(k VALUE v ABSENT ON NULL)` member: NULL when `v` is.
+pub const MEMBER_ABSENT_FN: &str = "__weir_json_objectagg_member_absent";
+
+/// The object from LISTAGG of members (NULL when there were none).
+pub const OBJECTAGG_FN: &str = "__weir_json_objectagg";
+
+/// Planning check of a member's argument types: the key is a string, as
+/// Flink's `JSON_OBJECTAGG(<CHARACTER>, <ANY>)` signature requires.
+pub fn check_member(types: &[DataType]) -> Result<()> {
+    match types.first() {
+        Some(DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View | DataType::Null) => Ok(()),
+        Some(other) => Err(DataFusionError::Plan(format!(
+            "JSON_OBJECTAGG: the key must be a STRING, not {}",
+            crate::types::flink_name(other)
+        ))),
+        None => Err(DataFusionError::Plan("JSON_OBJECTAGG takes a key and a value".into())),
+    }
+}
+
+/// [`MEMBER_FN`].
+pub fn member(v: &[Option<&str>], types: &[DataType]) -> Result<Option<String>> {
+    member_with(v, types, true)
+}
+
+/// [`MEMBER_ABSENT_FN`].
+pub fn member_absent(v: &[Option<&str>], types: &[DataType]) -> Result<Option<String>> {
+    member_with(v, types, false)
+}
+
+fn member_with(v: &[Option<&str>], types: &[DataType], nulls: bool) -> Result<Option<String>> {
+    let Some(key) = v[0] else {
+        // Flink fails the job: "Map views don't support null keys."
+        return Err(DataFusionError::Execution(
+            "JSON_OBJECTAGG: a key is NULL; keys must not be NULL".into(),
+        ));
+    };
+    let value = match v[1] {
+        Some(x) => to_json(x, &types[1]),
+        None if nulls => Value::Null,
+        None => return Ok(None),
+    };
+    Ok(Some(
+        Value::Array(vec![Value::String(key.to_string()), value]).to_string(),
+    ))
+}
+
+/// [`OBJECTAGG_FN`]: the members (`[k, v],[k, v]...`, or NULL for none) as
+/// an object sorted by key; a key twice is Flink's error.
+pub fn objectagg(v: &[Option<&str>], _: &[DataType]) -> Result<Option<String>> {
+    let Some(members) = v[0] else {
+        return Ok(Some("{}".into()));
+    };
+    let Some(Value::Array(items)) = Value::parse(&format!("[{members}]")) else {
+        return Err(DataFusionError::Internal(format!(
+            "JSON_OBJECTAGG: unreadable members {members}"
+        )));
+    };
+    let mut m: Vec<(String, Value)> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(pair) = item else {
+            return Err(DataFusionError::Internal(
+                "JSON_OBJECTAGG: a member is not a pair".into(),
+            ));
+        };
+        let mut pair = pair.into_iter();
+        let (Some(Value::String(k)), Some(x)) = (pair.next(), pair.next()) else {
+            return Err(DataFusionError::Internal(
+                "JSON_OBJECTAGG: a member is not a pair".into(),
+            ));
+        };
+        m.push((k, x));
+    }
+    m.sort_by(|a, b| a.0.cmp(&b.0));
+    if let Some(w) = m.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(DataFusionError::Execution(format!(
+            "Key '{}' is already present. Duplicate keys are not allowed in JSON_OBJECTAGG. Please ensure \
+             that keys are unique.",
+            w[0].0
+        )));
+    }
+    Ok(Some(Value::Object(m).to_string()))
+}
+
 /// `JSON_STRING(x)`: `x` serialised as JSON.
 pub fn json_string(v: &[&str], types: &[DataType]) -> Result<Option<String>> {
     Ok(Some(to_json(v[0], &types[0]).to_string()))

@@ -154,6 +154,9 @@ pub fn all() -> Vec<ScalarUDF> {
         ),
         FlinkScalar::udf("__weir_is_json", (1, 2), Eval::Bool(json::is_json, Some(false))),
         FlinkScalar::udf(json::RAW_FN, (1, 1), Eval::Json(json::raw)),
+        FlinkScalar::udf(json::MEMBER_FN, (2, 2), Eval::NullableText(json::member)),
+        FlinkScalar::udf(json::MEMBER_ABSENT_FN, (2, 2), Eval::NullableText(json::member_absent)),
+        FlinkScalar::udf(json::OBJECTAGG_FN, (1, 1), Eval::NullableText(json::objectagg)),
     ]
 }
 
@@ -199,6 +202,9 @@ impl ScalarUDFImpl for FlinkScalar {
                 self.name.to_ascii_uppercase(),
                 arg_types.len()
             );
+        }
+        if self.name == json::MEMBER_FN || self.name == json::MEMBER_ABSENT_FN {
+            json::check_member(arg_types)?;
         }
         Ok(self.eval.output())
     }

@@ -61,7 +61,9 @@ const fn f(name: &'static str, kind: Kind, support: Support, note: &'static str)
 use Kind::{Aggregate as A, Scalar as S, Window as W};
 use Support::{DataFusion as DF, Refused as No, Weir as Own};
 
-const NOT_YET: &str = "not supported yet";
+/// Flink 2.3 refuses it too ("... Function is not supported in stream
+/// mode."): its value needs the whole partition.
+const BATCH_ONLY: &str = "not supported in stream mode, as in Flink";
 const LIBM: &str = "results may differ from Java's in the last digit";
 const PER_BATCH: &str = "the clock when each batch of rows is processed (Flink: per record in a streaming job); local values in the session zone";
 
@@ -393,7 +395,12 @@ pub const FUNCTIONS: &[Function] = &[
         DF,
         "NULLs kept unless IGNORE NULLS, arrival order; in windows and in a GROUP BY (over an updating input, a retraction takes out the earliest equal value, as Flink's); refused with DISTINCT",
     ),
-    f("JSON_OBJECTAGG", A, No(NOT_YET), ""),
+    f(
+        "JSON_OBJECTAGG",
+        A,
+        Own,
+        "`{}` for no members; NULL ON NULL by default; members sorted by key, as Flink prints them; a NULL or repeated key fails the job, as in Flink; in windows and a GROUP BY (a retraction takes the member out); not in OVER windows, as Flink",
+    ),
     f(
         "JSON_ARRAYAGG",
         A,
@@ -401,14 +408,24 @@ pub const FUNCTIONS: &[Function] = &[
         "`[]` for no values; ABSENT ON NULL by default; in windows and a GROUP BY (a retraction takes out the earliest equal value, as Flink); not in OVER windows, as Flink",
     ),
     // OVER windows.
-    f("ROW_NUMBER", W, DF, "in Top-N and deduplication"),
-    f("RANK", W, DF, "in Top-N"),
-    f("DENSE_RANK", W, DF, "in Top-N"),
+    f(
+        "ROW_NUMBER",
+        W,
+        Own,
+        "in Top-N and deduplication; elsewhere, as Flink on a stream, the rows up to the current one",
+    ),
+    f(
+        "RANK",
+        W,
+        Own,
+        "as Flink on a stream: the partition's rows up to the current time (ties share the higher count)",
+    ),
+    f("DENSE_RANK", W, Own, "as Flink on a stream: the same as RANK"),
     f("LAG", W, DF, ""),
     f("LEAD", W, DF, ""),
-    f("NTILE", W, No(NOT_YET), ""),
-    f("CUME_DIST", W, No(NOT_YET), ""),
-    f("PERCENT_RANK", W, No(NOT_YET), ""),
+    f("NTILE", W, No(BATCH_ONLY), ""),
+    f("CUME_DIST", W, No(BATCH_ONLY), ""),
+    f("PERCENT_RANK", W, No(BATCH_ONLY), ""),
 ];
 
 /// The registry's entry for a called name (case-insensitive).
@@ -601,8 +618,13 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
         else {
             return ControlFlow::Continue(());
         };
-        if name == "json_arrayagg" {
-            match json_arrayagg(f) {
+        if name == "json_arrayagg" || name == "json_objectagg" {
+            let new = if name == "json_arrayagg" {
+                json_arrayagg(f)
+            } else {
+                json_objectagg(f)
+            };
+            match new {
                 Ok(new) => *e = new,
                 Err(x) => {
                     err = Some(x);
@@ -852,6 +874,80 @@ fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
     ))
 }
 
+/// A JSON member, `__weir_json_kv(k, v)` as the parser writes `[KEY] k
+/// VALUE v`: its key and value.
+fn json_member(a: &ast::FunctionArg) -> Option<(ast::Expr, ast::Expr)> {
+    let ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(ast::Expr::Function(kv))) = a else {
+        return None;
+    };
+    if !kv.name.to_string().eq_ignore_ascii_case(crate::flink_json::KV_FN) {
+        return None;
+    }
+    let ast::FunctionArguments::List(list) = &kv.args else {
+        return None;
+    };
+    match list.args.as_slice() {
+        [
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(k)),
+            ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(v)),
+        ] => Some((k.clone(), v.clone())),
+        _ => None,
+    }
+}
+
+/// `JSON_OBJECTAGG([KEY] k VALUE v [NULL | ABSENT ON NULL])`: the group's
+/// members as a JSON object, planned as LISTAGG of each member's `[k, v]`
+/// text (a NULL value `null`, or left out with `ABSENT ON NULL`), which
+/// `flink_json::objectagg` turns into the object: members sorted by key
+/// (Flink prints its map's keys in order), a repeated key an error with
+/// Flink's message. LISTAGG brings windows and the GROUP BY with
+/// retraction (the member with that key and value leaves, as Flink's map
+/// view drops the key). The key must be a string, as Flink's signature
+/// (`flink_json::member` checks it when planning).
+fn json_objectagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
+    let refuse = |why: &str| at(SqlError::unsupported(format!("JSON_OBJECTAGG: {why}")), f.name.span());
+    if f.over.is_some() {
+        return Err(refuse("not supported in an OVER window (as in Flink)"));
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return Err(refuse("takes one member, `key VALUE value`"));
+    };
+    let mut absent = false;
+    for c in &list.clauses {
+        match c {
+            ast::FunctionArgumentClause::JsonNullClause(n) => absent = *n == ast::JsonNullClause::AbsentOnNull,
+            other => return Err(refuse(&format!("the clause {other} is not supported"))),
+        }
+    }
+    if list.duplicate_treatment.is_some() {
+        return Err(refuse("DISTINCT is not supported"));
+    }
+    let [arg] = list.args.as_slice() else {
+        return Err(refuse("takes one member, `key VALUE value`"));
+    };
+    let Some((key, value)) = json_member(arg) else {
+        return Err(refuse("takes one member, `key VALUE value`"));
+    };
+    let value = if is_json_constructor(&value) {
+        call(crate::flink_json::RAW_FN, vec![value])
+    } else {
+        value
+    };
+    let member = call(
+        if absent {
+            crate::flink_json::MEMBER_ABSENT_FN
+        } else {
+            crate::flink_json::MEMBER_FN
+        },
+        vec![key, value],
+    );
+    let mut agg = call("string_agg", vec![member, text(",")]);
+    if let ast::Expr::Function(g) = &mut agg {
+        g.filter = f.filter.clone();
+    }
+    Ok(call(crate::flink_json::OBJECTAGG_FN, vec![agg]))
+}
+
 /// Flink's JSON constructors and `JSON_VALUE ... RETURNING` as Weir's
 /// functions (`flink_json`):
 /// - `JSON_OBJECT(k VALUE v, ...)` is `__weir_json_object(k, v, ...)`
@@ -903,24 +999,17 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
         "json_object" => {
             let mut args = vec![];
             for a in &list.args {
-                match a {
-                    ast::FunctionArg::ExprNamed {
-                        name,
-                        arg: ast::FunctionArgExpr::Expr(v),
-                        operator: ast::FunctionArgOperator::Value,
-                    } => args.extend([name.clone(), as_json(v.clone())]),
-                    ast::FunctionArg::Named {
-                        name,
-                        arg: ast::FunctionArgExpr::Expr(v),
-                        operator: ast::FunctionArgOperator::Value,
-                    } => args.extend([text(&name.value), as_json(v.clone())]),
-                    _ => {
-                        return Err(at(
-                            SqlError::plan("JSON_OBJECT takes members as `key VALUE value`"),
-                            f.name.span(),
-                        ));
-                    }
-                }
+                let Some((k, v)) = json_member(a) else {
+                    return Err(at(
+                        SqlError::plan("JSON_OBJECT takes members as `key VALUE value`"),
+                        f.name.span(),
+                    ));
+                };
+                args.extend([k, as_json(v)]);
+            }
+            if args.is_empty() {
+                // `JSON_OBJECT()`: the empty object.
+                return Ok(Some(text("{}")));
             }
             let udf = match nulls {
                 Some(ast::JsonNullClause::AbsentOnNull) => "__weir_json_object_absent",

@@ -224,8 +224,8 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
 /// Flink's syntax that sqlparser lacks, written as what it parses (each
 /// rewrite keeps the positions of the tokens it replaces).
 fn rewrite_tokens(tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
-    rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(rewrite_system_time_tokens(
-        rewrite_tvf_tokens(rewrite_numbers(tokens)),
+    rewrite_json_member_tokens(rewrite_json_value_tokens(rewrite_map_tokens(rewrite_is_json_tokens(
+        rewrite_system_time_tokens(rewrite_tvf_tokens(rewrite_numbers(tokens))),
     ))))
 }
 
@@ -661,6 +661,96 @@ fn rewrite_map_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
         tokens[map].token = Token::make_word(crate::flink_maps::MAP_FN, None);
         tokens[open].token = Token::LParen;
         tokens[close].token = Token::RParen;
+    }
+    tokens
+}
+
+/// sqlparser reads a member of `JSON_OBJECT(k VALUE v, ...)` only when
+/// its key is a name or a string, and has no `KEY` before it (optional in
+/// Flink, where the key is any expression): in `JSON_OBJECT` and
+/// `JSON_OBJECTAGG` each member `[KEY] k VALUE v` becomes the argument
+/// `__weir_json_kv(k, v)` (`functions::flink_calls` reads it back). A
+/// trailing `NULL ON NULL` / `ABSENT ON NULL` stays a clause.
+fn rewrite_json_member_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
+    let next = |from: usize, tokens: &[TokenWithSpan]| (from..tokens.len()).find(|i| !is_blank(&tokens[*i].token));
+    let mut at = 0;
+    while let Some(name) = next(at, &tokens) {
+        at = name + 1;
+        if !(word(&tokens[name].token, "JSON_OBJECT") || word(&tokens[name].token, "JSON_OBJECTAGG")) {
+            continue;
+        }
+        let Some(open) = next(name + 1, &tokens).filter(|o| tokens[*o].token == Token::LParen) else {
+            continue;
+        };
+        let Some(close) = matching_close(&tokens, open) else {
+            continue;
+        };
+        // The call's members: the indices of their top-level tokens, and
+        // where each ends (its comma, the clause or the closing parenthesis).
+        let mut members: Vec<(Vec<usize>, usize)> = vec![(vec![], close)];
+        let mut depth = 0usize;
+        for (i, t) in tokens.iter().enumerate().take(close).skip(open + 1) {
+            let t = &t.token;
+            if depth == 0 && *t == Token::Comma {
+                if let Some(m) = members.last_mut() {
+                    m.1 = i;
+                }
+                members.push((vec![], close));
+            } else if depth == 0
+                && !is_blank(t)
+                && let Some(m) = members.last_mut()
+            {
+                m.0.push(i);
+            }
+            match t {
+                Token::LParen | Token::LBracket | Token::LBrace => depth += 1,
+                Token::RParen | Token::RBracket | Token::RBrace => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        if let Some((last, end)) = members.last_mut()
+            && last.len() >= 3
+        {
+            let n = last.len();
+            let (a, b, c) = (
+                &tokens[last[n - 3]].token,
+                &tokens[last[n - 2]].token,
+                &tokens[last[n - 1]].token,
+            );
+            if (word(a, "NULL") || word(a, "ABSENT")) && word(b, "ON") && word(c, "NULL") {
+                *end = last[n - 3];
+                last.truncate(n - 3);
+            }
+        }
+        // Rewritten from the last member, so earlier indices stay valid.
+        for (m, bound) in members.iter().rev() {
+            let Some(&first) = m.first() else {
+                continue;
+            };
+            let keyword = word(&tokens[first].token, "KEY") && m.len() > 1 && !word(&tokens[m[1]].token, "VALUE");
+            let key_start = usize::from(keyword);
+            let Some(value) = m
+                .iter()
+                .skip(key_start + 1)
+                .find(|i| word(&tokens[**i].token, "VALUE"))
+                .copied()
+            else {
+                continue;
+            };
+            let Some(end) = (value + 1..*bound).rev().find(|i| !is_blank(&tokens[*i].token)) else {
+                continue;
+            };
+            let span = tokens[first].span;
+            let at_span = |token: Token| TokenWithSpan { token, span };
+            tokens[value].token = Token::Comma;
+            tokens.insert(end + 1, at_span(Token::RParen));
+            if keyword {
+                tokens[first].token = Token::Whitespace(Whitespace::Space);
+            }
+            tokens.insert(first, at_span(Token::LParen));
+            tokens.insert(first, at_span(Token::make_word(crate::flink_json::KV_FN, None)));
+        }
+        at = open + 1;
     }
     tokens
 }

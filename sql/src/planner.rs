@@ -2100,11 +2100,12 @@ impl<'a> GraphBuilder<'a> {
     /// over aggregate): every row with its aggregates, emitted when the
     /// watermark passes it.
     fn over_aggregate(&mut self, w: &datafusion::logical_expr::Window) -> Result<NodeId> {
-        use datafusion::logical_expr::{WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
+        use datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition};
         let ws = w.input.schema();
         let mut aggregates = vec![];
         let (mut lags, mut outputs) = (vec![], vec![]);
         let mut params: Option<&datafusion::logical_expr::expr::WindowFunctionParams> = None;
+        let mut frame_of_all: Option<WindowFrame> = None;
         // Two different OVER windows in one SELECT plan as two stacked
         // window nodes.
         if matches!(w.input.as_ref(), LogicalPlan::Window(_)) {
@@ -2117,31 +2118,72 @@ impl<'a> GraphBuilder<'a> {
             let Expr::WindowFunction(wf) = e else {
                 return Err(SqlError::internal("an OVER window without its function"));
             };
-            let udaf = match &wf.fun {
-                WindowFunctionDefinition::AggregateUDF(f) => Some(f.clone()),
+            // Flink 2.3 runs RANK, DENSE_RANK and ROW_NUMBER in an OVER
+            // aggregate ordered by the event time as counts: RANK and
+            // DENSE_RANK both count the rows up to and including the
+            // current time (rows of one time share it: 2, 2, 3), ROW_NUMBER
+            // counts rows in arrival order. Each takes no frame.
+            // The frame as it matters here: an unbounded start is one
+            // whatever its type (the default frame's is the ORDER BY's).
+            let shape = |f: &WindowFrame| {
+                let start = match &f.start_bound {
+                    WindowFrameBound::Preceding(v) if v.is_null() => None,
+                    other => Some(other.clone()),
+                };
+                (f.units, start, f.end_bound.clone())
+            };
+            let default_frame = WindowFrame::new_bounds(
+                WindowFrameUnits::Range,
+                WindowFrameBound::Preceding(datafusion::common::ScalarValue::Null),
+                WindowFrameBound::CurrentRow,
+            );
+            let (udaf, frame) = match &wf.fun {
+                WindowFunctionDefinition::AggregateUDF(f) => (Some(f.clone()), wf.params.window_frame.clone()),
                 WindowFunctionDefinition::WindowUDF(f) => {
                     let name = f.name().to_ascii_uppercase();
                     match name.as_str() {
-                        "LAG" => None,
+                        "LAG" => (None, wf.params.window_frame.clone()),
                         "LEAD" => return Err(SqlError::unsupported("LEAD Function is not supported in stream mode.")),
-                        "ROW_NUMBER" => {
-                            return Err(SqlError::unsupported(
-                                "ROW_NUMBER() OVER (...) runs on a stream only as Top-N: filtered with <= N, < N or \
-                                 = 1 in an enclosing query",
-                            ));
+                        "RANK" | "DENSE_RANK" | "ROW_NUMBER" => {
+                            if shape(&wf.params.window_frame) != shape(&default_frame) {
+                                return Err(SqlError::plan(
+                                    "ROW/RANGE not allowed with RANK, DENSE_RANK or ROW_NUMBER functions",
+                                ));
+                            }
+                            let frame = if name == "ROW_NUMBER" {
+                                WindowFrame::new_bounds(
+                                    WindowFrameUnits::Rows,
+                                    WindowFrameBound::Preceding(datafusion::common::ScalarValue::UInt64(None)),
+                                    WindowFrameBound::CurrentRow,
+                                )
+                            } else {
+                                default_frame
+                            };
+                            (Some(datafusion::functions_aggregate::count::count_udaf()), frame)
                         }
                         _ => {
                             return Err(SqlError::unsupported(format!(
-                                "{name}() OVER (...) is not supported on a stream yet; aggregate functions and LAG are"
+                                "{name} Function is not supported in stream mode."
                             )));
                         }
                     }
                 }
             };
+            let args = if matches!(wf.fun, WindowFunctionDefinition::WindowUDF(_)) && udaf.is_some() {
+                vec![datafusion::logical_expr::lit(1i64)]
+            } else {
+                wf.params.args.clone()
+            };
+            if let Some(f) = &frame_of_all
+                && shape(f) != shape(&frame)
+            {
+                return Err(SqlError::unsupported(
+                    "Over Agg: Unsupported use of OVER windows. All aggregates must be computed on the same window.",
+                ));
+            }
+            frame_of_all = Some(frame);
             if let Some(p) = params
-                && (p.partition_by != wf.params.partition_by
-                    || p.order_by != wf.params.order_by
-                    || p.window_frame != wf.params.window_frame)
+                && (p.partition_by != wf.params.partition_by || p.order_by != wf.params.order_by)
             {
                 return Err(SqlError::unsupported(
                     "Over Agg: Unsupported use of OVER windows. All aggregates must be computed on the same window.",
@@ -2194,7 +2236,7 @@ impl<'a> GraphBuilder<'a> {
             };
             let agg = Expr::AggregateFunction(datafusion::logical_expr::expr::AggregateFunction::new_udf(
                 udaf,
-                wf.params.args.clone(),
+                args,
                 wf.params.distinct,
                 None,
                 vec![],
@@ -2204,6 +2246,7 @@ impl<'a> GraphBuilder<'a> {
             aggregates.push(self.lower_aggregate(&agg, ws)?.aggregate);
         }
         let p = params.ok_or_else(|| SqlError::internal("an OVER window without functions"))?;
+        let frame = frame_of_all.ok_or_else(|| SqlError::internal("an OVER window without functions"))?;
         let time_column = match p.order_by.as_slice() {
             [s] => match &s.expr {
                 Expr::Column(c) => {
@@ -2242,7 +2285,6 @@ impl<'a> GraphBuilder<'a> {
                 ));
             }
         };
-        let frame = &p.window_frame;
         if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) {
             return Err(SqlError::unsupported(
                 "OVER windows on a stream must end at CURRENT ROW (FOLLOWING rows are not supported)",
