@@ -346,11 +346,12 @@ fn divide(x: i256, sx: i8, y: i256, sy: i8, s: i8) -> Result<Option<i256>> {
 }
 
 /// Flink's common type of a DOUBLE (or FLOAT) and a DECIMAL is DOUBLE:
-/// in comparisons, `BETWEEN`, `IN`, `CASE` (and `IF`) results and
-/// `COALESCE`-like calls. DataFusion's is `DECIMAL(30, 15)`, which rounds
-/// the double and fails past 10^15 (`d > 0.5` of `d` = 8.5E37). Before
-/// DataFusion's coercion, each DECIMAL side of such an expression is cast
-/// to DOUBLE. (Arithmetic already computes in DOUBLE in both.)
+/// in comparisons, `BETWEEN`, `IN`, `CASE` (and `IF`) results,
+/// `COALESCE`-like calls, `ARRAY[...]` elements and `MAP[...]` keys and
+/// values. DataFusion's is `DECIMAL(30, 15)`, which rounds the double and
+/// fails past 10^15 (`d > 0.5` of `d` = 8.5E37; `ARRAY[d, 1.5]` held NULL
+/// for it). Before DataFusion's coercion, each DECIMAL side of such an
+/// expression is cast to DOUBLE. (Arithmetic already computes in DOUBLE in both.)
 pub fn approximate_wins(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     plan.transform_up_with_subqueries(|node| {
         let schema = merge_schema(&node.inputs());
@@ -422,6 +423,16 @@ pub fn approximate_wins_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Exp
                 ) =>
             {
                 widen(call.args.iter_mut().collect())
+            }
+            // ARRAY[...]'s elements, MAP[...]'s keys and its values.
+            Expr::ScalarFunction(call) if call.func.name() == "make_array" => widen(call.args.iter_mut().collect()),
+            Expr::ScalarFunction(call) if call.func.name() == crate::flink_maps::MAP_FN => {
+                let (mut keys, mut values): (Vec<&mut Expr>, Vec<&mut Expr>) = (vec![], vec![]);
+                for (i, x) in call.args.iter_mut().enumerate() {
+                    if i % 2 == 0 { keys.push(x) } else { values.push(x) }
+                }
+                let keys = widen(keys);
+                widen(values) || keys
             }
             _ => false,
         };

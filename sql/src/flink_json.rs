@@ -11,6 +11,10 @@
 
 use std::fmt;
 
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::compute::cast;
 use arrow::datatypes::DataType;
 use datafusion::common::Result;
 use datafusion::error::DataFusionError;
@@ -547,6 +551,77 @@ fn to_json(text: &str, t: &DataType) -> Value {
         return v;
     }
     Value::String(text.to_string())
+}
+
+/// Whether `t` is an ARRAY, MAP or ROW (or MULTISET), which the JSON
+/// functions take as JSON.
+pub fn is_nested(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::List(_)
+            | DataType::LargeList(_)
+            | DataType::FixedSizeList(..)
+            | DataType::Struct(_)
+            | DataType::Map(..)
+    )
+}
+
+/// Each row of a nested column as JSON text (NULL where the row is): an
+/// ARRAY as an array, a MAP as an object keyed by the keys' text, a ROW
+/// as an object of its fields, leaves as [`to_json`] writes them.
+pub fn nested_json(a: &ArrayRef) -> Result<ArrayRef> {
+    let mut out = arrow::array::StringBuilder::new();
+    for i in 0..a.len() {
+        if a.is_null(i) {
+            out.append_null();
+        } else {
+            out.append_value(value_at(a.as_ref(), i)?.to_string());
+        }
+    }
+    Ok(Arc::new(out.finish()))
+}
+
+fn value_at(a: &dyn Array, i: usize) -> Result<Value> {
+    if a.is_null(i) {
+        return Ok(Value::Null);
+    }
+    let items = |sub: ArrayRef| -> Result<Value> {
+        Ok(Value::Array(
+            (0..sub.len())
+                .map(|j| value_at(sub.as_ref(), j))
+                .collect::<Result<_>>()?,
+        ))
+    };
+    Ok(match a.data_type() {
+        DataType::List(_) => items(a.as_list::<i32>().value(i))?,
+        DataType::LargeList(_) => items(a.as_list::<i64>().value(i))?,
+        DataType::FixedSizeList(..) => items(a.as_fixed_size_list().value(i))?,
+        DataType::Struct(fields) => {
+            let s = a.as_struct();
+            Value::object(
+                fields
+                    .iter()
+                    .zip(s.columns())
+                    .map(|(f, c)| Ok((f.name().clone(), value_at(c.as_ref(), i)?)))
+                    .collect::<Result<_>>()?,
+            )
+        }
+        DataType::Map(..) => {
+            let entries = a.as_map().value(i);
+            let keys = cast(entries.column(0), &DataType::Utf8)?;
+            let keys = keys.as_string::<i32>();
+            let mut m = Vec::with_capacity(entries.len());
+            for j in 0..entries.len() {
+                let key = if keys.is_null(j) { "null" } else { keys.value(j) };
+                m.push((key.to_string(), value_at(entries.column(1).as_ref(), j)?));
+            }
+            Value::object(m)
+        }
+        t => {
+            let text = cast(&a.slice(i, 1), &DataType::Utf8)?;
+            to_json(text.as_string::<i32>().value(0), t)
+        }
+    })
 }
 
 /// Marks a JSON constructor's value nested in another constructor's

@@ -176,7 +176,7 @@ fn local_date_time(text: &str) -> String {
 struct Invalid;
 
 /// One `%...` specifier.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Spec {
     index: Option<usize>,
     previous: bool,
@@ -431,7 +431,7 @@ fn convert(spec: &Spec, value: &JavaValue) -> Result<String, Invalid> {
                         // Java pads these with spaces, never zeros.
                         let no_zero = Spec {
                             zero: false,
-                            ..clone_spec(spec)
+                            ..spec.clone()
                         };
                         signed(&mut out, *v < 0.0, &text, &no_zero);
                     } else {
@@ -447,23 +447,6 @@ fn convert(spec: &Spec, value: &JavaValue) -> Result<String, Invalid> {
         _ => return Err(Invalid),
     }
     Ok(out)
-}
-
-fn clone_spec(s: &Spec) -> Spec {
-    Spec {
-        index: s.index,
-        previous: s.previous,
-        left: s.left,
-        alternate: s.alternate,
-        plus: s.plus,
-        space: s.space,
-        zero: s.zero,
-        group: s.group,
-        parens: s.parens,
-        width: s.width,
-        precision: s.precision,
-        conversion: s.conversion,
-    }
 }
 
 /// A magnitude's digits with its sign as the flags say: `+`, ` `, `(...)`,

@@ -211,11 +211,22 @@ impl ScalarUDFImpl for FlinkScalar {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let (all_scalar, rows) = crate::udf::call_rows(&args);
-        let types: Vec<DataType> = args.args.iter().map(|a| a.data_type()).collect();
+        let mut types: Vec<DataType> = args.args.iter().map(|a| a.data_type()).collect();
+        // The JSON functions take an ARRAY, MAP or ROW as JSON (Flink
+        // writes `[1,2]`, `{"a":1}`): its JSON text, typed as JSON.
+        let json_fn = self.name.starts_with("json_") || self.name.starts_with("__weir_json_");
         let cols = args
             .args
             .iter()
-            .map(|a| cast(&a.to_array(rows)?, &DataType::Utf8).map_err(Into::into))
+            .zip(types.iter_mut())
+            .map(|(a, t)| {
+                let a = a.to_array(rows)?;
+                if json_fn && json::is_nested(t) {
+                    *t = DataType::LargeUtf8;
+                    return cast(&json::nested_json(&a)?, &DataType::Utf8).map_err(Into::into);
+                }
+                cast(&a, &DataType::Utf8).map_err(Into::into)
+            })
             .collect::<Result<Vec<ArrayRef>>>()?;
         let cols: Vec<&arrow::array::StringArray> = cols.iter().map(|c| c.as_string::<i32>()).collect();
         // Internal functions (`__weir_...`) stand for a Flink call whose
