@@ -154,10 +154,27 @@ pub fn all() -> Vec<ScalarUDF> {
         ),
         FlinkScalar::udf("__weir_is_json", (1, 2), Eval::Bool(json::is_json, Some(false))),
         FlinkScalar::udf(json::RAW_FN, (1, 1), Eval::Json(json::raw)),
+        FlinkScalar::udf(FIT_TEXT_FN, (3, 3), Eval::Text(fit_text)),
         FlinkScalar::udf(json::MEMBER_FN, (2, 2), Eval::NullableText(json::member)),
         FlinkScalar::udf(json::MEMBER_ABSENT_FN, (2, 2), Eval::NullableText(json::member_absent)),
         FlinkScalar::udf(json::OBJECTAGG_FN, (1, 1), Eval::NullableText(json::objectagg)),
     ]
+}
+
+/// `CAST(x AS VARCHAR(n) | CHAR(n))` of a text (`functions::cast_to_length`
+/// writes the call): `(text, n, pad)`.
+pub const FIT_TEXT_FN: &str = "__weir_fit_text";
+
+/// [`FIT_TEXT_FN`]: the text cut to `n` characters; padded with spaces to
+/// `n` when `pad` (a CHAR).
+fn fit_text(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
+    let n = usize::try_from(int(v[1], "the length")?).unwrap_or(0);
+    let mut out: String = v[0].chars().take(n).collect();
+    if v[2] == "true" {
+        let have = out.chars().count();
+        out.extend(std::iter::repeat_n(' ', n - have));
+    }
+    Ok(Some(out))
 }
 
 /// Flink's `SUBSTR` (the planner also puts it in place of DataFusion's for

@@ -587,6 +587,10 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
             *data_type = ast::DataType::Bytea;
             return ControlFlow::Continue(());
         }
+        if let Some(fitted) = cast_to_length(e) {
+            *e = fitted;
+            return ControlFlow::Continue(());
+        }
         if let ast::Expr::CompoundFieldAccess { access_chain, .. } = e {
             field_names_as_text(access_chain);
             return ControlFlow::Continue(());
@@ -871,6 +875,51 @@ fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
     Ok(call(
         "coalesce",
         vec![concat(concat(text("["), agg), text("]")), text("[]")],
+    ))
+}
+
+/// `CAST(x AS VARCHAR(n))` and `CAST(x AS CHAR(n))` (`CHAR` is `CHAR(1)`)
+/// as Flink casts: the text cut to `n` characters, a CHAR's padded with
+/// spaces to `n` (`CAST('ab' AS CHAR(4)) || '|'` is `ab  |`). Both are a
+/// STRING in Weir; the cast becomes `__weir_fit_text(CAST(x AS STRING), n,
+/// pad)`. `VARCHAR` without a length (or `VARCHAR(2147483647)`, STRING)
+/// is unchanged.
+fn cast_to_length(e: &ast::Expr) -> Option<ast::Expr> {
+    let ast::Expr::Cast {
+        kind,
+        expr,
+        data_type,
+        array,
+        format,
+    } = e
+    else {
+        return None;
+    };
+    let length = |n: &Option<ast::CharacterLength>| match n {
+        Some(ast::CharacterLength::IntegerLength { length, .. }) => Some(*length),
+        _ => None,
+    };
+    let (n, pad) = match data_type {
+        ast::DataType::Varchar(n) | ast::DataType::CharacterVarying(n) | ast::DataType::CharVarying(n) => {
+            (length(n).filter(|n| *n < i32::MAX as u64)?, false)
+        }
+        ast::DataType::Char(n) | ast::DataType::Character(n) => (length(n).unwrap_or(1), true),
+        _ => return None,
+    };
+    let as_string = ast::Expr::Cast {
+        kind: kind.clone(),
+        expr: expr.clone(),
+        data_type: ast::DataType::String(None),
+        array: *array,
+        format: format.clone(),
+    };
+    Some(call(
+        crate::flink_scalars::FIT_TEXT_FN,
+        vec![
+            as_string,
+            ast::Expr::Value(ast::Value::Number(n.to_string(), false).into()),
+            ast::Expr::Value(ast::Value::Boolean(pad).into()),
+        ],
     ))
 }
 
