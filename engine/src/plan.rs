@@ -597,6 +597,10 @@ pub struct JoinNode {
     /// column. Each left row joins the version of its key valid at its
     /// time, once the watermark passes it.
     pub temporal: Option<[usize; 2]>,
+    /// A window join of windows on a TIMESTAMP_LTZ's wall clock in a
+    /// session zone: watermarks are compared with window ends on that
+    /// wall clock (as [`WindowAggregateNode::zone`]).
+    pub zone: Option<crate::time_zone::SessionZone>,
 }
 
 /// `right.time + lower <= left.time <= right.time + upper` (ms, inclusive)
@@ -697,6 +701,10 @@ pub enum RankStrategy {
 #[derive(Debug)]
 pub struct RankNode {
     pub strategy: RankStrategy,
+    /// A window Top-N of windows on a TIMESTAMP_LTZ's wall clock in a
+    /// session zone: watermarks are compared with window ends on that
+    /// wall clock (as [`WindowAggregateNode::zone`]).
+    pub zone: Option<crate::time_zone::SessionZone>,
     pub partition: Vec<Arc<dyn PhysicalExpr>>,
     pub order: Vec<SortKey>,
     /// The rank end N (ranks 1..=N are kept).
@@ -1111,7 +1119,16 @@ impl StreamNode {
                         )
                     }
                     None if j.window.is_some() => {
-                        format!("WindowJoin: {} ON {}{filter}", j.join_type.sql(), on.join(" AND "))
+                        let zone = j
+                            .zone
+                            .as_ref()
+                            .map(|z| format!(" in time zone {}", z.id))
+                            .unwrap_or_default();
+                        format!(
+                            "WindowJoin: {} ON {}{filter}{zone}",
+                            j.join_type.sql(),
+                            on.join(" AND ")
+                        )
                     }
                     None if let Some([lt, rt]) = j.temporal => {
                         let name =
@@ -1160,9 +1177,13 @@ impl StreamNode {
                         later_ties_first: true, ..
                     } => "WindowDeduplicate: keep last row (rowtime)".to_string(),
                     RankStrategy::Window { .. } => format!(
-                        "WindowRank: ROW_NUMBER <= {}{}",
+                        "WindowRank: ROW_NUMBER <= {}{}{}",
                         r.limit,
-                        if r.with_rank { "" } else { " (rank not output)" }
+                        if r.with_rank { "" } else { " (rank not output)" },
+                        r.zone
+                            .as_ref()
+                            .map(|z| format!(" in time zone {}", z.id))
+                            .unwrap_or_default()
                     ),
                 };
                 format!(

@@ -24,8 +24,10 @@
 //! clock, as Flink's (days of 23 and 25 hours): its marker becomes a zoned
 //! `WindowMarker` (`window_start`/`window_end` are wall times, TIMESTAMP(3)
 //! as in Flink), and the window aggregate compares watermarks with window
-//! ends on the wall clock (`time_zone::local_watermark`). SESSION windows,
-//! window joins and window Top-N on such an attribute are refused.
+//! ends on the wall clock (`time_zone::local_watermark`); so do window
+//! joins and window Top-N of such windows, and SESSION window aggregations
+//! (their gaps measured on wall times, as Flink's). The SESSION TVF on its
+//! own on such an attribute is refused.
 
 use std::sync::Arc;
 
@@ -205,29 +207,18 @@ pub fn local_zone(plan: LogicalPlan, zone: Option<&SessionZone>) -> Result<Trans
 }
 
 /// A window marker on a TIMESTAMP_LTZ becomes a zoned one (see the
-/// module's notes); SESSION windows on one are refused.
+/// module's notes).
 fn window_marker(
     call: &ScalarFunction,
     e: &Expr,
     zone: &SessionZone,
     type_of: &dyn Fn(&Expr) -> Option<DataType>,
 ) -> Result<Transformed<Expr>> {
-    let Some(t) = call.args.first().and_then(type_of).filter(is_ltz) else {
+    if call.args.first().and_then(type_of).filter(is_ltz).is_none() {
         return Ok(Transformed::no(e.clone()));
     };
     if crate::udf::WindowMarker::zone_of(&call.func).is_some() {
         return Ok(Transformed::no(e.clone()));
-    }
-    if matches!(call.args.get(1), Some(Expr::Literal(datafusion::common::ScalarValue::Utf8(Some(k)), _)) if k == "SESSION")
-    {
-        return plan_err!(
-            "SESSION windows on the {} time attribute '{}' with 'table.local-time-zone' = '{}' are not \
-             supported yet (window aggregations are); declare the time attribute as TIMESTAMP(3), or run \
-             the session in UTC",
-            crate::types::flink_name(&t),
-            call.args[0].schema_name(),
-            zone.id
-        );
     }
     Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
         Arc::new(crate::udf::WindowMarker::zoned(zone.clone())),

@@ -1574,9 +1574,12 @@ impl<'a> GraphBuilder<'a> {
             .map(|e| e.clone().unalias())
             .find(|e| marker_of(e).is_some_and(|m| m.spec.kind == WindowKind::Session))
             .ok_or_else(|| SqlError::internal("a session window without its marker"))?;
-        let (Some(m), Expr::ScalarFunction(ScalarFunction { args, .. })) = (marker_of(&marker), &marker) else {
+        let (Some(m), Expr::ScalarFunction(ScalarFunction { args, func })) = (marker_of(&marker), &marker) else {
             return Err(SqlError::internal("a session window without its marker"));
         };
+        if WindowMarker::zone_of(func).is_some() {
+            return Err(self.zoned_window_refused("the SESSION window TVF on its own (not under a window aggregation)"));
+        }
         let input_schema = p.input.schema();
         let time_column = match &args[0] {
             Expr::Column(c) => input_schema.index_of_column(c)?,
@@ -1842,12 +1845,23 @@ impl<'a> GraphBuilder<'a> {
         // insert-only inputs make a window join (Flink's rule), joined
         // when the window fires.
         let window = window_join_ends(join).filter(|_| lm.is_insert_only() && rm.is_insert_only());
-        if let Some([l, r]) = window
-            && (trace_window_bound(&join.left, l).is_some_and(|m| m.zoned)
-                || trace_window_bound(&join.right, r).is_some_and(|m| m.zoned))
-        {
-            return Err(self.zoned_window_refused("window joins"));
-        }
+        // Windows on a TIMESTAMP_LTZ's wall clock (in a session zone) join
+        // by the wall clock; both sides' windows must be cut the same way.
+        let window_zone = match window.map(|[l, r]| {
+            [
+                trace_window_bound(&join.left, l).is_some_and(|m| m.zoned),
+                trace_window_bound(&join.right, r).is_some_and(|m| m.zoned),
+            ]
+        }) {
+            Some([true, true]) => self.config.local_time_zone.clone(),
+            Some([true, false] | [false, true]) => {
+                return Err(SqlError::plan(
+                    "a window join of windows on a TIMESTAMP_LTZ with windows on a TIMESTAMP: their bounds are \
+                     not the same clock's; declare both time attributes with one type",
+                ));
+            }
+            _ => None,
+        };
         if let Some([l, r]) = window
             && (self.window_on_proctime(&join.left, l) || self.window_on_proctime(&join.right, r))
         {
@@ -1893,6 +1907,7 @@ impl<'a> GraphBuilder<'a> {
             interval: interval.as_ref().map(|(b, _)| *b).filter(|_| temporal.is_none()),
             window: window.filter(|_| temporal.is_none()),
             temporal: temporal.as_ref().map(|(t, _)| *t),
+            zone: window_zone.filter(|_| temporal.is_none()),
         };
         let is_interval = node.interval.is_some() || node.window.is_some() || node.temporal.is_some();
         let id = self.add(
@@ -2433,11 +2448,9 @@ impl<'a> GraphBuilder<'a> {
                 _ => None,
             })
         };
-        if let Some(end) = bound(GroupOutput::WindowEnd)
-            && trace_window_bound(&w.input, end).is_some_and(|m| m.zoned)
-        {
-            return Err(self.zoned_window_refused("window Top-N and deduplication"));
-        }
+        let zone = bound(GroupOutput::WindowEnd)
+            .filter(|end| trace_window_bound(&w.input, *end).is_some_and(|m| m.zoned))
+            .and_then(|_| self.config.local_time_zone.clone());
         if let Some(end) = bound(GroupOutput::WindowEnd)
             && self.window_on_proctime(&w.input, end)
         {
@@ -2484,6 +2497,7 @@ impl<'a> GraphBuilder<'a> {
         };
         let node = RankNode {
             strategy,
+            zone: zone.filter(|_| matches!(strategy, RankStrategy::Window { .. })),
             partition,
             order,
             limit,
@@ -2557,6 +2571,7 @@ impl<'a> GraphBuilder<'a> {
             let input = self.convert(&sort.input)?;
             let node = RankNode {
                 strategy: RankStrategy::TopN,
+                zone: None,
                 partition: vec![],
                 order: keys,
                 limit: fetch,

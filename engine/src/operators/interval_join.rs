@@ -661,6 +661,7 @@ mod tests {
             interval: None,
             window: None,
             temporal: None,
+            zone: None,
         };
         let bounds = IntervalBounds {
             left_time: 1,

@@ -378,6 +378,7 @@ pub(crate) fn test_node(
         interval: None,
         window: None,
         temporal: None,
+        zone: None,
     };
     (node, out)
 }
@@ -883,6 +884,7 @@ mod tests {
             interval: None,
             window: None,
             temporal: None,
+            zone: None,
         };
         let out = Arc::new(Schema::new(
             l.fields()

@@ -78,6 +78,8 @@ pub struct WindowJoinOperator {
     state: KeyedState,
     max_parallelism: u16,
     watermark: Timestamp,
+    /// Windows on the wall clock of this zone (the node's `zone`).
+    zone: Option<arrow::array::timezone::Tz>,
     metrics: Arc<NodeMetrics>,
 }
 
@@ -109,6 +111,7 @@ impl WindowJoinOperator {
             state,
             max_parallelism,
             watermark: Timestamp::MIN,
+            zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
         })
     }
@@ -365,6 +368,11 @@ impl Operator for WindowJoinOperator {
     }
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
+        // Wall-clock windows complete on the wall clock.
+        let watermark = match &self.zone {
+            Some(z) => crate::time_zone::local_watermark(watermark, z),
+            None => watermark,
+        };
         if watermark <= self.watermark {
             return Ok(());
         }

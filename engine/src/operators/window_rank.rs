@@ -78,6 +78,8 @@ pub struct WindowRankOperator {
     state: KeyedState,
     max_parallelism: u16,
     watermark: Timestamp,
+    /// Windows on the wall clock of this zone (the node's `zone`).
+    zone: Option<arrow::array::timezone::Tz>,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
@@ -119,6 +121,7 @@ impl WindowRankOperator {
             state,
             max_parallelism,
             watermark: Timestamp::MIN,
+            zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
         })
     }
@@ -266,6 +269,11 @@ impl Operator for WindowRankOperator {
     }
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
+        // Wall-clock windows complete on the wall clock.
+        let watermark = match &self.zone {
+            Some(z) => crate::time_zone::local_watermark(watermark, z),
+            None => watermark,
+        };
         self.watermark = self.watermark.max(watermark);
         loop {
             let mut due: Vec<Timer> = self.state.due_timers(TIMERS, watermark, FIRE_CHUNK)?;

@@ -183,6 +183,10 @@ pub struct SessionWindowOperator {
     state: KeyedState,
     max_parallelism: u16,
     watermark: Timestamp,
+    /// Sessions on the wall clock of this zone (a window aggregate's
+    /// [`WindowAggregateNode::zone`]): the time column holds wall times,
+    /// watermarks are compared on that clock, `window_time` is an instant.
+    zone: Option<arrow::array::timezone::Tz>,
     metrics: Arc<NodeMetrics>,
 }
 
@@ -210,6 +214,7 @@ impl SessionWindowOperator {
             state,
             max_parallelism,
             watermark: MIN_WATERMARK,
+            zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
         })
     }
@@ -237,6 +242,7 @@ impl SessionWindowOperator {
             state,
             max_parallelism,
             watermark: MIN_WATERMARK,
+            zone: None,
             metrics,
         })
     }
@@ -507,6 +513,11 @@ impl Operator for SessionWindowOperator {
     }
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
+        // Wall-clock sessions complete on the wall clock.
+        let watermark = match &self.zone {
+            Some(z) => crate::time_zone::local_watermark(watermark, z),
+            None => watermark,
+        };
         if watermark <= self.watermark {
             return Ok(());
         }
@@ -589,7 +600,7 @@ impl SessionWindowOperator {
                     schema: &self.schema,
                     group_outputs,
                     key_encoder: self.key_encoder.as_ref(),
-                    zone: None,
+                    zone: self.zone.as_ref(),
                 }
                 .batch(&starts, &ends, fired.iter().map(|f| f.2), columns)
             }
