@@ -177,6 +177,10 @@ pub struct SessionWindowNode {
     pub time_column: usize,
     /// `PARTITION BY` keys (none: one session sequence for all rows).
     pub partition: Vec<Arc<dyn PhysicalExpr>>,
+    /// A TIMESTAMP_LTZ time attribute in a session zone: sessions on the
+    /// zone's wall clock (the time column's instants read as wall times,
+    /// watermarks compared on that clock, `window_time` an instant).
+    pub zone: Option<crate::time_zone::SessionZone>,
 }
 
 /// How rows move from one node's subtasks to the next node's.
@@ -1038,14 +1042,18 @@ impl StreamNode {
             NodeKind::SessionWindow(w) => {
                 let keys: Vec<String> = w.partition.iter().map(|k| k.to_string()).collect();
                 format!(
-                    "SessionWindow: {} partition [{}]",
+                    "SessionWindow: {} partition [{}]{}",
                     WindowSpec {
                         kind: WindowKind::Session,
                         size: w.gap,
                         slide: w.gap,
                         offset: 0
                     },
-                    keys.join(", ")
+                    keys.join(", "),
+                    w.zone
+                        .as_ref()
+                        .map(|z| format!(" in time zone {}", z.id))
+                        .unwrap_or_default()
                 )
             }
             NodeKind::WindowAggregate(w) => {

@@ -25,9 +25,8 @@
 //! `WindowMarker` (`window_start`/`window_end` are wall times, TIMESTAMP(3)
 //! as in Flink), and the window aggregate compares watermarks with window
 //! ends on the wall clock (`time_zone::local_watermark`); so do window
-//! joins and window Top-N of such windows, and SESSION window aggregations
-//! (their gaps measured on wall times, as Flink's). The SESSION TVF on its
-//! own on such an attribute is refused.
+//! joins and window Top-N of such windows, and SESSION windows (their gaps
+//! measured on wall times, as Flink's).
 
 use std::sync::Arc;
 

@@ -1577,9 +1577,8 @@ impl<'a> GraphBuilder<'a> {
         let (Some(m), Expr::ScalarFunction(ScalarFunction { args, func })) = (marker_of(&marker), &marker) else {
             return Err(SqlError::internal("a session window without its marker"));
         };
-        if WindowMarker::zone_of(func).is_some() {
-            return Err(self.zoned_window_refused("the SESSION window TVF on its own (not under a window aggregation)"));
-        }
+        // On a TIMESTAMP_LTZ in a session zone: sessions on its wall clock.
+        let zone = WindowMarker::zone_of(func).and(self.config.local_time_zone.clone());
         let input_schema = p.input.schema();
         let time_column = match &args[0] {
             Expr::Column(c) => input_schema.index_of_column(c)?,
@@ -1609,9 +1608,20 @@ impl<'a> GraphBuilder<'a> {
         self.require_insert_only(input, "SessionWindow")?;
         let in_fields = input_schema.as_arrow().fields().clone();
         let ts_type = in_fields[time_column].data_type().clone();
+        // window_start and window_end are wall times, TIMESTAMP(3) (Flink's
+        // type for a TIMESTAMP_LTZ attribute too); window_time is a time
+        // attribute of the attribute's type.
+        let wall_type = match &ts_type {
+            DataType::Timestamp(unit, Some(_)) => DataType::Timestamp(*unit, None),
+            other => other.clone(),
+        };
         let mut fields: Vec<arrow::datatypes::FieldRef> = in_fields.iter().cloned().collect();
-        for name in ["window_start", "window_end", "window_time"] {
-            fields.push(Arc::new(arrow::datatypes::Field::new(name, ts_type.clone(), false)));
+        for (name, t) in [
+            ("window_start", &wall_type),
+            ("window_end", &wall_type),
+            ("window_time", &ts_type),
+        ] {
+            fields.push(Arc::new(arrow::datatypes::Field::new(name, t.clone(), false)));
         }
         let schema = Arc::new(arrow::datatypes::Schema::new(fields));
         let (parallelism, exchange) = if partition.is_empty() {
@@ -1626,6 +1636,7 @@ impl<'a> GraphBuilder<'a> {
                 gap: m.spec.size,
                 time_column,
                 partition,
+                zone,
             }),
             Some((input, exchange)),
         );

@@ -242,16 +242,22 @@ impl SessionWindowOperator {
             state,
             max_parallelism,
             watermark: MIN_WATERMARK,
-            zone: None,
+            zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
         })
     }
 
     fn event_times(&self, batch: &RecordBatch) -> Result<TimestampMillisecondArray> {
         let col = batch.column(self.time_column);
+        // The TVF on its own reads the attribute's instants: in a zone, as
+        // its wall times (a window aggregate's marker column holds them).
+        let col = match (&self.zone, &self.payload) {
+            (Some(z), Payload::Rows { .. }) => crate::time_zone::wall_times(col, z)?,
+            _ => col.clone(),
+        };
         let col = match col.data_type() {
             DataType::Timestamp(TimeUnit::Millisecond, None) => col.clone(),
-            _ => cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
+            _ => cast(&col, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
         };
         Ok(col.as_primitive::<TimestampMillisecondType>().clone())
     }
@@ -618,7 +624,19 @@ impl SessionWindowOperator {
                 }
                 let mut columns = codec.decode(rows)?;
                 let ts = |v: Vec<i64>| -> ArrayRef { Arc::new(TimestampMillisecondArray::from(v)) };
-                let times: Vec<i64> = ends.iter().map(|e| e.saturating_sub(1)).collect();
+                // A wall time that happens twice: its second instant, when
+                // the session is complete.
+                let times: Vec<i64> = ends
+                    .iter()
+                    .map(|e| {
+                        let last = e.saturating_sub(1);
+                        match &self.zone {
+                            Some(z) => crate::time_zone::from_local(last, 1000, z, crate::time_zone::Resolve::Later)
+                                .unwrap_or(last),
+                            None => last,
+                        }
+                    })
+                    .collect();
                 columns.extend([ts(starts), ts(ends), ts(times)]);
                 batch_with_schema(&self.schema, columns)
             }
@@ -649,6 +667,7 @@ mod tests {
             gap: 300,
             time_column: 1,
             partition: vec![Arc::new(Column::new("k", 0))],
+            zone: None,
         };
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
         let metrics = Arc::new(NodeMetrics::new("sessions".into()));
