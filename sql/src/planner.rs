@@ -2675,15 +2675,6 @@ impl<'a> GraphBuilder<'a> {
         }
     }
 
-    /// The refusal of `what` on a TIMESTAMP_LTZ's windows in a session zone.
-    fn zoned_window_refused(&self, what: &str) -> SqlError {
-        let zone = self.config.local_time_zone.as_ref().map_or("?", |z| z.id.as_str());
-        SqlError::unsupported(format!(
-            "{what} on TIMESTAMP_LTZ time attributes with 'table.local-time-zone' = '{zone}' are not supported \
-             yet (window aggregations are); declare the time attribute as TIMESTAMP(3), or run the session in UTC"
-        ))
-    }
-
     /// A window aggregate: over a window TVF's rows, or (`attached`) over
     /// a window aggregate's, each row in the window its bounds name.
     fn window_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate, attached: bool) -> Result<NodeId> {
@@ -2745,9 +2736,6 @@ impl<'a> GraphBuilder<'a> {
             .ok_or_else(|| SqlError::plan("a window aggregation must GROUP BY both window_start and window_end"))?;
         let proctime = !attached && self.window_on_proctime(&agg.input, time_column);
         let zone = if zoned {
-            if proctime {
-                return Err(self.zoned_window_refused("windows on processing time"));
-            }
             self.config.local_time_zone.clone()
         } else {
             None

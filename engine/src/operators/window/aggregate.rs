@@ -802,7 +802,8 @@ impl Operator for WindowAggregateOperator {
             // The operator's clock when the rows arrive (Flink assigns
             // processing-time windows in the window operator), never
             // behind windows it already fired.
-            let now = crate::state::keyed::processing_time_ms().max(self.watermark.saturating_add(1));
+            let now = self.wall_clock(crate::state::keyed::processing_time_ms());
+            let now = now.max(self.watermark.saturating_add(1));
             TimestampMillisecondArray::from(vec![now; n])
         } else {
             self.event_times(&batch)?
@@ -933,7 +934,20 @@ impl Operator for WindowAggregateOperator {
             return Ok(());
         }
         // A window [start, end) is complete once the clock reaches end.
+        let now = self.wall_clock(now);
         self.advance_to(now.saturating_sub(1), out)
+    }
+}
+
+impl WindowAggregateOperator {
+    /// The processing-time clock as the windows read it: in a session
+    /// zone, its wall time there (windows on `PROCTIME()`, a
+    /// TIMESTAMP_LTZ, are cut on that wall clock).
+    fn wall_clock(&self, now: i64) -> i64 {
+        match &self.zone {
+            Some(z) => crate::time_zone::to_local(now, 1000, z).unwrap_or(now),
+            None => now,
+        }
     }
 }
 
