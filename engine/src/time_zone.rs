@@ -191,6 +191,15 @@ pub fn from_local(local: i64, ticks_per_second: i64, zone: &Tz, resolve: Resolve
     local.checked_add((instant - secs).checked_mul(ticks_per_second)?)
 }
 
+/// A watermark as an operator of windows on `zone`'s wall clock compares
+/// it ([`local_watermark`]); unchanged without a zone (UTC).
+pub fn watermark_in(wm: i64, zone: Option<&Tz>) -> i64 {
+    match zone {
+        Some(z) => local_watermark(wm, z),
+        None => wm,
+    }
+}
+
 /// The wall-clock watermark of the instant watermark `wm` (milliseconds):
 /// the latest wall time every instant of which is at or before `wm`, so a
 /// window `[start, end)` of wall time is complete when `end - 1` is at or

@@ -270,10 +270,7 @@ impl Operator for WindowRankOperator {
 
     fn on_watermark(&mut self, watermark: Timestamp, out: &mut Collector) -> Result<()> {
         // Wall-clock windows complete on the wall clock.
-        let watermark = match &self.zone {
-            Some(z) => crate::time_zone::local_watermark(watermark, z),
-            None => watermark,
-        };
+        let watermark = crate::time_zone::watermark_in(watermark, self.zone.as_ref());
         self.watermark = self.watermark.max(watermark);
         loop {
             let mut due: Vec<Timer> = self.state.due_timers(TIMERS, watermark, FIRE_CHUNK)?;

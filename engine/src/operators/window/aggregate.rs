@@ -916,10 +916,7 @@ impl Operator for WindowAggregateOperator {
             return Ok(());
         }
         // Wall-clock windows complete on the wall clock.
-        let watermark = match &self.zone {
-            Some(z) => crate::time_zone::local_watermark(watermark, z),
-            None => watermark,
-        };
+        let watermark = crate::time_zone::watermark_in(watermark, self.zone.as_ref());
         self.advance_to(watermark, out)
     }
 
