@@ -15,7 +15,7 @@ use arrow::array::{
     Array, ArrayRef, AsArray, BooleanBuilder, Date32Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
 };
 use arrow::compute::cast;
-use arrow::datatypes::{DataType, TimeUnit};
+use arrow::datatypes::{DataType, FieldRef, TimeUnit};
 use base64::Engine;
 use chrono::{NaiveDate, NaiveDateTime};
 use datafusion::common::Result;
@@ -224,6 +224,28 @@ impl ScalarUDFImpl for FlinkScalar {
             json::check_member(arg_types)?;
         }
         Ok(self.eval.output())
+    }
+
+    fn return_field_from_args(&self, args: datafusion::logical_expr::ReturnFieldArgs) -> Result<FieldRef> {
+        // Flink refuses a JSON_OBJECT key that may be NULL when it plans
+        // the call ("Argument to function 'k' must not be NULL").
+        if self.name == "__weir_json_object" || self.name == "__weir_json_object_absent" {
+            for key in args.arg_fields.iter().step_by(2) {
+                if key.is_nullable() {
+                    return datafusion::common::plan_err!(
+                        "JSON_OBJECT: the key {} may be NULL, and a key must not be (as in Flink); give it a \
+                         default with COALESCE",
+                        key.name()
+                    );
+                }
+            }
+        }
+        let types: Vec<DataType> = args.arg_fields.iter().map(|f| f.data_type().clone()).collect();
+        Ok(Arc::new(arrow::datatypes::Field::new(
+            self.name,
+            self.return_type(&types)?,
+            true,
+        )))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
