@@ -822,6 +822,42 @@ fn is_json_constructor(e: &ast::Expr) -> bool {
     }))
 }
 
+/// What JSON_ARRAYAGG and JSON_OBJECTAGG share: refused in an OVER window
+/// (Flink has them in none) and with DISTINCT; their arguments and their
+/// `NULL | ABSENT ON NULL` clause, the only clause they take.
+fn json_aggregate_call<'a>(
+    f: &'a ast::Function,
+    name: &str,
+) -> Result<(&'a ast::FunctionArgumentList, Option<ast::JsonNullClause>), SqlError> {
+    let refuse = |why: &str| at(SqlError::unsupported(format!("{name}: {why}")), f.name.span());
+    if f.over.is_some() {
+        return Err(refuse("not supported in an OVER window (as in Flink)"));
+    }
+    let ast::FunctionArguments::List(list) = &f.args else {
+        return Err(refuse("takes arguments"));
+    };
+    let mut nulls = None;
+    for c in &list.clauses {
+        match c {
+            ast::FunctionArgumentClause::JsonNullClause(n) => nulls = Some(n.clone()),
+            other => return Err(refuse(&format!("the clause {other} is not supported"))),
+        }
+    }
+    if list.duplicate_treatment.is_some() {
+        return Err(refuse("DISTINCT is not supported"));
+    }
+    Ok((list, nulls))
+}
+
+/// `LISTAGG(element, ',')` with the call `f`'s `FILTER (WHERE ...)`.
+fn listagg_filtered(element: ast::Expr, f: &ast::Function) -> ast::Expr {
+    let mut agg = call("string_agg", vec![element, text(",")]);
+    if let ast::Expr::Function(g) = &mut agg {
+        g.filter = f.filter.clone();
+    }
+    agg
+}
+
 /// `JSON_ARRAYAGG(x [ABSENT | NULL ON NULL])`: the group's values as a JSON
 /// array, `[]` when there are none, planned as LISTAGG of each value's
 /// JSON text (JSON_STRING's; a JSON constructor's value inserted as JSON,
@@ -830,23 +866,9 @@ fn is_json_constructor(e: &ast::Expr) -> bool {
 /// leaves, as Flink's `JsonArrayAggFunction`'s list view). Flink has it in
 /// no OVER window.
 fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
+    let (list, null_clause) = json_aggregate_call(f, "JSON_ARRAYAGG")?;
+    let nulls = null_clause == Some(ast::JsonNullClause::NullOnNull);
     let refuse = |why: &str| at(SqlError::unsupported(format!("JSON_ARRAYAGG: {why}")), f.name.span());
-    if f.over.is_some() {
-        return Err(refuse("not supported in an OVER window (as in Flink)"));
-    }
-    let ast::FunctionArguments::List(list) = &f.args else {
-        return Err(refuse("takes one value"));
-    };
-    let mut nulls = false;
-    for c in &list.clauses {
-        match c {
-            ast::FunctionArgumentClause::JsonNullClause(n) => nulls = *n == ast::JsonNullClause::NullOnNull,
-            other => return Err(refuse(&format!("the clause {other} is not supported"))),
-        }
-    }
-    if list.duplicate_treatment.is_some() {
-        return Err(refuse("DISTINCT is not supported"));
-    }
     let [ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(x))] = list.args.as_slice() else {
         return Err(refuse("takes one value"));
     };
@@ -863,10 +885,7 @@ fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
         },
         vec![value],
     );
-    let mut agg = call("string_agg", vec![element, text(",")]);
-    if let ast::Expr::Function(g) = &mut agg {
-        g.filter = f.filter.clone();
-    }
+    let agg = listagg_filtered(element, f);
     let concat = |l: ast::Expr, r: ast::Expr| ast::Expr::BinaryOp {
         left: Box::new(l),
         op: ast::BinaryOperator::StringConcat,
@@ -952,25 +971,11 @@ fn json_member(a: &ast::FunctionArg) -> Option<(ast::Expr, ast::Expr)> {
 /// Flink's message. LISTAGG brings windows and the GROUP BY with
 /// retraction (the member with that key and value leaves, as Flink's map
 /// view drops the key). The key must be a string, as Flink's signature
-/// (`flink_json::member` checks it when planning).
+/// (`flink_json::check_member`, when planned).
 fn json_objectagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
+    let (list, null_clause) = json_aggregate_call(f, "JSON_OBJECTAGG")?;
+    let absent = null_clause == Some(ast::JsonNullClause::AbsentOnNull);
     let refuse = |why: &str| at(SqlError::unsupported(format!("JSON_OBJECTAGG: {why}")), f.name.span());
-    if f.over.is_some() {
-        return Err(refuse("not supported in an OVER window (as in Flink)"));
-    }
-    let ast::FunctionArguments::List(list) = &f.args else {
-        return Err(refuse("takes one member, `key VALUE value`"));
-    };
-    let mut absent = false;
-    for c in &list.clauses {
-        match c {
-            ast::FunctionArgumentClause::JsonNullClause(n) => absent = *n == ast::JsonNullClause::AbsentOnNull,
-            other => return Err(refuse(&format!("the clause {other} is not supported"))),
-        }
-    }
-    if list.duplicate_treatment.is_some() {
-        return Err(refuse("DISTINCT is not supported"));
-    }
     let [arg] = list.args.as_slice() else {
         return Err(refuse("takes one member, `key VALUE value`"));
     };
@@ -990,10 +995,7 @@ fn json_objectagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
         },
         vec![key, value],
     );
-    let mut agg = call("string_agg", vec![member, text(",")]);
-    if let ast::Expr::Function(g) = &mut agg {
-        g.filter = f.filter.clone();
-    }
+    let agg = listagg_filtered(member, f);
     Ok(call(crate::flink_json::OBJECTAGG_FN, vec![agg]))
 }
 
