@@ -8,6 +8,8 @@
 //!   Offsets live in Weir's checkpoints (a split's position is its next
 //!   offset), never in the consumer group: the group is only told after a
 //!   checkpoint completes, for monitoring.
+//! - `fetcher`: a split's thread that polls its consumer ahead of the
+//!   reader, which decodes.
 //! - `sink`: the producer writer, `none`, `at-least-once` (flushed and
 //!   every delivery checked at each barrier) or `exactly-once` (a Kafka
 //!   transaction per checkpoint, committed when it completes).
@@ -19,6 +21,7 @@
 
 mod avro;
 mod codec;
+mod fetcher;
 mod metadata;
 pub mod protocol;
 mod sink;

@@ -7,8 +7,10 @@
 //! offset instead (`seek`), whatever the startup mode.
 //!
 //! A split reads its partition with a consumer of its own, assigned (never
-//! subscribed) at an explicit offset. A split paused by watermark alignment
-//! is simply not polled: librdkafka fetches until the partition's local
+//! subscribed) at an explicit offset, polled by the split's fetcher thread
+//! (`fetcher`): the reader decodes one chunk while the next is fetched. A
+//! split paused by watermark alignment is simply not polled: its fetcher
+//! stops a chunk ahead, librdkafka fetches until the partition's local
 //! queue holds `queued.max.messages.kbytes`, then stops fetching it, and
 //! nothing fetched is thrown away (librdkafka's `pause()` would purge the
 //! prefetched records and fetch them again on resume).
@@ -22,30 +24,22 @@
 //! `group-offsets` startup.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use weir_catalog::Options;
 
-use super::codec::{Codec, Decoders, Record};
-use super::metadata::RecordMeta;
+use super::codec::{Codec, Decoders};
+use super::fetcher::{Fetched, Fetcher, Partition};
 use super::{
     NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid, parse_specific_offsets,
 };
 use crate::connectors::{Committer, SinkContext, SourceFactory, SourceSplit, SplitPoll};
 use crate::error::{ConnectorError, Result};
-
-/// Where a record's key or value is in a poll's buffer.
-type Span = Range<usize>;
-
-/// Most records one poll hands on.
-const MAX_RECORDS: usize = 8192;
 
 /// How long an empty split waits before it is polled again; librdkafka
 /// wakes the reader sooner when a record arrives.
@@ -451,7 +445,7 @@ impl KafkaSource {
                     partition: key.1,
                     next_offset: start,
                     stop,
-                    consumer: None,
+                    fetcher: None,
                     decoders: None,
                     waker: None,
                     skipped: 0,
@@ -587,7 +581,8 @@ pub struct KafkaSplit {
     next_offset: i64,
     /// Bounded: the offset the split ends before.
     stop: Option<i64>,
-    consumer: Option<BaseConsumer<SplitContext>>,
+    /// Polls the split's consumer on a thread of its own, once opened.
+    fetcher: Option<Fetcher>,
     decoders: Option<Decoders>,
     waker: Option<Arc<tokio::sync::Notify>>,
     /// Bad records skipped (`*.ignore-parse-errors`) since last taken.
@@ -602,6 +597,7 @@ impl KafkaSplit {
         )
     }
 
+    /// A consumer assigned at the split's next offset, and its fetcher.
     fn open(&mut self) -> Result<()> {
         let mut config = client_config(&self.shared.properties);
         // An offset no longer on the broker (retention): read from the
@@ -609,16 +605,12 @@ impl KafkaSplit {
         if !self.shared.properties.contains_key("auto.offset.reset") {
             config.set("auto.offset.reset", "earliest");
         }
-        let mut consumer: BaseConsumer<SplitContext> = config.create_with_context(SplitContext).map_err(|e| {
+        let consumer: BaseConsumer<SplitContext> = config.create_with_context(SplitContext).map_err(|e| {
             external(format!(
                 "cannot create a consumer for topic '{}' partition {}: {e}",
                 self.topic, self.partition
             ))
         })?;
-        if let Some(w) = &self.waker {
-            let w = w.clone();
-            consumer.set_nonempty_callback(move || w.notify_one());
-        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.topic, self.partition, Offset::Offset(self.next_offset))
             .map_err(|e| external(e.to_string()))?;
@@ -628,60 +620,27 @@ impl KafkaSplit {
                 self.topic, self.partition
             ))
         })?;
+        let part = Partition {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            next_offset: self.next_offset,
+            stop: self.stop,
+            reads_headers: self.shared.codec.reads_headers(),
+            keeps_tombstones: self.shared.codec.is_upsert(),
+        };
+        let fetcher = Fetcher::start(consumer, part, self.waker.clone()).map_err(|e| {
+            external(format!(
+                "cannot start the fetcher of topic '{}' partition {}: {e}",
+                self.topic, self.partition
+            ))
+        })?;
         self.decoders = Some(self.shared.codec.decoders(&self.topic));
-        self.consumer = Some(consumer);
+        self.fetcher = Some(fetcher);
         Ok(())
     }
 
     fn done(&self) -> bool {
         self.stop.is_some_and(|s| self.next_offset >= s)
-    }
-
-    /// Closes the finished split's consumer on a thread of its own:
-    /// closing takes librdkafka about 100 ms, and a reader's splits
-    /// closed one after another held a bounded job's end back.
-    fn close(&mut self) {
-        if let Some(consumer) = self.consumer.take() {
-            let closing = std::thread::Builder::new()
-                .name("weir-kafka-close".into())
-                .spawn(move || drop(consumer));
-            if let Err(e) = closing {
-                tracing::debug!(target: "weir::kafka", "closing a consumer in place: {e}");
-            }
-        }
-    }
-
-    /// The consumer's position: past control records the records skip.
-    fn consumer_position(&self) -> Option<i64> {
-        let positions = self.consumer.as_ref()?.position().ok()?;
-        positions
-            .find_partition(&self.topic, self.partition)
-            .and_then(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            })
-    }
-
-    /// Fails on an error the client cannot recover from; logs the others
-    /// (a broker down: librdkafka reconnects and the split goes on).
-    fn on_error(&self, e: KafkaError) -> Result<()> {
-        let fatal = match &e {
-            KafkaError::MessageConsumptionFatal(_) => true,
-            KafkaError::MessageConsumption(code) => matches!(
-                code,
-                RDKafkaErrorCode::TopicAuthorizationFailed
-                    | RDKafkaErrorCode::GroupAuthorizationFailed
-                    | RDKafkaErrorCode::Fatal
-                    | RDKafkaErrorCode::AutoOffsetReset
-                    | RDKafkaErrorCode::UnknownTopic
-            ),
-            _ => false,
-        };
-        if fatal {
-            return Err(external(format!("{}: {e}", self.location(self.next_offset))));
-        }
-        tracing::warn!(target: "weir::kafka", "topic '{}' partition {}: {e} (retrying)", self.topic, self.partition);
-        Ok(())
     }
 }
 
@@ -696,10 +655,9 @@ impl SourceSplit for KafkaSplit {
 
     fn seek(&mut self, position: u64) -> Result<()> {
         self.next_offset = position as i64;
-        if self.consumer.is_some() {
-            // Re-assigned at the new offset on the next poll.
-            self.consumer = None;
-        }
+        // Fetched from the old position: opened again at the new one on
+        // the next poll.
+        self.fetcher = None;
         Ok(())
     }
 
@@ -726,86 +684,27 @@ impl SourceSplit for KafkaSplit {
 
     fn poll_batch(&mut self) -> Result<SplitPoll> {
         if self.done() {
-            self.close();
+            // The fetcher has closed the consumer on its way out.
+            self.fetcher = None;
             return Ok(SplitPoll::Finished);
         }
-        if self.consumer.is_none() {
+        if self.fetcher.is_none() {
             self.open()?;
         }
-        // Keys and values go into one buffer, each record a slice of it.
-        let mut data: Vec<u8> = vec![];
-        let mut read: Vec<(i64, Option<Span>, Option<Span>, RecordMeta)> = vec![];
-        let mut eof = false;
-        let mut error = None;
-        {
-            let Some(consumer) = self.consumer.as_ref() else {
-                return Err(crate::error::ExecError::internal("a Kafka split without its consumer"));
-            };
-            while read.len() < MAX_RECORDS {
-                match consumer.poll(Duration::ZERO) {
-                    None => break,
-                    Some(Err(KafkaError::PartitionEOF(_))) => {
-                        eof = true;
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        error = Some(e);
-                        break;
-                    }
-                    Some(Ok(m)) => {
-                        let offset = m.offset();
-                        if offset < self.next_offset {
-                            continue;
-                        }
-                        if self.stop.is_some_and(|s| offset >= s) {
-                            self.next_offset = self.stop.unwrap_or(offset);
-                            break;
-                        }
-                        self.next_offset = offset + 1;
-                        // A record without a value (a tombstone) is no row
-                        // of a plain `kafka` table (its offset is passed),
-                        // and the delete of its key in an `upsert-kafka` one.
-                        if m.payload().is_some() || self.shared.codec.is_upsert() {
-                            let mut copy = |part: Option<&[u8]>| {
-                                part.map(|p| {
-                                    data.extend_from_slice(p);
-                                    data.len() - p.len()..data.len()
-                                })
-                            };
-                            let (key, value) = (copy(m.key()), copy(m.payload()));
-                            read.push((
-                                offset,
-                                key,
-                                value,
-                                RecordMeta::of(&m, self.shared.codec.reads_headers()),
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(e) = error {
-            self.on_error(e)?;
-        }
-        let data = bytes::Bytes::from(data);
-        let records: Vec<Record> = read
-            .into_iter()
-            .map(|(offset, key, value, meta)| Record {
-                offset,
-                key: key.map(|r| data.slice(r)),
-                value: value.map(|r| data.slice(r)),
-                meta,
-            })
-            .collect();
+        let chunk = match self.fetcher.as_ref().and_then(Fetcher::try_next) {
+            // The fetcher wakes the reader when a chunk is ready.
+            None => return Ok(SplitPoll::Wait(tokio::time::Instant::now() + EMPTY_WAIT)),
+            Some(Fetched::Failed(message)) => return Err(external(message)),
+            Some(Fetched::Chunk(chunk)) => chunk,
+        };
+        self.next_offset = self.next_offset.max(chunk.next_offset);
+        let records = chunk.records;
         if records.is_empty() {
-            if eof && let Some(p) = self.consumer_position() {
-                self.next_offset = self.next_offset.max(p);
-            }
             if self.done() {
-                self.close();
+                self.fetcher = None;
                 return Ok(SplitPoll::Finished);
             }
-            return Ok(SplitPoll::Wait(tokio::time::Instant::now() + EMPTY_WAIT));
+            return Ok(SplitPoll::Wait(tokio::time::Instant::now()));
         }
         let Some(decoders) = self.decoders.as_ref() else {
             return Err(crate::error::ExecError::internal("a Kafka split without its decoders"));
