@@ -401,6 +401,7 @@ impl SinkFactory for KafkaSink {
                     current: None,
                     next_slot: 0,
                     pending: vec![],
+                    ahead: None,
                 };
                 w.begin()?;
                 Delivery::Transactional(w)
@@ -548,7 +549,8 @@ struct Committable {
 /// checkpoint, hands the producer here (`live`) and begins the next
 /// transaction under a free id with a new producer (librdkafka cannot
 /// rename one; `init_transactions` on a new instance bumps the epoch and
-/// fences the old one). An id is free once its transaction committed.
+/// fences the old one), opened ahead while the previous transaction was
+/// written. An id is free once its transaction committed.
 ///
 /// When the checkpoint completes, the committer commits the live producer's
 /// transaction. After a restart there is no live producer: the checkpoint's
@@ -751,14 +753,64 @@ struct TxnWriter {
     /// checkpoint until then (a checkpoint that failed never commits them;
     /// the next completed one does).
     pending: Vec<Committable>,
+    /// The next transaction's producer, opened ahead on a thread of its
+    /// own: opening one (`init_transactions`) takes librdkafka about
+    /// 600 ms (its coordinator lookup waits on a 500 ms timer), which the
+    /// barrier waited for and stalled the sink (exactly-once wrote at half
+    /// the at-least-once rate).
+    ahead: Option<(usize, std::thread::JoinHandle<Result<BaseProducer<Deliveries>>>)>,
 }
 
 impl TxnWriter {
-    /// Begins a transaction under a free id, waiting for one if every id
-    /// waits for its checkpoint.
+    /// Begins a transaction under a free id with the producer opened
+    /// ahead for it, and starts opening the next one.
     fn begin(&mut self) -> Result<()> {
+        let (slot, producer) = match self.ahead.take() {
+            Some((slot, opening)) => (slot, Self::opened(opening)?),
+            None => {
+                let slot = self.free_slot()?;
+                (slot, self.transactions.open(&self.ids[slot])?)
+            }
+        };
+        let id = self.ids[slot].clone();
+        self.next_slot = slot + 1;
+        producer
+            .begin_transaction()
+            .map_err(|e| external(format!("cannot begin a transaction of '{id}': {e}")))?;
+        self.current = Some((id, producer, false));
+        self.open_ahead(slot)
+    }
+
+    fn opened(opening: std::thread::JoinHandle<Result<BaseProducer<Deliveries>>>) -> Result<BaseProducer<Deliveries>> {
+        opening
+            .join()
+            .map_err(|_| crate::error::ExecError::internal("opening a Kafka transactional producer panicked"))?
+    }
+
+    /// Starts opening the producer of the next free id after `current`'s
+    /// (none free: `begin` waits for one then).
+    fn open_ahead(&mut self, current: usize) -> Result<()> {
+        let n = self.ids.len();
+        for k in 0..n {
+            let slot = (self.next_slot + k) % n;
+            if slot != current && !self.transactions.busy(&self.ids[slot])? {
+                let (transactions, id) = (self.transactions.clone(), self.ids[slot].clone());
+                let opening = std::thread::Builder::new()
+                    .name("weir-kafka-txn-open".into())
+                    .spawn(move || transactions.open(&id))
+                    .map_err(|e| external(format!("cannot start opening a transactional producer: {e}")))?;
+                self.ahead = Some((slot, opening));
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next id no pre-committed transaction holds, waiting for one if
+    /// every id waits for its checkpoint.
+    fn free_slot(&mut self) -> Result<usize> {
         let deadline = Instant::now() + FREE_ID_WAIT;
-        let id = loop {
+        loop {
             // Round the ids from the one after the last taken: an id comes
             // back only after the others, checkpoints later, so a restore
             // re-commits its checkpoint's transactions while their ids
@@ -774,8 +826,7 @@ impl TxnWriter {
                 }
             }
             if let Some(slot) = free {
-                self.next_slot = slot + 1;
-                break self.ids[slot].clone();
+                return Ok(slot);
             }
             if Instant::now() >= deadline {
                 return Err(external(format!(
@@ -790,13 +841,7 @@ impl TxnWriter {
                 .committed
                 .wait_timeout(live, Duration::from_millis(100))
                 .map_err(|_| crate::error::ExecError::internal("Kafka transactions poisoned"))?;
-        };
-        let producer = self.transactions.open(&id)?;
-        producer
-            .begin_transaction()
-            .map_err(|e| external(format!("cannot begin a transaction of '{id}': {e}")))?;
-        self.current = Some((id, producer, false));
-        Ok(())
+        }
     }
 
     /// The producer id and epoch of `producer`, from its statistics.
@@ -866,6 +911,16 @@ impl TxnWriter {
             .iter()
             .map(|c| serde_json::to_value(c).map_err(|e| crate::error::ExecError::internal(e.to_string())))
             .collect()
+    }
+}
+
+impl Drop for TxnWriter {
+    /// Waits for a producer still being opened ahead: left running, it
+    /// could fence the producer a restarted writer opens under that id.
+    fn drop(&mut self) {
+        if let Some((_, opening)) = self.ahead.take() {
+            let _ = opening.join();
+        }
     }
 }
 
