@@ -5,8 +5,9 @@
 //! on one thread, librdkafka's per-record poll and the JSON decode took
 //! turns, and a JSON backfill read at about 70 % of the bare client.
 //!
-//! The fetcher reads ahead by at most [`AHEAD`] chunks: a split the reader
-//! does not poll (paused by watermark alignment) stops its fetcher there,
+//! The fetcher reads ahead by at most [`AHEAD`] chunks waiting in the
+//! channel and the one it is handing on: a split the reader does not poll
+//! (paused by watermark alignment) stops its fetcher there,
 //! and librdkafka then stops fetching once its queue is full. A record is
 //! handed on, and the split's position moves past it, only when the reader
 //! takes its chunk: a checkpoint never covers what is still in flight here.
@@ -164,8 +165,12 @@ fn read_chunk(
                         part.topic, part.partition, part.next_offset
                     ));
                 }
-                // A broker down: librdkafka reconnects and the split goes on.
+                // A broker down: librdkafka reconnects and the split goes
+                // on, polled again after a pause (not a log line per poll).
                 tracing::warn!(target: "weir::kafka", "topic '{}' partition {}: {e} (retrying)", part.topic, part.partition);
+                if read.is_empty() {
+                    std::thread::sleep(POLL_WAIT);
+                }
                 break;
             }
             Some(Ok(m)) => {

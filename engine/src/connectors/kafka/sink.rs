@@ -297,6 +297,7 @@ impl KafkaSink {
                 live: Mutex::new(HashMap::new()),
                 committed: Condvar::new(),
                 old_parallelism: Mutex::new(0),
+                orphans: Mutex::new(vec![]),
             }),
             properties,
             settings,
@@ -574,7 +575,14 @@ struct Transactions {
     committed: Condvar,
     /// The parallelism of the run a restore came from (from its committables).
     old_parallelism: Mutex<usize>,
+    /// Producers still being opened ahead by writers that are gone (a
+    /// failed attempt): `recover` waits for them before it aborts, so none
+    /// can fence a producer the next attempt opens under the same id.
+    orphans: Mutex<Vec<Opening>>,
 }
+
+/// A transactional producer being opened on a thread of its own.
+type Opening = std::thread::JoinHandle<Result<BaseProducer<Deliveries>>>;
 
 struct LiveTxn {
     producer: Option<BaseProducer<Deliveries>>,
@@ -727,6 +735,16 @@ impl Committer for TxnCommitter {
         // Producers of a failed attempt in this process hold transactions
         // no checkpoint has: dropped, and aborted below.
         self.0.lock()?.clear();
+        let orphans = std::mem::take(
+            &mut *self
+                .0
+                .orphans
+                .lock()
+                .map_err(|_| crate::error::ExecError::internal("Kafka transactions poisoned"))?,
+        );
+        for opening in orphans {
+            let _ = opening.join();
+        }
         let old = self.0.old_parallelism.lock().map(|p| *p).unwrap_or(0);
         let prefix = &self.0.prefix;
         // The ids of the restored run's subtasks: the writers of this run
@@ -758,15 +776,26 @@ struct TxnWriter {
     /// 600 ms (its coordinator lookup waits on a 500 ms timer), which the
     /// barrier waited for and stalled the sink (exactly-once wrote at half
     /// the at-least-once rate).
-    ahead: Option<(usize, std::thread::JoinHandle<Result<BaseProducer<Deliveries>>>)>,
+    ahead: Option<(usize, Opening)>,
 }
 
 impl TxnWriter {
     /// Begins a transaction under a free id with the producer opened
     /// ahead for it, and starts opening the next one.
     fn begin(&mut self) -> Result<()> {
-        let (slot, producer) = match self.ahead.take() {
-            Some((slot, opening)) => (slot, Self::opened(opening)?),
+        let opened = match self.ahead.take() {
+            Some((slot, opening)) => match Self::opened(opening) {
+                Ok(producer) => Some((slot, producer)),
+                Err(e) => {
+                    // The cluster was away when it was opened: again now.
+                    tracing::warn!(target: "weir::kafka", "opening '{}' ahead failed ({e}); opening it now", self.ids[slot]);
+                    None
+                }
+            },
+            None => None,
+        };
+        let (slot, producer) = match opened {
+            Some(opened) => opened,
             None => {
                 let slot = self.free_slot()?;
                 (slot, self.transactions.open(&self.ids[slot])?)
@@ -781,7 +810,7 @@ impl TxnWriter {
         self.open_ahead(slot)
     }
 
-    fn opened(opening: std::thread::JoinHandle<Result<BaseProducer<Deliveries>>>) -> Result<BaseProducer<Deliveries>> {
+    fn opened(opening: Opening) -> Result<BaseProducer<Deliveries>> {
         opening
             .join()
             .map_err(|_| crate::error::ExecError::internal("opening a Kafka transactional producer panicked"))?
@@ -867,7 +896,7 @@ impl TxnWriter {
     }
 
     /// The barrier: flushes the current transaction and hands it over.
-    fn pre_commit(&mut self, topic: &str) -> Result<Vec<serde_json::Value>> {
+    fn pre_commit(&mut self, topic: &str, last: bool) -> Result<Vec<serde_json::Value>> {
         self.pending.retain(|c| {
             self.transactions
                 .lock()
@@ -904,7 +933,9 @@ impl TxnWriter {
                 // Flushed, not yet in a completed checkpoint: a crash here
                 // must see this transaction aborted on restore.
                 failpoint("kafka_sink.pre_committed");
-                self.begin()?;
+                if !last {
+                    self.begin()?;
+                }
             }
         }
         self.pending
@@ -915,11 +946,14 @@ impl TxnWriter {
 }
 
 impl Drop for TxnWriter {
-    /// Waits for a producer still being opened ahead: left running, it
-    /// could fence the producer a restarted writer opens under that id.
+    /// Hands a producer still being opened ahead to `recover`, which waits
+    /// for it (not here: a writer is dropped on a runtime thread, and an
+    /// unreachable cluster keeps the open going for its request timeout).
     fn drop(&mut self) {
-        if let Some((_, opening)) = self.ahead.take() {
-            let _ = opening.join();
+        if let Some((_, opening)) = self.ahead.take()
+            && let Ok(mut orphans) = self.transactions.orphans.lock()
+        {
+            orphans.push(opening);
         }
     }
 }
@@ -1042,7 +1076,7 @@ impl Operator for KafkaWriter {
         match &mut self.delivery {
             Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
             Delivery::Plain(_) => {}
-            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic, false)?))),
         }
         Ok(None)
     }
@@ -1051,7 +1085,8 @@ impl Operator for KafkaWriter {
         self.send_buffered()?;
         let topic = self.settings.topics.text();
         match &mut self.delivery {
-            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic)?))),
+            // The end of input: no transaction after this one.
+            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic, true)?))),
             Delivery::Plain(_) => Ok(None),
         }
     }
