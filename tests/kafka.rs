@@ -1423,6 +1423,78 @@ async fn partitions_ahead_of_their_alignment_group_pause_until_the_late_one_catc
     session.execute_sql("STOP JOB 'paused';").await.expect("stop");
 }
 
+/// The README's Kafka walk-through, as users run it: `examples/kafka_produce.sql`
+/// fills a skewed topic, `examples/kafka_backfill.sql` reads it back with
+/// an alignment group and ends with SHOW WATERMARKS, where the sparse
+/// partition has been paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_backfill_example_pauses_the_sparse_partition() {
+    let broker = Broker::start();
+    broker.create_topic("bids", 4);
+    let example = |name: &str| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples").join(name);
+        std::fs::read_to_string(&path)
+            .expect("example")
+            .replace("127.0.0.1:9092", &broker.servers())
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session
+        .execute_sql(&example("kafka_produce.sql"))
+        .await
+        .expect("produce");
+    // A last record in a batch of its own in each partition, so that
+    // tansu's latest offset is the end (see the module comment), after
+    // the bids in event time.
+    let closing: Vec<(i32, Option<String>, String)> = ["red", "west", "north", "south"]
+        .iter()
+        .enumerate()
+        .map(|(p, region)| {
+            let record = format!(
+                r#"{{"region":"{region}","auction":0,"bidder":0,"price":0,"dateTime":"2015-07-15 00:00:45.000"}}"#
+            );
+            (p as i32, Some(region.to_string()), record)
+        })
+        .collect();
+    broker.produce("bids", &closing);
+    let results = session
+        .execute_sql(&example("kafka_backfill.sql"))
+        .await
+        .expect("backfill");
+    let Some(StatementResult::Rows(_, batches)) = results.into_iter().last() else {
+        panic!("SHOW WATERMARKS rows expected last");
+    };
+    let (scopes, names) = (common::strings(&batches, "scope"), common::strings(&batches, "name"));
+    let (states, paused, details) = (
+        common::strings(&batches, "state"),
+        common::strings(&batches, "paused_ms"),
+        common::strings(&batches, "detail"),
+    );
+    let mut splits = BTreeMap::new();
+    for i in (0..scopes.len()).filter(|i| scopes[*i] == "split") {
+        let split = names[i].rsplit(' ').next().unwrap_or_default().to_string();
+        let offset: i64 = details[i]
+            .strip_prefix("offset ")
+            .and_then(|d| d.parse().ok())
+            .expect("offset");
+        let paused: i64 = paused[i].parse().expect("paused_ms");
+        splits.insert(split, (states[i].clone(), offset, paused));
+    }
+    assert_eq!(splits.len(), 4, "{splits:#?}");
+    assert!(splits.values().all(|(state, ..)| state == "finished"), "{splits:#?}");
+    // Every bid (400 200, 50 036 of them 'red') and the four closing ones.
+    assert_eq!(
+        splits.values().map(|(_, offset, _)| offset).sum::<i64>(),
+        400_204,
+        "{splits:#?}"
+    );
+    let sparse = &splits["bids:0"];
+    assert_eq!(sparse.1, 50_037, "{splits:#?}");
+    // (The dense ones may pause too, for a moment, when one of them is
+    // handed a large chunk before the others.)
+    assert!(sparse.2 > 0, "partition 0 paused by alignment: {splits:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_partition_goes_idle_and_windows_fire_without_it() {
     let broker = Broker::start();
