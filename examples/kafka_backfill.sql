@@ -1,13 +1,13 @@
 -- The seed's backfill, from Kafka: every partition of `bids` read from the
 -- earliest offset to the latest (a bounded backfill), each partition a
--- split with its own watermark. Partition 0 holds few bids per second of
--- event time, so it runs ahead; the alignment group pauses it (it is not
--- polled, nothing fetched is dropped) whenever it is more than 5 s of
--- event time ahead of the slowest partition, and the others keep flowing
--- (a small drift: the topic holds 40 s of event time).
--- SHOW WATERMARKS at the end lists each partition's time paused: partition
--- 0's, a few hundred milliseconds (how much depends on how fast the broker
--- serves the read); the others', none.
+-- split with its own watermark. Partition 0's bids are a minute later in
+-- event time than the others', so it runs ahead; the alignment group
+-- pauses it (it is not polled, nothing fetched is dropped) whenever it is
+-- more than 30 s of event time ahead of the slowest partition, and the
+-- others keep flowing. SHOW WATERMARKS at the end lists each partition's
+-- time paused: partition 0's, while the others read their first 30 s
+-- and whenever it ran ahead again; the others' little or none (one of
+-- them pauses when the other subtask falls more than 30 s behind it).
 --
 --   weir run examples/kafka_produce.sql     (fills the topic first)
 --   weir run examples/kafka_backfill.sql
@@ -19,7 +19,7 @@ SET 'pipeline.auto-watermark-interval' = '50 ms';
 CREATE TABLE bids (
   region STRING, auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
   WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND
-    ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '5' SECOND UPDATE INTERVAL '100' MILLISECOND
+    ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '30' SECOND UPDATE INTERVAL '100' MILLISECOND
 ) WITH (
   'connector' = 'kafka',
   'topic' = 'bids',

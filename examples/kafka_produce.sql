@@ -1,11 +1,11 @@
 -- Fills the topic `bids` (4 partitions) for examples/kafka_backfill.sql:
--- 400 000 Nexmark bids keyed by a region, so that Kafka's partitioner
+-- 920 000 Nexmark bids (100 s of event time) keyed by a region, so that Kafka's partitioner
 -- (murmur2, as the Java client) puts each region in its own partition.
--- Partition 0 ('red') holds one bid in eight and the three others the
--- rest, over the same 40 s of event time: read at the same pace,
--- partition 0 runs ahead in event time. The region comes from the price:
--- Nexmark's auction and bidder ids are skewed towards hot ones, so a
--- region by auction would not be one bid in eight.
+-- Partition 0 ('red', one bid in eight: the region comes from the price,
+-- as Nexmark's auction and bidder ids are skewed towards hot ones) is
+-- stamped a minute later than the others, as from a clock a minute
+-- ahead: read from the start like the rest, it runs a minute ahead in
+-- event time.
 --
 --   tansu topic create bids --partitions 4 --broker tcp://127.0.0.1:9092
 --   weir run examples/kafka_produce.sql
@@ -14,7 +14,7 @@ SET 'pipeline.name' = 'kafka-produce';
 SET 'table.dml-sync' = 'true';
 
 CREATE TABLE gen (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3))
-WITH ('connector' = 'nexmark', 'nexmark.events' = '435000');
+WITH ('connector' = 'nexmark', 'nexmark.events' = '1000000');
 
 CREATE TABLE bids_topic (region STRING, auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3))
 WITH (
@@ -33,5 +33,6 @@ SELECT CASE
          WHEN MOD(price, 3) = 1 THEN 'north'    -- partition 2
          ELSE 'south'                           -- partition 3
        END,
-       auction, bidder, price, dateTime
+       auction, bidder, price,
+       CASE WHEN MOD(price, 8) = 0 THEN dateTime + INTERVAL '1' MINUTE ELSE dateTime END
 FROM gen;

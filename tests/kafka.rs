@@ -1424,11 +1424,11 @@ async fn partitions_ahead_of_their_alignment_group_pause_until_the_late_one_catc
 }
 
 /// The README's Kafka walk-through, as users run it: `examples/kafka_produce.sql`
-/// fills a skewed topic, `examples/kafka_backfill.sql` reads it back with
-/// an alignment group and ends with SHOW WATERMARKS, where the sparse
-/// partition has been paused.
+/// fills a topic whose partition 0 is a minute ahead in event time,
+/// `examples/kafka_backfill.sql` reads it back with an alignment group and
+/// ends with SHOW WATERMARKS, where partition 0 has been paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_backfill_example_pauses_the_sparse_partition() {
+async fn the_readme_backfill_example_pauses_the_partition_ahead() {
     let broker = Broker::start();
     broker.create_topic("bids", 4);
     let example = |name: &str| {
@@ -1450,8 +1450,10 @@ async fn the_readme_backfill_example_pauses_the_sparse_partition() {
         .iter()
         .enumerate()
         .map(|(p, region)| {
+            // The red bids are a minute later.
+            let minute = if p == 0 { 2 } else { 1 };
             let record = format!(
-                r#"{{"region":"{region}","auction":0,"bidder":0,"price":0,"dateTime":"2015-07-15 00:00:45.000"}}"#
+                r#"{{"region":"{region}","auction":0,"bidder":0,"price":0,"dateTime":"2015-07-15 00:0{minute}:45.000"}}"#
             );
             (p as i32, Some(region.to_string()), record)
         })
@@ -1482,16 +1484,17 @@ async fn the_readme_backfill_example_pauses_the_sparse_partition() {
     }
     assert_eq!(splits.len(), 4, "{splits:#?}");
     assert!(splits.values().all(|(state, ..)| state == "finished"), "{splits:#?}");
-    // Every bid (400 200, 50 036 of them 'red') and the four closing ones.
+    // Every bid (920 000, 114 764 of them 'red') and the four closing ones.
     assert_eq!(
         splits.values().map(|(_, offset, _)| offset).sum::<i64>(),
-        400_204,
+        920_004,
         "{splits:#?}"
     );
     let sparse = &splits["bids:0"];
-    assert_eq!(sparse.1, 50_037, "{splits:#?}");
-    // (The dense ones may pause too, for a moment, when one of them is
-    // handed a large chunk before the others.)
+    assert_eq!(sparse.1, 114_765, "{splits:#?}");
+    // A minute ahead of the others: paused until they came within the
+    // drift. (One of them may pause too, when the other subtask falls
+    // behind it by more than the drift.)
     assert!(sparse.2 > 0, "partition 0 paused by alignment: {splits:#?}");
 }
 
@@ -1752,6 +1755,88 @@ fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpoint
             ids.len()
         );
     }
+}
+
+/// A job stopped at a savepoint with 2 subtasks, restored with 3, stopped
+/// again and restored with 1: each partition's offset goes to whichever
+/// subtask owns the partition now, and every record is copied exactly once
+/// across the three runs (records keep arriving in between).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn savepoints_hand_each_partitions_offset_to_a_new_parallelism() {
+    let broker = Broker::start();
+    broker.create_topic("rescale", 4);
+    const N: i64 = 2_000;
+    let spread = |ids: std::ops::Range<i64>| -> Vec<(i32, Option<String>, String)> {
+        ids.map(|i| ((i % 4) as i32, None, bid(i, i))).collect()
+    };
+    broker.produce("rescale", &spread(0..N));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session
+        .execute_sql(&format!(
+            "SET 'pipeline.name' = 'rescale';
+             SET 'execution.checkpointing.interval' = '100 ms';
+             CREATE TABLE rescale (id BIGINT, dt TIMESTAMP(3))
+             WITH ('connector' = 'kafka', 'topic' = 'rescale', 'properties.bootstrap.servers' = '{}',
+               'format' = 'json', 'scan.startup.mode' = 'earliest-offset',
+               'properties.max.partition.fetch.bytes' = '1024');
+             CREATE TABLE copy (id BIGINT) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');",
+            broker.servers(),
+            out.display()
+        ))
+        .await
+        .expect("ddl");
+    let mut from: Option<String> = None;
+    for (round, parallelism) in [2, 3, 1].into_iter().enumerate() {
+        let restore = from
+            .as_ref()
+            .map(|p| format!("SET 'execution.state-recovery.path' = '{p}';"))
+            .unwrap_or_default();
+        session
+            .execute_sql(&format!(
+                "SET 'parallelism.default' = '{parallelism}'; {restore}
+                 INSERT INTO copy SELECT id FROM rescale;"
+            ))
+            .await
+            .expect("start");
+        // The next records arrive while this run reads.
+        let written = (round as i64 + 1) * N;
+        if round < 2 {
+            broker.produce("rescale", &spread(written..written + N));
+        }
+        // Stopped once part of what was written is copied, before the end.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let target = round * N as usize + N as usize / 2;
+        while common::committed_lines(&out).len() < target {
+            assert!(
+                Instant::now() < deadline,
+                "run {round}: {target} rows copied within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if round == 2 {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while common::committed_lines(&out).len() < 3 * N as usize {
+                assert!(Instant::now() < deadline, "every row copied within 60 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let stopped = session
+            .execute_sql("STOP JOB 'rescale' WITH SAVEPOINT;")
+            .await
+            .expect("stop with savepoint");
+        let Some(StatementResult::Rows(_, batches)) = stopped.into_iter().last() else {
+            panic!("a savepoint path expected");
+        };
+        from = common::strings(&batches, "savepoint_path").into_iter().next();
+    }
+    let mut ids: Vec<i64> = common::committed_lines(&out)
+        .iter()
+        .map(|l| l.parse().expect("id"))
+        .collect();
+    ids.sort();
+    assert_eq!(ids, (0..3 * N).collect::<Vec<_>>(), "each record copied once");
 }
 
 /// A bounded read's stop offsets are the first attempt's: records written
