@@ -1757,6 +1757,23 @@ fn a_job_killed_and_restarted_reads_each_record_exactly_once_from_its_checkpoint
     }
 }
 
+/// Waits until the filesystem sink at `out` has committed `n` rows, up to 60 s.
+async fn wait_for_committed(out: &std::path::Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let rows = common::committed_lines(out).len();
+        if rows >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} rows committed within 60 s, {rows} so far"
+        );
+        // The job's own commits are awaited, seen as users see them.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A job stopped at a savepoint with 2 subtasks, restored with 3, stopped
 /// again and restored with 1: each partition's offset goes to whichever
 /// subtask owns the partition now, and every record is copied exactly once
@@ -1805,23 +1822,10 @@ async fn savepoints_hand_each_partitions_offset_to_a_new_parallelism() {
         if round < 2 {
             broker.produce("rescale", &spread(written..written + N));
         }
-        // Stopped once part of what was written is copied, before the end.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let target = round * N as usize + N as usize / 2;
-        while common::committed_lines(&out).len() < target {
-            assert!(
-                Instant::now() < deadline,
-                "run {round}: {target} rows copied within 60 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if round == 2 {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while common::committed_lines(&out).len() < 3 * N as usize {
-                assert!(Instant::now() < deadline, "every row copied within 60 s");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+        // The first two runs stop once part of what was written is
+        // copied, the last once everything is.
+        let target = if round == 2 { 3 * N } else { round as i64 * N + N / 2 };
+        wait_for_committed(&out, target as usize).await;
         let stopped = session
             .execute_sql("STOP JOB 'rescale' WITH SAVEPOINT;")
             .await
