@@ -4,7 +4,7 @@
 # sinks (Nexmark bids as JSON), the librdkafka consumer alone reading the
 # topic (the physical limit), Weir's q0 (topic → blackhole; JSON, and raw
 # without the decode) and a q5-style
-# HOP count from the topic, all at parallelism 1.
+# HOP count from the topic, at parallelism 1 (and q0 JSON at 2 too).
 #
 #   benches/kafka.sh [rows]      (needs a release build and scripts/setup.sh's tansu)
 set -euo pipefail

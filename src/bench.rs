@@ -786,9 +786,9 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
             args.bootstrap
         )
     };
-    let read = |query: &str| {
+    let read = |parallelism: usize, query: &str| {
         format!(
-            "SET 'parallelism.default' = '1';
+            "SET 'parallelism.default' = '{parallelism}';
              SET 'table.dml-sync' = 'true';
              CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3),
                WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND)
@@ -833,11 +833,22 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
         eprintln!("  {:.0} % of the consumer alone's rate{cpu}", 100.0 * raw.wall / t.wall);
     };
     let t = timed(&read(
+        1,
         "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT * FROM bid;",
     ))
     .await?;
     row("q0 from Kafka (JSON → blackhole)", &t);
+    share(&t);
+    // Two subtasks, two partitions each: how the decode spreads over
+    // the cores (the consumer alone is one thread).
+    let t = timed(&read(
+        2,
+        "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+         INSERT INTO sink SELECT * FROM bid;",
+    ))
+    .await?;
+    row("q0 from Kafka (JSON → blackhole), parallelism 2", &t);
     share(&t);
     // The same records as one STRING each (`raw`): the read without the
     // JSON decode, to tell the decode's cost from the rest of the path.
@@ -855,6 +866,7 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
     row("q0 from Kafka, raw format (no decode)", &t);
     share(&t);
     let t = timed(&read(
+        1,
         "CREATE TABLE sink (auction BIGINT, n BIGINT, window_end TIMESTAMP(3)) WITH ('connector' = 'blackhole');
          INSERT INTO sink SELECT auction, COUNT(*), window_end
          FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
