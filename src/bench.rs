@@ -832,22 +832,14 @@ async fn kafka_figures(args: &KafkaArgs) -> Result<(), String> {
         };
         eprintln!("  {:.0} % of the consumer alone's rate{cpu}", 100.0 * raw.wall / t.wall);
     };
-    let t = timed(&read(
-        1,
-        "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
-         INSERT INTO sink SELECT * FROM bid;",
-    ))
-    .await?;
+    let q0 = "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+              INSERT INTO sink SELECT * FROM bid;";
+    let t = timed(&read(1, q0)).await?;
     row("q0 from Kafka (JSON → blackhole)", &t);
     share(&t);
     // Two subtasks, two partitions each: how the decode spreads over
     // the cores (the consumer alone is one thread).
-    let t = timed(&read(
-        2,
-        "CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3)) WITH ('connector' = 'blackhole');
-         INSERT INTO sink SELECT * FROM bid;",
-    ))
-    .await?;
+    let t = timed(&read(2, q0)).await?;
     row("q0 from Kafka (JSON → blackhole), parallelism 2", &t);
     share(&t);
     // The same records as one STRING each (`raw`): the read without the
