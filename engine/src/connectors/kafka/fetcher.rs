@@ -45,8 +45,12 @@ pub(super) struct Chunk {
 
 pub(super) enum Fetched {
     Chunk(Chunk),
-    /// An error the client cannot recover from, as users read it.
-    Failed(String),
+    /// An error the client cannot recover from, at this offset (`None`:
+    /// the fetcher stopped without a word).
+    Failed {
+        offset: Option<i64>,
+        error: String,
+    },
 }
 
 /// What the fetcher needs to know of its split.
@@ -91,7 +95,10 @@ impl Fetcher {
         match self.chunks.try_recv() {
             Ok(f) => Some(f),
             Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(Fetched::Failed("the partition's fetcher stopped".into())),
+            Err(TryRecvError::Disconnected) => Some(Fetched::Failed {
+                offset: None,
+                error: "the partition's fetcher stopped".into(),
+            }),
         }
     }
 }
@@ -118,7 +125,10 @@ fn run(
         let fetched = match read_chunk(&consumer, &mut part) {
             Ok(None) => continue,
             Ok(Some(chunk)) => Fetched::Chunk(chunk),
-            Err(message) => Fetched::Failed(message),
+            Err(error) => Fetched::Failed {
+                offset: Some(part.next_offset),
+                error,
+            },
         };
         let last = !matches!(fetched, Fetched::Chunk(_)) || part.stop.is_some_and(|s| part.next_offset >= s);
         // Blocks while the reader is a chunk behind; fails once it is gone.
@@ -160,10 +170,7 @@ fn read_chunk(
             }
             Some(Err(e)) => {
                 if is_fatal(&e) {
-                    return Err(format!(
-                        "kafka topic '{}' partition {} offset {}: {e}",
-                        part.topic, part.partition, part.next_offset
-                    ));
+                    return Err(e.to_string());
                 }
                 // A broker down: librdkafka reconnects and the split goes
                 // on, polled again after a pause (not a log line per poll).

@@ -41,8 +41,8 @@ use super::{
 use crate::connectors::{Committer, SinkContext, SourceFactory, SourceSplit, SplitPoll};
 use crate::error::{ConnectorError, Result};
 
-/// How long an empty split waits before it is polled again; librdkafka
-/// wakes the reader sooner when a record arrives.
+/// How long an empty split waits before it is polled again; its fetcher
+/// wakes the reader sooner when a chunk is ready.
 const EMPTY_WAIT: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone)]
@@ -694,7 +694,10 @@ impl SourceSplit for KafkaSplit {
         let chunk = match self.fetcher.as_ref().and_then(Fetcher::try_next) {
             // The fetcher wakes the reader when a chunk is ready.
             None => return Ok(SplitPoll::Wait(tokio::time::Instant::now() + EMPTY_WAIT)),
-            Some(Fetched::Failed(message)) => return Err(external(message)),
+            Some(Fetched::Failed { offset, error }) => {
+                let at = offset.unwrap_or(self.next_offset);
+                return Err(external(format!("{}: {error}", self.location(at))));
+            }
             Some(Fetched::Chunk(chunk)) => chunk,
         };
         self.next_offset = self.next_offset.max(chunk.next_offset);
