@@ -99,6 +99,7 @@ def main():
         "# scripts/flink_functions.py: do not edit, regenerate. Each case runs",
         "#   SELECT id, CAST((expr) AS STRING), TYPEOF((expr)) FROM t",
         "# (TYPEOF without NOT NULL). Known differences are refused by name.",
+        "# recorded: flink-2.3 (every query's rows; EXPLAIN, SHOW and DESCRIBE are Weir's)",
         "",
         "statement ok",
         TABLE.format(path="${DATA}/../functions/input.json"),

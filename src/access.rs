@@ -82,6 +82,7 @@ pub fn is_read_only(stmt: &Statement) -> bool {
         Statement::Query(_)
             | Statement::Subscribe(_)
             | Statement::ShowTables
+            | Statement::ShowViews
             | Statement::Describe(_)
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)

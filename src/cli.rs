@@ -107,6 +107,12 @@ pub struct ServeArgs {
     /// dropping it as stalled.
     #[arg(long, default_value_t = 30.0)]
     pub subscriber_timeout: f64,
+    /// Let clients' connector properties load code or run commands in the
+    /// server (librdkafka's `properties.plugin.library.paths`,
+    /// `properties.sasl.kerberos.kinit.cmd`, ...). Off: such tables are
+    /// refused for every role.
+    #[arg(long)]
+    pub allow_client_plugins: bool,
 }
 
 impl ServeArgs {
@@ -154,16 +160,24 @@ pub enum BenchCommand {
 
 /// A session on `data_dir`; with `restrict`, SQL may name files only in
 /// the data dir and `allow`.
-fn open_session(data_dir: &std::path::Path, allow: &[PathBuf], restrict: bool) -> Result<Session, String> {
+fn open_session(
+    data_dir: &std::path::Path,
+    allow: &[PathBuf],
+    restrict: bool,
+    client_plugins: bool,
+) -> Result<Session, String> {
     if !restrict {
         return Session::open(data_dir).map_err(|e| e.to_string());
     }
     std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let mut dirs = vec![data_dir.to_path_buf()];
     dirs.extend(allow.iter().cloned());
-    let policy = weir_engine::paths::PathPolicy::allow(&dirs)
+    let mut policy = weir_engine::paths::PathPolicy::allow(&dirs)
         .map_err(|e| format!("--allow-dir: {e}"))?
         .reserving(data_dir);
+    if client_plugins {
+        policy = policy.allowing_client_plugins();
+    }
     Session::open_with(data_dir, policy).map_err(|e| e.to_string())
 }
 
@@ -213,7 +227,7 @@ pub fn main_with(args: Args) -> i32 {
         Some(Command::Serve(serve)) => {
             // A server's clients name files only inside its data dir and
             // the directories it was given.
-            let session = match open_session(&args.data_dir, &args.allow_dir, true) {
+            let session = match open_session(&args.data_dir, &args.allow_dir, true, serve.allow_client_plugins) {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -240,7 +254,7 @@ pub fn main_with(args: Args) -> i32 {
     if let Some(url) = &args.url {
         return remote_main(&rt, &args, url);
     }
-    let mut session = match open_session(&args.data_dir, &args.allow_dir, !args.allow_dir.is_empty()) {
+    let mut session = match open_session(&args.data_dir, &args.allow_dir, !args.allow_dir.is_empty(), false) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -414,11 +428,13 @@ async fn show(
             id,
             name,
             resumed_from: None,
+            ..
         } => println!("[INFO] job '{name}' submitted (id {id})"),
         StatementResult::JobStarted {
             id,
             name,
             resumed_from: Some((checkpoint, path)),
+            ..
         } => println!("[INFO] job '{name}' submitted (id {id}): resuming from checkpoint {checkpoint} ({path})"),
         StatementResult::Stream(rs) => match ResultMode::of(session, interactive, rs.changelog) {
             ResultMode::Table => materialized(rs, signals).await?,

@@ -25,6 +25,11 @@ pub struct JobRecord {
     /// admin's); absent in registries written before users existed.
     #[serde(default)]
     pub owner: Option<String>,
+    /// The `CREATE TEMPORARY TABLE|VIEW` statements of the session that
+    /// started it, made again before it restarts (temporary objects are
+    /// in no catalog file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub temporary: Vec<String>,
 }
 
 /// A job known to the session.

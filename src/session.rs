@@ -108,6 +108,9 @@ pub enum StatementResult {
         name: String,
         /// The checkpoint it resumed from: (id, path).
         resumed_from: Option<(u64, String)>,
+        /// The job's state when the statement answers: `RUNNING`, or with
+        /// `table.dml-sync` the state it ended in (`FINISHED`, ...).
+        state: &'static str,
     },
     Stream(ResultStream),
 }
@@ -180,6 +183,13 @@ pub struct Session {
     queries: usize,
     last_outcome: Option<weir_engine::runtime::JobOutcome>,
     principal: Principal,
+    /// `CREATE TEMPORARY TABLE|VIEW`: this session's only, never in the
+    /// catalog file, shadowing permanent objects of the same name (as
+    /// Flink's temporary objects).
+    temporary: Catalog,
+    /// The statements that made them, by name: a job that reads one keeps
+    /// them, so a server restart can start it again.
+    temporary_ddl: Vec<(String, String)>,
 }
 
 /// Job metrics by job name, shared with readers outside the session.
@@ -227,7 +237,15 @@ impl Session {
             queries: 0,
             last_outcome: None,
             principal,
+            temporary: Catalog::in_memory(),
+            temporary_ddl: Vec::new(),
         }
+    }
+
+    /// What this session's statements see: the catalog with the session's
+    /// temporary objects in place of permanent ones of the same name.
+    fn catalog_view(&self) -> Catalog {
+        self.shared.catalog().overlaid(&self.temporary)
     }
 
     /// A new session (no `SET` options) over the same catalog and jobs,
@@ -293,7 +311,20 @@ impl Session {
             let saved = std::mem::replace(&mut self.settings, record.settings.clone());
             // The job keeps its owner (role checks apply to later control).
             let saved_principal = std::mem::replace(&mut self.principal, Principal::local());
-            let result = match weir_sql::parse(&record.sql) {
+            // The temporary objects of the session that started it, made
+            // again for it alone.
+            let saved_temporary = std::mem::replace(&mut self.temporary, Catalog::in_memory());
+            let saved_ddl = std::mem::take(&mut self.temporary_ddl);
+            let mut made = Ok(());
+            for ddl in &record.temporary {
+                if let Err(e) = self.execute_sql(ddl).await {
+                    made = Err(e);
+                    break;
+                }
+            }
+            let result = match made.map(|_| weir_sql::parse(&record.sql)) {
+                Err(e) => Err(e),
+                Ok(parsed) => match parsed {
                 Ok(stmts) => match stmts.as_slice() {
                     [
                         ParsedStatement {
@@ -319,9 +350,12 @@ impl Session {
                     _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
                 },
                 Err(e) => Err(e.into()),
+                },
             };
             self.settings = saved;
             self.principal = saved_principal;
+            self.temporary = saved_temporary;
+            self.temporary_ddl = saved_ddl;
             // A job that cannot start for now (a file or service away)
             // stays and is tried at the next start; one that can never
             // start as written (its table dropped, ...) is forgotten.
@@ -366,7 +400,7 @@ impl Session {
         let sink = self.sink_table(table)?;
         let config = self.job_config(&format!("insert-into-{table}"))?;
         let graph = {
-            let catalog = self.shared.catalog();
+            let catalog = self.catalog_view();
             self.shared
                 .planner
                 .plan_insert(&sink, query, on_conflict, &catalog, &config)?
@@ -436,6 +470,7 @@ impl Session {
                 sql: sql.to_string(),
                 settings,
                 owner,
+                temporary: self.temporary_ddl.iter().map(|(_, t)| t.clone()).collect(),
             };
             if let Some(r) = self.shared.registry.get()
                 && !sync
@@ -468,10 +503,18 @@ impl Session {
                 (None, id, name, resumed_from)
             }
         };
+        let mut state = weir_engine::runtime::metrics::JobState::Running.name();
         if let Some(job) = job {
+            let metrics = job.metrics.clone();
             self.last_outcome = Some(job.wait().await?);
+            state = metrics.lifecycle.state().name();
         }
-        Ok(StatementResult::JobStarted { id, name, resumed_from })
+        Ok(StatementResult::JobStarted {
+            id,
+            name,
+            resumed_from,
+            state,
+        })
     }
 
     /// `STOP JOB`: sources stop, the job drains, takes its final checkpoint
@@ -720,6 +763,21 @@ impl Session {
                 // A path outside the allowed directories is refused now,
                 // naming the option (and again whenever a job uses it).
                 weir_engine::connectors::check_table_paths(&def, &self.paths()?)?;
+                if ct.temporary {
+                    if self.temporary.get(&def.name).is_some() && !ct.if_not_exists {
+                        return Err(SqlError::plan(format!(
+                            "temporary table '{}' already exists; DROP TEMPORARY TABLE {} first",
+                            def.name, def.name
+                        ))
+                        .into());
+                    }
+                    let name = def.name.clone();
+                    if self.temporary.get(&name).is_none() {
+                        self.temporary.create(Entry::Table(def), ct.if_not_exists)?;
+                        self.temporary_ddl.push((name, text.to_string()));
+                    }
+                    return Ok(StatementResult::Done("temporary table created".into()));
+                }
                 // The check and the change under one write lock: concurrent
                 // DDL of the same name cannot both pass the check.
                 let mut catalog = self.shared.catalog_mut();
@@ -744,7 +802,38 @@ impl Session {
                 name,
                 if_not_exists,
                 or_replace,
+                temporary: true,
                 query,
+            } => {
+                // Planned over what the session sees (temporary tables too).
+                self.shared.planner.logical_plan(query, &self.catalog_view())?;
+                if self.temporary.get(name).is_some() {
+                    if *or_replace {
+                        Catalog::drop(&mut self.temporary, name, true)?;
+                    } else if *if_not_exists {
+                        return Ok(StatementResult::Done("temporary view exists".into()));
+                    } else {
+                        return Err(SqlError::plan(format!(
+                            "temporary view '{name}' already exists; DROP TEMPORARY VIEW {name} first"
+                        ))
+                        .into());
+                    }
+                }
+                let view = ViewDef {
+                    name: name.clone(),
+                    query: query.to_string(),
+                };
+                self.temporary.create(Entry::View(view), false)?;
+                self.temporary_ddl.retain(|(n, _)| n != name);
+                self.temporary_ddl.push((name.clone(), text.to_string()));
+                Ok(StatementResult::Done("temporary view created".into()))
+            }
+            Statement::CreateView {
+                name,
+                if_not_exists,
+                or_replace,
+                query,
+                ..
             } => {
                 let mut catalog = self.shared.catalog_mut();
                 // Plan it now so a broken view is rejected at CREATE.
@@ -767,7 +856,44 @@ impl Session {
                 catalog.create(Entry::View(view), *if_not_exists)?;
                 Ok(StatementResult::Done("view created".into()))
             }
-            Statement::Drop { name, view, if_exists } => {
+            Statement::Drop {
+                name,
+                view,
+                if_exists,
+                temporary: true,
+            } => {
+                let kind = if *view { "view" } else { "table" };
+                match (self.temporary.get(name), view) {
+                    (Some(Entry::Table(_)), true) => {
+                        return Err(SqlError::plan(format!("'{name}' is a temporary table; use DROP TEMPORARY TABLE")).into());
+                    }
+                    (Some(Entry::View(_)), false) => {
+                        return Err(SqlError::plan(format!("'{name}' is a temporary view; use DROP TEMPORARY VIEW")).into());
+                    }
+                    (None, _) if !*if_exists => {
+                        return Err(SqlError::not_found(format!("temporary {kind} '{name}' does not exist")).into());
+                    }
+                    _ => {}
+                }
+                let dropped = Catalog::drop(&mut self.temporary, name, true)?;
+                self.temporary_ddl.retain(|(n, _)| n != name);
+                Ok(StatementResult::Done(if dropped {
+                    format!("temporary {kind} dropped")
+                } else {
+                    "nothing to drop".into()
+                }))
+            }
+            Statement::Drop { name, view, if_exists, .. } => {
+                // Flink: a temporary object of the name hides the permanent
+                // one, which is dropped only once the temporary one is.
+                if self.temporary.get(name).is_some() {
+                    return Err(SqlError::plan(format!(
+                        "'{name}' is a temporary {} of this session; use DROP TEMPORARY {}",
+                        if matches!(self.temporary.get(name), Some(Entry::View(_))) { "view" } else { "table" },
+                        if matches!(self.temporary.get(name), Some(Entry::View(_))) { "VIEW" } else { "TABLE" },
+                    ))
+                    .into());
+                }
                 let mut catalog = self.shared.catalog_mut();
                 match (catalog.get(name), view) {
                     (Some(Entry::Table(_)), true) => {
@@ -785,9 +911,16 @@ impl Session {
                     "nothing to drop".into()
                 }))
             }
-            Statement::ShowTables => {
-                let names: Vec<String> = self.shared.catalog().entries().map(|(n, _)| n.clone()).collect();
-                let schema = Arc::new(Schema::new(vec![Field::new("table name", DataType::Utf8, false)]));
+            Statement::ShowTables | Statement::ShowViews => {
+                let views = matches!(stmt, Statement::ShowViews);
+                let names: Vec<String> = self
+                    .catalog_view()
+                    .entries()
+                    .filter(|(_, e)| !views || matches!(e, Entry::View(_)))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let column = if views { "view name" } else { "table name" };
+                let schema = Arc::new(Schema::new(vec![Field::new(column, DataType::Utf8, false)]));
                 let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(names)) as ArrayRef])
                     .map_err(ExecError::from)?;
                 Ok(StatementResult::Rows(schema, vec![batch]))
@@ -933,7 +1066,7 @@ impl Session {
     /// Plans a query under the catalog's read lock (planning is quick and
     /// never waits).
     fn plan_query(&self, q: &Query, config: &JobConfig) -> Result<QueryPlan, SessionError> {
-        let catalog = self.shared.catalog();
+        let catalog = self.catalog_view();
         Ok(self.shared.planner.plan_query(q, &catalog, config)?)
     }
 
@@ -1001,7 +1134,7 @@ impl Session {
             Some(Statement::Query(q) | Statement::Subscribe(q) | Statement::Insert { query: q, .. }) => q,
             _ => return Default::default(),
         };
-        let Ok(plan) = self.shared.planner.logical_plan(query, &self.shared.catalog()) else {
+        let Ok(plan) = self.shared.planner.logical_plan(query, &self.catalog_view()) else {
             return Default::default();
         };
         plan.get_parameter_types()
@@ -1058,6 +1191,7 @@ impl Session {
             // Read-only statements whose columns are only known by running
             // them: run them (nothing changes).
             Statement::ShowTables
+            | Statement::ShowViews
             | Statement::ShowJobs
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)
@@ -1094,7 +1228,7 @@ impl Session {
     }
 
     fn sink_table(&self, name: &str) -> Result<weir_catalog::TableDef, SessionError> {
-        match self.shared.catalog().get(name) {
+        match self.catalog_view().get(name) {
             Some(Entry::Table(t)) => Ok(t.clone()),
             Some(Entry::View(_)) => Err(SqlError::plan(format!("cannot INSERT INTO view '{name}'")).into()),
             None => Err(SqlError::not_found(format!("table '{name}' does not exist")).into()),
@@ -1113,7 +1247,7 @@ impl Session {
                 let graph =
                     self.shared
                         .planner
-                        .plan_insert(&sink, query, *on_conflict, &self.shared.catalog(), &config)?;
+                        .plan_insert(&sink, query, *on_conflict, &self.catalog_view(), &config)?;
                 (graph, config)
             }
             Statement::Query(q) => {
@@ -1156,7 +1290,7 @@ impl Session {
             Field::new("extras", DataType::Utf8, true),
             Field::new("watermark", DataType::Utf8, true),
         ]));
-        let catalog = self.shared.catalog();
+        let catalog = self.catalog_view();
         let (names, types, nulls, extras, wms): DescribeColumns = match catalog.get(name) {
             Some(Entry::Table(t)) => {
                 let mut v = (vec![], vec![], vec![], vec![], vec![]);

@@ -26,30 +26,100 @@ fn python() -> PathBuf {
 
 #[test]
 fn adbc_flight_sql_driver_runs_the_client_script() {
-    let python = python();
-    assert!(
-        python.exists(),
-        "{} is missing: run ./scripts/setup.sh (or scripts/adbc-venv.sh) to create the ADBC venv",
-        python.display()
-    );
     let dir = tempfile::tempdir().expect("tempdir");
     // The sink is beside the data dir: allowed explicitly.
     let (_server, port) = common::serve_with(
         &dir.path().join("data"),
         &["--allow-dir", &dir.path().display().to_string()],
     );
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc/weir_adbc_test.py");
+    let sink = dir.path().join("sink").display().to_string();
+    let out = run_script("weir_adbc_test.py", &[&format!("grpc://127.0.0.1:{port}"), &sink]);
+    assert!(out.contains("adbc: 12 passed, 0 failed"), "every step ran:\n{out}");
+}
+
+/// A client with role `user` asks, through Kafka client properties, for
+/// a shared library to be loaded, a command to be run and files outside
+/// the allowed directory to be opened: each is refused, the library's
+/// constructor never runs, and the same kind of property inside the
+/// allowed directory works against a real broker.
+#[test]
+fn adbc_user_cannot_load_code_or_open_files_through_client_properties() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir(&allowed).expect("allowed dir");
+    // A library whose constructor leaves a marker: loaded means run.
+    let marker = dir.path().join("plugin-ran");
+    let source = dir.path().join("plugin.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <stdio.h>\n__attribute__((constructor)) static void ran(void) {{\n\
+             FILE *f = fopen(\"{}\", \"w\"); if (f) {{ fputs(\"loaded\", f); fclose(f); }}\n}}\n\
+             int conf_init(void) {{ return 0; }}\n",
+            marker.display()
+        ),
+    )
+    .expect("plugin source");
+    let library = allowed.join("libplugin.so");
+    let cc = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .output()
+        .expect("cc (scripts/setup.sh installs a C toolchain)");
+    assert!(cc.status.success(), "cc: {}", String::from_utf8_lossy(&cc.stderr));
+
+    let broker_dir = tempfile::tempdir().expect("tempdir");
+    let (_broker, servers) = common::tansu(broker_dir.path());
+    common::tansu_topic(&servers, "props", 1);
+
+    let users = dir.path().join("users");
+    std::fs::write(&users, "admin:admin:a-pw\nuser1:user:u-pw\n").expect("users");
+    let (_server, port) = common::serve_with(
+        &dir.path().join("data"),
+        &[
+            "--allow-dir",
+            &allowed.display().to_string(),
+            "--password-file",
+            &users.display().to_string(),
+        ],
+    );
+    let out = run_script(
+        "weir_adbc_properties.py",
+        &[
+            &format!("grpc://127.0.0.1:{port}"),
+            "user1",
+            "u-pw",
+            &allowed.display().to_string(),
+            &library.display().to_string(),
+            &servers,
+        ],
+    );
+    assert!(out.contains("adbc properties: 3 passed, 0 failed"), "every step ran:\n{out}");
+    assert!(!marker.exists(), "the client's library was loaded into the server");
+    assert!(!allowed.join("kinit-ran").exists(), "the client's command ran in the server");
+}
+
+/// Runs `tests/adbc/SCRIPT` with the venv's python (deadline 180 s for a
+/// hung driver; the scripts have their own); its stdout, after checking
+/// it exited 0.
+fn run_script(script: &str, args: &[&str]) -> String {
+    let python = python();
+    assert!(
+        python.exists(),
+        "{} is missing: run ./scripts/setup.sh (or scripts/adbc-venv.sh) to create the ADBC venv",
+        python.display()
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc").join(script);
     let mut client = common::Killed(
         Command::new(&python)
             .arg(&script)
-            .arg(format!("grpc://127.0.0.1:{port}"))
-            .arg(dir.path().join("sink"))
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("run the ADBC client"),
     );
-    // The script has its own deadlines; this one catches a hung driver.
     let deadline = Instant::now() + Duration::from_secs(180);
     let status = loop {
         if let Some(s) = client.0.try_wait().expect("wait") {
@@ -68,8 +138,5 @@ fn adbc_flight_sql_driver_runs_the_client_script() {
         let _ = e.read_to_string(&mut err);
     }
     assert!(status.success(), "ADBC client failed ({status}):\n{out}\n{err}");
-    assert!(
-        out.contains("adbc: 12 passed, 0 failed"),
-        "every step ran:\n{out}\n{err}"
-    );
+    out
 }

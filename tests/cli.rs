@@ -125,6 +125,39 @@ fn command_flag_and_stdin_scripts_share_the_persistent_catalog() {
     );
 }
 
+/// `CREATE TEMPORARY TABLE|VIEW` live in the session only: they shadow a
+/// permanent table of the same name there, and are gone in the next
+/// session (they used to be written to the catalog file).
+#[test]
+fn temporary_tables_and_views_live_in_their_session_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = weir(dir.path())
+        .arg("-c")
+        .arg(
+            "CREATE TABLE t (a BIGINT) WITH ('connector' = 'blackhole');
+             CREATE TEMPORARY TABLE t (b STRING, c INT) WITH ('connector' = 'blackhole');
+             CREATE TEMPORARY VIEW v AS SELECT 1 AS x;
+             DESCRIBE t; SHOW VIEWS;",
+        )
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("| b ") && !stdout.contains("| a "), "the temporary t shadows t:\n{stdout}");
+    assert!(stdout.contains("| v "), "{stdout}");
+    let catalog = std::fs::read_to_string(dir.path().join("catalog.json")).expect("catalog");
+    assert!(!catalog.contains("\"v\"") && !catalog.contains("\"c\""), "written to the catalog: {catalog}");
+    let out = weir(dir.path())
+        .arg("-c")
+        .arg("DESCRIBE t; SHOW TABLES;")
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("| a ") && !stdout.contains("| b "), "the permanent t:\n{stdout}");
+    assert!(!stdout.contains("| v "), "the temporary view outlived its session:\n{stdout}");
+}
+
 #[test]
 fn sigint_stops_an_unbounded_job_gracefully() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -142,19 +142,6 @@ impl Proxy {
     }
 }
 
-fn tansu_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("WEIR_TANSU") {
-        return PathBuf::from(p);
-    }
-    let cached = std::env::var("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/weir-tools/bin/tansu-510f3e2"))
-        .unwrap_or_default();
-    if cached.exists() {
-        return cached;
-    }
-    PathBuf::from("tansu")
-}
-
 /// A tansu broker on a free port, killed when dropped.
 struct Broker {
     child: Option<Child>,
@@ -198,7 +185,7 @@ impl Broker {
         let url = format!("tcp://127.0.0.1:{port}");
         let advertised_url = format!("tcp://127.0.0.1:{advertised}");
         let log = std::fs::File::create(dir.path().join("broker.log")).expect("log");
-        let child = Command::new(tansu_binary())
+        let child = Command::new(common::tansu_binary())
             .current_dir(dir.path())
             .args([
                 "broker",
@@ -216,7 +203,7 @@ impl Broker {
             .unwrap_or_else(|e| {
                 panic!(
                     "cannot start the test broker '{}': {e}; run scripts/setup.sh (it installs tansu) or set WEIR_TANSU",
-                    tansu_binary().display()
+                    common::tansu_binary().display()
                 )
             });
         let broker = Broker {

@@ -827,3 +827,44 @@ async fn pinned_uids_keep_window_state_across_a_changed_filter() {
     start_query(&mut session, run, &after).await;
     assert_same_rows(&common::committed_lines(&out), &expected, "pinned uids");
 }
+
+/// Every keyed operator records its key types, not only the six kinds of
+/// before: a pinned SESSION TVF (rows with their session) whose partition
+/// key changed type is refused by name (it used to restore BIGINT keys'
+/// state under INT keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pinned_session_window_refuses_changed_key_types() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let out = dir.path().join("out");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let pin = "SET 'pipeline.operator-uids' = 'session_window=sessions, sink:counts=counts-sink';";
+    let run = Run {
+        parallelism: 2,
+        backend: "rocksdb",
+        from: None,
+        sync: false,
+        extra: pin,
+    };
+    let sp = run_to_savepoint(&mut session, run, SESSION_ROWS).await;
+    let retyped = SESSION_ROWS
+        .replace(
+            "sparse AS SELECT * FROM",
+            "sparse_int AS SELECT CAST(k AS INT) AS k, v, s, ts FROM",
+        )
+        .replace("TABLE sparse PARTITION", "TABLE sparse_int PARTITION");
+    let sql = format!(
+        "SET 'pipeline.name' = 'golden'; SET 'execution.checkpointing.interval' = '150 ms'; {pin}
+         SET 'execution.state-recovery.path' = '{}'; {retyped}",
+        sp.display()
+    );
+    let Err(err) = session.execute_sql(&sql).await else {
+        panic!("restored with other key types")
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("key types cannot change") && err.contains("sessions") && err.contains("(i32)"),
+        "{err}"
+    );
+}

@@ -20,6 +20,12 @@
 //! `${DATA}` is `tests/data`. Query rows are sorted with `rowsort`
 //! (needed whenever parallelism > 1). `WEIR_REWRITE=1 cargo test --test
 //! sql_files` rewrites the expectations from the actual results.
+//!
+//! Rows recorded from another engine are references, never rewritten: a
+//! query block whose header ends with `recorded:<source>` (`query rowsort
+//! recorded:flink-2.3`), or every query block of a file whose leading
+//! comments hold a line `# recorded: <source>`, fails as before under
+//! `WEIR_REWRITE=1` and keeps its rows (fix Weir, or record it again).
 
 use std::path::{Path, PathBuf};
 
@@ -36,12 +42,25 @@ enum Expect {
 struct Block {
     /// Comment lines right before the block (kept by rewrite mode).
     comments: String,
+    /// Where its expected rows come from when not from Weir (`flink-2.3`).
+    recorded: Option<String>,
     header: String,
     sql: String,
     expect: Expect,
 }
 
+/// The source every query block of a file was recorded from: a line
+/// `# recorded: <source>` among its leading comments.
+fn recorded_file(text: &str) -> Option<String> {
+    text.lines()
+        .take_while(|l| l.starts_with('#') || l.trim().is_empty())
+        .find_map(|l| l.strip_prefix("# recorded:"))
+        .and_then(|s| s.split_whitespace().next())
+        .map(str::to_string)
+}
+
 fn parse_file(text: &str) -> Vec<Block> {
+    let whole_file = recorded_file(text);
     let mut blocks = vec![];
     let mut lines = text.lines().peekable();
     let mut comments = String::new();
@@ -89,8 +108,21 @@ fn parse_file(text: &str) -> Vec<Block> {
         } else {
             panic!("unknown block header: {header}");
         };
+        // A file's mark covers its queries' rows, not Weir's own views
+        // of a plan or the catalog (EXPLAIN, SHOW, DESCRIBE).
+        let own_view = sql.first().is_some_and(|l| {
+            let first = l.split_whitespace().next().unwrap_or_default().to_ascii_uppercase();
+            matches!(first.as_str(), "EXPLAIN" | "SHOW" | "DESCRIBE")
+        });
+        let recorded = header
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("recorded:"))
+            .map(str::to_string)
+            .or_else(|| whole_file.clone().filter(|_| !own_view))
+            .filter(|_| matches!(expect, Expect::Rows { .. }));
         blocks.push(Block {
             comments: std::mem::take(&mut comments),
+            recorded,
             header,
             sql: sql.join("\n"),
             expect,
@@ -174,15 +206,26 @@ async fn run_file(path: &Path, rewrite: bool) -> Result<(), String> {
                     actual.sort();
                 }
                 if &actual != rows {
-                    failures.push(format!(
+                    let failure = format!(
                         "{}:\n  expected:\n    {}\n  actual:\n    {}",
                         first_line(&block.sql),
                         rows.join("\n    "),
                         actual.join("\n    ")
-                    ));
+                    );
+                    match &block.recorded {
+                        // A reference: rewriting would make Weir its own.
+                        Some(source) => hard.push(format!(
+                            "{failure}\n  (recorded from {source}: not rewritten; fix Weir or record it again)"
+                        )),
+                        None => failures.push(failure),
+                    }
                 }
-                out_block = format!("{}\n{}\n----\n{}\n", block.header, block.sql, actual.join("\n"));
-                if actual.is_empty() {
+                if block.recorded.is_some() {
+                    out_block = format!("{}\n{}\n----\n{}\n", block.header, block.sql, rows.join("\n"));
+                } else {
+                    out_block = format!("{}\n{}\n----\n{}\n", block.header, block.sql, actual.join("\n"));
+                }
+                if out_block.ends_with("----\n\n") {
                     out_block = format!("{}\n{}\n----\n", block.header, block.sql);
                 }
             }
@@ -243,4 +286,27 @@ async fn sql_files() {
         files.len(),
         failed.join("\n")
     );
+}
+
+/// `WEIR_REWRITE` never turns a recorded reference into Weir's output: a
+/// block marked `recorded:flink-2.3` (or a file marked `# recorded:`)
+/// that differs still fails and keeps its rows; an unmarked block is
+/// rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrite_keeps_recorded_references() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("refs.slt");
+    let text = "# A reference.\n\nquery recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n\nquery\nSELECT 2 + 2\n----\n+I[5]\n";
+    std::fs::write(&path, text).expect("write");
+    let err = run_file(&path, true).await.expect_err("the reference differs");
+    assert!(err.contains("recorded from flink-2.3"), "{err}");
+    let after = std::fs::read_to_string(&path).expect("read");
+    assert!(after.contains("query recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n"), "{after}");
+    assert!(after.contains("SELECT 2 + 2\n----\n+I[4]\n"), "the unmarked block is rewritten: {after}");
+
+    let whole = dir.path().join("whole.slt");
+    std::fs::write(&whole, "# recorded: flink-2.3\n\nquery\nSELECT 1 + 1\n----\n+I[3]\n").expect("write");
+    let err = run_file(&whole, true).await.expect_err("the reference differs");
+    assert!(err.contains("recorded from flink-2.3"), "{err}");
+    assert!(std::fs::read_to_string(&whole).expect("read").contains("+I[3]"));
 }

@@ -44,6 +44,16 @@ impl OptionKind {
 
     /// Checks `value` against the kind, returning a message on failure.
     pub fn check(&self, value: &str) -> Result<(), String> {
+        if let OptionKind::Path = self
+            && let Some(scheme) = foreign_scheme(value)
+        {
+            // Never a local directory named `s3:`: a path of a scheme Weir
+            // cannot open is refused, not taken literally.
+            return Err(format!(
+                "'{value}' names a '{scheme}://' location; Weir reads and writes local paths only \
+                 (a plain path or 'file://')"
+            ));
+        }
         let ok = match self {
             OptionKind::String => true,
             OptionKind::Path => !value.trim().is_empty(),
@@ -59,6 +69,16 @@ impl OptionKind {
             Err(format!("invalid value '{value}', expected {}", self.describe()))
         }
     }
+}
+
+/// The scheme of a URL-like path value other than `file` (`s3` of
+/// `s3://bucket/key`), if any.
+pub fn foreign_scheme(value: &str) -> Option<&str> {
+    let (scheme, _) = value.trim().split_once("://")?;
+    let url_like = !scheme.is_empty()
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    (url_like && !scheme.eq_ignore_ascii_case("file")).then_some(scheme)
 }
 
 /// One accepted option. A `*` in the key matches one dot-free segment

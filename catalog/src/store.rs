@@ -38,6 +38,28 @@ impl Catalog {
         Self::default()
     }
 
+    /// An in-memory catalog of this one's entries with `over`'s in their
+    /// place where both have a name (a session's temporary objects shadow
+    /// permanent ones, as in Flink).
+    pub fn overlaid(&self, over: &Catalog) -> Catalog {
+        let mut entries = self.entries.clone();
+        for (name, entry) in &over.entries {
+            entries.insert(name.clone(), entry.clone());
+        }
+        Catalog { path: None, entries }
+    }
+
+    /// Puts `entry` under `key` (which may differ from its name: a
+    /// table read with a query's dynamic options), in memory only.
+    pub fn insert(&mut self, key: String, entry: Entry) {
+        self.entries.insert(key, entry);
+    }
+
+    /// Whether the catalog has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Opens (or creates) the catalog file at `path`.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, CatalogError> {
         let path = path.into();

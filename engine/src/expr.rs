@@ -207,6 +207,13 @@ pub struct CurrentWatermark {
     data_type: DataType,
 }
 
+impl CurrentWatermark {
+    /// The planned call it evaluates against the operator's watermark.
+    pub fn call(&self) -> &Arc<dyn PhysicalExpr> {
+        &self.call
+    }
+}
+
 impl PartialEq for CurrentWatermark {
     fn eq(&self, other: &Self) -> bool {
         self.call.as_ref() == other.call.as_ref()

@@ -31,6 +31,11 @@ pub struct PathPolicy {
     /// it or above it, or a client could read the catalog or have a job's
     /// fresh start delete every job's state.
     reserved: Arc<[PathBuf]>,
+    /// Whether a restricted session's connector client properties may
+    /// load code or run commands (`weir serve --allow-client-plugins`);
+    /// never without the administrator's flag. See
+    /// `connectors::kafka::client_properties`.
+    client_plugins: bool,
 }
 
 /// The entries of a data dir that are Weir's own.
@@ -69,7 +74,24 @@ impl PathPolicy {
         Ok(Self {
             allowed: Some(allowed.into()),
             reserved: Arc::default(),
+            client_plugins: false,
         })
+    }
+
+    /// Lets client properties load code and run commands (librdkafka's
+    /// `plugin.library.paths`, `sasl.kerberos.kinit.cmd`, ...): the
+    /// server's administrator trusts every client with the server's
+    /// process.
+    pub fn allowing_client_plugins(mut self) -> Self {
+        self.client_plugins = true;
+        self
+    }
+
+    /// Whether client properties may load code or run commands: always
+    /// when unrestricted (the local shell, `weir run`), else only when the
+    /// administrator allowed it.
+    pub fn client_plugins_allowed(&self) -> bool {
+        !self.is_restricted() || self.client_plugins
     }
 
     /// Reserves the data dir's own entries (see [`PathPolicy`]).
@@ -105,6 +127,7 @@ impl PathPolicy {
         Ok(Self {
             allowed: Some(out.into()),
             reserved: self.reserved.clone(),
+            client_plugins: self.client_plugins,
         })
     }
 

@@ -124,6 +124,43 @@ pub enum NodeKind {
     Sink(SinkNode),
 }
 
+/// What a node's keyed state is partitioned by: the one place every
+/// node kind answers it (the match is exhaustive), read by the restore's
+/// key-type check and required by every operator that opens keyed state
+/// (`runtime::job::keyed_state` refuses a node that reports none).
+#[derive(Debug, Clone, Copy)]
+pub enum StateKeys<'a> {
+    /// No keyed state (stateless, or operator state only).
+    None,
+    /// Keyed state under these expressions of the first input; empty: one
+    /// key for all rows (a global aggregate, an unpartitioned session).
+    Keyed(&'a [Arc<dyn PhysicalExpr>]),
+}
+
+impl NodeKind {
+    pub fn state_keys(&self) -> StateKeys<'_> {
+        match self {
+            NodeKind::Source(_) | NodeKind::Calc(_) | NodeKind::Union | NodeKind::Sink(_) => StateKeys::None,
+            // A LIMIT's count is operator state, not keyed.
+            NodeKind::Limit(_) => StateKeys::None,
+            NodeKind::WindowAggregate(w) => StateKeys::Keyed(&w.keys),
+            NodeKind::GroupAggregate(g) => StateKeys::Keyed(&g.keys),
+            // Every join (regular, interval, window, temporal) keeps both
+            // sides under the equi-join keys; the left side's stand for
+            // both (the planner coerces them to one type).
+            NodeKind::Join(j) => StateKeys::Keyed(&j.left_keys),
+            // Top-N, deduplication, window Top-N/deduplication.
+            NodeKind::Rank(r) => StateKeys::Keyed(&r.partition),
+            NodeKind::UpsertMaterialize(m) => StateKeys::Keyed(&m.key),
+            NodeKind::ChangelogNormalize(c) => StateKeys::Keyed(&c.key),
+            // Rows wait for the watermark under one key.
+            NodeKind::TemporalSort(_) => StateKeys::Keyed(&[]),
+            NodeKind::SessionWindow(w) => StateKeys::Keyed(&w.partition),
+            NodeKind::OverAggregate(o) => StateKeys::Keyed(&o.partition),
+        }
+    }
+}
+
 /// The frame of an OVER aggregate on event time, ending at the current row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverFrame {

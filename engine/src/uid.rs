@@ -22,7 +22,8 @@ use std::sync::Arc;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::{
-    BinaryExpr, CastExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
+    BinaryExpr, CaseExpr, CastExpr, Column, InListExpr, IsNotNullExpr, IsNullExpr, LikeExpr, Literal, NegativeExpr,
+    NoOp, NotExpr, TryCastExpr,
 };
 
 use crate::checkpoint::metadata::checksum;
@@ -49,7 +50,9 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
             .ok()
             .and_then(|a| RowCodec::new(std::slice::from_ref(&dt)).ok()?.encode(&[a]).ok())
             .map(|rows| rows.iter().flatten().map(|b| format!("{b:02x}")).collect::<String>())
-            .unwrap_or_else(|| "?".into());
+            // A type the row codec does not encode (an INTERVAL): its
+            // value's debug text, which holds every field.
+            .unwrap_or_else(|| format!("?{v:?}"));
         return format!("lit:{}:{encoded}", type_name(&dt));
     }
     // The same text as the expression it replaced: uids do not change
@@ -64,10 +67,23 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
         );
     }
     if let Some(c) = e.downcast_ref::<CastExpr>() {
-        return format!("cast({} as {})", canonical_expr(c.expr()), type_name(c.cast_type()));
+        return format!(
+            "cast({} as {}{})",
+            canonical_expr(c.expr()),
+            type_name(c.cast_type()),
+            cast_options(c.cast_options())
+        );
+    }
+    if let Some(c) = e.downcast_ref::<TryCastExpr>() {
+        return format!("try_cast({} as {})", canonical_expr(c.expr()), type_name(c.cast_type()));
     }
     if let Some(f) = e.downcast_ref::<ScalarFunctionExpr>() {
-        return format!("{}({})", f.name().to_ascii_lowercase(), children(e));
+        return format!(
+            "{}({}){}",
+            f.name().to_ascii_lowercase(),
+            children(e),
+            function_parameters(f)
+        );
     }
     if e.downcast_ref::<NotExpr>().is_some() {
         return format!("not({})", children(e));
@@ -78,14 +94,180 @@ pub fn canonical_expr(e: &Arc<dyn PhysicalExpr>) -> String {
     if e.downcast_ref::<IsNotNullExpr>().is_some() {
         return format!("is_not_null({})", children(e));
     }
-    // Other expression kinds: their children only. Two such nodes of
-    // different meaning may share a uid; the node's other parts (kind,
-    // inputs, output types) still tell most apart.
-    format!("expr({})", children(e))
+    if let Some(n) = e.downcast_ref::<NegativeExpr>() {
+        return format!("neg({})", canonical_expr(n.arg()));
+    }
+    if let Some(i) = e.downcast_ref::<InListExpr>() {
+        return format!(
+            "{}in({};[{}])",
+            if i.negated() { "not_" } else { "" },
+            canonical_expr(i.expr()),
+            canonical_exprs(i.list())
+        );
+    }
+    if let Some(l) = e.downcast_ref::<LikeExpr>() {
+        return format!(
+            "{}{}({};{})",
+            if l.negated() { "not_" } else { "" },
+            if l.case_insensitive() { "ilike" } else { "like" },
+            canonical_expr(l.expr()),
+            canonical_expr(l.pattern())
+        );
+    }
+    if let Some(c) = e.downcast_ref::<CaseExpr>() {
+        let branches: Vec<String> = c
+            .when_then_expr()
+            .iter()
+            .map(|(w, t)| format!("when {} then {}", canonical_expr(w), canonical_expr(t)))
+            .collect();
+        return format!(
+            "case({};{};else {})",
+            c.expr().map(canonical_expr).unwrap_or_default(),
+            branches.join(";"),
+            c.else_expr().map(canonical_expr).unwrap_or_else(|| "null".into())
+        );
+    }
+    if e.downcast_ref::<NoOp>().is_some() {
+        return "noop".into();
+    }
+    // Weir's watermark-bound call: the call it stands for.
+    if let Some(w) = e.downcast_ref::<crate::expr::CurrentWatermark>() {
+        return canonical_expr(w.call());
+    }
+    // A kind this describer does not know: its whole debug rendering,
+    // every field included, so two such expressions of different meaning
+    // never share a uid (at worst an upgrade that renders it differently
+    // gives a new uid, and the restore is refused, never guessed).
+    format!("unknown({e:?})")
+}
+
+/// Cast options other than DataFusion's default (`safe` turns a failed
+/// cast into NULL instead of an error).
+fn cast_options(o: &arrow::compute::CastOptions<'_>) -> String {
+    let mut out = String::new();
+    if o.safe {
+        out.push_str(";safe");
+    }
+    if o.format_options != datafusion::common::format::DEFAULT_FORMAT_OPTIONS {
+        out.push_str(&format!(";format={:?}", o.format_options));
+    }
+    out
+}
+
+/// What a function instance carries beyond its name and arguments (a
+/// session zone, a target type, a seed): its debug rendering without
+/// the signature and aliases, which the name already determines; empty
+/// for a function without parameters, so their uids stay the name and
+/// arguments.
+fn function_parameters(f: &ScalarFunctionExpr) -> String {
+    let inner = f.fun().inner();
+    let mut text = format!("{inner:?}");
+    for (field, value) in [
+        ("signature", format!("{:?}", inner.signature())),
+        ("aliases", format!("{:?}", inner.aliases())),
+    ] {
+        let field = format!("{field}: {value}");
+        for pattern in [format!(", {field}"), format!("{field}, "), field] {
+            text = text.replace(&pattern, "");
+        }
+    }
+    // Function pointers print as addresses, which differ between runs:
+    // the name already says which function they are.
+    let text = strip_addresses(&text);
+    // `Name`, `Name { }` or `Name {  }`: nothing but the name is left.
+    let after_name = text.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_');
+    if after_name.chars().all(|c| c.is_whitespace() || c == '{' || c == '}') {
+        String::new()
+    } else {
+        format!("{{{text}}}")
+    }
+}
+
+/// `0x55d1c0a0` → `0x_`: addresses in a debug text, which a run
+/// chooses.
+fn strip_addresses(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("0x") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        let digits = rest.chars().take_while(|c| c.is_ascii_hexdigit()).count();
+        if digits > 0 {
+            out.push('_');
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn canonical_exprs(es: &[Arc<dyn PhysicalExpr>]) -> String {
     es.iter().map(canonical_expr).collect::<Vec<_>>().join(",")
+}
+
+/// What a source adds to its table and connector, each only where it
+/// departs from the plain case (so the uids of plain reads stay): the
+/// columns it reads when not all of them (projection pushdown), its
+/// computed columns, and its changelog when not insert-only (a format
+/// such as `debezium-json` changes how downstream state is kept).
+fn source_extras(s: &crate::plan::SourceNode, n: &crate::plan::StreamNode) -> String {
+    let mut out = String::new();
+    let all: Vec<&str> = s.table.columns.iter().map(|c| c.name.as_str()).collect();
+    let read: Vec<&str> = n.schema.fields().iter().map(|f| f.name().as_str()).collect();
+    if read != all {
+        out.push_str(&format!(";columns={}", read.join(",")));
+    }
+    if let Some(c) = &s.computed {
+        out.push_str(&format!(";computed={}", canonical_exprs(c)));
+    }
+    if !n.changelog.is_insert_only() {
+        out.push_str(&format!(
+            ";changelog={}{}{}",
+            if n.changelog.updates { "U" } else { "" },
+            if n.changelog.deletes { "D" } else { "" },
+            if n.changelog.no_update_before { "-no-update-before" } else { "" }
+        ));
+    }
+    out
+}
+
+/// A window aggregate call's IGNORE NULLS and ORDER BY, when given.
+fn aggregate_extras(a: &datafusion::physical_expr::aggregate::AggregateFunctionExpr) -> String {
+    let mut out = String::new();
+    if a.ignore_nulls() {
+        out.push_str(" ignore nulls");
+    }
+    let order = a.order_bys();
+    if !order.is_empty() {
+        let keys: Vec<String> = order
+            .iter()
+            .map(|k| format!("{}:{}:{}", canonical_expr(&k.expr), !k.options.descending, k.options.nulls_first))
+            .collect();
+        out.push_str(&format!(" order by {}", keys.join(",")));
+    }
+    out
+}
+
+/// An OVER aggregate's output columns, when not its aggregates then its
+/// LAGs in order.
+fn over_outputs(o: &crate::plan::OverAggregateNode) -> String {
+    use crate::plan::OverOutput;
+    let natural: Vec<OverOutput> = (0..o.aggregates.len())
+        .map(OverOutput::Aggregate)
+        .chain((0..o.lags.len()).map(OverOutput::Lag))
+        .collect();
+    if o.outputs == natural {
+        return String::new();
+    }
+    let cols: Vec<String> = o
+        .outputs
+        .iter()
+        .map(|c| match c {
+            OverOutput::Aggregate(i) => format!("a{i}"),
+            OverOutput::Lag(i) => format!("l{i}"),
+        })
+        .collect();
+    format!(";outputs={}", cols.join(","))
 }
 
 /// The uid of every node, in node order (inputs come first), from its
@@ -118,7 +300,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
         let (kind, body) = match &n.kind {
             NodeKind::Source(s) => (
                 "source",
-                format!("table={};connector={}", s.table.name, s.factory.name()),
+                format!("table={};connector={}", s.table.name, s.factory.name()) + &source_extras(s, n),
             ),
             NodeKind::Calc(c) => (
                 "calc",
@@ -141,10 +323,11 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     w.aggregates
                         .iter()
                         .map(|a| format!(
-                            "{}{}({})",
+                            "{}{}({}){}",
                             a.fun().name().to_ascii_lowercase(),
                             if a.is_distinct() { " distinct" } else { "" },
-                            canonical_exprs(&a.expressions())
+                            canonical_exprs(&a.expressions()),
+                            aggregate_extras(a)
                         ))
                         .collect::<Vec<_>>()
                         .join(",")
@@ -159,7 +342,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     g.aggregates
                         .iter()
                         .map(|a| format!(
-                            "{}{}({}){}:{}",
+                            "{}{}({}){}:{}{}{}",
                             a.func.name().to_ascii_lowercase(),
                             if a.distinct { " distinct" } else { "" },
                             a.arg.as_ref().map(canonical_expr).unwrap_or_else(|| "*".into()),
@@ -167,7 +350,9 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                                 .as_ref()
                                 .map(|f| format!(" filter {}", canonical_expr(f)))
                                 .unwrap_or_default(),
-                            type_name(&a.output_type)
+                            type_name(&a.output_type),
+                            a.separator.as_ref().map(|s| format!(" separator {s:?}")).unwrap_or_default(),
+                            if a.ignore_nulls { " ignore nulls" } else { "" }
                         ))
                         .collect::<Vec<_>>()
                         .join(",")
@@ -244,8 +429,16 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                 ) + &o
                     .lags
                     .iter()
-                    .map(|l| format!(";lag={}:{}", canonical_expr(&l.arg), l.offset))
-                    .collect::<String>(),
+                    .map(|l| {
+                        format!(";lag={}:{}", canonical_expr(&l.arg), l.offset)
+                            + &if l.default.is_null() {
+                                String::new()
+                            } else {
+                                format!(":default={}", canonical_expr(&(Arc::new(Literal::new(l.default.clone())) as Arc<dyn PhysicalExpr>)))
+                            }
+                    })
+                    .collect::<String>()
+                    + &over_outputs(o),
             ),
             NodeKind::SessionWindow(w) => (
                 "session_window",
@@ -254,7 +447,7 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                     w.gap,
                     w.time_column,
                     canonical_exprs(&w.partition)
-                ),
+                ) + &w.zone.as_ref().map(|z| format!(";zone={}", z.id)).unwrap_or_default(),
             ),
             NodeKind::UpsertMaterialize(m) => (
                 "upsert_materialize",
@@ -305,11 +498,28 @@ pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
         let (sel, uid) = (sel.trim(), uid.trim());
         let kind_ok = matches!(
             sel.split(['#', ':']).next(),
-            Some("window" | "group" | "join" | "rank" | "limit" | "calc" | "source" | "sink")
+            Some(
+                "window"
+                    | "group"
+                    | "join"
+                    | "rank"
+                    | "limit"
+                    | "calc"
+                    | "union"
+                    | "temporal_sort"
+                    | "over_aggregate"
+                    | "session_window"
+                    | "upsert_materialize"
+                    | "changelog_normalize"
+                    | "source"
+                    | "sink"
+            )
         );
         if !kind_ok || sel.is_empty() {
             return Err(format!(
-                "unknown selector '{sel}'; use window, window#N, group, group#N, join, join#N, rank, rank#N, limit, source:<table> or sink:<table>"
+                "unknown selector '{sel}'; use a kind (window, group, join, rank, limit, calc, union, \
+                 temporal_sort, over_aggregate, session_window, upsert_materialize, changelog_normalize), \
+                 optionally with #N for the N-th, or source:<table> or sink:<table>"
             ));
         }
         if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

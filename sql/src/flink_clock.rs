@@ -177,12 +177,37 @@ impl JavaRandom {
 /// `RAND` and `RAND_INTEGER`: `generator` is the call site's, used when
 /// it has no seed or a literal one (`literal_seed`); a seed read from the
 /// row makes a generator per row.
-#[derive(Debug)]
 pub struct Rand {
     integer: bool,
     signature: Signature,
     generator: Arc<Mutex<JavaRandom>>,
+    /// The call's literal seed (`None`: seeded from the clock).
+    seed: Option<i64>,
     literal_seed: bool,
+}
+
+/// `RAND()` takes no argument or a seed (a variadic signature alone
+/// refuses a call without arguments); `RAND_INTEGER` one or two.
+fn rand_signature(integer: bool) -> Signature {
+    use datafusion::logical_expr::TypeSignature;
+    if integer {
+        Signature::variadic_any(Volatility::Volatile)
+    } else {
+        Signature::one_of(vec![TypeSignature::Nullary, TypeSignature::VariadicAny], Volatility::Volatile)
+    }
+}
+
+/// What the call means, not the generator's moving state: operator uids
+/// describe functions by their debug text (a clock seed would give the
+/// query another uid in every run).
+impl std::fmt::Debug for Rand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rand")
+            .field("integer", &self.integer)
+            .field("seed", &self.seed)
+            .field("literal_seed", &self.literal_seed)
+            .finish()
+    }
 }
 
 impl PartialEq for Rand {
@@ -209,8 +234,9 @@ impl Rand {
             .map(|integer| {
                 ScalarUDF::new_from_impl(Rand {
                     integer,
-                    signature: Signature::variadic_any(Volatility::Volatile),
+                    signature: rand_signature(integer),
                     generator: Arc::new(Mutex::new(JavaRandom::from_clock())),
+                    seed: None,
                     literal_seed: false,
                 })
             })
@@ -227,14 +253,14 @@ impl Rand {
             _ => return None,
         };
         let seeded = args.len() == if integer { 2 } else { 1 };
-        let generator = if !seeded {
-            JavaRandom::from_clock()
+        let (generator, seed) = if !seeded {
+            (JavaRandom::from_clock(), None)
         } else {
             match &args[0] {
                 Expr::Literal(v, _) if v.data_type().is_integer() => {
                     let seed = v.cast_to(&DataType::Int64).ok()?;
                     match seed {
-                        ScalarValue::Int64(Some(s)) => JavaRandom::new(s),
+                        ScalarValue::Int64(Some(s)) => (JavaRandom::new(s), Some(s)),
                         _ => return None,
                     }
                 }
@@ -243,8 +269,9 @@ impl Rand {
         };
         Some(ScalarUDF::new_from_impl(Rand {
             integer,
-            signature: Signature::variadic_any(Volatility::Volatile),
+            signature: rand_signature(integer),
             generator: Arc::new(Mutex::new(generator)),
+            seed,
             literal_seed: seeded,
         }))
     }
@@ -296,6 +323,21 @@ impl ScalarUDFImpl for Rand {
             );
         }
         Ok(out)
+    }
+
+    /// NOT NULL unless an argument may be NULL (Flink types `RAND()` and
+    /// `RAND_INTEGER(10)` `NOT NULL`).
+    fn return_field_from_args(
+        &self,
+        args: datafusion::logical_expr::ReturnFieldArgs,
+    ) -> Result<arrow::datatypes::FieldRef> {
+        let types: Vec<DataType> = args.arg_fields.iter().map(|f| f.data_type().clone()).collect();
+        let nullable = args.arg_fields.iter().any(|f| f.is_nullable());
+        Ok(Arc::new(arrow::datatypes::Field::new(
+            self.name(),
+            self.return_type(&types)?,
+            nullable,
+        )))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

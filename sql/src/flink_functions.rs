@@ -1,10 +1,12 @@
 //! Functions whose Flink behaviour differs from DataFusion's. Registered
 //! over DataFusion's under the same name.
 //!
-//! - `AVG` of an integer column returns that integer type, truncated toward
-//!   zero (Flink computes `SUM / COUNT` in the input type); DataFusion
-//!   returns DOUBLE. Decimal, float and interval inputs behave as in
-//!   DataFusion.
+//! - `AVG` of an integer or FLOAT column returns that type (an integer
+//!   average truncated toward zero: Flink computes `SUM / COUNT` in the
+//!   input type); DataFusion returns DOUBLE. Decimal, DOUBLE and interval
+//!   inputs behave as in DataFusion.
+//! - `SUM` in the input's type (DataFusion widens integers to BIGINT,
+//!   FLOAT to DOUBLE), a DECIMAL(p, s) as DECIMAL(38, s).
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::types::{NativeType, logical_float64};
 use datafusion::common::{Result, ScalarValue};
 use datafusion::functions_aggregate::average::Avg;
+use datafusion::functions_aggregate::sum::Sum;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Coercion, EmitTo, GroupsAccumulator, Signature, TypeSignature,
@@ -35,6 +38,8 @@ impl FlinkAvg {
                     TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Decimal)]),
                     TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Duration)]),
                     TypeSignature::Coercible(vec![Coercion::new_exact(TypeSignatureClass::Integer)]),
+                    // FLOAT stays FLOAT (Flink's AVG is in the input type).
+                    TypeSignature::Exact(vec![DataType::Float32]),
                     TypeSignature::Coercible(vec![Coercion::new_implicit(
                         TypeSignatureClass::Native(logical_float64()),
                         vec![TypeSignatureClass::Float],
@@ -47,18 +52,81 @@ impl FlinkAvg {
     }
 }
 
-fn float_field(f: &FieldRef) -> FieldRef {
-    Arc::new(Field::new(f.name(), DataType::Float64, true))
+/// An aggregate DataFusion computes in a wider type than Flink answers
+/// in: its inputs are cast to `wide` for the inner accumulator and its
+/// result to `out` (integers wrap as Java's narrowing does).
+#[derive(Debug, Clone)]
+struct Widening {
+    wide: DataType,
+    out: DataType,
 }
 
-/// Runs `f` on `args` with the input and return fields as DOUBLE: the
-/// inner (DataFusion) average computes in floating point.
-fn with_float_args<R>(args: AccumulatorArgs, f: impl FnOnce(AccumulatorArgs) -> R) -> R {
-    let fields: Vec<FieldRef> = args.expr_fields.iter().map(float_field).collect();
-    f(AccumulatorArgs {
-        return_field: float_field(&args.return_field),
-        expr_fields: &fields,
-        ..args
+impl Widening {
+    /// Runs `f` on `args` with the input fields as `wide` and the return
+    /// field as `inner_out` (what the inner aggregate returns for `wide`).
+    fn args<R>(&self, args: AccumulatorArgs, inner_out: &DataType, f: impl FnOnce(AccumulatorArgs) -> R) -> R {
+        let fields: Vec<FieldRef> = args
+            .expr_fields
+            .iter()
+            .map(|x| Arc::new(Field::new(x.name(), self.wide.clone(), true)) as FieldRef)
+            .collect();
+        f(AccumulatorArgs {
+            return_field: Arc::new(Field::new(args.return_field.name(), inner_out.clone(), true)),
+            expr_fields: &fields,
+            ..args
+        })
+    }
+
+    fn state_args<R>(&self, args: StateFieldsArgs, inner_out: &DataType, f: impl FnOnce(StateFieldsArgs) -> R) -> R {
+        let fields: Vec<FieldRef> = args
+            .input_fields
+            .iter()
+            .map(|x| Arc::new(Field::new(x.name(), self.wide.clone(), true)) as FieldRef)
+            .collect();
+        f(StateFieldsArgs {
+            return_field: Arc::new(Field::new(args.return_field.name(), inner_out.clone(), true)),
+            input_fields: &fields,
+            ..args
+        })
+    }
+
+    fn widen(&self, values: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
+        Ok(values
+            .iter()
+            .map(|v| cast(v, &self.wide))
+            .collect::<Result<Vec<_>, _>>()?)
+    }
+
+    fn narrow(&self, a: &ArrayRef) -> Result<ArrayRef> {
+        use arrow::array::AsArray;
+        use arrow::datatypes::{Int8Type, Int16Type, Int32Type, Int64Type};
+        if a.data_type() == &DataType::Int64 {
+            let v = a.as_primitive::<Int64Type>();
+            // Java's (byte)/(short)/(int) of a long: the low bits.
+            let out: Option<ArrayRef> = match self.out {
+                DataType::Int8 => Some(Arc::new(v.unary::<_, Int8Type>(|x| x as i8))),
+                DataType::Int16 => Some(Arc::new(v.unary::<_, Int16Type>(|x| x as i16))),
+                DataType::Int32 => Some(Arc::new(v.unary::<_, Int32Type>(|x| x as i32))),
+                _ => None,
+            };
+            if let Some(out) = out {
+                return Ok(out);
+            }
+        }
+        Ok(cast(a, &self.out)?)
+    }
+
+    fn narrow_scalar(&self, v: ScalarValue) -> Result<ScalarValue> {
+        ScalarValue::try_from_array(&self.narrow(&v.to_array()?)?, 0)
+    }
+}
+
+/// `AVG` of integers and FLOAT: Flink answers in the input's type (an
+/// integer average truncated toward zero), DataFusion in DOUBLE.
+fn avg_widening(out: &DataType) -> Option<Widening> {
+    (out.is_integer() || *out == DataType::Float32).then(|| Widening {
+        wide: DataType::Float64,
+        out: out.clone(),
     })
 }
 
@@ -77,70 +145,329 @@ impl AggregateUDFImpl for FlinkAvg {
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         match arg_types.first() {
-            Some(t) if t.is_integer() => Ok(t.clone()),
+            Some(t) if t.is_integer() || *t == DataType::Float32 => Ok(t.clone()),
+            // Flink: DECIMAL(38, max(6, s)).
+            Some(DataType::Decimal128(_, s)) => Ok(DataType::Decimal128(38, (*s).max(6))),
             _ => self.inner.return_type(arg_types),
         }
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let out = args.return_field.data_type().clone();
-        if !out.is_integer() {
-            return self.inner.accumulator(args);
+        if let (Some(DataType::Decimal128(_, in_scale)), DataType::Decimal128(p, s)) =
+            (args.expr_fields.first().map(|f| f.data_type()), args.return_field.data_type())
+        {
+            return Ok(Box::new(DecimalAvg {
+                sum: 0,
+                count: 0,
+                in_scale: *in_scale,
+                out: (*p, *s),
+            }));
         }
-        let inner = with_float_args(args, |a| self.inner.accumulator(a))?;
-        Ok(Box::new(IntAvg { inner, out }))
+        let Some(w) = avg_widening(args.return_field.data_type()) else {
+            return self.inner.accumulator(args);
+        };
+        let inner = w.args(args, &DataType::Float64, |a| self.inner.accumulator(a))?;
+        Ok(Box::new(Widened { inner, w }))
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        if !args.return_field.data_type().is_integer() {
-            return self.inner.state_fields(args);
+        if let DataType::Decimal128(..) = args.return_field.data_type() {
+            return Ok(vec![
+                Arc::new(Field::new(format!("{}[sum]", args.name), DataType::Decimal128(38, 0), true)),
+                Arc::new(Field::new(format!("{}[count]", args.name), DataType::Int64, true)),
+            ]);
         }
-        let fields: Vec<FieldRef> = args.input_fields.iter().map(float_field).collect();
-        self.inner.state_fields(StateFieldsArgs {
-            return_field: float_field(&args.return_field),
-            input_fields: &fields,
-            ..args
-        })
+        let Some(w) = avg_widening(args.return_field.data_type()) else {
+            return self.inner.state_fields(args);
+        };
+        w.state_args(args, &DataType::Float64, |a| self.inner.state_fields(a))
     }
 
     fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        if !args.return_field.data_type().is_integer() {
-            return self.inner.groups_accumulator_supported(args);
+        if let DataType::Decimal128(..) = args.return_field.data_type() {
+            // `DecimalAvg` per group: Flink's HALF_UP division.
+            return false;
         }
-        with_float_args(args, |a| self.inner.groups_accumulator_supported(a))
+        let Some(w) = avg_widening(args.return_field.data_type()) else {
+            return self.inner.groups_accumulator_supported(args);
+        };
+        w.args(args, &DataType::Float64, |a| self.inner.groups_accumulator_supported(a))
     }
 
     fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
-        let out = args.return_field.data_type().clone();
-        if !out.is_integer() {
+        let Some(w) = avg_widening(args.return_field.data_type()) else {
             return self.inner.create_groups_accumulator(args);
+        };
+        let inner = w.args(args, &DataType::Float64, |a| self.inner.create_groups_accumulator(a))?;
+        Ok(Box::new(WidenedGroups { inner, w }))
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        if let DataType::Decimal128(..) = args.return_field.data_type() {
+            return self.accumulator(args);
         }
-        let inner = with_float_args(args, |a| self.inner.create_groups_accumulator(a))?;
-        Ok(Box::new(IntGroupsAvg { inner, out }))
+        let Some(w) = avg_widening(args.return_field.data_type()) else {
+            return self.inner.create_sliding_accumulator(args);
+        };
+        let inner = w.args(args, &DataType::Float64, |a| self.inner.create_sliding_accumulator(a))?;
+        Ok(Box::new(Widened { inner, w }))
     }
 }
 
-fn to_float(values: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
-    Ok(values
-        .iter()
-        .map(|v| cast(v, &DataType::Float64))
-        .collect::<Result<Vec<_>, _>>()?)
-}
-
-/// Averages integers in floating point, returns the integer type.
+/// `AVG` of a DECIMAL as Flink computes it: the exact sum over the count,
+/// rounded HALF_UP to DECIMAL(38, max(6, s)).
 #[derive(Debug)]
-struct IntAvg {
-    inner: Box<dyn Accumulator>,
-    out: DataType,
+struct DecimalAvg {
+    /// Unscaled, at the input's scale.
+    sum: i128,
+    count: i64,
+    in_scale: i8,
+    out: (u8, i8),
 }
 
-impl Accumulator for IntAvg {
+impl DecimalAvg {
+    fn add(&mut self, values: &ArrayRef, sign: i64) -> Result<()> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::Decimal128Type;
+        let v = values.as_primitive::<Decimal128Type>();
+        for i in 0..v.len() {
+            if v.is_valid(i) {
+                self.sum = if sign > 0 {
+                    self.sum.wrapping_add(v.value(i))
+                } else {
+                    self.sum.wrapping_sub(v.value(i))
+                };
+                self.count += sign;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Accumulator for DecimalAvg {
     fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.inner.update_batch(&to_float(values)?)
+        match values.first() {
+            Some(v) => self.add(v, 1),
+            None => Ok(()),
+        }
+    }
+
+    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        match values.first() {
+            Some(v) => self.add(v, -1),
+            None => Ok(()),
+        }
+    }
+
+    fn supports_retract_batch(&self) -> bool {
+        true
     }
 
     fn evaluate(&mut self) -> Result<ScalarValue> {
-        self.inner.evaluate()?.cast_to(&self.out)
+        let (p, s) = self.out;
+        if self.count == 0 {
+            return Ok(ScalarValue::Decimal128(None, p, s));
+        }
+        let shift = i32::from(s) - i32::from(self.in_scale);
+        let scaled = if shift >= 0 {
+            self.sum.saturating_mul(10i128.saturating_pow(shift as u32))
+        } else {
+            10i128.checked_pow((-shift) as u32).map_or(0, |d| self.sum / d)
+        };
+        let avg = weir_engine::operators::group::accs::div_half_up(scaled, i128::from(self.count));
+        Ok(ScalarValue::Decimal128(Some(avg), p, s))
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![
+            ScalarValue::Decimal128(Some(self.sum), 38, 0),
+            ScalarValue::Int64(Some(self.count)),
+        ])
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        use arrow::array::{Array, AsArray};
+        use arrow::datatypes::{Decimal128Type, Int64Type};
+        let [sums, counts] = states else {
+            return datafusion::common::internal_err!("AVG's state is a sum and a count");
+        };
+        let (sums, counts) = (sums.as_primitive::<Decimal128Type>(), counts.as_primitive::<Int64Type>());
+        for i in 0..sums.len() {
+            if sums.is_valid(i) && counts.is_valid(i) {
+                self.sum = self.sum.wrapping_add(sums.value(i));
+                self.count += counts.value(i);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Flink's `SUM`: in the input's type (TINYINT, SMALLINT and INT wrap as
+/// Java's int arithmetic, FLOAT stays FLOAT), a DECIMAL(p, s) as
+/// DECIMAL(38, s); DataFusion widens integers to BIGINT, FLOAT to DOUBLE
+/// and a DECIMAL to DECIMAL(p + 10, s).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct FlinkSum {
+    inner: Sum,
+    signature: Signature,
+}
+
+impl FlinkSum {
+    pub fn udaf() -> AggregateUDF {
+        AggregateUDF::new_from_impl(Self {
+            inner: Sum::new(),
+            signature: Signature::user_defined(Volatility::Immutable),
+        })
+    }
+
+    /// Flink's result type of SUM of `t`, where it is not DataFusion's.
+    fn flink_type(t: &DataType) -> Option<DataType> {
+        match t {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Float32 => Some(t.clone()),
+            DataType::Decimal128(_, s) => Some(DataType::Decimal128(38, *s)),
+            _ => None,
+        }
+    }
+
+    /// What the inner SUM adds `t` as, and answers.
+    fn wide(t: &DataType) -> DataType {
+        match t {
+            DataType::Int8 | DataType::Int16 | DataType::Int32 => DataType::Int64,
+            DataType::Float32 => DataType::Float64,
+            other => other.clone(),
+        }
+    }
+
+    fn widening(&self, input: Option<&FieldRef>, out: &DataType) -> Option<Widening> {
+        let input = input?.data_type();
+        Self::flink_type(input).map(|_| Widening {
+            wide: Self::wide(input),
+            out: out.clone(),
+        })
+    }
+
+    fn inner_out(&self, w: &Widening) -> Result<DataType> {
+        match &w.out {
+            // The inner sum of decimals adds unscaled values at the
+            // result's precision.
+            DataType::Decimal128(..) => Ok(w.out.clone()),
+            _ => self.inner.return_type(std::slice::from_ref(&w.wide)),
+        }
+    }
+}
+
+impl AggregateUDFImpl for FlinkSum {
+    fn name(&self) -> &str {
+        "sum"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let [t] = arg_types else {
+            return datafusion::common::plan_err!("SUM takes one argument, not {}", arg_types.len());
+        };
+        Ok(vec![match t {
+            DataType::Null => DataType::Int32,
+            DataType::UInt8 | DataType::UInt16 | DataType::UInt32 => DataType::UInt64,
+            DataType::Float16 => DataType::Float64,
+            t if t.is_integer() || t.is_floating() => t.clone(),
+            DataType::Decimal32(p, s) | DataType::Decimal64(p, s) => DataType::Decimal128(*p, *s),
+            DataType::Decimal128(..) | DataType::Decimal256(..) | DataType::Duration(_) | DataType::Interval(_) => {
+                t.clone()
+            }
+            other => {
+                return datafusion::common::plan_err!(
+                    "SUM takes a number, not {}",
+                    crate::types::flink_name(other)
+                );
+            }
+        }])
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        match arg_types.first().and_then(Self::flink_type) {
+            Some(t) => Ok(t),
+            None => self.inner.return_type(&arg_types.iter().map(Self::wide).collect::<Vec<_>>()),
+        }
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let Some(w) = self.widening(args.expr_fields.first(), args.return_field.data_type()) else {
+            return self.inner.accumulator(args);
+        };
+        let out = self.inner_out(&w)?;
+        let inner = w.args(args, &out, |a| self.inner.accumulator(a))?;
+        Ok(Box::new(Widened { inner, w }))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        let Some(w) = self.widening(args.input_fields.first(), args.return_field.data_type()) else {
+            return self.inner.state_fields(args);
+        };
+        let out = self.inner_out(&w)?;
+        w.state_args(args, &out, |a| self.inner.state_fields(a))
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        let Some(w) = self.widening(args.expr_fields.first(), args.return_field.data_type()) else {
+            return self.inner.groups_accumulator_supported(args);
+        };
+        let Ok(out) = self.inner_out(&w) else { return false };
+        w.args(args, &out, |a| self.inner.groups_accumulator_supported(a))
+    }
+
+    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+        let Some(w) = self.widening(args.expr_fields.first(), args.return_field.data_type()) else {
+            return self.inner.create_groups_accumulator(args);
+        };
+        let out = self.inner_out(&w)?;
+        let inner = w.args(args, &out, |a| self.inner.create_groups_accumulator(a))?;
+        Ok(Box::new(WidenedGroups { inner, w }))
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        let Some(w) = self.widening(args.expr_fields.first(), args.return_field.data_type()) else {
+            return self.inner.create_sliding_accumulator(args);
+        };
+        let out = self.inner_out(&w)?;
+        let inner = w.args(args, &out, |a| self.inner.create_sliding_accumulator(a))?;
+        Ok(Box::new(Widened { inner, w }))
+    }
+}
+
+/// An inner accumulator over widened inputs, its result narrowed.
+#[derive(Debug)]
+struct Widened {
+    inner: Box<dyn Accumulator>,
+    w: Widening,
+}
+
+impl Accumulator for Widened {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.inner.update_batch(&self.w.widen(values)?)
+    }
+
+    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.inner.retract_batch(&self.w.widen(values)?)
+    }
+
+    fn supports_retract_batch(&self) -> bool {
+        self.inner.supports_retract_batch()
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        self.w.narrow_scalar(self.inner.evaluate()?)
     }
 
     fn size(&self) -> usize {
@@ -156,12 +483,12 @@ impl Accumulator for IntAvg {
     }
 }
 
-struct IntGroupsAvg {
+struct WidenedGroups {
     inner: Box<dyn GroupsAccumulator>,
-    out: DataType,
+    w: Widening,
 }
 
-impl GroupsAccumulator for IntGroupsAvg {
+impl GroupsAccumulator for WidenedGroups {
     fn update_batch(
         &mut self,
         values: &[ArrayRef],
@@ -170,11 +497,11 @@ impl GroupsAccumulator for IntGroupsAvg {
         total_num_groups: usize,
     ) -> Result<()> {
         self.inner
-            .update_batch(&to_float(values)?, group_indices, opt_filter, total_num_groups)
+            .update_batch(&self.w.widen(values)?, group_indices, opt_filter, total_num_groups)
     }
 
     fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        Ok(cast(&self.inner.evaluate(emit_to)?, &self.out)?)
+        self.w.narrow(&self.inner.evaluate(emit_to)?)
     }
 
     fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
@@ -190,7 +517,7 @@ impl GroupsAccumulator for IntGroupsAvg {
     }
 
     fn convert_to_state(&self, values: &[ArrayRef], opt_filter: Option<&BooleanArray>) -> Result<Vec<ArrayRef>> {
-        self.inner.convert_to_state(&to_float(values)?, opt_filter)
+        self.inner.convert_to_state(&self.w.widen(values)?, opt_filter)
     }
 }
 

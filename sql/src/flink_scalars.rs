@@ -406,9 +406,11 @@ fn concat(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     Ok(Some(v.concat()))
 }
 
-/// `INITCAP(s)`: the first letter of each word upper case, the rest lower
-/// case; a word starts after any character that is not an ASCII letter
-/// or digit (so `héllo` is `HéLlo`, as Flink writes it).
+/// `INITCAP(s)`: Calcite's `SqlFunctions.initcap`, which Flink calls: a
+/// word is a run of ASCII letters and digits; its first letter is made
+/// upper case and the rest lower case, and every other character is left
+/// as it is and ends the word (so `héllo` is `HéLlo` and `ünïcödé` is
+/// `üNïCöDé`, as Flink 2.3 writes them).
 fn initcap(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     let [s] = v else {
         return datafusion::common::exec_err!("takes one argument");
@@ -416,24 +418,19 @@ fn initcap(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     let mut out = String::with_capacity(s.len());
     let mut start = true;
     for c in s.chars() {
-        // One character to one, as Java's Character.toUpperCase: `ß`
-        // stays `ß`.
-        let mapped = if start {
-            single(c.to_uppercase(), c)
+        if c.is_ascii_alphanumeric() {
+            out.push(if start {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            });
+            start = false;
         } else {
-            single(c.to_lowercase(), c)
-        };
-        out.push(mapped);
-        start = !c.is_ascii_alphanumeric();
+            out.push(c);
+            start = true;
+        }
     }
     Ok(Some(out))
-}
-
-fn single(mut it: impl Iterator<Item = char>, c: char) -> char {
-    match (it.next(), it.next()) {
-        (Some(m), None) => m,
-        _ => c,
-    }
 }
 
 /// `REGEXP_REPLACE(s, regex, replacement)`: every match replaced

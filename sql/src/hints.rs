@@ -15,6 +15,9 @@ use std::time::Duration;
 use sqlparser::ast::{self, SetExpr, TableFactor};
 use sqlparser::tokenizer::{Token, Tokenizer};
 
+use weir_catalog::store::Entry;
+use weir_catalog::{Catalog, TableDef};
+
 use crate::error::{Result, SqlError};
 
 /// Input name (lowercase) → TTL, from every SELECT of `query`.
@@ -185,6 +188,123 @@ fn parse_hints(text: &str) -> Result<Vec<Hint>> {
         out.push((name, pairs));
     }
     Ok(out)
+}
+
+/// Flink's dynamic table options: each `t /*+ OPTIONS('k' = 'v') */` of
+/// `query` (the parser hands it over as `t(__weir_options('k', 'v'))`)
+/// reads a table of `t`'s definition with those options in place of its
+/// own, checked as the table's own options are (an unknown key, a bad
+/// value or a path outside the allowed directories is refused by name,
+/// when planned and again when the job starts). Returns the query with
+/// each hinted reference naming its own entry of a catalog that holds
+/// them (the table keeps its name: EXPLAIN, uids and SHOW WATERMARKS say
+/// `t`), or `None` when the query has no such hint.
+pub fn dynamic_options(query: &ast::Query, catalog: &Catalog) -> Result<Option<(ast::Query, Catalog)>> {
+    use std::ops::ControlFlow;
+
+    use sqlparser::ast::{FunctionArg, FunctionArgExpr, Ident, ObjectName, TableAlias, VisitMut, VisitorMut};
+
+    struct Hinted<'a> {
+        catalog: &'a Catalog,
+        entries: Vec<(String, TableDef)>,
+        error: Option<SqlError>,
+    }
+
+    impl Hinted<'_> {
+        fn take(&mut self, factor: &mut TableFactor) -> Result<()> {
+            let TableFactor::Table { name, alias, args, .. } = factor else {
+                return Ok(());
+            };
+            let Some(a) = args.as_ref() else { return Ok(()) };
+            let call = match a.args.as_slice() {
+                [FunctionArg::Unnamed(FunctionArgExpr::Expr(ast::Expr::Function(f)))]
+                    if f.name.to_string().eq_ignore_ascii_case(crate::udf::OPTIONS_FN) =>
+                {
+                    f
+                }
+                _ => return Ok(()),
+            };
+            let mut values = vec![];
+            if let ast::FunctionArguments::List(list) = &call.args {
+                for arg in &list.args {
+                    match arg {
+                        FunctionArg::Unnamed(FunctionArgExpr::Expr(ast::Expr::Value(v))) => match &v.value {
+                            ast::Value::SingleQuotedString(s) => values.push(s.clone()),
+                            other => return Err(SqlError::internal(format!("an OPTIONS hint value {other}"))),
+                        },
+                        other => return Err(SqlError::internal(format!("an OPTIONS hint argument {other}"))),
+                    }
+                }
+            }
+            let table = crate::parser::object_name(name);
+            let def = match self.catalog.get(&table) {
+                Some(Entry::Table(def)) => def,
+                Some(Entry::View(_)) => {
+                    return Err(SqlError::plan(format!(
+                        "hint OPTIONS: '{table}' is a view; dynamic options apply to tables"
+                    )));
+                }
+                None => return Err(SqlError::not_found(format!("table '{table}' does not exist"))),
+            };
+            let mut def = def.clone();
+            for pair in values.chunks(2) {
+                if let [k, v] = pair {
+                    def.options.insert(k.clone(), v.clone());
+                }
+            }
+            // Checked as the table's own options: an unknown key or a bad
+            // value names the option (the job checks paths again).
+            weir_engine::connectors::validate_table(&def)
+                .map_err(|e| SqlError::plan(format!("hint OPTIONS of table '{table}': {e}")))?;
+            let key = format!("{table}{}{}", crate::udf::OPTIONS_FN, self.entries.len() + 1);
+            if alias.is_none() {
+                // Columns stay qualified by the table's own name.
+                *alias = Some(TableAlias {
+                    explicit: false,
+                    name: name.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new(&table)),
+                    columns: vec![],
+                    at: None,
+                });
+            }
+            *name = ObjectName::from(vec![Ident::with_quote('`', &key)]);
+            *args = None;
+            self.entries.push((key, def));
+            Ok(())
+        }
+    }
+
+    impl VisitorMut for Hinted<'_> {
+        type Break = ();
+
+        fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+            match self.take(factor) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    self.error = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        }
+    }
+
+    let mut query = query.clone();
+    let mut hinted = Hinted {
+        catalog,
+        entries: vec![],
+        error: None,
+    };
+    let _ = query.visit(&mut hinted);
+    if let Some(e) = hinted.error {
+        return Err(e);
+    }
+    if hinted.entries.is_empty() {
+        return Ok(None);
+    }
+    let mut extra = Catalog::in_memory();
+    for (key, def) in hinted.entries {
+        extra.insert(key, Entry::Table(def));
+    }
+    Ok(Some((query, catalog.overlaid(&extra))))
 }
 
 #[cfg(test)]

@@ -54,6 +54,8 @@ pub struct WatermarkClause {
 pub struct CreateTable {
     pub name: String,
     pub if_not_exists: bool,
+    /// `CREATE TEMPORARY TABLE`: the session's only.
+    pub temporary: bool,
     pub columns: Vec<ColumnSpec>,
     pub watermark: Option<WatermarkClause>,
     /// `PRIMARY KEY (cols) NOT ENFORCED`, and where it is.
@@ -72,14 +74,20 @@ pub enum Statement {
         name: String,
         if_not_exists: bool,
         or_replace: bool,
+        /// `CREATE TEMPORARY VIEW`: the session's only.
+        temporary: bool,
         query: Box<Query>,
     },
     Drop {
         name: String,
         view: bool,
         if_exists: bool,
+        /// `DROP TEMPORARY TABLE|VIEW`.
+        temporary: bool,
     },
     ShowTables,
+    /// `SHOW VIEWS`: the views only (`SHOW TABLES` lists both, as Flink).
+    ShowViews,
     /// `SHOW JOBS`
     ShowJobs,
     /// `SHOW WATERMARKS FOR JOB 'name'`
@@ -169,6 +177,11 @@ fn is_blank(t: &Token) -> bool {
     matches!(t, Token::Whitespace(_))
 }
 
+/// Flink 2.3's refusal of `INSERT OVERWRITE` in streaming mode (Weir runs
+/// every job in streaming mode).
+const INSERT_OVERWRITE_REFUSED: &str =
+    "INSERT OVERWRITE is not supported: Streaming mode not support overwrite. (Flink 2.3's message)";
+
 /// Parses every statement of `sql`.
 pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
     let dialect = dialect();
@@ -201,7 +214,7 @@ pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
         };
         check_nesting(part)?;
         check_no_internal_names(part)?;
-        let tokens = rewrite_tokens(part.to_vec());
+        let tokens = rewrite_tokens(rewrite_table_hints(part.to_vec())?);
         let statement = parse_one(tokens, sql).map_err(|e| {
             // sqlparser gives no position for "found: EOF": it is where the
             // statement ends.
@@ -356,6 +369,7 @@ fn check_no_internal_names(tokens: &[TokenWithSpan]) -> Result<()> {
                 crate::udf::PARTITION_BY_FN,
                 crate::udf::SYSTEM_TIME_FN,
                 crate::udf::TEMPORAL_JOIN_FN,
+                crate::udf::OPTIONS_FN,
             ]
             .iter()
             .any(|name| w.value.eq_ignore_ascii_case(name))
@@ -368,6 +382,135 @@ fn check_no_internal_names(tokens: &[TokenWithSpan]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Hints are read where a SELECT starts (`SELECT /*+ STATE_TTL(...) */`,
+/// see `hints.rs`), and right after a table's name: Flink's dynamic table
+/// options, `FROM t /*+ OPTIONS('k' = 'v', ...) */`, handed to the parser
+/// as `t(__weir_options('k', 'v', ...))` (`hints::dynamic_options` takes
+/// them out again). Anywhere else sqlparser would drop a `/*+ ... */` as a
+/// comment and the query would run with other options than written, so a
+/// hint elsewhere, or another table hint, is refused by name.
+fn rewrite_table_hints(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> {
+    use sqlparser::tokenizer::Whitespace;
+    let mut out: Vec<TokenWithSpan> = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        let Token::Whitespace(Whitespace::MultiLineComment(text)) = &t.token else {
+            out.push(t);
+            continue;
+        };
+        if !text.starts_with('+') {
+            out.push(t);
+            continue;
+        }
+        let previous = out.iter().rev().find(|p| !is_blank(&p.token)).map(|p| &p.token);
+        if matches!(previous, Some(Token::Word(w)) if w.keyword == sqlparser::keywords::Keyword::SELECT) {
+            out.push(t);
+            continue;
+        }
+        let body = text[1..].trim();
+        let name: String = body
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // A table's name: a (quoted or dotted) name right after FROM,
+        // JOIN or INTO.
+        let mut back = out.iter().rev().filter(|p| !is_blank(&p.token)).map(|p| &p.token);
+        let mut before_name = back.nth(1);
+        while matches!(before_name, Some(Token::Period)) {
+            before_name = back.nth(1);
+        }
+        let after = |kw: sqlparser::keywords::Keyword| matches!(before_name, Some(Token::Word(w)) if w.keyword == kw);
+        let named = matches!(previous, Some(Token::Word(w))
+            if w.quote_style.is_some() || w.keyword == sqlparser::keywords::Keyword::NoKeyword);
+        let after_table = named
+            && (after(sqlparser::keywords::Keyword::FROM)
+                || after(sqlparser::keywords::Keyword::JOIN)
+                || after(sqlparser::keywords::Keyword::INTO));
+        if !name.eq_ignore_ascii_case("OPTIONS") || !after_table {
+            let what = if name.eq_ignore_ascii_case("OPTIONS") {
+                "hint OPTIONS is read right after a table's name (`FROM t /*+ OPTIONS('k' = 'v') */`)".to_string()
+            } else {
+                format!(
+                    "hint {} is not supported here; Weir reads OPTIONS after a table's name and STATE_TTL \
+                     and the join hints right after SELECT",
+                    if name.is_empty() { "/*+ */" } else { &name }
+                )
+            };
+            return Err(SqlError::unsupported(what).at(loc(&t)));
+        }
+        // INTO names a sink.
+        if after(sqlparser::keywords::Keyword::INTO) {
+            return Err(SqlError::unsupported(
+                "hint OPTIONS on the table an INSERT writes is not supported; set the options in its WITH clause",
+            )
+            .at(loc(&t)));
+        }
+        let pairs = hint_options(&body[name.len()..]).map_err(|m| {
+            SqlError::plan(format!("hint OPTIONS: {m}; write OPTIONS('key' = 'value', ...)")).at(loc(&t))
+        })?;
+        // `( __weir_options ( 'k' , 'v' , ... ) )`, all at the comment's
+        // place.
+        let at = |token: Token| TokenWithSpan::new(token, t.span);
+        out.push(at(Token::LParen));
+        out.push(at(Token::make_word(crate::udf::OPTIONS_FN, None)));
+        out.push(at(Token::LParen));
+        for (i, (k, v)) in pairs.into_iter().enumerate() {
+            if i > 0 {
+                out.push(at(Token::Comma));
+            }
+            out.push(at(Token::SingleQuotedString(k)));
+            out.push(at(Token::Comma));
+            out.push(at(Token::SingleQuotedString(v)));
+        }
+        out.push(at(Token::RParen));
+        out.push(at(Token::RParen));
+    }
+    Ok(out)
+}
+
+/// `('k' = 'v', ...)`: the pairs of an OPTIONS hint.
+fn hint_options(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
+    let tokens = Tokenizer::new(&dialect(), text).tokenize().map_err(|e| e.message)?;
+    let mut it = tokens.into_iter().filter(|t| !is_blank(t)).peekable();
+    if it.next() != Some(Token::LParen) {
+        return Err("expected '(' after OPTIONS".into());
+    }
+    let mut pairs = vec![];
+    loop {
+        let key = match it.next() {
+            Some(Token::SingleQuotedString(k)) => k,
+            Some(Token::RParen) if pairs.is_empty() => break,
+            other => return Err(format!("expected a quoted key, found {}", describe(other))),
+        };
+        if it.next() != Some(Token::Eq) {
+            return Err(format!("expected '=' after '{key}'"));
+        }
+        let value = match it.next() {
+            Some(Token::SingleQuotedString(v)) => v,
+            other => return Err(format!("expected a quoted value for '{key}', found {}", describe(other))),
+        };
+        if pairs.iter().any(|(k, _): &(String, String)| *k == key) {
+            return Err(format!("'{key}' is given twice"));
+        }
+        pairs.push((key, value));
+        match it.next() {
+            Some(Token::Comma) => {}
+            Some(Token::RParen) => break,
+            other => return Err(format!("expected ',' or ')', found {}", describe(other))),
+        }
+    }
+    if let Some(extra) = it.next() {
+        return Err(format!("unexpected '{extra}' after the options"));
+    }
+    if pairs.is_empty() {
+        return Err("no options given".into());
+    }
+    Ok(pairs)
+}
+
+fn describe(t: Option<Token>) -> String {
+    t.map_or_else(|| "the end".to_string(), |t| format!("'{t}'"))
 }
 
 /// The text between two 1-based positions.
@@ -1000,7 +1143,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
     }
     if p.parse_keyword(Keyword::CREATE) {
         let or_replace = p.parse_keywords(&[Keyword::OR, Keyword::REPLACE]);
-        let _ = p.parse_keyword(Keyword::TEMPORARY);
+        let temporary = p.parse_keyword(Keyword::TEMPORARY);
         if p.parse_keyword(Keyword::TABLE) {
             if or_replace {
                 return Err(
@@ -1008,7 +1151,9 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
                         .at(loc(&start)),
                 );
             }
-            return Ok(Statement::CreateTable(parse_create_table(p, sql)?));
+            let mut ct = parse_create_table(p, sql)?;
+            ct.temporary = temporary;
+            return Ok(Statement::CreateTable(ct));
         }
         if p.parse_keyword(Keyword::VIEW) {
             let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
@@ -1019,6 +1164,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
                 name,
                 if_not_exists,
                 or_replace,
+                temporary,
                 query,
             });
         }
@@ -1030,7 +1176,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         .at(loc(&t)));
     }
     if p.parse_keyword(Keyword::DROP) {
-        let _ = p.parse_keyword(Keyword::TEMPORARY);
+        let temporary = p.parse_keyword(Keyword::TEMPORARY);
         let view = if p.parse_keyword(Keyword::VIEW) {
             true
         } else {
@@ -1039,11 +1185,19 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         };
         let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
         let name = object_name(&p.parse_object_name(false)?);
-        return Ok(Statement::Drop { name, view, if_exists });
+        return Ok(Statement::Drop {
+            name,
+            view,
+            if_exists,
+            temporary,
+        });
     }
     if p.parse_keyword(Keyword::SHOW) {
-        if p.parse_keyword(Keyword::TABLES) || p.parse_keyword(Keyword::VIEWS) {
+        if p.parse_keyword(Keyword::TABLES) {
             return Ok(Statement::ShowTables);
+        }
+        if p.parse_keyword(Keyword::VIEWS) {
+            return Ok(Statement::ShowViews);
         }
         if parse_word(p, "JOBS") {
             return Ok(Statement::ShowJobs);
@@ -1164,6 +1318,17 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
                     return Err(SqlError::unsupported(format!("INSERT INTO {other} is not supported")).at(loc(&start)));
                 }
             };
+            // Flink overwrites only in batch mode; appending instead would be
+            // another meaning.
+            if insert.overwrite {
+                return Err(SqlError::unsupported(INSERT_OVERWRITE_REFUSED).at(loc(&start)));
+            }
+            if insert.partitioned.is_some() {
+                return Err(SqlError::unsupported(
+                    "INSERT INTO ... PARTITION (...) is not supported; select the partition columns as values",
+                )
+                .at(loc(&start)));
+            }
             if !insert.columns.is_empty() {
                 return Err(SqlError::unsupported(
                     "INSERT INTO with a column list is not supported yet; select the sink's columns in order",
@@ -1382,6 +1547,7 @@ fn parse_create_table(p: &mut Parser, sql: &str) -> Result<CreateTable> {
         partitioned_by,
         name,
         if_not_exists,
+        temporary: false,
         columns,
         watermark,
         options,

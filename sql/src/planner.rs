@@ -181,6 +181,7 @@ impl Planner {
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
         let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkAvg::udaf()));
+        let _ = state.register_udaf(Arc::new(crate::flink_functions::FlinkSum::udaf()));
         let _ = state.register_udaf(Arc::new(crate::flink_collect::Collect::udaf()));
         for udaf in crate::flink_moments::all() {
             let _ = state.register_udaf(Arc::new(udaf));
@@ -280,11 +281,32 @@ impl Planner {
         catalog: &Catalog,
         zone: Option<&SessionZone>,
     ) -> Result<LogicalPlan> {
+        Ok(self.logical_plan_with(query, catalog, zone)?.0)
+    }
+
+    /// [`Self::logical_plan_in`], and the catalog its scans name: `catalog`,
+    /// or one that also holds the tables read with dynamic options
+    /// (`t /*+ OPTIONS(...) */`, [`crate::hints::dynamic_options`]).
+    fn logical_plan_with(
+        &self,
+        query: &ast::Query,
+        catalog: &Catalog,
+        zone: Option<&SessionZone>,
+    ) -> Result<(LogicalPlan, Option<Catalog>)> {
         let mut query = query.clone();
         rewrite_query(&mut query, catalog)?;
+        // After views are inlined, so a view's own hints count too.
+        let hinted = match crate::hints::dynamic_options(&query, catalog)? {
+            Some((rewritten, with_options)) => {
+                query = rewritten;
+                Some(with_options)
+            }
+            None => None,
+        };
+        let catalog = hinted.as_ref().unwrap_or(catalog);
         crate::functions::check_calls(&query)?;
         crate::functions::flink_calls(&mut query)?;
-        let provider = self.provider(catalog);
+        let provider = self.provider(&catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
         let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
         // `1` is an INT, as in Flink (before coercion widens it).
@@ -324,15 +346,16 @@ impl Planner {
             Arc::new(OptimizeProjections::new()),
         ]);
         let plan = optimizer.optimize(plan, &OptimizerContext::new(), |_, _| {})?;
-        Ok(plan)
+        Ok((plan, hinted))
     }
 
     /// Plans a `SELECT`.
     pub fn plan_query(&self, query: &ast::Query, catalog: &Catalog, config: &JobConfig) -> Result<QueryPlan> {
-        let plan = self.logical_plan_in(query, catalog, config.local_time_zone.as_ref())?;
+        let (plan, hinted) = self.logical_plan_with(query, catalog, config.local_time_zone.as_ref())?;
         if !reads_a_table(&plan) {
             return Ok(QueryPlan::Batch(plan));
         }
+        let catalog = hinted.as_ref().unwrap_or(catalog);
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         b.convert(&plan)?;
@@ -348,12 +371,13 @@ impl Planner {
         catalog: &Catalog,
         config: &JobConfig,
     ) -> Result<StreamGraph> {
-        let plan = self.logical_plan_in(query, catalog, config.local_time_zone.as_ref())?;
+        let (plan, hinted) = self.logical_plan_with(query, catalog, config.local_time_zone.as_ref())?;
         if !reads_a_table(&plan) {
             return Err(SqlError::unsupported(
                 "INSERT of a query that reads no table is not supported",
             ));
         }
+        let catalog = hinted.as_ref().unwrap_or(catalog);
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         let last = b.convert(&plan)?;
@@ -999,7 +1023,9 @@ impl<'a> GraphBuilder<'a> {
             if let LogicalPlan::TableScan(scan) = p
                 && let Some(def) = catalog.table(scan.table_name.table())
             {
-                let cols = scan_columns.entry(def.name.clone()).or_default();
+                // By the catalog key: a table read with dynamic options
+                // (`t /*+ OPTIONS(...) */`) is a source of its own.
+                let cols = scan_columns.entry(scan.table_name.table().to_string()).or_default();
                 match &scan.projection {
                     Some(ix) => cols.extend(ix.iter().filter_map(|i| def.columns.get(*i)).map(|c| c.name.clone())),
                     None => cols.extend(def.columns.iter().map(|c| c.name.clone())),
@@ -1337,13 +1363,13 @@ impl<'a> GraphBuilder<'a> {
             Some(p) => p.iter().map(|i| def.columns[*i].name.clone()).collect(),
             None => def.columns.iter().map(|c| c.name.clone()).collect(),
         };
-        if let Some(&source) = self.sources.get(&def.name) {
+        if let Some(&source) = self.sources.get(name) {
             return self.project_scan(source, scan, &projected);
         }
         // Columns the source must produce: every scan's projection, plus
         // what the watermark and the used computed columns need.
         let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
-        needed.extend(self.scan_columns.get(&def.name).into_iter().flatten().cloned());
+        needed.extend(self.scan_columns.get(name).into_iter().flatten().cloned());
         if !weir_engine::connectors::supports_column_pruning(def) {
             needed.extend(def.physical_columns().map(|c| c.name.clone()));
         }
@@ -1430,7 +1456,7 @@ impl<'a> GraphBuilder<'a> {
         } else {
             source
         };
-        self.sources.insert(def.name.clone(), source);
+        self.sources.insert(name.to_string(), source);
         self.project_scan(source, scan, &projected)
     }
 

@@ -204,6 +204,11 @@ impl ScalarUDFImpl for WindowMarker {
 /// argument of the versioned table (`rates(__weir_system_time(o.ts))`).
 pub const SYSTEM_TIME_FN: &str = "__weir_system_time";
 
+/// A table's dynamic options (`t /*+ OPTIONS('k' = 'v') */`), handed
+/// from the parser to `hints::dynamic_options` as `t(__weir_options('k',
+/// 'v'))`.
+pub const OPTIONS_FN: &str = "__weir_options";
+
 /// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
 /// is parsed as (see `parser::rewrite_is_json_tokens`).
 pub const IS_JSON_FN: &str = "__weir_is_json_kind";

@@ -527,12 +527,12 @@ fn answer(result: StatementResult) -> Result<DoGetStream, Status> {
             vec![Arc::new(StringArray::from(vec![text]))],
         ),
         StatementResult::Done(_) => Ok(stream_batches(Arc::new(Schema::empty()), futures::stream::empty())),
-        StatementResult::JobStarted { id, name, .. } => one(
+        StatementResult::JobStarted { id, name, state, .. } => one(
             job_row_schema(),
             vec![
                 Arc::new(StringArray::from(vec![id])),
                 Arc::new(StringArray::from(vec![name])),
-                Arc::new(StringArray::from(vec!["RUNNING"])),
+                Arc::new(StringArray::from(vec![state])),
             ],
         ),
         StatementResult::Stream(_) => Err(Status::internal("a live query reached the one-shot answer path")),

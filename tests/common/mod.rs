@@ -224,3 +224,63 @@ pub fn committed_lines(dir: &std::path::Path) -> Vec<String> {
     lines.sort();
     lines
 }
+
+/// The Kafka-protocol test broker `scripts/setup.sh` installs (or
+/// `WEIR_TANSU`).
+pub fn tansu_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("WEIR_TANSU") {
+        return p.into();
+    }
+    let cached = std::env::var("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".cache/weir-tools/bin/tansu-510f3e2"))
+        .unwrap_or_default();
+    if cached.exists() {
+        return cached;
+    }
+    "tansu".into()
+}
+
+/// A tansu broker in memory on a free port, for tests that need a broker
+/// but no Kafka client of their own: the process (killed when dropped)
+/// and `host:port`, once it accepts connections (deadline 30 s).
+pub fn tansu(dir: &std::path::Path) -> (Killed, String) {
+    let port = free_port();
+    let url = format!("tcp://127.0.0.1:{port}");
+    let log = std::fs::File::create(dir.join("broker.log")).expect("broker log");
+    let child = Command::new(tansu_binary())
+        .current_dir(dir)
+        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args(["--storage-engine", "memory://tansu/"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start the test broker '{}': {e}; run scripts/setup.sh (it installs tansu) or set WEIR_TANSU",
+                tansu_binary().display()
+            )
+        });
+    let broker = Killed(child);
+    let servers = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&servers).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not listen within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (broker, servers)
+}
+
+/// Creates `topic` with `partitions` partitions through tansu's own CLI.
+pub fn tansu_topic(servers: &str, topic: &str, partitions: u32) {
+    let out = Command::new(tansu_binary())
+        .args(["topic", "create", topic, "--partitions", &partitions.to_string()])
+        .args(["--broker", &format!("tcp://{servers}")])
+        .output()
+        .expect("tansu topic create");
+    assert!(
+        out.status.success(),
+        "tansu topic create {topic}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

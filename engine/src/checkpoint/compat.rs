@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use super::CheckpointError;
 use super::metadata::{CheckpointMetadata, OperatorInfo};
 use crate::config::{IGNORE_UNCLAIMED_STATE, JobConfig, MAX_PARALLELISM};
-use crate::plan::{NodeKind, StreamGraph};
+use crate::plan::{StateKeys, StreamGraph};
 use crate::state::codec::{self, type_name};
 
 /// What a snapshot records about each operator of `graph`.
@@ -27,22 +27,18 @@ pub fn operator_info(graph: &StreamGraph) -> BTreeMap<String, OperatorInfo> {
                 description: n.describe(),
                 parallelism: n.parallelism,
                 key_types: key_types(graph, n.id),
+                keys_recorded: true,
             };
             (n.uid.clone(), info)
         })
         .collect()
 }
 
-/// Weir's names of the key types of a keyed node.
+/// Weir's names of the key types of a keyed node (empty for a node
+/// without keyed state or with one key for all rows).
 fn key_types(graph: &StreamGraph, id: usize) -> Vec<String> {
-    let keys = match &graph.node(id).kind {
-        NodeKind::WindowAggregate(w) => &w.keys,
-        NodeKind::GroupAggregate(g) => &g.keys,
-        NodeKind::Join(j) => &j.left_keys,
-        NodeKind::Rank(r) => &r.partition,
-        NodeKind::UpsertMaterialize(m) => &m.key,
-        NodeKind::ChangelogNormalize(c) => &c.key,
-        _ => return vec![],
+    let StateKeys::Keyed(keys) = graph.node(id).kind.state_keys() else {
+        return vec![];
     };
     let Some(input) = graph.inputs(id).next().map(|e| graph.node(e.from).schema.clone()) else {
         return vec![];
@@ -91,7 +87,10 @@ pub fn check(meta: &CheckpointMetadata, graph: &StreamGraph, config: &JobConfig)
             continue;
         };
         let now = key_types(graph, node.id);
-        if now != info.key_types {
+        // Snapshots before every keyed kind recorded its keys (SESSION
+        // windows and OVER aggregates recorded none): nothing to compare.
+        let unrecorded = !info.keys_recorded && info.key_types.is_empty();
+        if now != info.key_types && !unrecorded {
             return Err(CheckpointError::Incompatible(format!(
                 "operator {uid} ({}) kept state keyed by ({}) and is now keyed by ({}): key types cannot change",
                 info.description,

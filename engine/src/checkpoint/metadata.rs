@@ -73,6 +73,10 @@ pub struct OperatorInfo {
     /// Weir's names of the key types (keyed operators).
     #[serde(default)]
     pub key_types: Vec<String>,
+    /// Set by snapshots that record the keys of every keyed kind (older
+    /// ones left SESSION windows' and OVER aggregates' empty).
+    #[serde(default)]
+    pub keys_recorded: bool,
 }
 
 /// Set when the snapshot is a savepoint.

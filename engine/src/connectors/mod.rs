@@ -416,6 +416,10 @@ pub fn supports_column_pruning(table: &TableDef) -> bool {
     };
     match table.connector() {
         Some("filesystem") => !positional("format"),
+        // Every column's options are its own, and a sequence column
+        // bounds the rows even when no query reads it (Flink's datagen
+        // takes no projection either).
+        Some("datagen") => false,
         Some(kafka::NAME | kafka::UPSERT_NAME) => !["format", "value.format", "key.format"].into_iter().any(positional),
         _ => true,
     }
@@ -453,14 +457,18 @@ pub fn default_schema(table: &TableDef) -> Result<Option<SchemaRef>> {
 }
 
 /// Checks every path option of `table` against `paths` (the allowed
-/// directories of the session or job).
+/// directories of the session or job), and the client properties a
+/// connector passes through.
 pub fn check_table_paths(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<()> {
     let Some(specs) = table.connector().and_then(specs_of) else {
         return Ok(());
     };
-    paths
-        .check_options(&table.options, &specs)
-        .map_err(|e| ConnectorError::PermissionDenied(format!("table '{}': {e}", table.name)))?;
+    let denied = |e: crate::paths::PathDenied| ConnectorError::PermissionDenied(format!("table '{}': {e}", table.name));
+    paths.check_options(&table.options, &specs).map_err(denied)?;
+    // Options a connector hands to its client library as they are.
+    if matches!(table.connector(), Some(kafka::NAME | kafka::UPSERT_NAME)) {
+        kafka::client_properties::check(&table.options, paths).map_err(denied)?;
+    }
     Ok(())
 }
 

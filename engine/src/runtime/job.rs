@@ -1150,6 +1150,14 @@ fn keyed_state(
     sink_ctx: &SinkContext,
     decls: &[crate::state::StateDecl],
 ) -> Result<crate::state::KeyedState> {
+    // Keyed state is recorded and checked by its keys on restore: a node
+    // kind that does not say what they are cannot have any.
+    if matches!(node.kind.state_keys(), crate::plan::StateKeys::None) {
+        return Err(ExecError::internal(format!(
+            "operator {} opens keyed state but its node kind reports no state keys (plan::NodeKind::state_keys)",
+            node.uid
+        )));
+    }
     let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
     let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
     let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));

@@ -9,7 +9,10 @@
 //! - DECIMAL(p, s) `bytes` of logical type `decimal` (the unscaled value,
 //!   big-endian two's complement); DATE `int` `date`;
 //!   TIMESTAMP(0..3) and TIMESTAMP_LTZ(0..3) `long` `timestamp-millis`,
-//!   (4..6) `timestamp-micros`;
+//!   (4..6) `timestamp-micros`; with `'avro.timestamp_mapping.legacy' =
+//!   'false'` a TIMESTAMP is `local-timestamp-millis`/`-micros` instead
+//!   (Flink's non-legacy mapping; the bytes are the same long, the schema
+//!   a reader sees differs);
 //! - ARRAY `array`, MAP with STRING keys `map`, ROW a nested `record`.
 //!
 //! Since a datum carries no schema, the columns' order, types and
@@ -40,8 +43,11 @@ pub(super) struct AvroFormat {
 
 impl AvroFormat {
     /// The format of `columns`; an error names a column Avro cannot hold.
-    pub fn new(columns: &SchemaRef) -> Result<Self, String> {
-        let record = record_type(columns.fields(), "record", Some("org.apache.flink.avro.generated"))?;
+    /// `legacy_timestamps`: `avro.timestamp_mapping.legacy` (TIMESTAMP as
+    /// `timestamp-*`, else `local-timestamp-*`).
+    pub fn new(columns: &SchemaRef, legacy_timestamps: bool) -> Result<Self, String> {
+        let mapping = Mapping { legacy_timestamps };
+        let record = record_type(columns.fields(), "record", Some("org.apache.flink.avro.generated"), mapping)?;
         let schema = Schema::parse(&record).map_err(|e| format!("the columns are no Avro record: {e}"))?;
         Ok(Self {
             schema,
@@ -128,16 +134,27 @@ impl std::io::Read for Bounded<'_> {
 }
 
 /// The Avro type of a field, a union with `null` when it is nullable.
-fn field_type(f: &Field, name: &str) -> Result<serde_json::Value, String> {
-    let t = avro_type(f.data_type(), name, f.name())?;
+/// How Flink's schema converter maps types (its options).
+#[derive(Debug, Clone, Copy)]
+struct Mapping {
+    legacy_timestamps: bool,
+}
+
+fn field_type(f: &Field, name: &str, m: Mapping) -> Result<serde_json::Value, String> {
+    let t = avro_type(f.data_type(), name, f.name(), m)?;
     Ok(if f.is_nullable() { json!(["null", t]) } else { t })
 }
 
-fn record_type(fields: &Fields, name: &str, namespace: Option<&str>) -> Result<serde_json::Value, String> {
+fn record_type(
+    fields: &Fields,
+    name: &str,
+    namespace: Option<&str>,
+    m: Mapping,
+) -> Result<serde_json::Value, String> {
     let fields = fields
         .iter()
         .map(|f| {
-            let t = field_type(f, &format!("{name}_{}", f.name()))?;
+            let t = field_type(f, &format!("{name}_{}", f.name()), m)?;
             Ok(if f.is_nullable() {
                 json!({"name": f.name(), "type": t, "default": null})
             } else {
@@ -154,7 +171,7 @@ fn record_type(fields: &Fields, name: &str, namespace: Option<&str>) -> Result<s
 
 /// `name`: a nested record's name (Flink's `<parent>_<field>`); `column`
 /// names the column in errors.
-fn avro_type(t: &DataType, name: &str, column: &str) -> Result<serde_json::Value, String> {
+fn avro_type(t: &DataType, name: &str, column: &str, m: Mapping) -> Result<serde_json::Value, String> {
     Ok(match t {
         DataType::Boolean => json!("boolean"),
         DataType::Int8 | DataType::Int16 | DataType::Int32 => json!("int"),
@@ -165,11 +182,17 @@ fn avro_type(t: &DataType, name: &str, column: &str) -> Result<serde_json::Value
         DataType::Binary | DataType::LargeBinary => json!("bytes"),
         DataType::Decimal128(p, s) => json!({"type": "bytes", "logicalType": "decimal", "precision": p, "scale": s}),
         DataType::Date32 => json!({"type": "int", "logicalType": "date"}),
+        DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, None) if !m.legacy_timestamps => {
+            json!({"type": "long", "logicalType": "local-timestamp-millis"})
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, None) if !m.legacy_timestamps => {
+            json!({"type": "long", "logicalType": "local-timestamp-micros"})
+        }
         DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, _) => {
             json!({"type": "long", "logicalType": "timestamp-millis"})
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => json!({"type": "long", "logicalType": "timestamp-micros"}),
-        DataType::List(item) => json!({"type": "array", "items": field_type(item, name)?}),
+        DataType::List(item) => json!({"type": "array", "items": field_type(item, name, m)?}),
         DataType::Map(entries, _) => {
             let DataType::Struct(kv) = entries.data_type() else {
                 return Err(format!("column '{column}': a MAP without entries"));
@@ -180,9 +203,9 @@ fn avro_type(t: &DataType, name: &str, column: &str) -> Result<serde_json::Value
                     kv[0].data_type()
                 ));
             }
-            json!({"type": "map", "values": field_type(&kv[1], name)?})
+            json!({"type": "map", "values": field_type(&kv[1], name, m)?})
         }
-        DataType::Struct(fields) => record_type(fields, name, None)?,
+        DataType::Struct(fields) => record_type(fields, name, None, m)?,
         DataType::Timestamp(TimeUnit::Nanosecond, tz) => {
             return Err(format!(
                 "column '{column}': {} has no Avro type in Flink's 'avro' format (precision 6 at most)",
@@ -286,21 +309,21 @@ fn array_of(values: &[&Value], t: &DataType) -> Result<ArrayRef, String> {
         }))),
         DataType::Timestamp(TimeUnit::Millisecond, tz) => Arc::new(
             TimestampMillisecondArray::from_iter(each.map(|v| match v {
-                Value::TimestampMillis(t) | Value::Long(t) => Some(*t),
+                Value::TimestampMillis(t) | Value::LocalTimestampMillis(t) | Value::Long(t) => Some(*t),
                 _ => None,
             }))
             .with_timezone_opt(tz.clone()),
         ),
         DataType::Timestamp(TimeUnit::Second, tz) => Arc::new(
             arrow::array::TimestampSecondArray::from_iter(each.map(|v| match v {
-                Value::TimestampMillis(t) | Value::Long(t) => Some(t.div_euclid(1000)),
+                Value::TimestampMillis(t) | Value::LocalTimestampMillis(t) | Value::Long(t) => Some(t.div_euclid(1000)),
                 _ => None,
             }))
             .with_timezone_opt(tz.clone()),
         ),
         DataType::Timestamp(TimeUnit::Microsecond, tz) => Arc::new(
             TimestampMicrosecondArray::from_iter(each.map(|v| match v {
-                Value::TimestampMicros(t) | Value::Long(t) => Some(*t),
+                Value::TimestampMicros(t) | Value::LocalTimestampMicros(t) | Value::Long(t) => Some(*t),
                 _ => None,
             }))
             .with_timezone_opt(tz.clone()),
@@ -462,16 +485,18 @@ fn value_at(c: &dyn Array, r: usize, nullable: bool) -> Result<Value, String> {
             c.as_primitive::<arrow::datatypes::Decimal128Type>().value(r),
         ))),
         DataType::Date32 => Value::Date(c.as_primitive::<arrow::datatypes::Date32Type>().value(r)),
-        DataType::Timestamp(TimeUnit::Second, _) => Value::TimestampMillis(
+        // A plain long: valid for the `timestamp-*` and the
+        // `local-timestamp-*` schema alike (the bytes are the same).
+        DataType::Timestamp(TimeUnit::Second, _) => Value::Long(
             c.as_primitive::<arrow::datatypes::TimestampSecondType>()
                 .value(r)
                 .saturating_mul(1000),
         ),
         DataType::Timestamp(TimeUnit::Millisecond, _) => {
-            Value::TimestampMillis(c.as_primitive::<arrow::datatypes::TimestampMillisecondType>().value(r))
+            Value::Long(c.as_primitive::<arrow::datatypes::TimestampMillisecondType>().value(r))
         }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
-            Value::TimestampMicros(c.as_primitive::<arrow::datatypes::TimestampMicrosecondType>().value(r))
+            Value::Long(c.as_primitive::<arrow::datatypes::TimestampMicrosecondType>().value(r))
         }
         DataType::List(item) => {
             let list = c.as_list::<i32>().value(r);
@@ -561,7 +586,7 @@ mod tests {
 
     #[test]
     fn the_schema_is_flinks_for_the_same_columns() {
-        let f = AvroFormat::new(&columns()).expect("a schema");
+        let f = AvroFormat::new(&columns(), true).expect("a schema");
         let text = f.schema.canonical_form();
         // Nullable columns are unions with null first; a NOT NULL one is
         // its type alone; DECIMAL is bytes of logical type decimal.
@@ -577,10 +602,43 @@ mod tests {
         );
     }
 
+    /// `avro.timestamp_mapping.legacy` = false: a TIMESTAMP is a
+    /// `local-timestamp-millis` (a TIMESTAMP_LTZ stays `timestamp-millis`),
+    /// the bytes the same long, and both read back.
+    #[test]
+    fn non_legacy_mapping_writes_local_timestamps() {
+        let schema = Arc::new(arrow::datatypes::Schema::new(vec![
+            Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+            Field::new("ltz", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
+        ]));
+        let legacy = AvroFormat::new(&schema, true).expect("a schema");
+        let local = AvroFormat::new(&schema, false).expect("a schema");
+        // The canonical form drops logical types: the schema as written.
+        let text = serde_json::to_string(&local.schema).expect("json");
+        assert!(text.contains(r#""logicalType":"local-timestamp-millis""#), "{text}");
+        assert!(text.contains(r#""logicalType":"timestamp-millis""#), "{text}");
+        let legacy_text = serde_json::to_string(&legacy.schema).expect("json");
+        assert!(!legacy_text.contains("local-timestamp"), "{legacy_text}");
+        assert_eq!(legacy_text.matches(r#""logicalType":"timestamp-millis""#).count(), 2, "{legacy_text}");
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(TimestampMillisecondArray::from(vec![1_704_067_210_000])),
+                Arc::new(TimestampMillisecondArray::from(vec![5]).with_timezone("UTC")),
+            ],
+        )
+        .expect("batch");
+        let a = legacy.encode(&batch).expect("legacy");
+        let b = local.encode(&batch).expect("local");
+        assert_eq!(a, b, "the same bytes");
+        let parts: Vec<&[u8]> = b.iter().map(Vec::as_slice).collect();
+        assert_eq!(local.decode(&parts).expect("decoded"), batch);
+    }
+
     #[test]
     fn rows_round_trip_through_avro_datums() {
         let schema = columns();
-        let f = AvroFormat::new(&schema).expect("a schema");
+        let f = AvroFormat::new(&schema, true).expect("a schema");
         // Rows written by hand as Avro values, then read and written back.
         let rows = [
             Value::Record(vec![
@@ -682,14 +740,14 @@ mod tests {
 
     #[test]
     fn bad_datums_are_errors_that_say_why() {
-        let f = AvroFormat::new(&columns()).expect("a schema");
+        let f = AvroFormat::new(&columns(), true).expect("a schema");
         let e = f.decode(&[b"\x02".as_slice()]).expect_err("truncated");
         assert!(e.contains("ends after 1 bytes"), "{e}");
         // A string of negative length.
         let e = f.decode(&[b"\x02\x02\x7F".as_slice()]).expect_err("bad length");
         assert!(e.contains("not an Avro record"), "{e}");
         let id_only = Arc::new(ArrowSchema::new(vec![field("id", DataType::Int64, false)]));
-        let g = AvroFormat::new(&id_only).expect("a schema");
+        let g = AvroFormat::new(&id_only, true).expect("a schema");
         let e = g.decode(&[b"\x02\x04".as_slice()]).expect_err("trailing bytes");
         assert!(e.contains("1 bytes after"), "{e}");
         let nanos = Arc::new(ArrowSchema::new(vec![field(
@@ -697,7 +755,7 @@ mod tests {
             DataType::Timestamp(TimeUnit::Nanosecond, None),
             true,
         )]));
-        let e = AvroFormat::new(&nanos).expect_err("no Avro type");
+        let e = AvroFormat::new(&nanos, true).expect_err("no Avro type");
         assert!(e.contains("column 't'"), "{e}");
     }
 

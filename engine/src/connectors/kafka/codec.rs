@@ -37,7 +37,10 @@ pub(super) enum PartFormat {
 impl PartFormat {
     fn of(options: &Options, name: &str, key: &str, schema: &SchemaRef) -> Result<Self> {
         if name.eq_ignore_ascii_case("avro") {
-            return AvroFormat::new(schema)
+            // The one Avro option with an effect on what Weir writes: the
+            // schema's timestamp types (the bytes are the same long).
+            let legacy = options.bool("avro.timestamp_mapping.legacy")?.unwrap_or(true);
+            return AvroFormat::new(schema, legacy)
                 .map(|f| PartFormat::Avro(Arc::new(f)))
                 .map_err(|e| invalid(key, format!("format 'avro': {e}")));
         }

@@ -20,6 +20,7 @@
 //!   `key.fields` and `value.fields-include`.
 
 mod avro;
+pub mod client_properties;
 mod codec;
 mod fetcher;
 mod metadata;
@@ -79,7 +80,8 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         "properties.**",
         OptionKind::String,
-        "any librdkafka client property, passed to the client as it is",
+        "any librdkafka client property, passed to the client as it is; on a server, properties that load \
+         code or run commands are refused and those naming files must be in the allowed directories",
     ),
     OptionSpec::new(
         "scan.startup.mode",

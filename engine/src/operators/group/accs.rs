@@ -368,7 +368,14 @@ impl AggSpec {
             Acc::Count(n) => ScalarValue::Int64(Some(*n)),
             Acc::Sum { n: 0, .. } => return Ok(ScalarValue::try_from(out)?),
             Acc::Sum { sum, n } => match (self.call.func, sum) {
-                (AggFunc::Sum, Num::Int(s)) => ScalarValue::Int64(Some(*s)),
+                // Flink sums in the input's type: a narrower integer's
+                // sum wraps as Java's int arithmetic does.
+                (AggFunc::Sum, Num::Int(s)) => match out {
+                    DataType::Int8 => ScalarValue::Int8(Some(*s as i8)),
+                    DataType::Int16 => ScalarValue::Int16(Some(*s as i16)),
+                    DataType::Int32 => ScalarValue::Int32(Some(*s as i32)),
+                    _ => ScalarValue::Int64(Some(*s)),
+                },
                 (AggFunc::Sum, Num::Float(s)) => ScalarValue::Float64(Some(*s)),
                 (AggFunc::Sum, Num::Dec(s)) => match out {
                     DataType::Decimal128(p, sc) => ScalarValue::Decimal128(Some(*s), *p, *sc),
@@ -390,7 +397,9 @@ impl AggSpec {
                     } else {
                         10i128.checked_pow((-shift) as u32).map_or(0, |d| s / d)
                     };
-                    ScalarValue::Decimal128(Some(scaled.wrapping_div(i128::from(*n))), p, target)
+                    // Java's BigDecimal division as Flink's AVG rounds it:
+                    // HALF_UP (halves away from zero).
+                    ScalarValue::Decimal128(Some(div_half_up(scaled, i128::from(*n))), p, target)
                 }
             },
             Acc::Extreme(None) => return Ok(ScalarValue::try_from(out)?),
@@ -722,6 +731,21 @@ impl<'a> Reader<'a> {
 pub fn decode_count(v: &[u8]) -> Option<i64> {
     let mut c = [0];
     decode_counts(v, &mut c).map(|()| c[0])
+}
+
+/// `a / b` rounded HALF_UP (a half away from zero), as Java's
+/// `BigDecimal.divide(.., RoundingMode.HALF_UP)`; 0 for a division by 0.
+pub fn div_half_up(a: i128, b: i128) -> i128 {
+    if b == 0 {
+        return 0;
+    }
+    let q = a.wrapping_div(b);
+    let r = a.wrapping_rem(b);
+    if r.unsigned_abs().saturating_mul(2) >= b.unsigned_abs() {
+        if (a < 0) == (b < 0) { q.wrapping_add(1) } else { q.wrapping_sub(1) }
+    } else {
+        q
+    }
 }
 
 #[cfg(test)]
