@@ -17,3 +17,9 @@ echo "commit $(git rev-parse --short HEAD), $(nproc) cores, $(grep -m1 'model na
 WEIR="$bin" "$(dirname "$0")/flight.sh"
 WEIR="$bin" "$(dirname "$0")/compare.sh"
 WEIR="$bin" "$(dirname "$0")/state_size/run.sh"
+# The many-keys HOP beside Flink, savepoint and restore times, and Kafka
+# (a tansu broker from scripts/setup.sh) — every table docs/benchmarks.md
+# records.
+WEIR="$bin" "$(dirname "$0")/many_keys.sh"
+"$bin" bench savepoint --state-mib 1024 --parallelism 2
+WEIR="$bin" "$(dirname "$0")/kafka.sh" 4000000
