@@ -182,30 +182,7 @@ impl Broker {
 
     fn start_at(port: u16, advertised: u16) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("tcp://127.0.0.1:{port}");
-        let advertised_url = format!("tcp://127.0.0.1:{advertised}");
-        let log = std::fs::File::create(dir.path().join("broker.log")).expect("log");
-        let child = Command::new(common::tansu_binary())
-            .current_dir(dir.path())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &advertised_url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start the test broker '{}': {e}; run scripts/setup.sh (it installs tansu) or set WEIR_TANSU",
-                    common::tansu_binary().display()
-                )
-            });
+        let child = common::spawn_tansu(dir.path(), port, advertised);
         let broker = Broker {
             child: Some(child),
             servers: format!("127.0.0.1:{advertised}"),

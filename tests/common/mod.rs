@@ -245,11 +245,25 @@ pub fn tansu_binary() -> std::path::PathBuf {
 /// and `host:port`, once it accepts connections (deadline 30 s).
 pub fn tansu(dir: &std::path::Path) -> (Killed, String) {
     let port = free_port();
+    let broker = Killed(spawn_tansu(dir, port, port));
+    let servers = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&servers).is_err() {
+        assert!(Instant::now() < deadline, "the broker did not listen within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (broker, servers)
+}
+
+/// A tansu broker process in memory listening on `port` and advertising
+/// `advertised` (a proxy's port, or the same), its log in `dir`.
+pub fn spawn_tansu(dir: &std::path::Path, port: u16, advertised: u16) -> Child {
     let url = format!("tcp://127.0.0.1:{port}");
+    let advertised_url = format!("tcp://127.0.0.1:{advertised}");
     let log = std::fs::File::create(dir.join("broker.log")).expect("broker log");
-    let child = Command::new(tansu_binary())
+    Command::new(tansu_binary())
         .current_dir(dir)
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &advertised_url])
         .args(["--storage-engine", "memory://tansu/"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -260,15 +274,7 @@ pub fn tansu(dir: &std::path::Path) -> (Killed, String) {
                 "cannot start the test broker '{}': {e}; run scripts/setup.sh (it installs tansu) or set WEIR_TANSU",
                 tansu_binary().display()
             )
-        });
-    let broker = Killed(child);
-    let servers = format!("127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(&servers).is_err() {
-        assert!(Instant::now() < deadline, "the broker did not listen within 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (broker, servers)
+        })
 }
 
 /// Creates `topic` with `partitions` partitions through tansu's own CLI.
