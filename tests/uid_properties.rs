@@ -23,7 +23,8 @@ const DDL: &str = "CREATE TABLE t (a INT, s STRING, d DOUBLE, ts TIMESTAMP(3),
   CREATE TABLE out (a INT, n BIGINT, x STRING) WITH ('connector' = 'blackhole');
   CREATE TABLE t2 (k INT, x BIGINT, y BIGINT, z AS x + 1)
     WITH ('connector' = 'filesystem', 'path' = '{dir}', 'format' = 'csv');
-  CREATE TABLE out2 (k INT, s BIGINT) WITH ('connector' = 'blackhole');";
+  CREATE TABLE out2 (k INT, s BIGINT) WITH ('connector' = 'blackhole');
+  CREATE TABLE out3 (a TIMESTAMP(3), b TIMESTAMP(3), n BIGINT) WITH ('connector' = 'blackhole');";
 
 /// Rows the oracle evaluates expressions over (NULLs, negatives, strings
 /// that are and are not numbers, cases).
@@ -281,7 +282,11 @@ fn expressions_that_used_to_share_a_uid() {
             "INSERT INTO out2 SELECT k, CAST(LISTAGG(CAST(x AS STRING), ';') AS BIGINT) FROM t2 GROUP BY k",
         ),
     ];
-    for (p, q) in pairs {
+    let windows = (
+        "INSERT INTO out3 SELECT window_start, window_end, COUNT(*) FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) GROUP BY window_start, window_end",
+        "INSERT INTO out3 SELECT window_end, window_start, COUNT(*) FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) GROUP BY window_end, window_start",
+    );
+    for (p, q) in pairs.into_iter().chain([windows]) {
         let up = f.uids_of(p).unwrap_or_else(|e| panic!("{p}: {e}"));
         let uq = f.uids_of(q).unwrap_or_else(|e| panic!("{q}: {e}"));
         assert_ne!(up, uq, "'{p}' and '{q}' share uids");

@@ -248,6 +248,34 @@ fn aggregate_extras(a: &datafusion::physical_expr::aggregate::AggregateFunctionE
     out
 }
 
+/// A window aggregate's grouping outputs when its window columns are not
+/// in the order start, end, time (`GROUP BY window_end, window_start`
+/// swaps two columns of one type: the same output types, another
+/// meaning for every node downstream). Keys keep their GROUP BY order.
+fn window_outputs(outputs: &[crate::plan::GroupOutput]) -> String {
+    use crate::plan::GroupOutput;
+    let rank = |o: &GroupOutput| match o {
+        GroupOutput::WindowStart => Some(0),
+        GroupOutput::WindowEnd => Some(1),
+        GroupOutput::WindowTime => Some(2),
+        GroupOutput::Key(_) => None,
+    };
+    let parts: Vec<i32> = outputs.iter().filter_map(rank).collect();
+    if parts.windows(2).all(|p| p[0] < p[1]) {
+        return String::new();
+    }
+    let cols: Vec<String> = outputs
+        .iter()
+        .map(|o| match o {
+            GroupOutput::WindowStart => "start".to_string(),
+            GroupOutput::WindowEnd => "end".to_string(),
+            GroupOutput::WindowTime => "time".to_string(),
+            GroupOutput::Key(i) => format!("k{i}"),
+        })
+        .collect();
+    format!(";outputs={}", cols.join(","))
+}
+
 /// An OVER aggregate's output columns, when not its aggregates then its
 /// LAGs in order.
 fn over_outputs(o: &crate::plan::OverAggregateNode) -> String {
@@ -331,7 +359,8 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
                         ))
                         .collect::<Vec<_>>()
                         .join(",")
-                ) + if w.proctime { ";proctime" } else { "" }
+                ) + &window_outputs(&w.group_outputs)
+                    + if w.proctime { ";proctime" } else { "" }
                     + if w.attached { ";attached" } else { "" },
             ),
             NodeKind::GroupAggregate(g) => (
