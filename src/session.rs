@@ -131,6 +131,23 @@ pub struct Shared {
     paths: PathPolicy,
 }
 
+/// The catalog a statement plans against (see `Session::catalog_view`).
+enum CatalogView<'a> {
+    Shared(RwLockReadGuard<'a, Catalog>),
+    Overlaid(Catalog),
+}
+
+impl std::ops::Deref for CatalogView<'_> {
+    type Target = Catalog;
+
+    fn deref(&self) -> &Catalog {
+        match self {
+            CatalogView::Shared(c) => c,
+            CatalogView::Overlaid(c) => c,
+        }
+    }
+}
+
 /// The jobs of a process: those still owned (running `INSERT`s) and every
 /// job started, oldest first (SHOW JOBS).
 #[derive(Default)]
@@ -243,9 +260,14 @@ impl Session {
     }
 
     /// What this session's statements see: the catalog with the session's
-    /// temporary objects in place of permanent ones of the same name.
-    fn catalog_view(&self) -> Catalog {
-        self.shared.catalog().overlaid(&self.temporary)
+    /// temporary objects in place of permanent ones of the same name (the
+    /// shared catalog itself, under its read lock, when there are none).
+    fn catalog_view(&self) -> CatalogView<'_> {
+        if self.temporary.is_empty() {
+            CatalogView::Shared(self.shared.catalog())
+        } else {
+            CatalogView::Overlaid(self.shared.catalog().overlaid(&self.temporary))
+        }
     }
 
     /// A new session (no `SET` options) over the same catalog and jobs,
@@ -325,31 +347,31 @@ impl Session {
             let result = match made.map(|_| weir_sql::parse(&record.sql)) {
                 Err(e) => Err(e),
                 Ok(parsed) => match parsed {
-                Ok(stmts) => match stmts.as_slice() {
-                    [
-                        ParsedStatement {
-                            statement:
-                                Statement::Insert {
-                                    table,
-                                    query,
-                                    on_conflict,
-                                },
-                            ..
-                        },
-                    ] => {
-                        self.start_insert(
-                            table,
-                            query,
-                            *on_conflict,
-                            &record.sql,
-                            Some(record.id.clone()),
-                            record.owner.clone(),
-                        )
-                        .await
-                    }
-                    _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
-                },
-                Err(e) => Err(e.into()),
+                    Ok(stmts) => match stmts.as_slice() {
+                        [
+                            ParsedStatement {
+                                statement:
+                                    Statement::Insert {
+                                        table,
+                                        query,
+                                        on_conflict,
+                                    },
+                                ..
+                            },
+                        ] => {
+                            self.start_insert(
+                                table,
+                                query,
+                                *on_conflict,
+                                &record.sql,
+                                Some(record.id.clone()),
+                                record.owner.clone(),
+                            )
+                            .await
+                        }
+                        _ => Err(SqlError::internal("a registered job is not one INSERT statement").into()),
+                    },
+                    Err(e) => Err(e.into()),
                 },
             };
             self.settings = saved;
@@ -865,10 +887,14 @@ impl Session {
                 let kind = if *view { "view" } else { "table" };
                 match (self.temporary.get(name), view) {
                     (Some(Entry::Table(_)), true) => {
-                        return Err(SqlError::plan(format!("'{name}' is a temporary table; use DROP TEMPORARY TABLE")).into());
+                        return Err(
+                            SqlError::plan(format!("'{name}' is a temporary table; use DROP TEMPORARY TABLE")).into(),
+                        );
                     }
                     (Some(Entry::View(_)), false) => {
-                        return Err(SqlError::plan(format!("'{name}' is a temporary view; use DROP TEMPORARY VIEW")).into());
+                        return Err(
+                            SqlError::plan(format!("'{name}' is a temporary view; use DROP TEMPORARY VIEW")).into(),
+                        );
                     }
                     (None, _) if !*if_exists => {
                         return Err(SqlError::not_found(format!("temporary {kind} '{name}' does not exist")).into());
@@ -883,14 +909,24 @@ impl Session {
                     "nothing to drop".into()
                 }))
             }
-            Statement::Drop { name, view, if_exists, .. } => {
+            Statement::Drop {
+                name, view, if_exists, ..
+            } => {
                 // Flink: a temporary object of the name hides the permanent
                 // one, which is dropped only once the temporary one is.
                 if self.temporary.get(name).is_some() {
                     return Err(SqlError::plan(format!(
                         "'{name}' is a temporary {} of this session; use DROP TEMPORARY {}",
-                        if matches!(self.temporary.get(name), Some(Entry::View(_))) { "view" } else { "table" },
-                        if matches!(self.temporary.get(name), Some(Entry::View(_))) { "VIEW" } else { "TABLE" },
+                        if matches!(self.temporary.get(name), Some(Entry::View(_))) {
+                            "view"
+                        } else {
+                            "table"
+                        },
+                        if matches!(self.temporary.get(name), Some(Entry::View(_))) {
+                            "VIEW"
+                        } else {
+                            "TABLE"
+                        },
                     ))
                     .into());
                 }

@@ -95,9 +95,15 @@ fn adbc_user_cannot_load_code_or_open_files_through_client_properties() {
             &servers,
         ],
     );
-    assert!(out.contains("adbc properties: 3 passed, 0 failed"), "every step ran:\n{out}");
+    assert!(
+        out.contains("adbc properties: 3 passed, 0 failed"),
+        "every step ran:\n{out}"
+    );
     assert!(!marker.exists(), "the client's library was loaded into the server");
-    assert!(!allowed.join("kinit-ran").exists(), "the client's command ran in the server");
+    assert!(
+        !allowed.join("kinit-ran").exists(),
+        "the client's command ran in the server"
+    );
 }
 
 /// Runs `tests/adbc/SCRIPT` with the venv's python (deadline 180 s for a
@@ -110,7 +116,9 @@ fn run_script(script: &str, args: &[&str]) -> String {
         "{} is missing: run ./scripts/setup.sh (or scripts/adbc-venv.sh) to create the ADBC venv",
         python.display()
     );
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/adbc").join(script);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/adbc")
+        .join(script);
     let mut client = common::Killed(
         Command::new(&python)
             .arg(&script)

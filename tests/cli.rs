@@ -143,10 +143,16 @@ fn temporary_tables_and_views_live_in_their_session_only() {
         .expect("run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("| b ") && !stdout.contains("| a "), "the temporary t shadows t:\n{stdout}");
+    assert!(
+        stdout.contains("| b ") && !stdout.contains("| a "),
+        "the temporary t shadows t:\n{stdout}"
+    );
     assert!(stdout.contains("| v "), "{stdout}");
     let catalog = std::fs::read_to_string(dir.path().join("catalog.json")).expect("catalog");
-    assert!(!catalog.contains("\"v\"") && !catalog.contains("\"c\""), "written to the catalog: {catalog}");
+    assert!(
+        !catalog.contains("\"v\"") && !catalog.contains("\"c\""),
+        "written to the catalog: {catalog}"
+    );
     let out = weir(dir.path())
         .arg("-c")
         .arg("DESCRIBE t; SHOW TABLES;")
@@ -154,8 +160,14 @@ fn temporary_tables_and_views_live_in_their_session_only() {
         .expect("run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("| a ") && !stdout.contains("| b "), "the permanent t:\n{stdout}");
-    assert!(!stdout.contains("| v "), "the temporary view outlived its session:\n{stdout}");
+    assert!(
+        stdout.contains("| a ") && !stdout.contains("| b "),
+        "the permanent t:\n{stdout}"
+    );
+    assert!(
+        !stdout.contains("| v "),
+        "the temporary view outlived its session:\n{stdout}"
+    );
 }
 
 #[test]

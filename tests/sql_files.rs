@@ -296,13 +296,20 @@ async fn sql_files() {
 async fn rewrite_keeps_recorded_references() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("refs.slt");
-    let text = "# A reference.\n\nquery recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n\nquery\nSELECT 2 + 2\n----\n+I[5]\n";
+    let text =
+        "# A reference.\n\nquery recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n\nquery\nSELECT 2 + 2\n----\n+I[5]\n";
     std::fs::write(&path, text).expect("write");
     let err = run_file(&path, true).await.expect_err("the reference differs");
     assert!(err.contains("recorded from flink-2.3"), "{err}");
     let after = std::fs::read_to_string(&path).expect("read");
-    assert!(after.contains("query recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n"), "{after}");
-    assert!(after.contains("SELECT 2 + 2\n----\n+I[4]\n"), "the unmarked block is rewritten: {after}");
+    assert!(
+        after.contains("query recorded:flink-2.3\nSELECT 1 + 1\n----\n+I[3]\n"),
+        "{after}"
+    );
+    assert!(
+        after.contains("SELECT 2 + 2\n----\n+I[4]\n"),
+        "the unmarked block is rewritten: {after}"
+    );
 
     let whole = dir.path().join("whole.slt");
     std::fs::write(&whole, "# recorded: flink-2.3\n\nquery\nSELECT 1 + 1\n----\n+I[3]\n").expect("write");

@@ -77,7 +77,9 @@ pub fn foreign_scheme(value: &str) -> Option<&str> {
     let (scheme, _) = value.trim().split_once("://")?;
     let url_like = !scheme.is_empty()
         && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-        && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
     (url_like && !scheme.eq_ignore_ascii_case("file")).then_some(scheme)
 }
 

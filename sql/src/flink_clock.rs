@@ -193,7 +193,10 @@ fn rand_signature(integer: bool) -> Signature {
     if integer {
         Signature::variadic_any(Volatility::Volatile)
     } else {
-        Signature::one_of(vec![TypeSignature::Nullary, TypeSignature::VariadicAny], Volatility::Volatile)
+        Signature::one_of(
+            vec![TypeSignature::Nullary, TypeSignature::VariadicAny],
+            Volatility::Volatile,
+        )
     }
 }
 

@@ -153,9 +153,10 @@ impl AggregateUDFImpl for FlinkAvg {
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        if let (Some(DataType::Decimal128(_, in_scale)), DataType::Decimal128(p, s)) =
-            (args.expr_fields.first().map(|f| f.data_type()), args.return_field.data_type())
-        {
+        if let (Some(DataType::Decimal128(_, in_scale)), DataType::Decimal128(p, s)) = (
+            args.expr_fields.first().map(|f| f.data_type()),
+            args.return_field.data_type(),
+        ) {
             return Ok(Box::new(DecimalAvg {
                 sum: 0,
                 count: 0,
@@ -173,7 +174,11 @@ impl AggregateUDFImpl for FlinkAvg {
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         if let DataType::Decimal128(..) = args.return_field.data_type() {
             return Ok(vec![
-                Arc::new(Field::new(format!("{}[sum]", args.name), DataType::Decimal128(38, 0), true)),
+                Arc::new(Field::new(
+                    format!("{}[sum]", args.name),
+                    DataType::Decimal128(38, 0),
+                    true,
+                )),
                 Arc::new(Field::new(format!("{}[count]", args.name), DataType::Int64, true)),
             ]);
         }
@@ -295,7 +300,10 @@ impl Accumulator for DecimalAvg {
         let [sums, counts] = states else {
             return datafusion::common::internal_err!("AVG's state is a sum and a count");
         };
-        let (sums, counts) = (sums.as_primitive::<Decimal128Type>(), counts.as_primitive::<Int64Type>());
+        let (sums, counts) = (
+            sums.as_primitive::<Decimal128Type>(),
+            counts.as_primitive::<Int64Type>(),
+        );
         for i in 0..sums.len() {
             if sums.is_valid(i) && counts.is_valid(i) {
                 self.sum = self.sum.wrapping_add(sums.value(i));
@@ -387,10 +395,7 @@ impl AggregateUDFImpl for FlinkSum {
                 t.clone()
             }
             other => {
-                return datafusion::common::plan_err!(
-                    "SUM takes a number, not {}",
-                    crate::types::flink_name(other)
-                );
+                return datafusion::common::plan_err!("SUM takes a number, not {}", crate::types::flink_name(other));
             }
         }])
     }
@@ -398,7 +403,9 @@ impl AggregateUDFImpl for FlinkSum {
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         match arg_types.first().and_then(Self::flink_type) {
             Some(t) => Ok(t),
-            None => self.inner.return_type(&arg_types.iter().map(Self::wide).collect::<Vec<_>>()),
+            None => self
+                .inner
+                .return_type(&arg_types.iter().map(Self::wide).collect::<Vec<_>>()),
         }
     }
 

@@ -422,7 +422,12 @@ pub const FUNCTIONS: &[Function] = &[
     ),
     f("DENSE_RANK", W, Own, "as Flink on a stream: the same as RANK"),
     f("LAG", W, DF, ""),
-    f("LEAD", W, No("LEAD Function is not supported in stream mode. (Flink 2.3's message)"), ""),
+    f(
+        "LEAD",
+        W,
+        No("LEAD Function is not supported in stream mode. (Flink 2.3's message)"),
+        "",
+    ),
     f("NTILE", W, No(BATCH_ONLY), ""),
     f("CUME_DIST", W, No(BATCH_ONLY), ""),
     f("PERCENT_RANK", W, No(BATCH_ONLY), ""),

@@ -67,6 +67,11 @@ fn visit_select(s: &ast::Select, out: &mut HashMap<String, Duration>) -> Result<
                 "STATE_TTL" => {
                     let mut unmatched = vec![];
                     for (key, value) in args {
+                        let Some(value) = value else {
+                            return Err(SqlError::plan(format!(
+                                "STATE_TTL hint: '{key}' needs a duration: STATE_TTL('{key}' = '1d')"
+                            )));
+                        };
                         let ttl = weir_catalog::options::parse_duration(&value).ok_or_else(|| {
                             SqlError::plan(format!(
                                 "STATE_TTL hint: '{value}' (for '{key}') is not a duration such as '1d', '12 h' or '500 ms'"
@@ -140,12 +145,13 @@ fn visit_factor(f: &TableFactor, names: &mut Vec<String>, out: &mut HashMap<Stri
     Ok(())
 }
 
-/// A hint's name and its `'key' = 'value'` pairs (or bare names).
-type Hint = (String, Vec<(String, String)>);
+/// A hint's name and its `'key' = 'value'` pairs (a bare name, as the
+/// join hints list tables, has no value).
+pub(crate) type Hint = (String, Vec<(String, Option<String>)>);
 
 /// `NAME('k' = 'v', ...) [, NAME(...)]` as (name, pairs).
-fn parse_hints(text: &str) -> Result<Vec<Hint>> {
-    let bad = |why: &str| SqlError::plan(format!("query hint /*+{text}*/: {why}"));
+pub(crate) fn parse_hints(text: &str) -> Result<Vec<Hint>> {
+    let bad = |why: &str| SqlError::plan(format!("hint /*+{text}*/: {why}"));
     let tokens = Tokenizer::new(&crate::parser::dialect(), text)
         .tokenize()
         .map_err(|e| bad(&e.to_string()))?;
@@ -172,13 +178,13 @@ fn parse_hints(text: &str) -> Result<Vec<Hint>> {
                             return Err(bad(&format!("expected '=' after '{k}'")));
                         }
                         match tokens.next() {
-                            Some(Token::SingleQuotedString(v)) => pairs.push((k, v)),
+                            Some(Token::SingleQuotedString(v)) => pairs.push((k, Some(v))),
                             _ => return Err(bad(&format!("expected a quoted value for '{k}'"))),
                         }
                     }
                     Some(Token::Word(w)) => {
                         // Join strategy hints list table names.
-                        pairs.push((w.value, String::new()));
+                        pairs.push((w.value, None));
                     }
                     Some(other) => return Err(bad(&format!("unexpected {other}"))),
                     None => return Err(bad("missing ')'")),
@@ -261,7 +267,11 @@ pub fn dynamic_options(query: &ast::Query, catalog: &Catalog) -> Result<Option<(
                 // Columns stay qualified by the table's own name.
                 *alias = Some(TableAlias {
                     explicit: false,
-                    name: name.0.last().and_then(|p| p.as_ident().cloned()).unwrap_or_else(|| Ident::new(&table)),
+                    name: name
+                        .0
+                        .last()
+                        .and_then(|p| p.as_ident().cloned())
+                        .unwrap_or_else(|| Ident::new(&table)),
                     columns: vec![],
                     at: None,
                 });

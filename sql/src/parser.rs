@@ -446,9 +446,7 @@ fn rewrite_table_hints(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>>
             )
             .at(loc(&t)));
         }
-        let pairs = hint_options(&body[name.len()..]).map_err(|m| {
-            SqlError::plan(format!("hint OPTIONS: {m}; write OPTIONS('key' = 'value', ...)")).at(loc(&t))
-        })?;
+        let pairs = hint_options(&text[1..]).map_err(|e| e.at(loc(&t)))?;
         // `( __weir_options ( 'k' , 'v' , ... ) )`, all at the comment's
         // place.
         let at = |token: Token| TokenWithSpan::new(token, t.span);
@@ -469,48 +467,27 @@ fn rewrite_table_hints(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>>
     Ok(out)
 }
 
-/// `('k' = 'v', ...)`: the pairs of an OPTIONS hint.
-fn hint_options(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
-    let tokens = Tokenizer::new(&dialect(), text).tokenize().map_err(|e| e.message)?;
-    let mut it = tokens.into_iter().filter(|t| !is_blank(t)).peekable();
-    if it.next() != Some(Token::LParen) {
-        return Err("expected '(' after OPTIONS".into());
-    }
-    let mut pairs = vec![];
-    loop {
-        let key = match it.next() {
-            Some(Token::SingleQuotedString(k)) => k,
-            Some(Token::RParen) if pairs.is_empty() => break,
-            other => return Err(format!("expected a quoted key, found {}", describe(other))),
-        };
-        if it.next() != Some(Token::Eq) {
-            return Err(format!("expected '=' after '{key}'"));
-        }
-        let value = match it.next() {
-            Some(Token::SingleQuotedString(v)) => v,
-            other => return Err(format!("expected a quoted value for '{key}', found {}", describe(other))),
-        };
-        if pairs.iter().any(|(k, _): &(String, String)| *k == key) {
-            return Err(format!("'{key}' is given twice"));
-        }
-        pairs.push((key, value));
-        match it.next() {
-            Some(Token::Comma) => {}
-            Some(Token::RParen) => break,
-            other => return Err(format!("expected ',' or ')', found {}", describe(other))),
-        }
-    }
-    if let Some(extra) = it.next() {
-        return Err(format!("unexpected '{extra}' after the options"));
-    }
+/// The `'key' = 'value'` pairs of one OPTIONS hint (`hints::parse_hints`
+/// reads the syntax, as for query hints), each key once.
+fn hint_options(text: &str) -> Result<Vec<(String, String)>> {
+    let bad = |why: String| SqlError::plan(format!("hint OPTIONS: {why}; write OPTIONS('key' = 'value', ...)"));
+    let [(_, pairs)] = crate::hints::parse_hints(text)?
+        .try_into()
+        .map_err(|_| bad("one hint at a time".into()))?;
     if pairs.is_empty() {
-        return Err("no options given".into());
+        return Err(bad("no options given".into()));
     }
-    Ok(pairs)
-}
-
-fn describe(t: Option<Token>) -> String {
-    t.map_or_else(|| "the end".to_string(), |t| format!("'{t}'"))
+    let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+    for (k, v) in pairs {
+        let Some(v) = v else {
+            return Err(bad(format!("'{k}' is not a quoted key with a value")));
+        };
+        if out.iter().any(|(seen, _)| *seen == k) {
+            return Err(bad(format!("'{k}' is given twice")));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
 }
 
 /// The text between two 1-based positions.

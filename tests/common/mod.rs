@@ -248,6 +248,8 @@ pub fn tansu(dir: &std::path::Path) -> (Killed, String) {
     let broker = Killed(spawn_tansu(dir, port, port));
     let servers = format!("127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(30);
+    // Nothing signals that the broker listens but its port: a refused
+    // connection comes back at once, so the poll is paced.
     while std::net::TcpStream::connect(&servers).is_err() {
         assert!(Instant::now() < deadline, "the broker did not listen within 30 s");
         std::thread::sleep(Duration::from_millis(20));
@@ -263,7 +265,13 @@ pub fn spawn_tansu(dir: &std::path::Path, port: u16, advertised: u16) -> Child {
     let log = std::fs::File::create(dir.join("broker.log")).expect("broker log");
     Command::new(tansu_binary())
         .current_dir(dir)
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &advertised_url])
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &advertised_url,
+        ])
         .args(["--storage-engine", "memory://tansu/"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -47,7 +47,12 @@ impl AvroFormat {
     /// `timestamp-*`, else `local-timestamp-*`).
     pub fn new(columns: &SchemaRef, legacy_timestamps: bool) -> Result<Self, String> {
         let mapping = Mapping { legacy_timestamps };
-        let record = record_type(columns.fields(), "record", Some("org.apache.flink.avro.generated"), mapping)?;
+        let record = record_type(
+            columns.fields(),
+            "record",
+            Some("org.apache.flink.avro.generated"),
+            mapping,
+        )?;
         let schema = Schema::parse(&record).map_err(|e| format!("the columns are no Avro record: {e}"))?;
         Ok(Self {
             schema,
@@ -145,12 +150,7 @@ fn field_type(f: &Field, name: &str, m: Mapping) -> Result<serde_json::Value, St
     Ok(if f.is_nullable() { json!(["null", t]) } else { t })
 }
 
-fn record_type(
-    fields: &Fields,
-    name: &str,
-    namespace: Option<&str>,
-    m: Mapping,
-) -> Result<serde_json::Value, String> {
+fn record_type(fields: &Fields, name: &str, namespace: Option<&str>, m: Mapping) -> Result<serde_json::Value, String> {
     let fields = fields
         .iter()
         .map(|f| {
@@ -609,7 +609,11 @@ mod tests {
     fn non_legacy_mapping_writes_local_timestamps() {
         let schema = Arc::new(arrow::datatypes::Schema::new(vec![
             Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), false),
-            Field::new("ltz", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
+            Field::new(
+                "ltz",
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                false,
+            ),
         ]));
         let legacy = AvroFormat::new(&schema, true).expect("a schema");
         let local = AvroFormat::new(&schema, false).expect("a schema");
@@ -619,7 +623,11 @@ mod tests {
         assert!(text.contains(r#""logicalType":"timestamp-millis""#), "{text}");
         let legacy_text = serde_json::to_string(&legacy.schema).expect("json");
         assert!(!legacy_text.contains("local-timestamp"), "{legacy_text}");
-        assert_eq!(legacy_text.matches(r#""logicalType":"timestamp-millis""#).count(), 2, "{legacy_text}");
+        assert_eq!(
+            legacy_text.matches(r#""logicalType":"timestamp-millis""#).count(),
+            2,
+            "{legacy_text}"
+        );
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![

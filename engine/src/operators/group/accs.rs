@@ -742,7 +742,11 @@ pub fn div_half_up(a: i128, b: i128) -> i128 {
     let q = a.wrapping_div(b);
     let r = a.wrapping_rem(b);
     if r.unsigned_abs().saturating_mul(2) >= b.unsigned_abs() {
-        if (a < 0) == (b < 0) { q.wrapping_add(1) } else { q.wrapping_sub(1) }
+        if (a < 0) == (b < 0) {
+            q.wrapping_add(1)
+        } else {
+            q.wrapping_sub(1)
+        }
     } else {
         q
     }
