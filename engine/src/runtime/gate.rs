@@ -158,6 +158,18 @@ impl InputGate {
         self
     }
 
+    /// Marks the channels whose producer is known to be idle from the
+    /// start (a source subtask without a split): they do not hold the
+    /// watermark back until their first message says so. A watermark
+    /// from such a channel makes it active, as after an idle status.
+    pub fn starting_idle(mut self, idle: &[bool]) -> Self {
+        for (ch, idle) in self.channels.iter_mut().zip(idle) {
+            ch.idle = *idle;
+        }
+        self.idle = !self.channels.is_empty() && self.channels.iter().all(|c| c.idle);
+        self
+    }
+
     /// Channels with their optional priority lanes.
     pub fn with_lanes(
         lanes: Vec<(Receiver<StreamMessage>, Option<UnboundedReceiver<Barrier>>)>,
@@ -484,6 +496,32 @@ mod tests {
         expect_wm(&mut gate, 30).await;
         drop(b_tx);
         assert!(matches!(gate.next().await, GateEvent::End));
+    }
+
+    #[tokio::test]
+    async fn a_channel_starting_idle_holds_nothing_back_until_it_speaks() {
+        let (a_tx, a) = channel(16);
+        let (b_tx, b) = channel(16);
+        // b's producer is a reader without a split: nothing has arrived
+        // from it, and a's first watermark passes at once.
+        let mut gate = InputGate::new(vec![a, b]).starting_idle(&[false, true]);
+        a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
+        expect_wm(&mut gate, 10).await;
+        // Its own idle status changes nothing.
+        b_tx.send(StreamMessage::WatermarkStatus(WatermarkStatus::Idle))
+            .await
+            .expect("send");
+        a_tx.send(StreamMessage::Watermark(20)).await.expect("send");
+        expect_wm(&mut gate, 20).await;
+        // A watermark makes it active: once aligned, it holds the output.
+        b_tx.send(StreamMessage::Watermark(25)).await.expect("send");
+        a_tx.send(StreamMessage::Watermark(40)).await.expect("send");
+        expect_wm(&mut gate, 25).await;
+        // Every channel idle from the start: the gate is idle, and says
+        // nothing about it (its consumers start idle too).
+        let (_c_tx, c) = channel::<StreamMessage>(16);
+        let gate = InputGate::new(vec![c]).starting_idle(&[true]);
+        assert!(gate.idle);
     }
 
     #[tokio::test]

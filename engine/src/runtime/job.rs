@@ -47,6 +47,69 @@ use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
 use crate::state::open_keyed;
 
+/// Which input channels of each (chain, subtask) start idle: those from a
+/// source subtask with a watermark and no split, and from a task all of
+/// whose inputs start idle. Such a subtask says it is idle anyway once it
+/// runs; known from the start, a gate does not count on a watermark from
+/// it meanwhile, so rows from the other channels meet the same watermark
+/// whenever that message would have arrived (at p4 over one file, the late
+/// rows a window drops were otherwise a race with three empty readers).
+fn starting_idle(
+    graph: &StreamGraph,
+    chains: &[Vec<NodeId>],
+    dealt: &[(
+        Vec<Vec<Box<dyn crate::connectors::SourceSplit>>>,
+        std::collections::BTreeSet<String>,
+    )],
+    origins: &[Vec<Vec<(usize, usize)>>],
+) -> Vec<Vec<Vec<bool>>> {
+    let mut task_idle: Vec<Vec<bool>> = chains
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| {
+            let head = graph.node(c[0]);
+            (0..head.parallelism)
+                .map(|t| match &head.kind {
+                    NodeKind::Source(src) => {
+                        src.watermark.is_some() && dealt[ci].0.get(t).is_some_and(|splits| splits.is_empty())
+                    }
+                    _ => false,
+                })
+                .collect()
+        })
+        .collect();
+    // Least fixpoint over the chain graph (a DAG): a task starts idle when
+    // every input does.
+    for _ in 0..chains.len() {
+        let mut changed = false;
+        for (ci, c) in chains.iter().enumerate() {
+            if matches!(graph.node(c[0]).kind, NodeKind::Source(_)) {
+                continue;
+            }
+            for t in 0..task_idle[ci].len() {
+                let ins = &origins[ci][t];
+                let idle = !ins.is_empty() && ins.iter().all(|&(c, s)| task_idle[c][s]);
+                if idle != task_idle[ci][t] {
+                    task_idle[ci][t] = idle;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    origins
+        .iter()
+        .map(|subtasks| {
+            subtasks
+                .iter()
+                .map(|ins| ins.iter().map(|&(c, s)| task_idle[c][s]).collect())
+                .collect()
+        })
+        .collect()
+}
+
 /// Messages buffered per channel before the sender waits.
 const CHANNEL_CAPACITY: usize = 8;
 
@@ -750,6 +813,41 @@ async fn run_attempt(
     let chains = chains(graph);
     let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
 
+    // A source's splits are listed once and dealt to its subtasks: a
+    // listing per subtask could differ (a topic created in between) and
+    // leave a split to no reader.
+    type Dealt = (
+        Vec<Vec<Box<dyn crate::connectors::SourceSplit>>>,
+        std::collections::BTreeSet<String>,
+    );
+    let mut dealt_splits: Vec<Dealt> = vec![];
+    for chain in &chains {
+        let head = graph.node(chain[0]);
+        let mut dealt: Vec<Vec<Box<dyn crate::connectors::SourceSplit>>> = vec![];
+        let mut all_splits = std::collections::BTreeSet::new();
+        if let NodeKind::Source(src) = &head.kind {
+            // Restored: the splits the snapshot has positions for,
+            // whatever the parallelism was (split ids do not depend on
+            // it); fresh: as many as subtasks.
+            let recorded: &[crate::checkpoint::SplitPosition] = restored
+                .as_ref()
+                .and_then(|r| r.metadata.sources.get(&head.uid))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let splits = if recorded.is_empty() {
+                src.factory.create_splits(head.parallelism)?
+            } else {
+                src.factory.restore_splits(recorded)?
+            };
+            all_splits = splits.iter().map(|s| s.id()).collect();
+            dealt = (0..head.parallelism).map(|_| vec![]).collect();
+            for (i, s) in splits.into_iter().enumerate() {
+                dealt[i % head.parallelism].push(s);
+            }
+        }
+        dealt_splits.push((dealt, all_splits));
+    }
+
     // Channels: for every non-chained edge, senders[from subtask][to subtask].
     type Lane = (
         mpsc::Receiver<StreamMessage>,
@@ -762,6 +860,11 @@ async fn run_attempt(
         .collect();
     // The operator input each of those channels feeds.
     let mut ports: Vec<Vec<Vec<usize>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
+    // The upstream (chain, subtask) of each of those channels.
+    let mut origins: Vec<Vec<Vec<(usize, usize)>>> = chains
         .iter()
         .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
         .collect();
@@ -796,6 +899,7 @@ async fn run_attempt(
                 });
                 inputs[to_chain][t].push((rx, lane));
                 ports[to_chain][t].push(edge.input);
+                origins[to_chain][t].push((from_chain, i));
             }
             let partitioner = match &edge.exchange {
                 Exchange::Hash(keys) => {
@@ -828,6 +932,8 @@ async fn run_attempt(
         }
     }
 
+    let idle = starting_idle(graph, &chains, &dealt_splits, &origins);
+
     let opening = Instant::now();
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     // One RocksDB memory budget for the whole attempt (every stateful
@@ -835,31 +941,7 @@ async fn run_attempt(
     let tuning = crate::state::RocksDbTuning::for_job(config.rocksdb, config.parallelism);
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
-        // A source's splits are listed once and dealt to its subtasks: a
-        // listing per subtask could differ (a topic created in between)
-        // and leave a split to no reader.
-        let mut dealt: Vec<Vec<Box<dyn crate::connectors::SourceSplit>>> = vec![];
-        let mut all_splits = std::collections::BTreeSet::new();
-        if let NodeKind::Source(src) = &head.kind {
-            // Restored: the splits the snapshot has positions for,
-            // whatever the parallelism was (split ids do not depend on
-            // it); fresh: as many as subtasks.
-            let recorded: &[crate::checkpoint::SplitPosition] = restored
-                .as_ref()
-                .and_then(|r| r.metadata.sources.get(&head.uid))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let splits = if recorded.is_empty() {
-                src.factory.create_splits(head.parallelism)?
-            } else {
-                src.factory.restore_splits(recorded)?
-            };
-            all_splits = splits.iter().map(|s| s.id()).collect();
-            dealt = (0..head.parallelism).map(|_| vec![]).collect();
-            for (i, s) in splits.into_iter().enumerate() {
-                dealt[i % head.parallelism].push(s);
-            }
-        }
+        let (dealt, all_splits) = &mut dealt_splits[ci];
         for subtask in 0..head.parallelism {
             let first_op = usize::from(matches!(head.kind, NodeKind::Source(_)));
             let mut ops: Vec<Box<dyn Operator>> = vec![];
@@ -991,7 +1073,9 @@ async fn run_attempt(
                         );
                     }
                     let task = OperatorTask {
-                        gate: InputGate::with_lanes(receivers, mode).with_inputs(&ports[ci][subtask]),
+                        gate: InputGate::with_lanes(receivers, mode)
+                            .with_inputs(&ports[ci][subtask])
+                            .starting_idle(&idle[ci][subtask]),
                         chain: chain_ops,
                         output,
                         checkpointing: task_ctx(false),
