@@ -1246,6 +1246,14 @@ fn round_to_unit(e: &ast::Expr) -> Option<Result<ast::Expr, SqlError>> {
     })
 }
 
+/// The names of the functions Weir refuses, in the registry's order.
+pub fn refused() -> impl Iterator<Item = &'static str> {
+    FUNCTIONS
+        .iter()
+        .filter(|f| matches!(f.support, Support::Refused(_)))
+        .map(|f| f.name)
+}
+
 /// `docs/sql.md`'s function table.
 pub fn markdown_table() -> String {
     let mut out = String::from("| function | kind | Weir | notes |\n|---|---|---|---|\n");

@@ -50,6 +50,7 @@ pub mod functions;
 pub mod hints;
 pub mod parser;
 pub mod planner;
+pub mod refusals;
 pub mod rewrite;
 pub mod types;
 pub mod udf;

@@ -11,6 +11,7 @@ use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
 
 use crate::error::{ErrorKind, Location, Result, SqlError};
+use crate::refusals;
 
 /// The dialect: generic, which accepts Flink's backtick identifiers.
 pub fn dialect() -> GenericDialect {
@@ -176,11 +177,6 @@ fn loc(t: &TokenWithSpan) -> Location {
 fn is_blank(t: &Token) -> bool {
     matches!(t, Token::Whitespace(_))
 }
-
-/// Flink 2.3's refusal of `INSERT OVERWRITE` in streaming mode (Weir runs
-/// every job in streaming mode).
-const INSERT_OVERWRITE_REFUSED: &str =
-    "INSERT OVERWRITE is not supported: Streaming mode not support overwrite. (Flink 2.3's message)";
 
 /// Parses every statement of `sql`.
 pub fn parse(sql: &str) -> Result<Vec<ParsedStatement>> {
@@ -1123,10 +1119,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         let temporary = p.parse_keyword(Keyword::TEMPORARY);
         if p.parse_keyword(Keyword::TABLE) {
             if or_replace {
-                return Err(
-                    SqlError::unsupported("CREATE OR REPLACE TABLE is not supported; DROP the table first")
-                        .at(loc(&start)),
-                );
+                return Err(refusals::CREATE_OR_REPLACE_TABLE.error().at(loc(&start)));
             }
             let mut ct = parse_create_table(p, sql)?;
             ct.temporary = temporary;
@@ -1295,22 +1288,16 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
                     return Err(SqlError::unsupported(format!("INSERT INTO {other} is not supported")).at(loc(&start)));
                 }
             };
-            // Flink overwrites only in batch mode; appending instead would be
-            // another meaning.
+            // Flink overwrites only in batch mode (Weir runs every job in
+            // streaming mode); appending instead would be another meaning.
             if insert.overwrite {
-                return Err(SqlError::unsupported(INSERT_OVERWRITE_REFUSED).at(loc(&start)));
+                return Err(refusals::INSERT_OVERWRITE.error().at(loc(&start)));
             }
             if insert.partitioned.is_some() {
-                return Err(SqlError::unsupported(
-                    "INSERT INTO ... PARTITION (...) is not supported; select the partition columns as values",
-                )
-                .at(loc(&start)));
+                return Err(refusals::INSERT_PARTITION.error().at(loc(&start)));
             }
             if !insert.columns.is_empty() {
-                return Err(SqlError::unsupported(
-                    "INSERT INTO with a column list is not supported yet; select the sink's columns in order",
-                )
-                .at(loc(&start)));
+                return Err(refusals::INSERT_COLUMNS.error().at(loc(&start)));
             }
             if let Some(on) = &insert.on {
                 return Err(SqlError::unsupported(format!(

@@ -46,6 +46,7 @@ use weir_engine::plan::{
 
 use crate::error::{Result, SqlError};
 use crate::parser::OnConflict;
+use crate::refusals;
 use crate::rewrite::rewrite_query;
 use crate::udf::{WINDOW_FN, WindowMarker};
 use weir_engine::time_zone::SessionZone;
@@ -1615,9 +1616,7 @@ impl<'a> GraphBuilder<'a> {
             }
         };
         if is_proctime(&p.input, time_column, self.catalog) {
-            return Err(SqlError::unsupported(
-                "SESSION windows on processing time are not supported yet; use a rowtime attribute",
-            ));
+            return Err(refusals::PROCTIME_SESSION.error());
         }
         let partition = match session_keys(&marker) {
             Some(SessionKeys::Partition(cols)) => cols
@@ -1693,9 +1692,7 @@ impl<'a> GraphBuilder<'a> {
     fn group_aggregate(&mut self, agg: &datafusion::logical_expr::Aggregate) -> Result<NodeId> {
         let input_schema = agg.input.schema();
         if agg.group_expr.iter().any(|g| matches!(g, Expr::GroupingSet(_))) {
-            return Err(SqlError::unsupported(
-                "GROUPING SETS, CUBE and ROLLUP are not supported on a stream yet",
-            ));
+            return Err(refusals::GROUPING_SETS.error());
         }
         let keys = agg
             .group_expr
@@ -1824,10 +1821,7 @@ impl<'a> GraphBuilder<'a> {
             J::Full => JoinType::Full,
             J::LeftSemi => JoinType::LeftSemi,
             J::LeftAnti if join.null_aware => {
-                return Err(SqlError::unsupported(
-                    "NOT IN (subquery) is not supported on a stream yet (its NULL rules need the whole \
-                     subquery); write NOT EXISTS",
-                ));
+                return Err(refusals::NOT_IN_SUBQUERY.error());
             }
             J::LeftAnti => JoinType::LeftAnti,
             other => {
@@ -1837,15 +1831,10 @@ impl<'a> GraphBuilder<'a> {
             }
         };
         if join.null_equality == datafusion::common::NullEquality::NullEqualsNull {
-            return Err(SqlError::unsupported(
-                "a join on IS NOT DISTINCT FROM is not supported on a stream yet",
-            ));
+            return Err(refusals::JOIN_NOT_DISTINCT.error());
         }
         if join.on.is_empty() {
-            return Err(SqlError::unsupported(
-                "a join on a stream needs at least one equality between the two sides \
-                 (cross joins and joins on other conditions alone are not supported)",
-            ));
+            return Err(refusals::JOIN_WITHOUT_EQUALITY.error());
         }
         let (ls, rs) = (join.left.schema(), join.right.schema());
         let mut left_keys = vec![];
@@ -1902,9 +1891,7 @@ impl<'a> GraphBuilder<'a> {
         if let Some([l, r]) = window
             && (self.window_on_proctime(&join.left, l) || self.window_on_proctime(&join.right, r))
         {
-            return Err(SqlError::unsupported(
-                "window joins on processing time are not supported yet; use rowtime attributes",
-            ));
+            return Err(refusals::PROCTIME_WINDOW_JOIN.error());
         }
         let interval = match interval_bounds(join, self.catalog) {
             Some(found)
@@ -2018,10 +2005,7 @@ impl<'a> GraphBuilder<'a> {
         let ri = rs.index_of_column(rt)?;
         if !is_rowtime(&join.left, li, self.catalog) {
             if is_proctime(&join.left, li, self.catalog) {
-                return Err(SqlError::unsupported(
-                    "Processing-time temporal join is not supported yet (a versioned table joins on \
-                     event time: FOR SYSTEM_TIME AS OF the left table's rowtime)",
-                ));
+                return Err(refusals::PROCTIME_TEMPORAL_JOIN.error());
             }
             let ty = ls.field(li).data_type();
             if !matches!(ty, DataType::Timestamp(..)) {
@@ -2243,9 +2227,7 @@ impl<'a> GraphBuilder<'a> {
             }
             params = Some(&wf.params);
             if wf.params.filter.is_some() {
-                return Err(SqlError::unsupported(
-                    "FILTER (WHERE ...) in an OVER aggregate is not supported",
-                ));
+                return Err(refusals::OVER_FILTER.error());
             }
             let Some(udaf) = udaf else {
                 // LAG(arg [, offset [, default]]): constants after the value.
@@ -2304,9 +2286,7 @@ impl<'a> GraphBuilder<'a> {
                 Expr::Column(c) => {
                     let i = ws.index_of_column(c)?;
                     if is_proctime(&w.input, i, self.catalog) {
-                        return Err(SqlError::unsupported(
-                            "OVER aggregates ordered by a processing-time attribute are not supported yet",
-                        ));
+                        return Err(refusals::PROCTIME_OVER.error());
                     }
                     if !is_rowtime(&w.input, i, self.catalog) {
                         return Err(SqlError::plan(
@@ -2338,9 +2318,7 @@ impl<'a> GraphBuilder<'a> {
             }
         };
         if !matches!(frame.end_bound, WindowFrameBound::CurrentRow) {
-            return Err(SqlError::unsupported(
-                "OVER windows on a stream must end at CURRENT ROW (FOLLOWING rows are not supported)",
-            ));
+            return Err(refusals::OVER_FOLLOWING.error());
         }
         let frame = match (&frame.units, &frame.start_bound) {
             (WindowFrameUnits::Rows, WindowFrameBound::CurrentRow) => OverFrame::Rows(Some(0)),
@@ -2491,9 +2469,7 @@ impl<'a> GraphBuilder<'a> {
         if let Some(end) = bound(GroupOutput::WindowEnd)
             && self.window_on_proctime(&w.input, end)
         {
-            return Err(SqlError::unsupported(
-                "window Top-N on processing time is not supported yet; use a rowtime attribute",
-            ));
+            return Err(refusals::PROCTIME_WINDOW_TOP_N.error());
         }
         let strategy = match (bound(GroupOutput::WindowStart), bound(GroupOutput::WindowEnd)) {
             (Some(_), Some(end)) if insert_only => RankStrategy::Window {
@@ -2767,17 +2743,13 @@ impl<'a> GraphBuilder<'a> {
             None
         };
         if proctime && spec.kind == WindowKind::Session {
-            return Err(SqlError::unsupported(
-                "SESSION windows on processing time are not supported yet; use a rowtime attribute",
-            ));
+            return Err(refusals::PROCTIME_SESSION.error());
         }
         let mut aggregates = vec![];
         for e in &agg.aggr_expr {
             let lowered = self.lower_aggregate(e, input_schema)?;
             if lowered.filter.is_some() {
-                return Err(SqlError::unsupported(
-                    "aggregate FILTER (WHERE ...) is not supported yet",
-                ));
+                return Err(refusals::WINDOW_AGGREGATE_FILTER.error());
             }
             aggregates.push(lowered.aggregate);
         }
