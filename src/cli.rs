@@ -3,7 +3,6 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use tokio::runtime::Runtime;
@@ -11,6 +10,7 @@ use weir_engine::runtime::JobHandle;
 
 use crate::display::Tableau;
 use crate::session::{ResultStream, Session, SessionError, StatementResult};
+use crate::shell::{EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, REPL, Signals, TableEnd, print_error, show_table};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -181,18 +181,22 @@ fn open_session(
     Session::open_with(data_dir, policy).map_err(|e| e.to_string())
 }
 
-/// Errors in the shell are shown without a file name.
-const REPL: &str = "<repl>";
-
-/// Process exit codes.
-pub const EXIT_OK: i32 = 0;
-pub const EXIT_ERROR: i32 = 1;
-pub const EXIT_INTERRUPTED: i32 = 130;
-
 /// Stack of the runtime's threads, where statements are parsed and
 /// planned: syntax trees up to `weir_sql::parser::MAX_NESTING` deep are
 /// walked recursively (by sqlparser, the rewrite and DataFusion).
 pub const THREAD_STACK_BYTES: usize = 16 << 20;
+
+/// What `weir serve` serves with, from its command line: the server's
+/// options and a session over the data dir whose clients name files only
+/// inside it and the directories it was given. Tests start a server in
+/// their own process from the same flags.
+pub fn server_parts(args: &Args) -> Result<(crate::server::ServerOptions, Session), String> {
+    let Some(Command::Serve(serve)) = &args.sub else {
+        return Err("not a `weir serve` command line".into());
+    };
+    let session = open_session(&args.data_dir, &args.allow_dir, true, serve.allow_client_plugins)?;
+    Ok((serve.options()?, session))
+}
 
 pub fn main_with(args: Args) -> i32 {
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -224,24 +228,22 @@ pub fn main_with(args: Args) -> i32 {
         }) => {
             return rt.block_on(crate::bench::run_alignment(b));
         }
-        Some(Command::Serve(serve)) => {
-            // A server's clients name files only inside its data dir and
-            // the directories it was given.
-            let session = match open_session(&args.data_dir, &args.allow_dir, true, serve.allow_client_plugins) {
-                Ok(s) => s,
+        Some(Command::Serve(_)) => {
+            let (options, session) = match server_parts(&args) {
+                Ok(parts) => parts,
                 Err(e) => {
                     eprintln!("error: {e}");
                     return EXIT_ERROR;
                 }
             };
-            let options = match serve.options() {
-                Ok(o) => o,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return EXIT_ERROR;
-                }
+            let listen = options.listen;
+            let serving = async move {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+                crate::server::serve(listener, options, session, crate::shell::shutdown_signal()).await
             };
-            return match rt.block_on(crate::server::serve(options, session)) {
+            return match rt.block_on(serving) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -346,46 +348,6 @@ enum Backend<'a> {
     Remote(Box<crate::remote::Remote>),
 }
 
-pub(crate) fn print_error(origin: &str, e: &SessionError) {
-    if origin == REPL {
-        match e.location() {
-            Some(l) => eprintln!("[ERROR] {}:{}: {}", l.line, l.column, e.message()),
-            None => eprintln!("[ERROR] {}", e.message()),
-        }
-        return;
-    }
-    match e.location() {
-        Some(l) => eprintln!("{origin}:{}:{}: error: {}", l.line, l.column, e.message()),
-        None => eprintln!("{origin}: error: {}", e.message()),
-    }
-}
-
-/// SIGINT and SIGTERM, listened to from the start of a script or shell, so
-/// a signal that arrives at any moment stops jobs gracefully instead of
-/// killing the process.
-pub struct Signals {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    pub fn install() -> std::io::Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-        })
-    }
-
-    /// Waits for either signal.
-    pub async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-        }
-    }
-}
-
 /// How a streaming result is shown (`sql-client.execution.result-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ResultMode {
@@ -474,77 +436,6 @@ async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), Ses
     drop(rows);
     job.wait().await?;
     Ok(())
-}
-
-/// Why [`show_table`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TableEnd {
-    /// The result ended.
-    Ended,
-    /// SIGINT/SIGTERM: the caller stops the query.
-    Interrupted,
-}
-
-/// Shows a changelog result (`_op` first) as a table kept up to date:
-/// each change is applied (`+I`/`+U` add a row, `-U`/`-D` remove one)
-/// and, on a terminal, the table is redrawn a few times a second under a
-/// status line (rows, changes per second, elapsed time, and the
-/// watermark where it is known); piped, the final table is printed once.
-/// Used by the local and the remote shell.
-pub(crate) async fn show_table<S, E>(
-    schema: &arrow::datatypes::SchemaRef,
-    mut changes: S,
-    signals: &mut Signals,
-    watermark: &dyn Fn() -> Option<String>,
-    zone: Option<weir_engine::time_zone::SessionZone>,
-) -> Result<TableEnd, arrow::error::ArrowError>
-where
-    S: futures::Stream<Item = Result<arrow::record_batch::RecordBatch, E>> + Unpin,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    use futures::StreamExt;
-    let terminal = std::io::stdout().is_terminal();
-    let mut view = crate::display::Materialized::new(schema).in_zone(zone);
-    let started = Instant::now();
-    let mut redraw = tokio::time::interval(Duration::from_millis(250));
-    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let status = |view: &crate::display::Materialized| {
-        let secs = started.elapsed().as_secs_f64();
-        let mut line = format!(
-            "rows: {}, changes: {} ({:.0}/s), elapsed: {secs:.1} s",
-            view.len(),
-            view.changes(),
-            view.changes() as f64 / secs.max(0.001)
-        );
-        if let Some(w) = watermark() {
-            line.push_str(&format!(", watermark: {w}"));
-        }
-        line
-    };
-    let mut out = std::io::stdout();
-    let mut end = TableEnd::Ended;
-    loop {
-        tokio::select! {
-            b = changes.next() => match b {
-                Some(batch) => view.apply(&batch.map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))?)?,
-                None => break,
-            },
-            _ = redraw.tick(), if terminal => {
-                // Clear the screen, then the table and its status.
-                let _ = write!(out, "\x1b[2J\x1b[H{}\n{}\n", view.render(), status(&view));
-                let _ = out.flush();
-            }
-            _ = signals.recv() => {
-                end = TableEnd::Interrupted;
-                break;
-            }
-        }
-    }
-    if terminal {
-        let _ = write!(out, "\x1b[2J\x1b[H");
-    }
-    let _ = writeln!(out, "{}\n{}", view.render(), status(&view));
-    Ok(end)
 }
 
 /// Prints a streaming result as it arrives; Ctrl-C stops the query.

@@ -10,6 +10,8 @@
 //! - [`display`]: rendering results as text (tableau and `+I[...]` rows).
 //! - [`cli`]: the `weir` binary: REPL, `run FILE.sql`, `-c`, stdin scripts,
 //!   `serve`.
+//! - [`shell`]: what the local and the remote shell share (exit codes,
+//!   signals, error printing, the live table).
 //! - [`server`]: `weir serve`, Arrow Flight SQL over a session.
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
 //! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
@@ -23,6 +25,7 @@ pub mod jobs;
 pub mod remote;
 pub mod server;
 pub mod session;
+pub mod shell;
 pub mod watermarks;
 
 pub use session::{ResultStream, Session, SessionError, StatementResult};

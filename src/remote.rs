@@ -15,8 +15,8 @@ use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cli::{EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Signals};
 use crate::display::Tableau;
+use crate::shell::{EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, Signals};
 
 pub struct Remote {
     client: FlightSqlServiceClient<Channel>,
@@ -168,10 +168,10 @@ impl Remote {
             if table {
                 // The server's watermark is not on this stream: the
                 // status line leaves it out.
-                let end = crate::cli::show_table(&schema, stream, signals, &|| None, self.zone.clone())
+                let end = crate::shell::show_table(&schema, stream, signals, &|| None, self.zone.clone())
                     .await
                     .map_err(server_error)?;
-                if end == crate::cli::TableEnd::Interrupted {
+                if end == crate::shell::TableEnd::Interrupted {
                     return Err(RemoteError::Interrupted);
                 }
                 continue;
@@ -214,7 +214,7 @@ impl Remote {
         let stmts = match weir_sql::parse(text) {
             Ok(s) => s,
             Err(e) => {
-                crate::cli::print_error(origin, &crate::session::SessionError::Sql(e));
+                crate::shell::print_error(origin, &crate::session::SessionError::Sql(e));
                 return EXIT_ERROR;
             }
         };

@@ -1,4 +1,5 @@
-//! `weir serve` as a real process, driven by arrow-flight's
+//! `weir serve` (in this process where a test needs no process of its
+//! own; a real process where it signals, kills or measures it), driven by arrow-flight's
 //! `FlightSqlServiceClient`: DDL, a detached INSERT job that outlives its
 //! client, bounded and continuous queries (the continuous one cancelled by
 //! dropping the stream), errors with positions, and the metadata calls.
@@ -18,7 +19,9 @@ use futures::TryStreamExt;
 use tonic::transport::Channel;
 
 struct Server {
-    child: Child,
+    /// `weir serve` as a process; `None`: served in this process.
+    child: Option<Child>,
+    _in_process: Option<InProcess>,
     port: u16,
     /// With `--metrics-listen 127.0.0.1:0`: the metrics port.
     metrics: Option<u16>,
@@ -29,9 +32,84 @@ struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
+}
+
+impl Server {
+    fn child(&mut self) -> &mut Child {
+        self.child
+            .as_mut()
+            .expect("a test that signals the server starts it as a process")
+    }
+}
+
+/// `weir::server::serve` on a thread of this process with its own runtime,
+/// from the same flags `weir serve` takes; stopped (its jobs suspended)
+/// when dropped, as SIGTERM stops the process.
+struct InProcess {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    ended: std::sync::mpsc::Receiver<Result<(), String>>,
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Its jobs suspend at a checkpoint before the temp dir goes.
+        match self.ended.recv_timeout(Duration::from_secs(60)) {
+            Ok(Err(e)) if !std::thread::panicking() => panic!("the server ended with an error: {e}"),
+            _ => {}
+        }
+    }
+}
+
+fn serve_in_process(data: &std::path::Path, args: &[String]) -> (InProcess, u16) {
+    use clap::Parser;
+    std::fs::create_dir_all(data).expect("data dir");
+    let beside = data.parent().unwrap_or(data);
+    let mut argv: Vec<String> = ["weir", "--data-dir"].map(String::from).to_vec();
+    argv.push(data.display().to_string());
+    argv.extend(["--allow-dir".into(), beside.display().to_string()]);
+    argv.extend(["serve", "--listen", "127.0.0.1:0"].map(String::from));
+    argv.extend(args.iter().cloned());
+    let parsed = weir::cli::Args::try_parse_from(&argv).expect("weir serve flags");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    let (end_tx, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_stack_size(weir::cli::THREAD_STACK_BYTES)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let result = rt.block_on(async move {
+            let (options, session) = weir::cli::server_parts(&parsed)?;
+            let listener = tokio::net::TcpListener::bind(options.listen)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = port_tx.send(listener.local_addr().map_err(|e| e.to_string())?.port());
+            weir::server::serve(listener, options, session, async move {
+                let _ = stop_rx.await;
+            })
+            .await
+        });
+        let _ = end_tx.send(result);
+    });
+    let port = match port_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(port) => port,
+        Err(_) => panic!("the in-process server did not listen: {:?}", ended.try_recv()),
+    };
+    let server = InProcess {
+        stop: Some(stop_tx),
+        ended,
+    };
+    (server, port)
 }
 
 /// `weir serve` over `data` with extra flags and env, on a port the
@@ -69,16 +147,38 @@ fn spawn_ports(data: &std::path::Path, args: &[String], env: &[(&str, &str)]) ->
     (child, ports)
 }
 
-async fn start_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {
+/// A server as a process (for the tests that signal it or read its
+/// metrics port).
+async fn start_process_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     let (child, ports) = spawn_ports(&data, args, &[]);
     let out = dir.path().join("out");
     let port = ports.flight;
     let server = Server {
-        child,
+        child: Some(child),
+        _in_process: None,
         port,
         metrics: ports.metrics,
+        data,
+        out,
+        _dir: Some(dir),
+    };
+    let client = FlightSqlServiceClient::new(channel(port).await);
+    (server, client)
+}
+
+/// A server in this process (the tests that need no process of its own).
+async fn start_with(args: &[String]) -> (Server, FlightSqlServiceClient<Channel>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let (in_process, port) = serve_in_process(&data, args);
+    let out = dir.path().join("out");
+    let server = Server {
+        child: None,
+        _in_process: Some(in_process),
+        port,
+        metrics: None,
         data,
         out,
         _dir: Some(dir),
@@ -444,7 +544,7 @@ async fn prepared_statements_are_planned_at_prepare_and_take_parameters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
-    let (server, mut client) = start_with(&[
+    let (server, mut client) = start_process_with(&[
         "--subscriber-queue".into(),
         "1".into(),
         "--subscriber-timeout".into(),
@@ -696,7 +796,8 @@ async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
     assert!(exited(&mut child, 60).await.success());
     let (child, port) = spawn(&data, &[], &[]);
     let _server = Server {
-        child,
+        child: Some(child),
+        _in_process: None,
         port,
         metrics: None,
         data: data.clone(),
@@ -735,11 +836,11 @@ async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_concurrent_clients_are_all_answered_and_nothing_leaks() {
-    let (server, mut client) = start_with(&["--metrics-listen".into(), "127.0.0.1:0".into()]).await;
+    let (mut server, mut client) = start_process_with(&["--metrics-listen".into(), "127.0.0.1:0".into()]).await;
     let metrics_port = server.metrics.expect("metrics port");
     query(&mut client, "SELECT 1").await;
     drop(client);
-    let pid = server.child.id();
+    let pid = server.child().id();
     let fds_before = fd_count(pid);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..200 {
@@ -896,7 +997,8 @@ async fn a_password_and_tls_protect_the_server() {
     ];
     let (child, port) = spawn(&dir.path().join("data"), &args, &[("WEIR_PASSWORD", "s3cret")]);
     let _server = Server {
-        child,
+        child: Some(child),
+        _in_process: None,
         port,
         metrics: None,
         data: dir.path().join("data"),
@@ -993,7 +1095,8 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
     let reference_out = dir.path().join("reference");
     let (child, port) = spawn(&dir.path().join("reference-data"), &[], &[]);
     let _reference = Server {
-        child,
+        child: Some(child),
+        _in_process: None,
         port,
         metrics: None,
         data: dir.path().join("reference-data"),
@@ -1040,7 +1143,8 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
         (child, port) = spawn(&data, &[], &[]);
     }
     let _server = Server {
-        child,
+        child: Some(child),
+        _in_process: None,
         port,
         metrics: None,
         data,
@@ -1069,7 +1173,7 @@ async fn a_job_across_server_restarts_writes_exactly_once() {
 /// shutdown ends open subscriptions and the server exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_failures_unsupported_sql_and_shutdown_with_open_subscribers() {
-    let (mut server, mut client) = start().await;
+    let (mut server, mut client) = start_process_with(&[]).await;
     let bad = server.data.with_file_name("bad.json");
     std::fs::write(&bad, "{\"id\": 1}\n{\"id\": 2}\nnot json\n").expect("write");
     client
@@ -1105,7 +1209,7 @@ async fn query_failures_unsupported_sql_and_shutdown_with_open_subscribers() {
     let ticket = info.endpoint[0].ticket.clone().expect("ticket");
     let mut stream = client.do_get(ticket).await.expect("do_get");
     stream.try_next().await.expect("a batch").expect("rows");
-    let pid = server.child.id().to_string();
+    let pid = server.child().id().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -1122,7 +1226,7 @@ async fn query_failures_unsupported_sql_and_shutdown_with_open_subscribers() {
         }
     };
     assert!(err.to_string().contains("shutting down"), "{err}");
-    assert!(exited(&mut server.child, 60).await.success());
+    assert!(exited(server.child(), 60).await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

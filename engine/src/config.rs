@@ -22,21 +22,19 @@ pub const ALIGNMENT_SPREAD_ALERT: &str = "pipeline.watermark-alignment.spread-al
 pub const ALIGNMENT_STATE_BUDGET: &str = "pipeline.watermark-alignment.state-budget";
 pub const CHECKPOINT_INTERVAL: &str = "execution.checkpointing.interval";
 pub const CHECKPOINT_TIMEOUT: &str = "execution.checkpointing.timeout";
+pub use crate::paths::{CHECKPOINT_DIR, RECOVERY_PATH, SAVEPOINT_DIR};
 pub const CHECKPOINT_MIN_PAUSE: &str = "execution.checkpointing.min-pause";
 pub const CHECKPOINT_MAX_CONCURRENT: &str = "execution.checkpointing.max-concurrent-checkpoints";
 pub const CHECKPOINT_TOLERABLE: &str = "execution.checkpointing.tolerable-failed-checkpoints";
 pub const CHECKPOINT_RETAINED: &str = "execution.checkpointing.num-retained";
-pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
 pub const CHECKPOINT_MODE: &str = "execution.checkpointing.mode";
 pub const CHECKPOINT_INCREMENTAL: &str = "execution.checkpointing.incremental";
 pub const STATE_INCREMENTAL: &str = "state.backend.incremental";
 pub const CHECKPOINT_UNALIGNED: &str = "execution.checkpointing.unaligned.enabled";
 pub const ALIGNED_TIMEOUT: &str = "execution.checkpointing.aligned-checkpoint-timeout";
 pub const ALIGNED_TIMEOUT_DEPRECATED: &str = "execution.checkpointing.alignment-timeout";
-pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
 pub const CLAIM_MODE: &str = "execution.state-recovery.claim-mode";
 pub const IGNORE_UNCLAIMED_STATE: &str = "execution.state-recovery.ignore-unclaimed-state";
-pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 pub const CHECKPOINT_RETENTION: &str = "execution.checkpointing.externalized-checkpoint-retention";
 pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
@@ -404,7 +402,7 @@ impl JobConfig {
             local_time_zone(value)?;
         }
         if key == OPERATOR_UIDS {
-            crate::uid::parse_pinned(value).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?;
+            parse_pinned(value).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?;
         }
         Ok(())
     }
@@ -523,9 +521,7 @@ impl JobConfig {
                 write_buffer: o.memory_size(ROCKSDB_WRITE_BUFFER)?.unwrap_or(64 << 20),
             },
             operator_uids: match o.get(OPERATOR_UIDS) {
-                Some(v) => {
-                    crate::uid::parse_pinned(v).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?
-                }
+                Some(v) => parse_pinned(v).map_err(|m| ExecError::Config(format!("'{OPERATOR_UIDS}': {m}")))?,
                 None => vec![],
             },
             paths: crate::paths::PathPolicy::unrestricted(),
@@ -576,4 +572,51 @@ pub fn sanitize(name: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Parses `pipeline.operator-uids`: `selector=uid` pairs, comma-separated.
+/// A uid is letters, digits, `-` and `_` (it names files and metadata
+/// keys), and is given once.
+pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = vec![];
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (sel, uid) = part
+            .split_once('=')
+            .ok_or_else(|| format!("'{part}' is not selector=uid"))?;
+        let (sel, uid) = (sel.trim(), uid.trim());
+        let kind_ok = matches!(
+            sel.split(['#', ':']).next(),
+            Some(
+                "window"
+                    | "group"
+                    | "join"
+                    | "rank"
+                    | "limit"
+                    | "calc"
+                    | "union"
+                    | "temporal_sort"
+                    | "over_aggregate"
+                    | "session_window"
+                    | "upsert_materialize"
+                    | "changelog_normalize"
+                    | "source"
+                    | "sink"
+            )
+        );
+        if !kind_ok || sel.is_empty() {
+            return Err(format!(
+                "unknown selector '{sel}'; use a kind (window, group, join, rank, limit, calc, union, \
+                 temporal_sort, over_aggregate, session_window, upsert_materialize, changelog_normalize), \
+                 optionally with #N for the N-th, or source:<table> or sink:<table>"
+            ));
+        }
+        if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("uid '{uid}' must be letters, digits, '-' and '_'"));
+        }
+        if out.iter().any(|(_, u)| u == uid) {
+            return Err(format!("uid '{uid}' is given twice"));
+        }
+        out.push((sel.to_string(), uid.to_string()));
+    }
+    Ok(out)
 }

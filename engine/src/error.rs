@@ -51,7 +51,7 @@ pub enum ExecError {
     #[error(transparent)]
     Catalog(#[from] weir_catalog::CatalogError),
     #[error(transparent)]
-    CheckpointStorage(#[from] crate::checkpoint::CheckpointError),
+    CheckpointStorage(#[from] CheckpointError),
     /// Checkpointing failed more often than the job tolerates.
     #[error("{0}")]
     Checkpoint(String),
@@ -77,3 +77,32 @@ impl ExecError {
 }
 
 pub type Result<T, E = ExecError> = std::result::Result<T, E>;
+
+/// Errors of checkpoint storage and restore: corrupt or missing files are
+/// the storage's fault; `LocalState` the local disk's (laying a
+/// checkpoint out for the tasks); `Incompatible` is a changed job.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint storage {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Not the checkpoint's fault: a restore does not fall back past it.
+    #[error("local state directory {path}: {source}")]
+    LocalState { path: PathBuf, source: std::io::Error },
+    #[error("checkpoint file {path} is missing")]
+    Missing { path: PathBuf },
+    #[error("checkpoint file {path} is corrupt: {message}")]
+    Corrupt { path: String, message: String },
+    #[error("checkpoint cannot be restored into this job: {0}")]
+    Incompatible(String),
+    /// Written by another version of Weir.
+    #[error("{path} has format version {found}; this build of Weir reads version {supported}")]
+    Version {
+        path: String,
+        found: String,
+        supported: u32,
+    },
+    #[error("internal error in checkpointing: {0}")]
+    Internal(String),
+    #[error(transparent)]
+    State(#[from] StateError),
+}

@@ -21,6 +21,13 @@ use std::sync::Arc;
 
 use weir_catalog::{OptionKind, OptionSpec};
 
+/// The job options that name a directory of the job's own (checkpoints,
+/// savepoints, a restore): `config` reads them, the policy lets them
+/// under the data directory.
+pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
+pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
+pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
+
 /// Where paths may point: anywhere (the embedded shell, `weir run`) or
 /// inside a set of canonical directories.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -142,10 +149,8 @@ impl PathPolicy {
         for r in self.reserved.iter() {
             // Checkpoints and savepoints may go where Weir keeps them by
             // default, and be restored from there.
-            let at_home = ((matches!(key, crate::config::CHECKPOINT_DIR | crate::config::RECOVERY_PATH)
-                && r.ends_with(CHECKPOINTS))
-                || (matches!(key, crate::config::SAVEPOINT_DIR | crate::config::RECOVERY_PATH)
-                    && r.ends_with(SAVEPOINTS)))
+            let at_home = ((matches!(key, CHECKPOINT_DIR | RECOVERY_PATH) && r.ends_with(CHECKPOINTS))
+                || (matches!(key, SAVEPOINT_DIR | RECOVERY_PATH) && r.ends_with(SAVEPOINTS)))
                 && resolved.starts_with(r);
             if !at_home && (resolved.starts_with(r) || r.starts_with(&resolved)) {
                 return Err(denied(format!(

@@ -24,8 +24,8 @@ pub struct StreamGraph {
 #[derive(Debug)]
 pub struct StreamNode {
     pub id: NodeId,
-    /// Stable identity of the node's state (see [`crate::uid`]); set by
-    /// [`StreamGraph::new`].
+    /// Stable identity of the node's state; set by [`crate::uid::graph`],
+    /// the one way a graph is built.
     pub uid: String,
     pub parallelism: usize,
     pub schema: SchemaRef,
@@ -806,17 +806,6 @@ pub struct SinkNode {
 }
 
 impl StreamGraph {
-    /// A graph of `nodes` (inputs before the nodes they feed) with their
-    /// uids assigned (`pinned`: `pipeline.operator-uids`).
-    pub fn new(nodes: Vec<StreamNode>, edges: Vec<StreamEdge>, pinned: &[(String, String)]) -> Self {
-        let mut g = Self { nodes, edges };
-        let uids = crate::uid::assign(&g, pinned);
-        for (n, uid) in g.nodes.iter_mut().zip(uids) {
-            n.uid = uid;
-        }
-        g
-    }
-
     /// The node with uid `uid`.
     pub fn by_uid(&self, uid: &str) -> Option<&StreamNode> {
         self.nodes.iter().find(|n| n.uid == uid)

@@ -27,7 +27,7 @@ use datafusion::physical_expr::expressions::{
 };
 
 use crate::checkpoint::metadata::checksum;
-use crate::plan::{Exchange, NodeKind, StreamGraph};
+use crate::plan::{Exchange, NodeKind, StreamEdge, StreamGraph, StreamNode};
 use crate::state::codec::{RowCodec, type_name};
 
 /// Canonical text of a physical expression (Weir's, stable across builds).
@@ -290,6 +290,18 @@ fn over_outputs(o: &crate::plan::OverAggregateNode) -> String {
     format!(";outputs={}", cols.join(","))
 }
 
+/// A graph of `nodes` (inputs before the nodes they feed) with their uids
+/// assigned (`pinned`: `pipeline.operator-uids`). The uid module builds the
+/// graph, so the plan's types do not depend on how uids are made.
+pub fn graph(nodes: Vec<StreamNode>, edges: Vec<StreamEdge>, pinned: &[(String, String)]) -> StreamGraph {
+    let mut g = StreamGraph { nodes, edges };
+    let uids = assign(&g, pinned);
+    for (n, uid) in g.nodes.iter_mut().zip(uids) {
+        n.uid = uid;
+    }
+    g
+}
+
 /// The uid of every node, in node order (inputs come first), from its
 /// canonical description; inputs are referred to by their uid, so a
 /// node's uid covers everything upstream.
@@ -513,51 +525,4 @@ pub fn assign(graph: &StreamGraph, pinned: &[(String, String)]) -> Vec<String> {
         uids.push(uid);
     }
     uids
-}
-
-/// Parses `pipeline.operator-uids`: `selector=uid` pairs, comma-separated.
-/// A uid is letters, digits, `-` and `_` (it names files and metadata
-/// keys), and is given once.
-pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out: Vec<(String, String)> = vec![];
-    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (sel, uid) = part
-            .split_once('=')
-            .ok_or_else(|| format!("'{part}' is not selector=uid"))?;
-        let (sel, uid) = (sel.trim(), uid.trim());
-        let kind_ok = matches!(
-            sel.split(['#', ':']).next(),
-            Some(
-                "window"
-                    | "group"
-                    | "join"
-                    | "rank"
-                    | "limit"
-                    | "calc"
-                    | "union"
-                    | "temporal_sort"
-                    | "over_aggregate"
-                    | "session_window"
-                    | "upsert_materialize"
-                    | "changelog_normalize"
-                    | "source"
-                    | "sink"
-            )
-        );
-        if !kind_ok || sel.is_empty() {
-            return Err(format!(
-                "unknown selector '{sel}'; use a kind (window, group, join, rank, limit, calc, union, \
-                 temporal_sort, over_aggregate, session_window, upsert_materialize, changelog_normalize), \
-                 optionally with #N for the N-th, or source:<table> or sink:<table>"
-            ));
-        }
-        if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(format!("uid '{uid}' must be letters, digits, '-' and '_'"));
-        }
-        if out.iter().any(|(_, u)| u == uid) {
-            return Err(format!("uid '{uid}' is given twice"));
-        }
-        out.push((sel.to_string(), uid.to_string()));
-    }
-    Ok(out)
 }

@@ -527,7 +527,7 @@ pub fn is_json(v: &[&str]) -> Result<Option<bool>> {
 fn to_json(text: &str, t: &DataType) -> Value {
     let java_double = |d: f64| {
         let mut java = String::new();
-        crate::flink_cast::java_double(d, &mut java);
+        weir_engine::java_text::java_double(d, &mut java);
         java
     };
     if matches!(t, DataType::Float64 | DataType::Float32) {

@@ -152,7 +152,7 @@ pub(crate) type Hint = (String, Vec<(String, Option<String>)>);
 /// `NAME('k' = 'v', ...) [, NAME(...)]` as (name, pairs).
 pub(crate) fn parse_hints(text: &str) -> Result<Vec<Hint>> {
     let bad = |why: &str| SqlError::plan(format!("hint /*+{text}*/: {why}"));
-    let tokens = Tokenizer::new(&crate::parser::dialect(), text)
+    let tokens = Tokenizer::new(&crate::dialect::dialect(), text)
         .tokenize()
         .map_err(|e| bad(&e.to_string()))?;
     let mut tokens = tokens
@@ -242,7 +242,7 @@ pub fn dynamic_options(query: &ast::Query, catalog: &Catalog) -> Result<Option<(
                     }
                 }
             }
-            let table = crate::parser::object_name(name);
+            let table = crate::dialect::object_name(name);
             let def = match self.catalog.get(&table) {
                 Some(Entry::Table(def)) => def,
                 Some(Entry::View(_)) => {
@@ -322,7 +322,7 @@ mod tests {
     use super::*;
 
     fn hints(sql: &str) -> Result<HashMap<String, Duration>> {
-        let stmts = sqlparser::parser::Parser::parse_sql(&crate::parser::dialect(), sql).expect("parse");
+        let stmts = sqlparser::parser::Parser::parse_sql(&crate::dialect::dialect(), sql).expect("parse");
         let ast::Statement::Query(q) = &stmts[0] else {
             panic!("not a query")
         };

@@ -28,6 +28,7 @@
 //! - [`error`]: [`SqlError`] with the position of the problem.
 
 pub mod ddl;
+pub mod dialect;
 pub mod error;
 pub mod flink_arrays;
 pub mod flink_bytes;

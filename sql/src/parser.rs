@@ -4,8 +4,7 @@
 //! `Parser` primitives (identifiers, types, expressions, queries) so that
 //! positions are exact and the grammar is Flink's.
 
-use sqlparser::ast::{self, Expr, Ident, ObjectName, Query};
-use sqlparser::dialect::GenericDialect;
+use sqlparser::ast::{self, Expr, Ident, Query};
 use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
@@ -13,10 +12,8 @@ use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
 use crate::error::{ErrorKind, Location, Result, SqlError};
 use crate::refusals;
 
-/// The dialect: generic, which accepts Flink's backtick identifiers.
-pub fn dialect() -> GenericDialect {
-    GenericDialect {}
-}
+pub use crate::dialect::dialect;
+pub(crate) use crate::dialect::object_name;
 
 #[derive(Debug, Clone)]
 pub struct ColumnSpec {
@@ -1011,15 +1008,6 @@ fn rewrite_json_value_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpa
 /// Whether `t` is the unquoted word `kw` (any case).
 fn word(t: &Token, kw: &str) -> bool {
     matches!(t, Token::Word(w) if w.quote_style.is_none() && w.value.eq_ignore_ascii_case(kw))
-}
-
-/// A table or view name as the catalog keys it (`db.t`, quotes dropped).
-pub(crate) fn object_name(name: &ObjectName) -> String {
-    name.0
-        .iter()
-        .map(|p| p.as_ident().map_or_else(|| p.to_string(), |i| i.value.clone()))
-        .collect::<Vec<_>>()
-        .join(".")
 }
 
 /// `sql` is the text the tokens' positions point into.

@@ -1050,7 +1050,7 @@ impl<'a> GraphBuilder<'a> {
     }
 
     fn finish(self) -> StreamGraph {
-        StreamGraph::new(self.nodes, self.edges, &self.config.operator_uids)
+        weir_engine::uid::graph(self.nodes, self.edges, &self.config.operator_uids)
     }
 
     fn add(

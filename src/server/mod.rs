@@ -1030,29 +1030,24 @@ fn keys_schema() -> SchemaRef {
 }
 
 /// Ctrl-C or SIGTERM.
-async fn signalled() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match term.as_mut() {
-                Some(t) => { t.recv().await; }
-                None => std::future::pending::<()>().await,
-            }
-        } => {}
-    }
-}
-
 /// How long a shutdown waits for clients to finish their requests.
 const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long a shutdown waits for each job's last checkpoint.
 const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Serves Flight SQL until ctrl-c / SIGTERM: first resubmits the jobs a
-/// previous server left running; on shutdown suspends every job (each
-/// takes a checkpoint and ends; the next server resumes it from there).
-pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), String> {
+/// Serves Flight SQL on `listener` until `stop` completes: first
+/// resubmits the jobs a previous server left running; on shutdown
+/// suspends every job (each takes a checkpoint and ends; the next server
+/// resumes it from there). Signals and the process's exit are the
+/// caller's (the binary passes [`crate::shell::shutdown_signal`]; a test
+/// runs a server in its own process and stops it with a channel).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    options: ServerOptions,
+    mut session: Session,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     session.keep_job_registry()?;
     for (name, result) in session.resume_jobs().await {
         match result {
@@ -1065,9 +1060,6 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
         }
     }
     let listen = options.listen;
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     // Owns nothing but reaches the shared jobs: suspends them at the end.
     let mut control = session.fork(Principal::local());
     let service = WeirFlightSql::new(session, options.clone());
@@ -1106,16 +1098,11 @@ pub async fn serve(options: ServerOptions, mut session: Session) -> Result<(), S
     let serving = builder.add_service(service).serve_with_incoming_shutdown(
         limits::incoming(listener, connections, options.max_connections, sessions),
         async move {
-            signalled().await;
+            stop.await;
             eprintln!("[INFO] shutting down: live queries end, jobs are suspended at a checkpoint");
             // Live queries end now, or the server would wait for their
             // clients to hang up.
             shutdown.send_replace(true);
-            tokio::spawn(async {
-                signalled().await;
-                eprintln!("[WARN] second signal: exiting without suspending jobs");
-                std::process::exit(crate::cli::EXIT_INTERRUPTED);
-            });
         },
     );
     // Clients get DRAIN_WITHIN to finish (one that stopped reading may

@@ -24,7 +24,7 @@ use super::metadata::{CheckpointMetadata, FORMAT_VERSION, FileRef, OperatorInfo,
 use super::savepoint::{SavepointDone, SavepointHeader, SavepointRequest};
 use super::storage::CheckpointStorage;
 use super::{CheckpointConfig, CheckpointError, OperatorSnapshot, TaskReport, TaskSnapshot};
-use crate::connectors::Committer;
+use crate::checkpoint::commit::Committer;
 use crate::error::{ExecError, Result};
 use crate::failpoint::failpoint;
 use crate::message::{Barrier, BarrierKind};
@@ -863,7 +863,7 @@ fn write_checkpoint(
         }
     }
     // Output of aborted checkpoints whose sink did not report this time.
-    add_carried(&mut operators, carried);
+    super::metadata::add_carried(&mut operators, carried);
     let meta = CheckpointMetadata {
         format: FORMAT_VERSION,
         checkpoint_id: id,
@@ -880,22 +880,6 @@ fn write_checkpoint(
     };
     storage.commit_metadata(&meta)?;
     Ok((meta, uploaded))
-}
-
-/// Adds sink output carried over from aborted checkpoints to `operators`.
-pub fn add_carried(operators: &mut BTreeMap<String, OperatorState>, carried: BTreeMap<String, Vec<serde_json::Value>>) {
-    for (key, committables) in carried {
-        match operators.entry(key) {
-            std::collections::btree_map::Entry::Occupied(mut e) => {
-                if let OperatorState::Sink { committables: c } = e.get_mut() {
-                    c.extend(committables);
-                }
-            }
-            std::collections::btree_map::Entry::Vacant(e) => {
-                e.insert(OperatorState::Sink { committables });
-            }
-        }
-    }
 }
 
 fn upload_rocksdb(

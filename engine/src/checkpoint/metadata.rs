@@ -211,6 +211,22 @@ pub fn checksum(bytes: &[u8]) -> String {
     format!("{:016x}", h.finish())
 }
 
+/// Adds sink output carried over from aborted checkpoints to `operators`.
+pub fn add_carried(operators: &mut BTreeMap<String, OperatorState>, carried: BTreeMap<String, Vec<serde_json::Value>>) {
+    for (key, committables) in carried {
+        match operators.entry(key) {
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                if let OperatorState::Sink { committables: c } = e.get_mut() {
+                    c.extend(committables);
+                }
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(OperatorState::Sink { committables });
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

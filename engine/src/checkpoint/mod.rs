@@ -21,6 +21,7 @@
 //! - Restore: [`restore`] picks the newest checkpoint that verifies,
 //!   falling back past corrupt ones, and lays its files out for the tasks.
 
+pub mod commit;
 pub mod compat;
 pub mod coordinator;
 pub mod metadata;
@@ -39,34 +40,7 @@ pub use storage::CheckpointStorage;
 
 use crate::keygroup::KeyGroup;
 
-/// Errors of checkpoint storage and restore: corrupt or missing files are
-/// the storage's fault; `LocalState` the local disk's (laying a
-/// checkpoint out for the tasks); `Incompatible` is a changed job.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("checkpoint storage {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    /// Not the checkpoint's fault: a restore does not fall back past it.
-    #[error("local state directory {path}: {source}")]
-    LocalState { path: PathBuf, source: std::io::Error },
-    #[error("checkpoint file {path} is missing")]
-    Missing { path: PathBuf },
-    #[error("checkpoint file {path} is corrupt: {message}")]
-    Corrupt { path: String, message: String },
-    #[error("checkpoint cannot be restored into this job: {0}")]
-    Incompatible(String),
-    /// Written by another version of Weir.
-    #[error("{path} has format version {found}; this build of Weir reads version {supported}")]
-    Version {
-        path: String,
-        found: String,
-        supported: u32,
-    },
-    #[error("internal error in checkpointing: {0}")]
-    Internal(String),
-    #[error(transparent)]
-    State(#[from] crate::error::StateError),
-}
+pub use crate::error::CheckpointError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckpointMode {

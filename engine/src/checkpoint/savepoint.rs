@@ -140,7 +140,7 @@ fn write_inner(
                 operators.insert(key, state);
             }
         }
-        super::coordinator::add_carried(&mut operators, std::mem::take(&mut carried));
+        super::metadata::add_carried(&mut operators, std::mem::take(&mut carried));
         Ok(())
     })();
     for d in local_dirs {

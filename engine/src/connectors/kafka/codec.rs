@@ -129,8 +129,7 @@ pub(super) struct Encoded {
     pub topics: Option<Vec<Option<String>>>,
 }
 
-/// A record's headers, in order: (key, value).
-pub(super) type Headers = Vec<(String, Option<Vec<u8>>)>;
+pub(super) use super::metadata::Headers;
 
 /// One record as read. Key and value are slices of one buffer per poll
 /// (two allocations per record were 15 % of a backfill's time).

@@ -12,6 +12,9 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, TimeUnit};
 
 use super::invalid;
+
+/// A record's headers: names with optional values, in order.
+pub(super) type Headers = Vec<(String, Option<Vec<u8>>)>;
 use crate::error::Result;
 
 /// A metadata key Weir reads from or writes to a record.
@@ -295,7 +298,7 @@ pub(super) fn topics(column: &ArrayRef) -> Result<Vec<Option<String>>> {
 }
 
 /// A sink's `headers` column as each record's headers (a NULL map: none).
-pub(super) fn headers(column: &ArrayRef) -> Result<Vec<super::codec::Headers>> {
+pub(super) fn headers(column: &ArrayRef) -> Result<Vec<Headers>> {
     let Some(maps) = column.as_any().downcast_ref::<MapArray>() else {
         return Err(crate::error::ExecError::internal("a headers column that is not a map"));
     };

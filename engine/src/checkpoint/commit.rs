@@ -1,0 +1,26 @@
+//! The commit side of a two-phase-commit sink, which the checkpoint
+//! coordinator drives: a leaf both the coordinator and the sinks use.
+
+use crate::error::Result;
+
+/// The second phase of a two-phase-commit sink (Flink's `Committer`).
+///
+/// The writer pre-commits at each barrier: its output is durable but not
+/// visible, and described by committables stored in the checkpoint. When
+/// the checkpoint is complete, `commit` makes them visible. `commit` must
+/// be idempotent: after a crash, every committable of the restored
+/// checkpoint is committed again. `recover` then discards whatever the
+/// failed attempt wrote that no checkpoint holds.
+pub trait Committer: Send + Sync {
+    fn commit(&self, committables: &[serde_json::Value]) -> Result<()>;
+
+    /// Deletes in-progress and pending output not in a completed checkpoint.
+    fn recover(&self) -> Result<()>;
+
+    /// The job ended without checkpointing (its writers committed their
+    /// output at end of input): commits what waits for the end (a
+    /// partitioned file sink's partitions).
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
+}
