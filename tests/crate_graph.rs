@@ -64,8 +64,9 @@ fn features(args: &[&str]) -> BTreeSet<(String, String)> {
             "tree",
             "--locked",
             "--offline",
-            "--target",
-            "all",
+            // The host's crates only: `--target all` needs every
+            // platform's crates downloaded, and a fresh machine's build
+            // fetched only its own.
             "--prefix",
             "none",
             "-f",

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Ports, announced_ports, channel, strings};
+use common::{Ports, announced_ports, channel, eventually, strings};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -210,22 +210,6 @@ async fn create_tables(client: &mut FlightSqlServiceClient<Channel>, out: &std::
 
 const COUNT_JOB: &str = "INSERT INTO counts SELECT auction, COUNT(*) FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), \
      INTERVAL '1' SECOND)) GROUP BY auction, window_start, window_end";
-
-/// Polls `check` until it returns Some, failing after `secs`.
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    secs: u64,
-    mut check: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// `GET path` on the metrics port: (status line, body).
 async fn http_get(port: u16, path: &str) -> (String, String) {
@@ -435,20 +419,13 @@ async fn flight_sql_statements_jobs_and_metadata() {
 
     // The job outlives its client: a new connection, the job still writes.
     drop(client);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let committed = std::fs::read_dir(&server.out)
-            .map(|es| es.flatten().any(|e| !e.file_name().to_string_lossy().starts_with('.')))
-            .unwrap_or(false);
-        let in_progress = std::fs::read_dir(&server.out)
-            .map(|es| es.flatten().count() > 0)
-            .unwrap_or(false);
-        if committed || in_progress {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the detached job wrote nothing");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Any file, committed or in progress.
+    eventually("the detached job to write", 60, || async {
+        std::fs::read_dir(&server.out)
+            .is_ok_and(|mut es| es.next().is_some())
+            .then_some(())
+    })
+    .await;
 }
 
 fn status_of(e: &impl std::fmt::Display) -> String {

@@ -8,7 +8,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use weir::{Session, StatementResult};
 
@@ -197,15 +196,15 @@ async fn text_of(session: &mut Session, sql: &str) -> String {
 
 /// Waits (bounded) until the running job 'golden' completed `n` checkpoints.
 async fn wait_for_checkpoints(session: &mut Session, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    common::eventually(&format!("{n} completed checkpoints"), 60, async || {
         let text = text_of(session, "SHOW CHECKPOINTS FOR JOB 'golden';").await;
         if text.lines().filter(|l| l.contains("COMPLETED")).count() >= n {
-            return;
+            Ok(())
+        } else {
+            Err(text)
         }
-        assert!(Instant::now() < deadline, "no checkpoint within 60 s:\n{text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
 }
 
 async fn savepoint(session: &mut Session, stmt: &str) -> PathBuf {

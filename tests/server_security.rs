@@ -339,15 +339,16 @@ async fn connections_run_statements_concurrently() {
     });
     // Wait until the long statement's job is visibly running.
     let mut probe = client(port).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::eventually("the long INSERT to show as RUNNING", 30, async || {
         let jobs = run(&mut probe, "SHOW JOBS").await.expect("show jobs");
-        if strings(&jobs, "state").iter().any(|s| s == "RUNNING") {
-            break;
+        let states = strings(&jobs, "state");
+        if states.iter().any(|s| s == "RUNNING") {
+            Ok(())
+        } else {
+            Err(states.join(", "))
         }
-        assert!(Instant::now() < deadline, "the long INSERT never showed as RUNNING");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..20 {
         tasks.spawn(async move {

@@ -26,6 +26,21 @@ const DDL: &str = "CREATE TABLE t (a INT, s STRING, d DOUBLE, ts TIMESTAMP(3),
   CREATE TABLE out2 (k INT, s BIGINT) WITH ('connector' = 'blackhole');
   CREATE TABLE out3 (a TIMESTAMP(3), b TIMESTAMP(3), n BIGINT) WITH ('connector' = 'blackhole');";
 
+/// The tables of [`every_node_kind_keeps_its_recorded_uids`].
+const KINDS_DDL: &str = "
+  CREATE TABLE u (a INT, s STRING, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
+    WITH ('connector' = 'filesystem', 'path' = '{dir}', 'format' = 'csv');
+  CREATE TABLE ur (a INT, s STRING, ts TIMESTAMP(3), PRIMARY KEY (a) NOT ENFORCED, WATERMARK FOR ts AS ts)
+    WITH ('connector' = 'upsert-kafka', 'topic' = 'ur', 'properties.bootstrap.servers' = 'localhost:9',
+          'key.format' = 'csv', 'value.format' = 'csv');
+  CREATE TABLE o_w (ws TIMESTAMP(3), we TIMESTAMP(3), a INT, n BIGINT, x DOUBLE) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_g (a INT, n BIGINT, m DOUBLE, l STRING) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_j (a INT, s1 STRING, s2 STRING) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_r (a INT, s STRING, d DOUBLE) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_o (a INT, x DOUBLE, l STRING) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_s (a INT, s STRING, ws TIMESTAMP(3), we TIMESTAMP(3)) WITH ('connector' = 'blackhole');
+  CREATE TABLE o_pk (s STRING, n BIGINT, PRIMARY KEY (s) NOT ENFORCED) WITH ('connector' = 'print');";
+
 /// Rows the oracle evaluates expressions over (NULLs, negatives, strings
 /// that are and are not numbers, cases).
 const ROWS: &str = "(VALUES (1, 'abc', 1.5), (2, 'ABC', -2.0), (3, '12', 0.0), (-4, 'a_c', 3.25),
@@ -46,7 +61,7 @@ impl Fixture {
         std::fs::write(dir.path().join("t.csv"), "").expect("input");
         let planner = Planner::new();
         let mut catalog = Catalog::in_memory();
-        let ddl = DDL.replace("{dir}", &dir.path().display().to_string());
+        let ddl = format!("{DDL}{KINDS_DDL}").replace("{dir}", &dir.path().display().to_string());
         for stmt in weir_sql::parse(&ddl).expect("ddl parses") {
             let Statement::CreateTable(ct) = &stmt.statement else {
                 panic!("not a CREATE TABLE")
@@ -366,3 +381,99 @@ const RECORDED: [&str; 7] = [
     "calc_49791c0eb1df",
     "sink_d898b7277f8d",
 ];
+
+/// One query per node kind and variant (every window kind, every join,
+/// Top-N and deduplication, OVER with LAG, the changelog operators).
+const KIND_QUERIES: &[&str] = &[
+    "INSERT INTO o_w SELECT window_start, window_end, a, COUNT(*), SUM(d)
+       FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) GROUP BY window_start, window_end, a",
+    "INSERT INTO o_w SELECT window_start, window_end, a, COUNT(DISTINCT s), MAX(d)
+       FROM TABLE(HOP(TABLE t, DESCRIPTOR(ts), INTERVAL '10' SECOND, INTERVAL '1' MINUTE))
+       GROUP BY window_start, window_end, a",
+    "INSERT INTO o_w SELECT window_start, window_end, a, COUNT(*), AVG(d)
+       FROM TABLE(CUMULATE(TABLE t, DESCRIPTOR(ts), INTERVAL '10' SECOND, INTERVAL '1' MINUTE))
+       GROUP BY window_start, window_end, a",
+    "INSERT INTO o_w SELECT window_start, window_end, a, COUNT(*), MIN(d)
+       FROM TABLE(SESSION(TABLE t PARTITION BY a, DESCRIPTOR(ts), INTERVAL '5' SECOND))
+       GROUP BY window_start, window_end, a",
+    "INSERT INTO o_w SELECT window_end, window_start, a, COUNT(*), SUM(d)
+       FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE)) GROUP BY window_end, window_start, a",
+    "INSERT INTO o_s SELECT a, s, window_start, window_end
+       FROM TABLE(SESSION(TABLE t PARTITION BY a, DESCRIPTOR(ts), INTERVAL '5' SECOND))",
+    "INSERT INTO o_g SELECT a, COUNT(DISTINCT s), MAX(d), LISTAGG(s) FROM t GROUP BY a",
+    "INSERT INTO o_g SELECT a, SUM(CAST(d AS BIGINT)) FILTER (WHERE d > 0), STDDEV_POP(d), MIN(s) FROM t GROUP BY a",
+    "INSERT INTO o_j SELECT t.a, t.s, u.s FROM t JOIN u ON t.a = u.a WHERE t.d > 0",
+    "INSERT INTO o_j SELECT t.a, t.s, u.s FROM t LEFT JOIN u ON t.a = u.a AND t.s <> u.s",
+    "INSERT INTO o_j SELECT t.a, t.s, u.s FROM t JOIN u ON t.a = u.a
+       AND t.ts BETWEEN u.ts - INTERVAL '1' MINUTE AND u.ts",
+    "INSERT INTO o_j SELECT l.a, l.s, r.s
+       FROM (SELECT * FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE))) l
+       JOIN (SELECT * FROM TABLE(TUMBLE(TABLE u, DESCRIPTOR(ts), INTERVAL '1' MINUTE))) r
+       ON l.a = r.a AND l.window_start = r.window_start AND l.window_end = r.window_end",
+    "INSERT INTO o_j SELECT t.a, t.s, ur.s FROM t JOIN ur FOR SYSTEM_TIME AS OF t.ts ON t.a = ur.a",
+    "INSERT INTO o_j SELECT a, s, s FROM t UNION ALL SELECT a, s, s FROM u",
+    "INSERT INTO o_r SELECT a, s, d FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY a ORDER BY d DESC) AS rn FROM t)
+       WHERE rn <= 3",
+    "INSERT INTO o_r SELECT a, s, d FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY a ORDER BY ts DESC) AS rn FROM t)
+       WHERE rn = 1",
+    "INSERT INTO o_r SELECT a, s, d FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY a ORDER BY ts ASC) AS rn FROM t)
+       WHERE rn = 1",
+    "INSERT INTO o_r SELECT a, s, d FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY window_start, window_end
+       ORDER BY d DESC) AS rn FROM TABLE(TUMBLE(TABLE t, DESCRIPTOR(ts), INTERVAL '1' MINUTE))) WHERE rn <= 2",
+    "INSERT INTO o_r SELECT a, s, d FROM t LIMIT 5",
+    "INSERT INTO o_r SELECT a, s, d FROM t ORDER BY ts, d DESC",
+    "INSERT INTO o_o SELECT a, SUM(d) OVER w, LAG(s, 2, 'none') OVER w FROM t
+       WINDOW w AS (PARTITION BY a ORDER BY ts ROWS BETWEEN 2 PRECEDING AND CURRENT ROW)",
+    "INSERT INTO o_o SELECT a, MAX(d) OVER (PARTITION BY a ORDER BY ts
+       RANGE BETWEEN INTERVAL '1' MINUTE PRECEDING AND CURRENT ROW), s FROM t",
+    "INSERT INTO o_pk SELECT s, COUNT(*) FROM t GROUP BY a, s ON CONFLICT DO DEDUPLICATE",
+    "INSERT INTO o_j SELECT a, s, s FROM ur",
+];
+
+/// The uids of one query per node kind, as Weir gave them when they were
+/// recorded (`WEIR_RECORD_UIDS=1` rewrites the file): a change to how a
+/// kind writes its uid would leave its savepoints' state unclaimed.
+#[test]
+fn every_node_kind_keeps_its_recorded_uids() {
+    let f = fixture();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/uids_by_kind.txt");
+    let got: Vec<String> = KIND_QUERIES
+        .iter()
+        .map(|q| {
+            let uids = f.uids_of(q).unwrap_or_else(|e| panic!("{q}: {e}"));
+            uids.join(" ")
+        })
+        .collect();
+    let kinds: std::collections::BTreeSet<&str> = got
+        .iter()
+        .flat_map(|l| l.split(' '))
+        .filter_map(|u| u.rsplit_once('_').map(|(k, _)| k))
+        .collect();
+    for kind in [
+        "source",
+        "calc",
+        "window",
+        "group",
+        "join",
+        "union",
+        "rank",
+        "limit",
+        "temporal_sort",
+        "over_aggregate",
+        "session_window",
+        "upsert_materialize",
+        "changelog_normalize",
+        "sink",
+    ] {
+        assert!(kinds.contains(kind), "no query makes a {kind} node: {kinds:?}");
+    }
+    if std::env::var_os("WEIR_RECORD_UIDS").is_some() {
+        std::fs::write(&path, got.join("\n") + "\n").expect("record");
+    }
+    let recorded = std::fs::read_to_string(&path).expect("recorded uids");
+    let recorded: Vec<&str> = recorded.lines().collect();
+    assert_eq!(recorded.len(), KIND_QUERIES.len(), "one recorded line per query");
+    for ((q, got), want) in KIND_QUERIES.iter().zip(&got).zip(recorded) {
+        assert_eq!(got, want, "uids of {q}");
+    }
+}

@@ -15,6 +15,71 @@ impl Drop for Killed {
     }
 }
 
+/// What a check of [`eventually`] answers: not yet (`None`, or `Err` with
+/// what it saw, shown if the deadline passes) or the awaited value.
+pub trait Awaited<T> {
+    fn ready(self) -> Result<T, String>;
+}
+
+impl<T> Awaited<T> for Option<T> {
+    fn ready(self) -> Result<T, String> {
+        self.ok_or_else(String::new)
+    }
+}
+
+impl<T> Awaited<T> for Result<T, String> {
+    fn ready(self) -> Result<T, String> {
+        self
+    }
+}
+
+/// How often [`eventually`] looks again.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Polls `check` until it answers, failing the test with `what` (and what
+/// the check last saw) after `secs` seconds. Tests wait for an event with
+/// a deadline, never for a fixed time.
+pub async fn eventually<T, A: Awaited<T>>(what: &str, secs: u64, mut check: impl AsyncFnMut() -> A) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let last = match check().await.ready() {
+            Ok(v) => return v,
+            Err(last) => last,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}{}",
+            seen(&last)
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`eventually`] for a check that blocks (outside an async runtime).
+pub fn eventually_blocking<T, A: Awaited<T>>(what: &str, secs: u64, mut check: impl FnMut() -> A) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let last = match check().ready() {
+            Ok(v) => return v,
+            Err(last) => last,
+        };
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}{}",
+            seen(&last)
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+fn seen(last: &str) -> String {
+    if last.is_empty() {
+        String::new()
+    } else {
+        format!("; last seen:\n{last}")
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
