@@ -259,7 +259,7 @@ async fn processing_time_windows_fire_on_the_clock() {
             .await
             .expect("windows within 60 s")
             .expect("rows");
-        let received = weir_engine::state::keyed::processing_time_ms();
+        let received = weir_engine::clock::Clock::Wall.now_ms();
         let starts = b.column(0).as_primitive::<TimestampMillisecondType>();
         let ends = b.column(1).as_primitive::<TimestampMillisecondType>();
         let counts = b.column(2).as_primitive::<Int64Type>();

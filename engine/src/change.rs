@@ -228,6 +228,70 @@ impl ChangeBatch {
     }
 }
 
+/// Change batches written as text, for operator unit tests (RisingWave's
+/// `StreamChunk::from_pretty`): one row per line, an optional row kind
+/// first (`+I`, `-U`, `+U`, `-D`; none: an insert), then one token per
+/// column of `schema`, `.` for NULL. A token is read as the column's type
+/// by Arrow's cast from text; a timestamp column also takes a number of
+/// milliseconds.
+#[cfg(test)]
+pub fn from_pretty(schema: &arrow::datatypes::SchemaRef, text: &str) -> ChangeBatch {
+    use arrow::array::{Int64Array, StringArray};
+    use arrow::compute::{CastOptions, cast_with_options};
+    let mut kinds = vec![];
+    let mut columns: Vec<Vec<Option<&str>>> = vec![vec![]; schema.fields().len()];
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let mut tokens = line.split_whitespace().peekable();
+        let kind = tokens.peek().and_then(|t| RowKind::from_short(t));
+        if kind.is_some() {
+            tokens.next();
+        }
+        kinds.push(kind.unwrap_or(RowKind::Insert));
+        let tokens: Vec<&str> = tokens.collect();
+        assert_eq!(
+            tokens.len(),
+            columns.len(),
+            "row {line:?}: one token per column of {schema:?}"
+        );
+        for (c, t) in columns.iter_mut().zip(tokens) {
+            c.push((t != ".").then_some(t));
+        }
+    }
+    let strict = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let arrays = schema
+        .fields()
+        .iter()
+        .zip(&columns)
+        .map(|(f, values)| {
+            // A timestamp is given as epoch millis or as text: each value is
+            // cast on its own (a column cast reads every value one way).
+            let one = |v: &Option<&str>| -> ArrayRef {
+                match (f.data_type(), v.and_then(|t| t.parse::<i64>().ok())) {
+                    (DataType::Timestamp(..), Some(ms)) => Arc::new(Int64Array::from(vec![ms])),
+                    _ => Arc::new(StringArray::from(vec![*v])),
+                }
+            };
+            let cast: Vec<ArrayRef> = values
+                .iter()
+                .map(|v| {
+                    cast_with_options(&one(v), f.data_type(), &strict)
+                        .unwrap_or_else(|e| panic!("column {}: {v:?} as {}: {e}", f.name(), f.data_type()))
+                })
+                .collect();
+            let parts: Vec<&dyn Array> = cast.iter().map(|a| a.as_ref()).collect();
+            if parts.is_empty() {
+                return arrow::array::new_empty_array(f.data_type());
+            }
+            arrow::compute::concat(&parts).expect("one type")
+        })
+        .collect();
+    let rows = RecordBatch::try_new(schema.clone(), arrays).expect("rows match the schema");
+    ChangeBatch::new(rows, kinds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +303,47 @@ mod tests {
             vec![Arc::new(Int64Array::from(v.to_vec()))],
         )
         .expect("batch")
+    }
+
+    #[test]
+    fn pretty_rows_have_their_kinds_types_and_nulls() {
+        use arrow::array::{AsArray, StringArray, TimestampMillisecondArray};
+        use arrow::datatypes::{Int64Type, TimeUnit};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
+        ]));
+        let b = from_pretty(
+            &schema,
+            "
+            a 1 1000
+            -U b . 2000
+            +U . 3 1970-01-01T00:00:03
+            ",
+        );
+        use RowKind::*;
+        assert_eq!(
+            (0..3).map(|i| b.kind(i)).collect::<Vec<_>>(),
+            [Insert, UpdateBefore, UpdateAfter]
+        );
+        assert_eq!(
+            b.rows.column(0).as_string::<i32>(),
+            &StringArray::from(vec![Some("a"), Some("b"), None])
+        );
+        assert_eq!(
+            b.rows.column(1).as_primitive::<Int64Type>().iter().collect::<Vec<_>>(),
+            [Some(1), None, Some(3)]
+        );
+        let ts = b
+            .rows
+            .column(2)
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .expect("ms");
+        assert_eq!(ts.values().to_vec(), [1000, 2000, 3000]);
+        let all_inserts = from_pretty(&schema, "x 1 1");
+        assert!(all_inserts.is_insert_only());
     }
 
     #[test]

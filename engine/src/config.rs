@@ -379,6 +379,8 @@ pub struct JobConfig {
     pub paths: crate::paths::PathPolicy,
     /// `table.local-time-zone` when it is not UTC.
     pub local_time_zone: Option<crate::time_zone::SessionZone>,
+    /// Processing time (not an option: the wall clock, or a test's).
+    pub clock: crate::clock::Clock,
 }
 
 /// `table.local-time-zone`, read as Flink validates it (`None`: UTC).
@@ -526,6 +528,7 @@ impl JobConfig {
             },
             paths: crate::paths::PathPolicy::unrestricted(),
             local_time_zone,
+            clock: crate::clock::Clock::Wall,
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,
             parallelism,

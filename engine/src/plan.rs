@@ -10,6 +10,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use weir_catalog::TableDef;
 
+use crate::canonical::canonical_exprs;
 use crate::config::{JobConfig, StateBackendKind};
 use crate::connectors::{SinkFactory, SourceFactory};
 
@@ -124,10 +125,10 @@ pub enum NodeKind {
     Sink(SinkNode),
 }
 
-/// What a node's keyed state is partitioned by: the one place every
-/// node kind answers it (the match is exhaustive), read by the restore's
-/// key-type check and required by every operator that opens keyed state
-/// (`runtime::job::keyed_state` refuses a node that reports none).
+/// What a node's keyed state is partitioned by ([`PlanNode::state_keys`]),
+/// read by the restore's key-type check and required by every operator
+/// that opens keyed state (`BuildCtx::open_keyed` refuses a node that
+/// reports none).
 #[derive(Debug, Clone, Copy)]
 pub enum StateKeys<'a> {
     /// No keyed state (stateless, or operator state only).
@@ -137,27 +138,68 @@ pub enum StateKeys<'a> {
     Keyed(&'a [Arc<dyn PhysicalExpr>]),
 }
 
+/// What every plan node answers, each kind beside its operator (the
+/// operator's file holds its node's description, EXPLAIN state line, uid
+/// text and state keys, next to the `build` that makes the operator), so
+/// adding an operator touches its own file and one arm of
+/// [`NodeKind::spec`].
+pub trait PlanNode {
+    /// The node's one-line EXPLAIN description.
+    fn describe(&self) -> String;
+    /// What the node keeps in state, for EXPLAIN (after `state: <backend>, `);
+    /// `None` for a stateless node.
+    fn explain_state(&self) -> Option<String> {
+        None
+    }
+    /// The node's kind and defining text for its uid ([`crate::uid`]), in
+    /// [`crate::canonical`] form: changing this text changes the uid, so a
+    /// savepoint no longer restores into the node.
+    fn uid_body(&self, node: &StreamNode) -> (&'static str, String);
+    /// What the node's keyed state is partitioned by.
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::None
+    }
+}
+
+/// `UNION ALL`'s plan node: it has no fields of its own.
+pub struct UnionNode;
+
+impl PlanNode for UnionNode {
+    fn describe(&self) -> String {
+        "Union All".to_string()
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        ("union", String::new())
+    }
+}
+
 impl NodeKind {
-    pub fn state_keys(&self) -> StateKeys<'_> {
+    /// The node's answers to [`PlanNode`]: the one match over kinds.
+    pub fn spec(&self) -> &dyn PlanNode {
         match self {
-            NodeKind::Source(_) | NodeKind::Calc(_) | NodeKind::Union | NodeKind::Sink(_) => StateKeys::None,
-            // A LIMIT's count is operator state, not keyed.
-            NodeKind::Limit(_) => StateKeys::None,
-            NodeKind::WindowAggregate(w) => StateKeys::Keyed(&w.keys),
-            NodeKind::GroupAggregate(g) => StateKeys::Keyed(&g.keys),
-            // Every join (regular, interval, window, temporal) keeps both
-            // sides under the equi-join keys; the left side's stand for
-            // both (the planner coerces them to one type).
-            NodeKind::Join(j) => StateKeys::Keyed(&j.left_keys),
-            // Top-N, deduplication, window Top-N/deduplication.
-            NodeKind::Rank(r) => StateKeys::Keyed(&r.partition),
-            NodeKind::UpsertMaterialize(m) => StateKeys::Keyed(&m.key),
-            NodeKind::ChangelogNormalize(c) => StateKeys::Keyed(&c.key),
-            // Rows wait for the watermark under one key.
-            NodeKind::TemporalSort(_) => StateKeys::Keyed(&[]),
-            NodeKind::SessionWindow(w) => StateKeys::Keyed(&w.partition),
-            NodeKind::OverAggregate(o) => StateKeys::Keyed(&o.partition),
+            NodeKind::Source(n) => n,
+            NodeKind::Calc(n) => n,
+            NodeKind::WindowAggregate(n) => n,
+            NodeKind::GroupAggregate(n) => n,
+            NodeKind::Join(n) => n,
+            NodeKind::Union => &UnionNode,
+            NodeKind::Rank(n) => n,
+            NodeKind::Limit(n) => n,
+            NodeKind::UpsertMaterialize(n) => n,
+            NodeKind::ChangelogNormalize(n) => n,
+            NodeKind::TemporalSort(n) => n,
+            NodeKind::SessionWindow(n) => n,
+            NodeKind::OverAggregate(n) => n,
+            NodeKind::Sink(n) => n,
         }
+    }
+
+    /// What the node's keyed state is partitioned by, read by the
+    /// restore's key-type check and required by every operator that opens
+    /// keyed state (`BuildCtx::open_keyed` refuses a node that reports none).
+    pub fn state_keys(&self) -> StateKeys<'_> {
+        self.spec().state_keys()
     }
 }
 
@@ -270,20 +312,6 @@ pub struct SourceNode {
 pub struct CalcNode {
     pub filter: Option<Arc<dyn PhysicalExpr>>,
     pub projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
-}
-
-impl CalcNode {
-    pub fn describe(&self) -> String {
-        let mut parts = vec![];
-        if let Some(f) = &self.filter {
-            parts.push(format!("filter {f}"));
-        }
-        if let Some(p) = &self.projection {
-            let cols: Vec<String> = p.iter().map(|e| e.to_string()).collect();
-            parts.push(format!("project [{}]", cols.join(", ")));
-        }
-        format!("Calc: {}", parts.join(", "))
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -874,129 +902,30 @@ impl StreamGraph {
                 node.parallelism,
                 chained
             );
-            match &node.kind {
-                NodeKind::Source(src) => {
-                    if let Some(w) = &src.watermark {
-                        let idle = w
-                            .idle_timeout
-                            .map(|d| format!(", idle after {} ms", d.as_millis()))
-                            .unwrap_or_default();
+            if let NodeKind::Source(src) = &node.kind {
+                if let Some(w) = &src.watermark {
+                    let idle = w
+                        .idle_timeout
+                        .map(|d| format!(", idle after {} ms", d.as_millis()))
+                        .unwrap_or_default();
+                    let _ = writeln!(
+                        s,
+                        "      watermark: {} AS {} per split; reader = min over active splits{}",
+                        w.column, w.sql, idle
+                    );
+                    if let Some(a) = &w.alignment {
                         let _ = writeln!(
                             s,
-                            "      watermark: {} AS {} per split; reader = min over active splits{}",
-                            w.column, w.sql, idle
-                        );
-                        if let Some(a) = &w.alignment {
-                            let _ = writeln!(
-                                s,
-                                "      alignment group '{}': max drift {} ms, update interval {} ms, buffer {} samples",
-                                a.group, a.max_drift_ms, a.update_interval_ms, config.alignment_buffer_size
-                            );
-                        }
-                    } else {
-                        let _ = writeln!(s, "      watermark: none (no WATERMARK clause)");
-                    }
-                }
-                NodeKind::WindowAggregate(w) if w.window.kind == WindowKind::Session => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each key's open sessions (bounds, accumulators) by key group|key; a timer per session at its end - 1, when it fires and is freed"
-                    );
-                }
-                NodeKind::WindowAggregate(w) if w.proctime => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, accumulators by key group|key|window end; rows take the operator's clock, windows fire when the clock passes their end"
-                    );
-                }
-                NodeKind::WindowAggregate(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
-                    );
-                }
-                NodeKind::OverAggregate(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, rows by key group|partition key|time while a later row's frame can hold them; per key the last time emitted (and unbounded frames' accumulators); a timer per key and time"
-                    );
-                }
-                NodeKind::SessionWindow(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each partition's open sessions (bounds, rows) by key group|partition key; a timer per session at its end - 1, when its rows are emitted and freed"
-                    );
-                }
-                NodeKind::Join(j) if j.temporal.is_some() => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, left rows by key group|join key|time until the watermark passes them; the right side's versions by key group|join key|version time, those before the latest one the watermark passed freed; a timer per left time and version"
-                    );
-                }
-                NodeKind::Join(j) if j.window.is_some() => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each side's rows by key group|join key (with the window bounds); a timer per key at window_end - 1, when the window's rows are joined, emitted and freed"
-                    );
-                }
-                NodeKind::Join(j) if j.interval.is_some() => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each side's rows by key group|join key|row time|row → (count, matched), cleanup timers by row time; a row is freed (an outer side's unmatched one emitted padded) when the watermark passes the last time the other side can match it"
-                    );
-                }
-                NodeKind::Join(j) => {
-                    if j.unique_keys == [None, None] {
-                        let _ = writeln!(
-                            s,
-                            "      state: {backend}, each side's rows by key group|join key|row → (count, matches of an outer side)"
-                        );
-                    } else {
-                        let _ = writeln!(
-                            s,
-                            "      state: {backend}, left rows by {}; right rows by {}",
-                            j.state_layout(0),
-                            j.state_layout(1)
+                            "      alignment group '{}': max drift {} ms, update interval {} ms, buffer {} samples",
+                            a.group, a.max_drift_ms, a.update_interval_ms, config.alignment_buffer_size
                         );
                     }
+                } else {
+                    let _ = writeln!(s, "      watermark: none (no WATERMARK clause)");
                 }
-                NodeKind::Rank(RankNode {
-                    strategy: RankStrategy::Window { .. },
-                    ..
-                }) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, each window partition's top rows by key group|partition key (with the window bounds); a timer per partition at window_end - 1, when they are emitted and freed"
-                    );
-                }
-                NodeKind::Rank(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, the partition's ranked rows by key group|partition key (the top N for insert-only input, every row for updating input)"
-                    );
-                }
-                NodeKind::GroupAggregate(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, accumulators and row count by key group|key; MIN/MAX/DISTINCT value counts by key group|key|aggregate|value"
-                    );
-                }
-                NodeKind::TemporalSort(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, rows by time until the watermark passes it (one key; a timer per time)"
-                    );
-                }
-                NodeKind::UpsertMaterialize(_) => {
-                    let _ = writeln!(
-                        s,
-                        "      state: {backend}, the live rows of each sink key by key group|sink key, in arrival order"
-                    );
-                }
-                NodeKind::ChangelogNormalize(_) => {
-                    let _ = writeln!(s, "      state: {backend}, the last row of each key by key group|key");
-                }
-                _ => {}
+            }
+            if let Some(state) = node.kind.spec().explain_state() {
+                let _ = writeln!(s, "      state: {backend}, {state}");
             }
             {
                 let key = match &node.changelog.upsert_key {
@@ -1030,239 +959,75 @@ impl StreamGraph {
 
 impl StreamNode {
     pub fn describe(&self) -> String {
-        match &self.kind {
-            NodeKind::Source(src) => format!(
-                "Source: {} (connector '{}'{})",
-                src.table.name,
-                src.factory.name(),
-                if src.factory.is_bounded() {
-                    ", bounded"
-                } else {
-                    ", unbounded"
-                }
-            ),
-            NodeKind::Calc(c) => c.describe(),
-            NodeKind::OverAggregate(o) => {
-                let keys: Vec<String> = o.partition.iter().map(|k| k.to_string()).collect();
-                let aggs: Vec<String> = o
-                    .outputs
-                    .iter()
-                    .map(|out| match out {
-                        OverOutput::Aggregate(a) => o.aggregates[*a].name().to_string(),
-                        OverOutput::Lag(l) => format!("LAG({}, {})", o.lags[*l].arg, o.lags[*l].offset),
-                    })
-                    .collect();
-                let frame = match o.frame {
-                    OverFrame::Rows(Some(n)) => format!("ROWS {n} PRECEDING"),
-                    OverFrame::Rows(None) => "ROWS UNBOUNDED PRECEDING".to_string(),
-                    OverFrame::Range(Some(ms)) => format!("RANGE {ms} ms PRECEDING"),
-                    OverFrame::Range(None) => "RANGE UNBOUNDED PRECEDING".to_string(),
-                };
-                format!(
-                    "OverAggregate: partition [{}] order by #{} {frame} aggregates [{}]",
-                    keys.join(", "),
-                    o.time_column,
-                    aggs.join(", ")
-                )
+        self.kind.spec().describe()
+    }
+}
+
+impl PlanNode for SourceNode {
+    fn describe(&self) -> String {
+        format!(
+            "Source: {} (connector '{}'{})",
+            self.table.name,
+            self.factory.name(),
+            if self.factory.is_bounded() {
+                ", bounded"
+            } else {
+                ", unbounded"
             }
-            NodeKind::SessionWindow(w) => {
-                let keys: Vec<String> = w.partition.iter().map(|k| k.to_string()).collect();
-                format!(
-                    "SessionWindow: {} partition [{}]{}",
-                    WindowSpec {
-                        kind: WindowKind::Session,
-                        size: w.gap,
-                        slide: w.gap,
-                        offset: 0
-                    },
-                    keys.join(", "),
-                    w.zone
-                        .as_ref()
-                        .map(|z| format!(" in time zone {}", z.id))
-                        .unwrap_or_default()
-                )
+        )
+    }
+
+    fn uid_body(&self, n: &StreamNode) -> (&'static str, String) {
+        (
+            "source",
+            format!("table={};connector={}", self.table.name, self.factory.name()) + &source_extras(self, n),
+        )
+    }
+}
+
+/// What a source adds to its table and connector, each only where it
+/// departs from the plain case (so the uids of plain reads stay): the
+/// columns it reads when not all of them (projection pushdown), its
+/// computed columns, and its changelog when not insert-only (a format
+/// such as `debezium-json` changes how downstream state is kept).
+fn source_extras(s: &SourceNode, n: &StreamNode) -> String {
+    let mut out = String::new();
+    let all: Vec<&str> = s.table.columns.iter().map(|c| c.name.as_str()).collect();
+    let read: Vec<&str> = n.schema.fields().iter().map(|f| f.name().as_str()).collect();
+    if read != all {
+        out.push_str(&format!(";columns={}", read.join(",")));
+    }
+    if let Some(c) = &s.computed {
+        out.push_str(&format!(";computed={}", canonical_exprs(c)));
+    }
+    if !n.changelog.is_insert_only() {
+        out.push_str(&format!(
+            ";changelog={}{}{}",
+            if n.changelog.updates { "U" } else { "" },
+            if n.changelog.deletes { "D" } else { "" },
+            if n.changelog.no_update_before {
+                "-no-update-before"
+            } else {
+                ""
             }
-            NodeKind::WindowAggregate(w) => {
-                let keys: Vec<String> = w.keys.iter().map(|k| k.to_string()).collect();
-                let aggs: Vec<String> = w.aggregates.iter().map(|a| a.name().to_string()).collect();
-                format!(
-                    "WindowAggregate: {}{}{} keys [{}] aggregates [{}]",
-                    w.window,
-                    if w.proctime {
-                        " on processing time"
-                    } else if w.attached {
-                        " of the input's windows"
-                    } else {
-                        ""
-                    },
-                    w.zone
-                        .as_ref()
-                        .map(|z| format!(" in time zone {}", z.id))
-                        .unwrap_or_default(),
-                    keys.join(", "),
-                    aggs.join(", ")
-                )
-            }
-            NodeKind::GroupAggregate(g) => {
-                let keys: Vec<String> = g.keys.iter().map(|k| k.to_string()).collect();
-                let aggs: Vec<String> = g.aggregates.iter().map(|a| a.to_string()).collect();
-                let ttl = g
-                    .state_ttl
-                    .map(|t| format!(" stateTtl={}", humantime_ms(t)))
-                    .unwrap_or_default();
-                format!(
-                    "GroupAggregate: keys [{}] aggregates [{}]{ttl}",
-                    keys.join(", "),
-                    aggs.join(", ")
-                )
-            }
-            NodeKind::Join(j) => {
-                let on: Vec<String> = j
-                    .left_keys
-                    .iter()
-                    .zip(&j.right_keys)
-                    .map(|(l, r)| format!("{l} = {r}"))
-                    .collect();
-                let filter = j.filter.as_ref().map(|f| format!(" AND {f}")).unwrap_or_default();
-                let ttl = match j.state_ttl {
-                    [None, None] => String::new(),
-                    [l, r] => {
-                        let show = |t: Option<std::time::Duration>| t.map_or("default".to_string(), humantime_ms);
-                        format!(" stateTtl=[left {}, right {}]", show(l), show(r))
-                    }
-                };
-                match &j.interval {
-                    Some(b) => {
-                        let (lt, rt) = (
-                            j.left_schema
-                                .fields()
-                                .get(b.left_time)
-                                .map_or("?", |f| f.name().as_str()),
-                            j.right_schema
-                                .fields()
-                                .get(b.right_time)
-                                .map_or("?", |f| f.name().as_str()),
-                        );
-                        format!(
-                            "IntervalJoin: {} ON {} AND left.{lt} BETWEEN right.{rt} + {} ms AND right.{rt} + {} ms{filter}{}",
-                            j.join_type.sql(),
-                            on.join(" AND "),
-                            b.lower,
-                            b.upper,
-                            if b.proctime { " (processing time)" } else { "" }
-                        )
-                    }
-                    None if j.window.is_some() => {
-                        let zone = j
-                            .zone
-                            .as_ref()
-                            .map(|z| format!(" in time zone {}", z.id))
-                            .unwrap_or_default();
-                        format!(
-                            "WindowJoin: {} ON {}{filter}{zone}",
-                            j.join_type.sql(),
-                            on.join(" AND ")
-                        )
-                    }
-                    None if let Some([lt, rt]) = j.temporal => {
-                        let name =
-                            |s: &SchemaRef, i: usize| s.fields().get(i).map_or("?".to_string(), |f| f.name().clone());
-                        format!(
-                            "TemporalJoin: {} FOR SYSTEM_TIME AS OF left.{} (versions by right.{}) ON {}{filter}",
-                            j.join_type.sql(),
-                            name(&j.left_schema, lt),
-                            name(&j.right_schema, rt),
-                            on.join(" AND ")
-                        )
-                    }
-                    None => format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND ")),
-                }
-            }
-            NodeKind::Union => "Union All".to_string(),
-            NodeKind::Rank(r) => {
-                let part: Vec<String> = r.partition.iter().map(|k| k.to_string()).collect();
-                let order: Vec<String> = r
-                    .order
-                    .iter()
-                    .map(|k| {
-                        format!(
-                            "{} {} NULLS {}",
-                            k.expr,
-                            if k.asc { "ASC" } else { "DESC" },
-                            if k.nulls_first { "FIRST" } else { "LAST" }
-                        )
-                    })
-                    .collect();
-                let what = match r.strategy {
-                    RankStrategy::TopN => format!(
-                        "Rank: ROW_NUMBER <= {}{}{}",
-                        r.limit,
-                        if r.with_rank { "" } else { " (rank not output)" },
-                        r.update_key.as_ref().map_or(String::new(), |k| format!(
-                            " update-fast by [{}]",
-                            k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
-                        ))
-                    ),
-                    RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
-                    RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),
-                    RankStrategy::KeepLastProctime => "Deduplicate: keep last row (proctime)".to_string(),
-                    RankStrategy::KeepFirstProctime => "Deduplicate: keep first row (proctime)".to_string(),
-                    RankStrategy::Window {
-                        later_ties_first: true, ..
-                    } => "WindowDeduplicate: keep last row (rowtime)".to_string(),
-                    RankStrategy::Window { .. } => format!(
-                        "WindowRank: ROW_NUMBER <= {}{}{}",
-                        r.limit,
-                        if r.with_rank { "" } else { " (rank not output)" },
-                        r.zone
-                            .as_ref()
-                            .map(|z| format!(" in time zone {}", z.id))
-                            .unwrap_or_default()
-                    ),
-                };
-                format!(
-                    "{what} PARTITION BY [{}] ORDER BY [{}]",
-                    part.join(", "),
-                    order.join(", ")
-                )
-            }
-            NodeKind::Limit(l) => format!("Limit: fetch {} skip {}", l.fetch, l.skip),
-            NodeKind::TemporalSort(t) => format!(
-                "TemporalSort: ${} ASC{}",
-                t.time_column,
-                t.order
-                    .iter()
-                    .map(|k| format!(
-                        ", {} {} NULLS {}",
-                        k.expr,
-                        if k.asc { "ASC" } else { "DESC" },
-                        if k.nulls_first { "FIRST" } else { "LAST" }
-                    ))
-                    .collect::<String>()
-            ),
-            NodeKind::UpsertMaterialize(m) => format!(
-                "UpsertMaterialize: by [{}] ({})",
-                m.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "),
-                match &m.upsert_key {
-                    Some(k) => format!(
-                        "entries by upsert key [{}]",
-                        k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
-                    ),
-                    None => "entries by whole row".into(),
-                }
-            ),
-            NodeKind::ChangelogNormalize(c) => format!(
-                "ChangelogNormalize: by [{}]",
-                c.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
-            ),
-            NodeKind::Sink(k) => format!("Sink: {} (connector '{}')", k.name, k.factory.name()),
-        }
+        ));
+    }
+    out
+}
+
+impl PlanNode for SinkNode {
+    fn describe(&self) -> String {
+        format!("Sink: {} (connector '{}')", self.name, self.factory.name())
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        ("sink", format!("table={};connector={}", self.name, self.factory.name()))
     }
 }
 
 /// A TTL as EXPLAIN shows it, in the largest unit that divides it:
 /// `1 d`, `12 h`, `90 s`, `1500 ms`.
-fn humantime_ms(t: std::time::Duration) -> String {
+pub fn humantime_ms(t: std::time::Duration) -> String {
     let ms = t.as_millis();
     for (unit, name) in [(86_400_000, "d"), (3_600_000, "h"), (60_000, "min"), (1000, "s")] {
         if ms >= unit && ms.is_multiple_of(unit) {

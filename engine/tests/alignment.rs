@@ -165,7 +165,7 @@ fn reader_with_capacity(
         rowtime_index: Some(1),
         emit: EmitStrategy::OnPeriodic,
         interval: Duration::from_millis(200),
-        chain: Chain::new(vec![], vec![], vec![], 0),
+        chain: Chain::new(vec![], vec![], vec![], 0, Default::default()),
         output: Output::channels(vec![tx], Partitioner::Forward),
         stop: stop.clone(),
         metrics: Arc::new(NodeMetrics::new(format!("source {node}"))),

@@ -9,6 +9,9 @@
 //! - [`rewrite`]: AST rewrites before planning: window TVFs and legacy
 //!   group windows into one internal form, views inlined, function names
 //!   case-folded (Flink's functions are case-insensitive, identifiers not).
+//! - [`dialect`]: the SQL dialect and the catalog's names for parsed objects.
+//! - [`hints`]: query hints (`STATE_TTL`).
+//! - [`refusals`]: what Weir refuses, each with Flink 2.3's answer.
 //! - [`types`]: Flink SQL types ↔ Arrow types.
 //! - [`ddl`]: `CREATE TABLE` → catalog [`weir_catalog::TableDef`].
 //! - [`planner`]: DataFusion logical plans → [`weir_engine::plan::StreamGraph`].
@@ -20,6 +23,13 @@
 //! - [`flink_clock`]: the clock functions (per batch) and `RAND` as Java's `Random`.
 //! - [`flink_collect`]: `COLLECT`, a group's values as a MULTISET.
 //! - [`flink_arrays`]: the `ARRAY_*` functions with Flink's NULL rules and orders.
+//! - [`flink_collections`]: `ELEMENT` and `ARRAY_CONTAINS` as Flink answers them.
+//! - [`flink_json`]: the `JSON_*` functions with Flink's defaults.
+//! - [`flink_math`]: `SIGN` and `TRUNCATE` typed as their argument.
+//! - [`flink_moments`]: `VAR_*` and `STDDEV_*`.
+//! - [`flink_printf`]: `PRINTF` as `java.util.Formatter` writes it.
+//! - [`flink_time`]: `TIMESTAMPADD`, `TIMESTAMPDIFF`, `FLOOR`/`CEIL` to a unit.
+//! - [`flink_zone`]: a `table.local-time-zone` other than UTC.
 //! - [`flink_maps`]: `MAP[...]` and `STR_TO_MAP` as Flink builds maps.
 //! - [`flink_decimal`]: DECIMAL `+ - * /` with Flink's result types and HALF_UP rounding.
 //! - [`flink_literals`]: integer literals are `INT` when they fit, as in Flink.

@@ -307,7 +307,7 @@ impl Planner {
         let catalog = hinted.as_ref().unwrap_or(catalog);
         crate::functions::check_calls(&query)?;
         crate::functions::flink_calls(&mut query)?;
-        let provider = self.provider(&catalog);
+        let provider = self.provider(catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
         let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
         // `1` is an INT, as in Flink (before coercion widens it).

@@ -27,8 +27,8 @@ impl SinkFactory for BlackholeSink {
         _subtask: usize,
         _parallelism: usize,
         _ctx: &super::SinkContext,
-    ) -> Result<Box<dyn Operator>> {
-        Ok(Box::new(BlackholeWriter))
+    ) -> Result<super::SinkWriter> {
+        Ok(super::SinkWriter::Direct(Box::new(BlackholeWriter)))
     }
 }
 

@@ -234,6 +234,7 @@ mod tests {
             exactly_once,
             checkpoint_interval: None,
             checkpoint_timeout: None,
+            clock: Default::default(),
         }
     }
 

@@ -21,6 +21,7 @@ pub mod filesystem;
 pub mod kafka;
 pub mod nexmark;
 pub mod print;
+pub mod sink_writer;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -30,7 +31,6 @@ use arrow::record_batch::RecordBatch;
 use weir_catalog::{OptionKind, OptionSpec, Options, TableDef};
 
 use crate::error::{ConnectorError, Result};
-use crate::operators::Operator;
 
 /// Rows per batch a source produces when it can go as fast as it likes.
 pub const DEFAULT_BATCH_ROWS: usize = 8192;
@@ -183,13 +183,17 @@ pub struct SinkContext {
     /// may take (a transaction must outlive both).
     pub checkpoint_interval: Option<std::time::Duration>,
     pub checkpoint_timeout: Option<std::time::Duration>,
+    /// The job's processing-time clock (a partition's commit time).
+    pub clock: crate::clock::Clock,
 }
 
 pub trait SinkFactory: Debug + Send + Sync {
     fn name(&self) -> &str;
 
-    /// The writer of one sink subtask (the last operator of its chain).
-    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>>;
+    /// The writer of one sink subtask (the last operator of its chain):
+    /// a committing writer exactly when [`SinkFactory::committer`] gives a
+    /// committer (the runtime checks, [`sink_writer::writer_operator`]).
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<SinkWriter>;
 
     /// Whether the sink takes updates and deletes (`-U`, `+U`, `-D`), not
     /// only inserts (Flink's `getChangelogMode`).
@@ -226,6 +230,7 @@ pub trait SinkFactory: Debug + Send + Sync {
 }
 
 pub use crate::checkpoint::commit::Committer;
+pub use sink_writer::{CommittingWriter, SinkWriter};
 
 /// Table options every connector accepts.
 /// Flink's `sink.parallelism`, of the sinks that have it (kafka,

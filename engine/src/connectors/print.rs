@@ -48,7 +48,7 @@ impl SinkFactory for PrintSink {
         subtask: usize,
         parallelism: usize,
         _ctx: &super::SinkContext,
-    ) -> Result<Box<dyn Operator>> {
+    ) -> Result<super::SinkWriter> {
         let mut prefix = String::new();
         if let Some(id) = &self.identifier {
             prefix.push_str(id);
@@ -59,10 +59,10 @@ impl SinkFactory for PrintSink {
         } else if self.identifier.is_some() {
             prefix.push(' ');
         }
-        Ok(Box::new(PrintWriter {
+        Ok(super::SinkWriter::Direct(Box::new(PrintWriter {
             prefix,
             stderr: self.stderr,
-        }))
+        })))
     }
 }
 

@@ -11,9 +11,12 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
 
 use super::{Collector, Operator};
+use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::ChangeBatch;
 use crate::error::{ExecError, Result};
+use crate::operators::build::BuildCtx;
 use crate::plan::CalcNode;
+use crate::plan::{PlanNode, StreamNode};
 
 pub struct CalcOperator {
     name: String,
@@ -23,6 +26,40 @@ pub struct CalcOperator {
     /// The watermark this subtask has received, when an expression reads
     /// it (`CURRENT_WATERMARK`).
     watermark: Option<Arc<AtomicI64>>,
+}
+
+impl PlanNode for CalcNode {
+    fn describe(&self) -> String {
+        let mut parts = vec![];
+        if let Some(f) = &self.filter {
+            parts.push(format!("filter {f}"));
+        }
+        if let Some(p) = &self.projection {
+            let cols: Vec<String> = p.iter().map(|e| e.to_string()).collect();
+            parts.push(format!("project [{}]", cols.join(", ")));
+        }
+        format!("Calc: {}", parts.join(", "))
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "calc",
+            format!(
+                "filter={};project={}",
+                self.filter.as_ref().map(canonical_expr).unwrap_or_default(),
+                self.projection.as_deref().map(canonical_exprs).unwrap_or_default()
+            ),
+        )
+    }
+}
+
+/// The operator of a projection/filter's subtask.
+pub fn build(node: &CalcNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(CalcOperator::new(
+        node,
+        ctx.input_schema()?.as_ref(),
+        ctx.schema(),
+    )?))
 }
 
 impl CalcOperator {
@@ -146,5 +183,64 @@ impl Operator for CalcOperator {
         };
         out.emit(batch);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::testing::feed_pretty;
+    use arrow::datatypes::{DataType, Field};
+    use datafusion::logical_expr::Operator as BinOp;
+    use datafusion::physical_expr::expressions::{binary, col, lit};
+
+    fn input() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    }
+
+    /// `SELECT v * 10, k WHERE v > 1`.
+    fn calc() -> CalcOperator {
+        let s = input();
+        let c = |name: &str| col(name, &s).expect("a column of the input");
+        let node = CalcNode {
+            filter: Some(binary(c("v"), BinOp::Gt, lit(1i64), &s).expect("v > 1")),
+            projection: Some(vec![
+                binary(c("v"), BinOp::Multiply, lit(10i64), &s).expect("v * 10"),
+                c("k"),
+            ]),
+        };
+        let out = Arc::new(Schema::new(vec![
+            Field::new("v10", DataType::Int64, true),
+            Field::new("k", DataType::Utf8, true),
+        ]));
+        CalcOperator::new(&node, &s, out).expect("calc")
+    }
+
+    #[test]
+    fn filters_and_projects_rows_keeping_their_kinds() {
+        let mut c = calc();
+        let out = feed_pretty(
+            &mut c,
+            0,
+            &input(),
+            "
+            a 1
+            -U b 2
+            +U b 3
+            -D . 4
+            c .
+            ",
+        );
+        // A NULL condition drops its row, as a false one.
+        assert_eq!(out, ["-U[20, b]", "+U[30, b]", "-D[40, null]"]);
+    }
+
+    #[test]
+    fn a_batch_of_no_passing_rows_emits_nothing() {
+        let mut c = calc();
+        assert!(feed_pretty(&mut c, 0, &input(), "a 0\nb 1").is_empty());
     }
 }

@@ -22,11 +22,14 @@ use std::sync::Arc;
 
 use datafusion::physical_expr::PhysicalExpr;
 
+use crate::canonical::canonical_exprs;
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
 use crate::keygroup::KeyEncoder;
+use crate::operators::build::BuildCtx;
 use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
+use crate::plan::{ChangelogNormalizeNode, PlanNode, StateKeys, StreamNode};
 use crate::state::codec::RowCodec;
 use crate::state::{KeyedState, StateDecl, StateKind};
 use arrow::datatypes::SchemaRef;
@@ -54,6 +57,39 @@ struct Slot {
     row: Option<Vec<u8>>,
     stored_len: Option<usize>,
     changed: bool,
+}
+
+impl PlanNode for ChangelogNormalizeNode {
+    fn describe(&self) -> String {
+        format!(
+            "ChangelogNormalize: by [{}]",
+            self.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some("the last row of each key by key group|key".into())
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        ("changelog_normalize", format!("key={}", canonical_exprs(&self.key)))
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.key)
+    }
+}
+
+/// The operator of a changelog normalizer's subtask.
+pub fn build(node: &crate::plan::ChangelogNormalizeNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(ChangelogNormalizeOperator::new(
+        &node.key,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl ChangelogNormalizeOperator {

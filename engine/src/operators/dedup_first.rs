@@ -34,6 +34,7 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::state::codec::RowCodec;
@@ -93,6 +94,27 @@ struct Slot {
     stored: Option<Timestamp>,
     /// The stored value's size (state size accounting).
     stored_len: usize,
+}
+
+/// The operator of a keep-first rowtime deduplication's subtask: its time
+/// column is the first ORDER BY key.
+pub fn build(node: &crate::plan::RankNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    let time_column = node
+        .order
+        .first()
+        .and_then(|k| k.expr.downcast_ref::<datafusion::physical_expr::expressions::Column>())
+        .map(|c| c.index())
+        .ok_or_else(|| ExecError::internal("a keep-first deduplication without its time column"))?;
+    Ok(Box::new(DedupFirstOperator::new(
+        &node.partition,
+        time_column,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl DedupFirstOperator {

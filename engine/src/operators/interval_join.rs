@@ -40,6 +40,7 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::join::{condition_holds, entry_of, pairs};
 use crate::operators::{Collector, Operator};
@@ -151,6 +152,19 @@ fn ns_time(side: usize, ns: &[u8]) -> Result<i64> {
     Ok(decode_time(t))
 }
 
+/// The operator of an interval join's subtask.
+pub fn build(node: &JoinNode, bounds: &IntervalBounds, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(IntervalJoinOperator::new(
+        node,
+        bounds,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
+}
+
 impl IntervalJoinOperator {
     pub fn new(
         node: &JoinNode,
@@ -215,7 +229,7 @@ impl IntervalJoinOperator {
     /// processing time, the clock now (never behind what expired).
     fn row_times(&self, side: usize, rows: &RecordBatch) -> Result<Int64Array> {
         if self.proctime {
-            let now = crate::state::keyed::processing_time_ms().max(self.watermark.saturating_add(1));
+            let now = self.state.clock().now_ms().max(self.watermark.saturating_add(1));
             return Ok(Int64Array::from(vec![now; rows.num_rows()]));
         }
         times_ms(rows.column(self.times[side]), "interval join")

@@ -52,13 +52,16 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
 
+use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, key_group};
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
+use crate::plan::{PlanNode, StateKeys, StreamNode, humantime_ms};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
@@ -209,6 +212,142 @@ struct Mine {
     stored: usize,
     /// The batch row that last added it (the row to store by unique key).
     row: Option<usize>,
+}
+
+impl PlanNode for JoinNode {
+    fn describe(&self) -> String {
+        let j = self;
+        let on: Vec<String> = j
+            .left_keys
+            .iter()
+            .zip(&j.right_keys)
+            .map(|(l, r)| format!("{l} = {r}"))
+            .collect();
+        let filter = j.filter.as_ref().map(|f| format!(" AND {f}")).unwrap_or_default();
+        let ttl = match j.state_ttl {
+            [None, None] => String::new(),
+            [l, r] => {
+                let show = |t: Option<std::time::Duration>| t.map_or("default".to_string(), humantime_ms);
+                format!(" stateTtl=[left {}, right {}]", show(l), show(r))
+            }
+        };
+        match &j.interval {
+            Some(b) => {
+                let (lt, rt) = (
+                    j.left_schema
+                        .fields()
+                        .get(b.left_time)
+                        .map_or("?", |f| f.name().as_str()),
+                    j.right_schema
+                        .fields()
+                        .get(b.right_time)
+                        .map_or("?", |f| f.name().as_str()),
+                );
+                format!(
+                    "IntervalJoin: {} ON {} AND left.{lt} BETWEEN right.{rt} + {} ms AND right.{rt} + {} ms{filter}{}",
+                    j.join_type.sql(),
+                    on.join(" AND "),
+                    b.lower,
+                    b.upper,
+                    if b.proctime { " (processing time)" } else { "" }
+                )
+            }
+            None if j.window.is_some() => {
+                let zone = j
+                    .zone
+                    .as_ref()
+                    .map(|z| format!(" in time zone {}", z.id))
+                    .unwrap_or_default();
+                format!(
+                    "WindowJoin: {} ON {}{filter}{zone}",
+                    j.join_type.sql(),
+                    on.join(" AND ")
+                )
+            }
+            None if let Some([lt, rt]) = j.temporal => {
+                let name = |s: &SchemaRef, i: usize| s.fields().get(i).map_or("?".to_string(), |f| f.name().clone());
+                format!(
+                    "TemporalJoin: {} FOR SYSTEM_TIME AS OF left.{} (versions by right.{}) ON {}{filter}",
+                    j.join_type.sql(),
+                    name(&j.left_schema, lt),
+                    name(&j.right_schema, rt),
+                    on.join(" AND ")
+                )
+            }
+            None => format!("Join: {} ON {}{filter}{ttl}", j.join_type.sql(), on.join(" AND ")),
+        }
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(if self.temporal.is_some() {
+            "left rows by key group|join key|time until the watermark passes them; the right side's versions by key group|join key|version time, those before the latest one the watermark passed freed; a timer per left time and version".into()
+        } else if self.window.is_some() {
+            "each side's rows by key group|join key (with the window bounds); a timer per key at window_end - 1, when the window's rows are joined, emitted and freed".into()
+        } else if self.interval.is_some() {
+            "each side's rows by key group|join key|row time|row → (count, matched), cleanup timers by row time; a row is freed (an outer side's unmatched one emitted padded) when the watermark passes the last time the other side can match it".into()
+        } else if self.unique_keys == [None, None] {
+            "each side's rows by key group|join key|row → (count, matches of an outer side)".into()
+        } else {
+            format!(
+                "left rows by {}; right rows by {}",
+                self.state_layout(0),
+                self.state_layout(1)
+            )
+        })
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        let j = self;
+        (
+            "join",
+            format!(
+                "{:?};left={};right={};filter={}{}",
+                j.join_type,
+                canonical_exprs(&j.left_keys),
+                canonical_exprs(&j.right_keys),
+                j.filter.as_ref().map(canonical_expr).unwrap_or_default(),
+                // The state layout: rows by unique key are not a
+                // multiset's entries (absent, the uid of before).
+                if j.unique_keys == [None, None] {
+                    String::new()
+                } else {
+                    format!(";unique={:?}", j.unique_keys)
+                },
+            ) + &j
+                .interval
+                .map(|b| {
+                    format!(";interval={},{},{},{}", b.left_time, b.right_time, b.lower, b.upper)
+                        + if b.proctime { ";proctime" } else { "" }
+                })
+                .unwrap_or_default()
+                + &j.window.map(|[l, r]| format!(";window={l},{r}")).unwrap_or_default()
+                + &j.temporal
+                    .map(|[l, r]| format!(";temporal={l},{r}"))
+                    .unwrap_or_default(),
+        )
+    }
+
+    // Every join (regular, interval, window, temporal) keeps both sides
+    // under the equi-join keys; the left side's stand for both (the
+    // planner coerces them to one type).
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.left_keys)
+    }
+}
+
+/// The operator of a regular join's subtask.
+pub fn build(node: &JoinNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let mut state = ctx.keyed_state(STATES)?;
+    // A STATE_TTL hint sets a side's TTL instead of the job's.
+    for (side, ttl) in node.state_ttl.iter().enumerate() {
+        if ttl.is_some() {
+            state.set_state_ttl(side, *ttl);
+        }
+    }
+    Ok(Box::new(
+        JoinOperator::new(node, ctx.schema(), ctx.max_parallelism(), state, ctx.metrics.clone())?
+            .with_cache(ctx.rocksdb()),
+    ))
 }
 
 impl JoinOperator {

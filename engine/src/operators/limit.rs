@@ -5,10 +5,32 @@
 use super::{Collector, Operator};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::Result;
+use crate::operators::build::BuildCtx;
+use crate::plan::{LimitNode, PlanNode, StreamNode};
 
 pub struct LimitOperator {
     skip: usize,
     remaining: usize,
+}
+
+impl PlanNode for LimitNode {
+    fn describe(&self) -> String {
+        format!("Limit: fetch {} skip {}", self.fetch, self.skip)
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        ("limit", format!("skip={};fetch={}", self.skip, self.fetch))
+    }
+
+    // A LIMIT's count is operator state, not keyed: no state keys.
+}
+
+/// The operator of a LIMIT's subtask, from its restored count if any.
+pub fn build(node: &crate::plan::LimitNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    Ok(match ctx.restored_operator_state() {
+        Some(bytes) => Box::new(LimitOperator::restore(bytes)?),
+        None => Box::new(LimitOperator::new(node.skip, node.fetch)),
+    })
 }
 
 impl LimitOperator {

@@ -11,6 +11,7 @@
 //! - `snapshot_state(n)` is called when checkpoint barrier `n` reaches the
 //!   operator (after alignment); the runtime forwards the barrier.
 
+pub mod build;
 pub mod calc;
 pub mod changelog_normalize;
 pub mod dedup_first;
@@ -214,5 +215,35 @@ pub trait Operator: Send {
     /// checkpoint must hold (a sink's last pre-committed output).
     fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
         Ok(None)
+    }
+}
+
+/// What operator unit tests share.
+#[cfg(test)]
+mod testing {
+    use super::{Collector, Operator};
+
+    /// Operator unit tests: feeds `rows` (written as
+    /// [`crate::change::from_pretty`] reads them, of `schema`) to input
+    /// `input` of `op` and returns what it emits as Flink prints changes
+    /// (`+I[a, 1]`).
+    pub(crate) fn feed_pretty(
+        op: &mut dyn Operator,
+        input: usize,
+        schema: &arrow::datatypes::SchemaRef,
+        rows: &str,
+    ) -> Vec<String> {
+        let mut out = Collector::default();
+        op.process_input(input, crate::change::from_pretty(schema, rows), &mut out)
+            .expect("process");
+        printed(&mut out)
+    }
+
+    /// What `out` holds, as Flink prints changes.
+    pub(crate) fn printed(out: &mut Collector) -> Vec<String> {
+        out.take()
+            .iter()
+            .flat_map(|b| crate::connectors::print::format_changes(b).expect("format"))
+            .collect()
     }
 }

@@ -34,19 +34,22 @@ use datafusion::common::ScalarValue;
 use datafusion::logical_expr::Accumulator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Literal;
 use hashbrown::HashMap;
 
+use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
-use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::{Collector, Operator};
 use crate::plan::{LagCall, OverAggregateNode, OverFrame, OverOutput};
+use crate::plan::{PlanNode, StateKeys, StreamNode};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, RowList};
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
@@ -132,6 +135,109 @@ fn decode_meta(v: Option<&[u8]>) -> Result<KeyMeta> {
         last: Some(last),
         acc: (v.len() > 8).then(|| v[8..].to_vec()),
     })
+}
+
+impl PlanNode for OverAggregateNode {
+    fn describe(&self) -> String {
+        let keys: Vec<String> = self.partition.iter().map(|k| k.to_string()).collect();
+        let aggs: Vec<String> = self
+            .outputs
+            .iter()
+            .map(|out| match out {
+                OverOutput::Aggregate(a) => self.aggregates[*a].name().to_string(),
+                OverOutput::Lag(l) => format!("LAG({}, {})", self.lags[*l].arg, self.lags[*l].offset),
+            })
+            .collect();
+        let frame = match self.frame {
+            OverFrame::Rows(Some(n)) => format!("ROWS {n} PRECEDING"),
+            OverFrame::Rows(None) => "ROWS UNBOUNDED PRECEDING".to_string(),
+            OverFrame::Range(Some(ms)) => format!("RANGE {ms} ms PRECEDING"),
+            OverFrame::Range(None) => "RANGE UNBOUNDED PRECEDING".to_string(),
+        };
+        format!(
+            "OverAggregate: partition [{}] order by #{} {frame} aggregates [{}]",
+            keys.join(", "),
+            self.time_column,
+            aggs.join(", ")
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(
+            "rows by key group|partition key|time while a later row's frame can hold them; per key the last time emitted (and unbounded frames' accumulators); a timer per key and time"
+                .into(),
+        )
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "over_aggregate",
+            format!(
+                "time={};frame={:?};partition={};aggs={}",
+                self.time_column,
+                self.frame,
+                canonical_exprs(&self.partition),
+                self.aggregates
+                    .iter()
+                    .map(|a| a.name().to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ) + &self
+                .lags
+                .iter()
+                .map(|l| {
+                    format!(";lag={}:{}", canonical_expr(&l.arg), l.offset)
+                        + &if l.default.is_null() {
+                            String::new()
+                        } else {
+                            format!(
+                                ":default={}",
+                                canonical_expr(&(Arc::new(Literal::new(l.default.clone())) as Arc<dyn PhysicalExpr>))
+                            )
+                        }
+                })
+                .collect::<String>()
+                + &over_outputs(self),
+        )
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.partition)
+    }
+}
+
+/// An OVER aggregate's output columns, when not its aggregates then its
+/// LAGs in order.
+fn over_outputs(o: &OverAggregateNode) -> String {
+    let natural: Vec<OverOutput> = (0..o.aggregates.len())
+        .map(OverOutput::Aggregate)
+        .chain((0..o.lags.len()).map(OverOutput::Lag))
+        .collect();
+    if o.outputs == natural {
+        return String::new();
+    }
+    let cols: Vec<String> = o
+        .outputs
+        .iter()
+        .map(|c| match c {
+            OverOutput::Aggregate(i) => format!("a{i}"),
+            OverOutput::Lag(i) => format!("l{i}"),
+        })
+        .collect();
+    format!(";outputs={}", cols.join(","))
+}
+
+/// The operator of an OVER aggregate's subtask.
+pub fn build(node: &crate::plan::OverAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(OverAggregateOperator::new(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl OverAggregateOperator {
@@ -259,7 +365,7 @@ impl OverAggregateOperator {
             if t > last_due {
                 return false;
             }
-            match unframe_rows(v) {
+            match RowList::decode(v) {
                 Some(rs) => {
                     entries.push((t, v.len()));
                     for r in rs {
@@ -563,7 +669,7 @@ impl Operator for OverAggregateOperator {
         for ((((_, t), rows), e), old) in parts.iter().zip(&refs).zip(stored) {
             let old_len = old.as_ref().map_or(0, Vec::len);
             let mut value = old.unwrap_or_default();
-            value.extend(frame_rows(rows.iter().map(|r| encoded.row(*r))));
+            value.extend(RowList::encode(rows.iter().map(|r| encoded.row(*r))));
             grown += (value.len() - old_len) as i64;
             if old_len == 0 {
                 w.add_timer(TIMERS, e.key_group, *t, e.key, e.namespace);

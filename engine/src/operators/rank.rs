@@ -30,14 +30,17 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::ScalarValue;
 use datafusion::physical_expr::PhysicalExpr;
 
+use crate::canonical::{canonical_exprs, sort_key};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, key_group};
+use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
+use crate::plan::{PlanNode, StateKeys, StreamNode};
 use crate::plan::{RankNode, RankStrategy, SortKey};
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, RowList};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 const ROWS: usize = 0;
@@ -96,6 +99,108 @@ struct Part {
     /// Bytes of the stored value (state size accounting).
     stored_len: usize,
     dirty: bool,
+}
+
+impl PlanNode for RankNode {
+    fn describe(&self) -> String {
+        let r = self;
+        let part: Vec<String> = r.partition.iter().map(|k| k.to_string()).collect();
+        let order: Vec<String> = r
+            .order
+            .iter()
+            .map(|k| {
+                format!(
+                    "{} {} NULLS {}",
+                    k.expr,
+                    if k.asc { "ASC" } else { "DESC" },
+                    if k.nulls_first { "FIRST" } else { "LAST" }
+                )
+            })
+            .collect();
+        let what = match r.strategy {
+            RankStrategy::TopN => format!(
+                "Rank: ROW_NUMBER <= {}{}{}",
+                r.limit,
+                if r.with_rank { "" } else { " (rank not output)" },
+                r.update_key.as_ref().map_or(String::new(), |k| format!(
+                    " update-fast by [{}]",
+                    k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
+                ))
+            ),
+            RankStrategy::KeepLastRowtime => "Deduplicate: keep last row (rowtime)".to_string(),
+            RankStrategy::KeepFirstRowtime => "Deduplicate: keep first row (rowtime)".to_string(),
+            RankStrategy::KeepLastProctime => "Deduplicate: keep last row (proctime)".to_string(),
+            RankStrategy::KeepFirstProctime => "Deduplicate: keep first row (proctime)".to_string(),
+            RankStrategy::Window {
+                later_ties_first: true, ..
+            } => "WindowDeduplicate: keep last row (rowtime)".to_string(),
+            RankStrategy::Window { .. } => format!(
+                "WindowRank: ROW_NUMBER <= {}{}{}",
+                r.limit,
+                if r.with_rank { "" } else { " (rank not output)" },
+                r.zone
+                    .as_ref()
+                    .map(|z| format!(" in time zone {}", z.id))
+                    .unwrap_or_default()
+            ),
+        };
+        format!(
+            "{what} PARTITION BY [{}] ORDER BY [{}]",
+            part.join(", "),
+            order.join(", ")
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(match self.strategy {
+            RankStrategy::Window { .. } => "each window partition's top rows by key group|partition key (with the window bounds); a timer per partition at window_end - 1, when they are emitted and freed".into(),
+            _ => "the partition's ranked rows by key group|partition key (the top N for insert-only input, every row for updating input)".into(),
+        })
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "rank",
+            format!(
+                "{:?};n={};rank={};partition={};order={}",
+                self.strategy,
+                self.limit,
+                self.with_rank,
+                canonical_exprs(&self.partition),
+                self.order
+                    .iter()
+                    .map(|k| sort_key(&k.expr, k.asc, k.nulls_first))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        )
+    }
+
+    // Top-N, deduplication, window Top-N and deduplication.
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.partition)
+    }
+}
+
+/// The operator of a Top-N's subtask.
+pub fn build(node: &RankNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let mut state = ctx.keyed_state(STATES)?;
+    if ctx.rocksdb() {
+        // Hot keys stay in memory between snapshots.
+        state.cache(&[0], STATE_CACHE_ENTRIES);
+    }
+    // Updating input: every row is kept, so a retracted top row has a
+    // successor.
+    let keep_all = !ctx.input_insert_only();
+    Ok(Box::new(RankOperator::new(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        keep_all,
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl RankOperator {
@@ -163,7 +268,7 @@ impl RankOperator {
             state: "rank-rows".into(),
             message: format!("a partition of {} bytes: {m}", bytes.len()),
         };
-        let rows = unframe_rows(bytes).ok_or_else(|| corrupt("truncated row"))?;
+        let rows = RowList::decode(bytes).ok_or_else(|| corrupt("truncated row"))?;
         let cols = self.codec.decode(rows.iter().copied())?;
         let options = RecordBatchOptions::new().with_row_count(Some(rows.len()));
         let batch = RecordBatch::try_new_with_options(self.input_schema.clone(), cols, &options)?;
@@ -182,7 +287,7 @@ impl RankOperator {
     }
 
     fn encode_rows(rows: &[Ranked]) -> Vec<u8> {
-        frame_rows(rows.iter().map(|r| r.row.as_slice()))
+        RowList::encode(rows.iter().map(|r| r.row.as_slice()))
     }
 }
 
@@ -231,28 +336,6 @@ pub(crate) fn sort_keys_of(order: &[SortKey], batch: &RecordBatch) -> Result<Vec
                 .collect::<Result<Vec<_>>>()
         })
         .collect()
-}
-
-/// Rows in one state value, each behind its u32 length.
-pub(crate) fn frame_rows<'a>(rows: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut b = vec![];
-    for r in rows {
-        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
-        b.extend_from_slice(r);
-    }
-    b
-}
-
-/// The rows of a [`frame_rows`] value; `None` if it is cut short.
-pub(crate) fn unframe_rows(bytes: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut rows = vec![];
-    let mut at = 0;
-    while at < bytes.len() {
-        let len = u32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize;
-        rows.push(bytes.get(at + 4..(at + 4).checked_add(len)?)?);
-        at += 4 + len;
-    }
-    Some(rows)
 }
 
 /// One emitted change: kind, row bytes, rank.
@@ -572,5 +655,76 @@ impl Operator for RankOperator {
         let kinds = emitted.iter().map(|(k, _, _)| *k).collect();
         out.emit(ChangeBatch::new(batch_with_schema(&self.schema, columns)?, kinds));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::testing::feed_pretty;
+    use crate::runtime::metrics::NodeMetrics;
+    use crate::state::HeapBackend;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::col;
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    }
+
+    /// `ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC) <= 2`, the rank
+    /// column not selected; `keep_all` over updating input.
+    fn top2(keep_all: bool) -> RankOperator {
+        let s = schema();
+        let node = RankNode {
+            strategy: RankStrategy::TopN,
+            zone: None,
+            partition: vec![col("k", &s).expect("k")],
+            order: vec![SortKey {
+                expr: col("v", &s).expect("v"),
+                asc: false,
+                nulls_first: false,
+            }],
+            limit: 2,
+            with_rank: false,
+            update_key: None,
+        };
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        RankOperator::new(
+            &node,
+            &s,
+            s.clone(),
+            keep_all,
+            128,
+            state,
+            Arc::new(NodeMetrics::new("rank".into())),
+        )
+        .expect("rank")
+    }
+
+    #[test]
+    fn a_row_entering_the_top_n_pushes_the_last_one_out() {
+        let mut r = top2(false);
+        let s = schema();
+        assert_eq!(feed_pretty(&mut r, 0, &s, "a 1"), ["+I[a, 1]"]);
+        assert_eq!(feed_pretty(&mut r, 0, &s, "a 3"), ["+I[a, 3]"]);
+        // Below the top 2: nothing.
+        assert!(feed_pretty(&mut r, 0, &s, "a 0").is_empty());
+        assert_eq!(feed_pretty(&mut r, 0, &s, "a 2"), ["-D[a, 1]", "+I[a, 2]"]);
+        // Another partition ranks apart.
+        assert_eq!(feed_pretty(&mut r, 0, &s, "b 0"), ["+I[b, 0]"]);
+    }
+
+    #[test]
+    fn over_updating_input_a_retracted_top_row_has_its_successor() {
+        let mut r = top2(true);
+        let s = schema();
+        feed_pretty(&mut r, 0, &s, "a 1\na 2\na 3");
+        // 3 leaves the top 2: 1, kept though out of the top, comes back.
+        assert_eq!(feed_pretty(&mut r, 0, &s, "-D a 3"), ["-D[a, 3]", "+I[a, 1]"]);
+        // An update moves a row within the top without changing its set.
+        assert_eq!(feed_pretty(&mut r, 0, &s, "-U a 1\n+U a 5"), ["-D[a, 1]", "+I[a, 5]"]);
     }
 }

@@ -39,13 +39,14 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyGroup, key_group};
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::interval_join::times_ms;
 use crate::operators::join::{JoinSides, condition_holds, pairs};
-use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::RowList;
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
@@ -119,6 +120,20 @@ struct Version {
     time: i64,
     deleted: bool,
     row: Vec<u8>,
+}
+
+/// The operator of an event-time temporal join's subtask (`times`: each
+/// side's time column).
+pub fn build(node: &JoinNode, times: [usize; 2], ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(TemporalJoinOperator::new(
+        node,
+        times,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl TemporalJoinOperator {
@@ -222,7 +237,7 @@ impl TemporalJoinOperator {
             let ns = &part.namespace;
             let before = old.as_ref().map_or(0, Vec::len);
             let mut value = old.unwrap_or_default();
-            value.extend(frame_rows(part.rows.iter().map(|r| rows.row(*r))));
+            value.extend(RowList::encode(part.rows.iter().map(|r| rows.row(*r))));
             grown += (value.len() - before) as i64;
             if before == 0 {
                 grown += (e.key.len() + ns.len()) as i64 + e.key.len() as i64 + TIMER_BYTES;
@@ -331,7 +346,7 @@ impl TemporalJoinOperator {
                     return Err(self.corrupt(LEFT, format!("a namespace of {} bytes", ns.len())).into());
                 };
                 let time = decode_time(t.try_into().map_err(|_| self.corrupt(LEFT, "a short time".into()))?);
-                let rows = unframe_rows(v)
+                let rows = RowList::decode(v)
                     .ok_or_else(|| self.corrupt(LEFT, format!("rows of {} bytes cut short", v.len())))?;
                 for r in rows {
                     due_rows.push(DueRow {

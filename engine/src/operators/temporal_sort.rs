@@ -22,16 +22,19 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use hashbrown::HashMap;
 
+use crate::canonical::sort_key;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::key_group;
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
-use crate::operators::rank::{compare_sort_keys, frame_rows, sort_keys_of, unframe_rows};
+use crate::operators::rank::{compare_sort_keys, sort_keys_of};
 use crate::operators::{Collector, Operator};
 use crate::plan::TemporalSortNode;
-use crate::state::codec::RowCodec;
+use crate::plan::{PlanNode, StateKeys, StreamNode};
+use crate::state::codec::{RowCodec, RowList};
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
@@ -64,6 +67,60 @@ pub struct TemporalSortOperator {
     /// The last time emitted: rows at or before it are late.
     last_fired: Timestamp,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
+}
+
+impl PlanNode for TemporalSortNode {
+    fn describe(&self) -> String {
+        format!(
+            "TemporalSort: ${} ASC{}",
+            self.time_column,
+            self.order
+                .iter()
+                .map(|k| format!(
+                    ", {} {} NULLS {}",
+                    k.expr,
+                    if k.asc { "ASC" } else { "DESC" },
+                    if k.nulls_first { "FIRST" } else { "LAST" }
+                ))
+                .collect::<String>()
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some("rows by time until the watermark passes it (one key; a timer per time)".into())
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "temporal_sort",
+            format!(
+                "time={};order={}",
+                self.time_column,
+                self.order
+                    .iter()
+                    .map(|k| sort_key(&k.expr, k.asc, k.nulls_first))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        )
+    }
+
+    // Rows wait for the watermark under one key.
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&[])
+    }
+}
+
+/// The operator of a rowtime sort's subtask.
+pub fn build(node: &TemporalSortNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(TemporalSortOperator::new(
+        node,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl TemporalSortOperator {
@@ -191,7 +248,7 @@ impl Operator for TemporalSortOperator {
         for ((t, e), old) in order.iter().zip(&refs).zip(stored) {
             let first = old.is_none();
             let mut value = old.unwrap_or_default();
-            let added = frame_rows(by_time[t].iter().map(|i| rows.row(*i)));
+            let added = RowList::encode(by_time[t].iter().map(|i| rows.row(*i)));
             value.extend_from_slice(&added);
             grown += added.len() as i64;
             if first {
@@ -224,7 +281,7 @@ impl Operator for TemporalSortOperator {
                 let Some(value) = value else { continue };
                 w.delete(ROWS, *e);
                 freed += value.len() as i64 + 2 * 8 + 16;
-                let rows = unframe_rows(&value).ok_or_else(|| Self::corrupt(value.len()))?;
+                let rows = RowList::decode(&value).ok_or_else(|| Self::corrupt(value.len()))?;
                 emitted.extend(self.sorted(rows)?);
             }
             if let Some(last) = due.last() {

@@ -9,9 +9,15 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use super::{Collector, Operator};
 use crate::change::ChangeBatch;
 use crate::error::Result;
+use crate::operators::build::BuildCtx;
 
 pub struct UnionOperator {
     schema: SchemaRef,
+}
+
+/// The operator of a UNION ALL's subtask.
+pub fn build(ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    Ok(Box::new(UnionOperator::new(ctx.schema())))
 }
 
 impl UnionOperator {

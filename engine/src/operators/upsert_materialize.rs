@@ -26,11 +26,14 @@ use arrow::array::ArrayRef;
 use arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::PhysicalExpr;
 
+use crate::canonical::canonical_exprs;
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::KeyEncoder;
+use crate::operators::build::BuildCtx;
 use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
+use crate::plan::{PlanNode, StateKeys, StreamNode, UpsertMaterializeNode};
 use crate::state::codec::{RowCodec, append_counts, decode_counts_prefix};
 use crate::state::{KeyedState, StateDecl, StateKind};
 
@@ -76,6 +79,50 @@ struct Slot {
     entries: Vec<Entry>,
     stored_len: Option<usize>,
     changed: bool,
+}
+
+impl PlanNode for UpsertMaterializeNode {
+    fn describe(&self) -> String {
+        format!(
+            "UpsertMaterialize: by [{}] ({})",
+            self.key.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "),
+            match &self.upsert_key {
+                Some(k) => format!(
+                    "entries by upsert key [{}]",
+                    k.iter().map(|c| format!("${c}")).collect::<Vec<_>>().join(", ")
+                ),
+                None => "entries by whole row".into(),
+            }
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some("the live rows of each sink key by key group|sink key, in arrival order".into())
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "upsert_materialize",
+            format!("key={};upsert={:?}", canonical_exprs(&self.key), self.upsert_key),
+        )
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.key)
+    }
+}
+
+/// The operator of an upsert materializer's subtask.
+pub fn build(node: &crate::plan::UpsertMaterializeNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(UpsertMaterializeOperator::new(
+        &node.key,
+        node.upsert_key.clone(),
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl UpsertMaterializeOperator {

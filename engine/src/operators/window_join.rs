@@ -32,13 +32,14 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::{Result, StateError};
 use crate::keygroup::{KeyGroup, key_group};
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::join::{JoinSides, condition_holds, pairs};
-use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::window::is_fired;
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::RowList;
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
 const TIMERS: usize = 2;
@@ -92,6 +93,20 @@ struct Part {
     rows: Vec<usize>,
 }
 
+/// The operator of a window join's subtask (`ends`: each side's
+/// `window_end` column).
+pub fn build(node: &JoinNode, ends: [usize; 2], ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(WindowJoinOperator::new(
+        node,
+        ends,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
+}
+
 impl WindowJoinOperator {
     pub fn new(
         node: &JoinNode,
@@ -140,7 +155,7 @@ impl WindowJoinOperator {
         for v in values {
             let start = rows.len();
             if let Some(v) = v {
-                rows.extend(unframe_rows(v).ok_or_else(|| self.corrupt(side, v.len()))?);
+                rows.extend(RowList::decode(v).ok_or_else(|| self.corrupt(side, v.len()))?);
             }
             ranges.push(start..rows.len());
         }
@@ -350,7 +365,7 @@ impl Operator for WindowJoinOperator {
         for ((part, e), (mine, theirs)) in parts.iter().zip(&refs).zip(stored.into_iter().zip(other)) {
             let old = mine.as_ref().map_or(0, Vec::len);
             let mut value = mine.unwrap_or_default();
-            value.extend(frame_rows(part.rows.iter().map(|r| rows.row(*r))));
+            value.extend(RowList::encode(part.rows.iter().map(|r| rows.row(*r))));
             grown += (value.len() - old) as i64;
             if old == 0 {
                 grown += e.key.len() as i64;

@@ -37,11 +37,12 @@ use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, key_group};
 use crate::message::Timestamp;
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
-use crate::operators::rank::{compare_sort_keys, frame_rows, sort_keys_of, unframe_rows};
+use crate::operators::rank::{compare_sort_keys, sort_keys_of};
 use crate::operators::{Collector, Operator};
 use crate::plan::{RankNode, SortKey};
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, RowList};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
 const ROWS: usize = 0;
@@ -94,6 +95,22 @@ struct Part {
     changed: bool,
 }
 
+/// The operator of a window Top-N's subtask (`end`: the `window_end`
+/// column; `later_ties_first`: see [`crate::plan::RankStrategy::Window`]).
+pub fn build(node: &RankNode, end: usize, later_ties_first: bool, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(WindowRankOperator::new(
+        node,
+        end,
+        later_ties_first,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
+}
+
 impl WindowRankOperator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -128,7 +145,7 @@ impl WindowRankOperator {
 
     /// The kept rows of a stored value, with their sort keys.
     fn decode(&self, bytes: &[u8]) -> Result<Vec<(Vec<ScalarValue>, Vec<u8>)>> {
-        let rows = unframe_rows(bytes).ok_or_else(|| StateError::Corrupt {
+        let rows = RowList::decode(bytes).ok_or_else(|| StateError::Corrupt {
             state: STATES[ROWS].name.into(),
             message: format!("a partition of {} bytes is cut short", bytes.len()),
         })?;
@@ -251,7 +268,7 @@ impl Operator for WindowRankOperator {
             if !part.changed {
                 continue;
             }
-            let value = frame_rows(part.rows.iter().map(|(_, r)| r.as_slice()));
+            let value = RowList::encode(part.rows.iter().map(|(_, r)| r.as_slice()));
             grown += value.len() as i64;
             match part.stored_len {
                 Some(old) => grown -= old as i64,
@@ -298,7 +315,7 @@ impl Operator for WindowRankOperator {
                 let Some(value) = value else { continue };
                 freed += value.len() as i64 + 2 * timer.key.len() as i64 + 8;
                 w.delete(ROWS, *e);
-                let rows = unframe_rows(&value).ok_or_else(|| StateError::Corrupt {
+                let rows = RowList::decode(&value).ok_or_else(|| StateError::Corrupt {
                     state: STATES[ROWS].name.into(),
                     message: format!("a partition of {} bytes is cut short", value.len()),
                 })?;

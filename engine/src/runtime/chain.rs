@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use crate::change::ChangeBatch;
 use crate::checkpoint::{OperatorSnapshot, operator_key};
+use crate::clock::Clock;
 use crate::error::Result;
 use crate::message::{StreamMessage, Timestamp};
 use crate::operators::{Collector, Operator};
@@ -23,10 +24,18 @@ pub struct Chain {
     subtask: usize,
     /// Set when an operator needs no more input (LIMIT reached).
     finished: bool,
+    /// The job's processing-time clock, read at each tick.
+    clock: Clock,
 }
 
 impl Chain {
-    pub fn new(ops: Vec<Box<dyn Operator>>, metrics: Vec<Arc<NodeMetrics>>, uids: Vec<String>, subtask: usize) -> Self {
+    pub fn new(
+        ops: Vec<Box<dyn Operator>>,
+        metrics: Vec<Arc<NodeMetrics>>,
+        uids: Vec<String>,
+        subtask: usize,
+        clock: Clock,
+    ) -> Self {
         debug_assert_eq!(ops.len(), metrics.len());
         debug_assert_eq!(ops.len(), uids.len());
         Self {
@@ -35,6 +44,7 @@ impl Chain {
             uids,
             subtask,
             finished: false,
+            clock,
         }
     }
 
@@ -123,8 +133,10 @@ impl Chain {
         self.ops.iter().filter_map(|o| o.processing_time_interval()).min()
     }
 
-    /// Processing time reached `now`: every operator that asked is told.
-    pub fn process_time(&mut self, now: i64, out: &mut Vec<StreamMessage>) -> Result<()> {
+    /// A processing-time tick: every operator that asked is told the
+    /// clock's time.
+    pub fn process_time(&mut self, out: &mut Vec<StreamMessage>) -> Result<()> {
+        let now = self.clock.now_ms();
         for idx in 0..self.ops.len() {
             if self.ops[idx].processing_time_interval().is_none() {
                 continue;

@@ -21,22 +21,19 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::checkpoint::coordinator::{CheckpointLog, SavepointQueue, commit_all};
-use crate::checkpoint::restore::{local_state_dir, restore_dir};
+use crate::checkpoint::restore::restore_dir;
 use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
 use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointStorage, RestoredJob, SplitPosition, TaskCheckpointing,
     restore_latest,
 };
-use crate::config::{JobConfig, RestartStrategy, StateBackendKind, sanitize};
+use crate::config::{JobConfig, RestartStrategy, sanitize};
 use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
 use crate::keygroup::KeyEncoder;
 use crate::message::StreamMessage;
 use crate::operators::Operator;
-use crate::operators::calc::CalcOperator;
-use crate::operators::limit::LimitOperator;
-use crate::operators::window::aggregate::{STATES, WindowAggregateOperator, WindowStore};
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
@@ -45,7 +42,6 @@ use crate::runtime::metrics::{JobMetrics, JobState, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
-use crate::state::open_keyed;
 
 /// Which input channels of each (chain, subtask) start idle: those from a
 /// source subtask with a watermark and no split, and from a task all of
@@ -54,13 +50,16 @@ use crate::state::open_keyed;
 /// it meanwhile, so rows from the other channels meet the same watermark
 /// whenever that message would have arrived (at p4 over one file, the late
 /// rows a window drops were otherwise a race with three empty readers).
+/// A source's splits dealt to its subtasks, and every split id.
+type DealtSplits = (
+    Vec<Vec<Box<dyn crate::connectors::SourceSplit>>>,
+    std::collections::BTreeSet<String>,
+);
+
 fn starting_idle(
     graph: &StreamGraph,
     chains: &[Vec<NodeId>],
-    dealt: &[(
-        Vec<Vec<Box<dyn crate::connectors::SourceSplit>>>,
-        std::collections::BTreeSet<String>,
-    )],
+    dealt: &[DealtSplits],
     origins: &[Vec<Vec<(usize, usize)>>],
 ) -> Vec<Vec<Vec<bool>>> {
     let mut task_idle: Vec<Vec<bool>> = chains
@@ -751,6 +750,7 @@ async fn run_attempt(
         exactly_once: config.checkpointing.is_some(),
         checkpoint_interval: config.checkpointing.as_ref().map(|c| c.interval),
         checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
+        clock: config.clock.clone(),
     };
     let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
     for n in &graph.nodes {
@@ -969,7 +969,7 @@ async fn run_attempt(
                 },
             };
             let uids = chain[first_op..].iter().map(|id| graph.node(*id).uid.clone()).collect();
-            let chain_ops = Chain::new(ops, op_metrics, uids, subtask);
+            let chain_ops = Chain::new(ops, op_metrics, uids, subtask, config.clock.clone());
             match &head.kind {
                 NodeKind::Source(src) => {
                     let discovery =
@@ -1222,38 +1222,8 @@ fn no_claim_restore(r: &RestoredJob, config: &JobConfig) -> bool {
     !config.claim && config.recovery_path.as_deref().is_some_and(|p| p == r.path.as_path())
 }
 
-/// The keyed state of subtask `subtask` of a non-windowed stateful node
-/// (GROUP BY, join, Top-N): opened from what was restored for its key
-/// groups, with `table.exec.state.ttl`.
-fn keyed_state(
-    node: &crate::plan::StreamNode,
-    subtask: usize,
-    config: &JobConfig,
-    tuning: &crate::state::RocksDbTuning,
-    restored: Option<&RestoredJob>,
-    sink_ctx: &SinkContext,
-    decls: &[crate::state::StateDecl],
-) -> Result<crate::state::KeyedState> {
-    // Keyed state is recorded and checked by its keys on restore: a node
-    // kind that does not say what they are cannot have any.
-    if matches!(node.kind.state_keys(), crate::plan::StateKeys::None) {
-        return Err(ExecError::internal(format!(
-            "operator {} opens keyed state but its node kind reports no state keys (plan::NodeKind::state_keys)",
-            node.uid
-        )));
-    }
-    let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
-    let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
-    let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-    let mut state = open_keyed(config.state_backend, tuning, &dir, decls, groups, sources)?;
-    state.set_ttl(config.state_ttl);
-    Ok(state)
-}
-
-/// Entries of a GROUP BY's accumulators or a Top-N's partitions kept in
-/// memory over RocksDB between snapshots.
-const STATE_CACHE_ENTRIES: usize = 100_000;
-
+/// The operator of subtask `subtask` of node `id`: built by its own file's
+/// constructor.
 #[allow(clippy::too_many_arguments)]
 fn create_operator(
     graph: &StreamGraph,
@@ -1265,264 +1235,56 @@ fn create_operator(
     restored: Option<&RestoredJob>,
     sink_ctx: &SinkContext,
 ) -> Result<Box<dyn Operator>> {
-    let node = graph.node(id);
-    let input_schema = || {
-        graph
-            .inputs(id)
-            .next()
-            .map(|e| graph.node(e.from).schema.clone())
-            .ok_or_else(|| ExecError::internal(format!("node {id} has no input")))
+    use crate::operators::*;
+    use crate::plan::{JoinNode, RankNode, RankStrategy, WindowKind};
+    let ctx = build::BuildCtx {
+        graph,
+        id,
+        subtask,
+        config,
+        tuning,
+        metrics: metrics.nodes[id].clone(),
+        restored,
+        attempt: &sink_ctx.attempt,
     };
-    // The node's keyed state with the operator's states `decls`.
-    let state_of = |decls| keyed_state(node, subtask, config, tuning, restored, sink_ctx, decls);
-    Ok(match &node.kind {
-        NodeKind::Source(_) => return Err(ExecError::internal("a source is not an operator")),
-        NodeKind::Calc(c) => Box::new(CalcOperator::new(c, input_schema()?.as_ref(), node.schema.clone())?),
-        NodeKind::Union => Box::new(crate::operators::union::UnionOperator::new(node.schema.clone())),
-        NodeKind::Limit(l) => {
-            let key = crate::checkpoint::operator_key(&node.uid, subtask);
-            match restored.and_then(|r| r.operator_state.get(&key)) {
-                Some(bytes) => Box::new(LimitOperator::restore(bytes)?),
-                None => Box::new(LimitOperator::new(l.skip, l.fetch)),
-            }
+    let node = graph.node(id);
+    match &node.kind {
+        NodeKind::Source(_) => Err(ExecError::internal("a source is not an operator")),
+        NodeKind::Sink(s) => {
+            crate::connectors::sink_writer::writer_operator(s.factory.as_ref(), subtask, node.parallelism, sink_ctx)
         }
-        NodeKind::Sink(s) => s.factory.create_writer(subtask, node.parallelism, sink_ctx)?,
-        NodeKind::Join(j @ crate::plan::JoinNode { window: Some(ends), .. }) => {
-            let state = state_of(crate::operators::window_join::STATES)?;
-            Box::new(crate::operators::window_join::WindowJoinOperator::new(
-                j,
-                *ends,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
+        NodeKind::Calc(c) => calc::build(c, &ctx),
+        NodeKind::Union => union::build(&ctx),
+        NodeKind::Limit(l) => limit::build(l, &ctx),
+        NodeKind::Join(j @ JoinNode { window: Some(ends), .. }) => window_join::build(j, *ends, &ctx),
         NodeKind::Join(
-            j @ crate::plan::JoinNode {
+            j @ JoinNode {
                 temporal: Some(times), ..
             },
-        ) => {
-            let state = state_of(crate::operators::temporal_join::STATES)?;
-            Box::new(crate::operators::temporal_join::TemporalJoinOperator::new(
-                j,
-                *times,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
+        ) => temporal_join::build(j, *times, &ctx),
         NodeKind::Join(
-            j @ crate::plan::JoinNode {
+            j @ JoinNode {
                 interval: Some(bounds), ..
             },
-        ) => {
-            let state = state_of(crate::operators::interval_join::STATES)?;
-            Box::new(crate::operators::interval_join::IntervalJoinOperator::new(
-                j,
-                bounds,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::Join(j) => {
-            let mut state = state_of(crate::operators::join::STATES)?;
-            // A STATE_TTL hint sets a side's TTL instead of the job's.
-            for (side, ttl) in j.state_ttl.iter().enumerate() {
-                if ttl.is_some() {
-                    state.set_state_ttl(side, *ttl);
-                }
-            }
-            Box::new(
-                crate::operators::join::JoinOperator::new(
-                    j,
-                    node.schema.clone(),
-                    config.max_parallelism,
-                    state,
-                    metrics.nodes[id].clone(),
-                )?
-                .with_cache(config.state_backend == StateBackendKind::RocksDb),
-            )
-        }
-        NodeKind::TemporalSort(t) => {
-            let state = state_of(crate::operators::temporal_sort::STATES)?;
-            Box::new(crate::operators::temporal_sort::TemporalSortOperator::new(
-                t,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::ChangelogNormalize(c) => {
-            let state = state_of(crate::operators::changelog_normalize::STATES)?;
-            Box::new(crate::operators::changelog_normalize::ChangelogNormalizeOperator::new(
-                &c.key,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::UpsertMaterialize(m) => {
-            let state = state_of(crate::operators::upsert_materialize::STATES)?;
-            Box::new(crate::operators::upsert_materialize::UpsertMaterializeOperator::new(
-                &m.key,
-                m.upsert_key.clone(),
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
+        ) => interval_join::build(j, bounds, &ctx),
+        NodeKind::Join(j) => join::build(j, &ctx),
+        NodeKind::TemporalSort(t) => temporal_sort::build(t, &ctx),
+        NodeKind::ChangelogNormalize(c) => changelog_normalize::build(c, &ctx),
+        NodeKind::UpsertMaterialize(m) => upsert_materialize::build(m, &ctx),
         NodeKind::Rank(
-            r @ crate::plan::RankNode {
-                strategy: crate::plan::RankStrategy::Window { end, later_ties_first },
+            r @ RankNode {
+                strategy: RankStrategy::Window { end, later_ties_first },
                 ..
             },
-        ) => {
-            let state = state_of(crate::operators::window_rank::STATES)?;
-            Box::new(crate::operators::window_rank::WindowRankOperator::new(
-                r,
-                *end,
-                *later_ties_first,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
+        ) => window_rank::build(r, *end, *later_ties_first, &ctx),
+        NodeKind::Rank(r) if r.strategy == RankStrategy::KeepFirstRowtime => dedup_first::build(r, &ctx),
+        NodeKind::Rank(r) => rank::build(r, &ctx),
+        NodeKind::GroupAggregate(g) => group::aggregate::build(g, &ctx),
+        NodeKind::WindowAggregate(w) if w.window.kind == WindowKind::Session => {
+            window::session::build_aggregate(w, &ctx)
         }
-        NodeKind::Rank(r) if r.strategy == crate::plan::RankStrategy::KeepFirstRowtime => {
-            let state = state_of(crate::operators::dedup_first::STATES)?;
-            let time_column = r
-                .order
-                .first()
-                .and_then(|k| k.expr.downcast_ref::<datafusion::physical_expr::expressions::Column>())
-                .map(|c| c.index())
-                .ok_or_else(|| ExecError::internal("a keep-first deduplication without its time column"))?;
-            Box::new(crate::operators::dedup_first::DedupFirstOperator::new(
-                &r.partition,
-                time_column,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::Rank(r) => {
-            let mut state = state_of(crate::operators::rank::STATES)?;
-            if config.state_backend == StateBackendKind::RocksDb {
-                // Hot keys stay in memory between snapshots.
-                state.cache(&[0], STATE_CACHE_ENTRIES);
-            }
-            // Updating input: every row is kept, so a retracted top row
-            // has a successor.
-            let keep_all = graph.inputs(id).any(|e| !graph.node(e.from).changelog.is_insert_only());
-            Box::new(crate::operators::rank::RankOperator::new(
-                r,
-                &input_schema()?,
-                node.schema.clone(),
-                keep_all,
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::GroupAggregate(g) => {
-            let mut state = state_of(crate::operators::group::aggregate::STATES)?;
-            if g.state_ttl.is_some() {
-                state.set_ttl(g.state_ttl);
-            }
-            let insert_only = graph.inputs(id).all(|e| graph.node(e.from).changelog.is_insert_only());
-            if config.state_backend == StateBackendKind::RocksDb {
-                // Hot keys stay in memory between snapshots. The value
-                // counts too over insert-only input: only DISTINCT reads
-                // them then, by key (MIN/MAX rescan them, uncached, only
-                // when a retraction takes their extreme).
-                use crate::operators::group::aggregate::{ACC, MAP};
-                let states: &[usize] = if insert_only { &[ACC, MAP] } else { &[ACC] };
-                state.cache(states, STATE_CACHE_ENTRIES);
-            }
-            Box::new(crate::operators::group::aggregate::GroupAggregateOperator::new(
-                g,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-                insert_only,
-            )?)
-        }
-        NodeKind::WindowAggregate(w) if w.window.kind == crate::plan::WindowKind::Session => {
-            let state = state_of(crate::operators::window::session::STATES)?;
-            Box::new(crate::operators::window::session::SessionWindowOperator::aggregate(
-                w,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::OverAggregate(o) => {
-            let state = state_of(crate::operators::over_aggregate::STATES)?;
-            Box::new(crate::operators::over_aggregate::OverAggregateOperator::new(
-                o,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::SessionWindow(w) => {
-            let state = state_of(crate::operators::window::session::STATES)?;
-            Box::new(crate::operators::window::session::SessionWindowOperator::rows(
-                w,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                state,
-                metrics.nodes[id].clone(),
-            )?)
-        }
-        NodeKind::WindowAggregate(w) => {
-            let dir = local_state_dir(&config.job_dir, &node.uid, subtask, &sink_ctx.attempt);
-            let groups = crate::keygroup::groups_of_subtask(subtask, config.max_parallelism, node.parallelism);
-            let sources = restored.map_or(&[][..], |r| r.keyed_state(&node.uid));
-            // RocksDB: bytes through the keyed-state layer; heap: live
-            // accumulators, filled from the same canonical state.
-            let store = match config.state_backend {
-                StateBackendKind::RocksDb => WindowStore::keyed(
-                    open_keyed(config.state_backend, tuning, &dir, STATES, groups.clone(), sources)?,
-                    config.window_buffer_limit,
-                )?,
-                StateBackendKind::Heap => WindowStore::Live {
-                    panes: Default::default(),
-                    groups: groups.clone(),
-                },
-            };
-            let mut op = WindowAggregateOperator::new(
-                w,
-                &input_schema()?,
-                node.schema.clone(),
-                config.max_parallelism,
-                store,
-                metrics.nodes[id].clone(),
-                node.parallelism,
-            )?;
-            if !config.window_slicing {
-                op = op.without_slicing();
-            }
-            if config.state_backend == StateBackendKind::Heap && !sources.is_empty() {
-                op.restore_live(groups, sources)?;
-            }
-            Box::new(op)
-        }
-    })
+        NodeKind::WindowAggregate(w) => window::aggregate::build(w, &ctx),
+        NodeKind::SessionWindow(w) => window::session::build_rows(w, &ctx),
+        NodeKind::OverAggregate(o) => over_aggregate::build(o, &ctx),
+    }
 }

@@ -456,8 +456,7 @@ impl SourceTask {
                     // (a file sink's rollover, state TTL) are told at the
                     // watermark tick.
                     if self.chain.processing_time_interval().is_some() {
-                        self.chain
-                            .process_time(crate::state::keyed::processing_time_ms(), &mut outbox)?;
+                        self.chain.process_time(&mut outbox)?;
                     }
                 }
                 next_tick = now + self.interval;
@@ -953,7 +952,7 @@ mod tests {
             rowtime_index: Some(0),
             emit: EmitStrategy::OnPeriodic,
             interval: Duration::from_millis(10),
-            chain: Chain::new(vec![], vec![], vec![], 0),
+            chain: Chain::new(vec![], vec![], vec![], 0, Default::default()),
             output: Output::channels(vec![tx], Partitioner::Forward),
             stop,
             metrics: Arc::new(NodeMetrics::new("source".into())),

@@ -152,8 +152,7 @@ impl OperatorTask {
                 Some(t) => tokio::select! {
                     biased;
                     _ = t.tick() => {
-                        let now = crate::state::keyed::processing_time_ms();
-                        self.chain.process_time(now, &mut outbox)?;
+                        self.chain.process_time(&mut outbox)?;
                         flush(&mut outbox, &mut self.output).await?;
                         continue;
                     }

@@ -26,6 +26,7 @@ use std::ops::Range;
 
 use super::{StateBackend, StateId, WriteBatch};
 use crate::checkpoint::OperatorSnapshot;
+use crate::clock::Clock;
 use crate::error::StateError;
 use crate::keygroup::KeyGroup;
 use crate::message::Timestamp;
@@ -183,8 +184,8 @@ pub struct KeyedState {
     ttl: Vec<Option<i64>>,
     /// Per state: where the incremental expiry scan goes on.
     expiry_cursor: Vec<Vec<u8>>,
-    /// Processing time in ms ([`processing_time_ms`]; tests set their own).
-    clock: fn() -> i64,
+    /// Processing time (the job's clock: TTL stamps and expiry).
+    clock: Clock,
     /// A write-back cache of point-read states (see [`KeyedState::cache`]).
     cache: std::cell::RefCell<Box<Cache>>,
 }
@@ -215,13 +216,6 @@ impl hashbrown::Equivalent<(StateId, Vec<u8>)> for CacheKeyRef<'_> {
     fn equivalent(&self, key: &(StateId, Vec<u8>)) -> bool {
         self.0 == key.0 && self.1 == key.1.as_slice()
     }
-}
-
-/// Processing time: the wall clock, in ms.
-pub fn processing_time_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// In front of every value of a state declared TTL-able: a tag byte,
@@ -262,7 +256,7 @@ impl KeyedState {
             ttl: vec![None; decls.len()],
             decls: decls.to_vec(),
             groups,
-            clock: processing_time_ms,
+            clock: Clock::Wall,
             cache: Default::default(),
         }
     }
@@ -318,9 +312,14 @@ impl KeyedState {
         Ok(())
     }
 
-    /// Another processing-time clock (tests).
-    pub fn set_clock(&mut self, clock: fn() -> i64) {
+    /// The job's processing-time clock (the wall clock until set).
+    pub fn set_clock(&mut self, clock: Clock) {
         self.clock = clock;
+    }
+
+    /// The processing-time clock its TTL reads.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     pub fn ttl_enabled(&self) -> bool {
@@ -468,7 +467,7 @@ impl KeyedState {
         if !self.is_ttl(state) {
             return Ok(values);
         }
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         values
             .into_iter()
             .map(|v| match v {
@@ -495,7 +494,7 @@ impl KeyedState {
         if self.decls.iter().any(|d| d.ttl) {
             let mut stamp = [0u8; STAMP_LEN];
             stamp[0] = STAMPED;
-            stamp[1..].copy_from_slice(&encode_time((self.clock)()));
+            stamp[1..].copy_from_slice(&encode_time(self.clock.now_ms()));
             for (state, _, value) in &mut batch.ops {
                 if let Some(v) = value
                     && self.is_ttl(*state)
@@ -616,7 +615,7 @@ impl KeyedState {
                 .backend
                 .scan(state, &start, &end, &mut |k, v| visit(&k[skip.min(k.len())..], v));
         }
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         let mut err = None;
         self.backend
             .scan(state, &start, &end, &mut |k, v| match self.live_value(state, v, now) {
@@ -677,12 +676,6 @@ pub(crate) mod tests {
         },
     ];
 
-    static NOW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1_000);
-
-    fn fake_now() -> i64 {
-        NOW.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
     #[test]
     fn ttl_values_expire_unless_written_again_and_expiry_deletes_them() {
         const TTL_DECLS: &[StateDecl] = &[StateDecl {
@@ -691,7 +684,8 @@ pub(crate) mod tests {
             ttl: true,
         }];
         let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
-        s.set_clock(fake_now);
+        let now = Clock::driven(1_000);
+        s.set_clock(now.clone());
         s.set_ttl(Some(std::time::Duration::from_millis(100)));
         let e = |k: &'static [u8]| EntryRef {
             key_group: 1,
@@ -702,17 +696,17 @@ pub(crate) mod tests {
         w.put(0, e(b"idle"), b"1".to_vec());
         w.put(0, e(b"busy"), b"2".to_vec());
         s.write(w).expect("write");
-        NOW.store(1_080, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(1_080);
         let mut w = KeyedWrite::default();
         w.put(0, e(b"busy"), b"3".to_vec());
         s.write(w).expect("rewrite");
-        NOW.store(1_150, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(1_150);
         // 150 ms after its write the idle key is gone; the busy one was
         // written 70 ms ago.
         let got = s.get(0, &[e(b"idle"), e(b"busy")]).expect("get");
         assert_eq!(got, vec![None, Some(b"3".to_vec())]);
-        let freed = s.expire(fake_now(), 1).expect("expire");
-        let freed = freed + s.expire(fake_now(), 1).expect("expire");
+        let freed = s.expire(now.now_ms(), 1).expect("expire");
+        let freed = freed + s.expire(now.now_ms(), 1).expect("expire");
         assert!(freed > 0, "the expired entry's bytes are freed");
         let mut left = 0;
         s.backend()
@@ -724,15 +718,9 @@ pub(crate) mod tests {
         assert_eq!(left, 1, "only the busy key is stored");
         // Without TTL nothing expires (a stamped value keeps its time).
         s.set_ttl(None);
-        NOW.store(9_999_999, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(9_999_999);
         assert_eq!(s.get(0, &[e(b"busy")]).expect("get"), vec![Some(b"3".to_vec())]);
-        assert_eq!(s.expire(fake_now(), 10).expect("expire"), 0);
-    }
-
-    static LATER_NOW: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(5_000);
-
-    fn later_now() -> i64 {
-        LATER_NOW.load(std::sync::atomic::Ordering::SeqCst)
+        assert_eq!(s.expire(now.now_ms(), 10).expect("expire"), 0);
     }
 
     #[test]
@@ -759,7 +747,8 @@ pub(crate) mod tests {
         };
         // No TTL: the value is a tag byte and the bytes, no write time.
         let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
-        s.set_clock(later_now);
+        let now = Clock::driven(5_000);
+        s.set_clock(now.clone());
         let mut w = KeyedWrite::default();
         w.put(0, e, b"abc".to_vec());
         s.write(w).expect("write");
@@ -768,15 +757,15 @@ pub(crate) mod tests {
         // value is live until the expiry scan stamps it, then lives one
         // TTL from that scan.
         s.set_ttl(Some(std::time::Duration::from_millis(100)));
-        LATER_NOW.store(9_000, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(9_000);
         assert_eq!(s.get(0, &[e]).expect("get"), vec![Some(b"abc".to_vec())]);
-        assert_eq!(s.expire(later_now(), 10).expect("expire"), 0);
+        assert_eq!(s.expire(now.now_ms(), 10).expect("expire"), 0);
         assert_eq!(stored(&s)[0][0], STAMPED, "stamped by the scan");
-        LATER_NOW.store(9_050, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(9_050);
         assert_eq!(s.get(0, &[e]).expect("get"), vec![Some(b"abc".to_vec())]);
-        LATER_NOW.store(9_100, std::sync::atomic::Ordering::SeqCst);
+        now.set_ms(9_100);
         assert_eq!(s.get(0, &[e]).expect("get"), vec![None]);
-        assert!(s.expire(later_now(), 10).expect("expire") > 0);
+        assert!(s.expire(now.now_ms(), 10).expect("expire") > 0);
         assert!(stored(&s).is_empty());
         // A value with an unknown tag is corrupt, named by its state.
         let mut w = WriteBatch::default();

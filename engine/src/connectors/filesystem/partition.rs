@@ -26,6 +26,7 @@ use chrono::{NaiveDate, NaiveDateTime, TimeZone};
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
 use super::part_file::{PartCommitter, io_err, sync_dir};
+use crate::clock::Clock;
 use crate::connectors::{Committer, config_error};
 use crate::error::Result;
 
@@ -354,6 +355,8 @@ pub struct FileCommitter {
     /// committed when the job ends.
     written: Arc<Mutex<BTreeSet<String>>>,
     partitioned: bool,
+    /// Processing time: when a partition's commit delay has passed.
+    clock: Clock,
 }
 
 impl FileCommitter {
@@ -363,8 +366,10 @@ impl FileCommitter {
         policy: Option<CommitPolicy>,
         written: Arc<Mutex<BTreeSet<String>>>,
         partitioned: bool,
+        clock: Clock,
     ) -> Self {
         Self {
+            clock,
             files: PartCommitter::new(dir.clone(), prefix.clone(), 3, "sink.file_committed"),
             dir,
             prefix,
@@ -408,10 +413,6 @@ impl FileCommitter {
     }
 }
 
-fn now_ms() -> i64 {
-    crate::state::keyed::processing_time_ms()
-}
-
 impl Committer for FileCommitter {
     fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
         let (infos, files): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
@@ -421,7 +422,7 @@ impl Committer for FileCommitter {
         let Some(policy) = &self.policy else {
             return Ok(());
         };
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let mut state = self.lock_state();
         let mut parallelism = 0;
         for info in &infos {
@@ -476,7 +477,7 @@ impl Committer for FileCommitter {
         // (their writers' reports went with the failed attempt). The
         // restored writers report afresh, perhaps at another parallelism.
         if let Some(policy) = &self.policy {
-            let now = now_ms();
+            let now = self.clock.now_ms();
             let mut state = self.lock_state();
             state.writers.clear();
             for rel in self.partition_dirs()? {

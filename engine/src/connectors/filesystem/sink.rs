@@ -26,8 +26,7 @@ use weir_catalog::Options;
 use super::part_file::{PartFiles, io_err};
 use super::partition::{CommitPolicy, FileCommitter, Partitioning, commit_info};
 use super::{Format, FormatOptions, format_options, path_of};
-use crate::checkpoint::OperatorSnapshot;
-use crate::connectors::{Committer, SinkContext, SinkFactory};
+use crate::connectors::{Committer, CommittingWriter, SinkContext, SinkFactory, SinkWriter};
 use crate::error::{ConnectorError, Result};
 use crate::operators::{Collector, Operator};
 
@@ -125,7 +124,7 @@ impl SinkFactory for FileSink {
             .into()
     }
 
-    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<SinkWriter> {
         std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
             path: self.dir.display().to_string(),
             source,
@@ -137,7 +136,7 @@ impl SinkFactory for FileSink {
         };
         let columns = self.file_columns();
         let file_schema = Arc::new(self.schema.project(&columns)?);
-        Ok(Box::new(FileWriter {
+        Ok(SinkWriter::Committing(Box::new(FileWriter {
             dir: self.dir.clone(),
             stem: format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
             ext,
@@ -158,7 +157,7 @@ impl SinkFactory for FileSink {
             parallelism,
             written: self.written.clone(),
             buffer: vec![],
-        }))
+        })))
     }
 
     fn committer(&self, ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
@@ -169,6 +168,7 @@ impl SinkFactory for FileSink {
             self.commit.clone(),
             self.written.clone(),
             self.partitioning.is_some(),
+            ctx.clock.clone(),
         )))
     }
 }
@@ -334,7 +334,7 @@ impl FileWriter {
     /// Phase one at a checkpoint: every open part becomes pending; the
     /// committables of those and of the parts rolled since the last
     /// checkpoint, and (partitions committed) what this writer reports.
-    fn pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
+    fn pre_commit_files(&mut self) -> Result<Vec<serde_json::Value>> {
         let open: Vec<String> = self.open.keys().cloned().collect();
         for p in open {
             self.roll(&p)?;
@@ -585,14 +585,6 @@ impl Operator for FileWriter {
         Ok(())
     }
 
-    fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
-        Ok(Some(OperatorSnapshot::Sink(self.pre_commit()?)))
-    }
-
-    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
-        Ok(Some(OperatorSnapshot::Sink(self.pre_commit()?)))
-    }
-
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
         self.ended = true;
         if self.exactly_once {
@@ -604,5 +596,15 @@ impl Operator for FileWriter {
             self.roll(&p)?;
         }
         Ok(())
+    }
+}
+
+impl CommittingWriter for FileWriter {
+    fn pre_commit(&mut self, _checkpoint_id: u64) -> Result<Vec<serde_json::Value>> {
+        self.pre_commit_files()
+    }
+
+    fn final_pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
+        self.pre_commit_files()
     }
 }

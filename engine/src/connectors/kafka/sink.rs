@@ -35,8 +35,8 @@ use super::protocol;
 use super::{NAME, REQUEST_TIMEOUT, Topics, client_config, client_properties, external, invalid};
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
-use crate::connectors::{Committer, SinkContext, SinkFactory};
-use crate::error::{ConnectorError, Result};
+use crate::connectors::{Committer, CommittingWriter, SinkContext, SinkFactory, SinkWriter};
+use crate::error::{ConnectorError, ExecError, Result};
 use crate::failpoint::failpoint;
 use crate::operators::{Collector, Operator};
 
@@ -366,7 +366,7 @@ impl SinkFactory for KafkaSink {
             .into()
     }
 
-    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<Box<dyn Operator>> {
+    fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<SinkWriter> {
         // `fixed` and `round-robin` need each topic's partition count: the
         // one topic's is read here, the others' when first written.
         let mut partitions = HashMap::new();
@@ -414,7 +414,8 @@ impl SinkFactory for KafkaSink {
                 Delivery::Plain(producer)
             }
         };
-        Ok(Box::new(KafkaWriter {
+        let transactional = matches!(delivery, Delivery::Transactional(_));
+        let writer = KafkaWriter {
             delivery,
             buffer: self.settings.buffer.map(|(max_rows, _)| ReduceBuffer {
                 max_rows,
@@ -427,7 +428,12 @@ impl SinkFactory for KafkaSink {
                 next: HashMap::new(),
             },
             subtask: subtask as i32,
-        }))
+        };
+        Ok(if transactional {
+            SinkWriter::Committing(Box::new(writer))
+        } else {
+            SinkWriter::Direct(Box::new(writer))
+        })
     }
 
     fn committer(&self, _ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
@@ -1069,26 +1075,21 @@ impl Operator for KafkaWriter {
     }
 
     fn snapshot_state(&mut self, _checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
-        // The barrier: every record before it is in the topic (or in the
-        // pre-committed transaction) before the checkpoint can complete.
+        // The barrier: every record before it is in the topic before the
+        // checkpoint can complete (at-least-once).
         self.send_buffered()?;
         let topic = self.settings.topics.text();
         match &mut self.delivery {
             Delivery::Plain(p) if self.settings.guarantee != Guarantee::None => flush(p, &topic)?,
             Delivery::Plain(_) => {}
-            Delivery::Transactional(w) => return Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic, false)?))),
+            // Pre-committed through `CommittingWriter`, never here.
+            Delivery::Transactional(_) => {
+                return Err(ExecError::internal(
+                    "a transactional Kafka writer snapshotted as a direct one",
+                ));
+            }
         }
         Ok(None)
-    }
-
-    fn final_snapshot(&mut self) -> Result<Option<OperatorSnapshot>> {
-        self.send_buffered()?;
-        let topic = self.settings.topics.text();
-        match &mut self.delivery {
-            // The end of input: no transaction after this one.
-            Delivery::Transactional(w) => Ok(Some(OperatorSnapshot::Sink(w.pre_commit(&topic, true)?))),
-            Delivery::Plain(_) => Ok(None),
-        }
     }
 
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
@@ -1098,6 +1099,30 @@ impl Operator for KafkaWriter {
             Delivery::Plain(p) => flush(p, &topic),
             // Its last transaction is pre-committed by the final checkpoint.
             Delivery::Transactional(_) => Ok(()),
+        }
+    }
+}
+
+impl CommittingWriter for KafkaWriter {
+    fn pre_commit(&mut self, _checkpoint_id: u64) -> Result<Vec<serde_json::Value>> {
+        self.pre_commit_transaction(false)
+    }
+
+    fn final_pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
+        // The end of input: no transaction after this one.
+        self.pre_commit_transaction(true)
+    }
+}
+
+impl KafkaWriter {
+    /// The barrier: every record before it is in the pre-committed
+    /// transaction before the checkpoint can complete.
+    fn pre_commit_transaction(&mut self, last: bool) -> Result<Vec<serde_json::Value>> {
+        self.send_buffered()?;
+        let topic = self.settings.topics.text();
+        match &mut self.delivery {
+            Delivery::Transactional(w) => w.pre_commit(&topic, last),
+            Delivery::Plain(_) => Err(ExecError::internal("a Kafka writer without transactions pre-committed")),
         }
     }
 }

@@ -39,14 +39,18 @@ use datafusion::common::ScalarValue;
 use datafusion::physical_expr::PhysicalExpr;
 
 use super::accs::{Acc, AggSpec, KeyAccs, decode_count};
+use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
 use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{AggFunc, GroupAggregateNode};
+use crate::plan::{PlanNode, StateKeys, StreamNode, humantime_ms};
 use crate::runtime::metrics::NodeMetrics;
+use crate::state::codec::type_name;
 use crate::state::codec::{decode_counts, encode_counts};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
@@ -223,6 +227,89 @@ impl Results {
             .map(|r| std::mem::replace(&mut r[j], ScalarValue::Null));
         Ok(ScalarValue::iter_to_array(vals)?)
     }
+}
+
+impl PlanNode for GroupAggregateNode {
+    fn describe(&self) -> String {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        let aggs: Vec<String> = self.aggregates.iter().map(|a| a.to_string()).collect();
+        let ttl = self
+            .state_ttl
+            .map(|t| format!(" stateTtl={}", humantime_ms(t)))
+            .unwrap_or_default();
+        format!(
+            "GroupAggregate: keys [{}] aggregates [{}]{ttl}",
+            keys.join(", "),
+            aggs.join(", ")
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(
+            "accumulators and row count by key group|key; MIN/MAX/DISTINCT value counts by key group|key|aggregate|value"
+                .into(),
+        )
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "group",
+            format!(
+                "keys={};aggs={}",
+                canonical_exprs(&self.keys),
+                self.aggregates
+                    .iter()
+                    .map(|a| format!(
+                        "{}{}({}){}:{}{}{}",
+                        a.func.name().to_ascii_lowercase(),
+                        if a.distinct { " distinct" } else { "" },
+                        a.arg.as_ref().map(canonical_expr).unwrap_or_else(|| "*".into()),
+                        a.filter
+                            .as_ref()
+                            .map(|f| format!(" filter {}", canonical_expr(f)))
+                            .unwrap_or_default(),
+                        type_name(&a.output_type),
+                        a.separator
+                            .as_ref()
+                            .map(|s| format!(" separator {s:?}"))
+                            .unwrap_or_default(),
+                        if a.ignore_nulls { " ignore nulls" } else { "" }
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        )
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.keys)
+    }
+}
+
+/// The operator of a GROUP BY's subtask.
+pub fn build(node: &GroupAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let mut state = ctx.keyed_state(STATES)?;
+    if node.state_ttl.is_some() {
+        state.set_ttl(node.state_ttl);
+    }
+    let insert_only = ctx.input_insert_only();
+    if ctx.rocksdb() {
+        // Hot keys stay in memory between snapshots. The value counts too
+        // over insert-only input: only DISTINCT reads them then, by key
+        // (MIN/MAX rescan them, uncached, only when a retraction takes
+        // their extreme).
+        let states: &[usize] = if insert_only { &[ACC, MAP] } else { &[ACC] };
+        state.cache(states, STATE_CACHE_ENTRIES);
+    }
+    Ok(Box::new(GroupAggregateOperator::new(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+        insert_only,
+    )?))
 }
 
 impl GroupAggregateOperator {

@@ -50,13 +50,17 @@ use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use super::panes::{KeyHasher, Pane, Panes};
 use super::slices::{Frozen, Slicer, Slices, pane_bytes};
 use super::{assign_windows, is_fired, window_start};
+use crate::canonical::{aggregate_extras, canonical_exprs};
 use crate::checkpoint::OperatorSnapshot;
+use crate::clock::Clock;
 use crate::error::{ExecError, Result};
 use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
+use crate::plan::{PlanNode, StateKeys, StreamNode, WindowKind};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
 use crate::state::keyed::{decode_time, encode_time, stored_timer_key};
@@ -244,6 +248,8 @@ pub struct WindowAggregateOperator {
     time_column: usize,
     /// Windows on processing time: rows take the clock, the clock fires.
     proctime: bool,
+    /// The job's processing-time clock.
+    clock: Clock,
     /// Rows of a window aggregate: the time column is each row's window
     /// end, its one window.
     attached: bool,
@@ -270,6 +276,133 @@ pub struct WindowAggregateOperator {
     zone: Option<arrow::array::timezone::Tz>,
 }
 
+impl PlanNode for WindowAggregateNode {
+    fn describe(&self) -> String {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        let aggs: Vec<String> = self.aggregates.iter().map(|a| a.name().to_string()).collect();
+        format!(
+            "WindowAggregate: {}{}{} keys [{}] aggregates [{}]",
+            self.window,
+            if self.proctime {
+                " on processing time"
+            } else if self.attached {
+                " of the input's windows"
+            } else {
+                ""
+            },
+            self.zone
+                .as_ref()
+                .map(|z| format!(" in time zone {}", z.id))
+                .unwrap_or_default(),
+            keys.join(", "),
+            aggs.join(", ")
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(if self.window.kind == WindowKind::Session {
+            "each key's open sessions (bounds, accumulators) by key group|key; a timer per session at its end - 1, when it fires and is freed".into()
+        } else if self.proctime {
+            "accumulators by key group|key|window end; rows take the operator's clock, windows fire when the clock passes their end".into()
+        } else {
+            "accumulators by key group|key|window end, event-time timers; fires when the watermark passes a window end"
+                .into()
+        })
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "window",
+            format!(
+                "{:?}:{}:{}:{};time=#{};keys={};aggs={}",
+                self.window.kind,
+                self.window.size,
+                self.window.slide,
+                self.window.offset,
+                self.time_column,
+                canonical_exprs(&self.keys),
+                self.aggregates
+                    .iter()
+                    .map(|a| format!(
+                        "{}{}({}){}",
+                        a.fun().name().to_ascii_lowercase(),
+                        if a.is_distinct() { " distinct" } else { "" },
+                        canonical_exprs(&a.expressions()),
+                        aggregate_extras(a)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ) + &window_outputs(&self.group_outputs)
+                + if self.proctime { ";proctime" } else { "" }
+                + if self.attached { ";attached" } else { "" },
+        )
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.keys)
+    }
+}
+
+/// A window aggregate's grouping outputs when its window columns are not
+/// in the order start, end, time (`GROUP BY window_end, window_start`
+/// swaps two columns of one type: the same output types, another
+/// meaning for every node downstream). Keys keep their GROUP BY order.
+fn window_outputs(outputs: &[GroupOutput]) -> String {
+    let rank = |o: &GroupOutput| match o {
+        GroupOutput::WindowStart => Some(0),
+        GroupOutput::WindowEnd => Some(1),
+        GroupOutput::WindowTime => Some(2),
+        GroupOutput::Key(_) => None,
+    };
+    let parts: Vec<i32> = outputs.iter().filter_map(rank).collect();
+    if parts.windows(2).all(|p| p[0] < p[1]) {
+        return String::new();
+    }
+    let cols: Vec<String> = outputs
+        .iter()
+        .map(|o| match o {
+            GroupOutput::WindowStart => "start".to_string(),
+            GroupOutput::WindowEnd => "end".to_string(),
+            GroupOutput::WindowTime => "time".to_string(),
+            GroupOutput::Key(i) => format!("k{i}"),
+        })
+        .collect();
+    format!(";outputs={}", cols.join(","))
+}
+
+/// The operator of a TUMBLE/HOP/CUMULATE window aggregate's subtask.
+pub fn build(node: &crate::plan::WindowAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let groups = ctx.key_groups();
+    let sources = ctx.restored_keyed();
+    // RocksDB: bytes through the keyed-state layer; heap: live
+    // accumulators, filled from the same canonical state.
+    let store = if ctx.rocksdb() {
+        WindowStore::keyed(ctx.open_keyed(STATES)?, ctx.config.window_buffer_limit)?
+    } else {
+        WindowStore::Live {
+            panes: Default::default(),
+            groups: groups.clone(),
+        }
+    };
+    let mut op = WindowAggregateOperator::new(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        store,
+        ctx.metrics.clone(),
+        ctx.node().parallelism,
+    )?;
+    if !ctx.config.window_slicing {
+        op = op.without_slicing();
+    }
+    op.clock = ctx.clock();
+    if !ctx.rocksdb() && !sources.is_empty() {
+        op.restore_live(groups, sources)?;
+    }
+    Ok(Box::new(op))
+}
+
 impl WindowAggregateOperator {
     pub fn new(
         node: &WindowAggregateNode,
@@ -286,6 +419,7 @@ impl WindowAggregateOperator {
             window: node.window,
             time_column: node.time_column,
             proctime: node.proctime,
+            clock: Clock::Wall,
             attached: node.attached,
             keys: node.keys.clone(),
             key_encoder,
@@ -802,7 +936,7 @@ impl Operator for WindowAggregateOperator {
             // The operator's clock when the rows arrive (Flink assigns
             // processing-time windows in the window operator), never
             // behind windows it already fired.
-            let now = self.wall_clock(crate::state::keyed::processing_time_ms());
+            let now = self.wall_clock(self.clock.now_ms());
             let now = now.max(self.watermark.saturating_add(1));
             TimestampMillisecondArray::from(vec![now; n])
         } else {

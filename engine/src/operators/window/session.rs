@@ -40,17 +40,19 @@ use hashbrown::{HashMap, HashSet};
 
 use super::aggregate::{Aggs, WindowOutput};
 use super::is_fired;
+use crate::canonical::canonical_exprs;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
 use crate::message::{MIN_WATERMARK, Timestamp};
+use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
-use crate::operators::rank::{frame_rows, unframe_rows};
 use crate::operators::{Collector, Operator};
 use crate::plan::{GroupOutput, SessionWindowNode, WindowAggregateNode};
+use crate::plan::{PlanNode, StateKeys, StreamNode, WindowKind, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, RowList};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
 const SESSIONS: usize = 0;
@@ -108,7 +110,7 @@ fn encode_sessions(sessions: &[Session]) -> Vec<u8> {
             r
         })
         .collect();
-    frame_rows(records.iter().map(Vec::as_slice))
+    RowList::encode(records.iter().map(Vec::as_slice))
 }
 
 fn decode_sessions(bytes: &[u8]) -> Result<Vec<Session>> {
@@ -116,7 +118,7 @@ fn decode_sessions(bytes: &[u8]) -> Result<Vec<Session>> {
         state: STATES[SESSIONS].name.into(),
         message: format!("a key's sessions ({} bytes) are cut short", bytes.len()),
     };
-    let records = unframe_rows(bytes).ok_or_else(corrupt)?;
+    let records = RowList::decode(bytes).ok_or_else(corrupt)?;
     records
         .into_iter()
         .map(|r| {
@@ -188,6 +190,80 @@ pub struct SessionWindowOperator {
     /// watermarks are compared on that clock, `window_time` is an instant.
     zone: Option<arrow::array::timezone::Tz>,
     metrics: Arc<NodeMetrics>,
+}
+
+impl PlanNode for SessionWindowNode {
+    fn describe(&self) -> String {
+        let keys: Vec<String> = self.partition.iter().map(|k| k.to_string()).collect();
+        format!(
+            "SessionWindow: {} partition [{}]{}",
+            WindowSpec {
+                kind: WindowKind::Session,
+                size: self.gap,
+                slide: self.gap,
+                offset: 0
+            },
+            keys.join(", "),
+            self.zone
+                .as_ref()
+                .map(|z| format!(" in time zone {}", z.id))
+                .unwrap_or_default()
+        )
+    }
+
+    fn explain_state(&self) -> Option<String> {
+        Some(
+            "each partition's open sessions (bounds, rows) by key group|partition key; a timer per session at its end - 1, when its rows are emitted and freed"
+                .into(),
+        )
+    }
+
+    fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
+        (
+            "session_window",
+            format!(
+                "gap={};time={};partition={}",
+                self.gap,
+                self.time_column,
+                canonical_exprs(&self.partition)
+            ) + &self
+                .zone
+                .as_ref()
+                .map(|z| format!(";zone={}", z.id))
+                .unwrap_or_default(),
+        )
+    }
+
+    fn state_keys(&self) -> StateKeys<'_> {
+        StateKeys::Keyed(&self.partition)
+    }
+}
+
+/// The operator of a SESSION window aggregate's subtask.
+pub fn build_aggregate(node: &WindowAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(SessionWindowOperator::aggregate(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
+}
+
+/// The operator of a SESSION window TVF's subtask (rows with their
+/// session's bounds).
+pub fn build_rows(node: &SessionWindowNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
+    let state = ctx.keyed_state(STATES)?;
+    Ok(Box::new(SessionWindowOperator::rows(
+        node,
+        &ctx.input_schema()?,
+        ctx.schema(),
+        ctx.max_parallelism(),
+        state,
+        ctx.metrics.clone(),
+    )?))
 }
 
 impl SessionWindowOperator {
@@ -453,15 +529,17 @@ impl Operator for SessionWindowOperator {
                     for s in m.sessions.iter().filter(|s| changed(s)) {
                         let mut rows: Vec<&[u8]> = vec![];
                         for &i in &s.2 {
-                            rows.extend(unframe_rows(&m.stored[i].payload).ok_or_else(|| StateError::Corrupt {
-                                state: STATES[SESSIONS].name.into(),
-                                message: "a session's rows are cut short".into(),
-                            })?);
+                            rows.extend(
+                                RowList::decode(&m.stored[i].payload).ok_or_else(|| StateError::Corrupt {
+                                    state: STATES[SESSIONS].name.into(),
+                                    message: "a session's rows are cut short".into(),
+                                })?,
+                            );
                         }
                         if let Some(e) = &encoded {
                             rows.extend(s.3.iter().map(|r| e.row(*r as usize)));
                         }
-                        payloads.push(frame_rows(rows.into_iter()));
+                        payloads.push(RowList::encode(rows.into_iter()));
                     }
                 }
             }
@@ -611,7 +689,7 @@ impl SessionWindowOperator {
                 let mut rows: Vec<&[u8]> = vec![];
                 let (mut starts, mut ends) = (vec![], vec![]);
                 for (end, start, _, payload) in fired {
-                    let r = unframe_rows(payload).ok_or_else(|| StateError::Corrupt {
+                    let r = RowList::decode(payload).ok_or_else(|| StateError::Corrupt {
                         state: STATES[SESSIONS].name.into(),
                         message: "a session's rows are cut short".into(),
                     })?;
