@@ -351,7 +351,7 @@ fn flink_texts(
         }
         _ => c.clone(),
     };
-    weir_sql::flink_cast::to_strings(&c).map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))
+    weir_sql::functions::cast::to_strings(&c).map_err(|e| arrow::error::ArrowError::ComputeError(e.to_string()))
 }
 
 /// A statement's rows (a query without a table, SHOW, DESCRIBE) as a

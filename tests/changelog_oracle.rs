@@ -179,7 +179,7 @@ fn rows_of(batch: &RecordBatch) -> Vec<String> {
 
 async fn batch_answer(sql: &str, input: &RecordBatch, second: &RecordBatch) -> BTreeMap<String, i64> {
     let ctx = SessionContext::new();
-    ctx.register_udaf(weir_sql::flink_functions::FlinkAvg::udaf());
+    ctx.register_udaf(weir_sql::functions::overrides::FlinkAvg::udaf());
     let table = MemTable::try_new(input.schema(), vec![vec![input.clone()]]).expect("mem table");
     ctx.register_table("t", Arc::new(table)).expect("register");
     let table = MemTable::try_new(second.schema(), vec![vec![second.clone()]]).expect("mem table");

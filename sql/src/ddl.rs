@@ -106,7 +106,7 @@ pub fn create_table(stmt: &CreateTable, planner: &Planner) -> Result<TableDef> {
         if col
             .computed
             .as_deref()
-            .is_some_and(crate::flink_functions::is_proctime_call)
+            .is_some_and(crate::functions::overrides::is_proctime_call)
         {
             return Err(SqlError::plan(format!(
                 "WATERMARK FOR '{}': a watermark cannot be defined on a processing-time attribute (PROCTIME()); \

@@ -771,7 +771,7 @@ fn rewrite_map_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSpan> {
         let Some(close) = matching_close(&tokens, open) else {
             continue;
         };
-        tokens[map].token = Token::make_word(crate::flink_maps::MAP_FN, None);
+        tokens[map].token = Token::make_word(crate::functions::maps::MAP_FN, None);
         tokens[open].token = Token::LParen;
         tokens[close].token = Token::RParen;
     }
@@ -861,7 +861,7 @@ fn rewrite_json_member_tokens(mut tokens: Vec<TokenWithSpan>) -> Vec<TokenWithSp
                 tokens[first].token = Token::Whitespace(Whitespace::Space);
             }
             tokens.insert(first, at_span(Token::LParen));
-            tokens.insert(first, at_span(Token::make_word(crate::flink_json::KV_FN, None)));
+            tokens.insert(first, at_span(Token::make_word(crate::functions::json::KV_FN, None)));
         }
         at = open + 1;
     }

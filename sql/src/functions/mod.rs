@@ -9,13 +9,42 @@
 //! (`tests/functions/cases.txt`, answers recorded on Flink 2.3) checks
 //! the supported ones; `docs/sql.md`'s function table is generated from
 //! [`markdown_table`] (a test keeps it in step).
+//!
+//! Each family of Flink's functions that Weir implements itself (where
+//! DataFusion lacks it or answers differently) is a file here:
+//! - [`overrides`]: registered over DataFusion's under the same name
+//!   (`AVG` of integers), and Flink's own (`TYPEOF`).
+//! - [`scalars`]: string functions and the time functions that take Java
+//!   patterns; [`time`]: `TIMESTAMPADD`, `TIMESTAMPDIFF`, `FLOOR`/`CEIL`
+//!   to a unit; [`clock`]: the clock functions (per batch) and `RAND` as
+//!   Java's `Random`.
+//! - [`cast`]: values as Flink writes them as text (`CAST(x AS STRING)`).
+//! - [`json`], [`decimal`], [`bytes`], [`math`], [`moments`], [`printf`].
+//! - [`arrays`], [`maps`], [`collections`], [`collect`] (`COLLECT` as a
+//!   MULTISET).
 
 use std::ops::ControlFlow;
+
+pub mod arrays;
+pub mod bytes;
+pub mod cast;
+pub mod clock;
+pub mod collect;
+pub mod collections;
+pub mod decimal;
+pub mod json;
+pub mod maps;
+pub mod math;
+pub mod moments;
+pub mod overrides;
+pub mod printf;
+pub mod scalars;
+pub mod time;
 
 use sqlparser::ast::{self, Spanned, Visit, Visitor};
 
 use crate::error::{Location, SqlError};
-use crate::flink_time::{Op, Unit};
+use crate::functions::time::{Op, Unit};
 
 /// How Weir runs a Flink function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -765,7 +794,7 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                 format: None,
             }),
             ("sha224" | "sha256" | "sha384" | "sha512", [x]) => Some(call(
-                crate::flink_bytes::HEX_OF_BYTES,
+                crate::functions::bytes::HEX_OF_BYTES,
                 vec![call("digest", vec![x.clone(), text(&name)])],
             )),
             ("sha2", [x, bits]) => match bits {
@@ -775,7 +804,7 @@ pub fn flink_calls<V: ast::VisitMut>(node: &mut V) -> Result<(), SqlError> {
                         unreachable!()
                     };
                     Some(call(
-                        crate::flink_bytes::HEX_OF_BYTES,
+                        crate::functions::bytes::HEX_OF_BYTES,
                         vec![call("digest", vec![x.clone(), text(&format!("sha{n}"))])],
                     ))
                 }
@@ -878,13 +907,13 @@ fn json_arrayagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
         return Err(refuse("takes one value"));
     };
     let value = if is_json_constructor(x) {
-        call(crate::flink_json::RAW_FN, vec![x.clone()])
+        call(crate::functions::json::RAW_FN, vec![x.clone()])
     } else {
         x.clone()
     };
     let element = call(
         if nulls {
-            crate::flink_json::ELEMENT_NULLS_FN
+            crate::functions::json::ELEMENT_NULLS_FN
         } else {
             "json_string"
         },
@@ -938,7 +967,7 @@ fn cast_to_length(e: &ast::Expr) -> Option<ast::Expr> {
         format: format.clone(),
     };
     Some(call(
-        crate::flink_scalars::FIT_TEXT_FN,
+        crate::functions::scalars::FIT_TEXT_FN,
         vec![
             as_string,
             ast::Expr::Value(ast::Value::Number(n.to_string(), false).into()),
@@ -953,7 +982,7 @@ fn json_member(a: &ast::FunctionArg) -> Option<(ast::Expr, ast::Expr)> {
     let ast::FunctionArg::Unnamed(ast::FunctionArgExpr::Expr(ast::Expr::Function(kv))) = a else {
         return None;
     };
-    if !kv.name.to_string().eq_ignore_ascii_case(crate::flink_json::KV_FN) {
+    if !kv.name.to_string().eq_ignore_ascii_case(crate::functions::json::KV_FN) {
         return None;
     }
     let ast::FunctionArguments::List(list) = &kv.args else {
@@ -988,20 +1017,20 @@ fn json_objectagg(f: &ast::Function) -> Result<ast::Expr, SqlError> {
         return Err(refuse("takes one member, `key VALUE value`"));
     };
     let value = if is_json_constructor(&value) {
-        call(crate::flink_json::RAW_FN, vec![value])
+        call(crate::functions::json::RAW_FN, vec![value])
     } else {
         value
     };
     let member = call(
         if absent {
-            crate::flink_json::MEMBER_ABSENT_FN
+            crate::functions::json::MEMBER_ABSENT_FN
         } else {
-            crate::flink_json::MEMBER_FN
+            crate::functions::json::MEMBER_FN
         },
         vec![key, value],
     );
     let agg = listagg_filtered(member, f);
-    Ok(call(crate::flink_json::OBJECTAGG_FN, vec![agg]))
+    Ok(call(crate::functions::json::OBJECTAGG_FN, vec![agg]))
 }
 
 /// Flink's JSON constructors and `JSON_VALUE ... RETURNING` as Weir's
@@ -1046,7 +1075,7 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
     let mut as_json = |e: ast::Expr| -> ast::Expr {
         if is_json_constructor(&e) {
             nested = true;
-            call(crate::flink_json::RAW_FN, vec![e])
+            call(crate::functions::json::RAW_FN, vec![e])
         } else {
             e
         }

@@ -22,7 +22,7 @@ use datafusion::common::Result;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
-use crate::flink_json as json;
+use crate::functions::json;
 
 /// A text function of arguments that may be NULL, with their types.
 type NullableTextFn = fn(&[Option<&str>], &[DataType]) -> Result<Option<String>>;

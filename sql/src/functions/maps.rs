@@ -25,7 +25,7 @@ use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::type_coercion::binary::type_union_resolution;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
-use crate::flink_scalars::java_regex;
+use crate::functions::scalars::java_regex;
 use crate::types::map_type;
 
 /// The parser's name of `MAP[...]`.

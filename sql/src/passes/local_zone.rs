@@ -186,7 +186,7 @@ pub fn local_zone(plan: LogicalPlan, zone: Option<&SessionZone>) -> Result<Trans
     };
     // Windows first: a zoned marker's window_start is a wall time, which
     // every node above must see in its schema before its casts are read.
-    let windows = crate::flink_cast::rewrite_expressions(plan, |e, schema| {
+    let windows = crate::passes::rewrite_expressions(plan, |e, schema| {
         e.transform_up(|e| match &e {
             Expr::ScalarFunction(call) if call.func.name() == crate::udf::WINDOW_FN => {
                 window_marker(call, &e, zone, &|x: &Expr| x.get_type(schema as &dyn ExprSchema).ok())
@@ -202,7 +202,7 @@ pub fn local_zone(plan: LogicalPlan, zone: Option<&SessionZone>) -> Result<Trans
     } else {
         windows.data
     };
-    crate::flink_cast::rewrite_expressions(plan, |e, schema| local_zone_in(e, schema, Some(zone)))
+    crate::passes::rewrite_expressions(plan, |e, schema| local_zone_in(e, schema, Some(zone)))
 }
 
 /// A window marker on a TIMESTAMP_LTZ becomes a zoned one (see the
@@ -306,7 +306,7 @@ fn function(
         "current_date" | "current_time" | "localtime" => {
             let to = type_of(e).unwrap_or(DataType::Date32);
             let now = Expr::ScalarFunction(ScalarFunction::new_udf(
-                Arc::new(crate::flink_clock::local_timestamp()),
+                Arc::new(crate::functions::clock::local_timestamp()),
                 vec![],
             ));
             Transformed::yes(Expr::Cast(Cast::new(Box::new(local(now)), to)))
@@ -324,7 +324,7 @@ fn function(
         }
         // Weir's text functions read a TIMESTAMP_LTZ argument as its text,
         // which is the zone's (as a cast to STRING).
-        _ if (call.func.inner().as_ref() as &dyn std::any::Any).is::<crate::flink_scalars::FlinkScalar>() => {
+        _ if (call.func.inner().as_ref() as &dyn std::any::Any).is::<crate::functions::scalars::FlinkScalar>() => {
             match ltz_args_local() {
                 Some(args) => Transformed::yes(with_args(args)),
                 None => Transformed::no(e.clone()),

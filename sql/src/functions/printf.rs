@@ -141,11 +141,11 @@ fn java_value(a: &ArrayRef, i: usize) -> Result<JavaValue> {
         DataType::Float64 => JavaValue::Floating(a.as_primitive::<Float64Type>().value(i), false),
         DataType::Timestamp(unit, _) => {
             let ts = arrow::compute::cast(a, &DataType::Timestamp(*unit, None))?;
-            let text = crate::flink_cast::to_strings(&ts.slice(i, 1))?;
+            let text = crate::functions::cast::to_strings(&ts.slice(i, 1))?;
             JavaValue::Text(local_date_time(text.as_string::<i32>().value(0)))
         }
         _ => {
-            let text = crate::flink_cast::to_strings(&a.slice(i, 1))?;
+            let text = crate::functions::cast::to_strings(&a.slice(i, 1))?;
             JavaValue::Text(text.as_string::<i32>().value(0).to_string())
         }
     })

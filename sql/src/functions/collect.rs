@@ -213,7 +213,7 @@ mod tests {
     use arrow::array::StringArray;
 
     fn text(m: &ScalarValue) -> String {
-        let strings = crate::flink_cast::to_strings(&m.to_array().expect("array")).expect("text");
+        let strings = crate::functions::cast::to_strings(&m.to_array().expect("array")).expect("text");
         strings.as_string::<i32>().value(0).to_string()
     }
 

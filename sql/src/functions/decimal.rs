@@ -17,7 +17,7 @@
 //! DataFusion types division differently (`m / 3` of a `DECIMAL(10, 2)`:
 //! DataFusion `4.116666`, Flink `DECIMAL(21, 13)` `4.1166666666667`), so
 //! an operation whose DataFusion type is not Flink's becomes a call of
-//! [`FlinkDecimal`], after coercion (see [`crate::flink_cast`]).
+//! [`FlinkDecimal`], after coercion (see [`crate::functions::cast`]).
 
 use std::sync::Arc;
 
@@ -426,7 +426,7 @@ pub fn approximate_wins_in(e: Expr, schema: &DFSchema) -> Result<Transformed<Exp
             }
             // ARRAY[...]'s elements, MAP[...]'s keys and its values.
             Expr::ScalarFunction(call) if call.func.name() == "make_array" => widen(call.args.iter_mut().collect()),
-            Expr::ScalarFunction(call) if call.func.name() == crate::flink_maps::MAP_FN => {
+            Expr::ScalarFunction(call) if call.func.name() == crate::functions::maps::MAP_FN => {
                 let (mut keys, mut values): (Vec<&mut Expr>, Vec<&mut Expr>) = (vec![], vec![]);
                 for (i, x) in call.args.iter_mut().enumerate() {
                     if i % 2 == 0 { keys.push(x) } else { values.push(x) }
