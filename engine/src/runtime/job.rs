@@ -752,47 +752,10 @@ async fn run_attempt(
         checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
         clock: config.clock.clone(),
     };
-    let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
-    for n in &graph.nodes {
-        if let NodeKind::Sink(s) = &n.kind
-            && let Some(c) = s.factory.committer(&sink_ctx)
-        {
-            committers.insert(n.uid.clone(), c);
-        }
-        // A source's dead letters are committed like a sink's output.
-        if let NodeKind::Source(s) = &n.kind
-            && let Some(dir) = s.factory.dead_letter_dir()
-        {
-            committers.insert(n.uid.clone(), crate::connectors::dead_letter::committer(dir, &sink_ctx));
-        }
-        // A source told of completed checkpoints (Kafka's group offsets).
-        if let NodeKind::Source(s) = &n.kind
-            && let Some(c) = s.factory.committer(&sink_ctx)
-        {
-            committers.insert(n.uid.clone(), c);
-        }
-    }
-    if let Some(r) = &restored {
-        // Output the restored checkpoint pre-committed is committed now
-        // (again, if it was before: commits are idempotent).
-        commit_all(&committers, &r.metadata).await?;
-    }
-    if sink_ctx.exactly_once || restored.is_some() {
-        // What a failed attempt wrote and no checkpoint holds goes.
-        for c in committers.values() {
-            let c = c.clone();
-            tokio::task::spawn_blocking(move || c.recover())
-                .await
-                .map_err(|e| ExecError::internal(format!("sink recovery failed: {e}")))??;
-        }
-    }
-    if restored.as_ref().is_some_and(|r| r.metadata.is_final) {
+    let Some(committers) = restore_commits(graph, config, &sink_ctx, restored.as_ref()).await? else {
         // The run had ended; its last output is committed: nothing to do.
         return Ok(());
-    }
-    if restored.is_none() {
-        crate::checkpoint::storage::remove_dir_if_exists(&config.job_dir.join("state"))?;
-    }
+    };
     let (trigger_tx, trigger_rx) = watch::channel(None);
     let (report_tx, report_rx) = mpsc::unbounded_channel();
     let mut task_count = 0usize;
@@ -811,126 +774,15 @@ async fn run_attempt(
         })
     };
     let chains = chains(graph);
-    let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
 
-    // A source's splits are listed once and dealt to its subtasks: a
-    // listing per subtask could differ (a topic created in between) and
-    // leave a split to no reader.
-    type Dealt = (
-        Vec<Vec<Box<dyn crate::connectors::SourceSplit>>>,
-        std::collections::BTreeSet<String>,
-    );
-    let mut dealt_splits: Vec<Dealt> = vec![];
-    for chain in &chains {
-        let head = graph.node(chain[0]);
-        let mut dealt: Vec<Vec<Box<dyn crate::connectors::SourceSplit>>> = vec![];
-        let mut all_splits = std::collections::BTreeSet::new();
-        if let NodeKind::Source(src) = &head.kind {
-            // Restored: the splits the snapshot has positions for,
-            // whatever the parallelism was (split ids do not depend on
-            // it); fresh: as many as subtasks.
-            let recorded: &[crate::checkpoint::SplitPosition] = restored
-                .as_ref()
-                .and_then(|r| r.metadata.sources.get(&head.uid))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let splits = if recorded.is_empty() {
-                src.factory.create_splits(head.parallelism)?
-            } else {
-                src.factory.restore_splits(recorded)?
-            };
-            all_splits = splits.iter().map(|s| s.id()).collect();
-            dealt = (0..head.parallelism).map(|_| vec![]).collect();
-            for (i, s) in splits.into_iter().enumerate() {
-                dealt[i % head.parallelism].push(s);
-            }
-        }
-        dealt_splits.push((dealt, all_splits));
-    }
+    let mut dealt_splits = deal_splits(graph, &chains, restored.as_ref())?;
 
-    // Channels: for every non-chained edge, senders[from subtask][to subtask].
-    type Lane = (
-        mpsc::Receiver<StreamMessage>,
-        Option<mpsc::UnboundedReceiver<crate::message::Barrier>>,
-    );
-    let unaligned = config.checkpointing.as_ref().is_some_and(|c| c.unaligned);
-    let mut inputs: Vec<Vec<Vec<Lane>>> = chains
-        .iter()
-        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
-        .collect();
-    // The operator input each of those channels feeds.
-    let mut ports: Vec<Vec<Vec<usize>>> = chains
-        .iter()
-        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
-        .collect();
-    // The upstream (chain, subtask) of each of those channels.
-    let mut origins: Vec<Vec<Vec<(usize, usize)>>> = chains
-        .iter()
-        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
-        .collect();
-    let mut outputs: Vec<Vec<Option<Output>>> = chains
-        .iter()
-        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| None).collect())
-        .collect();
-    for edge in graph.edges.iter().filter(|e| !graph.is_chained(e)) {
-        let (Some(from_chain), Some(to_chain)) = (chain_of(edge.from), chain_of(edge.to)) else {
-            return Err(ExecError::internal("edge between unknown nodes"));
-        };
-        let p_from = graph.node(edge.from).parallelism;
-        let p_to = graph.node(edge.to).parallelism;
-        // `i` is the upstream subtask: it picks targets and the slot in `outputs`.
-        #[allow(clippy::needless_range_loop)]
-        for i in 0..p_from {
-            let targets: Vec<usize> = match edge.exchange {
-                Exchange::Forward if p_from == p_to => vec![i],
-                Exchange::Global => vec![0],
-                _ => (0..p_to).collect(),
-            };
-            let mut senders = vec![];
-            let mut priority = vec![];
-            for t in targets {
-                let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-                senders.push(tx);
-                // Unaligned checkpoints: a lane for barriers that overtake data.
-                let lane = unaligned.then(|| {
-                    let (ptx, prx) = mpsc::unbounded_channel();
-                    priority.push(ptx);
-                    prx
-                });
-                inputs[to_chain][t].push((rx, lane));
-                ports[to_chain][t].push(edge.input);
-                origins[to_chain][t].push((from_chain, i));
-            }
-            let partitioner = match &edge.exchange {
-                Exchange::Hash(keys) => {
-                    let input_schema = &graph.node(edge.from).schema;
-                    let types = keys
-                        .iter()
-                        .map(|k| k.data_type(input_schema))
-                        .collect::<Result<Vec<DataType>, _>>()?;
-                    if types.is_empty() {
-                        Partitioner::Forward
-                    } else {
-                        Partitioner::Hash {
-                            keys: keys.clone(),
-                            encoder: KeyEncoder::new(&types)?,
-                            max_parallelism: config.max_parallelism,
-                        }
-                    }
-                }
-                _ if senders.len() == 1 => Partitioner::Forward,
-                _ => Partitioner::Rebalance { next: i },
-            };
-            let output = Output::channels(senders, partitioner)
-                .with_priority(priority)
-                .with_backpressure_counter(metrics.nodes[edge.from].backpressured_ns.clone());
-            // A node with several consumers sends to each.
-            outputs[from_chain][i] = Some(match outputs[from_chain][i].take() {
-                Some(earlier) => earlier.and(output),
-                None => output,
-            });
-        }
-    }
+    let Wiring {
+        mut inputs,
+        ports,
+        origins,
+        mut outputs,
+    } = wire(graph, &chains, config, &metrics)?;
 
     let idle = starting_idle(graph, &chains, &dealt_splits, &origins);
 
@@ -1147,6 +999,224 @@ async fn run_attempt(
         };
         coordinator_set.spawn(coordinator.run());
     }
+    supervise(tasks, coordinator_set, cancel).await?;
+    if !sink_ctx.exactly_once && !*stop_rx.borrow() {
+        // The input ended and the writers committed their output: what
+        // waits for the end (a file sink's partitions) is committed now.
+        for c in committers.values() {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || c.finish())
+                .await
+                .map_err(|e| ExecError::internal(format!("sink finish failed: {e}")))??;
+        }
+    }
+    Ok(())
+}
+
+/// One input channel of a subtask: its data, and with unaligned
+/// checkpoints a lane for barriers that overtake data.
+type Lane = (
+    mpsc::Receiver<StreamMessage>,
+    Option<mpsc::UnboundedReceiver<crate::message::Barrier>>,
+);
+
+/// The channels of an attempt, per chain and subtask: for every edge that
+/// is not chained, a bounded channel from each upstream subtask to each
+/// downstream subtask it can reach.
+struct Wiring {
+    inputs: Vec<Vec<Vec<Lane>>>,
+    /// The operator input each of those channels feeds.
+    ports: Vec<Vec<Vec<usize>>>,
+    /// The upstream (chain, subtask) of each of those channels.
+    origins: Vec<Vec<Vec<(usize, usize)>>>,
+    outputs: Vec<Vec<Option<Output>>>,
+}
+
+fn wire(graph: &StreamGraph, chains: &[Vec<NodeId>], config: &JobConfig, metrics: &JobMetrics) -> Result<Wiring> {
+    let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
+    let unaligned = config.checkpointing.as_ref().is_some_and(|c| c.unaligned);
+    let mut inputs: Vec<Vec<Vec<Lane>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
+    let mut ports: Vec<Vec<Vec<usize>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
+    let mut origins: Vec<Vec<Vec<(usize, usize)>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| vec![]).collect())
+        .collect();
+    let mut outputs: Vec<Vec<Option<Output>>> = chains
+        .iter()
+        .map(|c| (0..graph.node(c[0]).parallelism).map(|_| None).collect())
+        .collect();
+    for edge in graph.edges.iter().filter(|e| !graph.is_chained(e)) {
+        let (Some(from_chain), Some(to_chain)) = (chain_of(edge.from), chain_of(edge.to)) else {
+            return Err(ExecError::internal("edge between unknown nodes"));
+        };
+        let p_from = graph.node(edge.from).parallelism;
+        let p_to = graph.node(edge.to).parallelism;
+        // `i` is the upstream subtask: it picks targets and the slot in `outputs`.
+        #[allow(clippy::needless_range_loop)]
+        for i in 0..p_from {
+            let targets: Vec<usize> = match edge.exchange {
+                Exchange::Forward if p_from == p_to => vec![i],
+                Exchange::Global => vec![0],
+                _ => (0..p_to).collect(),
+            };
+            let mut senders = vec![];
+            let mut priority = vec![];
+            for t in targets {
+                let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+                senders.push(tx);
+                // Unaligned checkpoints: a lane for barriers that overtake data.
+                let lane = unaligned.then(|| {
+                    let (ptx, prx) = mpsc::unbounded_channel();
+                    priority.push(ptx);
+                    prx
+                });
+                inputs[to_chain][t].push((rx, lane));
+                ports[to_chain][t].push(edge.input);
+                origins[to_chain][t].push((from_chain, i));
+            }
+            let partitioner = match &edge.exchange {
+                Exchange::Hash(keys) => {
+                    let input_schema = &graph.node(edge.from).schema;
+                    let types = keys
+                        .iter()
+                        .map(|k| k.data_type(input_schema))
+                        .collect::<Result<Vec<DataType>, _>>()?;
+                    if types.is_empty() {
+                        Partitioner::Forward
+                    } else {
+                        Partitioner::Hash {
+                            keys: keys.clone(),
+                            encoder: KeyEncoder::new(&types)?,
+                            max_parallelism: config.max_parallelism,
+                        }
+                    }
+                }
+                _ if senders.len() == 1 => Partitioner::Forward,
+                _ => Partitioner::Rebalance { next: i },
+            };
+            let output = Output::channels(senders, partitioner)
+                .with_priority(priority)
+                .with_backpressure_counter(metrics.nodes[edge.from].backpressured_ns.clone());
+            // A node with several consumers sends to each.
+            outputs[from_chain][i] = Some(match outputs[from_chain][i].take() {
+                Some(earlier) => earlier.and(output),
+                None => output,
+            });
+        }
+    }
+    Ok(Wiring {
+        inputs,
+        ports,
+        origins,
+        outputs,
+    })
+}
+
+/// The restore side of an attempt: every committer of the job (sinks',
+/// dead letters', sources told of completed checkpoints), with what the
+/// restored checkpoint pre-committed committed now and what a failed
+/// attempt wrote outside any checkpoint removed. `None`: the restored run
+/// had ended (its last output is committed; nothing is left to run).
+async fn restore_commits(
+    graph: &StreamGraph,
+    config: &JobConfig,
+    sink_ctx: &SinkContext,
+    restored: Option<&RestoredJob>,
+) -> Result<Option<HashMap<String, Arc<dyn Committer>>>> {
+    let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
+    for n in &graph.nodes {
+        if let NodeKind::Sink(s) = &n.kind
+            && let Some(c) = s.factory.committer(sink_ctx)
+        {
+            committers.insert(n.uid.clone(), c);
+        }
+        // A source's dead letters are committed like a sink's output.
+        if let NodeKind::Source(s) = &n.kind
+            && let Some(dir) = s.factory.dead_letter_dir()
+        {
+            committers.insert(n.uid.clone(), crate::connectors::dead_letter::committer(dir, sink_ctx));
+        }
+        // A source told of completed checkpoints (Kafka's group offsets).
+        if let NodeKind::Source(s) = &n.kind
+            && let Some(c) = s.factory.committer(sink_ctx)
+        {
+            committers.insert(n.uid.clone(), c);
+        }
+    }
+    if let Some(r) = restored {
+        // Output the restored checkpoint pre-committed is committed now
+        // (again, if it was before: commits are idempotent).
+        commit_all(&committers, &r.metadata).await?;
+    }
+    if sink_ctx.exactly_once || restored.is_some() {
+        // What a failed attempt wrote and no checkpoint holds goes.
+        for c in committers.values() {
+            let c = c.clone();
+            tokio::task::spawn_blocking(move || c.recover())
+                .await
+                .map_err(|e| ExecError::internal(format!("sink recovery failed: {e}")))??;
+        }
+    }
+    if restored.is_some_and(|r| r.metadata.is_final) {
+        return Ok(None);
+    }
+    if restored.is_none() {
+        crate::checkpoint::storage::remove_dir_if_exists(&config.job_dir.join("state"))?;
+    }
+    Ok(Some(committers))
+}
+
+/// Each chain's source splits dealt to its subtasks (empty for a chain
+/// without a source), and every split id. A source's splits are listed
+/// once and dealt: a listing per subtask could differ (a topic created in
+/// between) and leave a split to no reader. Restored: the splits the
+/// snapshot has positions for, whatever the parallelism was (split ids
+/// do not depend on it); fresh: as many as subtasks.
+fn deal_splits(
+    graph: &StreamGraph,
+    chains: &[Vec<NodeId>],
+    restored: Option<&RestoredJob>,
+) -> Result<Vec<DealtSplits>> {
+    let mut dealt_splits: Vec<DealtSplits> = vec![];
+    for chain in chains {
+        let head = graph.node(chain[0]);
+        let mut dealt: Vec<Vec<Box<dyn crate::connectors::SourceSplit>>> = vec![];
+        let mut all_splits = std::collections::BTreeSet::new();
+        if let NodeKind::Source(src) = &head.kind {
+            let recorded: &[crate::checkpoint::SplitPosition] = restored
+                .and_then(|r| r.metadata.sources.get(&head.uid))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let splits = if recorded.is_empty() {
+                src.factory.create_splits(head.parallelism)?
+            } else {
+                src.factory.restore_splits(recorded)?
+            };
+            all_splits = splits.iter().map(|s| s.id()).collect();
+            dealt = (0..head.parallelism).map(|_| vec![]).collect();
+            for (i, s) in splits.into_iter().enumerate() {
+                dealt[i % head.parallelism].push(s);
+            }
+        }
+        dealt_splits.push((dealt, all_splits));
+    }
+    Ok(dealt_splits)
+}
+
+/// Supervision of an attempt's subtasks and checkpoint coordinator: the
+/// first failure (or a cancel) fails the attempt and aborts every
+/// subtask; the coordinator is let finish.
+async fn supervise(
+    mut tasks: JoinSet<Result<()>>,
+    mut coordinator_set: JoinSet<Result<crate::checkpoint::coordinator::CoordinatorEnd>>,
+    cancel: &watch::Receiver<bool>,
+) -> Result<()> {
     // The coordinator is not aborted with the tasks: it finishes what it
     // is writing (a checkpoint whose metadata is on disk gets committed)
     // and ends when the last task's report channel closes.
@@ -1199,20 +1269,10 @@ async fn run_attempt(
             ),
         }
     }
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    if !sink_ctx.exactly_once && !*stop_rx.borrow() {
-        // The input ended and the writers committed their output: what
-        // waits for the end (a file sink's partitions) is committed now.
-        for c in committers.values() {
-            let c = c.clone();
-            tokio::task::spawn_blocking(move || c.finish())
-                .await
-                .map_err(|e| ExecError::internal(format!("sink finish failed: {e}")))??;
-        }
-    }
-    Ok(())
 }
 
 /// `r` is the snapshot the user named (`execution.state-recovery.path`)
