@@ -20,9 +20,9 @@ use datafusion::logical_expr::{
 };
 use weir_engine::time_zone::{Resolve, SessionZone};
 
-pub const WINDOW_FN: &str = "__weir_window";
 /// The SESSION TVF's `PARTITION BY` as the parser hands it to the rewrite.
-pub const PARTITION_BY_FN: &str = "__weir_partition_by";
+pub use crate::functions::names::PARTITION_BY_FN;
+pub use crate::functions::names::WINDOW_FN;
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct WindowMarker {
@@ -202,24 +202,24 @@ impl ScalarUDFImpl for WindowMarker {
 
 /// `FOR SYSTEM_TIME AS OF` as the parser hands it to the rewrite: the
 /// argument of the versioned table (`rates(__weir_system_time(o.ts))`).
-pub const SYSTEM_TIME_FN: &str = "__weir_system_time";
+pub use crate::functions::names::SYSTEM_TIME_FN;
 
 /// A table's dynamic options (`t /*+ OPTIONS('k' = 'v') */`), handed
 /// from the parser to `hints::dynamic_options` as `t(__weir_options('k',
 /// 'v'))`.
-pub const OPTIONS_FN: &str = "__weir_options";
+pub use crate::functions::names::OPTIONS_FN;
 
 /// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
 /// is parsed as (see `parser::rewrite_is_json_tokens`).
-pub const IS_JSON_FN: &str = "__weir_is_json_kind";
+pub use crate::functions::names::IS_JSON_FN;
 /// `JSON_VALUE(j, p ... ON ERROR)` as the parser writes it:
 /// `__weir_json_value_on_error(j, p, mode, default)` (see
 /// `parser::rewrite_json_value_tokens`).
-pub const JSON_VALUE_ON_ERROR_FN: &str = "__weir_json_value_on_error";
+pub use crate::functions::names::JSON_VALUE_ON_ERROR_FN;
 /// The rewrite's mark of a temporal join, one conjunct of its `ON`:
 /// `__weir_temporal_join(left_time, right_rowtime, right_pk...)`. The
 /// planner takes it out of the condition; it is true if evaluated.
-pub const TEMPORAL_JOIN_FN: &str = "__weir_temporal_join";
+pub use crate::functions::names::TEMPORAL_JOIN_FN;
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct TemporalJoinMarker {
@@ -255,7 +255,7 @@ impl ScalarUDFImpl for TemporalJoinMarker {
 /// `INSERT` of a ROW into a ROW column of other field names: Flink matches
 /// fields by position (DataFusion's struct casts match them by name). The
 /// planner's `__weir_positional_cast(x, NULL of the target type)`.
-pub const POSITIONAL_CAST_FN: &str = "__weir_positional_cast";
+pub use crate::functions::names::POSITIONAL_CAST_FN;
 
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct PositionalCast {

@@ -15,7 +15,7 @@ use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, Sca
 
 /// The internal function the SHA functions are planned with: a digest's
 /// bytes as lower-case hex (Flink's `SHA256(s)` text).
-pub const HEX_OF_BYTES: &str = "__weir_hex_of_bytes";
+pub use crate::functions::names::HEX_OF_BYTES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Op {

@@ -21,7 +21,7 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility};
 
 /// Name of the UDF the planner puts in place of such casts.
-pub const TO_STRING: &str = "__weir_flink_to_string";
+pub use crate::functions::names::TO_STRING;
 
 /// Whether DataFusion's text of a `t` differs from Flink's.
 pub(crate) fn needs_flink_text(t: &DataType) -> bool {

@@ -179,7 +179,7 @@ pub struct FlinkDecimal {
 impl FlinkDecimal {
     pub fn udf(op: Operator) -> ScalarUDF {
         ScalarUDF::new_from_impl(Self {
-            name: format!("__weir_decimal_{}", op_name(op)),
+            name: format!("{}{}", crate::functions::names::DECIMAL_PREFIX, op_name(op)),
             op,
             signature: Signature::any(2, Volatility::Immutable),
         })

@@ -627,7 +627,7 @@ fn value_at(a: &dyn Array, i: usize) -> Result<Value> {
 /// Marks a JSON constructor's value nested in another constructor's
 /// arguments: Flink inserts it as JSON (`JSON_ARRAY(JSON_OBJECT('a'
 /// VALUE 1))` is `[{"a":1}]`), where any other string is a JSON string.
-pub const RAW_FN: &str = "__weir_json_raw";
+pub use crate::functions::names::RAW_FN;
 
 /// [`RAW_FN`]: the text, typed as JSON ([`to_json`] reads it back).
 pub fn raw(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
@@ -636,7 +636,7 @@ pub fn raw(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
 
 /// A `JSON_ARRAYAGG(... NULL ON NULL)` element: its JSON text, `null` for
 /// NULL.
-pub const ELEMENT_NULLS_FN: &str = "__weir_json_element_nulls";
+pub use crate::functions::names::ELEMENT_NULLS_FN;
 
 /// [`ELEMENT_NULLS_FN`].
 pub fn element_nulls(v: &[Option<&str>], types: &[DataType]) -> Result<Option<String>> {
@@ -649,18 +649,18 @@ pub fn element_nulls(v: &[Option<&str>], types: &[DataType]) -> Result<Option<St
 /// A member `[KEY] k VALUE v` of `JSON_OBJECT` or `JSON_OBJECTAGG` as the
 /// parser's token rewrite writes it, `__weir_json_kv(k, v)`; the planner's
 /// rewrite of those calls reads it back (it is never called).
-pub const KV_FN: &str = "__weir_json_kv";
+pub use crate::functions::names::KV_FN;
 
 /// A `JSON_OBJECTAGG(k VALUE v)` member: the text of `[k, v]`, `v` null
 /// when NULL. The aggregate is LISTAGG of members, which [`objectagg`]
 /// reads back.
-pub const MEMBER_FN: &str = "__weir_json_objectagg_member";
+pub use crate::functions::names::MEMBER_FN;
 
 /// A `JSON_OBJECTAGG(k VALUE v ABSENT ON NULL)` member: NULL when `v` is.
-pub const MEMBER_ABSENT_FN: &str = "__weir_json_objectagg_member_absent";
+pub use crate::functions::names::MEMBER_ABSENT_FN;
 
 /// The object from LISTAGG of members (NULL when there were none).
-pub const OBJECTAGG_FN: &str = "__weir_json_objectagg";
+pub use crate::functions::names::OBJECTAGG_FN;
 
 /// Planning check of a member's argument types: the key is a string, as
 /// Flink's `JSON_OBJECTAGG(<CHARACTER>, <ANY>)` signature requires.

@@ -29,7 +29,7 @@ use crate::functions::scalars::java_regex;
 use crate::types::map_type;
 
 /// The parser's name of `MAP[...]`.
-pub const MAP_FN: &str = "__weir_map";
+pub use crate::functions::names::MAP_FN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Op {

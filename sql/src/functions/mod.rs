@@ -36,6 +36,7 @@ pub mod json;
 pub mod maps;
 pub mod math;
 pub mod moments;
+pub mod names;
 pub mod overrides;
 pub mod printf;
 pub mod scalars;
@@ -481,7 +482,7 @@ pub fn check_calls<V: Visit>(node: &V) -> Result<(), SqlError> {
             let Some(last) = call.name.0.last().and_then(|p| p.as_ident()) else {
                 return ControlFlow::Continue(());
             };
-            if last.value.starts_with("__weir") {
+            if last.value.starts_with(crate::functions::names::PREFIX) {
                 return ControlFlow::Continue(());
             }
             let upper = last.value.to_ascii_uppercase();
@@ -851,7 +852,7 @@ fn is_json_constructor(e: &ast::Expr) -> bool {
     matches!(e, ast::Expr::Function(g) if g.name.0.last().and_then(|p| p.as_ident()).is_some_and(|i| {
         matches!(
             i.value.to_ascii_lowercase().as_str(),
-            "json_object" | "json_array" | "__weir_json_object" | "__weir_json_object_absent" | "__weir_json_array_nulls"
+            "json_object" | "json_array" | crate::functions::names::JSON_OBJECT | crate::functions::names::JSON_OBJECT_ABSENT | crate::functions::names::JSON_ARRAY_NULLS
         )
     }))
 }
@@ -1097,8 +1098,8 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
                 return Ok(Some(text("{}")));
             }
             let udf = match nulls {
-                Some(ast::JsonNullClause::AbsentOnNull) => "__weir_json_object_absent",
-                _ => "__weir_json_object",
+                Some(ast::JsonNullClause::AbsentOnNull) => crate::functions::names::JSON_OBJECT_ABSENT,
+                _ => crate::functions::names::JSON_OBJECT,
             };
             Ok(Some(call(udf, args)))
         }
@@ -1108,7 +1109,7 @@ fn json_call(name: &str, f: &ast::Function) -> Result<Option<ast::Expr>, SqlErro
             };
             let args: Vec<ast::Expr> = args.into_iter().map(&mut as_json).collect();
             if nulls == Some(ast::JsonNullClause::NullOnNull) {
-                Ok(Some(call("__weir_json_array_nulls", args)))
+                Ok(Some(call(crate::functions::names::JSON_ARRAY_NULLS, args)))
             } else if nested {
                 Ok(Some(call("json_array", args)))
             } else {
@@ -1219,7 +1220,7 @@ fn is_json_test(e: &ast::Expr) -> Option<ast::Expr> {
         return None;
     }
     let kind = plain_args(f)?.into_iter().next()?;
-    let test = call("__weir_is_json", vec![(**x).clone(), kind]);
+    let test = call(crate::functions::names::IS_JSON, vec![(**x).clone(), kind]);
     Some(if negated {
         ast::Expr::UnaryOp {
             op: ast::UnaryOperator::Not,

@@ -151,17 +151,25 @@ pub fn all() -> Vec<ScalarUDF> {
         FlinkScalar::udf(json::ELEMENT_NULLS_FN, (1, 1), Eval::NullableText(json::element_nulls)),
         FlinkScalar::udf("json_array", (0, 255), Eval::NullableText(json::json_array)),
         FlinkScalar::udf(
-            "__weir_json_array_nulls",
+            crate::functions::names::JSON_ARRAY_NULLS,
             (0, 255),
             Eval::NullableText(json::json_array_nulls),
         ),
-        FlinkScalar::udf("__weir_json_object", (0, 254), Eval::NullableText(json::json_object)),
         FlinkScalar::udf(
-            "__weir_json_object_absent",
+            crate::functions::names::JSON_OBJECT,
+            (0, 254),
+            Eval::NullableText(json::json_object),
+        ),
+        FlinkScalar::udf(
+            crate::functions::names::JSON_OBJECT_ABSENT,
             (0, 254),
             Eval::NullableText(json::json_object_absent),
         ),
-        FlinkScalar::udf("__weir_is_json", (1, 2), Eval::Bool(json::is_json, Some(false))),
+        FlinkScalar::udf(
+            crate::functions::names::IS_JSON,
+            (1, 2),
+            Eval::Bool(json::is_json, Some(false)),
+        ),
         FlinkScalar::udf(json::RAW_FN, (1, 1), Eval::Json(json::raw)),
         FlinkScalar::udf(FIT_TEXT_FN, (3, 3), Eval::Text(fit_text)),
         FlinkScalar::udf(json::MEMBER_FN, (2, 2), Eval::NullableText(json::member)),
@@ -172,7 +180,7 @@ pub fn all() -> Vec<ScalarUDF> {
 
 /// `CAST(x AS VARCHAR(n) | CHAR(n))` of a text (`functions::cast_to_length`
 /// writes the call): `(text, n, pad)`.
-pub const FIT_TEXT_FN: &str = "__weir_fit_text";
+pub use crate::functions::names::FIT_TEXT_FN;
 
 /// [`FIT_TEXT_FN`]: the text cut to `n` characters; padded with spaces to
 /// `n` when `pad` (a CHAR).
@@ -238,7 +246,8 @@ impl ScalarUDFImpl for FlinkScalar {
     fn return_field_from_args(&self, args: datafusion::logical_expr::ReturnFieldArgs) -> Result<FieldRef> {
         // Flink refuses a JSON_OBJECT key that may be NULL when it plans
         // the call ("Argument to function 'k' must not be NULL").
-        if self.name == "__weir_json_object" || self.name == "__weir_json_object_absent" {
+        if self.name == crate::functions::names::JSON_OBJECT || self.name == crate::functions::names::JSON_OBJECT_ABSENT
+        {
             for key in args.arg_fields.iter().step_by(2) {
                 if key.is_nullable() {
                     return datafusion::common::plan_err!(
@@ -262,7 +271,7 @@ impl ScalarUDFImpl for FlinkScalar {
         let mut types: Vec<DataType> = args.args.iter().map(|a| a.data_type()).collect();
         // The JSON functions take an ARRAY, MAP or ROW as JSON (Flink
         // writes `[1,2]`, `{"a":1}`): its JSON text, typed as JSON.
-        let json_fn = self.name.starts_with("json_") || self.name.starts_with("__weir_json_");
+        let json_fn = self.name.starts_with("json_") || self.name.starts_with(crate::functions::names::JSON_PREFIX);
         let cols = args
             .args
             .iter()
@@ -279,7 +288,7 @@ impl ScalarUDFImpl for FlinkScalar {
         let cols: Vec<&arrow::array::StringArray> = cols.iter().map(|c| c.as_string::<i32>()).collect();
         // Internal functions (`__weir_...`) stand for a Flink call whose
         // name the message already gives.
-        let name = match self.name.strip_prefix("__weir_") {
+        let name = match self.name.strip_prefix(crate::functions::names::PREFIX) {
             Some(_) => String::new(),
             None => format!("{}: ", self.name.to_ascii_uppercase()),
         };

@@ -113,10 +113,10 @@ impl Op {
     /// The internal name the AST rewrite calls.
     pub fn udf_name(self) -> &'static str {
         match self {
-            Op::Add => "__weir_timestampadd",
-            Op::Diff => "__weir_timestampdiff",
-            Op::Floor => "__weir_floor_time",
-            Op::Ceil => "__weir_ceil_time",
+            Op::Add => crate::functions::names::TIMESTAMPADD,
+            Op::Diff => crate::functions::names::TIMESTAMPDIFF,
+            Op::Floor => crate::functions::names::FLOOR_TIME,
+            Op::Ceil => crate::functions::names::CEIL_TIME,
         }
     }
 

@@ -126,7 +126,7 @@ struct JavaNarrow {
 
 impl ScalarUDFImpl for JavaNarrow {
     fn name(&self) -> &str {
-        "__weir_java_narrow"
+        crate::functions::names::JAVA_NARROW
     }
 
     fn signature(&self) -> &Signature {

@@ -84,10 +84,10 @@ fn ticks_per_second(t: &DataType) -> Option<i64> {
 impl ScalarUDFImpl for ZoneShift {
     fn name(&self) -> &str {
         match self.shift {
-            Shift::ToLocal => "__weir_local_time",
-            Shift::ToInstant(Resolve::Earlier) => "__weir_instant_of_local_time",
-            Shift::ToInstant(Resolve::Later) => "__weir_instant_of_local_time_lenient",
-            Shift::BackByOffsetOf => "__weir_local_time_with_offset_of",
+            Shift::ToLocal => crate::functions::names::LOCAL_TIME,
+            Shift::ToInstant(Resolve::Earlier) => crate::functions::names::INSTANT_OF_LOCAL_TIME,
+            Shift::ToInstant(Resolve::Later) => crate::functions::names::INSTANT_OF_LOCAL_TIME_LENIENT,
+            Shift::BackByOffsetOf => crate::functions::names::LOCAL_TIME_WITH_OFFSET_OF,
         }
     }
 
@@ -295,7 +295,7 @@ fn function(
             Some(args) => Transformed::yes(with_args(args)),
             None => Transformed::no(e.clone()),
         },
-        "__weir_floor_time" | "__weir_ceil_time" => match call.args.get(1) {
+        crate::functions::names::FLOOR_TIME | crate::functions::names::CEIL_TIME => match call.args.get(1) {
             Some(x) if type_of(x).is_some_and(|t| is_ltz(&t)) => {
                 let rounded = with_args(vec![call.args[0].clone(), local(x.clone())]);
                 Transformed::yes(ZoneShift::call(zone, Shift::BackByOffsetOf, vec![rounded, x.clone()]))
