@@ -159,6 +159,25 @@ pub trait PlanNode {
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::None
     }
+    /// The changes the node emits given its (first) input's (Flink's
+    /// changelog-mode inference for this kind): by default what comes in.
+    /// Joins, unions and ranks keep this default; the planner sets their
+    /// mode once every input is known.
+    fn changelog(&self, input: &ChangelogMode) -> ChangelogMode {
+        input.clone()
+    }
+}
+
+/// The column indexes of `exprs` when each is a plain column (an upsert
+/// key is made of columns).
+pub fn column_indexes(exprs: &[Arc<dyn PhysicalExpr>]) -> Option<Vec<usize>> {
+    exprs
+        .iter()
+        .map(|k| {
+            k.downcast_ref::<datafusion::physical_expr::expressions::Column>()
+                .map(|c| c.index())
+        })
+        .collect()
 }
 
 /// `UNION ALL`'s plan node: it has no fields of its own.
@@ -975,6 +994,29 @@ impl PlanNode for SourceNode {
                 ", unbounded"
             }
         )
+    }
+
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        if self.factory.is_upsert() {
+            // Upserts by the key: no `-U`, deletes maybe of the key only
+            // (normalized right behind).
+            ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: None,
+                no_update_before: true,
+            }
+        } else if self.factory.produces_changes() {
+            // A changelog format reads updates and deletes.
+            ChangelogMode {
+                updates: true,
+                deletes: true,
+                upsert_key: None,
+                no_update_before: false,
+            }
+        } else {
+            ChangelogMode::insert_only()
+        }
     }
 
     fn uid_body(&self, n: &StreamNode) -> (&'static str, String) {

@@ -9,6 +9,7 @@ use arrow::compute::filter_record_batch;
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
 
 use super::{Collector, Operator};
 use crate::canonical::{canonical_expr, canonical_exprs};
@@ -16,7 +17,7 @@ use crate::change::ChangeBatch;
 use crate::error::{ExecError, Result};
 use crate::operators::build::BuildCtx;
 use crate::plan::CalcNode;
-use crate::plan::{PlanNode, StreamNode};
+use crate::plan::{ChangelogMode, PlanNode, StreamNode};
 
 pub struct CalcOperator {
     name: String,
@@ -50,6 +51,17 @@ impl PlanNode for CalcNode {
                 self.projection.as_deref().map(canonical_exprs).unwrap_or_default()
             ),
         )
+    }
+
+    fn changelog(&self, input: &ChangelogMode) -> ChangelogMode {
+        match &self.projection {
+            Some(p) => input.through_projection(
+                &p.iter()
+                    .map(|e| e.downcast_ref::<Column>().map(|c| c.index()))
+                    .collect::<Vec<_>>(),
+            ),
+            None => input.clone(),
+        }
     }
 }
 

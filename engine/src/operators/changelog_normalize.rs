@@ -29,7 +29,7 @@ use crate::error::{ExecError, Result};
 use crate::keygroup::KeyEncoder;
 use crate::operators::build::BuildCtx;
 use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
-use crate::plan::{ChangelogNormalizeNode, PlanNode, StateKeys, StreamNode};
+use crate::plan::{ChangelogMode, ChangelogNormalizeNode, PlanNode, StateKeys, StreamNode, column_indexes};
 use crate::state::codec::RowCodec;
 use crate::state::{KeyedState, StateDecl, StateKind};
 use arrow::datatypes::SchemaRef;
@@ -77,6 +77,15 @@ impl PlanNode for ChangelogNormalizeNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.key)
+    }
+
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode {
+            updates: true,
+            deletes: true,
+            upsert_key: column_indexes(&self.key),
+            no_update_before: false,
+        }
     }
 }
 

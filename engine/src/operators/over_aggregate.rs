@@ -46,8 +46,8 @@ use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
+use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode};
 use crate::plan::{LagCall, OverAggregateNode, OverFrame, OverOutput};
-use crate::plan::{PlanNode, StateKeys, StreamNode};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::{RowCodec, RowList};
 use crate::state::keyed::{decode_time, encode_time};
@@ -203,6 +203,10 @@ impl PlanNode for OverAggregateNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.partition)
+    }
+
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode::insert_only()
     }
 }
 

@@ -33,7 +33,7 @@ use crate::error::{ExecError, Result, StateError};
 use crate::keygroup::KeyEncoder;
 use crate::operators::build::BuildCtx;
 use crate::operators::{Collector, Operator, ValueChange, batch_keys, emit_rows, write_values};
-use crate::plan::{PlanNode, StateKeys, StreamNode, UpsertMaterializeNode};
+use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode, UpsertMaterializeNode, column_indexes};
 use crate::state::codec::{RowCodec, append_counts, decode_counts_prefix};
 use crate::state::{KeyedState, StateDecl, StateKind};
 
@@ -109,6 +109,16 @@ impl PlanNode for UpsertMaterializeNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.key)
+    }
+
+    // `+I`, `+U`, `-D` by the sink's key.
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode {
+            updates: true,
+            deletes: true,
+            upsert_key: column_indexes(&self.key),
+            no_update_before: true,
+        }
     }
 }
 

@@ -47,66 +47,7 @@ impl GraphBuilder<'_> {
     /// inference, for the operators Weir has).
     pub(crate) fn mode_of(&self, kind: &NodeKind, input: Option<NodeId>) -> ChangelogMode {
         let input = input.map(|i| self.nodes[i].changelog.clone()).unwrap_or_default();
-        match kind {
-            // Upserts by the key: no `-U`, deletes maybe of the key only
-            // (normalized right behind).
-            NodeKind::Source(s) if s.factory.is_upsert() => ChangelogMode {
-                updates: true,
-                deletes: true,
-                upsert_key: None,
-                no_update_before: true,
-            },
-            NodeKind::ChangelogNormalize(c) => ChangelogMode {
-                updates: true,
-                deletes: true,
-                upsert_key: c
-                    .key
-                    .iter()
-                    .map(|k| k.downcast_ref::<Column>().map(|c| c.index()))
-                    .collect(),
-                no_update_before: false,
-            },
-            // A changelog format reads updates and deletes.
-            NodeKind::Source(s) if s.factory.produces_changes() => ChangelogMode {
-                updates: true,
-                deletes: true,
-                upsert_key: None,
-                no_update_before: false,
-            },
-            NodeKind::Source(_)
-            | NodeKind::WindowAggregate(_)
-            | NodeKind::SessionWindow(_)
-            | NodeKind::OverAggregate(_) => ChangelogMode::insert_only(),
-            NodeKind::Calc(c) => match &c.projection {
-                Some(p) => input.through_projection(
-                    &p.iter()
-                        .map(|e| e.downcast_ref::<Column>().map(|c| c.index()))
-                        .collect::<Vec<_>>(),
-                ),
-                None => input,
-            },
-            // Updates always; deletes when input rows can leave a key.
-            NodeKind::GroupAggregate(g) => ChangelogMode {
-                updates: true,
-                deletes: !input.is_insert_only(),
-                upsert_key: Some((0..g.keys.len()).collect()),
-                no_update_before: false,
-            },
-            NodeKind::Limit(_) | NodeKind::Sink(_) | NodeKind::TemporalSort(_) => input,
-            // `+I`, `+U`, `-D` by the sink's key.
-            NodeKind::UpsertMaterialize(m) => ChangelogMode {
-                updates: true,
-                deletes: true,
-                upsert_key: m
-                    .key
-                    .iter()
-                    .map(|k| k.downcast_ref::<Column>().map(|c| c.index()))
-                    .collect(),
-                no_update_before: true,
-            },
-            // Set by `join` and `union` once every input is known.
-            NodeKind::Join(_) | NodeKind::Union | NodeKind::Rank(_) => input,
-        }
+        kind.spec().changelog(&input)
     }
 
     /// The node that makes `id`'s output updating: `id` itself, or the

@@ -48,7 +48,7 @@ use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{AggFunc, GroupAggregateNode};
-use crate::plan::{PlanNode, StateKeys, StreamNode, humantime_ms};
+use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode, humantime_ms};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::type_name;
 use crate::state::codec::{decode_counts, encode_counts};
@@ -283,6 +283,16 @@ impl PlanNode for GroupAggregateNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.keys)
+    }
+
+    // Updates always; deletes when input rows can leave a key.
+    fn changelog(&self, input: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode {
+            updates: true,
+            deletes: !input.is_insert_only(),
+            upsert_key: Some((0..self.keys.len()).collect()),
+            no_update_before: false,
+        }
     }
 }
 

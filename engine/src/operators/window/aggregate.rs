@@ -59,8 +59,8 @@ use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
+use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode, WindowKind};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
-use crate::plan::{PlanNode, StateKeys, StreamNode, WindowKind};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
 use crate::state::keyed::{decode_time, encode_time, stored_timer_key};
@@ -340,6 +340,10 @@ impl PlanNode for WindowAggregateNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.keys)
+    }
+
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode::insert_only()
     }
 }
 

@@ -49,8 +49,8 @@ use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
+use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode, WindowKind, WindowSpec};
 use crate::plan::{GroupOutput, SessionWindowNode, WindowAggregateNode};
-use crate::plan::{PlanNode, StateKeys, StreamNode, WindowKind, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::{RowCodec, RowList};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
@@ -236,6 +236,10 @@ impl PlanNode for SessionWindowNode {
 
     fn state_keys(&self) -> StateKeys<'_> {
         StateKeys::Keyed(&self.partition)
+    }
+
+    fn changelog(&self, _: &ChangelogMode) -> ChangelogMode {
+        ChangelogMode::insert_only()
     }
 }
 
