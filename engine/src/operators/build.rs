@@ -118,6 +118,7 @@ impl BuildCtx<'_> {
             &dir,
             decls,
             self.key_groups(),
+            self.max_parallelism(),
             self.restored_keyed(),
         )?;
         state.set_clock(self.clock());

@@ -48,7 +48,6 @@ pub struct ChangelogNormalizeOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
@@ -95,7 +94,6 @@ pub fn build(node: &crate::plan::ChangelogNormalizeNode, ctx: &BuildCtx) -> Resu
     Ok(Box::new(ChangelogNormalizeOperator::new(
         &node.key,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -105,7 +103,6 @@ impl ChangelogNormalizeOperator {
     pub fn new(
         key: &[Arc<dyn PhysicalExpr>],
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
@@ -118,7 +115,6 @@ impl ChangelogNormalizeOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             metrics,
         })
     }
@@ -156,7 +152,7 @@ impl Operator for ChangelogNormalizeOperator {
         let keys = self.key_encoder.encode(&keys)?;
         let rows = self.codec.encode(batch.rows.columns())?;
 
-        let (refs, of_row) = batch_keys(&keys, self.max_parallelism);
+        let (refs, of_row) = batch_keys(&keys, &self.state);
         let mut slots: Vec<Slot> = self
             .state
             .get(ROWS, &refs)?
@@ -229,11 +225,10 @@ mod tests {
     }
 
     fn normalizer() -> ChangelogNormalizeOperator {
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         ChangelogNormalizeOperator::new(
             &[Arc::new(Column::new("id", 0))],
             schema(),
-            128,
             state,
             Arc::new(NodeMetrics::new("normalize".into())),
         )

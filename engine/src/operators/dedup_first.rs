@@ -32,7 +32,7 @@ use hashbrown::HashMap;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::KeyEncoder;
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -77,7 +77,6 @@ pub struct DedupFirstOperator {
     /// node has it.
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
@@ -111,7 +110,6 @@ pub fn build(node: &crate::plan::RankNode, ctx: &BuildCtx) -> Result<Box<dyn Ope
         time_column,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -123,7 +121,6 @@ impl DedupFirstOperator {
         time_column: usize,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
@@ -135,7 +132,6 @@ impl DedupFirstOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             watermark: Timestamp::MIN,
             metrics,
         })
@@ -189,7 +185,7 @@ impl Operator for DedupFirstOperator {
             let s = *slot_of.entry(k).or_insert_with(|| {
                 slots.push(Slot {
                     first: i,
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     ..Slot::default()
                 });
                 slots.len() - 1
@@ -363,13 +359,12 @@ mod tests {
             Field::new("v", DataType::Int64, true),
             Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
         ]));
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         DedupFirstOperator::new(
             &[Arc::new(Column::new("k", 0))],
             2,
             &schema,
             schema.clone(),
-            128,
             state,
             Arc::new(NodeMetrics::new("dedup".into())),
         )

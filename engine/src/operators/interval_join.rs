@@ -38,7 +38,7 @@ use hashbrown::HashMap;
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::KeyEncoder;
 use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -99,7 +99,6 @@ pub struct IntervalJoinOperator {
     pair_schema: SchemaRef,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<NodeMetrics>,
     watermark: Timestamp,
     /// The newest row time seen (state spans it back to the watermark).
@@ -159,7 +158,6 @@ pub fn build(node: &JoinNode, bounds: &IntervalBounds, ctx: &BuildCtx) -> Result
         node,
         bounds,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -170,7 +168,6 @@ impl IntervalJoinOperator {
         node: &JoinNode,
         bounds: &IntervalBounds,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -190,7 +187,6 @@ impl IntervalJoinOperator {
             pair_schema: sides.pair_schema,
             schema,
             state,
-            max_parallelism,
             metrics,
             watermark: MIN_WATERMARK,
             max_ts: MIN_WATERMARK,
@@ -444,7 +440,7 @@ impl Operator for IntervalJoinOperator {
             }
             let k = key_rows.row(i);
             let s = *slot_of.entry(k).or_insert_with(|| {
-                slots.push((key_group(k, self.max_parallelism), i));
+                slots.push((self.state.key_group(k), i));
                 (slots.len() - 1) as u32
             });
             row_slot.push(Some(s));
@@ -691,9 +687,9 @@ mod tests {
                 .map(|f| f.as_ref().clone().with_nullable(true))
                 .collect::<Vec<_>>(),
         ));
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         let metrics = Arc::new(NodeMetrics::new("interval join".into()));
-        IntervalJoinOperator::new(&node, &bounds, out, 128, state, metrics).expect("interval join")
+        IntervalJoinOperator::new(&node, &bounds, out, state, metrics).expect("interval join")
     }
 
     fn feed(j: &mut IntervalJoinOperator, side: usize, rows: &[(&str, i64)], out: &mut Collector) {
@@ -779,7 +775,7 @@ mod tests {
         let keys = j.key_encoder.encode(&[rows.column(0).clone()]).expect("keys");
         let bytes = j.row_codecs[0].encode(rows.columns()).expect("rows");
         let key = keys.row(0);
-        let group = key_group(key, 128);
+        let group = j.state.key_group(key);
         let mut w = KeyedWrite::default();
         let mut ns = encode_time(5000).to_vec();
         ns.extend_from_slice(bytes.row(0));

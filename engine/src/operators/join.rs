@@ -56,7 +56,7 @@ use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::KeyEncoder;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
@@ -127,7 +127,6 @@ pub struct JoinOperator {
     pair_schema: SchemaRef,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<NodeMetrics>,
     /// Per side: join key → every row of the side under it.
     cache: [HashMap<Vec<u8>, CachedKey>; 2],
@@ -345,19 +344,12 @@ pub fn build(node: &JoinNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
         }
     }
     Ok(Box::new(
-        JoinOperator::new(node, ctx.schema(), ctx.max_parallelism(), state, ctx.metrics.clone())?
-            .with_cache(ctx.rocksdb()),
+        JoinOperator::new(node, ctx.schema(), state, ctx.metrics.clone())?.with_cache(ctx.rocksdb()),
     ))
 }
 
 impl JoinOperator {
-    pub fn new(
-        node: &JoinNode,
-        schema: SchemaRef,
-        max_parallelism: u16,
-        state: KeyedState,
-        metrics: Arc<NodeMetrics>,
-    ) -> Result<Self> {
+    pub fn new(node: &JoinNode, schema: SchemaRef, state: KeyedState, metrics: Arc<NodeMetrics>) -> Result<Self> {
         let layout = |side: usize, schema: &SchemaRef| -> Result<Layout> {
             let Some(columns) = node.unique_keys[side].clone() else {
                 return Ok(Layout::Multiset);
@@ -392,7 +384,6 @@ impl JoinOperator {
             pair_schema: sides.pair_schema,
             schema,
             state,
-            max_parallelism,
             metrics,
             cache: [HashMap::new(), HashMap::new()],
             cached: 0,
@@ -653,7 +644,7 @@ impl Operator for JoinOperator {
             }
             let k = key_rows.row(i);
             let s = *slot_of.entry(k).or_insert_with(|| {
-                slots.push((key_group(k, self.max_parallelism), i));
+                slots.push((self.state.key_group(k), i));
                 (slots.len() - 1) as u32
             });
             row_slot.push(Some(s));
@@ -1032,8 +1023,8 @@ mod tests {
                 .map(|f| f.as_ref().clone().with_nullable(true))
                 .collect::<Vec<_>>(),
         ));
-        let state = KeyedState::new(Box::new(HeapBackend::new(2)), STATES, 0..128);
-        JoinOperator::new(&node, out, 128, state, Arc::new(NodeMetrics::new("join".into()))).expect("join")
+        let state = KeyedState::new(Box::new(HeapBackend::new(2)), STATES, 0..128, 128);
+        JoinOperator::new(&node, out, state, Arc::new(NodeMetrics::new("join".into()))).expect("join")
     }
 
     /// Feeds one change to `input` and returns what the join emits.

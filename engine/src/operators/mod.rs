@@ -52,11 +52,12 @@ pub(crate) fn expire_state(
 }
 
 /// The keys of a batch's rows, each once in first-seen order as an entry
-/// of a keyed value state, and the key of each row (an index into them).
-pub(crate) fn batch_keys(
-    keys: &crate::state::codec::Rows,
-    max_parallelism: u16,
-) -> (Vec<crate::state::EntryRef<'_>>, Vec<usize>) {
+/// of a keyed value state (in the key group `state` gives it), and the
+/// key of each row (an index into them).
+pub(crate) fn batch_keys<'a>(
+    keys: &'a crate::state::codec::Rows,
+    state: &crate::state::KeyedState,
+) -> (Vec<crate::state::EntryRef<'a>>, Vec<usize>) {
     let mut slot_of: hashbrown::HashMap<&[u8], usize> = hashbrown::HashMap::new();
     let mut refs = vec![];
     let mut of_row = Vec::with_capacity(keys.len());
@@ -64,7 +65,7 @@ pub(crate) fn batch_keys(
         let k = keys.row(i);
         let s = *slot_of.entry(k).or_insert_with(|| {
             refs.push(crate::state::EntryRef {
-                key_group: crate::keygroup::key_group(k, max_parallelism),
+                key_group: state.key_group(k),
                 key: k,
                 namespace: &[],
             });

@@ -41,7 +41,7 @@ use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::keygroup::{KeyEncoder, KeyGroup};
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -99,7 +99,6 @@ pub struct OverAggregateOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
 }
@@ -238,7 +237,6 @@ pub fn build(node: &crate::plan::OverAggregateNode, ctx: &BuildCtx) -> Result<Bo
         node,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -249,7 +247,6 @@ impl OverAggregateOperator {
         node: &OverAggregateNode,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -281,7 +278,6 @@ impl OverAggregateOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             watermark: Timestamp::MIN,
             metrics,
         })
@@ -620,7 +616,7 @@ impl Operator for OverAggregateOperator {
         let key_refs: Vec<EntryRef> = key_rows
             .iter()
             .map(|&i| EntryRef {
-                key_group: key_group(key_of(i), self.max_parallelism),
+                key_group: self.state.key_group(key_of(i)),
                 key: key_of(i),
                 namespace: &[],
             })
@@ -770,9 +766,9 @@ mod tests {
         };
         let mut fields: Vec<Field> = input().fields().iter().map(|f| f.as_ref().clone()).collect();
         fields.push(Field::new("s", DataType::Int64, true));
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         let metrics = Arc::new(NodeMetrics::new("over".into()));
-        OverAggregateOperator::new(&node, &input(), Arc::new(Schema::new(fields)), 128, state, metrics).expect("over")
+        OverAggregateOperator::new(&node, &input(), Arc::new(Schema::new(fields)), state, metrics).expect("over")
     }
 
     fn feed(op: &mut OverAggregateOperator, rows: &[(&str, i64, i64)], out: &mut Collector) {

@@ -34,7 +34,7 @@ use crate::canonical::{canonical_exprs, sort_key};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::KeyEncoder;
 use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
@@ -68,7 +68,6 @@ pub struct RankOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     /// Partitions as the last batches left them, decoded (the state holds
     /// the same rows as bytes): a hot partition is not decoded again.
@@ -197,7 +196,6 @@ pub fn build(node: &RankNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
         &ctx.input_schema()?,
         ctx.schema(),
         keep_all,
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -209,7 +207,6 @@ impl RankOperator {
         input_schema: &SchemaRef,
         schema: SchemaRef,
         keep_all: bool,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
@@ -235,7 +232,6 @@ impl RankOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             metrics,
             decoded: hashbrown::HashMap::new(),
         })
@@ -387,7 +383,7 @@ impl Operator for RankOperator {
             let k = key_of(i);
             let p = *part_of.entry(k).or_insert_with(|| {
                 parts.push(Part {
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     first: i,
                     rows: vec![],
                     stored: false,
@@ -691,13 +687,12 @@ mod tests {
             with_rank: false,
             update_key: None,
         };
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         RankOperator::new(
             &node,
             &s,
             s.clone(),
             keep_all,
-            128,
             state,
             Arc::new(NodeMetrics::new("rank".into())),
         )

@@ -37,7 +37,7 @@ use hashbrown::{HashMap, HashSet};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyGroup, key_group};
+use crate::keygroup::KeyGroup;
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -93,7 +93,6 @@ pub struct TemporalJoinOperator {
     times: [usize; 2],
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
 }
@@ -130,7 +129,6 @@ pub fn build(node: &JoinNode, times: [usize; 2], ctx: &BuildCtx) -> Result<Box<d
         node,
         times,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -141,7 +139,6 @@ impl TemporalJoinOperator {
         node: &JoinNode,
         times: [usize; 2],
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -163,7 +160,6 @@ impl TemporalJoinOperator {
             times,
             schema,
             state,
-            max_parallelism,
             watermark: Timestamp::MIN,
             metrics,
         })
@@ -206,7 +202,7 @@ impl TemporalJoinOperator {
                 ns.push(u8::from(null_key));
                 parts.push(LeftPart {
                     first: i,
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     namespace: ns,
                     time,
                     rows: vec![],
@@ -278,7 +274,7 @@ impl TemporalJoinOperator {
             .iter()
             .zip(&namespaces)
             .map(|((k, _), ns)| EntryRef {
-                key_group: key_group(k, self.max_parallelism),
+                key_group: self.state.key_group(k),
                 key: k,
                 namespace: ns,
             })
@@ -523,9 +519,9 @@ mod tests {
         let keys = || -> Vec<Arc<dyn PhysicalExpr>> { vec![Arc::new(Column::new("k", 0))] };
         let (mut node, out) = crate::operators::join::test_node(join_type, side(), keys());
         node.temporal = Some([1, 1]);
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         let metrics = Arc::new(NodeMetrics::new("temporal join".into()));
-        TemporalJoinOperator::new(&node, [1, 1], out, 128, state, metrics).expect("temporal join")
+        TemporalJoinOperator::new(&node, [1, 1], out, state, metrics).expect("temporal join")
     }
 
     fn batch(rows: &[(Option<&str>, i64, i64)]) -> RecordBatch {

@@ -26,7 +26,6 @@ use crate::canonical::sort_key;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::key_group;
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -117,7 +116,6 @@ pub fn build(node: &TemporalSortNode, ctx: &BuildCtx) -> Result<Box<dyn Operator
     Ok(Box::new(TemporalSortOperator::new(
         node,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -127,12 +125,11 @@ impl TemporalSortOperator {
     pub fn new(
         node: &TemporalSortNode,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
         let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
-        let group = key_group(&[], max_parallelism);
+        let group = state.key_group(&[]);
         // A restored job goes on from the time it last emitted.
         let last = state.get(ROWS, &[last_fired_entry(group)])?.pop().flatten();
         let last_fired = match last {

@@ -54,7 +54,6 @@ pub struct UpsertMaterializeOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
@@ -129,7 +128,6 @@ pub fn build(node: &crate::plan::UpsertMaterializeNode, ctx: &BuildCtx) -> Resul
         &node.key,
         node.upsert_key.clone(),
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -140,7 +138,6 @@ impl UpsertMaterializeOperator {
         key: &[Arc<dyn PhysicalExpr>],
         upsert_key: Option<Vec<usize>>,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
@@ -162,7 +159,6 @@ impl UpsertMaterializeOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             metrics,
         })
     }
@@ -246,7 +242,7 @@ impl Operator for UpsertMaterializeOperator {
         let id_of = |i: usize| -> &[u8] { ids.as_ref().map_or_else(|| rows.row(i), |r| r.row(i)) };
         let stored_id = |i: usize| -> Vec<u8> { ids.as_ref().map_or_else(Vec::new, |r| r.row(i).to_vec()) };
 
-        let (refs, row_slot) = batch_keys(&keys, self.max_parallelism);
+        let (refs, row_slot) = batch_keys(&keys, &self.state);
         let mut slots: Vec<Slot> = vec![];
         for stored in self.state.get(ROWS, &refs)? {
             slots.push(Slot {
@@ -339,12 +335,11 @@ mod tests {
 
     /// Keyed by `total`; the upsert key is `c` (or none).
     fn materializer(upsert_key: Option<Vec<usize>>) -> UpsertMaterializeOperator {
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         UpsertMaterializeOperator::new(
             &[Arc::new(Column::new("total", 1))],
             upsert_key,
             schema(),
-            128,
             state,
             Arc::new(NodeMetrics::new("materialize".into())),
         )

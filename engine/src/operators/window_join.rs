@@ -30,7 +30,7 @@ use hashbrown::HashMap;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{Result, StateError};
-use crate::keygroup::{KeyGroup, key_group};
+use crate::keygroup::KeyGroup;
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -77,7 +77,6 @@ pub struct WindowJoinOperator {
     ends: [usize; 2],
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     /// Windows on the wall clock of this zone (the node's `zone`).
     zone: Option<arrow::array::timezone::Tz>,
@@ -101,7 +100,6 @@ pub fn build(node: &JoinNode, ends: [usize; 2], ctx: &BuildCtx) -> Result<Box<dy
         node,
         ends,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -112,7 +110,6 @@ impl WindowJoinOperator {
         node: &JoinNode,
         ends: [usize; 2],
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -124,7 +121,6 @@ impl WindowJoinOperator {
             ends,
             schema,
             state,
-            max_parallelism,
             watermark: Timestamp::MIN,
             zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
@@ -334,7 +330,7 @@ impl Operator for WindowJoinOperator {
             let p = *part_of.entry((k, null_key)).or_insert_with(|| {
                 parts.push(Part {
                     first: i,
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     null_key,
                     fires_at: end.saturating_sub(1),
                     rows: vec![],
@@ -427,9 +423,9 @@ mod tests {
             || -> Vec<Arc<dyn PhysicalExpr>> { vec![Arc::new(Column::new("end", 1)), Arc::new(Column::new("k", 0))] };
         let (mut node, out) = crate::operators::join::test_node(JoinType::Full, side(), keys());
         node.window = Some([1, 1]);
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         let metrics = Arc::new(NodeMetrics::new("window join".into()));
-        WindowJoinOperator::new(&node, [1, 1], out, 128, state, metrics).expect("window join")
+        WindowJoinOperator::new(&node, [1, 1], out, state, metrics).expect("window join")
     }
 
     fn feed(j: &mut WindowJoinOperator, side: usize, rows: &[(Option<&str>, i64)], out: &mut Collector) {

@@ -35,7 +35,7 @@ use hashbrown::HashMap;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, key_group};
+use crate::keygroup::KeyEncoder;
 use crate::message::Timestamp;
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -77,7 +77,6 @@ pub struct WindowRankOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     /// Windows on the wall clock of this zone (the node's `zone`).
     zone: Option<arrow::array::timezone::Tz>,
@@ -105,7 +104,6 @@ pub fn build(node: &RankNode, end: usize, later_ties_first: bool, ctx: &BuildCtx
         later_ties_first,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -119,7 +117,6 @@ impl WindowRankOperator {
         later_ties_first: bool,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
@@ -136,7 +133,6 @@ impl WindowRankOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            max_parallelism,
             watermark: Timestamp::MIN,
             zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
@@ -220,7 +216,7 @@ impl Operator for WindowRankOperator {
             let p = *part_of.entry(k).or_insert_with(|| {
                 parts.push(Part {
                     first: i,
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     fires_at,
                     rows: vec![],
                     stored_len: None,

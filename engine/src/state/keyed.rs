@@ -177,6 +177,8 @@ pub struct KeyedState {
     backend: Box<dyn StateBackend>,
     decls: Vec<StateDecl>,
     groups: Range<KeyGroup>,
+    /// The job's number of key groups: what a key's group is taken modulo.
+    max_parallelism: u16,
     /// Per state (timers only), per owned key group: no timer is below it.
     floors: Vec<Vec<Timestamp>>,
     /// Per state, in ms: values of `ttl` states not written for this long
@@ -240,7 +242,14 @@ fn split_stamp(v: &[u8]) -> Option<(Option<i64>, &[u8])> {
 }
 
 impl KeyedState {
-    pub fn new(backend: Box<dyn StateBackend>, decls: &[StateDecl], groups: Range<KeyGroup>) -> Self {
+    /// The keyed state of the key groups `groups` (of `max_parallelism`:
+    /// a key's group is its hash modulo it, [`KeyedState::key_group`]).
+    pub fn new(
+        backend: Box<dyn StateBackend>,
+        decls: &[StateDecl],
+        groups: Range<KeyGroup>,
+        max_parallelism: u16,
+    ) -> Self {
         let n = usize::from(groups.end.saturating_sub(groups.start));
         Self {
             backend,
@@ -256,6 +265,7 @@ impl KeyedState {
             ttl: vec![None; decls.len()],
             decls: decls.to_vec(),
             groups,
+            max_parallelism,
             clock: Clock::Wall,
             cache: Default::default(),
         }
@@ -315,6 +325,12 @@ impl KeyedState {
     /// The job's processing-time clock (the wall clock until set).
     pub fn set_clock(&mut self, clock: Clock) {
         self.clock = clock;
+    }
+
+    /// The key group of a key's bytes (the key encoding of its columns):
+    /// operators ask the state, which knows the job's max parallelism.
+    pub fn key_group(&self, key: &[u8]) -> KeyGroup {
+        crate::keygroup::key_group(key, self.max_parallelism)
     }
 
     /// The processing-time clock its TTL reads.
@@ -683,7 +699,7 @@ pub(crate) mod tests {
             kind: StateKind::Value,
             ttl: true,
         }];
-        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4, 4);
         let now = Clock::driven(1_000);
         s.set_clock(now.clone());
         s.set_ttl(Some(std::time::Duration::from_millis(100)));
@@ -746,7 +762,7 @@ pub(crate) mod tests {
             namespace: b"",
         };
         // No TTL: the value is a tag byte and the bytes, no write time.
-        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4);
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(1)), TTL_DECLS, 0..4, 4);
         let now = Clock::driven(5_000);
         s.set_clock(now.clone());
         let mut w = KeyedWrite::default();
@@ -777,7 +793,7 @@ pub(crate) mod tests {
 
     #[test]
     fn cached_states_reach_the_backend_at_a_flush_and_read_their_own_writes() {
-        let mut s = KeyedState::new(Box::new(HeapBackend::new(2)), DECLS, 0..4);
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(2)), DECLS, 0..4, 4);
         s.cache(&[0], 2);
         let e = |k: &'static [u8]| EntryRef {
             key_group: 0,
@@ -835,7 +851,7 @@ pub(crate) mod tests {
 
     #[test]
     fn timers_fire_per_key_group_in_time_order_and_only_once() {
-        let mut s = KeyedState::new(Box::new(HeapBackend::new(2)), DECLS, 0..4);
+        let mut s = KeyedState::new(Box::new(HeapBackend::new(2)), DECLS, 0..4, 4);
         let mut w = KeyedWrite::default();
         for (g, t) in [(2, 30), (0, 10), (2, 5), (1, 100), (0, 20)] {
             w.add_timer(1, g, t, format!("k{g}").as_bytes(), b"");

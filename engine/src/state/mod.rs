@@ -112,6 +112,7 @@ pub fn open_keyed(
     dir: &Path,
     decls: &[StateDecl],
     key_groups: Range<KeyGroup>,
+    max_parallelism: u16,
     sources: &[StateSource],
 ) -> Result<KeyedState, StateError> {
     let names: Vec<&str> = decls.iter().map(|d| d.name).collect();
@@ -173,7 +174,7 @@ pub fn open_keyed(
     if !rest.is_empty() {
         transfer::import(backend.as_mut(), &names, &rest, key_groups.clone())?;
     }
-    Ok(KeyedState::new(backend, decls, key_groups))
+    Ok(KeyedState::new(backend, decls, key_groups, max_parallelism))
 }
 
 #[cfg(test)]
@@ -270,6 +271,7 @@ mod tests {
                         &target,
                         &decls,
                         range.clone(),
+                        8,
                         std::slice::from_ref(source),
                     )
                     .expect("open");
@@ -298,6 +300,7 @@ mod tests {
                 &dir.path().join("x"),
                 &decls,
                 0..8,
+                8,
                 &[truncated]
             )
             .is_err()
@@ -345,6 +348,7 @@ mod import_tests {
             &dir.path().join("a"),
             DECLS,
             0..8,
+            8,
             &[],
         )
         .expect("open");
@@ -372,6 +376,7 @@ mod import_tests {
             &dir.path().join("b"),
             DECLS,
             0..4,
+            8,
             &[source],
         )
         .expect("import");

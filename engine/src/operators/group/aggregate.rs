@@ -43,7 +43,7 @@ use crate::canonical::{canonical_expr, canonical_exprs};
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result};
-use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::keygroup::{KeyEncoder, KeyGroup};
 use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
@@ -81,7 +81,6 @@ pub struct GroupAggregateOperator {
     maps: Vec<Option<MapSlot>>,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     metrics: Arc<NodeMetrics>,
     /// Keys as the last batches left them, decoded, with their shown row
     /// and stored size (the state holds the same as bytes): a hot key is
@@ -315,7 +314,6 @@ pub fn build(node: &GroupAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operat
         node,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
         insert_only,
@@ -327,7 +325,6 @@ impl GroupAggregateOperator {
         node: &GroupAggregateNode,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
         insert_only: bool,
@@ -347,7 +344,6 @@ impl GroupAggregateOperator {
             specs,
             schema,
             state,
-            max_parallelism,
             metrics,
             decoded: HashMap::new(),
             insert_only,
@@ -452,7 +448,7 @@ impl Operator for GroupAggregateOperator {
             let k = key_of(i);
             let s = *slot_of.entry(k).or_insert_with(|| {
                 slots.push(Slot {
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     row: i,
                     stored_len: 0,
                     accs: None,

@@ -44,7 +44,7 @@ use crate::canonical::canonical_exprs;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
-use crate::keygroup::{KeyEncoder, KeyGroup, key_group};
+use crate::keygroup::{KeyEncoder, KeyGroup};
 use crate::message::{MIN_WATERMARK, Timestamp};
 use crate::operators::build::BuildCtx;
 use crate::operators::calc::batch_with_schema;
@@ -183,7 +183,6 @@ pub struct SessionWindowOperator {
     payload: Payload,
     schema: SchemaRef,
     state: KeyedState,
-    max_parallelism: u16,
     watermark: Timestamp,
     /// Sessions on the wall clock of this zone (a window aggregate's
     /// [`WindowAggregateNode::zone`]): the time column holds wall times,
@@ -250,7 +249,6 @@ pub fn build_aggregate(node: &WindowAggregateNode, ctx: &BuildCtx) -> Result<Box
         node,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -264,7 +262,6 @@ pub fn build_rows(node: &SessionWindowNode, ctx: &BuildCtx) -> Result<Box<dyn Op
         node,
         &ctx.input_schema()?,
         ctx.schema(),
-        ctx.max_parallelism(),
         state,
         ctx.metrics.clone(),
     )?))
@@ -276,7 +273,6 @@ impl SessionWindowOperator {
         node: &WindowAggregateNode,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -292,7 +288,6 @@ impl SessionWindowOperator {
             },
             schema,
             state,
-            max_parallelism,
             watermark: MIN_WATERMARK,
             zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
@@ -304,7 +299,6 @@ impl SessionWindowOperator {
         node: &SessionWindowNode,
         input_schema: &SchemaRef,
         schema: SchemaRef,
-        max_parallelism: u16,
         state: KeyedState,
         metrics: Arc<NodeMetrics>,
     ) -> Result<Self> {
@@ -320,7 +314,6 @@ impl SessionWindowOperator {
             },
             schema,
             state,
-            max_parallelism,
             watermark: MIN_WATERMARK,
             zone: node.zone.as_ref().map(|z| z.tz),
             metrics,
@@ -456,7 +449,7 @@ impl Operator for SessionWindowOperator {
             let p = *part_of.entry(k).or_insert_with(|| {
                 parts.push(Part {
                     first: i,
-                    group: key_group(k, self.max_parallelism),
+                    group: self.state.key_group(k),
                     rows: vec![],
                 });
                 parts.len() - 1
@@ -748,10 +741,9 @@ mod tests {
             partition: vec![Arc::new(Column::new("k", 0))],
             zone: None,
         };
-        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128);
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
         let metrics = Arc::new(NodeMetrics::new("sessions".into()));
-        SessionWindowOperator::rows(&node, &input, Arc::new(Schema::new(fields)), 128, state, metrics)
-            .expect("sessions")
+        SessionWindowOperator::rows(&node, &input, Arc::new(Schema::new(fields)), state, metrics).expect("sessions")
     }
 
     fn feed(op: &mut SessionWindowOperator, rows: &[(&str, i64)], out: &mut Collector) {
