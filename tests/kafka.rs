@@ -958,9 +958,18 @@ async fn metadata_columns_read_offsets_partitions_timestamps_and_headers_and_wri
         ))
         .await
         .expect("write");
-    let records = broker.read_all("stamped", 1);
-    let mut values: Vec<&str> = records.iter().map(|r| r.3.as_str()).collect();
-    values.sort();
+    // The records are acknowledged when the INSERT returns; tansu's
+    // partition end may show them a moment later (a read to the end found
+    // one of three, once, on a busy machine): read again until all three.
+    let values = common::eventually_blocking("the three written records", 30, || {
+        let mut values: Vec<String> = broker.read_all("stamped", 1).into_iter().map(|r| r.3).collect();
+        values.sort();
+        if values.len() == 3 {
+            Ok(values)
+        } else {
+            Err(format!("{values:?}"))
+        }
+    });
     assert_eq!(
         values,
         [r#"{"id":1}"#, r#"{"id":2}"#, r#"{"id":3}"#],
