@@ -348,10 +348,10 @@ mod tests {
     use super::*;
     use crate::runtime::metrics::NodeMetrics;
     use crate::state::HeapBackend;
-    use arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
     use arrow::datatypes::{Field, Schema};
-    use arrow::record_batch::RecordBatch;
     use datafusion::physical_expr::expressions::Column;
+
+    use crate::operators::testing::{feed_pretty, printed};
 
     fn dedup() -> DedupFirstOperator {
         let schema = Arc::new(Schema::new(vec![
@@ -371,27 +371,17 @@ mod tests {
         .expect("dedup")
     }
 
-    fn feed(d: &mut DedupFirstOperator, rows: &[(&str, i64, i64)]) {
-        let batch = RecordBatch::try_new(
-            d.schema.clone(),
-            vec![
-                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
-                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
-                Arc::new(TimestampMillisecondArray::from_iter_values(rows.iter().map(|r| r.2))),
-            ],
-        )
-        .expect("rows");
-        d.process_batch(batch.into(), &mut Collector::default())
-            .expect("process");
+    /// Feeds rows written `k v ts` (ts in ms), one per line; the operator
+    /// emits nothing until a watermark.
+    fn feed(d: &mut DedupFirstOperator, rows: &str) {
+        let schema = d.schema.clone();
+        assert!(feed_pretty(d, 0, &schema, rows).is_empty());
     }
 
     fn watermark(d: &mut DedupFirstOperator, wm: Timestamp) -> Vec<String> {
         let mut out = Collector::default();
         d.on_watermark(wm, &mut out).expect("watermark");
-        out.take()
-            .iter()
-            .flat_map(|b| crate::connectors::print::format_changes(b).expect("format"))
-            .collect()
+        printed(&mut out)
     }
 
     #[test]
@@ -399,14 +389,14 @@ mod tests {
         let mut d = dedup();
         // ts 5, then 3 (earlier: replaces), then 3 again (a tie: the
         // earlier arrival stays).
-        feed(&mut d, &[("a", 1, 5), ("a", 2, 3)]);
-        feed(&mut d, &[("a", 3, 3), ("b", 4, 7)]);
+        feed(&mut d, "a 1 5\na 2 3");
+        feed(&mut d, "a 3 3\nb 4 7");
         assert!(watermark(&mut d, 2).is_empty());
         let out = watermark(&mut d, 3);
         assert_eq!(out.len(), 1);
         assert!(out[0].starts_with("+I[a, 2, "), "{out:?}");
         // The key is closed: a later, even earlier-timed, row is ignored.
-        feed(&mut d, &[("a", 5, 4)]);
+        feed(&mut d, "a 5 4");
         let out = watermark(&mut d, 10);
         assert_eq!(out.len(), 1);
         assert!(out[0].starts_with("+I[b, 4, "), "{out:?}");
@@ -416,7 +406,7 @@ mod tests {
     fn rows_before_the_watermark_are_late_and_rows_at_it_are_not() {
         let mut d = dedup();
         assert!(watermark(&mut d, 100).is_empty());
-        feed(&mut d, &[("a", 1, 99), ("b", 2, 100)]);
+        feed(&mut d, "a 1 99\nb 2 100");
         assert_eq!(d.metrics.late_rows_dropped.load(Ordering::Relaxed), 1);
         let out = watermark(&mut d, 101);
         assert_eq!(out.len(), 1);
@@ -426,7 +416,7 @@ mod tests {
     #[test]
     fn keys_fire_in_time_order_and_state_is_freed() {
         let mut d = dedup();
-        feed(&mut d, &[("z", 1, 30), ("y", 2, 10), ("x", 3, 20)]);
+        feed(&mut d, "z 1 30\ny 2 10\nx 3 20");
         assert!(d.metrics.state_bytes.load(Ordering::Relaxed) > 0);
         let out: Vec<String> = watermark(&mut d, 100).iter().map(|r| r[..7].to_string()).collect();
         assert_eq!(out, ["+I[y, 2", "+I[x, 3", "+I[z, 1"]);
