@@ -961,7 +961,7 @@ async fn metadata_columns_read_offsets_partitions_timestamps_and_headers_and_wri
     // The records are acknowledged when the INSERT returns; tansu's
     // partition end may show them a moment later (a read to the end found
     // one of three, once, on a busy machine): read again until all three.
-    let values = common::eventually_blocking("the three written records", 30, || {
+    let values = common::eventually("the three written records", 30, async || {
         let mut values: Vec<String> = broker.read_all("stamped", 1).into_iter().map(|r| r.3).collect();
         values.sort();
         if values.len() == 3 {
@@ -969,7 +969,8 @@ async fn metadata_columns_read_offsets_partitions_timestamps_and_headers_and_wri
         } else {
             Err(format!("{values:?}"))
         }
-    });
+    })
+    .await;
     assert_eq!(
         values,
         [r#"{"id":1}"#, r#"{"id":2}"#, r#"{"id":3}"#],

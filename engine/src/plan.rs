@@ -756,6 +756,27 @@ pub struct SortKey {
     pub nulls_first: bool,
 }
 
+/// As EXPLAIN shows a key: `expr ASC|DESC NULLS FIRST|LAST`.
+impl std::fmt::Display for SortKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} NULLS {}",
+            self.expr,
+            if self.asc { "ASC" } else { "DESC" },
+            if self.nulls_first { "FIRST" } else { "LAST" }
+        )
+    }
+}
+
+/// ORDER BY keys in uid text ([`crate::canonical::sort_key`] of each).
+pub fn canonical_order(keys: &[SortKey]) -> String {
+    keys.iter()
+        .map(|k| crate::canonical::sort_key(&k.expr, k.asc, k.nulls_first))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// What a rank node keeps per partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RankStrategy {

@@ -30,7 +30,7 @@ use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::ScalarValue;
 use datafusion::physical_expr::PhysicalExpr;
 
-use crate::canonical::{canonical_exprs, sort_key};
+use crate::canonical::canonical_exprs;
 use crate::change::{ChangeBatch, RowKind};
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
@@ -38,7 +38,7 @@ use crate::keygroup::KeyEncoder;
 use crate::operators::build::{BuildCtx, STATE_CACHE_ENTRIES};
 use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
-use crate::plan::{PlanNode, StateKeys, StreamNode};
+use crate::plan::{PlanNode, StateKeys, StreamNode, canonical_order};
 use crate::plan::{RankNode, RankStrategy, SortKey};
 use crate::state::codec::{RowCodec, RowList};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
@@ -104,18 +104,7 @@ impl PlanNode for RankNode {
     fn describe(&self) -> String {
         let r = self;
         let part: Vec<String> = r.partition.iter().map(|k| k.to_string()).collect();
-        let order: Vec<String> = r
-            .order
-            .iter()
-            .map(|k| {
-                format!(
-                    "{} {} NULLS {}",
-                    k.expr,
-                    if k.asc { "ASC" } else { "DESC" },
-                    if k.nulls_first { "FIRST" } else { "LAST" }
-                )
-            })
-            .collect();
+        let order: Vec<String> = r.order.iter().map(|k| k.to_string()).collect();
         let what = match r.strategy {
             RankStrategy::TopN => format!(
                 "Rank: ROW_NUMBER <= {}{}{}",
@@ -166,11 +155,7 @@ impl PlanNode for RankNode {
                 self.limit,
                 self.with_rank,
                 canonical_exprs(&self.partition),
-                self.order
-                    .iter()
-                    .map(|k| sort_key(&k.expr, k.asc, k.nulls_first))
-                    .collect::<Vec<_>>()
-                    .join(",")
+                canonical_order(&self.order)
             ),
         )
     }

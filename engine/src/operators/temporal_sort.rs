@@ -22,7 +22,6 @@ use arrow::datatypes::{DataType, SchemaRef, TimeUnit, TimestampMillisecondType};
 use arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use hashbrown::HashMap;
 
-use crate::canonical::sort_key;
 use crate::change::ChangeBatch;
 use crate::checkpoint::OperatorSnapshot;
 use crate::error::{ExecError, Result, StateError};
@@ -32,7 +31,7 @@ use crate::operators::calc::batch_with_schema;
 use crate::operators::rank::{compare_sort_keys, sort_keys_of};
 use crate::operators::{Collector, Operator};
 use crate::plan::TemporalSortNode;
-use crate::plan::{PlanNode, StateKeys, StreamNode};
+use crate::plan::{PlanNode, StateKeys, StreamNode, canonical_order};
 use crate::state::codec::{RowCodec, RowList};
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
@@ -73,15 +72,7 @@ impl PlanNode for TemporalSortNode {
         format!(
             "TemporalSort: ${} ASC{}",
             self.time_column,
-            self.order
-                .iter()
-                .map(|k| format!(
-                    ", {} {} NULLS {}",
-                    k.expr,
-                    if k.asc { "ASC" } else { "DESC" },
-                    if k.nulls_first { "FIRST" } else { "LAST" }
-                ))
-                .collect::<String>()
+            self.order.iter().map(|k| format!(", {k}")).collect::<String>()
         )
     }
 
@@ -92,15 +83,7 @@ impl PlanNode for TemporalSortNode {
     fn uid_body(&self, _: &StreamNode) -> (&'static str, String) {
         (
             "temporal_sort",
-            format!(
-                "time={};order={}",
-                self.time_column,
-                self.order
-                    .iter()
-                    .map(|k| sort_key(&k.expr, k.asc, k.nulls_first))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            format!("time={};order={}", self.time_column, canonical_order(&self.order)),
         )
     }
 

@@ -158,3 +158,51 @@ impl Chain {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::operators::Collector;
+
+    /// Records the processing times it is told.
+    struct Probe(Arc<Mutex<Vec<i64>>>);
+
+    impl Operator for Probe {
+        fn name(&self) -> &str {
+            "probe"
+        }
+
+        fn process_batch(&mut self, _batch: ChangeBatch, _out: &mut Collector) -> Result<()> {
+            Ok(())
+        }
+
+        fn processing_time_interval(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_millis(100))
+        }
+
+        fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
+            self.0.lock().expect("probe").push(now);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn ticks_tell_operators_the_jobs_clock() {
+        let told = Arc::new(Mutex::new(vec![]));
+        let clock = Clock::driven(1_000);
+        let mut chain = Chain::new(
+            vec![Box::new(Probe(told.clone()))],
+            vec![Arc::new(NodeMetrics::new("probe".into()))],
+            vec!["probe_1".into()],
+            0,
+            clock.clone(),
+        );
+        let mut out = vec![];
+        chain.process_time(&mut out).expect("tick");
+        assert!(clock.set_ms(61_000));
+        chain.process_time(&mut out).expect("tick");
+        assert_eq!(*told.lock().expect("probe"), [1_000, 61_000]);
+    }
+}
