@@ -122,6 +122,7 @@ impl BuildCtx<'_> {
             self.restored_keyed(),
         )?;
         state.set_clock(self.clock());
+        state.share_size(self.metrics.state_bytes.clone());
         Ok(state)
     }
 

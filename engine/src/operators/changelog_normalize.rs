@@ -48,7 +48,6 @@ pub struct ChangelogNormalizeOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
 /// A key of the batch: its row as the batch's rows change it.
@@ -95,17 +94,11 @@ pub fn build(node: &crate::plan::ChangelogNormalizeNode, ctx: &BuildCtx) -> Resu
         &node.key,
         ctx.schema(),
         state,
-        ctx.metrics.clone(),
     )?))
 }
 
 impl ChangelogNormalizeOperator {
-    pub fn new(
-        key: &[Arc<dyn PhysicalExpr>],
-        schema: SchemaRef,
-        state: KeyedState,
-        metrics: Arc<crate::runtime::metrics::NodeMetrics>,
-    ) -> Result<Self> {
+    pub fn new(key: &[Arc<dyn PhysicalExpr>], schema: SchemaRef, state: KeyedState) -> Result<Self> {
         let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
         let key_encoder = KeyEncoder::for_keys(key, &schema)?
             .ok_or_else(|| ExecError::internal("a changelog normalizer without a key"))?;
@@ -115,7 +108,6 @@ impl ChangelogNormalizeOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            metrics,
         })
     }
 }
@@ -134,7 +126,7 @@ impl Operator for ChangelogNormalizeOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+        crate::operators::expire_state(&mut self.state, now)
     }
 
     // Watermarks pass through (the default): the normalizer holds no rows
@@ -202,7 +194,7 @@ impl Operator for ChangelogNormalizeOperator {
                 },
             )
         });
-        write_values(&mut self.state, ROWS, &refs, changes, &self.metrics)?;
+        write_values(&mut self.state, ROWS, &refs, changes)?;
         emit_rows(&self.codec, &self.schema, &emitted, out)
     }
 }
@@ -210,7 +202,6 @@ impl Operator for ChangelogNormalizeOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::metrics::NodeMetrics;
     use crate::state::HeapBackend;
     use arrow::array::{Array, AsArray, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Int64Type, Schema};
@@ -226,13 +217,7 @@ mod tests {
 
     fn normalizer() -> ChangelogNormalizeOperator {
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
-        ChangelogNormalizeOperator::new(
-            &[Arc::new(Column::new("id", 0))],
-            schema(),
-            state,
-            Arc::new(NodeMetrics::new("normalize".into())),
-        )
-        .expect("normalizer")
+        ChangelogNormalizeOperator::new(&[Arc::new(Column::new("id", 0))], schema(), state).expect("normalizer")
     }
 
     fn changes(rows: &[(&str, i64, Option<&str>)]) -> ChangeBatch {

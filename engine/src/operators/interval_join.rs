@@ -46,7 +46,7 @@ use crate::operators::join::{condition_holds, entry_of, pairs};
 use crate::operators::{Collector, Operator};
 use crate::plan::{IntervalBounds, JoinNode, JoinType};
 use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::{RowCodec, decode_counts, encode_counts};
+use crate::state::codec::{RowCodec, counts_len, decode_counts, encode_counts};
 use crate::state::keyed::{decode_time, encode_time};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
 
@@ -318,7 +318,6 @@ impl IntervalJoinOperator {
             }
             let mut w = KeyedWrite::default();
             let mut padded: Vec<&[u8]> = vec![];
-            let mut freed = 0i64;
             for g in &gone {
                 if let Some(entry) = g.2
                     && self.outer(side)
@@ -329,8 +328,12 @@ impl IntervalJoinOperator {
                     }
                 }
                 let e = freed_entry(&timers, g);
-                freed += (e.key.len() + e.namespace.len() + 14) as i64;
-                w.delete(side, e);
+                let stored = g.2.map(|c| counts_len(&[c.count, c.matched]));
+                // An inner side's rows are freed unread (a read per row
+                // would cost more than the cleanup): a row's counts take 2
+                // bytes unless it came 64 times or more.
+                let stored = if self.outer(side) { stored } else { stored.or(Some(2)) };
+                w.delete(side, e, stored);
             }
             for t in &timers {
                 w.delete_timer(2 + side, t);
@@ -342,7 +345,6 @@ impl IntervalJoinOperator {
                 self.emit_padded(side, &rows, (0..padded.len() as u32).collect(), out)?;
             }
             self.state.write(w)?;
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !more {
                 return Ok(());
             }
@@ -562,37 +564,36 @@ impl Operator for IntervalJoinOperator {
         // cleanup timers, and the other side's rows that matched first.
         let entry = |s: u32, ns| entry_of(&slots, &key_rows, s, ns);
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         if !added.is_empty() {
             let wanted: Vec<EntryRef> = added.iter().map(|(s, ns, _)| entry(*s, ns)).collect();
             let before = self.state.get(side, &wanted)?;
             for ((e, (_, ns, new)), old) in wanted.iter().zip(&added).zip(before) {
                 let mut sum = *new;
-                match old {
+                match &old {
                     Some(v) => {
-                        let was = decode_entry(side, &v)?;
+                        let was = decode_entry(side, v)?;
                         sum.count += was.count;
                         sum.matched = sum.matched.max(was.matched);
                     }
                     None => {
-                        grown += (e.key.len() + ns.len() + 14) as i64;
                         let t = ns_time(side, ns)?;
                         w.add_timer(2 + side, e.key_group, t + self.relative[side] + 1, e.key, ns);
                     }
                 }
-                w.put(side, *e, encode_counts(&[sum.count, sum.matched]));
+                w.put(side, *e, old.map(|v| v.len()), encode_counts(&[sum.count, sum.matched]));
             }
         }
+        // The other side's rows that matched first (were unmatched).
         for o in others.iter().filter(|o| o.dirty) {
             w.put(
                 other,
                 entry(o.slot, &o.ns),
+                Some(counts_len(&[o.entry.count, 0])),
                 encode_counts(&[o.entry.count, o.entry.matched]),
             );
         }
         if !w.is_empty() {
             self.state.write(w)?;
-            self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         }
 
         if this_idx.is_empty() {
@@ -732,7 +733,8 @@ mod tests {
             feed(&mut j, 1, &right, &mut out);
             j.on_watermark(base, &mut out).expect("watermark");
             emitted += rows_out(&mut out);
-            let bytes = j.metrics.state_bytes.load(Ordering::Relaxed);
+            let bytes = j.state.size_bytes();
+            assert_eq!(bytes, j.state.counted_bytes().expect("count"));
             if round == 5 {
                 at_round_5 = bytes;
             }
@@ -747,11 +749,8 @@ mod tests {
         );
         j.on_watermark(crate::message::MAX_WATERMARK, &mut out).expect("end");
         emitted += rows_out(&mut out);
-        assert_eq!(
-            j.metrics.state_bytes.load(Ordering::Relaxed),
-            0,
-            "state left at the end"
-        );
+        assert_eq!(j.state.size_bytes(), 0, "state left at the end");
+        assert_eq!(j.state.counted_bytes().expect("count"), 0);
         // Left rows of odd keys never match: 3000 padded. Each even-key
         // left row matches the right rows of its key within 1 s.
         assert!(emitted >= 6000, "every left row is emitted at least once: {emitted}");
@@ -784,7 +783,7 @@ mod tests {
             key,
             namespace: &ns,
         };
-        w.put(0, e, encode_counts(&[2, 0]));
+        w.put(0, e, None, encode_counts(&[2, 0]));
         w.add_timer(2, group, 5000 + j.relative[0] + 1, key, &[]);
         j.state.write(w).expect("write");
         j.on_watermark(5000 + j.relative[0], &mut out).expect("watermark");

@@ -44,7 +44,6 @@
 
 use hashbrown::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array, new_null_array};
 use arrow::compute::take;
@@ -62,8 +61,7 @@ use crate::operators::calc::batch_with_schema;
 use crate::operators::{Collector, Operator};
 use crate::plan::{JoinNode, JoinType};
 use crate::plan::{PlanNode, StateKeys, StreamNode, humantime_ms};
-use crate::runtime::metrics::NodeMetrics;
-use crate::state::codec::RowCodec;
+use crate::state::codec::{RowCodec, counts_len};
 use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind};
 
 /// The operator's states (index = input); names are part of savepoints.
@@ -127,7 +125,6 @@ pub struct JoinOperator {
     pair_schema: SchemaRef,
     schema: SchemaRef,
     state: KeyedState,
-    metrics: Arc<NodeMetrics>,
     /// Per side: join key → every row of the side under it.
     cache: [HashMap<Vec<u8>, CachedKey>; 2],
     cached: usize,
@@ -194,6 +191,8 @@ struct Other {
     /// The row when the namespace is not the row (unique-key layout).
     row: Option<Vec<u8>>,
     entry: Entry,
+    /// The entry as stored (what a write replaces).
+    was: Entry,
     dirty: bool,
 }
 
@@ -344,12 +343,12 @@ pub fn build(node: &JoinNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
         }
     }
     Ok(Box::new(
-        JoinOperator::new(node, ctx.schema(), state, ctx.metrics.clone())?.with_cache(ctx.rocksdb()),
+        JoinOperator::new(node, ctx.schema(), state)?.with_cache(ctx.rocksdb()),
     ))
 }
 
 impl JoinOperator {
-    pub fn new(node: &JoinNode, schema: SchemaRef, state: KeyedState, metrics: Arc<NodeMetrics>) -> Result<Self> {
+    pub fn new(node: &JoinNode, schema: SchemaRef, state: KeyedState) -> Result<Self> {
         let layout = |side: usize, schema: &SchemaRef| -> Result<Layout> {
             let Some(columns) = node.unique_keys[side].clone() else {
                 return Ok(Layout::Multiset);
@@ -384,7 +383,6 @@ impl JoinOperator {
             pair_schema: sides.pair_schema,
             schema,
             state,
-            metrics,
             cache: [HashMap::new(), HashMap::new()],
             cached: 0,
             cache_enabled: true,
@@ -591,7 +589,7 @@ impl Operator for JoinOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+        crate::operators::expire_state(&mut self.state, now)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -714,6 +712,7 @@ impl Operator for JoinOperator {
                     ns: ns.clone(),
                     row: c.row.clone(),
                     entry: c.entry,
+                    was: c.entry,
                     dirty: false,
                 }));
                 ranges.push(start..others.len());
@@ -728,6 +727,7 @@ impl Operator for JoinOperator {
                             ns: ns.to_vec(),
                             row: row.map(<[u8]>::to_vec),
                             entry: e,
+                            was: e,
                             dirty: false,
                         }),
                         Ok(_) => {}
@@ -900,7 +900,6 @@ impl Operator for JoinOperator {
 
         // One write for the batch.
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         let stored_row = |m: &Mine| -> Result<Option<&[u8]>> {
             match (by_key, m.row) {
                 (false, _) => Ok(None),
@@ -910,19 +909,24 @@ impl Operator for JoinOperator {
         };
         for (&(s, ns), m) in &mine {
             let row = if m.entry.count > 0 { stored_row(m)? } else { None };
-            let size = (ns.len() + row.map_or(0, <[u8]>::len) + 18) as i64;
+            let old = (m.stored > 0).then_some(m.stored);
             if m.entry.count > 0 {
-                grown += if m.stored == 0 { size } else { 0 };
-                w.put(side, entry_of(&slots, &key_rows, s, ns), encode_value(m.entry, row));
+                w.put(
+                    side,
+                    entry_of(&slots, &key_rows, s, ns),
+                    old,
+                    encode_value(m.entry, row),
+                );
             } else if m.stored > 0 {
-                grown -= size.max(m.stored as i64);
-                w.delete(side, entry_of(&slots, &key_rows, s, ns));
+                w.delete(side, entry_of(&slots, &key_rows, s, ns), old);
             }
         }
         for o in others.iter().filter(|o| o.dirty) {
+            let old = counts_len(&[o.was.count, o.was.assoc]) + o.row.as_ref().map_or(0, Vec::len);
             w.put(
                 other,
                 entry_of(&slots, &key_rows, o.slot, &o.ns),
+                Some(old),
                 encode_value(o.entry, o.row.as_deref()),
             );
         }
@@ -957,7 +961,6 @@ impl Operator for JoinOperator {
             self.cache = [HashMap::new(), HashMap::new()];
             self.cached = 0;
         }
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
 
         if kinds.is_empty() {
             return Ok(());
@@ -1024,7 +1027,7 @@ mod tests {
                 .collect::<Vec<_>>(),
         ));
         let state = KeyedState::new(Box::new(HeapBackend::new(2)), STATES, 0..128, 128);
-        JoinOperator::new(&node, out, state, Arc::new(NodeMetrics::new("join".into()))).expect("join")
+        JoinOperator::new(&node, out, state).expect("join")
     }
 
     /// Feeds one change to `input` and returns what the join emits.

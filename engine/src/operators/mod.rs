@@ -36,18 +36,11 @@ use crate::error::Result;
 use crate::message::Timestamp;
 
 /// Deletes expired state (`table.exec.state.ttl`), a bounded amount per
-/// call, and takes what it freed off the operator's state-size metric.
-pub(crate) fn expire_state(
-    state: &mut crate::state::KeyedState,
-    now: i64,
-    metrics: &crate::runtime::metrics::NodeMetrics,
-) -> Result<()> {
+/// call (the state takes what it freed off its size).
+pub(crate) fn expire_state(state: &mut crate::state::KeyedState, now: i64) -> Result<()> {
     /// Entries of each state looked at per call.
     const BUDGET: usize = 10_000;
-    let freed = state.expire(now, BUDGET)?;
-    metrics
-        .state_bytes
-        .fetch_sub(freed, std::sync::atomic::Ordering::Relaxed);
+    state.expire(now, BUDGET)?;
     Ok(())
 }
 
@@ -84,36 +77,23 @@ pub(crate) struct ValueChange<'a> {
     pub value: Option<&'a [u8]>,
 }
 
-/// Writes the changed values of `refs` to `state` as one write, and moves
-/// the operator's state-size metric by what they grew or shrank.
+/// Writes the changed values of `refs` to `state` as one write.
 pub(crate) fn write_values<'a>(
     state: &mut crate::state::KeyedState,
     id: usize,
     refs: &[crate::state::EntryRef<'_>],
     changes: impl Iterator<Item = (usize, ValueChange<'a>)>,
-    metrics: &crate::runtime::metrics::NodeMetrics,
 ) -> Result<()> {
     let mut w = crate::state::KeyedWrite::default();
-    let mut grown = 0i64;
     for (slot, change) in changes {
         let e = refs[slot];
-        let overhead = 2 * e.key.len() as i64;
-        if let Some(old) = change.stored_len {
-            grown -= overhead + old as i64;
-        }
         match change.value {
-            Some(v) => {
-                grown += overhead + v.len() as i64;
-                w.put(id, e, v.to_vec());
-            }
-            None if change.stored_len.is_some() => w.delete(id, e),
+            Some(v) => w.put(id, e, change.stored_len, v.to_vec()),
+            None if change.stored_len.is_some() => w.delete(id, e, change.stored_len),
             None => {}
         }
     }
     state.write(w)?;
-    metrics
-        .state_bytes
-        .fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 

@@ -77,8 +77,6 @@ pub const STATES: &[StateDecl] = &[
 
 /// Timers fired per state round trip.
 const FIRE_CHUNK: usize = 4096;
-/// Bytes a timer is counted as, besides its key.
-const TIMER_BYTES: i64 = 16;
 
 pub struct OverAggregateOperator {
     partition: Vec<Arc<dyn PhysicalExpr>>,
@@ -342,13 +340,14 @@ impl OverAggregateOperator {
         w: &mut KeyedWrite,
         out_rows: &mut Vec<(Timestamp, Vec<u8>)>,
         out_values: &mut Vec<Vec<ScalarValue>>,
-    ) -> Result<i64> {
+    ) -> Result<()> {
         let entry = EntryRef {
             key_group: group,
             key,
             namespace: &[],
         };
         let meta = self.state.get(KEY, &[entry])?.pop().flatten();
+        let meta_len = meta.as_ref().map(Vec::len);
         let meta = decode_meta(meta.as_deref())?;
         let last_due = *due.last().ok_or_else(|| ExecError::internal("no due time"))?;
         // Every stored row of the key up to the last due time, by time
@@ -549,7 +548,6 @@ impl OverAggregateOperator {
             },
             _ => keep_from,
         };
-        let mut freed = 0i64;
         for (t, len) in &entries {
             if *t < keep_from {
                 let ns = encode_time(*t);
@@ -560,25 +558,12 @@ impl OverAggregateOperator {
                         key,
                         namespace: &ns,
                     },
+                    Some(*len),
                 );
-                freed += (*len + key.len() + 8) as i64;
             }
         }
-        let value = encode_meta(last_due, new_acc.as_deref());
-        freed -= value.len() as i64 - meta_len(&meta) as i64;
-        if meta.last.is_none() {
-            freed -= key.len() as i64;
-        }
-        w.put(KEY, entry, value);
-        Ok(freed)
-    }
-}
-
-fn meta_len(m: &KeyMeta) -> usize {
-    if m.last.is_none() {
-        0
-    } else {
-        8 + m.acc.as_ref().map_or(0, Vec::len)
+        w.put(KEY, entry, meta_len, encode_meta(last_due, new_acc.as_deref()));
+        Ok(())
     }
 }
 
@@ -665,20 +650,16 @@ impl Operator for OverAggregateOperator {
         let stored = self.state.get(ROWS, &refs)?;
         let encoded = self.codec.encode(batch.columns())?;
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((((_, t), rows), e), old) in parts.iter().zip(&refs).zip(stored) {
-            let old_len = old.as_ref().map_or(0, Vec::len);
+            let old_len = old.as_ref().map(Vec::len);
             let mut value = old.unwrap_or_default();
             value.extend(RowList::encode(rows.iter().map(|r| encoded.row(*r))));
-            grown += (value.len() - old_len) as i64;
-            if old_len == 0 {
+            if old_len.is_none() {
                 w.add_timer(TIMERS, e.key_group, *t, e.key, e.namespace);
-                grown += 2 * e.key.len() as i64 + 8 + TIMER_BYTES;
             }
-            w.put(ROWS, *e, value);
+            w.put(ROWS, *e, old_len, value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -699,18 +680,15 @@ impl Operator for OverAggregateOperator {
                 per_key.entry((t.key_group, &t.key)).or_default().push(t.time);
             }
             let mut w = KeyedWrite::default();
-            let mut freed = 0i64;
             for t in &due {
                 w.delete_timer(TIMERS, t);
-                freed += t.key.len() as i64 + TIMER_BYTES;
             }
             let (mut rows, mut values) = (vec![], vec![]);
             for ((group, key), mut times) in per_key {
                 times.sort_unstable();
-                freed += self.fire_key(group, key, &times, &mut w, &mut rows, &mut values)?;
+                self.fire_key(group, key, &times, &mut w, &mut rows, &mut values)?;
             }
             self.state.write(w)?;
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !rows.is_empty() {
                 // Earlier times first (stable: a key's rows keep their order).
                 let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -820,7 +798,8 @@ mod tests {
                         emitted += 1;
                     }
                 }
-                let bytes = op.metrics.state_bytes.load(Ordering::Relaxed);
+                let bytes = op.state.size_bytes();
+                assert_eq!(bytes, op.state.counted_bytes().expect("count"), "{frame:?}");
                 if round == 5 {
                     at_round_5 = bytes;
                 }

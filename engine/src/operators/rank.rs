@@ -68,7 +68,6 @@ pub struct RankOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     /// Partitions as the last batches left them, decoded (the state holds
     /// the same rows as bytes): a hot partition is not decoded again.
     /// Emptied when it outgrows [`DECODED_PARTITIONS`], and unused with
@@ -182,7 +181,6 @@ pub fn build(node: &RankNode, ctx: &BuildCtx) -> Result<Box<dyn Operator>> {
         ctx.schema(),
         keep_all,
         state,
-        ctx.metrics.clone(),
     )?))
 }
 
@@ -193,7 +191,6 @@ impl RankOperator {
         schema: SchemaRef,
         keep_all: bool,
         state: KeyedState,
-        metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
         let key_encoder = KeyEncoder::for_keys(&node.partition, input_schema)?;
         let types: Vec<_> = input_schema.fields().iter().map(|f| f.data_type().clone()).collect();
@@ -217,7 +214,6 @@ impl RankOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            metrics,
             decoded: hashbrown::HashMap::new(),
         })
     }
@@ -336,7 +332,7 @@ impl Operator for RankOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+        crate::operators::expire_state(&mut self.state, now)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -588,7 +584,6 @@ impl Operator for RankOperator {
         }
 
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for p in parts.iter_mut().filter(|p| p.dirty) {
             let key = key_of(p.first);
             let e = EntryRef {
@@ -596,25 +591,19 @@ impl Operator for RankOperator {
                 key,
                 namespace: &[],
             };
-            // State size: a partition's entry is its key and its rows.
-            let before = if p.stored { key.len() + p.stored_len } else { 0 };
+            let old = p.stored.then_some(p.stored_len);
             if p.rows.is_empty() {
                 if p.stored {
-                    w.delete(ROWS, e);
+                    w.delete(ROWS, e, old);
                 }
                 p.stored_len = 0;
-                grown -= before as i64;
             } else {
                 let value = Self::encode_rows(&p.rows);
                 p.stored_len = value.len();
-                grown += (key.len() + value.len()) as i64 - before as i64;
-                w.put(ROWS, e, value);
+                w.put(ROWS, e, old, value);
             }
         }
         self.state.write(w)?;
-        self.metrics
-            .state_bytes
-            .fetch_add(grown, std::sync::atomic::Ordering::Relaxed);
         if use_decoded {
             if self.decoded.len() + parts.len() > DECODED_PARTITIONS {
                 self.decoded.clear();
@@ -643,7 +632,6 @@ impl Operator for RankOperator {
 mod tests {
     use super::*;
     use crate::operators::testing::feed_pretty;
-    use crate::runtime::metrics::NodeMetrics;
     use crate::state::HeapBackend;
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_expr::expressions::col;
@@ -673,15 +661,7 @@ mod tests {
             update_key: None,
         };
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
-        RankOperator::new(
-            &node,
-            &s,
-            s.clone(),
-            keep_all,
-            state,
-            Arc::new(NodeMetrics::new("rank".into())),
-        )
-        .expect("rank")
+        RankOperator::new(&node, &s, s.clone(), keep_all, state).expect("rank")
     }
 
     #[test]

@@ -81,8 +81,6 @@ const LEFT_TIMER: u8 = 0;
 const RIGHT_TIMER: u8 = 1;
 /// Timers fired per state round trip.
 const FIRE_CHUNK: usize = 4096;
-/// Bytes a timer is counted as, besides its key.
-const TIMER_BYTES: i64 = 16;
 
 pub struct TemporalJoinOperator {
     name: String,
@@ -228,21 +226,17 @@ impl TemporalJoinOperator {
         let stored = self.state.get(LEFT, &refs)?;
         let rows = self.sides.codecs[LEFT].encode(batch.columns())?;
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((part, e), old) in parts.iter().zip(&refs).zip(stored) {
             let ns = &part.namespace;
-            let before = old.as_ref().map_or(0, Vec::len);
+            let before = old.as_ref().map(Vec::len);
             let mut value = old.unwrap_or_default();
             value.extend(RowList::encode(part.rows.iter().map(|r| rows.row(*r))));
-            grown += (value.len() - before) as i64;
-            if before == 0 {
-                grown += (e.key.len() + ns.len()) as i64 + e.key.len() as i64 + TIMER_BYTES;
+            if before.is_none() {
                 w.add_timer(TIMERS, part.group, part.time, e.key, &[LEFT_TIMER, ns[8]]);
             }
-            w.put(LEFT, *e, value);
+            w.put(LEFT, *e, before, value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -282,23 +276,17 @@ impl TemporalJoinOperator {
         let stored = self.state.get(RIGHT, &refs)?;
         let encoded = self.sides.codecs[RIGHT].encode(rows.columns())?;
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((k, e), old) in order.iter().zip(&refs).zip(stored) {
             let i = last_of[k];
             let mut value = Vec::with_capacity(1 + encoded.row(i).len());
             value.push(if batch.kind(i).is_retract() { DELETED } else { ROW });
             value.extend_from_slice(encoded.row(i));
-            match old {
-                Some(old) => grown += value.len() as i64 - old.len() as i64,
-                None => {
-                    grown += (e.key.len() + e.namespace.len() + value.len()) as i64 + e.key.len() as i64 + TIMER_BYTES;
-                    w.add_timer(TIMERS, e.key_group, k.1, e.key, &[RIGHT_TIMER]);
-                }
+            if old.is_none() {
+                w.add_timer(TIMERS, e.key_group, k.1, e.key, &[RIGHT_TIMER]);
             }
-            w.put(RIGHT, *e, value);
+            w.put(RIGHT, *e, old.as_ref().map(Vec::len), value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -307,12 +295,10 @@ impl TemporalJoinOperator {
     /// passed.
     fn fire(&mut self, due: &[Timer], watermark: Timestamp, out: &mut Collector) -> Result<()> {
         let mut w = KeyedWrite::default();
-        let mut freed = 0i64;
         let mut seen: HashSet<(KeyGroup, &[u8])> = HashSet::new();
         let mut keys: Vec<(KeyGroup, &[u8])> = vec![];
         for t in due {
             w.delete_timer(TIMERS, t);
-            freed += t.key.len() as i64 + TIMER_BYTES;
             if seen.insert((t.key_group, &t.key)) {
                 keys.push((t.key_group, &t.key));
             }
@@ -359,8 +345,8 @@ impl TemporalJoinOperator {
                         key,
                         namespace: ns,
                     },
+                    Some(v.len()),
                 );
-                freed += (key.len() + ns.len() + v.len()) as i64;
             }
             // Its versions in time order.
             let mut mine: Vec<Version> = vec![];
@@ -397,8 +383,8 @@ impl TemporalJoinOperator {
                         key,
                         namespace: &ns,
                     },
+                    Some(1 + v.row.len()),
                 );
-                freed += (key.len() + ns.len() + 1 + v.row.len()) as i64;
             }
             versions.push(mine);
         }
@@ -443,7 +429,6 @@ impl TemporalJoinOperator {
             }
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
         if out_l.is_empty() {
             return Ok(());
         }
@@ -633,12 +618,13 @@ mod tests {
             );
             let out = emitted(&mut j, t + 60);
             assert_eq!(out, [format!("{round}|{round}")], "round {round}");
-            sizes.push(j.metrics.state_bytes.load(Ordering::Relaxed));
+            sizes.push(j.state.size_bytes());
+            assert_eq!(sizes[sizes.len() - 1], j.state.counted_bytes().expect("count"));
         }
         assert!(sizes[5] > 0);
         assert!(sizes[5..].windows(2).all(|w| w[0] == w[1]), "state grew: {sizes:?}");
         emitted(&mut j, crate::message::MAX_WATERMARK);
-        let left = j.metrics.state_bytes.load(Ordering::Relaxed);
+        let left = j.state.size_bytes();
         // One version per key stays (the latest answers any later order).
         assert!(left > 0 && left == sizes[49], "{left} vs {sizes:?}");
     }

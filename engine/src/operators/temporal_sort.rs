@@ -224,21 +224,16 @@ impl Operator for TemporalSortOperator {
         let refs = self.entries(&namespaces);
         let stored = self.state.get(ROWS, &refs)?;
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((t, e), old) in order.iter().zip(&refs).zip(stored) {
-            let first = old.is_none();
+            let old_len = old.as_ref().map(Vec::len);
             let mut value = old.unwrap_or_default();
-            let added = RowList::encode(by_time[t].iter().map(|i| rows.row(*i)));
-            value.extend_from_slice(&added);
-            grown += added.len() as i64;
-            if first {
-                grown += 2 * 8 + 16;
+            value.extend_from_slice(&RowList::encode(by_time[t].iter().map(|i| rows.row(*i))));
+            if old_len.is_none() {
                 w.add_timer(TIMERS, self.group, *t, &[], &[]);
             }
-            w.put(ROWS, *e, value);
+            w.put(ROWS, *e, old_len, value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -255,25 +250,25 @@ impl Operator for TemporalSortOperator {
             let stored = self.state.get(ROWS, &refs)?;
             let mut w = KeyedWrite::default();
             let mut emitted: Vec<Vec<u8>> = vec![];
-            let mut freed = 0i64;
             for ((timer, e), value) in due.iter().zip(&refs).zip(stored) {
                 w.delete_timer(TIMERS, timer);
                 let Some(value) = value else { continue };
-                w.delete(ROWS, *e);
-                freed += value.len() as i64 + 2 * 8 + 16;
+                w.delete(ROWS, *e, Some(value.len()));
                 let rows = RowList::decode(&value).ok_or_else(|| Self::corrupt(value.len()))?;
                 emitted.extend(self.sorted(rows)?);
             }
             if let Some(last) = due.last() {
+                // Stored once anything fired (or was restored).
+                let old = (self.last_fired != Timestamp::MIN).then_some(8);
                 self.last_fired = self.last_fired.max(last.time);
                 w.put(
                     ROWS,
                     last_fired_entry(self.group),
+                    old,
                     encode_time(self.last_fired).to_vec(),
                 );
             }
             self.state.write(w)?;
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !emitted.is_empty() {
                 let columns = self.codec.decode(emitted.iter().map(Vec::as_slice))?;
                 out.emit(batch_with_schema(&self.schema, columns)?);

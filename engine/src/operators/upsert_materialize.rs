@@ -54,7 +54,6 @@ pub struct UpsertMaterializeOperator {
     codec: RowCodec,
     schema: SchemaRef,
     state: KeyedState,
-    metrics: Arc<crate::runtime::metrics::NodeMetrics>,
 }
 
 /// One live row of a sink key: what identifies it (its upsert key's
@@ -129,7 +128,6 @@ pub fn build(node: &crate::plan::UpsertMaterializeNode, ctx: &BuildCtx) -> Resul
         node.upsert_key.clone(),
         ctx.schema(),
         state,
-        ctx.metrics.clone(),
     )?))
 }
 
@@ -139,7 +137,6 @@ impl UpsertMaterializeOperator {
         upsert_key: Option<Vec<usize>>,
         schema: SchemaRef,
         state: KeyedState,
-        metrics: Arc<crate::runtime::metrics::NodeMetrics>,
     ) -> Result<Self> {
         let types: Vec<_> = schema.fields().iter().map(|f| f.data_type().clone()).collect();
         let key_encoder = KeyEncoder::for_keys(key, &schema)?
@@ -159,7 +156,6 @@ impl UpsertMaterializeOperator {
             codec: RowCodec::new(&types).map_err(ExecError::internal)?,
             schema,
             state,
-            metrics,
         })
     }
 }
@@ -215,7 +211,7 @@ impl Operator for UpsertMaterializeOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+        crate::operators::expire_state(&mut self.state, now)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -311,7 +307,7 @@ impl Operator for UpsertMaterializeOperator {
                 },
             )
         });
-        write_values(&mut self.state, ROWS, &refs, changes, &self.metrics)?;
+        write_values(&mut self.state, ROWS, &refs, changes)?;
         emit_rows(&self.codec, &self.schema, &emitted, out)
     }
 }
@@ -319,7 +315,6 @@ impl Operator for UpsertMaterializeOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::metrics::NodeMetrics;
     use crate::state::HeapBackend;
     use arrow::array::{AsArray, Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Int64Type, Schema};
@@ -336,14 +331,8 @@ mod tests {
     /// Keyed by `total`; the upsert key is `c` (or none).
     fn materializer(upsert_key: Option<Vec<usize>>) -> UpsertMaterializeOperator {
         let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
-        UpsertMaterializeOperator::new(
-            &[Arc::new(Column::new("total", 1))],
-            upsert_key,
-            schema(),
-            state,
-            Arc::new(NodeMetrics::new("materialize".into())),
-        )
-        .expect("operator")
+        UpsertMaterializeOperator::new(&[Arc::new(Column::new("total", 1))], upsert_key, schema(), state)
+            .expect("operator")
     }
 
     fn changes(rows: &[(&str, &str, i64)]) -> ChangeBatch {
@@ -419,7 +408,8 @@ mod tests {
         );
         // a is not the latest of 35: nothing; b leaves 35 empty: -D with its values.
         assert_eq!(left, ["-D[b, 35]", "-D[c, 36]"]);
-        assert_eq!(op.metrics.state_bytes.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(op.state.size_bytes(), 0);
+        assert_eq!(op.state.counted_bytes().expect("count"), 0);
     }
 
     /// With an upsert key a `+U` replaces its key's entry; without one the

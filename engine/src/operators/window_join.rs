@@ -66,8 +66,6 @@ pub const STATES: &[StateDecl] = &[
 const NULL_KEY: &[u8] = &[1];
 /// Windows joined per state round trip.
 const FIRE_CHUNK: usize = 4096;
-/// Bytes a timer is counted as, besides its key.
-const TIMER_BYTES: i64 = 16;
 
 pub struct WindowJoinOperator {
     name: String,
@@ -172,17 +170,10 @@ impl WindowJoinOperator {
         let left_values = self.state.get(0, &refs)?;
         let right_values = self.state.get(1, &refs)?;
         let mut w = KeyedWrite::default();
-        let mut freed = 0i64;
-        for (t, e) in due.iter().zip(&refs) {
+        for (((t, e), l), r) in due.iter().zip(&refs).zip(&left_values).zip(&right_values) {
             w.delete_timer(TIMERS, t);
-            freed += t.key.len() as i64 + TIMER_BYTES;
-            w.delete(0, *e);
-            w.delete(1, *e);
-        }
-        for (t, v) in due.iter().zip(&left_values).chain(due.iter().zip(&right_values)) {
-            if let Some(v) = v {
-                freed += (t.key.len() + v.len()) as i64;
-            }
+            w.delete(0, *e, l.as_ref().map(Vec::len));
+            w.delete(1, *e, r.as_ref().map(Vec::len));
         }
         let (left, left_ranges) = self.decode(0, &left_values)?;
         let (right, right_ranges) = self.decode(1, &right_values)?;
@@ -253,7 +244,6 @@ impl WindowJoinOperator {
             }
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
         if out_l.is_empty() {
             return Ok(());
         }
@@ -357,24 +347,17 @@ impl Operator for WindowJoinOperator {
         let other = self.state.get(1 - side, &refs)?;
         let rows = self.sides.codecs[side].encode(batch.columns())?;
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((part, e), (mine, theirs)) in parts.iter().zip(&refs).zip(stored.into_iter().zip(other)) {
-            let old = mine.as_ref().map_or(0, Vec::len);
+            let old = mine.as_ref().map(Vec::len);
             let mut value = mine.unwrap_or_default();
             value.extend(RowList::encode(part.rows.iter().map(|r| rows.row(*r))));
-            grown += (value.len() - old) as i64;
-            if old == 0 {
-                grown += e.key.len() as i64;
-                // The window's first row of either side sets its timer.
-                if theirs.is_none() {
-                    w.add_timer(TIMERS, part.group, part.fires_at, e.key, e.namespace);
-                    grown += e.key.len() as i64 + TIMER_BYTES;
-                }
+            // The window's first row of either side sets its timer.
+            if old.is_none() && theirs.is_none() {
+                w.add_timer(TIMERS, part.group, part.fires_at, e.key, e.namespace);
             }
-            w.put(side, *e, value);
+            w.put(side, *e, old, value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -479,10 +462,7 @@ mod tests {
         assert_eq!(j.metrics.late_rows_dropped.load(Ordering::Relaxed), 1);
         j.on_watermark(crate::message::MAX_WATERMARK, &mut out).expect("end");
         assert_eq!(emitted(&mut out), ["b|b"]);
-        assert_eq!(
-            j.metrics.state_bytes.load(Ordering::Relaxed),
-            0,
-            "state left at the end"
-        );
+        assert_eq!(j.state.size_bytes(), 0, "state left at the end");
+        assert_eq!(j.state.counted_bytes().expect("count"), 0);
     }
 }

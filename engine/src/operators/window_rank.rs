@@ -259,25 +259,17 @@ impl Operator for WindowRankOperator {
         }
 
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for (part, e) in parts.iter().zip(&refs) {
             if !part.changed {
                 continue;
             }
             let value = RowList::encode(part.rows.iter().map(|(_, r)| r.as_slice()));
-            grown += value.len() as i64;
-            match part.stored_len {
-                Some(old) => grown -= old as i64,
-                None => {
-                    // Key in the value and in the timer.
-                    grown += 2 * e.key.len() as i64 + 8;
-                    w.add_timer(TIMERS, part.group, part.fires_at, e.key, &[]);
-                }
+            if part.stored_len.is_none() {
+                w.add_timer(TIMERS, part.group, part.fires_at, e.key, &[]);
             }
-            w.put(ROWS, *e, value);
+            w.put(ROWS, *e, part.stored_len, value);
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         Ok(())
     }
 
@@ -305,12 +297,10 @@ impl Operator for WindowRankOperator {
             let mut w = KeyedWrite::default();
             let mut emitted: Vec<Vec<u8>> = vec![];
             let mut ranks: Vec<u64> = vec![];
-            let mut freed = 0i64;
             for ((timer, e), value) in due.iter().zip(&refs).zip(stored) {
                 w.delete_timer(TIMERS, timer);
                 let Some(value) = value else { continue };
-                freed += value.len() as i64 + 2 * timer.key.len() as i64 + 8;
-                w.delete(ROWS, *e);
+                w.delete(ROWS, *e, Some(value.len()));
                 let rows = RowList::decode(&value).ok_or_else(|| StateError::Corrupt {
                     state: STATES[ROWS].name.into(),
                     message: format!("a partition of {} bytes is cut short", value.len()),
@@ -321,7 +311,6 @@ impl Operator for WindowRankOperator {
                 }
             }
             self.state.write(w)?;
-            self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
             if !emitted.is_empty() {
                 let mut columns = self.codec.decode(emitted.iter().map(Vec::as_slice))?;
                 // The rank column, when the plan keeps it.

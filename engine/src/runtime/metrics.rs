@@ -18,8 +18,9 @@ pub struct NodeMetrics {
     pub skipped_records: AtomicU64,
     /// Highest output watermark of any subtask of the node.
     pub watermark: AtomicI64,
-    /// Live keyed state of the node, in bytes (keys + values), all subtasks.
-    pub state_bytes: AtomicI64,
+    /// Live keyed state of the node, in bytes (keys + values), all
+    /// subtasks: each subtask's `KeyedState` counts into it.
+    pub state_bytes: Arc<AtomicI64>,
     /// Highest event time the node has put into state.
     pub max_event_time: AtomicI64,
     /// The most state the node held per second of event time (bytes/s,
@@ -40,7 +41,7 @@ impl NodeMetrics {
             dead_letters: AtomicU64::new(0),
             skipped_records: AtomicU64::new(0),
             watermark: AtomicI64::new(i64::MIN),
-            state_bytes: AtomicI64::new(0),
+            state_bytes: Arc::new(AtomicI64::new(0)),
             max_event_time: AtomicI64::new(i64::MIN),
             peak_state_rate: AtomicI64::new(0),
             backpressured_ns: Arc::new(AtomicU64::new(0)),

@@ -87,6 +87,15 @@ pub fn encode_counts(counts: &[i64]) -> Vec<u8> {
     out
 }
 
+/// The length of [`encode_counts`]' bytes for `counts`.
+pub fn counts_len(counts: &[i64]) -> usize {
+    let zigzag = |c: i64| ((c << 1) ^ (c >> 63)) as u64;
+    counts
+        .iter()
+        .map(|&c| (64 - zigzag(c).leading_zeros() as usize).div_ceil(7).max(1))
+        .sum()
+}
+
 /// [`encode_counts`] onto the end of `out`.
 pub fn append_counts(out: &mut Vec<u8>, counts: &[i64]) {
     for &c in counts {
@@ -854,6 +863,13 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_len_is_the_encoded_length() {
+        for c in [0i64, 1, -1, 63, 64, -64, -65, 8191, 8192, i64::MAX, i64::MIN] {
+            assert_eq!(counts_len(&[c, 5]), encode_counts(&[c, 5]).len(), "{c}");
+        }
+    }
 
     #[test]
     fn row_lists_keep_their_golden_bytes() {

@@ -43,6 +43,11 @@ impl StateBackend for HeapBackend {
         })
     }
 
+    fn estimated_bytes(&self) -> i64 {
+        let entries = self.states.iter().flat_map(|m| m.iter());
+        entries.map(|(k, v)| (k.len() + v.len()) as i64).sum()
+    }
+
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let map = self.state(state)?;
         Ok(keys.iter().map(|k| map.get(*k).cloned()).collect())

@@ -134,36 +134,48 @@ fn parse_timer(k: &[u8]) -> Result<Timer, StateError> {
 }
 
 /// Changes applied atomically by [`KeyedState::write`].
+///
+/// Each change says what it replaces (the length of the value read
+/// before, `None`: none), so the state keeps its own size: an entry costs
+/// its stored key and its value (without the TTL stamp), a timer its key.
 #[derive(Debug, Default)]
 pub struct KeyedWrite {
     batch: WriteBatch,
     /// (timer state, key group, time) of timers added.
     timers: Vec<(StateId, KeyGroup, Timestamp)>,
-    /// Bytes of keys and values written, for the state-size metric.
-    pub bytes_written: i64,
+    /// Bytes the state grows by (negative: shrinks).
+    grown: i64,
 }
 
 impl KeyedWrite {
-    pub fn put(&mut self, state: StateId, e: EntryRef, value: Vec<u8>) {
+    /// Sets `e` to `value`; `old` is the length of the value it held
+    /// (`None`: it held none).
+    pub fn put(&mut self, state: StateId, e: EntryRef, old: Option<usize>, value: Vec<u8>) {
         let k = value_key(e);
-        self.bytes_written += (k.len() + value.len()) as i64;
+        self.grown += (value.len() + k.len()) as i64 - old.map_or(0, |o| (o + k.len()) as i64);
         self.batch.put(state, k, value);
     }
 
-    pub fn delete(&mut self, state: StateId, e: EntryRef) {
-        self.batch.delete(state, value_key(e));
+    /// Deletes `e`; `old` is the length of the value it held (`None`: it
+    /// held none, or it is not known to: the size does not move).
+    pub fn delete(&mut self, state: StateId, e: EntryRef, old: Option<usize>) {
+        let k = value_key(e);
+        self.grown -= old.map_or(0, |o| (o + k.len()) as i64);
+        self.batch.delete(state, k);
     }
 
     pub fn add_timer(&mut self, state: StateId, group: KeyGroup, time: Timestamp, key: &[u8], namespace: &[u8]) {
         let k = timer_key(group, time, key, namespace);
-        self.bytes_written += k.len() as i64;
+        self.grown += k.len() as i64;
         self.batch.put(state, k, vec![]);
         self.timers.push((state, group, time));
     }
 
+    /// Deletes a due timer (one [`KeyedState::due_timers`] gave).
     pub fn delete_timer(&mut self, state: StateId, t: &Timer) {
-        self.batch
-            .delete(state, timer_key(t.key_group, t.time, &t.key, &t.namespace));
+        let k = timer_key(t.key_group, t.time, &t.key, &t.namespace);
+        self.grown -= k.len() as i64;
+        self.batch.delete(state, k);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -190,6 +202,12 @@ pub struct KeyedState {
     clock: Clock,
     /// A write-back cache of point-read states (see [`KeyedState::cache`]).
     cache: std::cell::RefCell<Box<Cache>>,
+    /// The bytes its entries and timers hold (stored keys and values: what
+    /// a restore brought as its backend estimates it, then as written).
+    size: i64,
+    /// The operator's state-size metric (all its subtasks), which the
+    /// size's changes move too.
+    gauge: Option<std::sync::Arc<std::sync::atomic::AtomicI64>>,
 }
 
 /// A cached entry: the stored value (or its absence), and whether it was
@@ -268,6 +286,8 @@ impl KeyedState {
             max_parallelism,
             clock: Clock::Wall,
             cache: Default::default(),
+            size: 0,
+            gauge: None,
         }
     }
 
@@ -320,6 +340,43 @@ impl KeyedState {
             c.entries.clear();
         }
         Ok(())
+    }
+
+    /// Counts the state's size in `gauge` (the operator's state-size
+    /// metric) from now on, carrying over what was counted so far.
+    pub fn share_size(&mut self, gauge: std::sync::Arc<std::sync::atomic::AtomicI64>) {
+        gauge.fetch_add(self.size, std::sync::atomic::Ordering::Relaxed);
+        self.gauge = Some(gauge);
+    }
+
+    /// The state's size counted entry by entry, as
+    /// [`KeyedState::size_bytes`] keeps it (tests check one by the other).
+    pub fn counted_bytes(&mut self) -> Result<i64, StateError> {
+        self.flush()?;
+        let (start, end) = (vec![], vec![0xff; 3]);
+        let mut bytes = 0i64;
+        for state in 0..self.decls.len() {
+            let ttl = self.is_ttl(state);
+            self.backend.scan(state, &start, &end, &mut |k, v| {
+                let v = if ttl { split_stamp(v).map_or(v, |(_, v)| v) } else { v };
+                bytes += (k.len() + v.len()) as i64;
+                true
+            })?;
+        }
+        Ok(bytes)
+    }
+
+    /// Adds bytes to the state's size (what a restore brought).
+    pub(crate) fn add_size(&mut self, bytes: i64) {
+        self.size += bytes;
+        if let Some(g) = &self.gauge {
+            g.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The bytes the state holds (see [`KeyedState::share_size`]).
+    pub fn size_bytes(&self) -> i64 {
+        self.size
     }
 
     /// The job's processing-time clock (the wall clock until set).
@@ -375,7 +432,8 @@ impl KeyedState {
 
     /// Deletes the expired values of every TTL state among the next
     /// `budget` entries of each, scanning on from where the last call
-    /// stopped (Flink's incremental cleanup). Returns the bytes removed.
+    /// stopped (Flink's incremental cleanup). Returns the bytes removed
+    /// (taken off the state's size).
     pub fn expire(&mut self, now: i64, budget: usize) -> Result<i64, StateError> {
         if !self.ttl_enabled() {
             return Ok(0);
@@ -409,8 +467,8 @@ impl KeyedState {
             self.backend.scan(state, &from, &end, &mut |k, v| {
                 seen += 1;
                 match split_stamp(v) {
-                    Some((Some(written), _)) if now.saturating_sub(written) >= ttl => {
-                        freed += (k.len() + v.len()) as i64;
+                    Some((Some(written), value)) if now.saturating_sub(written) >= ttl => {
+                        freed += (k.len() + value.len()) as i64;
                         dead.push(k.to_vec());
                     }
                     Some((None, value)) => {
@@ -443,6 +501,7 @@ impl KeyedState {
                 self.backend.write(batch)?;
             }
         }
+        self.add_size(-freed);
         Ok(freed)
     }
 
@@ -494,6 +553,7 @@ impl KeyedState {
     }
 
     pub fn write(&mut self, w: KeyedWrite) -> Result<(), StateError> {
+        self.add_size(w.grown);
         for (state, group, time) in &w.timers {
             if let Some(f) = self.floor_mut(*state, *group) {
                 *f = (*f).min(*time);
@@ -709,13 +769,16 @@ pub(crate) mod tests {
             namespace: b"",
         };
         let mut w = KeyedWrite::default();
-        w.put(0, e(b"idle"), b"1".to_vec());
-        w.put(0, e(b"busy"), b"2".to_vec());
+        w.put(0, e(b"idle"), None, b"1".to_vec());
+        w.put(0, e(b"busy"), None, b"2".to_vec());
         s.write(w).expect("write");
         now.set_ms(1_080);
         let mut w = KeyedWrite::default();
-        w.put(0, e(b"busy"), b"3".to_vec());
+        w.put(0, e(b"busy"), Some(1), b"3".to_vec());
         s.write(w).expect("rewrite");
+        // Stored keys and values, not the write times.
+        assert_eq!(s.size_bytes(), (2 + 4 + 1) * 2);
+        assert_eq!(s.size_bytes(), s.counted_bytes().expect("count"));
         now.set_ms(1_150);
         // 150 ms after its write the idle key is gone; the busy one was
         // written 70 ms ago.
@@ -723,7 +786,9 @@ pub(crate) mod tests {
         assert_eq!(got, vec![None, Some(b"3".to_vec())]);
         let freed = s.expire(now.now_ms(), 1).expect("expire");
         let freed = freed + s.expire(now.now_ms(), 1).expect("expire");
-        assert!(freed > 0, "the expired entry's bytes are freed");
+        assert_eq!(freed, 2 + 4 + 1, "the expired entry's bytes are freed");
+        assert_eq!(s.size_bytes(), 2 + 4 + 1);
+        assert_eq!(s.size_bytes(), s.counted_bytes().expect("count"));
         let mut left = 0;
         s.backend()
             .scan(0, &[0], &[0xff], &mut |_, _| {
@@ -766,7 +831,7 @@ pub(crate) mod tests {
         let now = Clock::driven(5_000);
         s.set_clock(now.clone());
         let mut w = KeyedWrite::default();
-        w.put(0, e, b"abc".to_vec());
+        w.put(0, e, None, b"abc".to_vec());
         s.write(w).expect("write");
         assert_eq!(stored(&s), vec![b"\0abc".to_vec()]);
         // The job now has a TTL (as after a restore with one): the old
@@ -811,7 +876,7 @@ pub(crate) mod tests {
             n
         };
         let mut w = KeyedWrite::default();
-        w.put(0, e(b"a"), b"1".to_vec());
+        w.put(0, e(b"a"), None, b"1".to_vec());
         s.write(w).expect("write");
         assert_eq!(
             s.get(0, &[e(b"a"), e(b"b")]).expect("get"),
@@ -819,8 +884,8 @@ pub(crate) mod tests {
         );
         assert_eq!(stored(&s), 0, "held in memory");
         let mut w = KeyedWrite::default();
-        w.delete(0, e(b"a"));
-        w.put(0, e(b"c"), b"3".to_vec());
+        w.delete(0, e(b"a"), Some(1));
+        w.put(0, e(b"c"), None, b"3".to_vec());
         s.write(w).expect("write");
         assert_eq!(s.get(0, &[e(b"a")]).expect("get"), vec![None]);
         s.snapshot(1).expect("snapshot");
@@ -828,10 +893,12 @@ pub(crate) mod tests {
         // Past its limit the cache writes everything out and starts over.
         let mut w = KeyedWrite::default();
         for k in [&b"d"[..], b"e", b"f"] {
-            w.put(0, e(k), k.to_vec());
+            w.put(0, e(k), None, k.to_vec());
         }
         s.write(w).expect("write");
         assert_eq!(stored(&s), 4);
+        // The size counts what the cache holds too.
+        assert_eq!(s.size_bytes(), s.counted_bytes().expect("count"));
         assert_eq!(s.get(0, &[e(b"e")]).expect("get"), vec![Some(b"e".to_vec())]);
     }
 

@@ -91,6 +91,10 @@ pub trait StateBackend: Send {
         Ok(last)
     }
 
+    /// About how many bytes of keys and values the states hold (what a
+    /// restore brought in: the state's size starts from it).
+    fn estimated_bytes(&self) -> i64;
+
     /// The synchronous part of a checkpoint: a consistent copy of every
     /// state as of now, cheap to take (RocksDB: flush + hard links; heap:
     /// the canonical entries of `key_groups`).
@@ -174,7 +178,14 @@ pub fn open_keyed(
     if !rest.is_empty() {
         transfer::import(backend.as_mut(), &names, &rest, key_groups.clone())?;
     }
-    Ok(KeyedState::new(backend, decls, key_groups, max_parallelism))
+    let restored = if sources.is_empty() {
+        0
+    } else {
+        backend.estimated_bytes()
+    };
+    let mut state = KeyedState::new(backend, decls, key_groups, max_parallelism);
+    state.add_size(restored);
+    Ok(state)
 }
 
 #[cfg(test)]
@@ -359,7 +370,7 @@ mod import_tests {
                 key: b"k",
                 namespace: b"ns",
             };
-            w.put(0, e, vec![g as u8]);
+            w.put(0, e, None, vec![g as u8]);
             w.add_timer(1, g, 10, b"k", b"ns");
         }
         a.write(w).expect("write");
@@ -380,6 +391,9 @@ mod import_tests {
             &[source],
         )
         .expect("import");
+        // What the restore brought counts in the state's size (RocksDB's
+        // estimate of its files).
+        assert!(b.size_bytes() > 0, "restored state sized {}", b.size_bytes());
         let due = b.due_timers(1, 100, 100).expect("due");
         assert_eq!(due.len(), 4);
         let mut w = KeyedWrite::default();
@@ -392,6 +406,7 @@ mod import_tests {
                     key: &t.key,
                     namespace: &t.namespace,
                 },
+                Some(1),
             );
         }
         b.write(w).expect("delete");

@@ -184,6 +184,21 @@ impl RocksDbBackend {
 }
 
 impl StateBackend for RocksDbBackend {
+    /// RocksDB's own estimate of live data (SST files, before the
+    /// compactions that drop overwritten and deleted entries) plus what
+    /// the memtables hold.
+    fn estimated_bytes(&self) -> i64 {
+        let mut bytes = 0u64;
+        for name in &self.names {
+            if let Some(cf) = self.db.cf_handle(name) {
+                for p in ["rocksdb.estimate-live-data-size", "rocksdb.cur-size-all-mem-tables"] {
+                    bytes += self.db.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0);
+                }
+            }
+        }
+        i64::try_from(bytes).unwrap_or(i64::MAX)
+    }
+
     fn snapshot(
         &mut self,
         checkpoint_id: u64,

@@ -86,7 +86,7 @@ pub struct GroupAggregateOperator {
     /// and stored size (the state holds the same as bytes): a hot key is
     /// not decoded again. Emptied when it outgrows [`DECODED_KEYS`], and
     /// unused with TTL (state may expire behind it).
-    decoded: HashMap<Vec<u8>, (KeyAccs, Vec<ScalarValue>, usize)>,
+    decoded: HashMap<Vec<u8>, (KeyAccs, Vec<ScalarValue>, Option<usize>)>,
     /// The input is insert-only: DISTINCT value entries of several calls
     /// hold presence bits ([`encode_map_value`]).
     insert_only: bool,
@@ -131,8 +131,8 @@ struct Slot {
     group: KeyGroup,
     /// First row of the key in the batch (its key bytes).
     row: usize,
-    /// Stored size of its accumulators before the batch (state metric).
-    stored_len: usize,
+    /// Stored size of its accumulators before the batch (`None`: none).
+    stored_len: Option<usize>,
     accs: Option<KeyAccs>,
     /// Its live result row (what a later change retracts): an index
     /// into the batch's [`Results`].
@@ -150,6 +150,8 @@ struct ValueCounts {
     start: Vec<u32>,
     count: Vec<i64>,
     dirty: Vec<bool>,
+    /// Each entry's stored length (`None`: none).
+    stored: Vec<Option<usize>>,
 }
 
 /// Where a map-keeping call's value counts live: in the map of call
@@ -420,7 +422,7 @@ impl Operator for GroupAggregateOperator {
     }
 
     fn on_processing_time(&mut self, now: i64, _out: &mut Collector) -> Result<()> {
-        crate::operators::expire_state(&mut self.state, now, &self.metrics)
+        crate::operators::expire_state(&mut self.state, now)
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -450,7 +452,7 @@ impl Operator for GroupAggregateOperator {
                 slots.push(Slot {
                     group: self.state.key_group(k),
                     row: i,
-                    stored_len: 0,
+                    stored_len: None,
                     accs: None,
                     shown: None,
                     dirty: false,
@@ -484,7 +486,7 @@ impl Operator for GroupAggregateOperator {
             if let Some(b) = bytes {
                 let accs = KeyAccs::decode(&b, &self.specs)?;
                 slot.shown = Some(results.push(accs.values(&self.specs)?));
-                slot.stored_len = b.len();
+                slot.stored_len = Some(b.len());
                 slot.accs = Some(accs);
             }
         }
@@ -571,8 +573,10 @@ impl Operator for GroupAggregateOperator {
                     self.entry(slot, key_of(slot.row), ns)
                 })
                 .collect();
+            counts.stored = vec![None; counts.entries.len()];
             for (e, v) in self.state.get(MAP, &entries)?.into_iter().enumerate() {
                 let Some(v) = v else { continue };
+                counts.stored[e] = Some(v.len());
                 let start = counts.start[e] as usize;
                 let end = counts.start.get(e + 1).map_or(counts.count.len(), |s| *s as usize);
                 if decode_map_value(&v, &mut counts.count[start..end], self.insert_only).is_none() {
@@ -707,20 +711,15 @@ impl Operator for GroupAggregateOperator {
 
         // One write for the batch.
         let mut w = KeyedWrite::default();
-        let mut grown: i64 = 0;
         for slot in slots.iter_mut().filter(|s| s.dirty) {
             let e = self.entry(slot, key_of(slot.row), &[]);
             match &slot.accs {
                 Some(accs) => {
                     let b = accs.encode(&self.specs)?;
-                    grown += b.len() as i64 - slot.stored_len as i64;
-                    slot.stored_len = b.len();
-                    w.put(ACC, e, b);
+                    let old = slot.stored_len.replace(b.len());
+                    w.put(ACC, e, old, b);
                 }
-                None => {
-                    grown -= slot.stored_len as i64;
-                    w.delete(ACC, e);
-                }
+                None => w.delete(ACC, e, slot.stored_len.take()),
             }
         }
         for (e, ((s, ns), _)) in counts
@@ -735,14 +734,14 @@ impl Operator for GroupAggregateOperator {
             let start = counts.start[e] as usize;
             let end = counts.start.get(e + 1).map_or(counts.count.len(), |s| *s as usize);
             let c = &counts.count[start..end];
+            let old = counts.stored[e];
             if c.iter().all(|c| *c == 0) {
-                w.delete(MAP, entry);
+                w.delete(MAP, entry, old);
             } else {
-                w.put(MAP, entry, encode_map_value(c, self.insert_only));
+                w.put(MAP, entry, old, encode_map_value(c, self.insert_only));
             }
         }
         self.state.write(w)?;
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
         if use_decoded {
             if self.decoded.len() + slots.len() > DECODED_KEYS {
                 self.decoded.clear();

@@ -98,7 +98,8 @@ pub enum WindowStore {
     /// Bytes in a state backend (RocksDB), through the keyed-state layer,
     /// behind an in-memory pre-aggregation buffer of `buffered` groups.
     Keyed {
-        state: KeyedState,
+        /// Boxed: the keyed state is most of the enum's size.
+        state: Box<KeyedState>,
         buffer: Panes,
         buffered: usize,
         /// Groups buffered before a flush
@@ -122,7 +123,7 @@ impl WindowStore {
         // the last of them may have state there.
         let restored_until = state.max_timer_time(TIMERS)?.map(|t| t.saturating_add(1));
         Ok(WindowStore::Keyed {
-            state,
+            state: Box::new(state),
             buffer: Panes::default(),
             buffered: 0,
             limit: limit.max(1),
@@ -262,8 +263,9 @@ pub struct WindowAggregateOperator {
     store: WindowStore,
     watermark: Timestamp,
     metrics: Arc<NodeMetrics>,
-    /// This subtask's live state bytes and newest event time, for the
-    /// state-per-event-time estimate.
+    /// This subtask's state bytes in memory (panes, slices, the RocksDB
+    /// store's buffer; its keyed state counts its own), for the metric and
+    /// the state-per-event-time estimate.
     live_bytes: i64,
     /// Hashes group keys for the panes' indexes.
     hasher: KeyHasher,
@@ -540,9 +542,9 @@ impl WindowAggregateOperator {
             while let Some((end, pane)) = buffer.pop_fired(up_to) {
                 *buffered = buffered.saturating_sub(pane.len());
                 if spilled.contains(&end) || restored_until.is_some_and(|u| end <= u) {
-                    let grown = flush_pane(state, &self.aggs, end, pane)?;
-                    self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-                    self.live_bytes += grown;
+                    let moved = flush_pane(state, &self.aggs, end, pane)?;
+                    self.metrics.state_bytes.fetch_sub(moved, Ordering::Relaxed);
+                    self.live_bytes -= moved;
                 } else if !pane.is_empty() {
                     from_memory.push((end, pane));
                 }
@@ -614,11 +616,8 @@ impl WindowAggregateOperator {
         let stored = state.get(ACC, &entries)?;
         let mut present: Vec<&[u8]> = vec![];
         let mut groups = vec![];
-        let mut freed: i64 = 0;
         for (i, s) in stored.iter().enumerate() {
-            freed += (timers[i].key.len() + 22) as i64;
             if let Some(s) = s {
-                freed += (timers[i].key.len() + 10 + s.len()) as i64;
                 present.push(s);
                 groups.push(i);
             }
@@ -631,14 +630,11 @@ impl WindowAggregateOperator {
             agg_columns.push(acc.evaluate(EmitTo::All)?);
         }
         let mut w = KeyedWrite::default();
-        for (t, e) in timers.iter().zip(&entries) {
+        for ((t, e), s) in timers.iter().zip(&entries).zip(&stored) {
             w.delete_timer(TIMERS, t);
-            w.delete(ACC, *e);
+            w.delete(ACC, *e, s.as_ref().map(Vec::len));
         }
         state.write(w)?;
-        self.metrics.state_bytes.fetch_sub(freed, Ordering::Relaxed);
-        // After a restore, state from before it is freed too: not below 0.
-        self.live_bytes = (self.live_bytes - freed).max(0);
         let batch = output_batch(self, &ends, timers.iter().map(|t| t.key.as_slice()), agg_columns)?;
         out.emit(batch);
         Ok(())
@@ -718,7 +714,8 @@ fn merge_slice(pane: &mut Pane, slice: &Frozen, aggs: &Aggs) -> Result<(i64, usi
 /// Merges one buffered window into RocksDB: one multi-get of its keys'
 /// stored states, merged into the buffered accumulators, one write of the
 /// results and of a timer for each new (key, window). Returns the bytes
-/// of state added.
+/// the pane was counted as in memory (the keyed state counts what it
+/// wrote).
 fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> Result<i64> {
     if pane.is_empty() {
         return Ok(0);
@@ -744,11 +741,9 @@ fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> 
     let mut present: Vec<&[u8]> = vec![];
     let mut present_groups = vec![];
     let mut w = KeyedWrite::default();
-    let mut grown = 0i64;
     for (g, s) in stored.iter().enumerate() {
         match s {
             Some(s) => {
-                grown -= (entries[g].key.len() + 10 + s.len()) as i64;
                 present.push(s);
                 present_groups.push(g);
             }
@@ -760,16 +755,14 @@ fn flush_pane(state: &mut KeyedState, aggs: &Aggs, end: i64, mut pane: Pane) -> 
             }
         }
     }
-    // The buffer's estimate of the pane gives way to its bytes in RocksDB.
-    grown -= pane.keys().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum::<i64>();
+    let in_memory = pane.keys().map(|k| k.len() as i64 + LIVE_GROUP_BYTES).sum::<i64>();
     let total = pane.len();
     aggs.merge_stored(&mut accs, &present, &present_groups, total)?;
-    for (e, value) in entries.iter().zip(aggs.encode_states(&mut accs)?) {
-        w.put(ACC, *e, value);
+    for ((e, value), s) in entries.iter().zip(aggs.encode_states(&mut accs)?).zip(&stored) {
+        w.put(ACC, *e, s.as_ref().map(Vec::len), value);
     }
-    grown += w.bytes_written;
     state.write(w)?;
-    Ok(grown)
+    Ok(in_memory)
 }
 
 /// The output rows of fired windows: window columns, keys, aggregates.
@@ -1111,7 +1104,11 @@ impl WindowAggregateOperator {
         // event time between the watermark and the newest row.
         if self.watermark > MIN_WATERMARK && self.max_ts > self.watermark {
             let span_s = (self.max_ts - self.watermark) as f64 / 1000.0;
-            let rate = (self.live_bytes as f64 / span_s) as i64 * self.parallelism as i64;
+            let keyed = match &self.store {
+                WindowStore::Keyed { state, .. } => state.size_bytes(),
+                WindowStore::Live { .. } => 0,
+            };
+            let rate = ((self.live_bytes + keyed) as f64 / span_s) as i64 * self.parallelism as i64;
             self.metrics.peak_state_rate.fetch_max(rate, Ordering::Relaxed);
         }
         Ok(())
@@ -1231,13 +1228,13 @@ impl WindowAggregateOperator {
             return Ok(());
         }
         *buffered = 0;
-        let mut grown: i64 = 0;
+        let mut moved: i64 = 0;
         for (end, pane) in buffer.take_all() {
             spilled.insert(end);
-            grown += flush_pane(state, &self.aggs, end, pane)?;
+            moved += flush_pane(state, &self.aggs, end, pane)?;
         }
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-        self.live_bytes += grown;
+        self.metrics.state_bytes.fetch_sub(moved, Ordering::Relaxed);
+        self.live_bytes -= moved;
         Ok(())
     }
 }

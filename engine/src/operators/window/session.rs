@@ -73,8 +73,6 @@ pub const STATES: &[StateDecl] = &[
 
 /// Timers fired per state round trip.
 const FIRE_CHUNK: usize = 4096;
-/// Bytes a timer is counted as, besides its key.
-const TIMER_BYTES: i64 = 16;
 
 /// What a session holds.
 enum Payload {
@@ -413,10 +411,6 @@ impl SessionWindowOperator {
             late,
         )
     }
-
-    fn account(&self, grown: i64) {
-        self.metrics.state_bytes.fetch_add(grown, Ordering::Relaxed);
-    }
 }
 
 impl Operator for SessionWindowOperator {
@@ -544,7 +538,6 @@ impl Operator for SessionWindowOperator {
 
         let mut payloads = payloads.into_iter();
         let mut w = KeyedWrite::default();
-        let mut grown = 0i64;
         for ((m, part), e) in merged.into_iter().zip(&parts).zip(&refs) {
             if !m.sessions.iter().any(changed) {
                 continue;
@@ -562,14 +555,12 @@ impl Operator for SessionWindowOperator {
                             namespace: vec![],
                         },
                     );
-                    grown -= e.key.len() as i64 + TIMER_BYTES;
                 }
             }
             let mut sessions = Vec::with_capacity(m.sessions.len());
             for s in &m.sessions {
                 if !stored_ends.contains(&s.1) {
                     w.add_timer(TIMERS, part.group, s.1.saturating_sub(1), e.key, &[]);
-                    grown += e.key.len() as i64 + TIMER_BYTES;
                 }
                 let payload = if changed(s) {
                     payloads
@@ -585,11 +576,9 @@ impl Operator for SessionWindowOperator {
                 });
             }
             let value = encode_sessions(&sessions);
-            grown += value.len() as i64 - m.stored_len.map_or(-(e.key.len() as i64), |l| l as i64);
-            w.put(SESSIONS, *e, value);
+            w.put(SESSIONS, *e, m.stored_len, value);
         }
         self.state.write(w)?;
-        self.account(grown);
         Ok(())
     }
 
@@ -625,7 +614,6 @@ impl Operator for SessionWindowOperator {
             }
             // (end, start, key, payload) of every fired session.
             let mut fired: Vec<(i64, i64, &[u8], Vec<u8>)> = vec![];
-            let mut freed = 0i64;
             for (e, value) in refs.iter().zip(values) {
                 let Some(value) = value else { continue };
                 let sessions = decode_sessions(&value)?;
@@ -634,19 +622,14 @@ impl Operator for SessionWindowOperator {
                 if now.is_empty() {
                     continue;
                 }
-                freed += now.len() as i64 * (e.key.len() as i64 + TIMER_BYTES) + value.len() as i64;
                 if rest.is_empty() {
-                    freed += e.key.len() as i64;
-                    w.delete(SESSIONS, *e);
+                    w.delete(SESSIONS, *e, Some(value.len()));
                 } else {
-                    let v = encode_sessions(&rest);
-                    freed -= v.len() as i64;
-                    w.put(SESSIONS, *e, v);
+                    w.put(SESSIONS, *e, Some(value.len()), encode_sessions(&rest));
                 }
                 fired.extend(now.into_iter().map(|s| (s.end, s.start, e.key, s.payload)));
             }
             self.state.write(w)?;
-            self.account(-freed);
             // Earlier sessions first, as Flink's timers fire.
             fired.sort_by_key(|f| f.0);
             if !fired.is_empty() {
@@ -781,7 +764,8 @@ mod tests {
             feed(&mut op, &rows, &mut out);
             op.on_watermark(base - 200, &mut out).expect("watermark");
             emitted += out.take().iter().map(|b| b.num_rows()).sum::<usize>();
-            let bytes = op.metrics.state_bytes.load(Ordering::Relaxed);
+            let bytes = op.state.size_bytes();
+            assert_eq!(bytes, op.state.counted_bytes().expect("count"));
             if round == 5 {
                 at_round_5 = bytes;
             }
@@ -796,11 +780,8 @@ mod tests {
         );
         op.on_watermark(crate::message::MAX_WATERMARK, &mut out).expect("end");
         emitted += out.take().iter().map(|b| b.num_rows()).sum::<usize>();
-        assert_eq!(
-            op.metrics.state_bytes.load(Ordering::Relaxed),
-            0,
-            "state left at the end"
-        );
+        assert_eq!(op.state.size_bytes(), 0, "state left at the end");
+        assert_eq!(op.state.counted_bytes().expect("count"), 0);
         assert_eq!(emitted, 60 * 50, "every row once");
     }
 
