@@ -112,6 +112,142 @@ pub fn stored_timer_key(time: Timestamp, key: &[u8], namespace: &[u8]) -> Vec<u8
     timer_key(0, time, key, namespace).split_off(2)
 }
 
+/// Keyed state held outside a [`KeyedState`] (the heap window store's
+/// live panes) written as canonical entries laid out as a `KeyedState` of
+/// the same declarations stores them, so its snapshot restores into
+/// either store, at any parallelism.
+pub struct KeyedEntries<'d> {
+    decls: &'d [StateDecl],
+    /// (state, key group, stored key without its group, value).
+    entries: Vec<(StateId, KeyGroup, Vec<u8>, Vec<u8>)>,
+}
+
+impl<'d> KeyedEntries<'d> {
+    pub fn new(decls: &'d [StateDecl]) -> Self {
+        Self { decls, entries: vec![] }
+    }
+
+    /// A value of value state `state`.
+    pub fn value(&mut self, state: StateId, e: EntryRef, value: &[u8]) {
+        let key = value_key(e).split_off(2);
+        let mut v = Vec::with_capacity(value.len() + 1);
+        // As a job without a TTL stores a TTL-able state's value.
+        if self.decls.get(state).is_some_and(|d| d.ttl) {
+            v.push(UNSTAMPED);
+        }
+        v.extend_from_slice(value);
+        self.entries.push((state, e.key_group, key, v));
+    }
+
+    /// A timer of timer state `state`.
+    pub fn timer(&mut self, state: StateId, group: KeyGroup, time: Timestamp, key: &[u8], namespace: &[u8]) {
+        self.entries
+            .push((state, group, stored_timer_key(time, key, namespace), vec![]));
+    }
+
+    /// The snapshot of key groups `key_groups`: the entries in state and
+    /// key order.
+    pub fn finish(mut self, key_groups: Range<KeyGroup>) -> Result<OperatorSnapshot, StateError> {
+        self.entries
+            .sort_unstable_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+        let mut out = super::transfer::EntriesWriter::new()?;
+        for (state, group, key, value) in &self.entries {
+            let name = self
+                .decls
+                .get(*state)
+                .map(|d| d.name)
+                .ok_or_else(|| StateError::Corrupt {
+                    state: state.to_string(),
+                    message: "undeclared state".into(),
+                })?;
+            out.push(name, *group, key, value)?;
+        }
+        Ok(OperatorSnapshot::Entries {
+            bytes: out.finish()?,
+            key_groups,
+        })
+    }
+}
+
+/// An entry of restored keyed state, as [`restored_entries`] reads it.
+pub enum RestoredEntry<'a> {
+    /// A value (without its TTL stamp).
+    Value {
+        state: StateId,
+        entry: EntryRef<'a>,
+        value: &'a [u8],
+    },
+    Timer {
+        state: StateId,
+        timer: Timer,
+    },
+}
+
+/// Reads the entries of key groups `groups` from `sources` (snapshots of
+/// a state of `decls`, at any parallelism) for state kept outside a
+/// [`KeyedState`]. The namespace of value state `s` is the last
+/// `namespace_len[s]` bytes of its key.
+pub fn restored_entries(
+    sources: &[super::StateSource],
+    groups: Range<KeyGroup>,
+    decls: &[StateDecl],
+    namespace_len: &[usize],
+    visit: &mut dyn FnMut(RestoredEntry) -> Result<(), StateError>,
+) -> Result<(), StateError> {
+    for source in sources {
+        let sr = source.key_groups();
+        let overlap = sr.start.max(groups.start)..sr.end.min(groups.end);
+        if overlap.is_empty() {
+            continue;
+        }
+        source.for_each(overlap, &mut |name, group, key, value| {
+            let corrupt = |message: String| StateError::Corrupt {
+                state: name.to_string(),
+                message,
+            };
+            let state = decls
+                .iter()
+                .position(|d| d.name == name)
+                .ok_or_else(|| corrupt("a state the operator does not declare".into()))?;
+            match decls[state].kind {
+                StateKind::Timers => {
+                    let mut k = Vec::with_capacity(2 + key.len());
+                    k.extend_from_slice(&group.to_be_bytes());
+                    k.extend_from_slice(key);
+                    visit(RestoredEntry::Timer {
+                        state,
+                        timer: parse_timer(&k)?,
+                    })
+                }
+                StateKind::Value => {
+                    let ns = namespace_len.get(state).copied().unwrap_or(0);
+                    let at = key
+                        .len()
+                        .checked_sub(ns)
+                        .ok_or_else(|| corrupt(format!("a key of {} bytes has no {ns}-byte namespace", key.len())))?;
+                    let value = if decls[state].ttl {
+                        split_stamp(value)
+                            .map(|(_, v)| v)
+                            .ok_or_else(|| corrupt("a value without its TTL tag".into()))?
+                    } else {
+                        value
+                    };
+                    visit(RestoredEntry::Value {
+                        state,
+                        entry: EntryRef {
+                            key_group: group,
+                            key: &key[..at],
+                            namespace: &key[at..],
+                        },
+                        value,
+                    })
+                }
+            }
+        })?;
+    }
+    Ok(())
+}
+
 fn parse_timer(k: &[u8]) -> Result<Timer, StateError> {
     let corrupt = || StateError::Corrupt {
         state: "timers".into(),
@@ -751,6 +887,85 @@ pub(crate) mod tests {
             ttl: false,
         },
     ];
+
+    /// State kept outside a `KeyedState` and written as `KeyedEntries`
+    /// restores into a `KeyedState` (of another parallelism) and reads
+    /// back through `restored_entries` as it was written.
+    #[test]
+    fn keyed_entries_restore_into_keyed_state_and_read_back() {
+        const DECLS_TTL: &[StateDecl] = &[
+            StateDecl {
+                name: "v",
+                kind: StateKind::Value,
+                ttl: true,
+            },
+            StateDecl {
+                name: "t",
+                kind: StateKind::Timers,
+                ttl: false,
+            },
+        ];
+        let mut entries = KeyedEntries::new(DECLS_TTL);
+        for (g, key) in [(3u16, &b"b"[..]), (1, b"a"), (6, b"c")] {
+            let e = EntryRef {
+                key_group: g,
+                key,
+                namespace: &encode_time(100),
+            };
+            entries.value(0, e, key);
+            entries.timer(1, g, 99, key, e.namespace);
+        }
+        let OperatorSnapshot::Entries { bytes, key_groups } = entries.finish(0..8).expect("finish") else {
+            panic!("not entries")
+        };
+        let source = crate::state::StateSource::Entries {
+            bytes: std::sync::Arc::new(bytes),
+            key_groups,
+            path: "test".into(),
+        };
+        // Half the key groups, into a KeyedState.
+        let mut s = crate::state::open_keyed(
+            crate::config::StateBackendKind::Heap,
+            &crate::state::RocksDbTuning::default(),
+            std::path::Path::new("unused"),
+            DECLS_TTL,
+            0..4,
+            8,
+            std::slice::from_ref(&source),
+        )
+        .expect("open");
+        let ns = encode_time(100);
+        let e = |g, key| EntryRef {
+            key_group: g,
+            key,
+            namespace: &ns,
+        };
+        let got = s.get(0, &[e(1, b"a"), e(3, b"b"), e(6, b"c")]).expect("get");
+        assert_eq!(got, vec![Some(b"a".to_vec()), Some(b"b".to_vec()), None]);
+        let due = s.due_timers(1, 99, 10).expect("due");
+        assert_eq!(
+            due.iter().map(|t| t.key.clone()).collect::<Vec<_>>(),
+            [b"a".to_vec(), b"b".to_vec()]
+        );
+        assert!(s.size_bytes() > 0, "restored state is sized");
+        // The other half, read back as written.
+        let mut seen = vec![];
+        restored_entries(&[source], 4..8, DECLS_TTL, &[8, 0], &mut |entry| {
+            match entry {
+                RestoredEntry::Value { entry, value, .. } => {
+                    assert_eq!(entry.namespace, ns);
+                    seen.push((entry.key_group, entry.key.to_vec(), value.to_vec()));
+                }
+                RestoredEntry::Timer { timer, .. } => {
+                    assert_eq!((timer.time, timer.namespace.as_slice()), (99, &ns[..]));
+                    seen.push((timer.key_group, timer.key, vec![]));
+                }
+            }
+            Ok(())
+        })
+        .expect("read");
+        assert_eq!(seen, [(6, b"c".to_vec(), b"c".to_vec()), (6, b"c".to_vec(), vec![])]);
+    }
 
     #[test]
     fn ttl_values_expire_unless_written_again_and_expiry_deletes_them() {

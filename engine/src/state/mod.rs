@@ -18,7 +18,9 @@ use std::ops::Range;
 use std::path::Path;
 
 pub use heap::HeapBackend;
-pub use keyed::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, Timer};
+pub use keyed::{
+    EntryRef, KeyedEntries, KeyedState, KeyedWrite, RestoredEntry, StateDecl, StateKind, Timer, restored_entries,
+};
 pub use rocks::{RocksDbBackend, RocksDbTuning};
 pub use transfer::StateSource;
 

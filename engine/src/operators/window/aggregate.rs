@@ -63,9 +63,11 @@ use crate::plan::{ChangelogMode, PlanNode, StateKeys, StreamNode, WindowKind};
 use crate::plan::{GroupOutput, WindowAggregateNode, WindowSpec};
 use crate::runtime::metrics::NodeMetrics;
 use crate::state::codec::RowCodec;
-use crate::state::keyed::{decode_time, encode_time, stored_timer_key};
-use crate::state::transfer::EntriesWriter;
-use crate::state::{EntryRef, KeyedState, KeyedWrite, StateDecl, StateKind, StateSource, Timer};
+use crate::state::keyed::{decode_time, encode_time};
+use crate::state::{
+    EntryRef, KeyedEntries, KeyedState, KeyedWrite, RestoredEntry, StateDecl, StateKind, StateSource, Timer,
+    restored_entries,
+};
 
 const ACC: usize = 0;
 const TIMERS: usize = 1;
@@ -459,31 +461,18 @@ impl WindowAggregateOperator {
     pub fn restore_live(&mut self, groups: Range<KeyGroup>, sources: &[StateSource]) -> Result<()> {
         // Window end → (keys, encoded accumulator states).
         let mut by_end: HashMap<i64, RestoredPane> = HashMap::new();
-        for source in sources {
-            let sr = source.key_groups();
-            let overlap = sr.start.max(groups.start)..sr.end.min(groups.end);
-            if overlap.is_empty() {
-                continue;
-            }
-            source.for_each(overlap, &mut |state, _group, key, value| {
-                if state == STATES[TIMERS].name {
-                    // Every live group has its timer: implied.
-                    return Ok(());
-                }
-                if state != STATES[ACC].name || key.len() < 8 {
-                    return Err(crate::error::StateError::Corrupt {
-                        state: state.to_string(),
-                        message: format!("unexpected window state entry of {} bytes", key.len()),
-                    });
-                }
-                let (k, ns) = key.split_at(key.len() - 8);
-                let end = decode_time(ns.try_into().unwrap_or_default());
-                let e = by_end.entry(end).or_default();
-                e.0.push(k.to_vec());
-                e.1.push(value.to_vec());
-                Ok(())
-            })?;
-        }
+        // The accumulators' namespace is the window end.
+        restored_entries(sources, groups.clone(), STATES, &[8, 0], &mut |entry| {
+            // Every live group has its timer: implied.
+            let RestoredEntry::Value { entry, value, .. } = entry else {
+                return Ok(());
+            };
+            let end = decode_time(entry.namespace.try_into().unwrap_or_default());
+            let e = by_end.entry(end).or_default();
+            e.0.push(entry.key.to_vec());
+            e.1.push(value.to_vec());
+            Ok(())
+        })?;
         let mut panes = Panes::default();
         let mut bytes = 0i64;
         for (end, (keys, values)) in by_end {
@@ -647,8 +636,7 @@ impl WindowAggregateOperator {
         let WindowStore::Live { panes, groups } = &mut self.store else {
             return Err(ExecError::internal("not the heap window store"));
         };
-        // (state, key group, key) → value.
-        let mut entries: Vec<(usize, KeyGroup, Vec<u8>, Vec<u8>)> = vec![];
+        let mut entries = KeyedEntries::new(STATES);
         for (end, pane) in panes.iter_mut() {
             if pane.is_empty() {
                 continue;
@@ -662,24 +650,16 @@ impl WindowAggregateOperator {
             let rows = self.aggs.state_codec.encode(&columns)?;
             let ns = encode_time(*end);
             for (i, value) in rows.iter().enumerate() {
-                let key = pane.key(i);
-                let g = pane.groups[i];
-                let mut acc_key = Vec::with_capacity(key.len() + 8);
-                acc_key.extend_from_slice(key);
-                acc_key.extend_from_slice(&ns);
-                entries.push((ACC, g, acc_key, value.to_vec()));
-                entries.push((TIMERS, g, stored_timer_key(end - 1, key, &ns), vec![]));
+                let e = EntryRef {
+                    key_group: pane.groups[i],
+                    key: pane.key(i),
+                    namespace: &ns,
+                };
+                entries.value(ACC, e, value);
+                entries.timer(TIMERS, e.key_group, end - 1, e.key, &ns);
             }
         }
-        entries.sort_unstable_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
-        let mut out = EntriesWriter::new()?;
-        for (state, g, key, value) in &entries {
-            out.push(STATES[*state].name, *g, key, value)?;
-        }
-        Ok(OperatorSnapshot::Entries {
-            bytes: out.finish()?,
-            key_groups: groups.clone(),
-        })
+        Ok(entries.finish(groups.clone())?)
     }
 }
 
