@@ -365,9 +365,9 @@ impl CheckpointCoordinator {
             kind,
         };
         st.next_id += 1;
-        // The directory marks the id as used, so no later attempt reuses
-        // it even if nothing else of this checkpoint is ever written.
-        if let Err(e) = std::fs::create_dir_all(self.storage.chk_dir(barrier.checkpoint_id)) {
+        // No later attempt reuses the id, even if nothing else of this
+        // checkpoint is ever written.
+        if let Err(e) = self.storage.reserve(barrier.checkpoint_id) {
             tracing::warn!(target: "weir::checkpoint", "job '{}': {e}", self.job);
         }
         self.log.upsert(CheckpointStats::unfinished(

@@ -28,6 +28,7 @@ pub mod metadata;
 pub mod restore;
 pub mod savepoint;
 pub mod storage;
+pub mod store;
 
 use std::ops::Range;
 use std::path::PathBuf;

@@ -111,7 +111,7 @@ pub fn restore_dir(
                 keyed.entry(uid.to_string()).or_default().push(StateSource::Entries {
                     bytes: Arc::new(bytes),
                     key_groups: key_groups.clone(),
-                    path: storage.root().join(&file.path).display().to_string(),
+                    path: storage.locate(&file.path).display().to_string(),
                 });
             }
             OperatorState::Heap { file } => {
@@ -119,7 +119,7 @@ pub fn restore_dir(
             }
             OperatorState::InFlight { file } => {
                 let bytes = storage.read_file(file)?;
-                let path = storage.root().join(&file.path).display().to_string();
+                let path = storage.locate(&file.path).display().to_string();
                 in_flight.insert(key.clone(), super::decode_batches(&bytes, &path)?);
             }
             OperatorState::Sink { .. } => {}

@@ -161,7 +161,7 @@ fn write_inner(
         sources,
         operators,
     };
-    storage.commit_metadata_in(dir, &meta)?;
+    storage.commit_savepoint(&meta)?;
     Ok(meta)
 }
 

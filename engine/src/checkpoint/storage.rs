@@ -6,122 +6,66 @@
 //!     chk-N/     private files of checkpoint N and its _metadata
 //! ```
 //!
-//! Everything here is blocking file I/O; the coordinator runs it on the
-//! blocking pool so processing never waits for it.
+//! The layout lives here; the bytes live in a [`CheckpointStore`]
+//! ([`super::store`]). Everything here is blocking; the coordinator runs
+//! it on the blocking pool so processing never waits for it.
 
 use std::collections::HashSet;
-use std::fs::File;
-use std::hash::Hasher;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::CheckpointError;
 use super::metadata::{CheckpointMetadata, FileRef};
-use crate::failpoint::{failpoint, failpoint_io};
+use super::store::{CheckpointStore, LocalStore};
+use crate::failpoint::failpoint;
+
+pub use super::store::remove_dir_if_exists;
 
 pub const METADATA_FILE: &str = "_metadata";
 
 #[derive(Debug, Clone)]
 pub struct CheckpointStorage {
     root: PathBuf,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-/// Copies `src` to `dst`, returning (bytes, xxh64), and makes `dst` durable.
-/// `fault` names an I/O failpoint passed after the first chunk is written,
-/// so an injected error leaves a partial file as a real one would.
-fn copy_hashed(src: &Path, dst: &Path, fault: Option<&str>) -> Result<(u64, String), CheckpointError> {
-    let mut input = File::open(src).map_err(io(src))?;
-    let mut out = File::create(dst).map_err(io(dst))?;
-    let mut h = twox_hash::XxHash64::with_seed(0);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = input.read(&mut buf).map_err(io(src))?;
-        if n == 0 {
-            break;
-        }
-        h.write(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(io(dst))?;
-        if total == 0
-            && let Some(name) = fault
-        {
-            failpoint_io(name).map_err(io(dst))?;
-        }
-        total += n as u64;
-    }
-    out.sync_all().map_err(io(dst))?;
-    Ok((total, format!("{:016x}", h.finish())))
-}
-
-/// Reads a whole file; a missing one is `Missing`, not an I/O error.
-fn read(path: &Path) -> Result<Vec<u8>, CheckpointError> {
-    std::fs::read(path).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound => CheckpointError::Missing {
-            path: path.to_path_buf(),
-        },
-        _ => CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        },
-    })
-}
-
-/// Removes a directory tree; one that does not exist is fine.
-pub fn remove_dir_if_exists(dir: &Path) -> Result<(), CheckpointError> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(CheckpointError::Io {
-            path: dir.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+    store: Arc<dyn CheckpointStore>,
 }
 
 impl CheckpointStorage {
+    /// The checkpoints of a job below the local directory `root`.
     pub fn new(root: PathBuf) -> Self {
-        Self { root }
+        let store = Arc::new(LocalStore::new(root.clone()));
+        Self { root, store }
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
 
+    /// Where a file of the storage is, for messages.
+    pub fn locate(&self, rel: &str) -> PathBuf {
+        self.store.locate(rel)
+    }
+
     pub fn chk_dir(&self, id: u64) -> PathBuf {
         self.root.join(format!("chk-{id}"))
     }
 
-    fn shared_dir(&self) -> PathBuf {
-        self.root.join("shared")
+    /// Takes checkpoint id `id`: no later attempt reuses it, even if
+    /// nothing else of the checkpoint is ever written.
+    pub fn reserve(&self, id: u64) -> Result<(), CheckpointError> {
+        self.store.reserve(&format!("chk-{id}"))
     }
 
     /// Copies a local file into the checkpoint: `shared/` (named so no two
     /// checkpoints' uploads collide) or `chk-N/`.
     pub fn upload(&self, id: u64, src: &Path, name: &str, shared: bool) -> Result<FileRef, CheckpointError> {
-        let (dir, rel_dir) = if shared {
-            (self.shared_dir(), "shared".to_string())
+        let rel = if shared {
+            format!("shared/{name}")
         } else {
-            (self.chk_dir(id), format!("chk-{id}"))
+            format!("chk-{id}/{name}")
         };
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-        let (size, xxh64) = copy_hashed(src, &dir.join(name), Some("checkpoint.upload"))?;
+        let (size, xxh64) = self.store.put_file(&rel, src, Some("checkpoint.upload"))?;
         failpoint("checkpoint.file_uploaded");
-        Ok(FileRef {
-            path: format!("{rel_dir}/{name}"),
-            size,
-            xxh64,
-        })
+        Ok(FileRef { path: rel, size, xxh64 })
     }
 
     /// Writes bytes as a private file of checkpoint `id`.
@@ -129,18 +73,9 @@ impl CheckpointStorage {
         self.write_file(&format!("chk-{id}/{name}"), bytes)
     }
 
-    /// Writes bytes to `rel` (a path below the root), synced.
+    /// Writes bytes to `rel` (a path below the root), durably.
     pub fn write_file(&self, rel: &str, bytes: &[u8]) -> Result<FileRef, CheckpointError> {
-        let path = self.root.join(rel);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
-        }
-        let mut f = File::create(&path).map_err(io(&path))?;
-        let (head, tail) = bytes.split_at(bytes.len() / 2);
-        f.write_all(head).map_err(io(&path))?;
-        failpoint_io("checkpoint.upload").map_err(io(&path))?;
-        f.write_all(tail).map_err(io(&path))?;
-        f.sync_all().map_err(io(&path))?;
+        self.store.put(rel, bytes)?;
         Ok(FileRef {
             path: rel.to_string(),
             size: bytes.len() as u64,
@@ -148,75 +83,43 @@ impl CheckpointStorage {
         })
     }
 
-    /// Makes checkpoint `meta` complete: metadata written to a temporary
-    /// file, synced, renamed into place, directory synced. A crash at any
-    /// point leaves either no `_metadata` or a whole one.
+    /// Makes checkpoint `meta` complete: its `_metadata` published (see
+    /// [`CheckpointStore::publish`]). A crash at any point leaves either
+    /// no `_metadata` or a whole one.
     pub fn commit_metadata(&self, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
-        self.commit_metadata_in(&self.chk_dir(meta.checkpoint_id), meta)
+        let bytes = meta.encode()?;
+        self.store
+            .publish(&format!("chk-{}/{METADATA_FILE}", meta.checkpoint_id), &bytes)
     }
 
-    /// [`Self::commit_metadata`] into `dir` (a savepoint directory).
-    pub fn commit_metadata_in(&self, dir: &Path, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let tmp = dir.join("_metadata.inprogress");
+    /// Makes a savepoint complete: its `_metadata` published at the root
+    /// (a savepoint directory is its own root).
+    pub fn commit_savepoint(&self, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
         let bytes = meta.encode()?;
-        failpoint("checkpoint.before_metadata_write");
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        let (head, tail) = bytes.split_at(bytes.len() / 2);
-        f.write_all(head).map_err(io(&tmp))?;
-        failpoint_io("checkpoint.metadata_write").map_err(io(&tmp))?;
-        f.write_all(tail).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-        // Every file the metadata names, and the directories holding them,
-        // are durable before the metadata makes the checkpoint exist.
-        if self.shared_dir().exists() {
-            sync_dir(&self.shared_dir())?;
-        }
-        for sub in ["state"] {
-            if dir.join(sub).exists() {
-                sync_dir(&dir.join(sub))?;
-            }
-        }
-        sync_dir(dir)?;
-        sync_dir(&self.root)?;
-        failpoint("checkpoint.before_metadata_rename");
-        let path = dir.join(METADATA_FILE);
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        sync_dir(dir)?;
-        failpoint("checkpoint.after_metadata_rename");
-        Ok(())
+        self.store.publish(METADATA_FILE, &bytes)
     }
 
     /// Ids of every `chk-N` directory, complete or not, ascending.
     fn chk_ids(&self) -> Result<Vec<u64>, CheckpointError> {
-        let mut ids = vec![];
-        let entries = match std::fs::read_dir(&self.root) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
-            Err(e) => return Err(io(&self.root)(e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(io(&self.root))?;
-            if let Some(id) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_prefix("chk-"))
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                ids.push(id);
-            }
-        }
+        let mut ids: Vec<u64> = self
+            .store
+            .list("")?
+            .into_iter()
+            .filter_map(|l| l.name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok()))
+            .collect();
         ids.sort_unstable();
         Ok(ids)
     }
 
     /// Ids of checkpoints whose metadata exists, ascending.
     pub fn complete_ids(&self) -> Result<Vec<u64>, CheckpointError> {
-        Ok(self
-            .chk_ids()?
-            .into_iter()
-            .filter(|id| self.chk_dir(*id).join(METADATA_FILE).exists())
-            .collect())
+        let mut ids = vec![];
+        for id in self.chk_ids()? {
+            if self.store.size(&format!("chk-{id}/{METADATA_FILE}"))?.is_some() {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
     }
 
     /// The id after every checkpoint ever started here: ids are never
@@ -229,30 +132,45 @@ impl CheckpointStorage {
     /// file it references exists with the recorded size. (Contents are
     /// verified against the checksum when restored.)
     pub fn load(&self, id: u64) -> Result<CheckpointMetadata, CheckpointError> {
-        self.load_dir(&self.chk_dir(id))
+        self.load_key(&format!("chk-{id}/{METADATA_FILE}"))
     }
 
     /// Reads and verifies `dir/_metadata`, whose files are relative to the
     /// storage root (a checkpoint's `chk-N`, or a savepoint directory that
     /// is its own root).
     pub fn load_dir(&self, dir: &Path) -> Result<CheckpointMetadata, CheckpointError> {
-        let path = dir.join(METADATA_FILE);
-        let bytes = read(&path)?;
-        let meta = CheckpointMetadata::decode(&bytes, &path.display().to_string())?;
+        let rel = dir.strip_prefix(&self.root).map_err(|_| {
+            CheckpointError::Internal(format!(
+                "{} is not below the checkpoint storage {}",
+                dir.display(),
+                self.root.display()
+            ))
+        })?;
+        let prefix = rel.to_string_lossy();
+        if prefix.is_empty() {
+            self.load_key(METADATA_FILE)
+        } else {
+            self.load_key(&format!("{prefix}/{METADATA_FILE}"))
+        }
+    }
+
+    fn load_key(&self, key: &str) -> Result<CheckpointMetadata, CheckpointError> {
+        let bytes = self.store.get(key)?;
+        let meta = CheckpointMetadata::decode(&bytes, &self.locate(key).display().to_string())?;
         for f in meta.files() {
-            let p = self.root.join(&f.path);
-            match std::fs::metadata(&p) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(CheckpointError::Missing { path: p });
-                }
-                Err(e) => return Err(io(&p)(e)),
-                Ok(m) if m.len() != f.size => {
-                    return Err(CheckpointError::Corrupt {
-                        path: p.display().to_string(),
-                        message: format!("size {} bytes, metadata says {}", m.len(), f.size),
+            match self.store.size(&f.path)? {
+                None => {
+                    return Err(CheckpointError::Missing {
+                        path: self.locate(&f.path),
                     });
                 }
-                Ok(_) => {}
+                Some(len) if len != f.size => {
+                    return Err(CheckpointError::Corrupt {
+                        path: self.locate(&f.path).display().to_string(),
+                        message: format!("size {len} bytes, metadata says {}", f.size),
+                    });
+                }
+                Some(_) => {}
             }
         }
         Ok(meta)
@@ -260,19 +178,10 @@ impl CheckpointStorage {
 
     /// Copies a checkpoint file to `dst`, verifying size and checksum.
     pub fn restore_file(&self, f: &FileRef, dst: &Path) -> Result<(), CheckpointError> {
-        let src = self.root.join(&f.path);
-        let (size, sum) = copy_hashed(&src, dst, None).map_err(|e| match e {
-            // Writing the copy failed: the local disk's fault (full, say),
-            // not the checkpoint's.
-            CheckpointError::Io { path, source } if path == dst => CheckpointError::LocalState { path, source },
-            CheckpointError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                CheckpointError::Missing { path: src.clone() }
-            }
-            other => other,
-        })?;
+        let (size, sum) = self.store.get_to_file(&f.path, dst)?;
         if size != f.size || sum != f.xxh64 {
             return Err(CheckpointError::Corrupt {
-                path: src.display().to_string(),
+                path: self.locate(&f.path).display().to_string(),
                 message: format!(
                     "content does not match the metadata ({size} bytes, xxh64 {sum}; expected {} bytes, xxh64 {})",
                     f.size, f.xxh64
@@ -284,12 +193,11 @@ impl CheckpointStorage {
 
     /// Reads a checkpoint file, verifying size and checksum.
     pub fn read_file(&self, f: &FileRef) -> Result<Vec<u8>, CheckpointError> {
-        let src = self.root.join(&f.path);
-        let bytes = read(&src)?;
+        let bytes = self.store.get(&f.path)?;
         let sum = super::metadata::checksum(&bytes);
         if bytes.len() as u64 != f.size || sum != f.xxh64 {
             return Err(CheckpointError::Corrupt {
-                path: src.display().to_string(),
+                path: self.locate(&f.path).display().to_string(),
                 message: format!(
                     "content does not match the metadata ({} bytes, xxh64 {sum})",
                     bytes.len()
@@ -307,9 +215,7 @@ impl CheckpointStorage {
         let mut freed = 0;
         for id in self.chk_ids()? {
             if !keep.contains(&id) {
-                let dir = self.chk_dir(id);
-                freed += dir_size(&dir);
-                std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+                freed += self.store.delete_prefix(&format!("chk-{id}"))?;
             }
         }
         let referenced: HashSet<&str> = retained
@@ -317,15 +223,11 @@ impl CheckpointStorage {
             .flat_map(|m| m.files())
             .map(|f| f.path.as_str())
             .collect();
-        let shared = self.shared_dir();
-        if let Ok(entries) = std::fs::read_dir(&shared) {
-            for entry in entries {
-                let entry = entry.map_err(io(&shared))?;
-                let rel = format!("shared/{}", entry.file_name().to_string_lossy());
-                if !referenced.contains(rel.as_str()) {
-                    freed += entry.metadata().map(|m| m.len()).unwrap_or(0);
-                    std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
-                }
+        for entry in self.store.list("shared")? {
+            let rel = format!("shared/{}", entry.name);
+            if !entry.is_prefix && !referenced.contains(rel.as_str()) {
+                self.store.delete(&rel)?;
+                freed += entry.size;
             }
         }
         Ok(freed)
@@ -335,53 +237,28 @@ impl CheckpointStorage {
     /// `_metadata` first (it may exist if only the syncs after the rename
     /// failed), then the rest of `chk-id/`, then the shared files it
     /// uploaded (`shared`: names in `shared/`; no other checkpoint
-    /// references them, their names carry `id`). The empty `chk-id/`
-    /// stays, so the id is never reused. If this fails, what is left is
-    /// referenced by no retained checkpoint, so the garbage collection
-    /// after the next completed checkpoint deletes it.
+    /// references them, their names carry `id`). The id stays taken, so
+    /// it is never reused. If this fails, what is left is referenced by
+    /// no retained checkpoint, so the garbage collection after the next
+    /// completed checkpoint deletes it.
     pub fn discard_attempt(&self, id: u64, shared: &[String]) -> Result<(), CheckpointError> {
-        let dir = self.chk_dir(id);
-        let metadata = dir.join(METADATA_FILE);
-        match std::fs::remove_file(&metadata) {
-            // The checkpoint must stop existing before its files go.
-            Ok(()) => sync_dir(&dir)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&metadata)(e)),
-        }
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => Some(e),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io(&dir)(e)),
-        };
-        for entry in entries.into_iter().flatten() {
-            let path = entry.map_err(io(&dir))?.path();
-            let removed = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
+        let dir = format!("chk-{id}");
+        // The checkpoint must stop existing before its files go.
+        self.store.delete(&format!("{dir}/{METADATA_FILE}"))?;
+        for entry in self.store.list(&dir)? {
+            let rel = format!("{dir}/{}", entry.name);
+            if entry.is_prefix {
+                self.store.delete_prefix(&rel)?;
             } else {
-                std::fs::remove_file(&path)
-            };
-            match removed {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&path)(e)),
+                self.store.delete(&rel)?;
             }
         }
-        let shared_dir = self.shared_dir();
         for name in shared {
-            let path = shared_dir.join(name);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&path)(e)),
-            }
+            self.store.delete(&format!("shared/{name}"))?;
         }
         Ok(())
     }
 
-    /// Removes every checkpoint of the job (a fresh start): the `chk-*`
-    /// directories and `shared/`, nothing else, so a checkpoint directory
-    /// pointed at a directory holding other files never loses them; the
-    /// root goes only when that leaves it empty.
     /// Moves every checkpoint (`chk-*`, `shared/`) into `retained-<ms>/`
     /// below the root, keeping their relative layout: restorable by path,
     /// out of reach of later runs' cleanup. `None` when there was none.
@@ -389,47 +266,30 @@ impl CheckpointStorage {
         if self.complete_ids()?.is_empty() {
             return Ok(None);
         }
-        let dest = self.root.join(format!("retained-{now_ms}"));
-        std::fs::create_dir_all(&dest).map_err(io(&dest))?;
-        for entry in std::fs::read_dir(&self.root).map_err(io(&self.root))?.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name == "shared" || name.starts_with("chk-") {
-                let to = dest.join(&name);
-                std::fs::rename(entry.path(), &to).map_err(io(&to))?;
+        let dest = format!("retained-{now_ms}");
+        self.store.reserve(&dest)?;
+        for entry in self.store.list("")? {
+            if entry.name == "shared" || entry.name.starts_with("chk-") {
+                self.store
+                    .rename_prefix(&entry.name, &format!("{dest}/{}", entry.name))?;
             }
         }
-        sync_dir(&dest)?;
-        sync_dir(&self.root)?;
-        Ok(Some(dest))
+        Ok(Some(self.locate(&dest)))
     }
 
+    /// Removes every checkpoint of the job (a fresh start): the `chk-*`
+    /// directories and `shared/`, nothing else, so a checkpoint directory
+    /// pointed at a directory holding other files never loses them; the
+    /// root goes only when that leaves it empty.
     pub fn clear(&self) -> Result<(), CheckpointError> {
-        let entries = match std::fs::read_dir(&self.root) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    path: self.root.clone(),
-                    source,
-                });
-            }
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if name == "shared" || name.starts_with("chk-") {
-                remove_dir_if_exists(&entry.path())?;
+        for entry in self.store.list("")? {
+            if entry.name == "shared" || entry.name.starts_with("chk-") {
+                self.store.delete_prefix(&entry.name)?;
             }
         }
-        // Not empty (someone else's files): kept.
-        let _ = std::fs::remove_dir(&self.root);
+        self.store.remove_root_if_empty();
         Ok(())
     }
-}
-
-fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|es| es.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
