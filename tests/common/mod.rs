@@ -363,3 +363,145 @@ pub fn tansu_topic(servers: &str, topic: &str, partitions: u32) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The S3 test server `scripts/setup.sh` installs (or `WEIR_WEED`).
+pub fn weed_binary() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("WEIR_WEED") {
+        return p.into();
+    }
+    let cached = std::env::var("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".cache/weir-tools/bin/weed-4.48"))
+        .unwrap_or_default();
+    if cached.exists() {
+        return cached;
+    }
+    "weed".into()
+}
+
+/// An S3 server on loopback: SeaweedFS's `weed mini` (master, volume,
+/// filer and S3 in one process, every port free and on 127.0.0.1, no
+/// telemetry) with one bucket and one key pair.
+pub struct S3Server {
+    pub process: Killed,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+/// Starts an [`S3Server`] with its data in `dir`, once its S3 port
+/// answers (deadline 60 s).
+pub fn s3_server(dir: &std::path::Path) -> S3Server {
+    let (access_key, secret_key, bucket) = ("weir-test", "weir-test-secret", "weir");
+    let mut args = vec![
+        "mini".to_string(),
+        "-ip=127.0.0.1".into(),
+        "-ip.bind=127.0.0.1".into(),
+        format!("-dir={}", dir.display()),
+        "-master.telemetry=false".into(),
+        "-admin.ui=false".into(),
+        "-webdav=false".into(),
+    ];
+    let mut s3_port = 0;
+    for flag in [
+        "master.port",
+        "master.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "s3.port",
+        "s3.port.grpc",
+        "s3.port.iceberg",
+        "s3.port.lance",
+        "admin.port",
+        "admin.port.grpc",
+    ] {
+        let port = free_port();
+        if flag == "s3.port" {
+            s3_port = port;
+        }
+        args.push(format!("-{flag}={port}"));
+    }
+    let log = std::fs::File::create(dir.join("weed.log")).expect("weed log");
+    let process = Command::new(weed_binary())
+        .current_dir(dir)
+        .args(&args)
+        .env("AWS_ACCESS_KEY_ID", access_key)
+        .env("AWS_SECRET_ACCESS_KEY", secret_key)
+        .env("S3_BUCKET", bucket)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start the S3 test server {} ({e}); run scripts/setup.sh or set WEIR_WEED",
+                weed_binary().display()
+            )
+        });
+    let process = Killed(process);
+    let endpoint = format!("http://127.0.0.1:{s3_port}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The S3 port opens before the filer behind it is ready: wait for an
+    // answer to a request (any HTTP status) on the bucket.
+    loop {
+        let answered = std::net::TcpStream::connect(("127.0.0.1", s3_port)).is_ok_and(|mut c| {
+            use std::io::{Read, Write};
+            let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+            let req = format!("HEAD /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+            let mut head = [0u8; 12];
+            c.write_all(req.as_bytes()).is_ok() && c.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1")
+        });
+        if answered {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the S3 test server did not answer within 60 s (log: {})",
+            dir.join("weed.log").display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let server = S3Server {
+        process,
+        endpoint,
+        bucket: bucket.into(),
+        access_key: access_key.into(),
+        secret_key: secret_key.into(),
+    };
+    // The bucket is created after the port answers: list it (as the key
+    // pair: anonymous requests are refused either way) until it is there.
+    let client = server.client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    loop {
+        let listed = rt.block_on(async { object_store::ObjectStore::list_with_delimiter(&client, None).await });
+        match listed {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the S3 test server's bucket was not there within 60 s: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+impl S3Server {
+    /// A client of the server's bucket, as the key pair.
+    pub fn client(&self) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(&self.bucket)
+            .with_region("us-east-1")
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_access_key_id(&self.access_key)
+            .with_secret_access_key(&self.secret_key)
+            .build()
+            .expect("s3 client")
+    }
+}

@@ -25,6 +25,7 @@ pub mod commit;
 pub mod compat;
 pub mod coordinator;
 pub mod metadata;
+pub mod objects;
 pub mod restore;
 pub mod savepoint;
 pub mod storage;

@@ -36,6 +36,11 @@ impl CheckpointStorage {
         Self { root, store }
     }
 
+    /// The checkpoints of a job in `store`, whose root `root` names.
+    pub fn on(store: Arc<dyn CheckpointStore>, root: PathBuf) -> Self {
+        Self { root, store }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -1,0 +1,471 @@
+//! A [`CheckpointStore`] on an object store (S3 and compatible, GCS,
+//! Azure, or anything else the `object_store` crate speaks), below a
+//! prefix.
+//!
+//! Objects have no directories, no renames and no fsync: a PUT is atomic
+//! and durable when it returns, so the commit point
+//! ([`CheckpointStore::publish`]) is one PUT of `_metadata` after every
+//! file it names was PUT. A large file goes up in parts (multipart
+//! upload, parts in parallel) and becomes visible only when complete. A
+//! checkpoint id is taken by a marker object ([`RESERVED`]) that listings
+//! of the id's prefix do not show.
+//!
+//! The trait is blocking; the object store is async. Requests run on a
+//! small runtime of the store's own, so a caller on the blocking pool (or
+//! any other thread) waits for them without needing, or blocking, the
+//! job's runtime.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tokio::io::AsyncWriteExt;
+
+use super::CheckpointError;
+use super::store::{CheckpointStore, Listed};
+use crate::failpoint::{failpoint, failpoint_io};
+
+/// The marker object that keeps a taken prefix (a checkpoint id) listed.
+pub const RESERVED: &str = ".reserved";
+
+/// Bytes read from a local file per write into an upload.
+const CHUNK: usize = 1 << 20;
+
+/// Checkpoint files below `prefix` of an object store.
+pub struct ObjectCheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Key,
+    /// How the prefix is written in messages (`s3://bucket/jobs/q5`).
+    base: String,
+    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for ObjectCheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ObjectCheckpointStore({})", self.base)
+    }
+}
+
+/// An object store's error as the checkpoint error of `path`.
+fn failed(path: PathBuf, e: object_store::Error) -> CheckpointError {
+    match e {
+        object_store::Error::NotFound { .. } => CheckpointError::Missing { path },
+        e => CheckpointError::Io {
+            path,
+            source: std::io::Error::other(e),
+        },
+    }
+}
+
+impl ObjectCheckpointStore {
+    /// The store's objects below `prefix`; `base` names them in messages.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, base: &str) -> Result<Self, CheckpointError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("weir-object-store")
+            .enable_all()
+            .build()
+            .map_err(|source| CheckpointError::Io {
+                path: PathBuf::from(base),
+                source,
+            })?;
+        Ok(Self {
+            store,
+            prefix: Key::from(prefix.trim_matches('/')),
+            base: base.trim_end_matches('/').to_string(),
+            runtime: Arc::new(runtime),
+        })
+    }
+
+    fn key(&self, rel: &str) -> Key {
+        let mut key = self.prefix.clone();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            key = key.join(part);
+        }
+        key
+    }
+
+    /// Runs `fut` on the store's runtime and waits for it, from any
+    /// thread (a runtime thread too: it is not this runtime's).
+    fn wait<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, CheckpointError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| CheckpointError::Internal(format!("a request to {} was dropped", self.base)))
+    }
+
+    /// Every object below `rel` (recursively): (key, size).
+    fn list_all(&self, rel: &str) -> Result<Vec<(Key, u64)>, CheckpointError> {
+        let store = self.store.clone();
+        let prefix = self.key(rel);
+        let path = self.locate(rel);
+        self.wait(async move {
+            store
+                .list(Some(&prefix))
+                .map_ok(|m| (m.location, m.size))
+                .try_collect::<Vec<_>>()
+                .await
+        })?
+        .map_err(|e| failed(path, e))
+    }
+
+    fn delete_keys(&self, keys: Vec<Key>, rel: &str) -> Result<(), CheckpointError> {
+        let store = self.store.clone();
+        let path = self.locate(rel);
+        self.wait(async move {
+            let stream = futures::stream::iter(keys.into_iter().map(Ok)).boxed();
+            let results: Vec<_> = store.delete_stream(stream).collect().await;
+            for r in results {
+                match r {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })?
+        .map_err(|e| failed(path, e))
+    }
+}
+
+impl CheckpointStore for ObjectCheckpointStore {
+    fn put_file(&self, rel: &str, src: &Path, fault: Option<&str>) -> Result<(u64, String), CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        let src = src.to_path_buf();
+        let fault = fault.map(str::to_string);
+        self.wait(async move {
+            use std::hash::Hasher;
+            use tokio::io::AsyncReadExt;
+            let local = |source| CheckpointError::Io {
+                path: src.clone(),
+                source,
+            };
+            let remote = |e: std::io::Error| CheckpointError::Io {
+                path: path.clone(),
+                source: e,
+            };
+            let mut input = tokio::fs::File::open(&src).await.map_err(local)?;
+            // Small files go up in one PUT; larger ones in parts, in
+            // parallel, visible only once complete.
+            let mut out = object_store::buffered::BufWriter::new(store, key);
+            let mut h = twox_hash::XxHash64::with_seed(0);
+            let mut buf = vec![0u8; CHUNK];
+            let mut total = 0u64;
+            loop {
+                let n = input.read(&mut buf).await.map_err(local)?;
+                if n == 0 {
+                    break;
+                }
+                h.write(&buf[..n]);
+                if let Err(e) = out.write_all(&buf[..n]).await {
+                    let _ = out.abort().await;
+                    return Err(remote(e));
+                }
+                if total == 0
+                    && let Some(name) = &fault
+                    && let Err(e) = failpoint_io(name)
+                {
+                    // An upload cut short: nothing becomes visible.
+                    let _ = out.abort().await;
+                    return Err(remote(e));
+                }
+                total += n as u64;
+            }
+            out.shutdown().await.map_err(remote)?;
+            Ok((total, format!("{:016x}", h.finish())))
+        })?
+    }
+
+    fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let path = self.locate(rel);
+        // As a local write failing half-way: nothing of a PUT is visible.
+        failpoint_io("checkpoint.upload").map_err(|source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let payload = PutPayload::from(bytes.to_vec());
+        self.wait(async move { store.put(&key, payload).await })?
+            .map(|_| ())
+            .map_err(|e| failed(path, e))
+    }
+
+    fn publish(&self, rel: &str, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let path = self.locate(rel);
+        failpoint("checkpoint.before_metadata_write");
+        failpoint_io("checkpoint.metadata_write").map_err(|source| CheckpointError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        // Every object named was PUT (durable on return) before this one.
+        failpoint("checkpoint.before_metadata_rename");
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let payload = PutPayload::from(bytes.to_vec());
+        self.wait(async move { store.put(&key, payload).await })?
+            .map_err(|e| failed(path, e))?;
+        failpoint("checkpoint.after_metadata_rename");
+        Ok(())
+    }
+
+    fn get(&self, rel: &str) -> Result<Vec<u8>, CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        self.wait(async move {
+            let got = store.get(&key).await?;
+            got.bytes().await
+        })?
+        .map(|b| b.to_vec())
+        .map_err(|e| failed(path, e))
+    }
+
+    fn get_to_file(&self, rel: &str, dst: &Path) -> Result<(u64, String), CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        let dst = dst.to_path_buf();
+        self.wait(async move {
+            use std::hash::Hasher;
+            let local = |source| CheckpointError::LocalState {
+                path: dst.clone(),
+                source,
+            };
+            let got = store.get(&key).await.map_err(|e| failed(path.clone(), e))?;
+            let mut out = tokio::fs::File::create(&dst).await.map_err(local)?;
+            let mut stream = got.into_stream();
+            let mut h = twox_hash::XxHash64::with_seed(0);
+            let mut total = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| failed(path.clone(), e))?;
+                h.write(&chunk);
+                out.write_all(&chunk).await.map_err(local)?;
+                total += chunk.len() as u64;
+            }
+            out.sync_all().await.map_err(local)?;
+            Ok((total, format!("{:016x}", h.finish())))
+        })?
+    }
+
+    fn size(&self, rel: &str) -> Result<Option<u64>, CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        match self.wait(async move { store.head(&key).await })? {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(failed(path, e)),
+        }
+    }
+
+    fn list(&self, rel: &str) -> Result<Vec<Listed>, CheckpointError> {
+        let store = self.store.clone();
+        let prefix = self.key(rel);
+        let path = self.locate(rel);
+        let listed = self
+            .wait(async move { store.list_with_delimiter(Some(&prefix)).await })?
+            .map_err(|e| failed(path, e))?;
+        let mut out: Vec<Listed> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename())
+            .map(|name| Listed {
+                name: name.to_string(),
+                is_prefix: true,
+                size: 0,
+            })
+            .chain(listed.objects.iter().filter_map(|m| {
+                let name = m.location.filename()?;
+                (name != RESERVED).then(|| Listed {
+                    name: name.to_string(),
+                    is_prefix: false,
+                    size: m.size,
+                })
+            }))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn delete(&self, rel: &str) -> Result<(), CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        match self.wait(async move { store.delete(&key).await })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(failed(path, e)),
+        }
+    }
+
+    fn delete_prefix(&self, rel: &str) -> Result<u64, CheckpointError> {
+        let objects = self.list_all(rel)?;
+        let freed = objects.iter().map(|(_, size)| size).sum();
+        self.delete_keys(objects.into_iter().map(|(k, _)| k).collect(), rel)?;
+        Ok(freed)
+    }
+
+    fn reserve(&self, rel: &str) -> Result<(), CheckpointError> {
+        self.put(&format!("{rel}/{RESERVED}"), &[])
+    }
+
+    fn rename_prefix(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        let objects = self.list_all(from)?;
+        let (src, dst) = (self.key(from), self.key(to));
+        let mut moves = vec![];
+        for (key, _) in &objects {
+            let mut target = dst.clone();
+            for part in key.prefix_match(&src).into_iter().flatten() {
+                target = target.join(part);
+            }
+            moves.push((key.clone(), target));
+        }
+        let store = self.store.clone();
+        let path = self.locate(to);
+        // Copies first, then deletes: a failure half-way leaves both
+        // (restorable either way), never neither.
+        self.wait(async move {
+            for (from, to) in &moves {
+                store.copy(from, to).await?;
+            }
+            Ok::<_, object_store::Error>(())
+        })?
+        .map_err(|e| failed(path, e))?;
+        self.delete_keys(objects.into_iter().map(|(k, _)| k).collect(), from)
+    }
+
+    fn remove_root_if_empty(&self) {
+        // A prefix with nothing below it does not exist.
+    }
+
+    fn locate(&self, rel: &str) -> PathBuf {
+        PathBuf::from(format!("{}/{}", self.base, rel.trim_start_matches('/')))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::CheckpointStorage;
+    use crate::checkpoint::metadata::{CheckpointMetadata, OperatorState};
+
+    fn in_memory() -> ObjectCheckpointStore {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        ObjectCheckpointStore::new(store, "jobs/q5", "memory://jobs/q5").expect("store")
+    }
+
+    #[test]
+    fn objects_round_trip_list_and_delete_as_files_do() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = in_memory();
+        assert!(s.list("").expect("list").is_empty());
+        // Above one part: uploaded in parts, read back whole.
+        let big: Vec<u8> = (0..(12 << 20)).map(|i| (i % 251) as u8).collect();
+        let src = dir.path().join("big.sst");
+        std::fs::write(&src, &big).expect("write");
+        let (size, sum) = s.put_file("shared/big.sst", &src, None).expect("upload");
+        assert_eq!(
+            (size, sum.as_str()),
+            (big.len() as u64, super::super::metadata::checksum(&big).as_str())
+        );
+        let back = dir.path().join("back.sst");
+        assert_eq!(s.get_to_file("shared/big.sst", &back).expect("download"), (size, sum));
+        assert_eq!(std::fs::read(&back).expect("read"), big);
+        s.reserve("chk-2").expect("reserve");
+        s.put("chk-1/MANIFEST", b"m").expect("put");
+        s.publish("chk-1/_metadata", b"meta").expect("publish");
+        let names: Vec<(String, bool)> = s
+            .list("")
+            .expect("list")
+            .into_iter()
+            .map(|l| (l.name, l.is_prefix))
+            .collect();
+        assert_eq!(
+            names,
+            [("chk-1".into(), true), ("chk-2".into(), true), ("shared".into(), true)]
+        );
+        assert!(s.list("chk-2").expect("list").is_empty(), "the marker is not listed");
+        assert_eq!(s.size("chk-1/_metadata").expect("size"), Some(4));
+        assert_eq!(s.size("chk-1/nothing").expect("size"), None);
+        assert!(matches!(s.get("chk-1/nothing"), Err(CheckpointError::Missing { .. })));
+        s.rename_prefix("chk-1", "retained-7/chk-1").expect("rename");
+        assert_eq!(s.get("retained-7/chk-1/_metadata").expect("get"), b"meta");
+        assert!(s.list("chk-1").expect("list").is_empty());
+        assert_eq!(s.delete_prefix("retained-7").expect("delete"), 5);
+        s.delete("chk-1/_metadata").expect("a missing object is fine");
+        assert_eq!(
+            s.locate("chk-1/_metadata"),
+            PathBuf::from("memory://jobs/q5/chk-1/_metadata")
+        );
+    }
+
+    /// The checkpoint layout on an object store: ids taken and never
+    /// reused, completion by `_metadata`, verified loads, a discarded
+    /// attempt, and garbage collection by reference.
+    #[test]
+    fn checkpoint_storage_works_on_an_object_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let storage = CheckpointStorage::on(Arc::new(in_memory()), PathBuf::from("memory://jobs/q5"));
+        assert_eq!(storage.next_id().expect("next"), 1);
+        storage.reserve(1).expect("reserve");
+        let src = dir.path().join("a.sst");
+        std::fs::write(&src, b"sst-1").expect("write");
+        let shared = storage.upload(1, &src, "op-0-c1-000001.sst", true).expect("upload");
+        let private = storage.write_private(1, "heap.bin", b"heap").expect("private");
+        let mut operators = std::collections::BTreeMap::new();
+        operators.insert(
+            "op/0".to_string(),
+            OperatorState::Rocksdb {
+                files: [("000001.sst".to_string(), shared.clone())].into(),
+                key_groups: 0..128,
+                identity: "i".into(),
+            },
+        );
+        operators.insert("limit/0".to_string(), OperatorState::Heap { file: private.clone() });
+        let meta = CheckpointMetadata {
+            format: super::super::metadata::FORMAT_VERSION,
+            checkpoint_id: 1,
+            job: "q5".into(),
+            plan_fingerprint: "p".into(),
+            trigger_time_ms: 0,
+            is_final: false,
+            max_parallelism: 128,
+            key_format: crate::state::codec::FORMAT_VERSION,
+            savepoint: None,
+            operator_info: Default::default(),
+            sources: Default::default(),
+            operators,
+        };
+        storage.commit_metadata(&meta).expect("commit");
+        assert_eq!(storage.complete_ids().expect("ids"), [1]);
+        let loaded = storage.load(1).expect("load");
+        assert_eq!(loaded.checkpoint_id, 1);
+        assert_eq!(storage.read_file(&private).expect("read"), b"heap");
+        // A failed attempt at 2: its files go, its id stays taken.
+        storage.reserve(2).expect("reserve");
+        storage.upload(2, &src, "op-0-c2-000002.sst", true).expect("upload");
+        storage.write_private(2, "heap.bin", b"x").expect("private");
+        storage
+            .discard_attempt(2, &["op-0-c2-000002.sst".into()])
+            .expect("discard");
+        assert_eq!(storage.next_id().expect("next"), 3);
+        assert_eq!(storage.complete_ids().expect("ids"), [1]);
+        // GC keeps what checkpoint 1 references and drops the rest.
+        let stray = storage.upload(3, &src, "op-0-c3-000003.sst", true).expect("upload");
+        storage.collect_garbage(&[&loaded]).expect("gc");
+        assert_eq!(storage.complete_ids().expect("ids"), [1]);
+        assert_eq!(storage.load(1).expect("load"), loaded, "its files are all there");
+        assert!(matches!(
+            storage.read_file(&stray),
+            Err(CheckpointError::Missing { .. })
+        ));
+    }
+}

@@ -1,0 +1,138 @@
+//! Checkpoint storage on a real S3 server (SeaweedFS on loopback, started
+//! here): the layout's every operation through the object store, with a
+//! file large enough to go up in parts.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use weir_engine::checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION, OperatorState};
+use weir_engine::checkpoint::objects::ObjectCheckpointStore;
+use weir_engine::checkpoint::store::CheckpointStore;
+use weir_engine::checkpoint::{CheckpointError, CheckpointStorage};
+
+fn s3(server: &common::S3Server, prefix: &str) -> ObjectCheckpointStore {
+    let base = format!("s3://{}/{prefix}", server.bucket);
+    ObjectCheckpointStore::new(Arc::new(server.client()), prefix, &base).expect("store")
+}
+
+fn metadata(id: u64, operators: Vec<(&str, OperatorState)>) -> CheckpointMetadata {
+    CheckpointMetadata {
+        format: FORMAT_VERSION,
+        checkpoint_id: id,
+        job: "q5".into(),
+        plan_fingerprint: "plan".into(),
+        trigger_time_ms: 0,
+        is_final: false,
+        max_parallelism: 128,
+        key_format: weir_engine::state::codec::FORMAT_VERSION,
+        savepoint: None,
+        operator_info: Default::default(),
+        sources: Default::default(),
+        operators: operators.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+    }
+}
+
+#[test]
+fn checkpoints_live_on_an_s3_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("s3")).expect("dir");
+    let server = common::s3_server(&dir.path().join("s3"));
+    let store = Arc::new(s3(&server, "checkpoints/q5"));
+    let storage = CheckpointStorage::on(store.clone(), PathBuf::from("s3://weir/checkpoints/q5"));
+    assert_eq!(
+        storage.next_id().expect("next id"),
+        1,
+        "an empty prefix has no checkpoint"
+    );
+
+    // Checkpoint 1: a 12 MiB SST (uploaded in parts), a small one and a
+    // private file, then its metadata.
+    storage.reserve(1).expect("reserve");
+    let big: Vec<u8> = (0..(12u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let (big_src, small_src) = (dir.path().join("big.sst"), dir.path().join("small.sst"));
+    std::fs::write(&big_src, &big).expect("write");
+    std::fs::write(&small_src, b"small").expect("write");
+    let big_ref = storage
+        .upload(1, &big_src, "op-0-c1-000001.sst", true)
+        .expect("upload big");
+    assert_eq!(big_ref.size, big.len() as u64);
+    let small_ref = storage
+        .upload(1, &small_src, "op-0-c1-000002.sst", true)
+        .expect("upload small");
+    let heap = storage
+        .write_private(1, "limit-0-heap.bin", b"counters")
+        .expect("private");
+    let files = [("000001.sst", big_ref.clone()), ("000002.sst", small_ref.clone())];
+    let meta = metadata(
+        1,
+        vec![
+            (
+                "op/0",
+                OperatorState::Rocksdb {
+                    files: files.iter().map(|(n, f)| (n.to_string(), f.clone())).collect(),
+                    key_groups: 0..128,
+                    identity: "instance".into(),
+                },
+            ),
+            ("limit/0", OperatorState::Heap { file: heap.clone() }),
+        ],
+    );
+    storage.commit_metadata(&meta).expect("commit");
+    assert_eq!(storage.complete_ids().expect("ids"), [1]);
+
+    // Another client (a new machine) finds it, verifies it and downloads
+    // it byte for byte.
+    let again = CheckpointStorage::on(
+        Arc::new(s3(&server, "checkpoints/q5")),
+        PathBuf::from("s3://weir/checkpoints/q5"),
+    );
+    let loaded = again.load(1).expect("load");
+    assert_eq!(loaded, meta);
+    let local = dir.path().join("restored.sst");
+    again.restore_file(&big_ref, &local).expect("restore");
+    assert_eq!(std::fs::read(&local).expect("read"), big);
+    assert_eq!(again.read_file(&heap).expect("read"), b"counters");
+
+    // A file whose bytes differ from the metadata's is refused by name.
+    store.put("shared/op-0-c1-000002.sst", b"SMALL").expect("overwrite");
+    match again.read_file(&small_ref) {
+        Err(CheckpointError::Corrupt { path, .. }) => {
+            assert_eq!(path, "s3://weir/checkpoints/q5/shared/op-0-c1-000002.sst")
+        }
+        other => panic!("a changed file was read: {other:?}"),
+    }
+    store.put("shared/op-0-c1-000002.sst", b"small").expect("put back");
+
+    // A failed attempt at 2 leaves nothing of its own and its id taken.
+    storage.reserve(2).expect("reserve");
+    storage
+        .upload(2, &small_src, "op-0-c2-000003.sst", true)
+        .expect("upload");
+    storage.write_private(2, "limit-0-heap.bin", b"x").expect("private");
+    storage
+        .discard_attempt(2, &["op-0-c2-000003.sst".into()])
+        .expect("discard");
+    assert!(store.list("chk-2").expect("list").is_empty());
+    assert_eq!(storage.next_id().expect("next id"), 3);
+
+    // Garbage collection keeps what checkpoint 1 references.
+    let stray = storage
+        .upload(3, &small_src, "op-0-c3-000004.sst", true)
+        .expect("upload");
+    storage.collect_garbage(&[&loaded]).expect("gc");
+    assert_eq!(again.load(1).expect("load after gc"), meta);
+    assert!(matches!(again.read_file(&stray), Err(CheckpointError::Missing { .. })));
+
+    // Retained on cancellation: moved aside, still restorable there.
+    let aside = storage.retain_aside(7).expect("retain").expect("something retained");
+    assert_eq!(aside, PathBuf::from("s3://weir/checkpoints/q5/retained-7"));
+    assert!(storage.complete_ids().expect("ids").is_empty());
+    let retained = CheckpointStorage::on(
+        Arc::new(s3(&server, "checkpoints/q5/retained-7")),
+        PathBuf::from("s3://weir/checkpoints/q5/retained-7"),
+    );
+    assert_eq!(retained.load(1).expect("load retained"), meta);
+    storage.clear().expect("clear");
+}
