@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use weir_engine::checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION, OperatorState};
 use weir_engine::checkpoint::objects::ObjectCheckpointStore;
-use weir_engine::checkpoint::store::CheckpointStore;
+use weir_engine::checkpoint::store::{CheckpointStore, Created};
 use weir_engine::checkpoint::{CheckpointError, CheckpointStorage};
 
 fn s3(server: &common::S3Server, prefix: &str) -> ObjectCheckpointStore {
@@ -135,4 +135,40 @@ fn checkpoints_live_on_an_s3_server() {
     );
     assert_eq!(retained.load(1).expect("load retained"), meta);
     storage.clear().expect("clear");
+}
+
+/// The fence's primitive on a real server: of writers racing to create
+/// one key, exactly one does, and every other reads the winner's bytes.
+#[test]
+fn of_writers_racing_to_create_one_key_on_s3_exactly_one_wins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = common::s3_server(dir.path());
+    let stores: Vec<Arc<ObjectCheckpointStore>> = (0..8).map(|_| Arc::new(s3(&server, "fence"))).collect();
+    for round in 0..10 {
+        let key = format!("log/{round:020}.json");
+        let results: Vec<(usize, Created)> = std::thread::scope(|s| {
+            let handles: Vec<_> = stores
+                .iter()
+                .enumerate()
+                .map(|(w, store)| {
+                    let key = key.clone();
+                    s.spawn(move || (w, store.create(&key, format!("writer {w}").as_bytes()).expect("create")))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        let winners: Vec<usize> = results
+            .iter()
+            .filter(|(_, c)| *c == Created::Created)
+            .map(|(w, _)| *w)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+        let winner = format!("writer {}", winners[0]).into_bytes();
+        assert!(
+            results
+                .iter()
+                .all(|(_, c)| *c == Created::Created || *c == Created::Exists(winner.clone())),
+            "round {round}: {results:?}"
+        );
+    }
 }

@@ -290,19 +290,24 @@ pub fn committed_lines(dir: &std::path::Path) -> Vec<String> {
     lines
 }
 
-/// The Kafka-protocol test broker `scripts/setup.sh` installs (or
-/// `WEIR_TANSU`).
-pub fn tansu_binary() -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("WEIR_TANSU") {
+/// A test server `scripts/setup.sh` installs: `$env` if set, else its
+/// build in `~/.cache/weir-tools/bin`, else `fallback` on the PATH.
+fn tool_binary(env: &str, cached: &str, fallback: &str) -> std::path::PathBuf {
+    if let Ok(p) = std::env::var(env) {
         return p.into();
     }
     let cached = std::env::var("HOME")
-        .map(|h| std::path::PathBuf::from(h).join(".cache/weir-tools/bin/tansu-510f3e2"))
+        .map(|h| std::path::PathBuf::from(h).join(".cache/weir-tools/bin").join(cached))
         .unwrap_or_default();
     if cached.exists() {
         return cached;
     }
-    "tansu".into()
+    fallback.into()
+}
+
+/// The Kafka-protocol test broker (or `WEIR_TANSU`).
+pub fn tansu_binary() -> std::path::PathBuf {
+    tool_binary("WEIR_TANSU", "tansu-510f3e2", "tansu")
 }
 
 /// A tansu broker in memory on a free port, for tests that need a broker
@@ -364,18 +369,9 @@ pub fn tansu_topic(servers: &str, topic: &str, partitions: u32) {
     );
 }
 
-/// The S3 test server `scripts/setup.sh` installs (or `WEIR_WEED`).
+/// The S3 test server, SeaweedFS (or `WEIR_WEED`).
 pub fn weed_binary() -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("WEIR_WEED") {
-        return p.into();
-    }
-    let cached = std::env::var("HOME")
-        .map(|h| std::path::PathBuf::from(h).join(".cache/weir-tools/bin/weed-4.48"))
-        .unwrap_or_default();
-    if cached.exists() {
-        return cached;
-    }
-    "weed".into()
+    tool_binary("WEIR_WEED", "weed-4.48", "weed")
 }
 
 /// An S3 server on loopback: SeaweedFS's `weed mini` (master, volume,

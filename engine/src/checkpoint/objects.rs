@@ -24,7 +24,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::io::AsyncWriteExt;
 
 use super::CheckpointError;
-use super::store::{CheckpointStore, Listed};
+use super::store::{CheckpointStore, Created, Listed};
 use crate::failpoint::{failpoint, failpoint_io};
 
 /// The marker object that keeps a taken prefix (a checkpoint id) listed.
@@ -217,6 +217,23 @@ impl CheckpointStore for ObjectCheckpointStore {
         Ok(())
     }
 
+    fn create(&self, rel: &str, bytes: &[u8]) -> Result<Created, CheckpointError> {
+        let store = self.store.clone();
+        let key = self.key(rel);
+        let path = self.locate(rel);
+        let payload = PutPayload::from(bytes.to_vec());
+        // S3 `If-None-Match: *`, GCS `x-goog-if-generation-match: 0`,
+        // Azure `If-None-Match: *`. A create is not retried on a timeout
+        // by the client, but is on a lost connection, so `AlreadyExists`
+        // may be this writer's own earlier try: the bytes read back tell.
+        let opts = object_store::PutOptions::from(object_store::PutMode::Create);
+        match self.wait(async move { store.put_opts(&key, payload, opts).await })? {
+            Ok(_) => Ok(Created::Created),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(Created::Exists(self.get(rel)?)),
+            Err(e) => Err(failed(path, e)),
+        }
+    }
+
     fn get(&self, rel: &str) -> Result<Vec<u8>, CheckpointError> {
         let store = self.store.clone();
         let key = self.key(rel);
@@ -401,6 +418,11 @@ mod tests {
         assert!(s.list("chk-1").expect("list").is_empty());
         assert_eq!(s.delete_prefix("retained-7").expect("delete"), 5);
         s.delete("chk-1/_metadata").expect("a missing object is fine");
+        assert_eq!(s.create("log/1", b"mine").expect("create"), Created::Created);
+        assert_eq!(
+            s.create("log/1", b"theirs").expect("create"),
+            Created::Exists(b"mine".to_vec())
+        );
         assert_eq!(
             s.locate("chk-1/_metadata"),
             PathBuf::from("memory://jobs/q5/chk-1/_metadata")

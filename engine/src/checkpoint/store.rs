@@ -28,6 +28,16 @@ pub struct Listed {
     pub size: u64,
 }
 
+/// What [`CheckpointStore::create`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// The object is this writer's.
+    Created,
+    /// Someone created it first: their bytes (which may be this writer's
+    /// own, from an earlier try whose answer was lost).
+    Exists(Vec<u8>),
+}
+
 /// Objects below a root, by key (`chk-3/_metadata`, `shared/a.sst`).
 pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// Copies the local file `src` to `key` and makes it durable; returns
@@ -43,6 +53,12 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// of it or nothing, and only once everything put before it is
     /// durable.
     fn publish(&self, key: &str, bytes: &[u8]) -> Result<(), CheckpointError>;
+
+    /// Writes `bytes` to `key` only if no object is there, atomically:
+    /// of writers racing for one key exactly one creates it, and every
+    /// other reads the winner's bytes back (the base of a fence: a claim
+    /// that cannot be taken twice).
+    fn create(&self, key: &str, bytes: &[u8]) -> Result<Created, CheckpointError>;
 
     /// The whole object; a missing one is [`CheckpointError::Missing`].
     fn get(&self, key: &str) -> Result<Vec<u8>, CheckpointError>;
@@ -207,6 +223,38 @@ impl CheckpointStore for LocalStore {
         Ok(())
     }
 
+    fn create(&self, key: &str, bytes: &[u8]) -> Result<Created, CheckpointError> {
+        let path = self.path_for_write(key)?;
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
+        // Written and synced aside, then linked into place: a link fails
+        // if the name exists (atomic, as object_store's local files do),
+        // and a reader never sees a partial object.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(format!(".{}-{n}.creating", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let linked = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(io(&tmp))?;
+            f.write_all(bytes).map_err(io(&tmp))?;
+            f.sync_all().map_err(io(&tmp))?;
+            Ok::<_, CheckpointError>(std::fs::hard_link(&tmp, &path))
+        })();
+        let _ = std::fs::remove_file(&tmp);
+        match linked? {
+            Ok(()) => {
+                sync_dir(&dir)?;
+                Ok(Created::Created)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(Created::Exists(self.get(key)?)),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
     fn get(&self, key: &str) -> Result<Vec<u8>, CheckpointError> {
         let path = self.root.join(key);
         std::fs::read(&path).map_err(|source| match source.kind() {
@@ -344,5 +392,39 @@ mod tests {
         assert_eq!(store.delete_prefix("chk-2").expect("delete"), 0);
         store.remove_root_if_empty();
         assert!(!dir.path().join("root").exists());
+    }
+
+    #[test]
+    fn of_writers_racing_to_create_one_key_exactly_one_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = std::sync::Arc::new(LocalStore::new(dir.path().to_path_buf()));
+        for round in 0..20 {
+            let key = format!("log/{round:020}.json");
+            let results: Vec<(usize, Created)> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..8)
+                    .map(|w| {
+                        let (store, key) = (store.clone(), key.clone());
+                        s.spawn(move || (w, store.create(&key, format!("writer {w}").as_bytes()).expect("create")))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("thread")).collect()
+            });
+            let winners: Vec<usize> = results
+                .iter()
+                .filter(|(_, c)| *c == Created::Created)
+                .map(|(w, _)| *w)
+                .collect();
+            assert_eq!(winners.len(), 1, "round {round}: {results:?}");
+            let winner = format!("writer {}", winners[0]).into_bytes();
+            assert!(
+                results
+                    .iter()
+                    .all(|(_, c)| matches!(c, Created::Created) || *c == Created::Exists(winner.clone())),
+                "round {round}: a loser read other bytes than the winner's: {results:?}"
+            );
+            assert_eq!(store.get(&key).expect("get"), winner);
+        }
+        // No staging file is left beside the objects.
+        assert_eq!(store.list("log").expect("list").len(), 20);
     }
 }

@@ -1218,3 +1218,160 @@ impl WindowAggregateOperator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operators::testing::{feed_pretty, printed};
+    use crate::state::HeapBackend;
+    use arrow::datatypes::{Field, Schema};
+    use datafusion::physical_expr::aggregate::AggregateExprBuilder;
+    use datafusion::physical_expr::expressions::Column;
+
+    fn input() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    }
+
+    /// `SELECT k, window_start, window_end, COUNT(v), SUM(v) FROM
+    /// TUMBLE(.., ts, 10 ms) GROUP BY k, window_start, window_end` on
+    /// `store` (the heap store when `None`).
+    fn tumble(store: Option<KeyedState>) -> WindowAggregateOperator {
+        let agg = |f, name: &str| {
+            let v: Arc<dyn PhysicalExpr> = Arc::new(Column::new("v", 2));
+            Arc::new(
+                AggregateExprBuilder::new(f, vec![v])
+                    .schema(input())
+                    .alias(name)
+                    .build()
+                    .expect("aggregate"),
+            )
+        };
+        let node = WindowAggregateNode {
+            window: WindowSpec {
+                kind: WindowKind::Tumble,
+                size: 10,
+                slide: 10,
+                offset: 0,
+            },
+            time_column: 1,
+            proctime: false,
+            attached: false,
+            keys: vec![Arc::new(Column::new("k", 0))],
+            group_outputs: vec![GroupOutput::Key(0), GroupOutput::WindowStart, GroupOutput::WindowEnd],
+            aggregates: vec![
+                agg(datafusion::functions_aggregate::count::count_udaf(), "c"),
+                agg(datafusion::functions_aggregate::sum::sum_udaf(), "s"),
+            ],
+            zone: None,
+        };
+        let ts = DataType::Timestamp(TimeUnit::Millisecond, None);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("window_start", ts.clone(), false),
+            Field::new("window_end", ts, false),
+            Field::new("c", DataType::Int64, false),
+            Field::new("s", DataType::Int64, true),
+        ]));
+        let store = match store {
+            Some(state) => WindowStore::keyed(state, 1000).expect("store"),
+            None => WindowStore::Live {
+                panes: Default::default(),
+                groups: 0..128,
+            },
+        };
+        let metrics = Arc::new(NodeMetrics::new("window".into()));
+        WindowAggregateOperator::new(&node, &input(), schema, 128, store, metrics, 1).expect("operator")
+    }
+
+    fn keyed() -> KeyedState {
+        KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128)
+    }
+
+    fn watermark(op: &mut WindowAggregateOperator, wm: Timestamp) -> Vec<String> {
+        let mut out = Collector::default();
+        op.on_watermark(wm, &mut out).expect("watermark");
+        let mut rows = printed(&mut out);
+        rows.sort();
+        rows
+    }
+
+    /// A window fires when the watermark reaches its last millisecond,
+    /// with each key's count and sum; a row of a fired window is late.
+    #[test]
+    fn windows_fire_at_their_last_millisecond_per_key() {
+        for store in [None, Some(keyed())] {
+            let rocks = store.is_some();
+            let mut op = tumble(store);
+            let s = input();
+            assert!(feed_pretty(&mut op, 0, &s, "a 1 1\na 5 2\nb 12 3\na 15 4\nb 9 .").is_empty());
+            assert!(watermark(&mut op, 8).is_empty(), "keyed: {rocks}");
+            let fired = watermark(&mut op, 9);
+            assert_eq!(fired.len(), 2, "{fired:?}");
+            assert!(
+                fired[0].starts_with("+I[a, ") && fired[0].ends_with(", 2, 3]"),
+                "{fired:?}"
+            );
+            // b's window [0, 10) holds one row with a NULL v: counted out.
+            assert!(
+                fired[1].starts_with("+I[b, ") && fired[1].ends_with(", 0, null]"),
+                "{fired:?}"
+            );
+            assert!(feed_pretty(&mut op, 0, &s, "a 3 100").is_empty());
+            assert_eq!(op.metrics.late_rows_dropped.load(Ordering::Relaxed), 1);
+            let fired = watermark(&mut op, 19);
+            assert_eq!(fired.len(), 2, "{fired:?}");
+            assert!(
+                fired[0].ends_with(", 1, 4]") && fired[1].ends_with(", 1, 3]"),
+                "{fired:?}"
+            );
+            assert!(watermark(&mut op, crate::message::MAX_WATERMARK).is_empty());
+            if let WindowStore::Keyed { state, .. } = &mut op.store {
+                assert_eq!(state.size_bytes(), 0, "fired windows are freed");
+                assert_eq!(state.counted_bytes().expect("count"), 0);
+            }
+        }
+    }
+
+    /// The heap store's snapshot restores into either store (the state
+    /// layer's entries), and the windows fire there as they would have.
+    #[test]
+    fn the_heap_stores_snapshot_restores_into_either_store() {
+        let mut op = tumble(None);
+        let s = input();
+        assert!(feed_pretty(&mut op, 0, &s, "a 1 1\na 5 2\nb 12 3\na 15 4").is_empty());
+        let expected = {
+            let mut uninterrupted = tumble(None);
+            feed_pretty(&mut uninterrupted, 0, &s, "a 1 1\na 5 2\nb 12 3\na 15 4");
+            watermark(&mut uninterrupted, 19)
+        };
+        assert_eq!(expected.len(), 3);
+        let Some(OperatorSnapshot::Entries { bytes, key_groups }) = op.snapshot_state(1).expect("snapshot") else {
+            panic!("the heap store snapshots entries")
+        };
+        let source = StateSource::Entries {
+            bytes: Arc::new(bytes),
+            key_groups,
+            path: "snapshot".into(),
+        };
+        let mut heap = tumble(None);
+        heap.restore_live(0..128, std::slice::from_ref(&source))
+            .expect("restore");
+        assert_eq!(watermark(&mut heap, 19), expected);
+        let state = crate::state::open_keyed(
+            crate::config::StateBackendKind::Heap,
+            &crate::state::RocksDbTuning::default(),
+            std::path::Path::new("unused"),
+            STATES,
+            0..128,
+            128,
+            &[source],
+        )
+        .expect("open");
+        let mut keyed = tumble(Some(state));
+        assert_eq!(watermark(&mut keyed, 19), expected);
+    }
+}
