@@ -986,6 +986,7 @@ mod tests {
     //! The join edge cases of the changelog reference (changelog.md §8,
     //! cases 18-23), row by row.
     use super::*;
+    use crate::operators::testing::feed_pretty;
     use crate::state::HeapBackend;
     use arrow::array::{Int64Array, StringArray};
     use arrow::datatypes::{DataType, Field, Schema};
@@ -1030,23 +1031,11 @@ mod tests {
         JoinOperator::new(&node, out, state).expect("join")
     }
 
-    /// Feeds one change to `input` and returns what the join emits.
-    fn feed(j: &mut JoinOperator, input: usize, kind: RowKind, k: Option<&str>, v: i64) -> Vec<String> {
-        let rows = RecordBatch::try_new(
-            j.schemas[input].clone(),
-            vec![
-                Arc::new(StringArray::from(vec![k])),
-                Arc::new(Int64Array::from(vec![v])),
-            ],
-        )
-        .expect("row");
-        let mut out = Collector::default();
-        j.process_input(input, ChangeBatch::new(rows, vec![kind]), &mut out)
-            .expect("process");
-        out.take()
-            .iter()
-            .flat_map(|b| crate::connectors::print::format_changes(b).expect("format"))
-            .collect()
+    /// Feeds changes written as text (`+I a 1`, `.` for NULL) to `input`
+    /// and returns what the join emits.
+    fn feed(j: &mut JoinOperator, input: usize, rows: &str) -> Vec<String> {
+        let schema = j.schemas[input].clone();
+        feed_pretty(j, input, &schema, rows)
     }
 
     use RowKind::*;
@@ -1054,60 +1043,45 @@ mod tests {
     #[test]
     fn inner_join_forwards_the_kind_of_the_change() {
         let mut j = join(JoinType::Inner);
-        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
-        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 10), ["+I[a, 10, a, 1]"]);
-        assert_eq!(feed(&mut j, 0, UpdateBefore, Some("a"), 10), ["-U[a, 10, a, 1]"]);
-        assert_eq!(feed(&mut j, 0, UpdateAfter, Some("a"), 11), ["+U[a, 11, a, 1]"]);
+        assert!(feed(&mut j, 1, "+I a 1").is_empty());
+        assert_eq!(feed(&mut j, 0, "+I a 10"), ["+I[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, "-U a 10"), ["-U[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, "+U a 11"), ["+U[a, 11, a, 1]"]);
     }
 
     #[test]
     fn left_join_pads_and_retracts_the_padding_as_matches_come_and_go() {
         let mut j = join(JoinType::Left);
-        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 10), ["+I[a, 10, null, null]"]);
-        assert_eq!(
-            feed(&mut j, 1, Insert, Some("a"), 1),
-            ["-D[a, 10, null, null]", "+I[a, 10, a, 1]"]
-        );
+        assert_eq!(feed(&mut j, 0, "+I a 10"), ["+I[a, 10, null, null]"]);
+        assert_eq!(feed(&mut j, 1, "+I a 1"), ["-D[a, 10, null, null]", "+I[a, 10, a, 1]"]);
         // A second match: no padding to retract.
-        assert_eq!(feed(&mut j, 1, Insert, Some("a"), 2), ["+I[a, 10, a, 2]"]);
+        assert_eq!(feed(&mut j, 1, "+I a 2"), ["+I[a, 10, a, 2]"]);
         // The first match goes: only its row (case 20).
-        assert_eq!(feed(&mut j, 1, Delete, Some("a"), 1), ["-D[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 1, "-D a 1"), ["-D[a, 10, a, 1]"]);
         // The last match goes (as an update's -U): the padded row returns.
-        assert_eq!(
-            feed(&mut j, 1, UpdateBefore, Some("a"), 2),
-            ["-U[a, 10, a, 2]", "+I[a, 10, null, null]"]
-        );
-        assert_eq!(feed(&mut j, 0, Delete, Some("a"), 10), ["-D[a, 10, null, null]"]);
+        assert_eq!(feed(&mut j, 1, "-U a 2"), ["-U[a, 10, a, 2]", "+I[a, 10, null, null]"]);
+        assert_eq!(feed(&mut j, 0, "-D a 10"), ["-D[a, 10, null, null]"]);
     }
 
     #[test]
     fn full_join_pads_whichever_side_comes_first() {
         let mut j = join(JoinType::Full);
-        assert_eq!(feed(&mut j, 1, Insert, Some("a"), 1), ["+I[null, null, a, 1]"]);
-        assert_eq!(
-            feed(&mut j, 0, Insert, Some("a"), 10),
-            ["-D[null, null, a, 1]", "+I[a, 10, a, 1]"]
-        );
-        assert_eq!(
-            feed(&mut j, 0, Delete, Some("a"), 10),
-            ["-D[a, 10, a, 1]", "+I[null, null, a, 1]"]
-        );
+        assert_eq!(feed(&mut j, 1, "+I a 1"), ["+I[null, null, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, "+I a 10"), ["-D[null, null, a, 1]", "+I[a, 10, a, 1]"]);
+        assert_eq!(feed(&mut j, 0, "-D a 10"), ["-D[a, 10, a, 1]", "+I[null, null, a, 1]"]);
     }
 
     #[test]
     fn duplicates_match_once_per_copy_and_null_keys_never_match() {
         let mut j = join(JoinType::Left);
-        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
-        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
-        assert_eq!(
-            feed(&mut j, 0, Insert, Some("a"), 10),
-            ["+I[a, 10, a, 1]", "+I[a, 10, a, 1]"]
-        );
+        assert!(feed(&mut j, 1, "+I a 1").is_empty());
+        assert!(feed(&mut j, 1, "+I a 1").is_empty());
+        assert_eq!(feed(&mut j, 0, "+I a 10"), ["+I[a, 10, a, 1]", "+I[a, 10, a, 1]"]);
         // One copy retracted: one -D per match of it.
-        assert_eq!(feed(&mut j, 1, Delete, Some("a"), 1), ["-D[a, 10, a, 1]"]);
-        assert!(feed(&mut j, 1, Insert, None, 1).is_empty());
-        assert_eq!(feed(&mut j, 0, Insert, None, 5), ["+I[null, 5, null, null]"]);
-        assert_eq!(feed(&mut j, 0, Delete, None, 5), ["-D[null, 5, null, null]"]);
+        assert_eq!(feed(&mut j, 1, "-D a 1"), ["-D[a, 10, a, 1]"]);
+        assert!(feed(&mut j, 1, "+I . 1").is_empty());
+        assert_eq!(feed(&mut j, 0, "+I . 5"), ["+I[null, 5, null, null]"]);
+        assert_eq!(feed(&mut j, 0, "-D . 5"), ["-D[null, 5, null, null]"]);
     }
 
     #[test]
@@ -1116,23 +1090,17 @@ mod tests {
         // the left side's is `lv`.
         let mut j = join_by(JoinType::Inner, [Some(vec![1]), Some(vec![0])]);
         assert!(j.layouts[1].by_key() && j.layouts[0].by_key());
-        assert!(feed(&mut j, 1, Insert, Some("a"), 1).is_empty());
-        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 10), ["+I[a, 10, a, 1]"]);
+        assert!(feed(&mut j, 1, "+I a 1").is_empty());
+        assert_eq!(feed(&mut j, 0, "+I a 10"), ["+I[a, 10, a, 1]"]);
         // An upsert without its -U: the key's row is replaced, not added.
-        assert_eq!(feed(&mut j, 1, UpdateAfter, Some("a"), 2), ["+U[a, 10, a, 2]"]);
-        assert_eq!(feed(&mut j, 0, Insert, Some("a"), 11), ["+I[a, 11, a, 2]"]);
-        assert_eq!(feed(&mut j, 0, UpdateAfter, Some("a"), 11), ["+U[a, 11, a, 2]"]);
-        assert_eq!(
-            feed(&mut j, 1, Insert, Some("a"), 3),
-            ["+I[a, 10, a, 3]", "+I[a, 11, a, 3]"]
-        );
+        assert_eq!(feed(&mut j, 1, "+U a 2"), ["+U[a, 10, a, 2]"]);
+        assert_eq!(feed(&mut j, 0, "+I a 11"), ["+I[a, 11, a, 2]"]);
+        assert_eq!(feed(&mut j, 0, "+U a 11"), ["+U[a, 11, a, 2]"]);
+        assert_eq!(feed(&mut j, 1, "+I a 3"), ["+I[a, 10, a, 3]", "+I[a, 11, a, 3]"]);
         // A deletion by key removes the row whatever its other columns.
-        assert_eq!(
-            feed(&mut j, 1, Delete, Some("a"), 999),
-            ["-D[a, 10, a, 999]", "-D[a, 11, a, 999]"]
-        );
-        assert!(feed(&mut j, 0, Insert, Some("a"), 12).is_empty());
-        assert_eq!(feed(&mut j, 1, Insert, Some("a"), 4).len(), 3);
+        assert_eq!(feed(&mut j, 1, "-D a 999"), ["-D[a, 10, a, 999]", "-D[a, 11, a, 999]"]);
+        assert!(feed(&mut j, 0, "+I a 12").is_empty());
+        assert_eq!(feed(&mut j, 1, "+I a 4").len(), 3);
     }
 
     /// A well-formed changelog of unique rows (every update a -U of the

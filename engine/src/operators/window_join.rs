@@ -388,7 +388,6 @@ impl Operator for WindowJoinOperator {
 mod tests {
     use super::*;
     use crate::state::HeapBackend;
-    use arrow::array::{StringArray, TimestampMillisecondArray};
     use arrow::datatypes::{Field, Schema};
     use datafusion::physical_expr::PhysicalExpr;
     use datafusion::physical_expr::expressions::Column;
@@ -411,18 +410,10 @@ mod tests {
         WindowJoinOperator::new(&node, [1, 1], out, state, metrics).expect("window join")
     }
 
-    fn feed(j: &mut WindowJoinOperator, side: usize, rows: &[(Option<&str>, i64)], out: &mut Collector) {
-        let batch = RecordBatch::try_new(
-            self::side(),
-            vec![
-                Arc::new(StringArray::from(rows.iter().map(|r| r.0).collect::<Vec<_>>())),
-                Arc::new(TimestampMillisecondArray::from(
-                    rows.iter().map(|r| r.1).collect::<Vec<_>>(),
-                )),
-            ],
-        )
-        .expect("rows");
-        j.process_input(side, ChangeBatch::from(batch), out).expect("process");
+    /// Feeds rows written as text (`a 10`: key, time in ms; `.` for NULL).
+    fn feed(j: &mut WindowJoinOperator, side: usize, rows: &str, out: &mut Collector) {
+        j.process_input(side, crate::change::from_pretty(&self::side(), rows), out)
+            .expect("process");
     }
 
     fn emitted(out: &mut Collector) -> Vec<String> {
@@ -452,13 +443,13 @@ mod tests {
     fn joins_at_the_window_end_and_frees_it() {
         let mut j = join();
         let mut out = Collector::default();
-        feed(&mut j, 0, &[(Some("a"), 10), (None, 10), (Some("b"), 20)], &mut out);
-        feed(&mut j, 1, &[(Some("a"), 10), (None, 10), (Some("c"), 10)], &mut out);
+        feed(&mut j, 0, "a 10\n. 10\nb 20", &mut out);
+        feed(&mut j, 1, "a 10\n. 10\nc 10", &mut out);
         j.on_watermark(8, &mut out).expect("watermark");
         assert!(emitted(&mut out).is_empty(), "nothing before the window's end");
         j.on_watermark(9, &mut out).expect("watermark");
         assert_eq!(emitted(&mut out), ["-|-", "-|-", "-|c", "a|a"]);
-        feed(&mut j, 1, &[(Some("a"), 10), (Some("b"), 20)], &mut out);
+        feed(&mut j, 1, "a 10\nb 20", &mut out);
         assert_eq!(j.metrics.late_rows_dropped.load(Ordering::Relaxed), 1);
         j.on_watermark(crate::message::MAX_WATERMARK, &mut out).expect("end");
         assert_eq!(emitted(&mut out), ["b|b"]);
