@@ -18,6 +18,8 @@
 //! than the one cargo built with this test (a release build, or a copy
 //! that a concurrent build cannot replace mid-run).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -948,4 +950,67 @@ WINDOW w AS (PARTITION BY auction ORDER BY dateTime RANGE BETWEEN INTERVAL '500'
 #[test]
 fn sigkill_during_an_over_aggregate_commits_each_row_once() {
     sigkill_trials("over-crash", over_job_sql, 5_000);
+}
+
+/// Checkpoints on an S3 server (SeaweedFS on loopback) and a new machine
+/// at every restart: the job is killed (SIGKILL) once a checkpoint is on
+/// the store, its whole local data directory (job status, local RocksDB
+/// state) is deleted, and the next run restores from the store alone.
+/// Output and dead letters as in the failure-free run.
+#[test]
+fn sigkill_with_checkpoints_on_s3_and_a_wiped_local_dir_loses_and_duplicates_nothing() {
+    let expected = golden();
+    let s3_dir = tempfile::tempdir().expect("tempdir");
+    let server = common::s3_server(s3_dir.path());
+    let ws = workspace_with(&format!(
+        "SET 'execution.checkpointing.dir' = 's3://{}/checkpoints';
+SET 's3.endpoint' = '{}';
+SET 's3.access-key' = '{}';
+SET 's3.secret-key' = '{}';
+SET 's3.path.style.access' = 'true';",
+        server.bucket, server.endpoint, server.access_key, server.secret_key
+    ));
+    let client = server.client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // The job's completed checkpoints on the store.
+    let completed_on_s3 = || {
+        rt.block_on(async {
+            use futures::TryStreamExt;
+            let prefix = object_store::path::Path::from("checkpoints/crash-test");
+            let objects: Vec<object_store::ObjectMeta> = object_store::ObjectStore::list(&client, Some(&prefix))
+                .try_collect()
+                .await
+                .unwrap_or_default();
+            objects
+                .iter()
+                .filter(|m| m.location.as_ref().ends_with("/_metadata") && m.location.as_ref().contains("/chk-"))
+                .count()
+        })
+    };
+    assert_eq!(completed_on_s3(), 0, "a checkpoint before the job started");
+    let mut rng = Rng(0x5eed_0b1e);
+    let mut restored = 0;
+    for kill in 0..3 {
+        let delay = Duration::from_millis(rng.below(600));
+        // Killed once this run completed a checkpoint of its own.
+        let before = completed_on_s3();
+        let run = run_armed(&ws.data, &ws.sql, Some(delay), None, &|| completed_on_s3() > before);
+        if run.exited.is_some() {
+            break;
+        }
+        restored += usize::from(kill > 0 && run.stderr.contains("restoring from checkpoint"));
+        // A new machine: nothing local survives.
+        std::fs::remove_dir_all(&ws.data).unwrap_or_else(|e| panic!("wipe {}: {e}\n{}", ws.data.display(), run.stderr));
+    }
+    let last = run_once(&ws.data, &ws.sql, None, None);
+    assert!(last.exited.is_some_and(|s| s.success()), "{}", last.stderr);
+    assert!(
+        last.stderr.contains("restoring from checkpoint") || restored > 0,
+        "no run restored from the store:\n{}",
+        last.stderr
+    );
+    assert_same_output(expected, &ws, "checkpoints on S3, local dir wiped");
 }

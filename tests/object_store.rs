@@ -14,7 +14,7 @@ use weir_engine::checkpoint::{CheckpointError, CheckpointStorage};
 
 fn s3(server: &common::S3Server, prefix: &str) -> ObjectCheckpointStore {
     let base = format!("s3://{}/{prefix}", server.bucket);
-    ObjectCheckpointStore::new(Arc::new(server.client()), prefix, &base).expect("store")
+    ObjectCheckpointStore::new(Arc::new(server.client()), prefix, &base)
 }
 
 fn metadata(id: u64, operators: Vec<(&str, OperatorState)>) -> CheckpointMetadata {

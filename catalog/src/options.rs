@@ -16,6 +16,9 @@ pub enum OptionKind {
     /// naming a path is of this kind, so a server's allowed directories
     /// (`weir serve --allow-dir`) cover it without a list to keep.
     Path,
+    /// A [`OptionKind::Path`] or the URL of an object store (`s3://`,
+    /// `gs://`, `az://`, `abfs://`): where checkpoints may go.
+    Location,
     /// A non-negative or bounded integer.
     Int {
         min: i64,
@@ -33,6 +36,7 @@ impl OptionKind {
         match self {
             OptionKind::String => "a string".into(),
             OptionKind::Path => "a file or directory path ('file://' allowed)".into(),
+            OptionKind::Location => "a directory path, or an s3://, gs://, az:// or abfs:// URL".into(),
             OptionKind::Int { min, max } if *max == i64::MAX => format!("an integer >= {min}"),
             OptionKind::Int { min, max } => format!("an integer in {min}..={max}"),
             OptionKind::Bool => "'true' or 'false'".into(),
@@ -44,8 +48,13 @@ impl OptionKind {
 
     /// Checks `value` against the kind, returning a message on failure.
     pub fn check(&self, value: &str) -> Result<(), String> {
-        if let OptionKind::Path = self
-            && let Some(scheme) = foreign_scheme(value)
+        let object_store = |s: &str| {
+            ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss"]
+                .iter()
+                .any(|o| o.eq_ignore_ascii_case(s))
+        };
+        if let Some(scheme) = foreign_scheme(value)
+            && (matches!(self, OptionKind::Path) || (matches!(self, OptionKind::Location) && !object_store(scheme)))
         {
             // Never a local directory named `s3:`: a path of a scheme Weir
             // cannot open is refused, not taken literally.
@@ -56,7 +65,7 @@ impl OptionKind {
         }
         let ok = match self {
             OptionKind::String => true,
-            OptionKind::Path => !value.trim().is_empty(),
+            OptionKind::Path | OptionKind::Location => !value.trim().is_empty(),
             OptionKind::Int { min, max } => value.trim().parse::<i64>().is_ok_and(|v| v >= *min && v <= *max),
             OptionKind::Bool => parse_bool(value).is_some(),
             OptionKind::Duration => parse_duration(value).is_some(),
@@ -288,6 +297,15 @@ pub fn parse_memory_size(v: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_location_takes_object_store_urls_and_a_path_does_not() {
+        assert!(OptionKind::Location.check("s3://bucket/prefix").is_ok());
+        assert!(OptionKind::Location.check("abfss://c@a.dfs.core.windows.net/p").is_ok());
+        assert!(OptionKind::Location.check("/var/lib/weir").is_ok());
+        assert!(OptionKind::Location.check("hdfs://nn/x").is_err());
+        assert!(OptionKind::Path.check("s3://bucket/prefix").is_err());
+    }
 
     #[test]
     fn durations_and_sizes() {

@@ -28,6 +28,11 @@ pub const CHECKPOINT_MAX_CONCURRENT: &str = "execution.checkpointing.max-concurr
 pub const CHECKPOINT_TOLERABLE: &str = "execution.checkpointing.tolerable-failed-checkpoints";
 pub const CHECKPOINT_RETAINED: &str = "execution.checkpointing.num-retained";
 pub const CHECKPOINT_MODE: &str = "execution.checkpointing.mode";
+pub const S3_ENDPOINT: &str = "s3.endpoint";
+pub const S3_ACCESS_KEY: &str = "s3.access-key";
+pub const S3_SECRET_KEY: &str = "s3.secret-key";
+pub const S3_REGION: &str = "s3.region";
+pub const S3_PATH_STYLE: &str = "s3.path.style.access";
 pub const CHECKPOINT_INCREMENTAL: &str = "execution.checkpointing.incremental";
 pub const STATE_INCREMENTAL: &str = "state.backend.incremental";
 pub const CHECKPOINT_UNALIGNED: &str = "execution.checkpointing.unaligned.enabled";
@@ -191,8 +196,29 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("2"),
     OptionSpec::new(
         CHECKPOINT_DIR,
-        OptionKind::Path,
-        "where checkpoints are written (default: <data-dir>/checkpoints); one directory per job below it",
+        OptionKind::Location,
+        "where checkpoints are written: a directory or an s3://, gs://, az:// URL (default: <data-dir>/checkpoints); one directory per job below it",
+    ),
+    OptionSpec::new(
+        S3_ENDPOINT,
+        OptionKind::String,
+        "an S3-compatible endpoint for s3:// locations ('http://' allows plain HTTP); default: AWS",
+    ),
+    OptionSpec::new(
+        S3_ACCESS_KEY,
+        OptionKind::String,
+        "the access key for s3:// locations (default: the AWS credential chain)",
+    ),
+    OptionSpec::new(
+        S3_SECRET_KEY,
+        OptionKind::String,
+        "the secret key for s3:// locations (masked when shown)",
+    ),
+    OptionSpec::new(S3_REGION, OptionKind::String, "the region of s3:// locations (default: AWS_REGION, else us-east-1)"),
+    OptionSpec::new(
+        S3_PATH_STYLE,
+        OptionKind::Bool,
+        "address s3:// buckets by path (http://host/bucket), as most S3-compatible servers want",
     ),
     OptionSpec::new(
         CHECKPOINT_MODE,
@@ -451,9 +477,26 @@ impl JobConfig {
         let checkpointing = match o.duration(CHECKPOINT_INTERVAL)?.filter(|d| !d.is_zero()) {
             None => None,
             Some(interval) => {
-                let base = match o.get(CHECKPOINT_DIR) {
-                    Some(d) => local_path(d),
-                    None => data_dir.join("checkpoints"),
+                let job = sanitize(&name);
+                let (root, store) = match o.get(CHECKPOINT_DIR) {
+                    Some(url) if crate::paths::is_object_url(url) => {
+                        let s3 = crate::checkpoint::objects::S3Settings {
+                            endpoint: o.get(S3_ENDPOINT).map(str::to_string),
+                            access_key: o.get(S3_ACCESS_KEY).map(str::to_string),
+                            secret_key: o.get(S3_SECRET_KEY).map(str::to_string),
+                            region: o.get(S3_REGION).map(str::to_string),
+                            path_style: o.bool(S3_PATH_STYLE)?,
+                        };
+                        let store = crate::checkpoint::objects::open_url(url, &s3)
+                            .map_err(|e| ExecError::Config(format!("'{CHECKPOINT_DIR}': {e}")))?
+                            .below(&job);
+                        let root = PathBuf::from(format!("{}/{job}", url.trim().trim_end_matches('/')));
+                        let store: std::sync::Arc<dyn crate::checkpoint::store::CheckpointStore> =
+                            std::sync::Arc::new(store);
+                        (root, Some(store))
+                    }
+                    Some(d) => (local_path(d).join(&job), None),
+                    None => (data_dir.join("checkpoints").join(&job), None),
                 };
                 let incremental = match (o.bool(STATE_INCREMENTAL)?, o.bool(CHECKPOINT_INCREMENTAL)?) {
                     (Some(a), Some(b)) if a != b => {
@@ -485,7 +528,8 @@ impl JobConfig {
                     min_pause: o.duration(CHECKPOINT_MIN_PAUSE)?.unwrap_or_default(),
                     tolerable_failed: o.i64(CHECKPOINT_TOLERABLE)?.unwrap_or(0) as u32,
                     num_retained: o.i64(CHECKPOINT_RETAINED)?.unwrap_or(2) as usize,
-                    root: base.join(sanitize(&name)),
+                    root,
+                    store,
                     mode,
                     incremental,
                 })
@@ -504,10 +548,23 @@ impl JobConfig {
         Ok(Self {
             checkpointing,
             restart,
-            recovery_path: o.get(RECOVERY_PATH).map(local_path),
+            recovery_path: match o.get(RECOVERY_PATH) {
+                Some(p) if crate::paths::is_object_url(p) => {
+                    return Err(ExecError::Config(format!(
+                        "'{RECOVERY_PATH}' = '{p}': restoring from an object-store URL is not supported yet \
+                         (a job whose '{CHECKPOINT_DIR}' is on the store restores from it by itself)"
+                    )));
+                }
+                p => p.map(local_path),
+            },
             claim: o.enum_value(CLAIM_MODE).as_deref() == Some("claim"),
             ignore_unclaimed_state: o.bool(IGNORE_UNCLAIMED_STATE)?.unwrap_or(false),
             savepoint_dir: match o.get(SAVEPOINT_DIR) {
+                Some(d) if crate::paths::is_object_url(d) => {
+                    return Err(ExecError::Config(format!(
+                        "'{SAVEPOINT_DIR}' = '{d}': savepoints on an object store are not supported yet"
+                    )));
+                }
                 Some(d) => local_path(d),
                 None => data_dir.join("savepoints").join(sanitize(&name)),
             },

@@ -145,6 +145,22 @@ impl PathPolicy {
             key: key.to_string(),
             reason,
         };
+        if is_object_url(value) {
+            // Only the checkpoint directory takes a URL so far; a server
+            // that restricts paths allows no bucket until --allow-dir
+            // takes URLs (a client must not reach a bucket with the
+            // server's credentials).
+            return match (key, &self.allowed) {
+                (CHECKPOINT_DIR, None) => Ok(PathBuf::from(value.trim())),
+                (CHECKPOINT_DIR, Some(_)) => Err(denied(format!(
+                    "'{value}' is an object-store URL, and this server allows checkpoints only in its allowed \
+                     directories (--allow-dir takes no URLs yet)"
+                ))),
+                _ => Err(denied(format!(
+                    "'{value}' is an object-store URL; only '{CHECKPOINT_DIR}' takes one so far"
+                ))),
+            };
+        }
         let resolved = resolve(value).map_err(denied)?;
         for r in self.reserved.iter() {
             // Checkpoints and savepoints may go where Weir keeps them by
@@ -188,13 +204,22 @@ impl PathPolicy {
         for (key, value) in values {
             let is_path = specs
                 .iter()
-                .any(|s| s.key.eq_ignore_ascii_case(key) && matches!(s.kind, OptionKind::Path));
+                .any(|s| s.key.eq_ignore_ascii_case(key) && matches!(s.kind, OptionKind::Path | OptionKind::Location));
             if is_path {
                 self.check(key, value)?;
             }
         }
         Ok(())
     }
+}
+
+/// URL schemes of object stores (`s3://bucket/prefix`, `gs://`, `az://`,
+/// `abfs://`); `file://` is a local path.
+pub fn is_object_url(value: &str) -> bool {
+    let lower = value.trim().to_ascii_lowercase();
+    ["s3://", "s3a://", "gs://", "az://", "azure://", "abfs://", "abfss://"]
+        .iter()
+        .any(|s| lower.starts_with(s))
 }
 
 /// A path option's value as the path Weir opens: trimmed, a `file://`
@@ -276,6 +301,29 @@ pub fn resolve(value: &str) -> Result<PathBuf, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only the checkpoint directory takes an object-store URL, and only
+    /// where paths are not restricted: a server's client cannot reach a
+    /// bucket with the server's credentials.
+    #[test]
+    fn object_store_urls_are_checkpoint_dirs_of_unrestricted_jobs_only() {
+        let url = "s3://bucket/checkpoints";
+        assert_eq!(
+            PathPolicy::unrestricted().check(CHECKPOINT_DIR, url).expect("allowed"),
+            PathBuf::from(url)
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let restricted = PathPolicy::allow(&[dir.path().to_path_buf()]).expect("policy");
+        let e = restricted.check(CHECKPOINT_DIR, url).expect_err("a bucket");
+        assert!(
+            e.to_string().contains(CHECKPOINT_DIR) && e.to_string().contains("--allow-dir"),
+            "{e}"
+        );
+        let e = PathPolicy::unrestricted()
+            .check(SAVEPOINT_DIR, "gs://bucket/sp")
+            .expect_err("not yet");
+        assert!(e.to_string().contains("only"), "{e}");
+    }
 
     #[test]
     fn resolves_traversal_through_missing_directories() {

@@ -47,6 +47,7 @@ fn start_coordinator(
     let log = Arc::new(CheckpointLog::default());
     let coordinator = CheckpointCoordinator {
         config: CheckpointConfig {
+            store: None,
             interval: Duration::from_millis(1),
             timeout,
             min_pause: Duration::ZERO,

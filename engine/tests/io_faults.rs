@@ -100,6 +100,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
     let log = Arc::new(CheckpointLog::default());
     let coordinator = CheckpointCoordinator {
         config: CheckpointConfig {
+            store: None,
             interval: Duration::from_millis(1),
             timeout: Duration::from_secs(60),
             min_pause: Duration::ZERO,

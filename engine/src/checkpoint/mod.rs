@@ -58,14 +58,27 @@ pub struct CheckpointConfig {
     pub min_pause: Duration,
     pub tolerable_failed: u32,
     pub num_retained: usize,
-    /// `<execution.checkpointing.dir>/<job>`.
+    /// `<execution.checkpointing.dir>/<job>` (a URL when on an object
+    /// store).
     pub root: PathBuf,
+    /// The object store `root` is on (`None`: a local directory).
+    pub store: Option<std::sync::Arc<dyn store::CheckpointStore>>,
     pub mode: CheckpointMode,
     pub incremental: bool,
     /// Unaligned checkpoints (exactly-once only).
     pub unaligned: bool,
     /// With `unaligned`: align first, go unaligned after this (0: never align).
     pub aligned_timeout: Duration,
+}
+
+impl CheckpointConfig {
+    /// The job's checkpoint storage, on the local disk or the object store.
+    pub fn storage(&self) -> CheckpointStorage {
+        match &self.store {
+            Some(store) => CheckpointStorage::on(store.clone(), self.root.clone()),
+            None => CheckpointStorage::new(self.root.clone()),
+        }
+    }
 }
 
 /// What an operator's synchronous snapshot produced.

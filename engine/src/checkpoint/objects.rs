@@ -39,7 +39,93 @@ pub struct ObjectCheckpointStore {
     prefix: Key,
     /// How the prefix is written in messages (`s3://bucket/jobs/q5`).
     base: String,
-    runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// The runtime object-store requests run on (one per process, two
+/// threads: requests are I/O).
+fn runtime() -> Result<&'static tokio::runtime::Runtime, CheckpointError> {
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("weir-object-store")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| CheckpointError::Internal(format!("cannot start the object-store runtime: {e}")))
+}
+
+pub use crate::paths::is_object_url;
+
+/// How to reach an S3 endpoint (Flink's `s3.*` options); what is not set
+/// comes from the standard `AWS_*` environment variables and credential
+/// chain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Settings {
+    /// `s3.endpoint`: an S3-compatible server (`http://` allows plain
+    /// HTTP).
+    pub endpoint: Option<String>,
+    pub access_key: Option<String>,
+    pub secret_key: Option<String>,
+    pub region: Option<String>,
+    /// `s3.path.style.access`: bucket in the path, not the host name.
+    pub path_style: Option<bool>,
+}
+
+/// The store of the object-store URL `url` (see [`is_object_url`]):
+/// `s3://bucket/prefix` with `s3`, `gs://bucket/prefix` and
+/// `az://container/prefix` with the environment's credentials. An error
+/// says what is wrong with the URL or the settings.
+pub fn open_url(url: &str, s3: &S3Settings) -> Result<ObjectCheckpointStore, String> {
+    let url = url.trim().trim_end_matches('/');
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("'{url}' is not a URL"))?;
+    let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if host.is_empty() {
+        return Err(format!("'{url}' names no bucket"));
+    }
+    let bucket_url = format!("{scheme}://{host}");
+    let store: Arc<dyn ObjectStore> = match scheme.to_ascii_lowercase().as_str() {
+        "s3" | "s3a" => {
+            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(bucket_url);
+            if let Some(e) = &s3.endpoint {
+                b = b
+                    .with_endpoint(e)
+                    .with_allow_http(e.to_ascii_lowercase().starts_with("http://"));
+            }
+            if let Some(k) = &s3.access_key {
+                b = b.with_access_key_id(k);
+            }
+            if let Some(k) = &s3.secret_key {
+                b = b.with_secret_access_key(k);
+            }
+            if let Some(r) = &s3.region {
+                b = b.with_region(r);
+            } else if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+                b = b.with_region("us-east-1");
+            }
+            if let Some(p) = s3.path_style {
+                b = b.with_virtual_hosted_style_request(!p);
+            }
+            Arc::new(b.build().map_err(|e| format!("'{url}': {e}"))?)
+        }
+        "gs" => Arc::new(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(bucket_url)
+                .build()
+                .map_err(|e| format!("'{url}': {e}"))?,
+        ),
+        "az" | "azure" | "abfs" | "abfss" => Arc::new(
+            object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(bucket_url)
+                .build()
+                .map_err(|e| format!("'{url}': {e}"))?,
+        ),
+        other => return Err(format!("'{url}': '{other}://' is not an object store Weir can use")),
+    };
+    Ok(ObjectCheckpointStore::new(store, prefix, url))
 }
 
 impl std::fmt::Debug for ObjectCheckpointStore {
@@ -61,22 +147,22 @@ fn failed(path: PathBuf, e: object_store::Error) -> CheckpointError {
 
 impl ObjectCheckpointStore {
     /// The store's objects below `prefix`; `base` names them in messages.
-    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, base: &str) -> Result<Self, CheckpointError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("weir-object-store")
-            .enable_all()
-            .build()
-            .map_err(|source| CheckpointError::Io {
-                path: PathBuf::from(base),
-                source,
-            })?;
-        Ok(Self {
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, base: &str) -> Self {
+        Self {
             store,
             prefix: Key::from(prefix.trim_matches('/')),
             base: base.trim_end_matches('/').to_string(),
-            runtime: Arc::new(runtime),
-        })
+        }
+    }
+
+    /// The same store below `rel` (a job's directory below the
+    /// checkpoint root).
+    pub fn below(&self, rel: &str) -> Self {
+        Self {
+            store: self.store.clone(),
+            prefix: self.key(rel),
+            base: format!("{}/{}", self.base, rel.trim_matches('/')),
+        }
     }
 
     fn key(&self, rel: &str) -> Key {
@@ -94,7 +180,7 @@ impl ObjectCheckpointStore {
         fut: impl std::future::Future<Output = T> + Send + 'static,
     ) -> Result<T, CheckpointError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
+        runtime()?.spawn(async move {
             let _ = tx.send(fut.await);
         });
         rx.recv()
@@ -376,7 +462,7 @@ mod tests {
 
     fn in_memory() -> ObjectCheckpointStore {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        ObjectCheckpointStore::new(store, "jobs/q5", "memory://jobs/q5").expect("store")
+        ObjectCheckpointStore::new(store, "jobs/q5", "memory://jobs/q5")
     }
 
     #[test]

@@ -27,18 +27,33 @@ pub const METADATA_FILE: &str = "_metadata";
 pub struct CheckpointStorage {
     root: PathBuf,
     store: Arc<dyn CheckpointStore>,
+    /// On an object store (not a local directory).
+    remote: bool,
 }
 
 impl CheckpointStorage {
     /// The checkpoints of a job below the local directory `root`.
     pub fn new(root: PathBuf) -> Self {
         let store = Arc::new(LocalStore::new(root.clone()));
-        Self { root, store }
+        Self {
+            root,
+            store,
+            remote: false,
+        }
     }
 
     /// The checkpoints of a job in `store`, whose root `root` names.
     pub fn on(store: Arc<dyn CheckpointStore>, root: PathBuf) -> Self {
-        Self { root, store }
+        Self {
+            root,
+            store,
+            remote: true,
+        }
+    }
+
+    /// Whether the checkpoints are on an object store.
+    pub fn on_object_store(&self) -> bool {
+        self.remote
     }
 
     pub fn root(&self) -> &Path {
@@ -102,6 +117,21 @@ impl CheckpointStorage {
     pub fn commit_savepoint(&self, meta: &CheckpointMetadata) -> Result<(), CheckpointError> {
         let bytes = meta.encode()?;
         self.store.publish(METADATA_FILE, &bytes)
+    }
+
+    /// How the job's last run ended (`status` beside its checkpoints), if
+    /// recorded there.
+    pub fn read_status(&self) -> Result<Option<String>, CheckpointError> {
+        match self.store.get("status") {
+            Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+            Err(CheckpointError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records how the job's run stands (see [`Self::read_status`]).
+    pub fn write_status(&self, status: &str) -> Result<(), CheckpointError> {
+        self.store.put("status", status.as_bytes())
     }
 
     /// Ids of every `chk-N` directory, complete or not, ascending.

@@ -145,17 +145,22 @@ pub struct JobHandle {
 /// `execution.checkpointing.externalized-checkpoint-retention` of a job.
 #[derive(Debug, Clone)]
 struct Retention {
-    root: Option<PathBuf>,
+    storage: Option<CheckpointStorage>,
     retain: bool,
 }
 
 impl Retention {
+    /// The checkpoint storage when it is on an object store (where the
+    /// run status is kept too).
+    fn remote(&self) -> Option<&CheckpointStorage> {
+        self.storage.as_ref().filter(|s| s.on_object_store())
+    }
+
     /// The job was stopped or cancelled: its checkpoints go, or are moved
     /// aside (`retained-<ms>/` below the job's checkpoint directory, where
     /// no later run's cleanup reaches) to be restored by path.
     fn apply(&self, job: &str) {
-        let Some(root) = &self.root else { return };
-        let storage = CheckpointStorage::new(root.clone());
+        let Some(storage) = &self.storage else { return };
         if !self.retain {
             if let Err(e) = storage.clear() {
                 tracing::warn!(target: "weir::checkpoint", "job '{job}': could not delete its checkpoints: {e}");
@@ -309,7 +314,7 @@ impl JobHandle {
             // Aborted: it resumes from that checkpoint next time.
             Err(e) if e.is_cancelled() => {
                 self.metrics.lifecycle.set(JobState::Suspended);
-                RunStatus::Suspended.write(&self.job_dir)?;
+                RunStatus::Suspended.write(&self.job_dir, self.retention.remote())?;
                 Ok(())
             }
             // It ended on its own just before: that ending stands.
@@ -332,7 +337,7 @@ impl JobHandle {
             let _ = (&mut self.done).await;
         }
         if self.checkpointing {
-            RunStatus::Canceled.write(&self.job_dir)?;
+            RunStatus::Canceled.write(&self.job_dir, self.retention.remote())?;
             self.retention.apply(&self.name);
         }
         Ok(())
@@ -411,19 +416,39 @@ impl RunStatus {
         }
     }
 
-    pub fn read(job_dir: &Path) -> Option<RunStatus> {
-        let text = std::fs::read_to_string(job_dir.join("status")).ok()?;
-        Some(match text.trim() {
+    fn parse(text: &str) -> RunStatus {
+        match text.trim() {
             "RUNNING" => RunStatus::Running,
             "FINISHED" => RunStatus::Finished,
             "STOPPED" => RunStatus::Stopped,
             "SUSPENDED" => RunStatus::Suspended,
             "CANCELED" => RunStatus::Canceled,
             _ => RunStatus::Failed,
-        })
+        }
     }
 
-    fn write(&self, job_dir: &Path) -> Result<()> {
+    /// How the job's last run ended: beside its checkpoints when they
+    /// are on an object store (a new machine finds it there; an error
+    /// reading it is an error, not "no run"), else in its job directory.
+    pub fn read(job_dir: &Path, remote: Option<&CheckpointStorage>) -> Result<Option<RunStatus>> {
+        if let Some(storage) = remote {
+            return Ok(storage.read_status()?.map(|t| Self::parse(&t)));
+        }
+        Ok(std::fs::read_to_string(job_dir.join("status"))
+            .ok()
+            .map(|t| Self::parse(&t)))
+    }
+
+    /// Records the status in the job directory, and beside the
+    /// checkpoints when they are on an object store.
+    fn write(&self, job_dir: &Path, remote: Option<&CheckpointStorage>) -> Result<()> {
+        if let Some(storage) = remote {
+            storage.write_status(self.as_str())?;
+        }
+        self.write_local(job_dir)
+    }
+
+    fn write_local(&self, job_dir: &Path) -> Result<()> {
         let io = |source| {
             ExecError::from(CheckpointError::Io {
                 path: job_dir.join("status"),
@@ -438,6 +463,16 @@ impl RunStatus {
     }
 }
 
+/// The storage of a job's checkpoints when it is an object store, where
+/// its run status is kept too.
+fn status_storage(config: &JobConfig) -> Option<CheckpointStorage> {
+    config
+        .checkpointing
+        .as_ref()
+        .filter(|c| c.store.is_some())
+        .map(|c| c.storage())
+}
+
 /// Where the first attempt starts: an explicit
 /// `execution.state-recovery.path` (a savepoint or a checkpoint), or the
 /// latest checkpoint of a run that died, or nothing (and then old
@@ -450,8 +485,8 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<Res
     let Some(cp) = &config.checkpointing else {
         return Ok(None);
     };
-    let storage = CheckpointStorage::new(cp.root.clone());
-    match RunStatus::read(&config.job_dir) {
+    let storage = cp.storage();
+    match RunStatus::read(&config.job_dir, status_storage(config).as_ref())? {
         Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
             Ok(restore_latest(&storage, &check, &config.job_dir)?)
         }
@@ -518,7 +553,7 @@ pub fn deploy(
         );
     }
     if config.checkpointing.is_some() {
-        RunStatus::Running.write(&config.job_dir)?;
+        RunStatus::Running.write(&config.job_dir, status_storage(&config).as_ref())?;
     }
     let name = config.name.clone();
     let metrics = build_metrics(&graph, &config, checkpoint_log);
@@ -529,7 +564,7 @@ pub fn deploy(
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoint_queue: SavepointQueue = Arc::new(tokio::sync::Mutex::new(savepoint_rx));
     let retention = Retention {
-        root: config.checkpointing.as_ref().map(|c| c.root.clone()),
+        storage: config.checkpointing.as_ref().map(|c| c.storage()),
         retain: config.retain_checkpoints,
     };
     let savepoint_dir = config.savepoint_dir.clone();
@@ -567,7 +602,7 @@ pub fn deploy(
                         (RunStatus::Finished, JobState::Finished)
                     };
                     if config.checkpointing.is_some() {
-                        status.write(&config.job_dir)?;
+                        status.write(&config.job_dir, status_storage(&config).as_ref())?;
                         if status == RunStatus::Stopped {
                             end_retention.apply(&config.name);
                         }
@@ -592,7 +627,7 @@ pub fn deploy(
                 job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
                 if config.checkpointing.is_some() {
                     // Checkpoints stay: the next run of this job resumes.
-                    let _ = RunStatus::Failed.write(&config.job_dir);
+                    let _ = RunStatus::Failed.write(&config.job_dir, status_storage(&config).as_ref());
                 }
                 return Err(err);
             };
@@ -610,7 +645,7 @@ pub fn deploy(
             tokio::time::sleep(delay).await;
             job_metrics.lifecycle.set(JobState::Running);
             if let Some(cp) = &config.checkpointing {
-                let storage = CheckpointStorage::new(cp.root.clone());
+                let storage = cp.storage();
                 let graph = graph.clone();
                 let cfg = config.clone();
                 restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
@@ -964,7 +999,7 @@ async fn run_attempt(
     if let Some(cp) = &config.checkpointing {
         let coordinator = CheckpointCoordinator {
             config: cp.clone(),
-            storage: CheckpointStorage::new(cp.root.clone()),
+            storage: cp.storage(),
             job: config.name.clone(),
             fingerprint: graph.fingerprint(),
             tasks: task_count,
