@@ -776,6 +776,87 @@ impl Operator for GroupAggregateOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operators::testing::feed_pretty;
+    use crate::plan::{AggCall, AggFunc};
+    use crate::state::HeapBackend;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_expr::expressions::Column;
+
+    fn input() -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+        ]))
+    }
+
+    /// `SELECT k, COUNT(*), SUM(v), MAX(v), COUNT(DISTINCT v) GROUP BY k`
+    /// over an updating input.
+    fn group_by_k() -> GroupAggregateOperator {
+        let v = || -> Option<Arc<dyn PhysicalExpr>> { Some(Arc::new(Column::new("v", 1))) };
+        let call = |func, arg, distinct| AggCall {
+            func,
+            arg,
+            distinct,
+            filter: None,
+            input_type: DataType::Int64,
+            output_type: DataType::Int64,
+            separator: None,
+            ignore_nulls: false,
+        };
+        let node = GroupAggregateNode {
+            keys: vec![Arc::new(Column::new("k", 0))],
+            aggregates: vec![
+                call(AggFunc::Count, None, false),
+                call(AggFunc::Sum, v(), false),
+                call(AggFunc::Max, v(), false),
+                call(AggFunc::Count, v(), true),
+            ],
+            state_ttl: None,
+        };
+        let out = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, true),
+            Field::new("c", DataType::Int64, false),
+            Field::new("s", DataType::Int64, true),
+            Field::new("m", DataType::Int64, true),
+            Field::new("d", DataType::Int64, false),
+        ]));
+        let state = KeyedState::new(Box::new(HeapBackend::new(STATES.len())), STATES, 0..128, 128);
+        let metrics = Arc::new(NodeMetrics::new("group".into()));
+        GroupAggregateOperator::new(&node, &input(), out, state, metrics, false).expect("operator")
+    }
+
+    /// Each change of a key retracts its last result and emits the new
+    /// one (Flink's `-U`/`+U`); a MAX whose extreme is retracted falls back
+    /// to the next value; the last row gone deletes the key's result.
+    #[test]
+    fn changes_update_and_retract_each_keys_result() {
+        let mut g = group_by_k();
+        let s = input();
+        assert_eq!(feed_pretty(&mut g, 0, &s, "+I a 1"), ["+I[a, 1, 1, 1, 1]"]);
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I a 3"),
+            ["-U[a, 1, 1, 1, 1]", "+U[a, 2, 4, 3, 2]"]
+        );
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I a 3"),
+            ["-U[a, 2, 4, 3, 2]", "+U[a, 3, 7, 3, 2]"]
+        );
+        assert_eq!(feed_pretty(&mut g, 0, &s, "+I b ."), ["+I[b, 1, null, null, 0]"]);
+        // One 3 goes: the other keeps MAX and the distinct count.
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "-D a 3"),
+            ["-U[a, 3, 7, 3, 2]", "+U[a, 2, 4, 3, 2]"]
+        );
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "-U a 3"),
+            ["-U[a, 2, 4, 3, 2]", "+U[a, 1, 1, 1, 1]"]
+        );
+        assert_eq!(feed_pretty(&mut g, 0, &s, "-D a 1"), ["-D[a, 1, 1, 1, 1]"]);
+        assert_eq!(g.state.size_bytes(), g.state.counted_bytes().expect("count"));
+        assert_eq!(feed_pretty(&mut g, 0, &s, "-D b ."), ["-D[b, 1, null, null, 0]"]);
+        assert_eq!(g.state.size_bytes(), 0, "every key's state is gone");
+        assert_eq!(g.state.counted_bytes().expect("count"), 0);
+    }
 
     #[test]
     fn distinct_entries_over_insert_only_input_hold_presence_bits() {
