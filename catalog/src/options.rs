@@ -48,13 +48,8 @@ impl OptionKind {
 
     /// Checks `value` against the kind, returning a message on failure.
     pub fn check(&self, value: &str) -> Result<(), String> {
-        let object_store = |s: &str| {
-            ["s3", "s3a", "gs", "az", "azure", "abfs", "abfss"]
-                .iter()
-                .any(|o| o.eq_ignore_ascii_case(s))
-        };
         if let Some(scheme) = foreign_scheme(value)
-            && (matches!(self, OptionKind::Path) || (matches!(self, OptionKind::Location) && !object_store(scheme)))
+            && (matches!(self, OptionKind::Path) || (matches!(self, OptionKind::Location) && !is_object_store(scheme)))
         {
             // Never a local directory named `s3:`: a path of a scheme Weir
             // cannot open is refused, not taken literally.
@@ -78,6 +73,14 @@ impl OptionKind {
             Err(format!("invalid value '{value}', expected {}", self.describe()))
         }
     }
+}
+
+/// Schemes of the object stores a [`OptionKind::Location`] may name.
+pub const OBJECT_STORE_SCHEMES: &[&str] = &["s3", "s3a", "gs", "az", "azure", "abfs", "abfss"];
+
+/// Whether `scheme` (case-insensitive) is one of [`OBJECT_STORE_SCHEMES`].
+pub fn is_object_store(scheme: &str) -> bool {
+    OBJECT_STORE_SCHEMES.iter().any(|o| o.eq_ignore_ascii_case(scheme))
 }
 
 /// The scheme of a URL-like path value other than `file` (`s3` of

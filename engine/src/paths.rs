@@ -216,10 +216,7 @@ impl PathPolicy {
 /// URL schemes of object stores (`s3://bucket/prefix`, `gs://`, `az://`,
 /// `abfs://`); `file://` is a local path.
 pub fn is_object_url(value: &str) -> bool {
-    let lower = value.trim().to_ascii_lowercase();
-    ["s3://", "s3a://", "gs://", "az://", "azure://", "abfs://", "abfss://"]
-        .iter()
-        .any(|s| lower.starts_with(s))
+    weir_catalog::options::foreign_scheme(value).is_some_and(weir_catalog::options::is_object_store)
 }
 
 /// A path option's value as the path Weir opens: trimmed, a `file://`

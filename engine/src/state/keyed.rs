@@ -487,6 +487,7 @@ impl KeyedState {
 
     /// The state's size counted entry by entry, as
     /// [`KeyedState::size_bytes`] keeps it (tests check one by the other).
+    #[cfg(test)]
     pub fn counted_bytes(&mut self) -> Result<i64, StateError> {
         self.flush()?;
         let (start, end) = (vec![], vec![0xff; 3]);
