@@ -22,13 +22,12 @@ pub const ALIGNMENT_SPREAD_ALERT: &str = "pipeline.watermark-alignment.spread-al
 pub const ALIGNMENT_STATE_BUDGET: &str = "pipeline.watermark-alignment.state-budget";
 pub const CHECKPOINT_INTERVAL: &str = "execution.checkpointing.interval";
 pub const CHECKPOINT_TIMEOUT: &str = "execution.checkpointing.timeout";
-pub use crate::paths::{CHECKPOINT_DIR, RECOVERY_PATH, SAVEPOINT_DIR};
+pub use crate::paths::{CHECKPOINT_DIR, RECOVERY_PATH, S3_ENDPOINT, SAVEPOINT_DIR};
 pub const CHECKPOINT_MIN_PAUSE: &str = "execution.checkpointing.min-pause";
 pub const CHECKPOINT_MAX_CONCURRENT: &str = "execution.checkpointing.max-concurrent-checkpoints";
 pub const CHECKPOINT_TOLERABLE: &str = "execution.checkpointing.tolerable-failed-checkpoints";
 pub const CHECKPOINT_RETAINED: &str = "execution.checkpointing.num-retained";
 pub const CHECKPOINT_MODE: &str = "execution.checkpointing.mode";
-pub const S3_ENDPOINT: &str = "s3.endpoint";
 pub const S3_ACCESS_KEY: &str = "s3.access-key";
 pub const S3_SECRET_KEY: &str = "s3.secret-key";
 pub const S3_REGION: &str = "s3.region";

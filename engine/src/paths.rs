@@ -25,6 +25,8 @@ use weir_catalog::{OptionKind, OptionSpec};
 /// savepoints, a restore): `config` reads them, the policy lets them
 /// under the data directory.
 pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
+/// Where `s3://` locations are served (see `config.rs`).
+pub const S3_ENDPOINT: &str = "s3.endpoint";
 pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
 pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 
@@ -202,6 +204,16 @@ impl PathPolicy {
             return Ok(());
         }
         for (key, value) in values {
+            // An endpoint is where the server would connect, with its own
+            // credentials: a client of a restricting server names none.
+            if key.eq_ignore_ascii_case(S3_ENDPOINT) {
+                return Err(PathDenied {
+                    key: key.clone(),
+                    reason: format!(
+                        "'{value}': this server connects only to the object stores its administrator configured"
+                    ),
+                });
+            }
             let is_path = specs
                 .iter()
                 .any(|s| s.key.eq_ignore_ascii_case(key) && matches!(s.kind, OptionKind::Path | OptionKind::Location));
@@ -316,6 +328,11 @@ mod tests {
             e.to_string().contains(CHECKPOINT_DIR) && e.to_string().contains("--allow-dir"),
             "{e}"
         );
+        let endpoint: BTreeMap<String, String> =
+            [(S3_ENDPOINT.to_string(), "http://169.254.169.254".to_string())].into();
+        let e = restricted.check_options(&endpoint, &[]).expect_err("an endpoint");
+        assert!(e.to_string().contains(S3_ENDPOINT), "{e}");
+        assert!(PathPolicy::unrestricted().check_options(&endpoint, &[]).is_ok());
         let e = PathPolicy::unrestricted()
             .check(SAVEPOINT_DIR, "gs://bucket/sp")
             .expect_err("not yet");
