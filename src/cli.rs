@@ -38,7 +38,10 @@ pub struct Args {
     pub user: String,
 
     /// Only files inside these directories (and the data dir) may be named
-    /// by SQL: table paths, checkpoint and recovery paths. Repeatable.
+    /// by SQL: table paths, checkpoint and recovery paths. Repeatable. An
+    /// object-store URL (`s3://bucket/prefix`) allows checkpoints,
+    /// savepoints and restores below it, reached with the server's own S3
+    /// settings (the `AWS_*` environment).
     /// `weir serve` allows only the data dir unless given; the shell and
     /// `weir run` are unrestricted unless given.
     #[arg(long = "allow-dir", global = true)]

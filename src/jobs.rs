@@ -234,6 +234,15 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
     }
     if let Some((id, path)) = m.checkpoints.restored_from.lock().ok().and_then(|r| r.clone()) {
         rows.push(("restored_from".into(), format!("checkpoint {id} ({path})")));
+        // Verifying and laying out (downloading) the files, then opening
+        // every operator's state.
+        let layout = m
+            .checkpoints
+            .restore_layout_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if layout > 0 {
+            rows.push(("restore_layout_ms".into(), layout.to_string()));
+        }
         let ms = m.checkpoints.restore_open_ms.load(std::sync::atomic::Ordering::Relaxed);
         if ms > 0 {
             rows.push(("restore_open_ms".into(), ms.to_string()));

@@ -639,7 +639,10 @@ impl Session {
             .map(|l| l.clone())
             .unwrap_or_default();
         if let Ok(config) = JobConfig::from_settings(&job.record.settings, &job.record.name, &self.shared.data_dir) {
-            for s in weir_engine::checkpoint::savepoint::list(&config.savepoint_dir) {
+            let listed = weir_engine::checkpoint::objects::storage_at(&config.savepoint_dir, &config.s3)
+                .map(|root| weir_engine::checkpoint::savepoint::list(&root))
+                .unwrap_or_default();
+            for s in listed {
                 if !list.iter().any(|x| x.path == s.path) {
                     list.push(s);
                 }

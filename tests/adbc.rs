@@ -106,6 +106,72 @@ fn adbc_user_cannot_load_code_or_open_files_through_client_properties() {
     );
 }
 
+/// A server given `--allow-dir s3://weir/allowed` and, in its
+/// environment, the S3 server's endpoint and keys: a DB-API client is
+/// refused checkpoints, savepoints and restores elsewhere in the bucket
+/// (or through `..`) and an endpoint of its own; a job of its own
+/// checkpoints below the allowed location and writes every row once.
+#[test]
+fn adbc_user_checkpoints_only_below_the_allowed_object_store_location() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("s3")).expect("s3 dir");
+    let s3 = common::s3_server(&dir.path().join("s3"));
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir(&allowed).expect("allowed dir");
+    let (_server, port) = common::serve_with_env(
+        &dir.path().join("data"),
+        &[
+            "--allow-dir",
+            &allowed.display().to_string(),
+            "--allow-dir",
+            "s3://weir/allowed",
+        ],
+        &[
+            ("AWS_ENDPOINT", &s3.endpoint),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", &s3.access_key),
+            ("AWS_SECRET_ACCESS_KEY", &s3.secret_key),
+        ],
+    );
+    let sink = allowed.join("out");
+    let out = run_script(
+        "weir_adbc_object_store.py",
+        &[
+            &format!("grpc://127.0.0.1:{port}"),
+            "s3://weir/allowed",
+            "s3://weir/elsewhere",
+            &sink.display().to_string(),
+        ],
+    );
+    assert!(
+        out.contains("adbc object store: 2 passed, 0 failed"),
+        "every step ran:\n{out}"
+    );
+    let rows = common::committed_lines(&sink);
+    let mut ids: Vec<u64> = rows.iter().filter_map(|l| l.trim().parse().ok()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=3000).collect::<Vec<u64>>(), "every row once");
+    // Every object the job wrote is below the allowed location.
+    let client = s3.client();
+    let keys: Vec<String> = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            use futures::TryStreamExt;
+            object_store::ObjectStore::list(&client, None)
+                .map_ok(|m| m.location.to_string())
+                .try_collect()
+                .await
+                .expect("list")
+        });
+    assert!(
+        keys.iter().any(|k| k.starts_with("allowed/checkpoints/on-s3/log/")),
+        "the job's checkpoint log is on the store: {keys:?}"
+    );
+    assert!(keys.iter().all(|k| k.starts_with("allowed/")), "{keys:?}");
+}
+
 /// Runs `tests/adbc/SCRIPT` with the venv's python (deadline 180 s for a
 /// hung driver; the scripts have their own); its stdout, after checking
 /// it exited 0.

@@ -250,6 +250,8 @@ const FAILPOINTS: &[&str] = &[
     "checkpoint.before_metadata_write",
     "checkpoint.before_metadata_rename",
     "checkpoint.after_metadata_rename",
+    // The metadata is written, the log does not record it yet.
+    "checkpoint.before_publish",
     "coordinator.before_commit",
     "coordinator.after_commit",
     "sink.pre_committed",
@@ -1013,4 +1015,210 @@ SET 's3.path.style.access' = 'true';",
         last.stderr
     );
     assert_same_output(expected, &ws, "checkpoints on S3, local dir wiped");
+}
+
+/// Two copies of one job on one checkpoint store (a zombie left behind by
+/// a partition, or a job started twice): the second claims a newer
+/// generation and restores from the first's latest checkpoint; the first
+/// can publish nothing after that and stops with an error naming both
+/// generations; the output is that of one failure-free run, with no
+/// unfinished file of either left behind.
+#[test]
+fn a_second_copy_of_a_job_fences_the_first_and_the_output_is_exactly_once() {
+    let expected = golden();
+    let s3_dir = tempfile::tempdir().expect("tempdir");
+    let server = common::s3_server(s3_dir.path());
+    let ws = workspace_with(&format!(
+        "SET 'execution.checkpointing.dir' = 's3://{}/checkpoints';
+SET 's3.endpoint' = '{}';
+SET 's3.access-key' = '{}';
+SET 's3.secret-key' = '{}';
+SET 's3.path.style.access' = 'true';",
+        server.bucket, server.endpoint, server.access_key, server.secret_key
+    ));
+    // Slower input: the first copy is still running when the second
+    // starts (the output does not depend on the pace).
+    let sql = std::fs::read_to_string(&ws.sql).expect("sql");
+    let slower = sql.replace("'scan.lines-per-second' = '50000'", "'scan.lines-per-second' = '20000'");
+    assert_ne!(sql, slower, "the pace option is in the job");
+    std::fs::write(&ws.sql, slower).expect("write sql");
+    let client = server.client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // The fence's log on the store, in order.
+    let records = || -> Vec<serde_json::Value> {
+        rt.block_on(async {
+            use futures::TryStreamExt;
+            use object_store::ObjectStoreExt;
+            let prefix = object_store::path::Path::from("checkpoints/crash-test/log");
+            let mut objects: Vec<object_store::ObjectMeta> = object_store::ObjectStore::list(&client, Some(&prefix))
+                .try_collect()
+                .await
+                .unwrap_or_default();
+            objects.sort_by(|a, b| a.location.cmp(&b.location));
+            let mut out = vec![];
+            for m in objects {
+                if let Ok(got) = client.get(&m.location).await
+                    && let Ok(bytes) = got.bytes().await
+                {
+                    out.push(serde_json::from_slice(&bytes).expect("a log record"));
+                }
+            }
+            out
+        })
+    };
+    let spawn_reader = |child: &mut Child| {
+        let mut pipe = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = pipe.read_to_string(&mut s);
+            s
+        })
+    };
+    let mut first = start(&ws.data, &ws.sql, None);
+    let first_err = spawn_reader(&mut first);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !records().iter().any(|r| r["kind"] == "checkpoint") {
+        assert!(
+            first.try_wait().expect("try_wait").is_none(),
+            "the first copy ended before publishing a checkpoint:\n{}",
+            first_err.join().expect("stderr")
+        );
+        assert!(Instant::now() < deadline, "no checkpoint published within 60 s");
+        // Polling the store for an event with a deadline.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second copy: another machine (its own local data directory).
+    let data_b = ws.data.with_file_name("data-b");
+    let mut second = start(&data_b, &ws.sql, None);
+    let second_err = spawn_reader(&mut second);
+    let wait = |child: &mut Child, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{what} did not end within 120 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let first_status = wait(&mut first, "the first copy");
+    let first_err = first_err.join().expect("stderr");
+    let second_status = wait(&mut second, "the second copy");
+    let second_err = second_err.join().expect("stderr");
+    assert!(second_status.success(), "the second copy failed:\n{second_err}");
+    assert!(
+        second_err.contains("restoring from checkpoint"),
+        "the second copy did not restore the first's checkpoint:\n{second_err}"
+    );
+    let generations: Vec<u64> = records()
+        .iter()
+        .filter(|r| r["kind"] == "generation")
+        .filter_map(|r| r["generation"].as_u64())
+        .collect();
+    assert_eq!(generations.len(), 2, "one claim per copy: {generations:?}");
+    let (gen_a, gen_b) = (generations[0], generations[1]);
+    assert!(
+        !first_status.success(),
+        "the replaced copy must not succeed:\n{first_err}"
+    );
+    assert!(
+        first_err.contains(&format!("taken over by generation {gen_b}"))
+            && first_err.contains(&format!("(generation {gen_a})")),
+        "the replaced copy's error names both generations:\n{first_err}"
+    );
+    // Every record after the second claim is the second copy's.
+    let log = records();
+    let claim_b = log
+        .iter()
+        .position(|r| r["kind"] == "generation" && r["generation"] == gen_b)
+        .expect("the second claim");
+    assert!(
+        log[claim_b..].iter().all(|r| r["generation"] == gen_b),
+        "the first copy wrote after the second claimed: {log:?}"
+    );
+    assert_same_output(expected, &ws, "two copies of one job");
+}
+
+/// The S3 server frozen (SIGSTOP: every request hangs) for a while in the
+/// middle of a job that checkpoints to it: the checkpoint being written
+/// expires at its timeout and fails, the job keeps running, checkpoints
+/// complete again once the server answers, and the output is exact.
+#[test]
+fn a_frozen_s3_server_fails_checkpoints_and_the_job_goes_on_exactly_once() {
+    let expected = golden();
+    let s3_dir = tempfile::tempdir().expect("tempdir");
+    let server = common::s3_server(s3_dir.path());
+    let ws = workspace_with(&format!(
+        "SET 'execution.checkpointing.dir' = 's3://{}/checkpoints';
+SET 's3.endpoint' = '{}';
+SET 's3.access-key' = '{}';
+SET 's3.secret-key' = '{}';
+SET 's3.path.style.access' = 'true';
+SET 'execution.checkpointing.timeout' = '1 s';
+SET 'execution.checkpointing.tolerable-failed-checkpoints' = '1000';",
+        server.bucket, server.endpoint, server.access_key, server.secret_key
+    ));
+    let sql = std::fs::read_to_string(&ws.sql).expect("sql");
+    let slower = sql.replace("'scan.lines-per-second' = '50000'", "'scan.lines-per-second' = '20000'");
+    assert_ne!(sql, slower, "the pace option is in the job");
+    std::fs::write(&ws.sql, slower).expect("write sql");
+    let mut child = start(&ws.data, &ws.sql, None);
+    let pipe = child.stderr.take().expect("stderr");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |what: &str, pred: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    seen.push_str(&line);
+                    seen.push('\n');
+                    if pred(&line) {
+                        return;
+                    }
+                }
+                Err(_) => panic!("no {what} within 60 s:\n{seen}"),
+            }
+        }
+    };
+    let completed = |l: &str| l.contains("checkpoint") && l.contains("completed") && !l.contains("final");
+    wait_for("completed checkpoint", &completed);
+    let pid = server.process.0.id().to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // Whichever step meets the frozen server first (claiming the id,
+    // uploading, publishing) fails the checkpoint at its timeout.
+    wait_for("failed checkpoint while the server is frozen", &|l: &str| {
+        l.contains("aborted") && (l.contains("expired") || l.contains("no answer within"))
+    });
+    signal("-CONT");
+    wait_for("completed checkpoint after the server came back", &completed);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the job did not end within 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = reader.join();
+    let rest: String = lines.try_iter().map(|l| l + "\n").collect();
+    assert!(status.success(), "the job failed:\n{seen}{rest}");
+    assert_same_output(expected, &ws, "S3 server frozen mid-job");
 }

@@ -337,8 +337,8 @@ fn first_line_with<'a>(log: &'a str, needle: &str) -> &'a str {
     log.lines().find(|l| l.contains(needle)).unwrap_or_default()
 }
 
-/// What a failed checkpoint must leave: nothing in `chk-id/` (the empty
-/// directory keeps the id used) and none of its shared files; and every
+/// What a failed checkpoint must leave: nothing but its `_claim` in
+/// `chk-id/` (which keeps the id used) and none of its shared files; and every
 /// complete checkpoint names only whole files.
 fn assert_nothing_left_of(root: &Path, id: u64) {
     let chk = root.join(format!("chk-{id}"));
@@ -347,6 +347,7 @@ fn assert_nothing_left_of(root: &Path, id: u64) {
         .flatten()
         .flatten()
         .map(|e| e.file_name())
+        .filter(|n| n != "_claim")
         .collect();
     assert!(
         left.is_empty(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use weir_engine::checkpoint::metadata::{CheckpointMetadata, FORMAT_VERSION, OperatorState};
 use weir_engine::checkpoint::objects::ObjectCheckpointStore;
 use weir_engine::checkpoint::store::{CheckpointStore, Created};
-use weir_engine::checkpoint::{CheckpointError, CheckpointStorage};
+use weir_engine::checkpoint::{CheckpointError, CheckpointStorage, Fence};
 
 fn s3(server: &common::S3Server, prefix: &str) -> ObjectCheckpointStore {
     let base = format!("s3://{}/{prefix}", server.bucket);
@@ -49,7 +49,8 @@ fn checkpoints_live_on_an_s3_server() {
 
     // Checkpoint 1: a 12 MiB SST (uploaded in parts), a small one and a
     // private file, then its metadata.
-    storage.reserve(1).expect("reserve");
+    let fence = Fence::claim(&storage).expect("claim a generation");
+    assert!(fence.claim_id(1).expect("claim id 1"));
     let big: Vec<u8> = (0..(12u32 << 20)).map(|i| (i % 251) as u8).collect();
     let (big_src, small_src) = (dir.path().join("big.sst"), dir.path().join("small.sst"));
     std::fs::write(&big_src, &big).expect("write");
@@ -80,6 +81,7 @@ fn checkpoints_live_on_an_s3_server() {
         ],
     );
     storage.commit_metadata(&meta).expect("commit");
+    fence.publish(1).expect("publish");
     assert_eq!(storage.complete_ids().expect("ids"), [1]);
 
     // Another client (a new machine) finds it, verifies it and downloads
@@ -106,7 +108,7 @@ fn checkpoints_live_on_an_s3_server() {
     store.put("shared/op-0-c1-000002.sst", b"small").expect("put back");
 
     // A failed attempt at 2 leaves nothing of its own and its id taken.
-    storage.reserve(2).expect("reserve");
+    assert!(fence.claim_id(2).expect("claim id 2"));
     storage
         .upload(2, &small_src, "op-0-c2-000003.sst", true)
         .expect("upload");
@@ -114,12 +116,13 @@ fn checkpoints_live_on_an_s3_server() {
     storage
         .discard_attempt(2, &["op-0-c2-000003.sst".into()])
         .expect("discard");
-    assert!(store.list("chk-2").expect("list").is_empty());
+    let left: Vec<String> = store.list("chk-2").expect("list").into_iter().map(|l| l.name).collect();
+    assert_eq!(left, ["_claim"], "only the claim of the id is left");
     assert_eq!(storage.next_id().expect("next id"), 3);
 
     // Garbage collection keeps what checkpoint 1 references.
     let stray = storage
-        .upload(3, &small_src, "op-0-c3-000004.sst", true)
+        .upload(1, &small_src, "op-0-c1-000004.sst", true)
         .expect("upload");
     storage.collect_garbage(&[&loaded]).expect("gc");
     assert_eq!(again.load(1).expect("load after gc"), meta);

@@ -867,3 +867,101 @@ async fn pinned_session_window_refuses_changed_key_types() {
         "{err}"
     );
 }
+
+/// Savepoints and checkpoints on an S3 server (SeaweedFS on loopback): the
+/// HOP job at parallelism 2 is stopped with a savepoint the store holds,
+/// its machine's local data directory is deleted, and another session
+/// (a new machine) restores it at parallelism 3 by URL: the output is the
+/// undisturbed run's, row for row. `SHOW SAVEPOINTS` lists it by URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_savepoint_on_s3_taken_at_2_restores_at_3_on_a_new_machine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = write_input(dir.path());
+    let expected = undisturbed(dir.path(), &input, "rocksdb").await;
+    std::fs::create_dir_all(dir.path().join("s3")).expect("s3 dir");
+    let s3_dir = dir.path().join("s3");
+    let server = tokio::task::spawn_blocking(move || common::s3_server(&s3_dir))
+        .await
+        .expect("S3 server");
+    let on_s3 = format!(
+        "SET 'execution.checkpointing.dir' = 's3://{b}/checkpoints';
+         SET 'execution.checkpointing.savepoint-dir' = 's3://{b}/savepoints';
+         SET 's3.endpoint' = '{}';
+         SET 's3.access-key' = '{}';
+         SET 's3.secret-key' = '{}';
+         SET 's3.path.style.access' = 'true';",
+        server.endpoint,
+        server.access_key,
+        server.secret_key,
+        b = server.bucket
+    );
+    let out = dir.path().join("out");
+    let first_machine = dir.path().join("data-a");
+    let mut session = Session::open(&first_machine).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let run = Run {
+        parallelism: 2,
+        backend: "rocksdb",
+        from: None,
+        sync: false,
+        extra: &on_s3,
+    };
+    start_query(&mut session, run, INSERT).await;
+    wait_for_checkpoints(&mut session, 1).await;
+    let text = text_of(&mut session, "STOP JOB 'golden' WITH SAVEPOINT;").await;
+    let url = text
+        .lines()
+        .map(|l| l.trim_matches(|c: char| c == '|' || c.is_whitespace()))
+        .find(|l| l.starts_with("s3://"))
+        .unwrap_or_else(|| panic!("a savepoint URL in\n{text}"))
+        .to_string();
+    assert!(url.starts_with("s3://weir/savepoints/savepoint-"), "{url}");
+    let listed = text_of(&mut session, "SHOW SAVEPOINTS FOR JOB 'golden';").await;
+    assert!(listed.contains(&url), "{listed}");
+    // The savepoint is on the store, whole.
+    let key = format!("{}/_metadata", url.trim_start_matches("s3://weir/"));
+    let client = server.client();
+    let meta = {
+        use object_store::ObjectStoreExt;
+        client
+            .get(&object_store::path::Path::from(key.as_str()))
+            .await
+            .expect("the savepoint's _metadata on the store")
+            .bytes()
+            .await
+            .expect("read")
+    };
+    assert!(meta.len() > 100);
+    let so_far = common::committed_lines(&out);
+    assert!(
+        so_far.len() < expected.len(),
+        "stopped midway ({} of {} rows)",
+        so_far.len(),
+        expected.len()
+    );
+    drop(session);
+    // A new machine: nothing of the first one's local state.
+    std::fs::remove_dir_all(&first_machine).expect("wipe the first machine");
+    let mut session = Session::open(dir.path().join("data-b")).expect("session");
+    session.execute_sql(&ddl(&input, &out)).await.expect("ddl");
+    let from = PathBuf::from(&url);
+    let run = Run {
+        parallelism: 3,
+        backend: "rocksdb",
+        from: Some(&from),
+        sync: true,
+        extra: &on_s3,
+    };
+    start_query(&mut session, run, INSERT).await;
+    assert_same_rows(
+        &common::committed_lines(&out),
+        &expected,
+        "restored from S3 at parallelism 3",
+    );
+    // How long the download and the state's opening took is reported.
+    let described = text_of(&mut session, "DESCRIBE JOB 'golden';").await;
+    assert!(
+        described.contains(&url) && described.contains("restore_layout_ms") && described.contains("restore_open_ms"),
+        "{described}"
+    );
+}

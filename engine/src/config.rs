@@ -247,8 +247,8 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(CHECKPOINT_INCREMENTAL, OptionKind::Bool, "Flink 2.x name of state.backend.incremental"),
     OptionSpec::new(
         RECOVERY_PATH,
-        OptionKind::Path,
-        "start the job from this savepoint or checkpoint directory (chk-N) instead of its latest",
+        OptionKind::Location,
+        "start the job from this savepoint or checkpoint directory (chk-N), local or an s3://, gs://, az:// URL, instead of its latest",
     ),
     OptionSpec::new(
         CLAIM_MODE,
@@ -265,8 +265,8 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("false"),
     OptionSpec::new(
         SAVEPOINT_DIR,
-        OptionKind::Path,
-        "default directory of savepoints (default: <data-dir>/savepoints/<job>)",
+        OptionKind::Location,
+        "default directory of savepoints, or an s3://, gs://, az:// URL (default: <data-dir>/savepoints/<job>)",
     ),
     OptionSpec::new(
         CHECKPOINT_RETENTION,
@@ -387,6 +387,9 @@ pub struct JobConfig {
     pub ignore_unclaimed_state: bool,
     /// Where savepoints go by default.
     pub savepoint_dir: PathBuf,
+    /// `s3.*`: how to reach S3 (and S3-compatible servers) for URLs of
+    /// checkpoints, savepoints and recovery paths.
+    pub s3: crate::checkpoint::objects::S3Settings,
     /// `RETAIN_ON_CANCELLATION`: checkpoints outlive a stop or cancel.
     pub retain_checkpoints: bool,
     /// `table.exec.window-agg.buffer-size-limit`.
@@ -473,19 +476,19 @@ impl JobConfig {
             Some("hashmap") => StateBackendKind::Heap,
             _ => StateBackendKind::RocksDb,
         };
+        let s3 = crate::checkpoint::objects::S3Settings {
+            endpoint: o.get(S3_ENDPOINT).map(str::to_string),
+            access_key: o.get(S3_ACCESS_KEY).map(str::to_string),
+            secret_key: o.get(S3_SECRET_KEY).map(str::to_string),
+            region: o.get(S3_REGION).map(str::to_string),
+            path_style: o.bool(S3_PATH_STYLE)?,
+        };
         let checkpointing = match o.duration(CHECKPOINT_INTERVAL)?.filter(|d| !d.is_zero()) {
             None => None,
             Some(interval) => {
                 let job = sanitize(&name);
                 let (root, store) = match o.get(CHECKPOINT_DIR) {
                     Some(url) if crate::paths::is_object_url(url) => {
-                        let s3 = crate::checkpoint::objects::S3Settings {
-                            endpoint: o.get(S3_ENDPOINT).map(str::to_string),
-                            access_key: o.get(S3_ACCESS_KEY).map(str::to_string),
-                            secret_key: o.get(S3_SECRET_KEY).map(str::to_string),
-                            region: o.get(S3_REGION).map(str::to_string),
-                            path_style: o.bool(S3_PATH_STYLE)?,
-                        };
                         let store = crate::checkpoint::objects::open_url(url, &s3)
                             .map_err(|e| ExecError::Config(format!("'{CHECKPOINT_DIR}': {e}")))?
                             .below(&job);
@@ -529,6 +532,7 @@ impl JobConfig {
                     num_retained: o.i64(CHECKPOINT_RETAINED)?.unwrap_or(2) as usize,
                     root,
                     store,
+                    s3: s3.clone(),
                     mode,
                     incremental,
                 })
@@ -548,25 +552,17 @@ impl JobConfig {
             checkpointing,
             restart,
             recovery_path: match o.get(RECOVERY_PATH) {
-                Some(p) if crate::paths::is_object_url(p) => {
-                    return Err(ExecError::Config(format!(
-                        "'{RECOVERY_PATH}' = '{p}': restoring from an object-store URL is not supported yet \
-                         (a job whose '{CHECKPOINT_DIR}' is on the store restores from it by itself)"
-                    )));
-                }
+                Some(p) if crate::paths::is_object_url(p) => Some(PathBuf::from(p.trim().trim_end_matches('/'))),
                 p => p.map(local_path),
             },
             claim: o.enum_value(CLAIM_MODE).as_deref() == Some("claim"),
             ignore_unclaimed_state: o.bool(IGNORE_UNCLAIMED_STATE)?.unwrap_or(false),
             savepoint_dir: match o.get(SAVEPOINT_DIR) {
-                Some(d) if crate::paths::is_object_url(d) => {
-                    return Err(ExecError::Config(format!(
-                        "'{SAVEPOINT_DIR}' = '{d}': savepoints on an object store are not supported yet"
-                    )));
-                }
+                Some(d) if crate::paths::is_object_url(d) => PathBuf::from(d.trim().trim_end_matches('/')),
                 Some(d) => local_path(d),
                 None => data_dir.join("savepoints").join(sanitize(&name)),
             },
+            s3,
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
             window_slicing: o.bool(WINDOW_SLICING)?.unwrap_or(true),

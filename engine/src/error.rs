@@ -105,4 +105,22 @@ pub enum CheckpointError {
     Internal(String),
     #[error(transparent)]
     State(#[from] StateError),
+    /// The checkpoint's time ran out while its files were being written
+    /// (the storage slow or unreachable).
+    #[error("{0}")]
+    Expired(String),
+    /// Another run of the job took over its checkpoints (see
+    /// [`crate::checkpoint::fence`]): this one must stop writing.
+    #[error(
+        "the checkpoints in {root} were taken over by generation {by} ({owner}): this run \
+         (generation {generation}) stops without publishing a checkpoint or committing its sinks \
+         (log record {seq} is not its own)"
+    )]
+    Fenced {
+        root: String,
+        generation: u64,
+        by: u64,
+        owner: String,
+        seq: u64,
+    },
 }

@@ -35,6 +35,9 @@ pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathPolicy {
     allowed: Option<Arc<[PathBuf]>>,
+    /// Object-store locations allowed (`--allow-dir s3://bucket/prefix`),
+    /// normalised by [`normalize_url`]; only with `allowed`.
+    buckets: Arc<[String]>,
     /// Weir's own state inside an allowed data dir (catalog, job state,
     /// registry, checkpoints, savepoints): no path option may point into
     /// it or above it, or a client could read the catalog or have a job's
@@ -70,10 +73,17 @@ impl PathPolicy {
         Self::default()
     }
 
-    /// Only inside `dirs` (each must exist; it is canonicalised now).
+    /// Only inside `dirs` (each local one must exist; it is canonicalised
+    /// now) and below the object-store URLs among them.
     pub fn allow(dirs: &[PathBuf]) -> Result<Self, String> {
         let mut allowed = Vec::with_capacity(dirs.len());
+        let mut buckets = vec![];
         for d in dirs {
+            let text = d.to_string_lossy();
+            if is_object_url(&text) {
+                buckets.push(normalize_url(&text).map_err(|e| format!("allowed location {text}: {e}"))?);
+                continue;
+            }
             let c = std::fs::canonicalize(d).map_err(|e| format!("allowed directory {}: {e}", d.display()))?;
             if !c.is_dir() {
                 return Err(format!("allowed directory {}: not a directory", d.display()));
@@ -82,6 +92,7 @@ impl PathPolicy {
         }
         Ok(Self {
             allowed: Some(allowed.into()),
+            buckets: buckets.into(),
             reserved: Arc::default(),
             client_plugins: false,
         })
@@ -123,8 +134,15 @@ impl PathPolicy {
     /// (a session may restrict itself further, never widen).
     pub fn narrow(&self, key: &str, dirs: &[PathBuf]) -> Result<Self, PathDenied> {
         let mut out = Vec::with_capacity(dirs.len());
+        let mut buckets = vec![];
         for d in dirs {
-            let resolved = self.check(key, &d.to_string_lossy())?;
+            let text = d.to_string_lossy();
+            if is_object_url(&text) {
+                // Allowed only below an allowed location (checked there).
+                buckets.push(self.check(CHECKPOINT_DIR, &text)?.to_string_lossy().into_owned());
+                continue;
+            }
+            let resolved = self.check(key, &text)?;
             if !resolved.is_dir() {
                 return Err(PathDenied {
                     key: key.to_string(),
@@ -135,6 +153,7 @@ impl PathPolicy {
         }
         Ok(Self {
             allowed: Some(out.into()),
+            buckets: buckets.into(),
             reserved: self.reserved.clone(),
             client_plugins: self.client_plugins,
         })
@@ -148,20 +167,35 @@ impl PathPolicy {
             reason,
         };
         if is_object_url(value) {
-            // Only the checkpoint directory takes a URL so far; a server
-            // that restricts paths allows no bucket until --allow-dir
-            // takes URLs (a client must not reach a bucket with the
-            // server's credentials).
-            return match (key, &self.allowed) {
-                (CHECKPOINT_DIR, None) => Ok(PathBuf::from(value.trim())),
-                (CHECKPOINT_DIR, Some(_)) => Err(denied(format!(
-                    "'{value}' is an object-store URL, and this server allows checkpoints only in its allowed \
-                     directories (--allow-dir takes no URLs yet)"
-                ))),
-                _ => Err(denied(format!(
-                    "'{value}' is an object-store URL; only '{CHECKPOINT_DIR}' takes one so far"
-                ))),
-            };
+            if !matches!(key, CHECKPOINT_DIR | SAVEPOINT_DIR | RECOVERY_PATH) {
+                return Err(denied(format!(
+                    "'{value}' is an object-store URL; only checkpoint and savepoint locations take one so far"
+                )));
+            }
+            if self.allowed.is_none() {
+                return Ok(PathBuf::from(value.trim()));
+            }
+            // A server's client reaches a bucket with the server's
+            // credentials: only below the locations it was given.
+            let url = normalize_url(value).map_err(denied)?;
+            let inside = self
+                .buckets
+                .iter()
+                .any(|b| url == *b || url.strip_prefix(b.as_str()).is_some_and(|rest| rest.starts_with('/')));
+            if !inside {
+                return Err(denied(if self.buckets.is_empty() {
+                    format!(
+                        "'{value}' is an object-store URL, and this server allows no object-store location \
+                         (its administrator names them with --allow-dir s3://bucket/prefix)"
+                    )
+                } else {
+                    format!(
+                        "'{value}' is not below an object-store location this server allows ({})",
+                        self.buckets.join(", ")
+                    )
+                }));
+            }
+            return Ok(PathBuf::from(url));
         }
         let resolved = resolve(value).map_err(denied)?;
         for r in self.reserved.iter() {
@@ -229,6 +263,31 @@ impl PathPolicy {
 /// `abfs://`); `file://` is a local path.
 pub fn is_object_url(value: &str) -> bool {
     weir_catalog::options::foreign_scheme(value).is_some_and(weir_catalog::options::is_object_store)
+}
+
+/// `value`, an object-store URL, in the one form a location check
+/// compares: the scheme in lower case (`s3a` as `s3`), no trailing `/`,
+/// and no segment that is empty, `.` or `..` (a store takes those as
+/// names, a reader might not), nor a query or fragment.
+pub fn normalize_url(value: &str) -> Result<String, String> {
+    let trimmed = value.trim().trim_end_matches('/');
+    let (scheme, rest) = trimmed
+        .split_once("://")
+        .ok_or_else(|| format!("'{value}' is not a URL"))?;
+    let scheme = match scheme.to_ascii_lowercase().as_str() {
+        "s3a" => "s3".to_string(),
+        s => s.to_string(),
+    };
+    if rest.contains(['?', '#', '\0', '\\']) {
+        return Err(format!(
+            "'{value}' holds a character a location may not ('?', '#', '\\' or NUL)"
+        ));
+    }
+    let segments: Vec<&str> = rest.split('/').collect();
+    if segments.iter().any(|s| s.is_empty() || *s == "." || *s == "..") {
+        return Err(format!("'{value}' has an empty, '.' or '..' segment"));
+    }
+    Ok(format!("{scheme}://{}", segments.join("/")))
 }
 
 /// A path option's value as the path Weir opens: trimmed, a `file://`
@@ -311,11 +370,12 @@ pub fn resolve(value: &str) -> Result<PathBuf, String> {
 mod tests {
     use super::*;
 
-    /// Only the checkpoint directory takes an object-store URL, and only
-    /// where paths are not restricted: a server's client cannot reach a
-    /// bucket with the server's credentials.
+    /// Checkpoint and savepoint locations take object-store URLs; where
+    /// paths are restricted, only below a location the server was given:
+    /// a server's client cannot reach a bucket with the server's
+    /// credentials.
     #[test]
-    fn object_store_urls_are_checkpoint_dirs_of_unrestricted_jobs_only() {
+    fn object_store_urls_are_checkpoint_and_savepoint_locations_below_allowed_ones() {
         let url = "s3://bucket/checkpoints";
         assert_eq!(
             PathPolicy::unrestricted().check(CHECKPOINT_DIR, url).expect("allowed"),
@@ -328,13 +388,59 @@ mod tests {
             e.to_string().contains(CHECKPOINT_DIR) && e.to_string().contains("--allow-dir"),
             "{e}"
         );
+        // Allowed locations: at or below them, in any spelling of the
+        // same location; never beside, above, or through `..`.
+        let given = PathPolicy::allow(&[dir.path().to_path_buf(), PathBuf::from("s3://bucket/jobs/")]).expect("policy");
+        for ok in [
+            "s3://bucket/jobs",
+            "s3://bucket/jobs/q5",
+            "S3://bucket/jobs/q5/",
+            "s3a://bucket/jobs/q5",
+        ] {
+            assert!(given.check(CHECKPOINT_DIR, ok).is_ok(), "{ok}");
+            assert!(given.check(SAVEPOINT_DIR, ok).is_ok(), "{ok}");
+            assert!(given.check(RECOVERY_PATH, ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "s3://bucket",
+            "s3://bucket/jobs2",
+            "s3://bucket/jobs/../other",
+            "s3://bucket/jobs//x",
+            "s3://bucket/jobs/./x",
+            "s3://other/jobs",
+            "gs://bucket/jobs",
+            "s3://bucket/jobs/x?versionId=1",
+        ] {
+            let e = given.check(CHECKPOINT_DIR, bad).expect_err(bad);
+            assert!(e.to_string().contains(CHECKPOINT_DIR), "{e}");
+        }
+        assert!(
+            given.check("path", "s3://bucket/jobs/t").is_err(),
+            "tables take no URL yet"
+        );
+        let narrowed = given
+            .narrow("weir.allowed-dirs", &[PathBuf::from("s3://bucket/jobs/team-a")])
+            .expect("narrow");
+        assert!(narrowed.check(CHECKPOINT_DIR, "s3://bucket/jobs/team-a/q1").is_ok());
+        assert!(narrowed.check(CHECKPOINT_DIR, "s3://bucket/jobs/team-b").is_err());
+        assert!(
+            given
+                .narrow("weir.allowed-dirs", &[PathBuf::from("s3://bucket/other")])
+                .is_err(),
+            "a session cannot widen"
+        );
         let endpoint: BTreeMap<String, String> =
             [(S3_ENDPOINT.to_string(), "http://169.254.169.254".to_string())].into();
         let e = restricted.check_options(&endpoint, &[]).expect_err("an endpoint");
         assert!(e.to_string().contains(S3_ENDPOINT), "{e}");
         assert!(PathPolicy::unrestricted().check_options(&endpoint, &[]).is_ok());
+        assert!(
+            PathPolicy::unrestricted()
+                .check(SAVEPOINT_DIR, "gs://bucket/sp")
+                .is_ok()
+        );
         let e = PathPolicy::unrestricted()
-            .check(SAVEPOINT_DIR, "gs://bucket/sp")
+            .check("path", "gs://bucket/t")
             .expect_err("not yet");
         assert!(e.to_string().contains("only"), "{e}");
     }

@@ -48,6 +48,7 @@ fn start_coordinator(
     let coordinator = CheckpointCoordinator {
         config: CheckpointConfig {
             store: None,
+            s3: Default::default(),
             interval: Duration::from_millis(1),
             timeout,
             min_pause: Duration::ZERO,
@@ -60,6 +61,9 @@ fn start_coordinator(
             aligned_timeout: Duration::ZERO,
         },
         storage: CheckpointStorage::new(root.to_path_buf()),
+        fence: Arc::new(
+            weir_engine::checkpoint::Fence::claim(&CheckpointStorage::new(root.to_path_buf())).expect("claim"),
+        ),
         job: "test".into(),
         fingerprint: "plan".into(),
         tasks,

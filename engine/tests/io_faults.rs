@@ -101,6 +101,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
     let coordinator = CheckpointCoordinator {
         config: CheckpointConfig {
             store: None,
+            s3: Default::default(),
             interval: Duration::from_millis(1),
             timeout: Duration::from_secs(60),
             min_pause: Duration::ZERO,
@@ -113,6 +114,9 @@ fn start(root: &Path, tolerable: u32) -> Harness {
             aligned_timeout: Duration::ZERO,
         },
         storage: CheckpointStorage::new(root.to_path_buf()),
+        fence: Arc::new(
+            weir_engine::checkpoint::Fence::claim(&CheckpointStorage::new(root.to_path_buf())).expect("claim"),
+        ),
         job: "full".into(),
         fingerprint: "plan".into(),
         tasks: 1,
@@ -165,7 +169,7 @@ impl Harness {
         tokio::time::timeout(Duration::from_secs(30), self.triggers.changed())
             .await
             .expect("a barrier before the deadline")
-            .expect("coordinator running");
+            .unwrap_or_else(|_| panic!("coordinator ended: {:?}", self.log.entries()));
         self.triggers.borrow_and_update().expect("a barrier")
     }
 
@@ -203,13 +207,13 @@ fn count_keys(db: &RocksDbBackend) -> usize {
     n
 }
 
-/// What a failed checkpoint `id` must leave: an empty `chk-id/` (the id
-/// stays used) and none of its shared files; and every complete
+/// What a failed checkpoint `id` must leave: only its `_claim` in
+/// `chk-id/` (the id stays used) and none of its shared files; and every complete
 /// checkpoint must still name only whole files.
 fn assert_nothing_left_of(root: &Path, id: u64) {
     let chk = root.join(format!("chk-{id}"));
     let left: Vec<_> = std::fs::read_dir(&chk)
-        .map(|es| es.flatten().map(|e| e.file_name()).collect())
+        .map(|es| es.flatten().map(|e| e.file_name()).filter(|n| n != "_claim").collect())
         .unwrap_or_default();
     assert!(
         left.is_empty(),
@@ -323,22 +327,29 @@ async fn checkpoints_on_a_full_disk_fail_cleanly_within_tolerance_and_resume_whe
             && err.to_string().contains("No space left on device"),
         "{err}"
     );
-    for _ in 0..2 {
-        let id = h.checkpoint(&mut db).await;
-        assert_failed_with_enospc(&h.outcome(id).await, &root);
-    }
-    let last = h.checkpoint(&mut db).await;
+    // The next checkpoint fails writing; the ones after it cannot even
+    // claim their ids (no barrier goes out), and fail too.
+    let last_written = h.checkpoint(&mut db).await;
+    let log = h.log.clone();
     let err = tokio::time::timeout(Duration::from_secs(30), h.done)
         .await
         .expect("the coordinator ends")
         .expect("join")
         .expect_err("three consecutive failures, two tolerated");
     let msg = err.to_string();
+    let entries = log.entries();
+    let last = entries.last().expect("checkpoints").id;
     assert!(
         msg.contains(&format!("checkpoint {last} failed"))
             && msg.contains("No space left on device")
+            && msg.contains("3 consecutive failures")
             && msg.contains("'execution.checkpointing.tolerable-failed-checkpoints' = 2"),
         "{msg}"
     );
+    for s in entries.iter().filter(|s| s.id >= last_written) {
+        assert_failed_with_enospc(s, &root);
+    }
+    assert_nothing_left_of(&root, last_written);
+    let last = last_written;
     assert_nothing_left_of(&root, last);
 }

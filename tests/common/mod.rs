@@ -100,12 +100,18 @@ pub fn serve(data: &std::path::Path) -> (Killed, u16) {
 /// system picks (`--listen 127.0.0.1:0`: no race with other processes for
 /// a port chosen beforehand), once it listens.
 pub fn serve_with(data: &std::path::Path, args: &[&str]) -> (Killed, u16) {
+    serve_with_env(data, args, &[])
+}
+
+/// [`serve_with`], the server's environment extended by `env`.
+pub fn serve_with_env(data: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> (Killed, u16) {
     std::fs::create_dir_all(data).expect("data dir");
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .arg("--data-dir")
         .arg(data)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -17,6 +17,14 @@ pub trait Committer: Send + Sync {
     /// Deletes in-progress and pending output not in a completed checkpoint.
     fn recover(&self) -> Result<()>;
 
+    /// Deletes the in-progress and pending output of attempt `attempt`
+    /// (its [`crate::connectors::SinkContext::attempt`]), which will never
+    /// commit: another run of the job took over its checkpoints. Only that
+    /// attempt's files: the other run's are left alone.
+    fn abandon(&self, _attempt: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// The job ended without checkpointing (its writers committed their
     /// output at end of input): commits what waits for the end (a
     /// partitioned file sink's partitions).

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::fence::Fence;
 use super::metadata::{CheckpointMetadata, FORMAT_VERSION, FileRef, OperatorInfo, OperatorState, SavepointInfo};
 use super::savepoint::{SavepointDone, SavepointHeader, SavepointRequest};
 use super::storage::CheckpointStorage;
@@ -107,6 +108,9 @@ pub struct CheckpointLog {
     /// Milliseconds the last restore took to open every operator's state
     /// (laying files out excluded); set once the restored attempt runs.
     pub restore_open_ms: std::sync::atomic::AtomicU64,
+    /// Milliseconds the last restore took to choose, verify and lay out
+    /// the snapshot's files (downloading them from an object store).
+    pub restore_layout_ms: std::sync::atomic::AtomicU64,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -199,6 +203,10 @@ pub struct CheckpointCoordinator {
     /// A snapshot restored in CLAIM mode: deleted once a checkpoint of
     /// this job completes.
     pub claimed: Option<std::path::PathBuf>,
+    /// This run's hold on the storage: every checkpoint id is claimed and
+    /// every checkpoint and savepoint published through it, before any
+    /// sink commits.
+    pub fence: Arc<Fence>,
 }
 
 struct State {
@@ -265,13 +273,22 @@ impl CheckpointCoordinator {
             let deadline = pending.as_ref().map(|p| p.deadline);
             tokio::select! {
                 _ = tokio::time::sleep_until(next_trigger), if can_trigger => {
-                    pending = Some(self.trigger(&mut st, None));
+                    pending = self.trigger(&mut st, None).await?;
+                    if pending.is_none() {
+                        next_trigger = self.after(Instant::now());
+                    }
                 }
                 _ = self.log.trigger_now.notified(), if can_trigger => {
-                    pending = Some(self.trigger(&mut st, None));
+                    pending = self.trigger(&mut st, None).await?;
+                    if pending.is_none() {
+                        next_trigger = self.after(Instant::now());
+                    }
                 }
                 Some(req) = savepoints.recv(), if can_trigger => {
-                    pending = Some(self.trigger(&mut st, Some(req)));
+                    pending = self.trigger(&mut st, Some(req)).await?;
+                    if pending.is_none() {
+                        next_trigger = self.after(Instant::now());
+                    }
                 }
                 _ = tokio::time::sleep_until(deadline.unwrap_or(next_trigger)), if deadline.is_some() => {
                     if let Some(p) = pending.take() {
@@ -351,7 +368,10 @@ impl CheckpointCoordinator {
         (triggered + self.config.interval).max(Instant::now() + self.config.min_pause)
     }
 
-    fn trigger(&self, st: &mut State, savepoint: Option<SavepointRequest>) -> Pending {
+    /// Starts checkpoint (or savepoint) `st.next_id`: claims the id, then
+    /// sends its barrier to the sources. `None` when the id could not be
+    /// claimed (the storage failing: counted as a failed checkpoint).
+    async fn trigger(&self, st: &mut State, savepoint: Option<SavepointRequest>) -> Result<Option<Pending>> {
         let kind = match &savepoint {
             Some(r) => BarrierKind::Savepoint {
                 stop: r.stop,
@@ -359,17 +379,53 @@ impl CheckpointCoordinator {
             },
             None => BarrierKind::Checkpoint,
         };
+        // No later attempt, and no other run of the job, writes into the
+        // id's directory; an id another run took is skipped.
+        let fence = self.fence.clone();
+        let first = st.next_id;
+        let claim = tokio::task::spawn_blocking(move || -> Result<u64, CheckpointError> {
+            let mut id = first;
+            while !fence.claim_id(id)? {
+                id += 1;
+            }
+            Ok(id)
+        });
+        // Bounded by the checkpoint's timeout: a storage that hangs fails
+        // the checkpoint, not the coordinator. (A claim that lands later
+        // only leaves an id unused.)
+        let claimed = match tokio::time::timeout(self.config.timeout, claim).await {
+            Ok(joined) => joined.map_err(|e| ExecError::internal(format!("checkpoint id claim task failed: {e}")))?,
+            Err(_) => Err(CheckpointError::Expired(format!(
+                "no answer within {:?} (the checkpoint storage is slow or unreachable)",
+                self.config.timeout
+            ))),
+        };
+        let id = match claimed {
+            Ok(id) => id,
+            Err(e) => {
+                let barrier = Barrier {
+                    checkpoint_id: first,
+                    timestamp: now_ms(),
+                    kind,
+                };
+                st.next_id = first + 1;
+                let failed = Pending {
+                    barrier,
+                    started: Instant::now(),
+                    deadline: Instant::now(),
+                    acks: HashMap::new(),
+                    savepoint,
+                };
+                self.fail(st, failed, format!("its id could not be claimed: {e}"))?;
+                return Ok(None);
+            }
+        };
         let barrier = Barrier {
-            checkpoint_id: st.next_id,
+            checkpoint_id: id,
             timestamp: now_ms(),
             kind,
         };
-        st.next_id += 1;
-        // No later attempt reuses the id, even if nothing else of this
-        // checkpoint is ever written.
-        if let Err(e) = self.storage.reserve(barrier.checkpoint_id) {
-            tracing::warn!(target: "weir::checkpoint", "job '{}': {e}", self.job);
-        }
+        st.next_id = id + 1;
         self.log.upsert(CheckpointStats::unfinished(
             barrier,
             CheckpointStatus::InProgress,
@@ -377,13 +433,13 @@ impl CheckpointCoordinator {
         ));
         let _ = self.triggers.send(Some(barrier));
         let now = Instant::now();
-        Pending {
+        Ok(Some(Pending {
             barrier,
             started: now,
             deadline: now + self.config.timeout,
             acks: HashMap::new(),
             savepoint,
-        }
+        }))
     }
 
     fn abandon(&self, st: &mut State, mut p: Pending, reason: String) {
@@ -455,7 +511,7 @@ impl CheckpointCoordinator {
         let (snapshots, from_finished) = self.task_snapshots(st, p.acks);
         let async_started = Instant::now();
         let header = self.header(id, p.barrier.timestamp, false);
-        match self.materialize(st, header, snapshots).await {
+        match self.materialize(st, header, snapshots, Some(p.deadline)).await {
             Ok((meta, uploaded)) => {
                 st.failures = 0;
                 self.commit_and_clean(st, meta, uploaded, p.started, alignment, sync, async_started)
@@ -469,6 +525,8 @@ impl CheckpointCoordinator {
                 }
                 Ok(())
             }
+            // Another run owns the job now: stop, never tolerate it.
+            Err(e @ CheckpointError::Fenced { .. }) => Err(e.into()),
             Err(e) => {
                 let failed = Pending {
                     barrier: p.barrier,
@@ -522,11 +580,23 @@ impl CheckpointCoordinator {
             },
         };
         let dir = req.dir.clone();
-        let written = tokio::task::spawn_blocking(move || super::savepoint::write(&dir, header, snapshots, carried))
-            .await
-            .map_err(|e| CheckpointError::Internal(format!("savepoint task failed: {e}")));
+        let fence = self.fence.clone();
+        let s3 = self.config.s3.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let storage = super::objects::storage_at(&dir, &s3)?;
+            let meta = super::savepoint::write(&storage, header, snapshots, carried)?;
+            // Its sinks commit below: only while this run owns the job.
+            fence.publish_savepoint(id, &dir)?;
+            Ok(meta)
+        })
+        .await
+        .map_err(|e| CheckpointError::Internal(format!("savepoint task failed: {e}")));
         let meta = match written.and_then(|r| r) {
             Ok(meta) => meta,
+            Err(e @ CheckpointError::Fenced { .. }) => {
+                let _ = req.reply.send(Err(format!("savepoint {id} failed: {e}")));
+                return Err(e.into());
+            }
             Err(e) => {
                 st.carried = kept;
                 let reason = format!("could not be written to {}: {e}", req.dir.display());
@@ -596,19 +666,24 @@ impl CheckpointCoordinator {
             .collect();
         let header = self.header(st.next_id, now_ms(), true);
         st.next_id += 1;
-        let (meta, uploaded) = self.materialize(st, header, snapshots).await?;
+        let (meta, uploaded) = self.materialize(st, header, snapshots, None).await?;
         self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
             .await
     }
 
-    /// Uploads and writes the metadata on the blocking pool.
+    /// Uploads and writes the metadata on the blocking pool, by
+    /// `deadline` (the checkpoint's timeout, which covers the writing as
+    /// in Flink): a storage that hangs fails the checkpoint then, and the
+    /// job goes on.
     async fn materialize(
         &self,
         st: &mut State,
         header: Header,
         snapshots: Vec<TaskSnapshot>,
+        deadline: Option<Instant>,
     ) -> Result<(CheckpointMetadata, u64), CheckpointError> {
         let storage = self.storage.clone();
+        let fence = self.fence.clone();
         let base = st.retained.back().cloned();
         let carried = std::mem::take(&mut st.carried);
         let incremental = self.config.incremental;
@@ -625,17 +700,48 @@ impl CheckpointCoordinator {
                 }
             }
         }
-        let result = tokio::task::spawn_blocking(move || {
-            let r = materialize(&storage, header, snapshots, base.as_ref(), carried, incremental);
+        let gate = Arc::new(Gate::default());
+        let task_gate = gate.clone();
+        let mut task = tokio::task::spawn_blocking(move || {
+            let r = materialize(
+                &storage,
+                &fence,
+                &task_gate,
+                header,
+                snapshots,
+                base.as_ref(),
+                carried,
+                incremental,
+            );
             if r.is_err() {
                 for d in local_dirs {
                     let _ = std::fs::remove_dir_all(d);
                 }
             }
             r
-        })
-        .await
-        .map_err(|e| CheckpointError::Internal(format!("upload task failed: {e}")))?;
+        });
+        let joined = match deadline {
+            None => (&mut task).await,
+            Some(deadline) => match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(joined) => joined,
+                Err(_) if gate.expire() => {
+                    // The task goes on until its current request returns,
+                    // then finds the gate shut and removes what it wrote:
+                    // this checkpoint can never be published.
+                    st.carried = kept;
+                    return Err(CheckpointError::Expired(format!(
+                        "expired after {:?} while its files were being written (the checkpoint storage is slow \
+                         or unreachable)",
+                        self.config.timeout
+                    )));
+                }
+                // It is publishing this very moment: that ends it.
+                Err(_) => (&mut task).await,
+            },
+        };
+        let result = joined
+            .map_err(|e| CheckpointError::Internal(format!("upload task failed: {e}")))
+            .and_then(|r| r);
         if result.is_err() {
             st.carried = kept;
         }
@@ -661,7 +767,12 @@ impl CheckpointCoordinator {
         if let Some(path) = st.claimed.take() {
             // CLAIM: the job owns the snapshot it started from, and no
             // longer needs it now that one of its own checkpoints exists.
-            match std::fs::remove_dir_all(&path) {
+            let s3 = self.config.s3.clone();
+            let at = path.clone();
+            let removed = tokio::task::spawn_blocking(move || super::objects::storage_at(&at, &s3)?.destroy())
+                .await
+                .map_err(|e| ExecError::internal(format!("claimed snapshot removal failed: {e}")))?;
+            match removed {
                 Ok(()) => {
                     tracing::info!(target: "weir::checkpoint", "job '{}': deleted the claimed snapshot {}", self.job, path.display())
                 }
@@ -749,6 +860,32 @@ pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: 
     Ok(())
 }
 
+/// Whether a checkpoint being written may still publish, or its time ran
+/// out first: exactly one of the two wins.
+#[derive(Debug, Default)]
+struct Gate(std::sync::atomic::AtomicU8);
+
+impl Gate {
+    const OPEN: u8 = 0;
+    const PUBLISHING: u8 = 1;
+    const EXPIRED: u8 = 2;
+
+    fn publish(&self) -> bool {
+        self.shut(Self::PUBLISHING)
+    }
+
+    fn expire(&self) -> bool {
+        self.shut(Self::EXPIRED)
+    }
+
+    fn shut(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(Self::OPEN, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
 struct Header {
     id: u64,
     job: String,
@@ -767,8 +904,11 @@ struct Header {
 /// removed again: the metadata first, so no `_metadata` ever names a
 /// missing or partial file, then its private files and the shared files
 /// it uploaded, whose space a full disk needs back.
+#[allow(clippy::too_many_arguments)]
 fn materialize(
     storage: &CheckpointStorage,
+    fence: &Fence,
+    gate: &Gate,
     header: Header,
     snapshots: Vec<TaskSnapshot>,
     base: Option<&CheckpointMetadata>,
@@ -777,7 +917,17 @@ fn materialize(
 ) -> Result<(CheckpointMetadata, u64), CheckpointError> {
     let id = header.id;
     let mut shared = vec![];
-    let result = write_checkpoint(storage, header, snapshots, base, carried, incremental, &mut shared);
+    let result = write_checkpoint(
+        storage,
+        fence,
+        gate,
+        header,
+        snapshots,
+        base,
+        carried,
+        incremental,
+        &mut shared,
+    );
     if result.is_err()
         && let Err(e) = storage.discard_attempt(id, &shared)
     {
@@ -792,8 +942,11 @@ fn materialize(
 
 /// [`materialize`] without the cleanup; `shared` collects the name of
 /// every shared file it starts to upload.
+#[allow(clippy::too_many_arguments)]
 fn write_checkpoint(
     storage: &CheckpointStorage,
+    fence: &Fence,
+    gate: &Gate,
     header: Header,
     snapshots: Vec<TaskSnapshot>,
     base: Option<&CheckpointMetadata>,
@@ -879,6 +1032,14 @@ fn write_checkpoint(
         operators,
     };
     storage.commit_metadata(&meta)?;
+    failpoint("checkpoint.before_publish");
+    if !gate.publish() {
+        return Err(CheckpointError::Expired(format!(
+            "checkpoint {id} expired before its files were written"
+        )));
+    }
+    // The commit point: restorable, and its sinks committable, from here.
+    fence.publish(id)?;
     Ok((meta, uploaded))
 }
 

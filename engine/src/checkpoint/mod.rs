@@ -24,8 +24,10 @@
 pub mod commit;
 pub mod compat;
 pub mod coordinator;
+pub mod fence;
 pub mod metadata;
 pub mod objects;
+pub mod records;
 pub mod restore;
 pub mod savepoint;
 pub mod storage;
@@ -36,6 +38,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use coordinator::{CheckpointCoordinator, CheckpointStats, CheckpointStatus};
+pub use fence::Fence;
 pub use metadata::{CheckpointMetadata, OperatorState, SplitPosition};
 pub use restore::{RestoredJob, restore_latest};
 pub use storage::CheckpointStorage;
@@ -63,6 +66,8 @@ pub struct CheckpointConfig {
     pub root: PathBuf,
     /// The object store `root` is on (`None`: a local directory).
     pub store: Option<std::sync::Arc<dyn store::CheckpointStore>>,
+    /// How to reach S3 for savepoint URLs (`s3.*`).
+    pub s3: objects::S3Settings,
     pub mode: CheckpointMode,
     pub incremental: bool,
     /// Unaligned checkpoints (exactly-once only).

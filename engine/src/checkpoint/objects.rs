@@ -75,6 +75,20 @@ pub struct S3Settings {
     pub path_style: Option<bool>,
 }
 
+/// The checkpoint (or savepoint) storage rooted at `path`: on the object
+/// store its URL names (opened with `s3`), or the local directory.
+pub fn storage_at(path: &Path, s3: &S3Settings) -> Result<super::storage::CheckpointStorage, CheckpointError> {
+    let text = path.to_string_lossy();
+    if !crate::paths::is_object_url(&text) {
+        return Ok(super::storage::CheckpointStorage::new(path.to_path_buf()));
+    }
+    let store = open_url(&text, s3).map_err(CheckpointError::Internal)?;
+    Ok(super::storage::CheckpointStorage::on(
+        Arc::new(store),
+        PathBuf::from(text.trim().trim_end_matches('/')),
+    ))
+}
+
 /// The store of the object-store URL `url` (see [`is_object_url`]):
 /// `s3://bucket/prefix` with `s3`, `gs://bucket/prefix` and
 /// `az://container/prefix` with the environment's credentials. An error
@@ -523,7 +537,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let storage = CheckpointStorage::on(Arc::new(in_memory()), PathBuf::from("memory://jobs/q5"));
         assert_eq!(storage.next_id().expect("next"), 1);
-        storage.reserve(1).expect("reserve");
+        let fence = super::super::Fence::claim(&storage).expect("claim");
+        assert!(fence.claim_id(1).expect("claim id"));
         let src = dir.path().join("a.sst");
         std::fs::write(&src, b"sst-1").expect("write");
         let shared = storage.upload(1, &src, "op-0-c1-000001.sst", true).expect("upload");
@@ -553,12 +568,14 @@ mod tests {
             operators,
         };
         storage.commit_metadata(&meta).expect("commit");
+        assert!(storage.complete_ids().expect("ids").is_empty(), "not published yet");
+        fence.publish(1).expect("publish");
         assert_eq!(storage.complete_ids().expect("ids"), [1]);
         let loaded = storage.load(1).expect("load");
         assert_eq!(loaded.checkpoint_id, 1);
         assert_eq!(storage.read_file(&private).expect("read"), b"heap");
         // A failed attempt at 2: its files go, its id stays taken.
-        storage.reserve(2).expect("reserve");
+        assert!(fence.claim_id(2).expect("claim id"));
         storage.upload(2, &src, "op-0-c2-000002.sst", true).expect("upload");
         storage.write_private(2, "heap.bin", b"x").expect("private");
         storage
@@ -566,8 +583,11 @@ mod tests {
             .expect("discard");
         assert_eq!(storage.next_id().expect("next"), 3);
         assert_eq!(storage.complete_ids().expect("ids"), [1]);
-        // GC keeps what checkpoint 1 references and drops the rest.
-        let stray = storage.upload(3, &src, "op-0-c3-000003.sst", true).expect("upload");
+        // GC keeps what checkpoint 1 references and drops what was
+        // uploaded for it or earlier and is not referenced; what a newer
+        // checkpoint uploads (perhaps another run's) stays.
+        let stray = storage.upload(1, &src, "op-0-c1-000009.sst", true).expect("upload");
+        let newer = storage.upload(3, &src, "op-0-c3-000003.sst", true).expect("upload");
         storage.collect_garbage(&[&loaded]).expect("gc");
         assert_eq!(storage.complete_ids().expect("ids"), [1]);
         assert_eq!(storage.load(1).expect("load"), loaded, "its files are all there");
@@ -575,5 +595,6 @@ mod tests {
             storage.read_file(&stray),
             Err(CheckpointError::Missing { .. })
         ));
+        assert_eq!(storage.read_file(&newer).expect("newer"), b"sst-1");
     }
 }

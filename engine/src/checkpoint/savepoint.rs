@@ -21,7 +21,7 @@
 //! heap state is already in canonical form.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::metadata::{CheckpointMetadata, FORMAT_VERSION, OperatorInfo, OperatorState, SavepointInfo};
 use super::storage::CheckpointStorage;
@@ -59,34 +59,34 @@ pub struct SavepointHeader {
     pub info: SavepointInfo,
 }
 
-/// Writes the savepoint into `dir` (which must not hold one already).
-/// On failure what was written is removed.
+/// Writes the savepoint into `storage` (its own root, a local directory
+/// or an object-store prefix, which must not hold one already). On
+/// failure what was written is removed.
 pub fn write(
-    dir: &Path,
+    storage: &CheckpointStorage,
     header: SavepointHeader,
     snapshots: Vec<TaskSnapshot>,
     carried: BTreeMap<String, Vec<serde_json::Value>>,
 ) -> Result<CheckpointMetadata, CheckpointError> {
-    if dir.join(super::storage::METADATA_FILE).exists() {
+    if storage.exists(super::storage::METADATA_FILE)? {
         return Err(CheckpointError::Incompatible(format!(
             "{} already holds a savepoint; choose another directory",
-            dir.display()
+            storage.root().display()
         )));
     }
-    let result = write_inner(dir, header, snapshots, carried);
+    let result = write_inner(storage, header, snapshots, carried);
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(dir);
+        let _ = storage.destroy();
     }
     result
 }
 
 fn write_inner(
-    dir: &Path,
+    storage: &CheckpointStorage,
     header: SavepointHeader,
     snapshots: Vec<TaskSnapshot>,
     mut carried: BTreeMap<String, Vec<serde_json::Value>>,
 ) -> Result<CheckpointMetadata, CheckpointError> {
-    let storage = CheckpointStorage::new(dir.to_path_buf());
     let mut sources: BTreeMap<String, Vec<_>> = BTreeMap::new();
     let mut operators = BTreeMap::new();
     let mut local_dirs = vec![];
@@ -176,19 +176,16 @@ pub struct SavepointListing {
     pub stopped: bool,
 }
 
-/// The savepoints below `root` (one directory each), oldest first;
-/// unreadable ones are skipped.
-pub fn list(root: &Path) -> Vec<SavepointListing> {
-    let Ok(entries) = std::fs::read_dir(root) else {
+/// The savepoints below `root` (one directory each, on the local disk
+/// or an object store), oldest first; unreadable ones are skipped.
+pub fn list(root: &CheckpointStorage) -> Vec<SavepointListing> {
+    let Ok(names) = root.subdirs() else {
         return vec![];
     };
     let mut out = vec![];
-    for e in entries.flatten() {
-        let dir = e.path();
-        let Ok(bytes) = std::fs::read(dir.join(super::storage::METADATA_FILE)) else {
-            continue;
-        };
-        let Ok(meta) = CheckpointMetadata::decode(&bytes, &dir.display().to_string()) else {
+    for name in names {
+        let dir = root.root().join(&name);
+        let Ok(meta) = root.read_metadata(&format!("{name}/{}", super::storage::METADATA_FILE)) else {
             continue;
         };
         let Some(info) = &meta.savepoint else { continue };

@@ -3,7 +3,10 @@
 //! ```text
 //! <execution.checkpointing.dir>/<job>/
 //!     shared/    SST files, possibly referenced by several checkpoints
-//!     chk-N/     private files of checkpoint N and its _metadata
+//!     chk-N/     private files of checkpoint N, its _metadata, and _claim
+//!                (the generation that took id N)
+//!     log/       records of generations and published checkpoints
+//!                (the fence, see [`super::fence`] and [`super::records`])
 //! ```
 //!
 //! The layout lives here; the bytes live in a [`CheckpointStore`]
@@ -16,12 +19,16 @@ use std::sync::Arc;
 
 use super::CheckpointError;
 use super::metadata::{CheckpointMetadata, FileRef};
-use super::store::{CheckpointStore, LocalStore};
+use super::records::{LOG_DIR, Record, parse_record_name, record_key};
+use super::store::{CheckpointStore, Created, LocalStore};
 use crate::failpoint::failpoint;
 
 pub use super::store::remove_dir_if_exists;
 
 pub const METADATA_FILE: &str = "_metadata";
+
+/// The object in `chk-N/` naming the generation that took id N.
+pub const CLAIM_FILE: &str = "_claim";
 
 #[derive(Debug, Clone)]
 pub struct CheckpointStorage {
@@ -69,10 +76,85 @@ impl CheckpointStorage {
         self.root.join(format!("chk-{id}"))
     }
 
-    /// Takes checkpoint id `id`: no later attempt reuses it, even if
-    /// nothing else of the checkpoint is ever written.
-    pub fn reserve(&self, id: u64) -> Result<(), CheckpointError> {
-        self.store.reserve(&format!("chk-{id}"))
+    /// Takes checkpoint id `id` for `generation`: no later attempt, and no
+    /// other run, writes into `chk-id/`. `false` when another generation
+    /// took it first (a retried claim of one's own is `true`).
+    pub fn claim_id(&self, id: u64, generation: u64) -> Result<bool, CheckpointError> {
+        let mine = generation.to_string();
+        match self.store.create(&format!("chk-{id}/{CLAIM_FILE}"), mine.as_bytes())? {
+            Created::Created => Ok(true),
+            Created::Exists(bytes) => Ok(bytes == mine.as_bytes()),
+        }
+    }
+
+    /// Sequence numbers of the log's records, ascending.
+    pub fn log_seqs(&self) -> Result<Vec<u64>, CheckpointError> {
+        let mut seqs: Vec<u64> = self
+            .store
+            .list(LOG_DIR)?
+            .into_iter()
+            .filter(|l| !l.is_prefix)
+            .filter_map(|l| parse_record_name(&l.name))
+            .collect();
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    /// Creates the log record `seq` (only if none is there).
+    pub fn create_record(&self, seq: u64, bytes: &[u8]) -> Result<Created, CheckpointError> {
+        self.store.create(&record_key(seq), bytes)
+    }
+
+    /// Reads the log record `seq`.
+    pub fn read_record(&self, seq: u64) -> Result<Record, CheckpointError> {
+        let key = record_key(seq);
+        let bytes = self.store.get(&key)?;
+        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt {
+            path: self.locate(&key).display().to_string(),
+            message: format!("not a log record: {e}"),
+        })
+    }
+
+    /// Every record of the log with its sequence number, ascending. A
+    /// record deleted between the listing and the read (garbage
+    /// collection by the owning run) is left out.
+    pub fn log_records(&self) -> Result<Vec<(u64, Record)>, CheckpointError> {
+        let mut out = vec![];
+        for seq in self.log_seqs()? {
+            match self.read_record(seq) {
+                Ok(r) => out.push((seq, r)),
+                Err(CheckpointError::Missing { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checkpoint ids the log records as published, with their records'
+    /// sequence numbers.
+    fn published(&self) -> Result<Vec<(u64, u64)>, CheckpointError> {
+        Ok(self
+            .log_records()?
+            .into_iter()
+            .filter_map(|(seq, r)| match r {
+                Record::Checkpoint { checkpoint, .. } => Some((seq, checkpoint)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Deletes the log's checkpoint records `drop` says to, oldest first,
+    /// never the newest record (the log's end must stay, see
+    /// [`super::fence`]) nor a generation's claim.
+    fn drop_records(&self, drop: impl Fn(u64) -> bool) -> Result<(), CheckpointError> {
+        let published = self.published()?;
+        let newest = self.log_seqs()?.last().copied();
+        for (seq, id) in published {
+            if Some(seq) != newest && drop(id) {
+                self.store.delete(&record_key(seq))?;
+            }
+        }
+        Ok(())
     }
 
     /// Copies a local file into the checkpoint: `shared/` (named so no two
@@ -119,6 +201,37 @@ impl CheckpointStorage {
         self.store.publish(METADATA_FILE, &bytes)
     }
 
+    /// Whether `key` (below the root) exists.
+    pub fn exists(&self, key: &str) -> Result<bool, CheckpointError> {
+        Ok(self.store.size(key)?.is_some())
+    }
+
+    /// Names of the directories (prefixes) directly below the root.
+    pub fn subdirs(&self) -> Result<Vec<String>, CheckpointError> {
+        Ok(self
+            .store
+            .list("")?
+            .into_iter()
+            .filter(|l| l.is_prefix)
+            .map(|l| l.name)
+            .collect())
+    }
+
+    /// Reads and verifies the metadata at `key`, without checking the
+    /// files it names (a listing, not a restore).
+    pub fn read_metadata(&self, key: &str) -> Result<CheckpointMetadata, CheckpointError> {
+        let bytes = self.store.get(key)?;
+        CheckpointMetadata::decode(&bytes, &self.locate(key).display().to_string())
+    }
+
+    /// Deletes everything below the root, and the root (a savepoint that
+    /// failed, or a snapshot restored under CLAIM once it is not needed).
+    pub fn destroy(&self) -> Result<(), CheckpointError> {
+        self.store.delete_prefix("")?;
+        self.store.remove_root_if_empty();
+        Ok(())
+    }
+
     /// How the job's last run ended (`status` beside its checkpoints), if
     /// recorded there.
     pub fn read_status(&self) -> Result<Option<String>, CheckpointError> {
@@ -146,21 +259,32 @@ impl CheckpointStorage {
         Ok(ids)
     }
 
-    /// Ids of checkpoints whose metadata exists, ascending.
+    /// Ids of complete checkpoints, ascending: those the log records as
+    /// published whose metadata exists. (A `chk-N` with metadata but no
+    /// claim was written before the log existed, and counts too; one with
+    /// a claim but no record was written by a run that was fenced, or
+    /// died, before publishing it.)
     pub fn complete_ids(&self) -> Result<Vec<u64>, CheckpointError> {
+        let published: HashSet<u64> = self.published()?.into_iter().map(|(_, id)| id).collect();
         let mut ids = vec![];
         for id in self.chk_ids()? {
-            if self.store.size(&format!("chk-{id}/{METADATA_FILE}"))?.is_some() {
+            if self.store.size(&format!("chk-{id}/{METADATA_FILE}"))?.is_none() {
+                continue;
+            }
+            if published.contains(&id) || self.store.size(&format!("chk-{id}/{CLAIM_FILE}"))?.is_none() {
                 ids.push(id);
             }
         }
         Ok(ids)
     }
 
-    /// The id after every checkpoint ever started here: ids are never
-    /// reused, so files of an abandoned attempt cannot be mistaken for new.
+    /// The id after every checkpoint ever started or published here: ids
+    /// are never reused, so files of an abandoned attempt cannot be
+    /// mistaken for new.
     pub fn next_id(&self) -> Result<u64, CheckpointError> {
-        Ok(self.chk_ids()?.last().map_or(1, |m| m + 1))
+        let dirs = self.chk_ids()?.last().copied().unwrap_or(0);
+        let logged = self.published()?.into_iter().map(|(_, id)| id).max().unwrap_or(0);
+        Ok(dirs.max(logged) + 1)
     }
 
     /// Reads and verifies checkpoint `id`'s metadata and checks that every
@@ -242,14 +366,27 @@ impl CheckpointStorage {
         Ok(bytes)
     }
 
-    /// Deletes every checkpoint directory not in `retained` (older ones,
-    /// and abandoned or corrupt newer ones) and every shared file no
-    /// retained checkpoint references. Returns the bytes freed.
+    /// Deletes what no retained checkpoint needs: checkpoint directories
+    /// older than the newest retained one and not retained, their log
+    /// records, and shared files no retained checkpoint references that
+    /// were uploaded for such an older checkpoint. Returns the bytes
+    /// freed.
+    ///
+    /// Nothing newer than the newest retained checkpoint is touched: a
+    /// run replaced by a newer generation may still collect garbage for
+    /// the last checkpoint it published, and everything the newer run
+    /// writes carries a newer id.
     pub fn collect_garbage(&self, retained: &[&CheckpointMetadata]) -> Result<u64, CheckpointError> {
         let keep: HashSet<u64> = retained.iter().map(|m| m.checkpoint_id).collect();
+        let Some(newest) = retained.iter().map(|m| m.checkpoint_id).max() else {
+            return Ok(0);
+        };
+        let old = |id: u64| id < newest && !keep.contains(&id);
+        // Unpublished before their files go.
+        self.drop_records(old)?;
         let mut freed = 0;
         for id in self.chk_ids()? {
-            if !keep.contains(&id) {
+            if old(id) {
                 freed += self.store.delete_prefix(&format!("chk-{id}"))?;
             }
         }
@@ -260,7 +397,8 @@ impl CheckpointStorage {
             .collect();
         for entry in self.store.list("shared")? {
             let rel = format!("shared/{}", entry.name);
-            if !entry.is_prefix && !referenced.contains(rel.as_str()) {
+            let uploaded_for = shared_file_checkpoint(&entry.name);
+            if !entry.is_prefix && !referenced.contains(rel.as_str()) && uploaded_for.is_some_and(|id| id <= newest) {
                 self.store.delete(&rel)?;
                 freed += entry.size;
             }
@@ -282,6 +420,10 @@ impl CheckpointStorage {
         self.store.delete(&format!("{dir}/{METADATA_FILE}"))?;
         for entry in self.store.list(&dir)? {
             let rel = format!("{dir}/{}", entry.name);
+            if entry.name == CLAIM_FILE {
+                // The id stays taken.
+                continue;
+            }
             if entry.is_prefix {
                 self.store.delete_prefix(&rel)?;
             } else {
@@ -309,6 +451,7 @@ impl CheckpointStorage {
                     .rename_prefix(&entry.name, &format!("{dest}/{}", entry.name))?;
             }
         }
+        self.drop_records(|_| true)?;
         Ok(Some(self.locate(&dest)))
     }
 
@@ -317,6 +460,7 @@ impl CheckpointStorage {
     /// pointed at a directory holding other files never loses them; the
     /// root goes only when that leaves it empty.
     pub fn clear(&self) -> Result<(), CheckpointError> {
+        self.drop_records(|_| true)?;
         for entry in self.store.list("")? {
             if entry.name == "shared" || entry.name.starts_with("chk-") {
                 self.store.delete_prefix(&entry.name)?;
@@ -325,6 +469,14 @@ impl CheckpointStorage {
         self.store.remove_root_if_empty();
         Ok(())
     }
+}
+
+/// The id of the checkpoint a shared file was uploaded for: its name is
+/// `<operator>-c<id>-<local name>` (see the coordinator's upload).
+fn shared_file_checkpoint(name: &str) -> Option<u64> {
+    let mut parts = name.rsplitn(3, '-');
+    let _local = parts.next()?;
+    parts.next()?.strip_prefix('c')?.parse().ok()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use crate::checkpoint::coordinator::{CheckpointLog, SavepointQueue, commit_all};
 use crate::checkpoint::restore::restore_dir;
 use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
 use crate::checkpoint::{
-    CheckpointCoordinator, CheckpointError, CheckpointStorage, RestoredJob, SplitPosition, TaskCheckpointing,
+    CheckpointCoordinator, CheckpointError, CheckpointStorage, Fence, RestoredJob, SplitPosition, TaskCheckpointing,
     restore_latest,
 };
 use crate::config::{JobConfig, RestartStrategy, sanitize};
@@ -147,6 +147,8 @@ pub struct JobHandle {
 struct Retention {
     storage: Option<CheckpointStorage>,
     retain: bool,
+    /// This run's hold on the checkpoints (with checkpointing on).
+    fence: Option<Arc<Fence>>,
 }
 
 impl Retention {
@@ -154,6 +156,33 @@ impl Retention {
     /// run status is kept too).
     fn remote(&self) -> Option<&CheckpointStorage> {
         self.storage.as_ref().filter(|s| s.on_object_store())
+    }
+
+    /// Ends this run's hold on the checkpoints (see [`Fence::seal`]):
+    /// `false` when a newer run of the job took them over, and then this
+    /// run must leave their status and files alone.
+    fn seal(&self, job: &str) -> bool {
+        let Some(fence) = &self.fence else { return true };
+        match fence.seal() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(target: "weir::checkpoint", "job '{job}': {e}; its status and checkpoints are left as they are");
+                false
+            }
+        }
+    }
+
+    /// Records how the run ended (after sealing it): `apply` its
+    /// retention too (stopped or cancelled).
+    fn end(&self, job: &str, job_dir: &Path, status: RunStatus, apply: bool) -> Result<()> {
+        if !self.seal(job) {
+            return Ok(());
+        }
+        status.write(job_dir, self.remote())?;
+        if apply {
+            self.apply(job);
+        }
+        Ok(())
     }
 
     /// The job was stopped or cancelled: its checkpoints go, or are moved
@@ -314,7 +343,8 @@ impl JobHandle {
             // Aborted: it resumes from that checkpoint next time.
             Err(e) if e.is_cancelled() => {
                 self.metrics.lifecycle.set(JobState::Suspended);
-                RunStatus::Suspended.write(&self.job_dir, self.retention.remote())?;
+                self.retention
+                    .end(&self.name, &self.job_dir, RunStatus::Suspended, false)?;
                 Ok(())
             }
             // It ended on its own just before: that ending stands.
@@ -337,8 +367,8 @@ impl JobHandle {
             let _ = (&mut self.done).await;
         }
         if self.checkpointing {
-            RunStatus::Canceled.write(&self.job_dir, self.retention.remote())?;
-            self.retention.apply(&self.name);
+            self.retention
+                .end(&self.name, &self.job_dir, RunStatus::Canceled, true)?;
         }
         Ok(())
     }
@@ -476,47 +506,73 @@ fn status_storage(config: &JobConfig) -> Option<CheckpointStorage> {
 /// Where the first attempt starts: an explicit
 /// `execution.state-recovery.path` (a savepoint or a checkpoint), or the
 /// latest checkpoint of a run that died, or nothing (and then old
-/// checkpoints of the job are cleared).
-fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Option<RestoredJob>> {
+/// checkpoints of the job are cleared). With checkpointing on, the run
+/// first claims the job's checkpoints (its [`Fence`]): a restore then
+/// reads only what earlier runs published before the claim, and no
+/// earlier run publishes after it.
+fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<RestoredJob>, Option<Arc<Fence>>)> {
     let check = |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, graph, config);
-    if let Some(path) = &config.recovery_path {
-        return Ok(Some(restore_path(path, &check, &config.job_dir)?));
-    }
     let Some(cp) = &config.checkpointing else {
-        return Ok(None);
+        let restored = match &config.recovery_path {
+            Some(path) => Some(restore_path(path, &check, config)?),
+            None => None,
+        };
+        return Ok((restored, None));
     };
     let storage = cp.storage();
-    match RunStatus::read(&config.job_dir, status_storage(config).as_ref())? {
+    let status = RunStatus::read(&config.job_dir, status_storage(config).as_ref())?;
+    let fence = Arc::new(Fence::claim(&storage)?);
+    tracing::info!(
+        target: "weir::checkpoint",
+        "job '{}': claimed generation {} of its checkpoints in {}",
+        config.name,
+        fence.generation(),
+        storage.root().display()
+    );
+    if let Some(path) = &config.recovery_path {
+        return Ok((Some(restore_path(path, &check, config)?), Some(fence)));
+    }
+    let restored = match status {
         Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
-            Ok(restore_latest(&storage, &check, &config.job_dir)?)
+            restore_latest(&storage, &check, &config.job_dir)?
         }
         _ => {
             // The last run ended on purpose (or there was none): start
             // afresh, and never mistake its checkpoints for ours.
             storage.clear()?;
-            Ok(None)
+            None
         }
-    }
+    };
+    Ok((restored, Some(fence)))
 }
 
 /// Restores `path`: a savepoint directory, or a checkpoint's `chk-<n>`
-/// (its files are relative to the directory above it).
-fn restore_path(path: &Path, check: crate::checkpoint::restore::Compatibility, job_dir: &Path) -> Result<RestoredJob> {
+/// (its files are relative to the directory above it), on the local disk
+/// or an object store.
+fn restore_path(
+    path: &Path,
+    check: crate::checkpoint::restore::Compatibility,
+    config: &JobConfig,
+) -> Result<RestoredJob> {
+    use crate::checkpoint::storage::METADATA_FILE;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let is_checkpoint = name.strip_prefix("chk-").is_some_and(|n| n.parse::<u64>().is_ok());
-    if !path.join(crate::checkpoint::storage::METADATA_FILE).exists() {
+    let (root, key) = if is_checkpoint {
+        (
+            path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            format!("{name}/{METADATA_FILE}"),
+        )
+    } else {
+        (path.to_path_buf(), METADATA_FILE.to_string())
+    };
+    let storage = crate::checkpoint::objects::storage_at(&root, &config.s3)?;
+    if !storage.exists(&key)? {
         return Err(ExecError::Config(format!(
-            "'execution.state-recovery.path' = '{}' is not a savepoint or checkpoint directory (it has no {})",
+            "'execution.state-recovery.path' = '{}' is not a savepoint or checkpoint directory (it has no {METADATA_FILE})",
             path.display(),
-            crate::checkpoint::storage::METADATA_FILE
         )));
     }
-    let root = if is_checkpoint {
-        path.parent().map(Path::to_path_buf).unwrap_or_default()
-    } else {
-        path.to_path_buf()
-    };
-    Ok(restore_dir(&CheckpointStorage::new(root), path, check, job_dir)?)
+    Ok(restore_dir(&storage, path, check, &config.job_dir)?)
 }
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
@@ -532,7 +588,7 @@ pub fn deploy(
         config.checkpointing = None;
     }
     let restore_started = Instant::now();
-    let restored = initial_restore(&graph, &config)?;
+    let (restored, fence) = initial_restore(&graph, &config)?;
     let restore_time = restore_started.elapsed();
     let restored_from = restored
         .as_ref()
@@ -542,6 +598,10 @@ pub fn deploy(
         if let Ok(mut slot) = checkpoint_log.restored_from.lock() {
             *slot = Some((r.checkpoint_id(), r.path.display().to_string()));
         }
+        checkpoint_log.restore_layout_ms.store(
+            (restore_time.as_millis() as u64).max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         tracing::info!(
             target: "weir::checkpoint",
             "job '{}': restoring from checkpoint {} ({}): {} bytes of state verified and laid out in {} ms",
@@ -566,6 +626,7 @@ pub fn deploy(
     let retention = Retention {
         storage: config.checkpointing.as_ref().map(|c| c.storage()),
         retain: config.retain_checkpoints,
+        fence: fence.clone(),
     };
     let savepoint_dir = config.savepoint_dir.clone();
     let end_retention = retention.clone();
@@ -592,6 +653,7 @@ pub fn deploy(
                 &savepoint_queue,
                 &stop_for_attempts,
                 &cancel_rx,
+                fence.as_ref(),
             )
             .await;
             let err = match result {
@@ -602,10 +664,7 @@ pub fn deploy(
                         (RunStatus::Finished, JobState::Finished)
                     };
                     if config.checkpointing.is_some() {
-                        status.write(&config.job_dir, status_storage(&config).as_ref())?;
-                        if status == RunStatus::Stopped {
-                            end_retention.apply(&config.name);
-                        }
+                        end_retention.end(&config.name, &config.job_dir, status, status == RunStatus::Stopped)?;
                     }
                     job_metrics.lifecycle.set(state);
                     return Ok(JobOutcome {
@@ -615,9 +674,12 @@ pub fn deploy(
                 }
                 Err(e) => e,
             };
+            // A newer run of the job owns its checkpoints: restarting
+            // would take them back from it.
+            let fenced = matches!(err, ExecError::CheckpointStorage(CheckpointError::Fenced { .. }));
             let retry = match config.restart {
                 RestartStrategy::FixedDelay { attempts, delay }
-                    if attempt < attempts && !*stop_rx.borrow() && !*cancel_rx.borrow() =>
+                    if attempt < attempts && !fenced && !*stop_rx.borrow() && !*cancel_rx.borrow() =>
                 {
                     Some(delay)
                 }
@@ -625,9 +687,9 @@ pub fn deploy(
             };
             let Some(delay) = retry else {
                 job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
-                if config.checkpointing.is_some() {
+                if config.checkpointing.is_some() && !fenced {
                     // Checkpoints stay: the next run of this job resumes.
-                    let _ = RunStatus::Failed.write(&config.job_dir, status_storage(&config).as_ref());
+                    let _ = end_retention.end(&config.name, &config.job_dir, RunStatus::Failed, false);
                 }
                 return Err(err);
             };
@@ -648,6 +710,7 @@ pub fn deploy(
                 let storage = cp.storage();
                 let graph = graph.clone();
                 let cfg = config.clone();
+                let layout_started = Instant::now();
                 restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
                     let check =
                         |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
@@ -656,7 +719,7 @@ pub fn deploy(
                         // No checkpoint of our own yet: the one the job
                         // started from, again.
                         None => match &cfg.recovery_path {
-                            Some(p) => Ok(Some(restore_path(p, &check, &cfg.job_dir)?)),
+                            Some(p) => Ok(Some(restore_path(p, &check, &cfg)?)),
                             None => Ok(None),
                         },
                     }
@@ -674,6 +737,10 @@ pub fn deploy(
                     if let Ok(mut slot) = job_metrics.checkpoints.restored_from.lock() {
                         *slot = Some((r.checkpoint_id(), r.path.display().to_string()));
                     }
+                    job_metrics.checkpoints.restore_layout_ms.store(
+                        (layout_started.elapsed().as_millis() as u64).max(1),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                 }
             }
         }
@@ -699,6 +766,24 @@ pub fn deploy(
         cancel: Arc::new(cancel_tx),
     })
 }
+/// `Ok(the fence error)` when an attempt that failed with `err` was
+/// replaced by a newer run of the job (whatever failed first: the newer
+/// run's recovery may have removed this attempt's files under it), so it
+/// is neither restarted nor reported as a mere failure; else `Err(err)`.
+async fn superseded(err: ExecError, fence: &Arc<Fence>, job: &str) -> Result<ExecError, ExecError> {
+    if matches!(err, ExecError::CheckpointStorage(CheckpointError::Fenced { .. })) {
+        return Ok(err);
+    }
+    let fence = fence.clone();
+    match tokio::task::spawn_blocking(move || fence.check()).await {
+        Ok(Err(e @ CheckpointError::Fenced { .. })) => {
+            tracing::warn!(target: "weir::checkpoint", "job '{job}': the attempt failed ({err}) after another run took over");
+            Ok(e.into())
+        }
+        _ => Err(err),
+    }
+}
+
 /// Metrics of the job, and its alignment coordinators (one per group).
 fn build_metrics(graph: &StreamGraph, config: &JobConfig, checkpoint_log: Arc<CheckpointLog>) -> Arc<JobMetrics> {
     build_metrics_and_groups(graph, config, checkpoint_log).0
@@ -766,6 +851,7 @@ async fn run_attempt(
     savepoints: &SavepointQueue,
     stop: &Arc<watch::Sender<bool>>,
     cancel: &watch::Receiver<bool>,
+    fence: Option<&Arc<Fence>>,
 ) -> Result<()> {
     // Alignment coordinators are per attempt: alignment state is never
     // checkpointed, a restored job starts it afresh (as Flink does).
@@ -997,7 +1083,11 @@ async fn run_attempt(
     drop(report_tx);
     let mut coordinator_set = JoinSet::new();
     if let Some(cp) = &config.checkpointing {
+        let fence = fence
+            .cloned()
+            .ok_or_else(|| ExecError::internal("a job with checkpointing has no fence"))?;
         let coordinator = CheckpointCoordinator {
+            fence,
             config: cp.clone(),
             storage: cp.storage(),
             job: config.name.clone(),
@@ -1034,7 +1124,27 @@ async fn run_attempt(
         };
         coordinator_set.spawn(coordinator.run());
     }
-    supervise(tasks, coordinator_set, cancel).await?;
+    let ended = match (supervise(tasks, coordinator_set, cancel).await, fence) {
+        (Err(err), Some(fence)) => match superseded(err, fence, &config.name).await {
+            Ok(fenced) => {
+                // This attempt's unfinished output can never commit: its
+                // files go (only its own: the newer run's are named by
+                // another attempt).
+                for c in committers.values() {
+                    let c = c.clone();
+                    let attempt = sink_ctx.attempt.clone();
+                    let removed = tokio::task::spawn_blocking(move || c.abandon(&attempt)).await;
+                    if let Ok(Err(e)) = removed {
+                        tracing::warn!(target: "weir::checkpoint", "job '{}': could not remove the output of a replaced attempt: {e}", config.name);
+                    }
+                }
+                return Err(fenced);
+            }
+            Err(err) => Err(err),
+        },
+        (ended, _) => ended,
+    };
+    ended?;
     if !sink_ctx.exactly_once && !*stop_rx.borrow() {
         // The input ended and the writers committed their output: what
         // waits for the end (a file sink's partitions) is committed now.

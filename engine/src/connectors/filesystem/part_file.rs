@@ -172,7 +172,19 @@ impl Committer for PartCommitter {
         Ok(())
     }
 
+    fn abandon(&self, attempt: &str) -> Result<()> {
+        self.remove_unfinished(Some(attempt))
+    }
+
     fn recover(&self) -> Result<()> {
+        self.remove_unfinished(None)
+    }
+}
+
+impl PartCommitter {
+    /// Deletes this job's in-progress and pending files (of `attempt`
+    /// only, if given).
+    fn remove_unfinished(&self, attempt: Option<&str>) -> Result<()> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -181,8 +193,18 @@ impl Committer for PartCommitter {
         for entry in entries {
             let entry = entry.map_err(|e| io_err(&self.dir, e))?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if self.owns(&name) {
-                std::fs::remove_file(entry.path()).map_err(|e| io_err(&entry.path(), e))?;
+            let of_attempt = attempt.is_none_or(|a| {
+                name.strip_prefix(&self.prefix)
+                    .and_then(|rest| rest.strip_prefix(a))
+                    .is_some_and(|rest| rest.starts_with('-'))
+            });
+            if self.owns(&name) && of_attempt {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => {}
+                    // Renamed or removed meanwhile (by a commit).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err(&entry.path(), e).into()),
+                }
             }
         }
         Ok(())
@@ -202,5 +224,36 @@ mod tests {
         assert!(!c.owns(".part-a-b-1f2e0-0-3.json.inprogress"));
         // Finished files are never recovered away.
         assert!(!c.owns("part-a-1f2e0-0-3.json"));
+    }
+
+    #[test]
+    fn an_abandoned_attempt_loses_only_its_own_unfinished_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let names = [
+            ".part-a-1f2e0-0-3.json.inprogress",
+            ".part-a-1f2e0-1-0.json.pending",
+            ".part-a-1f2e01-0-3.json.inprogress",
+            ".part-a-77aa0-0-3.json.pending",
+            "part-a-1f2e0-0-2.json",
+        ];
+        for n in names {
+            std::fs::write(dir.path().join(n), b"x").expect("write");
+        }
+        let c = PartCommitter::new(dir.path().to_path_buf(), ".part-a-".into(), 3, "t");
+        c.abandon("1f2e0").expect("abandon");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".part-a-1f2e01-0-3.json.inprogress",
+                ".part-a-77aa0-0-3.json.pending",
+                "part-a-1f2e0-0-2.json"
+            ]
+        );
     }
 }

@@ -464,6 +464,16 @@ impl Committer for FileCommitter {
         Ok(())
     }
 
+    fn abandon(&self, attempt: &str) -> Result<()> {
+        if !self.partitioned {
+            return self.files.abandon(attempt);
+        }
+        for rel in &self.partition_dirs_for_recovery()? {
+            PartCommitter::new(self.dir.join(rel), self.prefix.clone(), 3, "sink.file_committed").abandon(attempt)?;
+        }
+        Ok(())
+    }
+
     fn recover(&self) -> Result<()> {
         if !self.partitioned {
             return self.files.recover();
