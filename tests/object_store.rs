@@ -129,7 +129,10 @@ fn checkpoints_live_on_an_s3_server() {
     assert!(matches!(again.read_file(&stray), Err(CheckpointError::Missing { .. })));
 
     // Retained on cancellation: moved aside, still restorable there.
-    let aside = storage.retain_aside(7).expect("retain").expect("something retained");
+    let aside = storage
+        .retain_aside(7, None)
+        .expect("retain")
+        .expect("something retained");
     assert_eq!(aside, PathBuf::from("s3://weir/checkpoints/q5/retained-7"));
     assert!(storage.complete_ids().expect("ids").is_empty());
     let retained = CheckpointStorage::on(
@@ -137,7 +140,7 @@ fn checkpoints_live_on_an_s3_server() {
         PathBuf::from("s3://weir/checkpoints/q5/retained-7"),
     );
     assert_eq!(retained.load(1).expect("load retained"), meta);
-    storage.clear().expect("clear");
+    storage.clear(None).expect("clear");
 }
 
 /// The fence's primitive on a real server: of writers racing to create

@@ -585,8 +585,12 @@ impl CheckpointCoordinator {
         let written = tokio::task::spawn_blocking(move || {
             let storage = super::objects::storage_at(&dir, &s3)?;
             let meta = super::savepoint::write(&storage, header, snapshots, carried)?;
-            // Its sinks commit below: only while this run owns the job.
-            fence.publish_savepoint(id, &dir)?;
+            // Its sinks commit below: only while this run owns the job. A
+            // savepoint it may not publish must not stay restorable.
+            if let Err(e) = fence.publish_savepoint(id, &dir) {
+                let _ = storage.destroy();
+                return Err(e);
+            }
             Ok(meta)
         })
         .await
@@ -664,8 +668,20 @@ impl CheckpointCoordinator {
         let snapshots = (0..self.tasks)
             .filter_map(|t| st.finished.get(&t).map(clone_finished))
             .collect();
-        let header = self.header(st.next_id, now_ms(), true);
-        st.next_id += 1;
+        // Claimed like every other id: no other run writes into it.
+        let fence = self.fence.clone();
+        let first = st.next_id;
+        let id = tokio::task::spawn_blocking(move || -> Result<u64, CheckpointError> {
+            let mut id = first;
+            while !fence.claim_id(id)? {
+                id += 1;
+            }
+            Ok(id)
+        })
+        .await
+        .map_err(|e| ExecError::internal(format!("checkpoint id claim task failed: {e}")))??;
+        let header = self.header(id, now_ms(), true);
+        st.next_id = id + 1;
         let (meta, uploaded) = self.materialize(st, header, snapshots, None).await?;
         self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
             .await

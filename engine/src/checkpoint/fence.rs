@@ -52,8 +52,19 @@ const CLAIM_TRIES: usize = 64;
 /// of the process (two claims never write the same bytes, so a claim
 /// read back is told from another's).
 fn owner() -> String {
+    use std::hash::{BuildHasher, Hasher};
     static CLAIMS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = CLAIMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Host and pid can repeat (containers on one host network all run as
+    // pid 1): a random part keeps two claims' bytes apart.
+    let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+    random.write_u64(n);
+    random.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let nonce = random.finish();
     let host = std::env::var("HOSTNAME")
         .ok()
         .filter(|h| !h.is_empty())
@@ -63,7 +74,7 @@ fn owner() -> String {
                 .map(|h| h.trim().to_string())
         })
         .unwrap_or_else(|| "unknown host".into());
-    format!("{host} pid {} claim {n}", std::process::id())
+    format!("{host} pid {} claim {n} nonce {nonce:016x}", std::process::id())
 }
 
 /// A run's hold on a job's checkpoint storage.
@@ -73,6 +84,19 @@ pub struct Fence {
     generation: u64,
     /// The sequence number of this run's last record.
     last: Mutex<u64>,
+    /// The highest checkpoint id this run or any before it used (claimed,
+    /// published or recorded at an end): what a cleanup of this run may
+    /// touch, and the floor of ids after it.
+    high_water: std::sync::atomic::AtomicU64,
+}
+
+/// `n + 1`, or an error naming the log record at `n` (a record numbered
+/// `u64::MAX` is no log Weir wrote).
+fn after(storage: &CheckpointStorage, n: u64) -> Result<u64, CheckpointError> {
+    n.checked_add(1).ok_or_else(|| CheckpointError::Corrupt {
+        path: storage.locate(&record_key(n)).display().to_string(),
+        message: "the log's sequence numbers are exhausted".into(),
+    })
 }
 
 impl Fence {
@@ -81,25 +105,33 @@ impl Fence {
     pub fn claim(storage: &CheckpointStorage) -> Result<Fence, CheckpointError> {
         let owner = owner();
         for _ in 0..CLAIM_TRIES {
-            let seq = storage.log_seqs()?.last().map_or(1, |s| s + 1);
+            let seq = match storage.log_seqs()?.last() {
+                Some(s) => after(storage, *s)?,
+                None => 1,
+            };
             let record = Record::Generation {
                 generation: seq,
                 owner: owner.clone(),
                 time_ms: chrono::Utc::now().timestamp_millis(),
             };
             let bytes = record.encode()?;
-            let fence = Fence {
-                storage: storage.clone(),
-                generation: seq,
-                last: Mutex::new(seq),
-            };
-            match storage.create_record(seq, &bytes)? {
-                Created::Created => return Ok(fence),
+            let claimed = match storage.create_record(seq, &bytes)? {
+                Created::Created => true,
                 // This very claim, whose answer was lost.
-                Created::Exists(existing) if existing == bytes => return Ok(fence),
-                // Another run took the slot first: list again.
-                Created::Exists(_) => {}
+                Created::Exists(existing) => existing == bytes,
+            };
+            if claimed {
+                // Every id used so far is an earlier run's: no later run
+                // has claimed yet, so none of its ids exists.
+                let high_water = storage.next_id()?.saturating_sub(1);
+                return Ok(Fence {
+                    storage: storage.clone(),
+                    generation: seq,
+                    last: Mutex::new(seq),
+                    high_water: high_water.into(),
+                });
             }
+            // Another run took the slot first: list again.
         }
         Err(CheckpointError::Internal(format!(
             "could not claim a generation of {} in {CLAIM_TRIES} tries: other runs of the job keep claiming",
@@ -136,12 +168,21 @@ impl Fence {
         })
     }
 
-    /// Ends this run's generation: `Ok` means no newer run has claimed the
-    /// job, and none can take what this run leaves behind for its own.
-    pub fn seal(&self) -> Result<(), CheckpointError> {
+    /// Ends this run's generation, recording how it ended (`status`): `Ok`
+    /// means no newer run had claimed the job; one that claims later reads
+    /// the status from the log, and takes ids above this run's. What this
+    /// run then deletes or moves is bounded by [`Self::high_water`].
+    pub fn seal(&self, status: &str) -> Result<(), CheckpointError> {
         self.append(&Record::End {
             generation: self.generation,
+            status: status.to_string(),
+            next_id: after(&self.storage, self.high_water())?,
         })
+    }
+
+    /// The highest checkpoint id this run (or one before it) used.
+    pub fn high_water(&self) -> u64 {
+        self.high_water.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a newer run has claimed the job since this run's last
@@ -149,21 +190,29 @@ impl Fence {
     /// after): [`Self::publish`] is the check that guards; this one tells
     /// why an attempt failed, and keeps a replaced run from restarting.
     pub fn check(&self) -> Result<(), CheckpointError> {
-        let last = *self
+        let mut last = self
             .last
             .lock()
             .map_err(|_| CheckpointError::Internal("the fence's lock is poisoned".into()))?;
-        match self.storage.read_record(last + 1) {
-            Ok(found) if found.generation() != self.generation => Err(self.fenced(last + 1, found)),
-            Ok(_) | Err(CheckpointError::Missing { .. }) => Ok(()),
-            Err(e) => Err(e),
+        loop {
+            let seq = after(&self.storage, *last)?;
+            match self.storage.read_record(seq) {
+                Ok(found) if found.generation() != self.generation => return Err(self.fenced(seq, found)),
+                // This run's own record whose answer was lost: look on.
+                Ok(_) => *last = seq,
+                Err(CheckpointError::Missing { .. }) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         }
     }
 
     /// Takes checkpoint id `id` for this run; `false` when another run
     /// took it first.
     pub fn claim_id(&self, id: u64) -> Result<bool, CheckpointError> {
-        self.storage.claim_id(id, self.generation)
+        let mine = self.storage.claim_id(id, self.generation)?;
+        // Taken by either run, the id is used.
+        self.high_water.fetch_max(id, std::sync::atomic::Ordering::AcqRel);
+        Ok(mine)
     }
 
     fn append(&self, record: &Record) -> Result<(), CheckpointError> {
@@ -173,7 +222,7 @@ impl Fence {
             .lock()
             .map_err(|_| CheckpointError::Internal("the fence's lock is poisoned".into()))?;
         loop {
-            let seq = *last + 1;
+            let seq = after(&self.storage, *last)?;
             match self.storage.create_record(seq, &bytes)? {
                 Created::Created => {
                     *last = seq;
@@ -241,14 +290,14 @@ mod tests {
         assert!(matches!(err, CheckpointError::Fenced { .. }), "{msg}");
         assert!(msg.contains(&format!("generation {}", second.generation())), "{msg}");
         assert!(msg.contains(&format!("generation {}", first.generation())), "{msg}");
-        assert!(first.seal().is_err(), "a replaced run cannot seal");
+        assert!(first.seal("STOPPED").is_err(), "a replaced run cannot seal");
         assert!(matches!(first.check(), Err(CheckpointError::Fenced { .. })));
         second.check().expect("the newest run is not fenced");
         // Still fenced later, whatever the newer run has done since.
         assert!(second.claim_id(2).expect("id"));
         second.publish(2).expect("publish");
         assert!(first.publish(3).is_err());
-        second.seal().expect("seal");
+        second.seal("STOPPED").expect("seal");
     }
 
     #[test]
@@ -279,6 +328,61 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, [6, 7]);
+    }
+
+    #[test]
+    fn a_check_looks_past_the_runs_own_lost_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = storage(dir.path());
+        let a = Fence::claim(&s).expect("claim");
+        // a's publish reached the store, its answer did not; then another
+        // run claimed after it.
+        let seq = *a.last.lock().expect("lock") + 1;
+        let own = Record::Checkpoint {
+            generation: a.generation(),
+            checkpoint: 1,
+        };
+        s.create_record(seq, &own.encode().expect("encode")).expect("create");
+        let b = Fence::claim(&s).expect("claim");
+        match a.check() {
+            Err(CheckpointError::Fenced { by, .. }) => assert_eq!(by, b.generation()),
+            other => panic!("not fenced: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_ended_runs_cleanup_spares_its_successor_and_ids_stay_unique() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = storage(dir.path());
+        let a = Fence::claim(&s).expect("claim");
+        assert!(a.claim_id(1).expect("id"));
+        s.write_private(1, "state", b"a").expect("write");
+        a.publish(1).expect("publish");
+        a.seal("STOPPED").expect("seal");
+        // A new run claims after the seal, before the old one cleaned up.
+        let b = Fence::claim(&s).expect("claim");
+        assert_eq!(
+            s.record_before(b.generation()).expect("record"),
+            Some(Record::End {
+                generation: a.generation(),
+                status: "STOPPED".into(),
+                next_id: 2
+            })
+        );
+        assert_eq!(s.next_id().expect("next"), 2);
+        assert!(b.claim_id(2).expect("id"));
+        s.write_private(2, "state", b"b").expect("write");
+        b.publish(2).expect("publish");
+        s.clear(Some(a.high_water())).expect("the old run's cleanup");
+        assert!(!s.chk_dir(1).join("state").exists(), "the old run's checkpoint goes");
+        assert!(s.chk_dir(2).join("state").exists(), "the new run's stays");
+        // A fresh start clears everything; the next ids are still new.
+        b.seal("CANCELED").expect("seal");
+        let c = Fence::claim(&s).expect("claim");
+        s.clear(None).expect("fresh start");
+        assert!(!s.chk_dir(2).exists());
+        assert_eq!(s.next_id().expect("next"), 3, "ids are never reused");
+        assert_eq!(c.high_water(), 2);
     }
 
     #[test]

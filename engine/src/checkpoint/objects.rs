@@ -459,6 +459,16 @@ impl CheckpointStore for ObjectCheckpointStore {
         self.delete_keys(objects.into_iter().map(|(k, _)| k).collect(), from)
     }
 
+    fn rename(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        let store = self.store.clone();
+        let (src, dst) = (self.key(from), self.key(to));
+        let path = self.locate(to);
+        // Copied, then deleted: a failure between leaves both.
+        self.wait(async move { store.copy(&src, &dst).await })?
+            .map_err(|e| failed(path, e))?;
+        self.delete(from)
+    }
+
     fn remove_root_if_empty(&self) {
         // A prefix with nothing below it does not exist.
     }

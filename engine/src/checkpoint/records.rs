@@ -29,8 +29,18 @@ pub enum Record {
         checkpoint: u64,
         path: String,
     },
-    /// The run ended on purpose; it writes nothing more.
-    End { generation: u64 },
+    /// The run ended (stopped, cancelled, finished, suspended, failed for
+    /// good); it writes nothing more. `status` is how (the next run starts
+    /// afresh after an end on purpose, else resumes); `next_id` is above
+    /// every checkpoint id the run or its predecessors used, so ids stay
+    /// unique after its checkpoints are cleared.
+    End {
+        generation: u64,
+        #[serde(default)]
+        status: String,
+        #[serde(default)]
+        next_id: u64,
+    },
 }
 
 impl Record {
@@ -39,7 +49,7 @@ impl Record {
             Record::Generation { generation, .. }
             | Record::Checkpoint { generation, .. }
             | Record::Savepoint { generation, .. }
-            | Record::End { generation } => *generation,
+            | Record::End { generation, .. } => *generation,
         }
     }
 

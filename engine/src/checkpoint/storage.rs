@@ -283,8 +283,37 @@ impl CheckpointStorage {
     /// mistaken for new.
     pub fn next_id(&self) -> Result<u64, CheckpointError> {
         let dirs = self.chk_ids()?.last().copied().unwrap_or(0);
-        let logged = self.published()?.into_iter().map(|(_, id)| id).max().unwrap_or(0);
-        Ok(dirs.max(logged) + 1)
+        let logged = self
+            .log_records()?
+            .into_iter()
+            .map(|(_, r)| match r {
+                Record::Checkpoint { checkpoint, .. } | Record::Savepoint { checkpoint, .. } => checkpoint,
+                Record::End { next_id, .. } => next_id.saturating_sub(1),
+                Record::Generation { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        Ok(dirs.max(logged).saturating_add(1))
+    }
+
+    /// The record just before `seq` (how the run before a claim at `seq`
+    /// left the log), if any.
+    pub fn record_before(&self, seq: u64) -> Result<Option<Record>, CheckpointError> {
+        if seq <= 1 {
+            return Ok(None);
+        }
+        match self.read_record(seq - 1) {
+            Ok(r) => Ok(Some(r)),
+            Err(CheckpointError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes checkpoint directory `id`: its `_metadata` first, so a
+    /// deletion cut short never leaves a metadata without its claim.
+    fn delete_checkpoint(&self, id: u64) -> Result<u64, CheckpointError> {
+        self.store.delete(&format!("chk-{id}/{METADATA_FILE}"))?;
+        self.store.delete_prefix(&format!("chk-{id}"))
     }
 
     /// Reads and verifies checkpoint `id`'s metadata and checks that every
@@ -387,7 +416,7 @@ impl CheckpointStorage {
         let mut freed = 0;
         for id in self.chk_ids()? {
             if old(id) {
-                freed += self.store.delete_prefix(&format!("chk-{id}"))?;
+                freed += self.delete_checkpoint(id)?;
             }
         }
         let referenced: HashSet<&str> = retained
@@ -436,35 +465,62 @@ impl CheckpointStorage {
         Ok(())
     }
 
-    /// Moves every checkpoint (`chk-*`, `shared/`) into `retained-<ms>/`
+    /// Moves the checkpoints (`chk-*`, `shared/`) into `retained-<ms>/`
     /// below the root, keeping their relative layout: restorable by path,
-    /// out of reach of later runs' cleanup. `None` when there was none.
-    pub fn retain_aside(&self, now_ms: i64) -> Result<Option<PathBuf>, CheckpointError> {
-        if self.complete_ids()?.is_empty() {
+    /// out of reach of later runs' cleanup. Only ids up to `bound` (the
+    /// run's [`super::fence::Fence::high_water`]) and their shared files:
+    /// a run that claimed the job since has ids above it. `None` when
+    /// there was nothing to retain.
+    pub fn retain_aside(&self, now_ms: i64, bound: Option<u64>) -> Result<Option<PathBuf>, CheckpointError> {
+        let within = |id: u64| bound.is_none_or(|b| id <= b);
+        if !self.complete_ids()?.into_iter().any(within) {
             return Ok(None);
         }
         let dest = format!("retained-{now_ms}");
         self.store.reserve(&dest)?;
-        for entry in self.store.list("")? {
-            if entry.name == "shared" || entry.name.starts_with("chk-") {
+        for id in self.chk_ids()? {
+            if within(id) {
                 self.store
-                    .rename_prefix(&entry.name, &format!("{dest}/{}", entry.name))?;
+                    .rename_prefix(&format!("chk-{id}"), &format!("{dest}/chk-{id}"))?;
             }
         }
-        self.drop_records(|_| true)?;
+        for entry in self.store.list("shared")? {
+            if !entry.is_prefix && shared_file_checkpoint(&entry.name).is_some_and(within) {
+                self.store.rename(
+                    &format!("shared/{}", entry.name),
+                    &format!("{dest}/shared/{}", entry.name),
+                )?;
+            }
+        }
+        self.drop_records(within)?;
         Ok(Some(self.locate(&dest)))
     }
 
-    /// Removes every checkpoint of the job (a fresh start): the `chk-*`
-    /// directories and `shared/`, nothing else, so a checkpoint directory
-    /// pointed at a directory holding other files never loses them; the
-    /// root goes only when that leaves it empty.
-    pub fn clear(&self) -> Result<(), CheckpointError> {
-        self.drop_records(|_| true)?;
-        for entry in self.store.list("")? {
-            if entry.name == "shared" || entry.name.starts_with("chk-") {
-                self.store.delete_prefix(&entry.name)?;
+    /// Removes the job's checkpoints (a fresh start, or a stop that keeps
+    /// none): `chk-*` directories and `shared/` files, up to `bound` as in
+    /// [`Self::retain_aside`], nothing else, so a checkpoint directory
+    /// pointed at a directory holding other files never loses them. The
+    /// log stays (it fences earlier runs, and its last end record keeps
+    /// ids unique).
+    pub fn clear(&self, bound: Option<u64>) -> Result<(), CheckpointError> {
+        let within = |id: u64| bound.is_none_or(|b| id <= b);
+        self.drop_records(within)?;
+        for id in self.chk_ids()? {
+            if within(id) {
+                self.delete_checkpoint(id)?;
             }
+        }
+        for entry in self.store.list("shared")? {
+            let ours = match shared_file_checkpoint(&entry.name) {
+                Some(id) => within(id),
+                None => bound.is_none(),
+            };
+            if !entry.is_prefix && ours {
+                self.store.delete(&format!("shared/{}", entry.name))?;
+            }
+        }
+        if bound.is_none() {
+            self.store.delete_prefix("shared")?;
         }
         self.store.remove_root_if_empty();
         Ok(())

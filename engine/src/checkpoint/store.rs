@@ -88,6 +88,9 @@ pub trait CheckpointStore: Send + Sync + std::fmt::Debug {
     /// Moves every object below `from` to the same names below `to`.
     fn rename_prefix(&self, from: &str, to: &str) -> Result<(), CheckpointError>;
 
+    /// Moves the one object `from` to `to`.
+    fn rename(&self, from: &str, to: &str) -> Result<(), CheckpointError>;
+
     /// Removes the root itself when nothing is left below it.
     fn remove_root_if_empty(&self);
 
@@ -338,6 +341,11 @@ impl CheckpointStore for LocalStore {
     fn reserve(&self, prefix: &str) -> Result<(), CheckpointError> {
         let dir = self.root.join(prefix);
         std::fs::create_dir_all(&dir).map_err(io(&dir))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> Result<(), CheckpointError> {
+        // A rename of a directory entry: a file the same as a directory.
+        self.rename_prefix(from, to)
     }
 
     fn rename_prefix(&self, from: &str, to: &str) -> Result<(), CheckpointError> {

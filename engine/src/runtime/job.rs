@@ -161,9 +161,9 @@ impl Retention {
     /// Ends this run's hold on the checkpoints (see [`Fence::seal`]):
     /// `false` when a newer run of the job took them over, and then this
     /// run must leave their status and files alone.
-    fn seal(&self, job: &str) -> bool {
+    fn seal(&self, job: &str, status: RunStatus) -> bool {
         let Some(fence) = &self.fence else { return true };
-        match fence.seal() {
+        match fence.seal(status.as_str()) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(target: "weir::checkpoint", "job '{job}': {e}; its status and checkpoints are left as they are");
@@ -175,7 +175,7 @@ impl Retention {
     /// Records how the run ended (after sealing it): `apply` its
     /// retention too (stopped or cancelled).
     fn end(&self, job: &str, job_dir: &Path, status: RunStatus, apply: bool) -> Result<()> {
-        if !self.seal(job) {
+        if !self.seal(job, status) {
             return Ok(());
         }
         status.write(job_dir, self.remote())?;
@@ -190,13 +190,16 @@ impl Retention {
     /// no later run's cleanup reaches) to be restored by path.
     fn apply(&self, job: &str) {
         let Some(storage) = &self.storage else { return };
+        // Only this run's ids and older: a run that claimed the job after
+        // this one sealed has ids above them.
+        let bound = self.fence.as_ref().map(|f| f.high_water());
         if !self.retain {
-            if let Err(e) = storage.clear() {
+            if let Err(e) = storage.clear(bound) {
                 tracing::warn!(target: "weir::checkpoint", "job '{job}': could not delete its checkpoints: {e}");
             }
             return;
         }
-        match storage.retain_aside(chrono::Utc::now().timestamp_millis()) {
+        match storage.retain_aside(chrono::Utc::now().timestamp_millis(), bound) {
             Ok(Some(dir)) => tracing::info!(
                 target: "weir::checkpoint",
                 "job '{job}': checkpoints retained in {} (restore one with SET 'execution.state-recovery.path')",
@@ -520,7 +523,6 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<Re
         return Ok((restored, None));
     };
     let storage = cp.storage();
-    let status = RunStatus::read(&config.job_dir, status_storage(config).as_ref())?;
     let fence = Arc::new(Fence::claim(&storage)?);
     tracing::info!(
         target: "weir::checkpoint",
@@ -532,6 +534,22 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<Re
     if let Some(path) = &config.recovery_path {
         return Ok((Some(restore_path(path, &check, config)?), Some(fence)));
     }
+    // How the last run ended, from the log as it stood at the claim (the
+    // record just before it): a status file could be overwritten by a
+    // run replaced meanwhile, the log cannot. The status file answers only
+    // for a directory without a log before this run.
+    let status = match storage.record_before(fence.generation())? {
+        Some(crate::checkpoint::records::Record::End { status, .. }) if !status.is_empty() => {
+            Some(RunStatus::parse(&status))
+        }
+        // It died without ending: resume.
+        Some(crate::checkpoint::records::Record::Checkpoint { .. })
+        | Some(crate::checkpoint::records::Record::Savepoint { .. })
+        | Some(crate::checkpoint::records::Record::Generation { .. }) => Some(RunStatus::Running),
+        Some(crate::checkpoint::records::Record::End { .. }) | None => {
+            RunStatus::read(&config.job_dir, status_storage(config).as_ref())?
+        }
+    };
     let restored = match status {
         Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
             restore_latest(&storage, &check, &config.job_dir)?
@@ -539,7 +557,7 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<Re
         _ => {
             // The last run ended on purpose (or there was none): start
             // afresh, and never mistake its checkpoints for ours.
-            storage.clear()?;
+            storage.clear(None)?;
             None
         }
     };
