@@ -178,3 +178,194 @@ fn of_writers_racing_to_create_one_key_on_s3_exactly_one_wins() {
         );
     }
 }
+
+/// Runs `weir run` on `sql` with its own data directory below `dir`;
+/// panics with its output if it fails.
+fn weir_run(dir: &std::path::Path, name: &str, sql: &str) {
+    let file = dir.join(format!("{name}.sql"));
+    std::fs::write(&file, sql).expect("write sql");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("--data-dir")
+        .arg(dir.join(format!("data-{name}")))
+        .arg("run")
+        .arg(&file)
+        .env_remove("WEIR_FAILPOINTS")
+        .output()
+        .expect("run weir");
+    assert!(
+        out.status.success(),
+        "weir run {name} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The JSON rows of the visible part files below `dir` (partition
+/// directories `k=v` add their column), sorted.
+fn json_rows(dir: &std::path::Path) -> Vec<String> {
+    let mut rows = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name.starts_with('_') {
+                continue;
+            }
+            if e.path().is_dir() {
+                stack.push(e.path());
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).expect("read part");
+            rows.extend(text.lines().filter(|l| !l.is_empty()).map(str::to_string));
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// Tables on an S3 server, through `weir run` as a user writes them: a
+/// json table and a partitioned parquet table written with checkpoints
+/// (parts staged as multipart uploads, completed at checkpoints) and a
+/// csv table written without (each part put when the job ends), then all
+/// three read back (several objects per table: several splits; partition
+/// values from the key's `k=v` segments) into local files: the rows are
+/// the input's, nothing hidden is left in the bucket and no multipart
+/// upload is open. A path naming nothing is an error, not an empty table.
+#[test]
+fn tables_are_written_to_and_read_back_from_an_s3_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("s3")).expect("dir");
+    let server = common::s3_server(&dir.path().join("s3"));
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).expect("input dir");
+    let mut expected = vec![];
+    let mut text = String::new();
+    // ~24 MB: a writer's part of the table written without checkpoints
+    // (one part per writer) is larger than an upload part (8 MiB).
+    let pad = "x".repeat(100);
+    for i in 0..200_000 {
+        let row = format!("{{\"id\":{i},\"name\":\"n\\\"{}{pad}\",\"k\":\"p{}\"}}", i * 7, i % 3);
+        text.push_str(&row);
+        text.push('\n');
+        expected.push(row);
+    }
+    expected.sort();
+    std::fs::write(input.join("rows.json"), text).expect("input");
+    let b = &server.bucket;
+    let settings = server.checkpoint_settings();
+    let tables = format!(
+        "CREATE TABLE s3_json (id BIGINT, name STRING, k STRING)
+  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/json', 'format' = 'json');
+CREATE TABLE s3_pq (id BIGINT, name STRING, k STRING) PARTITIONED BY (k)
+  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/pq/', 'format' = 'parquet');
+CREATE TABLE s3_csv (id BIGINT, name STRING, k STRING)
+  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/csv', 'format' = 'csv');
+"
+    );
+    weir_run(
+        dir.path(),
+        "write",
+        &format!(
+            "SET 'parallelism.default' = '2';
+{settings}
+{tables}
+CREATE TABLE src (id BIGINT, name STRING, k STRING)
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+SET 'execution.checkpointing.interval' = '50 ms';
+INSERT INTO s3_json SELECT * FROM src;
+INSERT INTO s3_pq SELECT * FROM src;
+RESET 'execution.checkpointing.interval';
+INSERT INTO s3_csv SELECT * FROM src;
+",
+            input.display()
+        ),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = server.client();
+    let listed: Vec<(String, u64)> = rt.block_on(async {
+        use futures::TryStreamExt;
+        object_store::ObjectStore::list(&client, Some(&object_store::path::Path::from("tables")))
+            .map_ok(|m| (m.location.to_string(), m.size))
+            .try_collect()
+            .await
+            .expect("list")
+    });
+    let keys: Vec<String> = listed.iter().map(|(k, _)| k.clone()).collect();
+    assert!(
+        listed
+            .iter()
+            .any(|(k, size)| k.starts_with("tables/csv/") && *size > 8 << 20),
+        "no part went up in several upload parts: {listed:?}"
+    );
+    assert!(
+        keys.iter()
+            .all(|k| !k.rsplit('/').next().unwrap_or_default().starts_with('.')),
+        "hidden objects left: {keys:?}"
+    );
+    for t in ["json", "csv"] {
+        let parts = keys
+            .iter()
+            .filter(|k| k.starts_with(&format!("tables/{t}/part-")))
+            .count();
+        assert!(
+            parts >= 2,
+            "{t}: {parts} part objects, not one per writer at least: {keys:?}"
+        );
+    }
+    assert!(
+        keys.iter().any(|k| k.starts_with("tables/pq/k=p0/part-")),
+        "no partition prefix: {keys:?}"
+    );
+    assert!(server.multipart_uploads().is_empty(), "uploads left open");
+    let back = |t: &str| dir.path().join(format!("back-{t}"));
+    weir_run(
+        dir.path(),
+        "read",
+        &format!(
+            "SET 'parallelism.default' = '2';
+{settings}
+{tables}
+CREATE TABLE back_json (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+CREATE TABLE back_pq (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+CREATE TABLE back_csv (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+INSERT INTO back_json SELECT * FROM s3_json;
+INSERT INTO back_pq SELECT id, name, k FROM s3_pq;
+INSERT INTO back_csv SELECT * FROM s3_csv;
+",
+            back("json").display(),
+            back("pq").display(),
+            back("csv").display()
+        ),
+    );
+    for t in ["json", "pq", "csv"] {
+        assert_eq!(json_rows(&back(t)), expected, "table {t} read back from S3");
+    }
+    // Nothing at the path: an error naming it.
+    let file = dir.path().join("missing.sql");
+    std::fs::write(
+        &file,
+        format!(
+            "{settings}
+CREATE TABLE nothing (id BIGINT) WITH ('connector' = 'filesystem', 'path' = 's3://{b}/no/such/table', 'format' = 'json');
+CREATE TABLE sink (id BIGINT) WITH ('connector' = 'blackhole');
+INSERT INTO sink SELECT * FROM nothing;
+"
+        ),
+    )
+    .expect("write sql");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data-missing"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .expect("run weir");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(&format!("s3://{b}/no/such/table")) && stderr.contains("no object"),
+        "{stderr}"
+    );
+}

@@ -29,6 +29,8 @@ pub const CHECKPOINT_DIR: &str = "execution.checkpointing.dir";
 pub const S3_ENDPOINT: &str = "s3.endpoint";
 pub const RECOVERY_PATH: &str = "execution.state-recovery.path";
 pub const SAVEPOINT_DIR: &str = "execution.checkpointing.savepoint-dir";
+/// The `filesystem` connector's table location.
+pub const TABLE_PATH: &str = "path";
 
 /// Where paths may point: anywhere (the embedded shell, `weir run`) or
 /// inside a set of canonical directories.
@@ -167,9 +169,9 @@ impl PathPolicy {
             reason,
         };
         if is_object_url(value) {
-            if !matches!(key, CHECKPOINT_DIR | SAVEPOINT_DIR | RECOVERY_PATH) {
+            if !matches!(key, CHECKPOINT_DIR | SAVEPOINT_DIR | RECOVERY_PATH | TABLE_PATH) {
                 return Err(denied(format!(
-                    "'{value}' is an object-store URL; only checkpoint and savepoint locations take one so far"
+                    "'{value}' is an object-store URL; only checkpoint and savepoint locations and a table's path take one"
                 )));
             }
             if self.allowed.is_none() {
@@ -414,9 +416,12 @@ mod tests {
             let e = given.check(CHECKPOINT_DIR, bad).expect_err(bad);
             assert!(e.to_string().contains(CHECKPOINT_DIR), "{e}");
         }
+        // A table's path too, and as narrowly.
+        assert!(given.check(TABLE_PATH, "s3://bucket/jobs/t").is_ok());
+        assert!(given.check(TABLE_PATH, "s3://bucket/t").is_err());
         assert!(
-            given.check("path", "s3://bucket/jobs/t").is_err(),
-            "tables take no URL yet"
+            given.check("scan.dead-letter.path", "s3://bucket/jobs/t").is_err(),
+            "dead letters are local"
         );
         let narrowed = given
             .narrow("weir.allowed-dirs", &[PathBuf::from("s3://bucket/jobs/team-a")])
@@ -440,8 +445,8 @@ mod tests {
                 .is_ok()
         );
         let e = PathPolicy::unrestricted()
-            .check("path", "gs://bucket/t")
-            .expect_err("not yet");
+            .check("sink.dead-letter.path", "gs://bucket/t")
+            .expect_err("local only");
         assert!(e.to_string().contains("only"), "{e}");
     }
 
@@ -455,6 +460,7 @@ mod tests {
         assert!(policy.check("path", &p).is_err());
         assert!(policy.check("path", &format!("{}/a/b/../c", root.display())).is_ok());
         assert!(policy.check("path", &format!("FILE://{}/in", root.display())).is_ok());
+        // No object-store location allowed.
         assert!(policy.check("path", "s3://bucket/x").is_err());
     }
 

@@ -251,7 +251,7 @@ fn read_file(contents: &[u8], schema: SchemaRef, options: &[(&str, String)]) -> 
         .copied()
         .collect();
     let options = Options::validate(&values, &specs, "connector 'filesystem'")?;
-    let source = FileSource::new(&options, schema.clone(), &[])?;
+    let source = FileSource::new(&options, schema.clone(), &[], &Default::default())?;
     let mut rows = 0;
     for mut split in source.create_splits(1)? {
         // A file of at most a few hundred lines is a few batches; more

@@ -390,6 +390,8 @@ pub struct S3Server {
     pub bucket: String,
     pub access_key: String,
     pub secret_key: String,
+    /// The filer's port (SeaweedFS's file API below the S3 one).
+    pub filer_port: u16,
 }
 
 /// Starts an [`S3Server`] with its data in `dir`, once its S3 port
@@ -405,7 +407,7 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         "-admin.ui=false".into(),
         "-webdav=false".into(),
     ];
-    let mut s3_port = 0;
+    let (mut s3_port, mut filer_port) = (0, 0);
     for flag in [
         "master.port",
         "master.port.grpc",
@@ -421,8 +423,10 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         "admin.port.grpc",
     ] {
         let port = free_port();
-        if flag == "s3.port" {
-            s3_port = port;
+        match flag {
+            "s3.port" => s3_port = port,
+            "filer.port" => filer_port = port,
+            _ => {}
         }
         args.push(format!("-{flag}={port}"));
     }
@@ -471,6 +475,7 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         bucket: bucket.into(),
         access_key: access_key.into(),
         secret_key: secret_key.into(),
+        filer_port,
     };
     // The bucket is created after the port answers: list it (as the key
     // pair: anonymous requests are refused either way) until it is there.
@@ -494,6 +499,50 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
 }
 
 impl S3Server {
+    /// The ids of the bucket's multipart uploads not completed or aborted
+    /// (S3's ListMultipartUploads; read from where SeaweedFS keeps them,
+    /// its filer's `/buckets/<bucket>/.uploads/`, as `object_store` does
+    /// not list uploads).
+    pub fn multipart_uploads(&self) -> Vec<String> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", self.filer_port)).expect("connect to the filer");
+        c.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        let req = format!(
+            "GET /buckets/{}/.uploads/?limit=10000 HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n",
+            self.bucket
+        );
+        c.write_all(req.as_bytes()).expect("request the filer");
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).expect("the filer's answer");
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        if head.starts_with("HTTP/1.1 404") || head.starts_with("HTTP/1.0 404") {
+            // No upload was ever started in the bucket.
+            return vec![];
+        }
+        assert!(head.contains(" 200 "), "the filer answered: {head}");
+        let listing: serde_json::Value = serde_json::from_str(body).expect("the filer's JSON listing");
+        listing["Entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["FullPath"].as_str())
+            .map(|p| p.rsplit('/').next().unwrap_or(p).to_string())
+            .collect()
+    }
+
+    /// The `SET` statements that point a job's checkpoints at this
+    /// server (`s3://<bucket>/checkpoints`) as its key pair.
+    pub fn checkpoint_settings(&self) -> String {
+        format!(
+            "SET 'execution.checkpointing.dir' = 's3://{}/checkpoints';
+SET 's3.endpoint' = '{}';
+SET 's3.access-key' = '{}';
+SET 's3.secret-key' = '{}';
+SET 's3.path.style.access' = 'true';",
+            self.bucket, self.endpoint, self.access_key, self.secret_key
+        )
+    }
+
     /// A client of the server's bucket, as the key pair.
     pub fn client(&self) -> object_store::aws::AmazonS3 {
         object_store::aws::AmazonS3Builder::new()
@@ -506,4 +555,103 @@ impl S3Server {
             .build()
             .expect("s3 client")
     }
+}
+
+/// A proxy on loopback in front of an S3 server that throttles: it answers
+/// every `every`-th request with `503 SlowDown` (S3's throttling answer)
+/// without passing it on, and forwards the others (one request per
+/// connection). `throttled` counts the refusals.
+pub struct ThrottlingProxy {
+    /// `http://127.0.0.1:<port>`: the endpoint to give clients.
+    pub endpoint: String,
+    pub throttled: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+pub fn throttling_proxy(upstream: &str, every: usize) -> ThrottlingProxy {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let upstream_addr = upstream.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let port = listener.local_addr().expect("proxy address").port();
+    let throttled = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counter = throttled.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let (upstream_addr, seen, counter) = (upstream_addr.clone(), seen.clone(), counter.clone());
+            std::thread::spawn(move || {
+                let n = seen.fetch_add(1, Ordering::SeqCst);
+                let _ = proxy_one(conn, &upstream_addr, every > 0 && n % every == every - 1, &counter);
+            });
+        }
+    });
+    ThrottlingProxy {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        throttled,
+    }
+}
+
+/// One request of `client`: refused with 503 SlowDown (`throttle`), or
+/// sent to `upstream` with `Connection: close` and its answer passed back.
+fn proxy_one(
+    mut client: std::net::TcpStream,
+    upstream: &str,
+    throttle: bool,
+    throttled: &std::sync::atomic::AtomicUsize,
+) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    client.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 64 * 1024];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = client.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = client.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    if throttle {
+        throttled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>\
+                    <Message>Please reduce your request rate.</Message></Error>";
+        write!(
+            client,
+            "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )?;
+        return client.flush();
+    }
+    // The same request, but the upstream closes after answering: its
+    // answer then ends at EOF, whatever its framing. (Connection is not a
+    // signed header; Host is, and passes unchanged.)
+    let mut lines: Vec<&str> = head[..head.len() - 4]
+        .split("\r\n")
+        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .collect();
+    lines.push("Connection: close");
+    let mut up = std::net::TcpStream::connect(upstream)?;
+    up.write_all(format!("{}\r\n\r\n", lines.join("\r\n")).as_bytes())?;
+    up.write_all(&buf[head_end..])?;
+    std::io::copy(&mut up, &mut client)?;
+    client.flush()
 }

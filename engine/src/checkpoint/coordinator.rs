@@ -381,20 +381,12 @@ impl CheckpointCoordinator {
         };
         // No later attempt, and no other run of the job, writes into the
         // id's directory; an id another run took is skipped.
-        let fence = self.fence.clone();
         let first = st.next_id;
-        let claim = tokio::task::spawn_blocking(move || -> Result<u64, CheckpointError> {
-            let mut id = first;
-            while !fence.claim_id(id)? {
-                id += 1;
-            }
-            Ok(id)
-        });
         // Bounded by the checkpoint's timeout: a storage that hangs fails
         // the checkpoint, not the coordinator. (A claim that lands later
         // only leaves an id unused.)
-        let claimed = match tokio::time::timeout(self.config.timeout, claim).await {
-            Ok(joined) => joined.map_err(|e| ExecError::internal(format!("checkpoint id claim task failed: {e}")))?,
+        let claimed = match tokio::time::timeout(self.config.timeout, self.claim_from(first)).await {
+            Ok(claimed) => claimed?,
             Err(_) => Err(CheckpointError::Expired(format!(
                 "no answer within {:?} (the checkpoint storage is slow or unreachable)",
                 self.config.timeout
@@ -669,9 +661,19 @@ impl CheckpointCoordinator {
             .filter_map(|t| st.finished.get(&t).map(clone_finished))
             .collect();
         // Claimed like every other id: no other run writes into it.
+        let id = self.claim_from(st.next_id).await??;
+        let header = self.header(id, now_ms(), true);
+        st.next_id = id + 1;
+        let (meta, uploaded) = self.materialize(st, header, snapshots, None).await?;
+        self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
+            .await
+    }
+
+    /// Claims the first checkpoint id from `first` on that no other run
+    /// took (on the blocking pool: the fence's store blocks).
+    async fn claim_from(&self, first: u64) -> Result<Result<u64, CheckpointError>> {
         let fence = self.fence.clone();
-        let first = st.next_id;
-        let id = tokio::task::spawn_blocking(move || -> Result<u64, CheckpointError> {
+        tokio::task::spawn_blocking(move || -> Result<u64, CheckpointError> {
             let mut id = first;
             while !fence.claim_id(id)? {
                 id += 1;
@@ -679,12 +681,7 @@ impl CheckpointCoordinator {
             Ok(id)
         })
         .await
-        .map_err(|e| ExecError::internal(format!("checkpoint id claim task failed: {e}")))??;
-        let header = self.header(id, now_ms(), true);
-        st.next_id = id + 1;
-        let (meta, uploaded) = self.materialize(st, header, snapshots, None).await?;
-        self.commit_and_clean(st, meta, uploaded, started, Duration::ZERO, Duration::ZERO, started)
-            .await
+        .map_err(|e| ExecError::internal(format!("checkpoint id claim task failed: {e}")))
     }
 
     /// Uploads and writes the metadata on the blocking pool, by

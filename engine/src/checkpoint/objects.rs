@@ -89,11 +89,35 @@ pub fn storage_at(path: &Path, s3: &S3Settings) -> Result<super::storage::Checkp
     ))
 }
 
+/// An object-store location opened: its store (which also takes
+/// multipart uploads part by part, for files that must stay invisible
+/// until a checkpoint commits them) and the prefix below the bucket.
+pub struct Bucket {
+    pub store: Arc<dyn ObjectStore>,
+    pub multipart: Arc<dyn object_store::multipart::MultipartStore>,
+    /// The key prefix the URL names below its bucket ("" for the bucket).
+    pub prefix: String,
+    /// The URL as given, without a trailing '/', for messages.
+    pub url: String,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Bucket({})", self.url)
+    }
+}
+
 /// The store of the object-store URL `url` (see [`is_object_url`]):
 /// `s3://bucket/prefix` with `s3`, `gs://bucket/prefix` and
 /// `az://container/prefix` with the environment's credentials. An error
 /// says what is wrong with the URL or the settings.
 pub fn open_url(url: &str, s3: &S3Settings) -> Result<ObjectCheckpointStore, String> {
+    let b = open_bucket(url, s3)?;
+    Ok(ObjectCheckpointStore::new(b.store, &b.prefix, &b.url))
+}
+
+/// Opens the object-store URL `url` (see [`open_url`]).
+pub fn open_bucket(url: &str, s3: &S3Settings) -> Result<Bucket, String> {
     let url = url.trim().trim_end_matches('/');
     let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("'{url}' is not a URL"))?;
     let (host, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -101,7 +125,13 @@ pub fn open_url(url: &str, s3: &S3Settings) -> Result<ObjectCheckpointStore, Str
         return Err(format!("'{url}' names no bucket"));
     }
     let bucket_url = format!("{scheme}://{host}");
-    let store: Arc<dyn ObjectStore> = match scheme.to_ascii_lowercase().as_str() {
+    fn both<S: ObjectStore + object_store::multipart::MultipartStore>(
+        s: S,
+    ) -> (Arc<dyn ObjectStore>, Arc<dyn object_store::multipart::MultipartStore>) {
+        let s = Arc::new(s);
+        (s.clone(), s)
+    }
+    let (store, multipart) = match scheme.to_ascii_lowercase().as_str() {
         "s3" | "s3a" => {
             let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(bucket_url);
             if let Some(e) = &s3.endpoint {
@@ -123,15 +153,15 @@ pub fn open_url(url: &str, s3: &S3Settings) -> Result<ObjectCheckpointStore, Str
             if let Some(p) = s3.path_style {
                 b = b.with_virtual_hosted_style_request(!p);
             }
-            Arc::new(b.build().map_err(|e| format!("'{url}': {e}"))?)
+            both(b.build().map_err(|e| format!("'{url}': {e}"))?)
         }
-        "gs" => Arc::new(
+        "gs" => both(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(bucket_url)
                 .build()
                 .map_err(|e| format!("'{url}': {e}"))?,
         ),
-        "az" | "azure" | "abfs" | "abfss" => Arc::new(
+        "az" | "azure" | "abfs" | "abfss" => both(
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(bucket_url)
                 .build()
@@ -139,7 +169,26 @@ pub fn open_url(url: &str, s3: &S3Settings) -> Result<ObjectCheckpointStore, Str
         ),
         other => return Err(format!("'{url}': '{other}://' is not an object store Weir can use")),
     };
-    Ok(ObjectCheckpointStore::new(store, prefix, url))
+    Ok(Bucket {
+        store,
+        multipart,
+        prefix: prefix.trim_matches('/').to_string(),
+        url: url.to_string(),
+    })
+}
+
+/// Runs `fut` on the object-store runtime and waits for it, from any
+/// thread (a runtime thread too: it is not this runtime's). `what` names
+/// the request in the error of a dropped one.
+pub fn block_on<T: Send + 'static>(
+    what: &str,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().map_err(|e| e.to_string())?.spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().map_err(|_| format!("a request to {what} was dropped"))
 }
 
 impl std::fmt::Debug for ObjectCheckpointStore {

@@ -457,14 +457,24 @@ pub fn check_table_paths(table: &TableDef, paths: &crate::paths::PathPolicy) -> 
     Ok(())
 }
 
-pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<Arc<dyn SourceFactory>> {
+/// The source of `table`; `s3` reaches a table on S3 (the job's `s3.*`).
+pub fn create_source(
+    table: &TableDef,
+    paths: &crate::paths::PathPolicy,
+    s3: &crate::checkpoint::objects::S3Settings,
+) -> Result<Arc<dyn SourceFactory>> {
     check_table_paths(table, paths)?;
     let (connector, options) = validate_table(table)?;
     let schema = table.physical_schema();
     Ok(match connector.as_str() {
         "nexmark" => Arc::new(nexmark::NexmarkSource::new(&options, schema)?),
         "datagen" => Arc::new(datagen::DatagenSource::new(&options, schema)?),
-        "filesystem" => Arc::new(filesystem::FileSource::new(&options, schema, &table.partition_keys)?),
+        "filesystem" => Arc::new(filesystem::FileSource::new(
+            &options,
+            schema,
+            &table.partition_keys,
+            s3,
+        )?),
         "kafka" | "upsert-kafka" => {
             let metadata = TableDef::metadata_of(table.physical_columns());
             let upsert = connector == kafka::UPSERT_NAME;
@@ -482,7 +492,12 @@ pub fn create_source(table: &TableDef, paths: &crate::paths::PathPolicy) -> Resu
     })
 }
 
-pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result<Arc<dyn SinkFactory>> {
+/// The sink of `table`; `s3` reaches a table on S3 (the job's `s3.*`).
+pub fn create_sink(
+    table: &TableDef,
+    paths: &crate::paths::PathPolicy,
+    s3: &crate::checkpoint::objects::S3Settings,
+) -> Result<Arc<dyn SinkFactory>> {
     check_table_paths(table, paths)?;
     let (connector, options) = validate_table(table)?;
     // An INSERT writes every column but the virtual metadata ones.
@@ -490,7 +505,7 @@ pub fn create_sink(table: &TableDef, paths: &crate::paths::PathPolicy) -> Result
     Ok(match connector.as_str() {
         "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
         "blackhole" => Arc::new(blackhole::BlackholeSink),
-        "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys)?),
+        "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys, s3)?),
         "kafka" | "upsert-kafka" => {
             let metadata = TableDef::metadata_of(table.writable_columns());
             let upsert = connector == kafka::UPSERT_NAME;

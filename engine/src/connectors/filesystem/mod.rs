@@ -7,9 +7,11 @@
 //!   directory (`scan.dead-letter.path`, [`crate::connectors::dead_letter`]).
 //! - `sink`: the part-file writer.
 //! - `part_file`: the two-phase commit of files, shared by the sink and
-//!   dead letters.
+//!   dead letters; `object_files`: its object-store form (a table whose
+//!   path is an `s3://` URL: uncompleted multipart uploads).
 
 pub(crate) mod changelog;
+pub(crate) mod object_files;
 pub(crate) mod part_file;
 pub(crate) mod partition;
 mod records;
@@ -112,9 +114,9 @@ pub const FORMAT_OPTIONS: &[OptionSpec] = &[
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
-        "path",
-        OptionKind::Path,
-        "a file or directory; 'file://' prefix allowed",
+        crate::paths::TABLE_PATH,
+        OptionKind::Location,
+        "a file or directory ('file://' prefix allowed); a sink also an s3://, gs://, az:// URL (s3.* options reach it)",
     ),
     OptionSpec::new(
         "format",

@@ -14,9 +14,16 @@
 //!
 //! Stems carry the job, a per-attempt id and the subtask, so visible names
 //! never collide across attempts or subtasks.
+//!
+//! On an object store ([`super::object_files`]) the part is written to a
+//! local spool file the same way; pending means an uncompleted multipart
+//! upload, committing means completing it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::object_files::{ObjectFiles, UPLOAD_SUFFIX};
 
 use crate::connectors::Committer;
 use crate::error::{ConnectorError, Result};
@@ -44,6 +51,9 @@ pub(crate) struct PartFiles {
     next_part: u64,
     /// Failpoint passed once a part is pending (crash tests).
     pre_committed_failpoint: &'static str,
+    /// On an object store: where parts go, and the directory (a partition,
+    /// or "") relative to the table's path; `dir` is then the local spool.
+    remote: Option<(Arc<ObjectFiles>, String)>,
 }
 
 impl PartFiles {
@@ -54,6 +64,22 @@ impl PartFiles {
             ext,
             next_part: 0,
             pre_committed_failpoint,
+            remote: None,
+        }
+    }
+
+    /// Parts spooled in `dir` go to `rel_dir` of the object store `parts`.
+    pub fn on_object_store(mut self, parts: Arc<ObjectFiles>, rel_dir: String) -> Self {
+        self.remote = Some((parts, rel_dir));
+        self
+    }
+
+    /// The current part's name relative to the table's path (object store).
+    fn remote_name(rel_dir: &str, name: String) -> String {
+        if rel_dir.is_empty() {
+            name
+        } else {
+            format!("{rel_dir}/{name}")
         }
     }
 
@@ -75,6 +101,14 @@ impl PartFiles {
     /// to a new part.
     pub fn pre_commit(&mut self) -> Result<serde_json::Value> {
         let target = self.final_name();
+        if let Some((parts, rel_dir)) = &self.remote {
+            let local = self.in_progress_path();
+            let c = parts.stage(&local, &Self::remote_name(rel_dir, target))?;
+            std::fs::remove_file(&local).map_err(|e| io_err(&local, e))?;
+            failpoint(self.pre_committed_failpoint);
+            self.next_part += 1;
+            return Ok(c);
+        }
         let pending = format!(".{target}.pending");
         std::fs::rename(self.in_progress_path(), self.dir.join(&pending))
             .map_err(|e| io_err(&self.in_progress_path(), e))?;
@@ -88,6 +122,12 @@ impl PartFiles {
     /// made visible at once.
     pub fn commit_now(&mut self) -> Result<()> {
         let path = self.in_progress_path();
+        if let Some((parts, rel_dir)) = &self.remote {
+            parts.put(&path, &Self::remote_name(rel_dir, self.final_name()))?;
+            std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+            self.next_part += 1;
+            return Ok(());
+        }
         std::fs::rename(&path, self.final_path()).map_err(|e| io_err(&path, e))?;
         self.next_part += 1;
         Ok(())
@@ -111,6 +151,8 @@ pub(crate) struct PartCommitter {
     fields: usize,
     /// Failpoint passed after each rename (crash tests).
     committed_failpoint: &'static str,
+    /// The table is on an object store (`dir` is its URL).
+    remote: Option<Arc<ObjectFiles>>,
 }
 
 impl PartCommitter {
@@ -120,7 +162,14 @@ impl PartCommitter {
             prefix,
             fields,
             committed_failpoint,
+            remote: None,
         }
+    }
+
+    /// Commits and recovers the parts of a table on an object store.
+    pub fn on_object_store(mut self, parts: Option<Arc<ObjectFiles>>) -> Self {
+        self.remote = parts;
+        self
     }
 
     /// Whether `name` is an in-progress or pending file of this job.
@@ -128,7 +177,7 @@ impl PartCommitter {
         let Some(rest) = name.strip_prefix(&self.prefix) else {
             return false;
         };
-        let unfinished = rest.ends_with(".inprogress") || rest.ends_with(".pending");
+        let unfinished = rest.ends_with(".inprogress") || rest.ends_with(".pending") || rest.ends_with(UPLOAD_SUFFIX);
         let stem = rest.split('.').next().unwrap_or_default();
         unfinished && stem.split('-').count() == self.fields
     }
@@ -136,6 +185,14 @@ impl PartCommitter {
 
 impl Committer for PartCommitter {
     fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+        if let Some(parts) = &self.remote {
+            for c in committables {
+                if parts.complete(c)? {
+                    failpoint(self.committed_failpoint);
+                }
+            }
+            return Ok(());
+        }
         // The directories renames happened in (partitions of a partitioned
         // table: the targets' parents).
         let mut dirs: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
@@ -185,6 +242,17 @@ impl PartCommitter {
     /// Deletes this job's in-progress and pending files (of `attempt`
     /// only, if given).
     fn remove_unfinished(&self, attempt: Option<&str>) -> Result<()> {
+        let of_attempt = |name: &str| {
+            attempt.is_none_or(|a| {
+                name.strip_prefix(&self.prefix)
+                    .and_then(|rest| rest.strip_prefix(a))
+                    .is_some_and(|rest| rest.starts_with('-'))
+            })
+        };
+        if let Some(parts) = &self.remote {
+            // Below every partition at once: an object store lists keys.
+            return parts.abort_unfinished(|name| self.owns(name) && of_attempt(name));
+        }
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -193,12 +261,7 @@ impl PartCommitter {
         for entry in entries {
             let entry = entry.map_err(|e| io_err(&self.dir, e))?;
             let name = entry.file_name().to_string_lossy().to_string();
-            let of_attempt = attempt.is_none_or(|a| {
-                name.strip_prefix(&self.prefix)
-                    .and_then(|rest| rest.strip_prefix(a))
-                    .is_some_and(|rest| rest.starts_with('-'))
-            });
-            if self.owns(&name) && of_attempt {
+            if self.owns(&name) && of_attempt(&name) {
                 match std::fs::remove_file(entry.path()) {
                     Ok(()) => {}
                     // Renamed or removed meanwhile (by a commit).

@@ -34,7 +34,7 @@ pub const DEFAULT_NAME_OPTION: &str = "partition.default-name";
 const TRIGGER: &str = "sink.partition-commit.trigger";
 const DELAY: &str = "sink.partition-commit.delay";
 const TIME_ZONE: &str = "sink.partition-commit.watermark-time-zone";
-const POLICY: &str = "sink.partition-commit.policy.kind";
+pub(crate) const POLICY: &str = "sink.partition-commit.policy.kind";
 const SUCCESS_NAME: &str = "sink.partition-commit.success-file.name";
 const EXTRACTOR: &str = "partition.time-extractor.kind";
 const PATTERN: &str = "partition.time-extractor.timestamp-pattern";
@@ -367,10 +367,14 @@ impl FileCommitter {
         written: Arc<Mutex<BTreeSet<String>>>,
         partitioned: bool,
         clock: Clock,
+        remote: Option<std::sync::Arc<super::object_files::ObjectFiles>>,
     ) -> Self {
+        // On an object store, partitions are key prefixes: the one
+        // committer finds unfinished parts below all of them.
+        let partitioned = partitioned && remote.is_none();
         Self {
             clock,
-            files: PartCommitter::new(dir.clone(), prefix.clone(), 3, "sink.file_committed"),
+            files: PartCommitter::new(dir.clone(), prefix.clone(), 3, "sink.file_committed").on_object_store(remote),
             dir,
             prefix,
             policy,

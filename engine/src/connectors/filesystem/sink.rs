@@ -7,6 +7,9 @@
 //! Flink's bulk formats do.
 //!
 //! Without checkpointing, the file is committed at end of input.
+//!
+//! A table whose `path` is an object-store URL spools each part to a local
+//! file and commits it by a multipart upload ([`super::object_files`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -23,6 +26,7 @@ use arrow::util::display::FormatOptions as DisplayOptions;
 use parquet::arrow::ArrowWriter;
 use weir_catalog::Options;
 
+use super::object_files::ObjectFiles;
 use super::part_file::{PartFiles, io_err};
 use super::partition::{CommitPolicy, FileCommitter, Partitioning, commit_info};
 use super::{Format, FormatOptions, format_options, path_of};
@@ -32,7 +36,10 @@ use crate::operators::{Collector, Operator};
 
 #[derive(Debug)]
 pub struct FileSink {
+    /// The table's directory, or (on an object store) its URL.
     dir: PathBuf,
+    /// The table is on an object store.
+    remote: Option<Arc<ObjectFiles>>,
     format: FormatOptions,
     /// The table's physical columns.
     schema: SchemaRef,
@@ -55,7 +62,18 @@ struct RollingPolicy {
 }
 
 impl FileSink {
-    pub fn new(options: &Options, schema: SchemaRef, partition_keys: &[String]) -> Result<Self> {
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        partition_keys: &[String],
+        s3: &crate::checkpoint::objects::S3Settings,
+    ) -> Result<Self> {
+        let path = options.require("path")?;
+        let remote = if crate::paths::is_object_url(path) {
+            Some(Arc::new(ObjectFiles::open(path, s3)?))
+        } else {
+            None
+        };
         let partitioning = if partition_keys.is_empty() {
             None
         } else {
@@ -79,8 +97,20 @@ impl FileSink {
         } else {
             CommitPolicy::from_options(options, partition_keys)?
         };
+        if let (Some(parts), Some(_)) = (&remote, &commit) {
+            return Err(weir_catalog::CatalogError::InvalidOption {
+                key: super::partition::POLICY.into(),
+                message: format!(
+                    "partition commits are not written to object stores yet ('{}'); \
+                     leave the policy out to write the partitions' files",
+                    parts.url()
+                ),
+            }
+            .into());
+        }
         Ok(Self {
             dir: path_of(options)?,
+            remote,
             format: format_options(options)?,
             schema,
             partitioning,
@@ -125,10 +155,27 @@ impl SinkFactory for FileSink {
     }
 
     fn create_writer(&self, subtask: usize, parallelism: usize, ctx: &SinkContext) -> Result<SinkWriter> {
-        std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
-            path: self.dir.display().to_string(),
-            source,
-        })?;
+        let stem = format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt);
+        // On an object store, parts are spooled in a local directory of
+        // their own until they go up.
+        let spool = match &self.remote {
+            Some(_) => Some(
+                tempfile::Builder::new()
+                    .prefix(&format!("weir-spool-{stem}-"))
+                    .tempdir()
+                    .map_err(|source| ConnectorError::Io {
+                        path: std::env::temp_dir().display().to_string(),
+                        source,
+                    })?,
+            ),
+            None => {
+                std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
+                    path: self.dir.display().to_string(),
+                    source,
+                })?;
+                None
+            }
+        };
         let ext = match self.format.format {
             Format::Csv => "csv",
             Format::Parquet => "parquet",
@@ -137,8 +184,13 @@ impl SinkFactory for FileSink {
         let columns = self.file_columns();
         let file_schema = Arc::new(self.schema.project(&columns)?);
         Ok(SinkWriter::Committing(Box::new(FileWriter {
-            dir: self.dir.clone(),
-            stem: format!("part-{}-{}-{subtask}", ctx.job_tag, ctx.attempt),
+            dir: spool
+                .as_ref()
+                .map(|s| s.path().to_path_buf())
+                .unwrap_or_else(|| self.dir.clone()),
+            remote: self.remote.clone(),
+            _spool: spool,
+            stem,
             ext,
             exactly_once: ctx.exactly_once,
             format: self.format.clone(),
@@ -169,6 +221,7 @@ impl SinkFactory for FileSink {
             self.written.clone(),
             self.partitioning.is_some(),
             ctx.clock.clone(),
+            self.remote.clone(),
         )))
     }
 }
@@ -216,7 +269,12 @@ struct OpenPart {
 }
 
 struct FileWriter {
+    /// Where part files are written: the table's directory, or a local
+    /// spool for a table on an object store (`remote`).
     dir: PathBuf,
+    remote: Option<Arc<ObjectFiles>>,
+    /// Deleted with the writer.
+    _spool: Option<tempfile::TempDir>,
     /// `part-<job>-<attempt>-<subtask>`.
     stem: String,
     ext: &'static str,
@@ -254,9 +312,14 @@ impl FileWriter {
         };
         let stem = &self.stem;
         let ext = self.ext;
-        self.names
-            .entry(partition.to_string())
-            .or_insert_with(|| PartFiles::new(dir, stem.clone(), ext, "sink.pre_committed"))
+        let remote = &self.remote;
+        self.names.entry(partition.to_string()).or_insert_with(|| {
+            let files = PartFiles::new(dir, stem.clone(), ext, "sink.pre_committed");
+            match remote {
+                Some(parts) => files.on_object_store(parts.clone(), partition.to_string()),
+                None => files,
+            }
+        })
     }
 
     /// The open part of `partition`, opened if need be.

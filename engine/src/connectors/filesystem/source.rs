@@ -14,6 +14,7 @@
 
 use std::fs::File;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::datatypes::{DataType, SchemaRef};
@@ -22,6 +23,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::Options;
 
+use super::object_files::ObjectFiles;
 use super::partition::Partitioning;
 use super::records::{Chunk, CsvQuoting, RawRecord, RecordReader, lines_before, range_starts};
 use super::text_time;
@@ -47,12 +49,29 @@ pub struct FileSource {
     /// `PARTITIONED BY`: files are found in the partition directories;
     /// partition columns come from their names, not from the files.
     partitioning: Option<Partitioning>,
+    /// The table is on an object store (`path` is its URL).
+    remote: Option<Arc<ObjectFiles>>,
 }
 
 impl FileSource {
-    pub fn new(options: &Options, schema: SchemaRef, partition_keys: &[String]) -> Result<Self> {
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        partition_keys: &[String],
+        s3: &crate::checkpoint::objects::S3Settings,
+    ) -> Result<Self> {
+        let path = options.require("path")?;
+        let remote = if crate::paths::is_object_url(path) {
+            Some(Arc::new(ObjectFiles::open(path, s3)?))
+        } else {
+            None
+        };
         Ok(Self {
-            path: path_of(options)?,
+            path: match &remote {
+                Some(r) => PathBuf::from(r.url()),
+                None => path_of(options)?,
+            },
+            remote,
             format: format_options(options)?,
             schema,
             dead_letters: dead_letter_path_of(options),
@@ -166,6 +185,20 @@ impl FileSource {
     /// directory (names starting with '.' or '_' are in-progress or
     /// metadata files, as in Flink), sorted by name.
     fn files(&self) -> Result<Vec<PathBuf>> {
+        if let Some(remote) = &self.remote {
+            let depth = self.partitioning.as_ref().map(|p| p.keys.len());
+            return Ok(remote
+                .list_visible(depth)?
+                .into_iter()
+                .map(|rel| {
+                    if rel.is_empty() {
+                        self.path.clone()
+                    } else {
+                        self.path.join(rel)
+                    }
+                })
+                .collect());
+        }
         let io = |source| ConnectorError::Io {
             path: self.path.display().to_string(),
             source,
@@ -199,6 +232,10 @@ impl FileSource {
     /// Whether text files may be cut into byte ranges: not with comment
     /// lines (a quote in a comment would unbalance the quote count).
     fn splittable(&self) -> bool {
+        if self.remote.is_some() {
+            // An object is downloaded whole by the split that reads it.
+            return false;
+        }
         match self.format.format {
             Format::Csv => !self.format.allow_comments,
             Format::Parquet => false,
@@ -231,6 +268,13 @@ impl FileSource {
                     self.lines_per_second,
                 );
                 split.range = (ranges > 1).then_some(ByteRange { index, of: ranges });
+                if let Some(remote) = &self.remote {
+                    let rel = f
+                        .strip_prefix(&self.path)
+                        .map(|r| r.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"))
+                        .unwrap_or_default();
+                    split.remote = Some((remote.clone(), rel));
+                }
                 match &values {
                     Some(v) => splits.push(Box::new(PartitionSplit {
                         inner: split,
@@ -361,6 +405,9 @@ pub struct FileSplit {
     throttle_start: Option<(tokio::time::Instant, u64)>,
     /// Most lines read by one poll.
     max_lines: usize,
+    /// On an object store: the table's files and this object's name
+    /// relative to the table's path (`path` is its URL).
+    remote: Option<(Arc<ObjectFiles>, String)>,
 }
 
 impl FileSplit {
@@ -392,6 +439,7 @@ impl FileSplit {
             lines_per_second,
             throttle_start: None,
             max_lines: DEFAULT_BATCH_ROWS,
+            remote: None,
         }
     }
 
@@ -429,7 +477,10 @@ impl FileSplit {
         if self.reader.is_some() {
             return Ok(());
         }
-        let file = File::open(&self.path).map_err(|e| self.io(e))?;
+        let file = match &self.remote {
+            Some((objects, rel)) => objects.download(rel)?,
+            None => File::open(&self.path).map_err(|e| self.io(e))?,
+        };
         self.reader = Some(match self.format.format {
             Format::Parquet => {
                 let builder = ParquetRecordBatchReaderBuilder::try_new(file)
@@ -1221,6 +1272,7 @@ mod tests {
             lines_per_second: 0,
             min_range_bytes: 1,
             partitioning: None,
+            remote: None,
         }
     }
 

@@ -128,7 +128,7 @@ impl GraphBuilder<'_> {
         sink: &TableDef,
         on_conflict: Option<OnConflict>,
     ) -> Result<NodeId> {
-        let factory = weir_engine::connectors::create_sink(sink, &self.config.paths)?;
+        let factory = weir_engine::connectors::create_sink(sink, &self.config.paths, &self.config.s3)?;
         let last = self.resolve_conflicts(last, sink, factory.as_ref(), on_conflict)?;
         let last = self.drop_unneeded_normalize(last, sink, factory.as_ref())?;
         let mode = &self.nodes[last].changelog;

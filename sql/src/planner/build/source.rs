@@ -50,7 +50,7 @@ impl GraphBuilder<'_> {
         }
         let mut narrowed = def.clone();
         narrowed.columns.retain(|c| needed.contains(&c.name));
-        let factory = weir_engine::connectors::create_source(&narrowed, &self.config.paths)?;
+        let factory = weir_engine::connectors::create_source(&narrowed, &self.config.paths, &self.config.s3)?;
         let full_schema = narrowed.schema();
         let physical_schema = narrowed.physical_schema();
         let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;

@@ -1,0 +1,470 @@
+//! The files of a table on an object store (a `path` of
+//! `s3://bucket/prefix`, `gs://`, `az://`): listed and downloaded for the
+//! source, and written exactly once for the sink the way Flink's S3
+//! recoverable writer does it: no rename exists on an object store, so a
+//! part is made visible by completing a multipart upload.
+//!
+//! Reading: the visible objects below the path (no segment starting with
+//! '.' or '_', as on local files; `k=v` directories to the depth of the
+//! partition keys), or the one object the path names. A split downloads
+//! its object into an unnamed local temporary file when it opens it and
+//! reads that as a local file; an object is one split (no byte ranges).
+//!
+//! A writer spools its current part to a local file (as on a local
+//! path). At the checkpoint barrier the part goes up as a multipart
+//! upload that is *not completed*: durable, yet no reader sees an
+//! object. Before the upload starts its parts, a hidden marker
+//! `.<name>.upload` beside the target records the upload's id, so that a
+//! recovery finds and aborts the uploads no completed checkpoint holds.
+//! The committable names the upload and its parts; when the checkpoint is
+//! complete the committer completes the upload (the object appears whole,
+//! at once) and deletes the marker. Completing again after a recovery
+//! finds the upload gone and the object there: committed before.
+//!
+//! One window no writer can close alone: an upload created and killed
+//! before its marker is written is unknown to the recovery (S3 lists
+//! uploads, but `object_store` does not expose that listing). It holds no
+//! visible data; a bucket's `AbortIncompleteMultipartUpload` lifecycle
+//! rule removes it, as Flink's documentation asks for the same reason.
+
+use std::path::Path;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::multipart::PartId;
+use object_store::path::Path as Key;
+use object_store::{ObjectStoreExt, PutPayload};
+
+use crate::checkpoint::objects::{Bucket, S3Settings, block_on, open_bucket};
+use crate::error::{ConnectorError, Result};
+
+/// Bytes per uploaded part: S3 wants at least 5 MiB for every part but
+/// the last, and some stores (R2) equal sizes.
+const PART_SIZE: usize = 8 << 20;
+/// Parts in flight at once per upload.
+const PARALLEL_PARTS: usize = 4;
+/// The marker of an uncompleted upload ends so.
+pub(crate) const UPLOAD_SUFFIX: &str = ".upload";
+
+/// The files of a table on an object store.
+#[derive(Debug)]
+pub(crate) struct ObjectFiles {
+    bucket: Bucket,
+}
+
+impl ObjectFiles {
+    /// The table at `url` (the `path` option), reached with `s3`.
+    pub fn open(url: &str, s3: &S3Settings) -> Result<Self> {
+        let bucket = open_bucket(url, s3).map_err(|message| weir_catalog::CatalogError::InvalidOption {
+            key: "path".into(),
+            message,
+        })?;
+        Ok(Self { bucket })
+    }
+
+    /// The table's URL, for messages.
+    pub fn url(&self) -> &str {
+        &self.bucket.url
+    }
+
+    fn key(&self, rel: &str) -> Key {
+        let mut key = Key::from(self.bucket.prefix.as_str());
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            key = key.join(part);
+        }
+        key
+    }
+
+    /// An object-store failure of `rel`, with the object's URL.
+    fn failed(&self, rel: &str, e: impl std::fmt::Display) -> ConnectorError {
+        ConnectorError::Io {
+            path: format!("{}/{}", self.bucket.url, rel.trim_start_matches('/')),
+            source: std::io::Error::other(e.to_string()),
+        }
+    }
+
+    fn wait<T: Send + 'static>(&self, rel: &str, fut: impl Future<Output = T> + Send + 'static) -> Result<T> {
+        block_on(&self.bucket.url, fut).map_err(|e| self.failed(rel, e).into())
+    }
+
+    /// The visible objects to read, relative to the path, sorted: those
+    /// directly below it, or (`partition_depth` d) below d `k=v`
+    /// directories; else the one object the path names.
+    pub fn list_visible(&self, partition_depth: Option<usize>) -> Result<Vec<String>> {
+        let (store, prefix) = (self.bucket.store.clone(), self.key(""));
+        let listed = self
+            .wait("", async move {
+                store
+                    .list(Some(&prefix))
+                    .map_ok(|m| m.location)
+                    .try_collect::<Vec<_>>()
+                    .await
+            })?
+            .map_err(|e| self.failed("", e))?;
+        let base = self.key("");
+        let mut out = vec![];
+        for key in listed {
+            let Some(parts) = key.prefix_match(&base) else { continue };
+            let parts: Vec<String> = parts.map(|p| p.as_ref().to_string()).collect();
+            let Some((name, dirs)) = parts.split_last() else {
+                continue;
+            };
+            if parts.iter().any(|p| p.starts_with('.') || p.starts_with('_')) {
+                continue;
+            }
+            let wanted = match partition_depth {
+                None => dirs.is_empty(),
+                Some(d) => dirs.len() == d && dirs.iter().all(|p| p.contains('=')),
+            };
+            if wanted {
+                out.push(if dirs.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{}/{name}", dirs.join("/"))
+                });
+            }
+        }
+        if out.is_empty() {
+            // The path names one object, or nothing: an object store has
+            // no empty directories, and a misspelt path must not read as
+            // an empty table.
+            if self.bucket.prefix.is_empty() || !self.exists("")? {
+                return Err(ConnectorError::Io {
+                    path: self.bucket.url.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "no object at or below this path"),
+                }
+                .into());
+            }
+            out.push(String::new());
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The object `rel` ("" for the path's own), downloaded into an
+    /// unnamed temporary file (gone when closed), positioned at its start.
+    pub fn download(&self, rel: &str) -> Result<std::fs::File> {
+        let local = tempfile::tempfile().map_err(|source| ConnectorError::Io {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        })?;
+        let copy = local.try_clone().map_err(|source| ConnectorError::Io {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        })?;
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        let done = self.wait(rel, async move {
+            use tokio::io::AsyncWriteExt;
+            let mut stream = store.get(&key).await.map_err(|e| e.to_string())?.into_stream();
+            let mut out = tokio::fs::File::from_std(copy);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| e.to_string())?;
+                out.write_all(&chunk)
+                    .await
+                    .map_err(|e| format!("writing the local copy: {e}"))?;
+            }
+            out.flush().await.map_err(|e| format!("writing the local copy: {e}"))?;
+            Ok::<_, String>(())
+        })?;
+        done.map_err(|e| self.failed(rel, e))?;
+        let mut local = local;
+        std::io::Seek::rewind(&mut local).map_err(|source| ConnectorError::Io {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        })?;
+        Ok(local)
+    }
+
+    /// Phase one for the local part `local`, to become `rel` (relative to
+    /// the table's path): an uncompleted multipart upload, with its marker;
+    /// returns the committable.
+    pub fn stage(&self, local: &Path, rel: &str) -> Result<serde_json::Value> {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let marker = if dir.is_empty() {
+            format!(".{name}{UPLOAD_SUFFIX}")
+        } else {
+            format!("{dir}/.{name}{UPLOAD_SUFFIX}")
+        };
+        let key = self.key(rel);
+        let multipart = self.bucket.multipart.clone();
+        let id = self
+            .wait(rel, async move { multipart.create_multipart(&key).await })?
+            .map_err(|e| self.failed(rel, e))?;
+        let record = serde_json::json!({ "upload": id, "key": rel });
+        self.put_bytes(&marker, record.to_string().into_bytes())?;
+        let parts = self.upload_parts(local, rel, &id)?;
+        Ok(serde_json::json!({
+            "upload": id,
+            "parts": parts.into_iter().map(|p| p.content_id).collect::<Vec<_>>(),
+            "key": rel,
+            "marker": marker,
+        }))
+    }
+
+    /// The parts of `local`, uploaded into upload `id` of `rel`.
+    fn upload_parts(&self, local: &Path, rel: &str, id: &str) -> Result<Vec<PartId>> {
+        let local_err = |source| ConnectorError::Io {
+            path: local.display().to_string(),
+            source,
+        };
+        let size = std::fs::metadata(local).map_err(local_err)?.len() as usize;
+        // An empty part still needs one (empty) part to complete.
+        let count = size.div_ceil(PART_SIZE).max(1);
+        let (key, multipart, id, local) = (
+            self.key(rel),
+            self.bucket.multipart.clone(),
+            id.to_string(),
+            local.to_path_buf(),
+        );
+        let result = self.wait(rel, async move {
+            futures::stream::iter(0..count)
+                .map(|i| {
+                    let (key, multipart, id, local) = (key.clone(), multipart.clone(), id.clone(), local.clone());
+                    async move {
+                        let from = local.clone();
+                        let chunk = tokio::task::spawn_blocking(move || read_chunk(&from, i * PART_SIZE, PART_SIZE))
+                            .await
+                            .map_err(|e| e.to_string())?
+                            .map_err(|e| format!("{}: {e}", local.display()))?;
+                        multipart
+                            .put_part(&key, &id, i, PutPayload::from(chunk))
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                })
+                .buffered(PARALLEL_PARTS)
+                .try_collect::<Vec<_>>()
+                .await
+        })?;
+        result.map_err(|e| self.failed(rel, e).into())
+    }
+
+    /// Without checkpointing: the local part `local` becomes `rel` at once.
+    pub fn put(&self, local: &Path, rel: &str) -> Result<()> {
+        let c = self.stage(local, rel)?;
+        self.complete(&c).map(|_| ())
+    }
+
+    fn put_bytes(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        self.wait(rel, async move { store.put(&key, PutPayload::from(bytes)).await })?
+            .map_err(|e| self.failed(rel, e))?;
+        Ok(())
+    }
+
+    /// Phase two: completes the upload of committable `c`, then deletes
+    /// its marker. Returns whether this call made the object visible
+    /// (false: committed before).
+    pub fn complete(&self, c: &serde_json::Value) -> Result<bool> {
+        let (Some(id), Some(rel), Some(marker), Some(parts)) = (
+            c["upload"].as_str(),
+            c["key"].as_str(),
+            c["marker"].as_str(),
+            c["parts"].as_array(),
+        ) else {
+            return Err(crate::error::ExecError::internal(format!(
+                "not an object-store file committable: {c}"
+            )));
+        };
+        let parts: Vec<PartId> = parts
+            .iter()
+            .filter_map(|p| p.as_str())
+            .map(|p| PartId {
+                content_id: p.to_string(),
+            })
+            .collect();
+        let (multipart, key, id_owned) = (self.bucket.multipart.clone(), self.key(rel), id.to_string());
+        let done = self.wait(rel, async move {
+            multipart.complete_multipart(&key, &id_owned, parts).await
+        })?;
+        let fresh = match done {
+            Ok(_) => true,
+            Err(e) => {
+                // Completed before (a re-commit after recovery): the upload
+                // is gone and the object is there.
+                if self.exists(rel)? {
+                    false
+                } else if is_not_found(&e) {
+                    // As on local files (and Flink's FileSink): committed
+                    // before and then moved or deleted downstream.
+                    tracing::warn!(
+                        "{}/{rel}: neither the upload nor the object exists; assuming it was committed and moved",
+                        self.bucket.url
+                    );
+                    false
+                } else {
+                    return Err(self.failed(rel, e).into());
+                }
+            }
+        };
+        self.delete(marker)?;
+        Ok(fresh)
+    }
+
+    /// Whether the object `rel` exists.
+    fn exists(&self, rel: &str) -> Result<bool> {
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        match self.wait(rel, async move { store.head(&key).await })? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.failed(rel, e).into()),
+        }
+    }
+
+    fn delete(&self, rel: &str) -> Result<()> {
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        match self.wait(rel, async move { store.delete(&key).await })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.failed(rel, e).into()),
+        }
+    }
+
+    /// Aborts the uploads whose markers' names `owns` accepts, anywhere
+    /// below the table (partitions too), and deletes the markers.
+    pub fn abort_unfinished(&self, owns: impl Fn(&str) -> bool) -> Result<()> {
+        let (store, prefix) = (self.bucket.store.clone(), self.key(""));
+        let listed = self
+            .wait("", async move {
+                store
+                    .list(Some(&prefix))
+                    .map_ok(|m| m.location)
+                    .try_collect::<Vec<_>>()
+                    .await
+            })?
+            .map_err(|e| self.failed("", e))?;
+        let base = self.key("");
+        for key in listed {
+            let Some(name) = key.filename() else { continue };
+            if !name.ends_with(UPLOAD_SUFFIX) || !owns(name) {
+                continue;
+            }
+            let rel = key
+                .prefix_match(&base)
+                .map(|parts| parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/"))
+                .unwrap_or_else(|| key.to_string());
+            let (store, k) = (self.bucket.store.clone(), key.clone());
+            let bytes = match self.wait(&rel, async move { store.get(&k).await?.bytes().await })? {
+                Ok(b) => b,
+                // Deleted meanwhile (its upload completed).
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.failed(&rel, e).into()),
+            };
+            let record: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| ConnectorError::Data {
+                location: format!("{}/{rel}", self.bucket.url),
+                message: format!("not an upload marker: {e}"),
+            })?;
+            if let (Some(id), Some(target)) = (record["upload"].as_str(), record["key"].as_str()) {
+                let (multipart, target_key, id) = (self.bucket.multipart.clone(), self.key(target), id.to_string());
+                match self.wait(target, async move { multipart.abort_multipart(&target_key, &id).await })? {
+                    Ok(()) => {}
+                    // Aborted before (a recovery cut short).
+                    Err(e) if is_not_found(&e) => {}
+                    // Completed before (a commit cut short before it
+                    // deleted the marker): the object is there.
+                    Err(e) => {
+                        if !self.exists(target)? {
+                            return Err(self.failed(target, e).into());
+                        }
+                    }
+                }
+            }
+            self.delete(&rel)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `e` says the upload does not exist: S3 answers a completed or
+/// aborted upload with the error code `NoSuchUpload`, which
+/// `object_store` passes on in the error's text for these requests.
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("NoSuchUpload")
+}
+
+/// Up to `len` bytes of `path` from `offset`.
+fn read_chunk(path: &Path, offset: usize, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::Start(offset as u64))?;
+    let mut buf = Vec::with_capacity(len);
+    f.take(len as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStore;
+    use object_store::memory::InMemory;
+    use std::sync::Arc;
+
+    fn parts() -> (ObjectFiles, Arc<InMemory>) {
+        let mem = Arc::new(InMemory::new());
+        let bucket = Bucket {
+            store: mem.clone(),
+            multipart: mem.clone(),
+            prefix: "out".into(),
+            url: "memory://out".into(),
+        };
+        (ObjectFiles { bucket }, mem)
+    }
+
+    fn names(mem: &InMemory) -> Vec<String> {
+        block_on("test", {
+            let mem = mem.clone();
+            async move {
+                mem.list(None)
+                    .map_ok(|m| m.location.to_string())
+                    .try_collect::<Vec<_>>()
+                    .await
+            }
+        })
+        .expect("list")
+        .expect("list")
+    }
+
+    #[test]
+    fn a_staged_part_is_invisible_until_completed_and_completing_twice_is_harmless() {
+        let (parts, mem) = parts();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = dir.path().join("p");
+        // One part (InMemory takes parts only in order; several parts in
+        // parallel are tested on a real S3 server, tests/object_store.rs).
+        let body: Vec<u8> = (0..100_003).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&local, &body).expect("write");
+        let c = parts.stage(&local, "dt=1/part-j-a-0-0.json").expect("stage");
+        assert_eq!(c["parts"].as_array().map(Vec::len), Some(1));
+        // Only the marker is there: no reader sees the part.
+        assert_eq!(names(&mem), ["out/dt=1/.part-j-a-0-0.json.upload"]);
+        assert!(parts.complete(&c).expect("complete"));
+        assert_eq!(names(&mem), ["out/dt=1/part-j-a-0-0.json"]);
+        let got = block_on("test", {
+            let mem = mem.clone();
+            async move { mem.get(&Key::from("out/dt=1/part-j-a-0-0.json")).await?.bytes().await }
+        })
+        .expect("get")
+        .expect("get");
+        assert_eq!(got.as_ref(), body.as_slice());
+        // A re-commit after recovery: the upload is gone, the object there.
+        assert!(!parts.complete(&c).expect("re-commit"));
+    }
+
+    #[test]
+    fn recovery_aborts_only_the_uploads_it_owns_and_deletes_their_markers() {
+        let (parts, mem) = parts();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = dir.path().join("p");
+        std::fs::write(&local, b"{}\n").expect("write");
+        let mine = parts.stage(&local, "part-j-a-0-0.json").expect("stage");
+        let _other = parts.stage(&local, "dt=2/part-k-a-0-0.json").expect("stage");
+        let mine_in_partition = parts.stage(&local, "dt=2/part-j-b-1-0.json").expect("stage");
+        parts
+            .abort_unfinished(|name| name.starts_with(".part-j-"))
+            .expect("recover");
+        assert_eq!(names(&mem), ["out/dt=2/.part-k-a-0-0.json.upload"]);
+        // Their uploads are gone: completing one now fails, and nothing
+        // became visible.
+        assert!(parts.complete(&mine).is_err());
+        assert!(parts.complete(&mine_in_partition).is_err());
+        assert_eq!(names(&mem), ["out/dt=2/.part-k-a-0-0.json.upload"]);
+    }
+}
