@@ -971,20 +971,7 @@ fn sigkill_with_checkpoints_on_s3_and_a_wiped_local_dir_loses_and_duplicates_not
         .build()
         .expect("runtime");
     // The job's completed checkpoints on the store.
-    let completed_on_s3 = || {
-        rt.block_on(async {
-            use futures::TryStreamExt;
-            let prefix = object_store::path::Path::from("checkpoints/crash-test");
-            let objects: Vec<object_store::ObjectMeta> = object_store::ObjectStore::list(&client, Some(&prefix))
-                .try_collect()
-                .await
-                .unwrap_or_default();
-            objects
-                .iter()
-                .filter(|m| m.location.as_ref().ends_with("/_metadata") && m.location.as_ref().contains("/chk-"))
-                .count()
-        })
-    };
+    let completed_on_s3 = || completed_checkpoints_on(&client, &rt);
     assert_eq!(completed_on_s3(), 0, "a checkpoint before the job started");
     let mut rng = Rng(0x5eed_0b1e);
     let mut restored = 0;
@@ -1239,6 +1226,23 @@ fn download(client: &object_store::aws::AmazonS3, rt: &tokio::runtime::Runtime, 
     });
 }
 
+/// The crash-test job's completed checkpoints (`chk-N/_metadata`) on the
+/// store of `client` (none when it cannot be listed).
+fn completed_checkpoints_on(client: &object_store::aws::AmazonS3, rt: &tokio::runtime::Runtime) -> usize {
+    rt.block_on(async {
+        use futures::TryStreamExt;
+        let prefix = object_store::path::Path::from("checkpoints/crash-test");
+        let objects: Vec<object_store::ObjectMeta> = object_store::ObjectStore::list(client, Some(&prefix))
+            .try_collect()
+            .await
+            .unwrap_or_default();
+        objects
+            .iter()
+            .filter(|m| m.location.as_ref().ends_with("/_metadata") && m.location.as_ref().contains("/chk-"))
+            .count()
+    })
+}
+
 /// The job of `ws` writes its output to `s3://<bucket>/out` instead.
 fn output_on_s3(ws: &Workspace, server: &common::S3Server) {
     let sql = std::fs::read_to_string(&ws.sql).expect("sql");
@@ -1294,7 +1298,7 @@ fn s3_throttling_is_retried_and_the_output_is_exact() {
 /// each failure what is visible is a part of the failure-free output, no
 /// row twice; at the end every row is there exactly once, no hidden
 /// object (an upload's marker) is left, and the server lists no multipart
-/// upload.
+/// upload but (at most) one the random kill cut off before its marker.
 #[test]
 fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload() {
     let expected = golden();
@@ -1307,20 +1311,7 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
         .enable_all()
         .build()
         .expect("runtime");
-    let completed_on_s3 = || {
-        rt.block_on(async {
-            use futures::TryStreamExt;
-            let prefix = object_store::path::Path::from("checkpoints/crash-test");
-            let objects: Vec<object_store::ObjectMeta> = object_store::ObjectStore::list(&client, Some(&prefix))
-                .try_collect()
-                .await
-                .unwrap_or_default();
-            objects
-                .iter()
-                .filter(|m| m.location.as_ref().ends_with("/_metadata") && m.location.as_ref().contains("/chk-"))
-                .count()
-        })
-    };
+    let completed_on_s3 = || completed_checkpoints_on(&client, &rt);
     let failures: [Option<&str>; 5] = [
         None,
         Some("sink.pre_committed:3"),
@@ -1329,7 +1320,7 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
         Some("coordinator.after_commit:1"),
     ];
     let mut rng = Rng(0x0b1e_0c75);
-    let (mut failed, mut restored) = (0, 0);
+    let (mut failed, mut restored, mut random_kills) = (0, 0, 0);
     for fp in failures {
         let before = completed_on_s3();
         let run = match fp {
@@ -1351,7 +1342,10 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
             Some(s) if !run.stderr.contains("failpoint") => {
                 panic!("weir exited with {s} without being killed:\n{}", run.stderr)
             }
-            _ => failed += 1,
+            _ => {
+                failed += 1;
+                random_kills += usize::from(fp.is_none());
+            }
         }
         // What readers see now: committed rows only, none twice.
         download(&client, &rt, "out", &ws.out);
@@ -1379,6 +1373,15 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
     );
     download(&client, &rt, "out", &ws.out);
     assert_same_output(expected, &ws, "file sink on S3");
+    // Every upload a marker named was completed or aborted (no marker is
+    // left: `assert_same_output` finds no hidden object). The one upload
+    // recovery cannot know is one a SIGKILL cut off between its creation
+    // and its marker (the window `object_files.rs` documents, left to the
+    // bucket's lifecycle rule): at most one per random kill, never one
+    // from a failpoint, which all stop the job where a marker exists.
     let uploads = server.multipart_uploads();
-    assert!(uploads.is_empty(), "multipart uploads left on the server: {uploads:?}");
+    assert!(
+        uploads.len() <= random_kills,
+        "multipart uploads left on the server: {uploads:?} ({random_kills} random kills)"
+    );
 }

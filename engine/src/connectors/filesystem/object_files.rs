@@ -61,6 +61,16 @@ impl ObjectFiles {
         Ok(Self { bucket })
     }
 
+    /// The files of the table with `options`, if its `path` is on an
+    /// object store.
+    pub fn of_table(options: &weir_catalog::Options, s3: &S3Settings) -> Result<Option<std::sync::Arc<Self>>> {
+        let path = options.require(crate::paths::TABLE_PATH)?;
+        if !crate::paths::is_object_url(path) {
+            return Ok(None);
+        }
+        Ok(Some(std::sync::Arc::new(Self::open(path, s3)?)))
+    }
+
     /// The table's URL, for messages.
     pub fn url(&self) -> &str {
         &self.bucket.url
@@ -86,20 +96,24 @@ impl ObjectFiles {
         block_on(&self.bucket.url, fut).map_err(|e| self.failed(rel, e).into())
     }
 
+    /// Every object below the path, recursively.
+    fn list_all(&self) -> Result<Vec<Key>> {
+        let (store, prefix) = (self.bucket.store.clone(), self.key(""));
+        self.wait("", async move {
+            store
+                .list(Some(&prefix))
+                .map_ok(|m| m.location)
+                .try_collect::<Vec<_>>()
+                .await
+        })?
+        .map_err(|e| self.failed("", e).into())
+    }
+
     /// The visible objects to read, relative to the path, sorted: those
     /// directly below it, or (`partition_depth` d) below d `k=v`
     /// directories; else the one object the path names.
     pub fn list_visible(&self, partition_depth: Option<usize>) -> Result<Vec<String>> {
-        let (store, prefix) = (self.bucket.store.clone(), self.key(""));
-        let listed = self
-            .wait("", async move {
-                store
-                    .list(Some(&prefix))
-                    .map_ok(|m| m.location)
-                    .try_collect::<Vec<_>>()
-                    .await
-            })?
-            .map_err(|e| self.failed("", e))?;
+        let listed = self.list_all()?;
         let base = self.key("");
         let mut out = vec![];
         for key in listed {
@@ -321,16 +335,7 @@ impl ObjectFiles {
     /// Aborts the uploads whose markers' names `owns` accepts, anywhere
     /// below the table (partitions too), and deletes the markers.
     pub fn abort_unfinished(&self, owns: impl Fn(&str) -> bool) -> Result<()> {
-        let (store, prefix) = (self.bucket.store.clone(), self.key(""));
-        let listed = self
-            .wait("", async move {
-                store
-                    .list(Some(&prefix))
-                    .map_ok(|m| m.location)
-                    .try_collect::<Vec<_>>()
-                    .await
-            })?
-            .map_err(|e| self.failed("", e))?;
+        let listed = self.list_all()?;
         let base = self.key("");
         for key in listed {
             let Some(name) = key.filename() else { continue };

@@ -68,12 +68,7 @@ impl FileSink {
         partition_keys: &[String],
         s3: &crate::checkpoint::objects::S3Settings,
     ) -> Result<Self> {
-        let path = options.require("path")?;
-        let remote = if crate::paths::is_object_url(path) {
-            Some(Arc::new(ObjectFiles::open(path, s3)?))
-        } else {
-            None
-        };
+        let remote = ObjectFiles::of_table(options, s3)?;
         let partitioning = if partition_keys.is_empty() {
             None
         } else {

@@ -60,12 +60,7 @@ impl FileSource {
         partition_keys: &[String],
         s3: &crate::checkpoint::objects::S3Settings,
     ) -> Result<Self> {
-        let path = options.require("path")?;
-        let remote = if crate::paths::is_object_url(path) {
-            Some(Arc::new(ObjectFiles::open(path, s3)?))
-        } else {
-            None
-        };
+        let remote = ObjectFiles::of_table(options, s3)?;
         Ok(Self {
             path: match &remote {
                 Some(r) => PathBuf::from(r.url()),
