@@ -1298,7 +1298,7 @@ fn s3_throttling_is_retried_and_the_output_is_exact() {
 /// each failure what is visible is a part of the failure-free output, no
 /// row twice; at the end every row is there exactly once, no hidden
 /// object (an upload's marker) is left, and the server lists no multipart
-/// upload but (at most) one the random kill cut off before its marker.
+/// upload, not even one killed before its marker was written.
 #[test]
 fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload() {
     let expected = golden();
@@ -1312,8 +1312,10 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
         .build()
         .expect("runtime");
     let completed_on_s3 = || completed_checkpoints_on(&client, &rt);
-    let failures: [Option<&str>; 5] = [
+    let failures: [Option<&str>; 6] = [
         None,
+        // An upload created, its marker not yet written.
+        Some("sink.upload_created:2"),
         Some("sink.pre_committed:3"),
         Some("sink.file_committed:2"),
         Some("checkpoint.before_publish:2"),
@@ -1373,15 +1375,13 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
     );
     download(&client, &rt, "out", &ws.out);
     assert_same_output(expected, &ws, "file sink on S3");
-    // Every upload a marker named was completed or aborted (no marker is
-    // left: `assert_same_output` finds no hidden object). The one upload
-    // recovery cannot know is one a SIGKILL cut off between its creation
-    // and its marker (the window `object_files.rs` documents, left to the
-    // bucket's lifecycle rule): at most one per random kill, never one
-    // from a failpoint, which all stop the job where a marker exists.
+    // Every upload was completed or aborted: those a marker named, and
+    // those created and cut off before their marker (found by listing the
+    // uploads in progress). No marker is left either: `assert_same_output`
+    // finds no hidden object.
     let uploads = server.multipart_uploads();
     assert!(
-        uploads.len() <= random_kills,
+        uploads.is_empty(),
         "multipart uploads left on the server: {uploads:?} ({random_kills} random kills)"
     );
 }

@@ -29,6 +29,7 @@ pub mod metadata;
 pub mod objects;
 pub mod records;
 pub mod restore;
+pub mod s3_uploads;
 pub mod savepoint;
 pub mod storage;
 pub mod store;

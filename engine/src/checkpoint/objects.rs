@@ -99,6 +99,9 @@ pub struct Bucket {
     pub prefix: String,
     /// The URL as given, without a trailing '/', for messages.
     pub url: String,
+    /// The lister of uploads in progress, on S3 (the other stores' APIs
+    /// have none `object_store` can sign for).
+    pub uploads: Option<Arc<super::s3_uploads::S3Uploads>>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -131,6 +134,7 @@ pub fn open_bucket(url: &str, s3: &S3Settings) -> Result<Bucket, String> {
         let s = Arc::new(s);
         (s.clone(), s)
     }
+    let mut uploads = None;
     let (store, multipart) = match scheme.to_ascii_lowercase().as_str() {
         "s3" | "s3a" => {
             let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(bucket_url);
@@ -153,7 +157,14 @@ pub fn open_bucket(url: &str, s3: &S3Settings) -> Result<Bucket, String> {
             if let Some(p) = s3.path_style {
                 b = b.with_virtual_hosted_style_request(!p);
             }
-            both(b.build().map_err(|e| format!("'{url}': {e}"))?)
+            let s3 = Arc::new(b.clone().build().map_err(|e| format!("'{url}': {e}"))?);
+            uploads = Some(Arc::new(
+                super::s3_uploads::S3Uploads::new(&b, host, s3.clone()).map_err(|e| format!("'{url}': {e}"))?,
+            ));
+            (
+                s3.clone() as Arc<dyn ObjectStore>,
+                s3 as Arc<dyn object_store::multipart::MultipartStore>,
+            )
         }
         "gs" => both(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -174,6 +185,7 @@ pub fn open_bucket(url: &str, s3: &S3Settings) -> Result<Bucket, String> {
         multipart,
         prefix: prefix.trim_matches('/').to_string(),
         url: url.to_string(),
+        uploads,
     })
 }
 

@@ -21,11 +21,15 @@
 //! at once) and deletes the marker. Completing again after a recovery
 //! finds the upload gone and the object there: committed before.
 //!
-//! One window no writer can close alone: an upload created and killed
-//! before its marker is written is unknown to the recovery (S3 lists
-//! uploads, but `object_store` does not expose that listing). It holds no
-//! visible data; a bucket's `AbortIncompleteMultipartUpload` lifecycle
-//! rule removes it, as Flink's documentation asks for the same reason.
+//! A writer killed after it created an upload and before its marker was
+//! written leaves an upload no marker names. On S3 the recovery also
+//! lists the uploads in progress below the table (ListMultipartUploads,
+//! [`crate::checkpoint::s3_uploads`]) and aborts the job's: after a
+//! recovery no upload of the job is left. GCS and Azure have no such
+//! listing `object_store` can sign for: there that window is left to the
+//! bucket's lifecycle rule (`AbortIncompleteMultipartUpload` and its
+//! kin), as Flink's documentation asks for the same reason; it holds no
+//! visible data.
 
 use std::path::Path;
 
@@ -35,6 +39,7 @@ use object_store::path::Path as Key;
 use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::checkpoint::objects::{Bucket, S3Settings, block_on, open_bucket};
+use crate::checkpoint::s3_uploads::S3Uploads;
 use crate::error::{ConnectorError, Result};
 
 /// Bytes per uploaded part: S3 wants at least 5 MiB for every part but
@@ -203,6 +208,8 @@ impl ObjectFiles {
         let id = self
             .wait(rel, async move { multipart.create_multipart(&key).await })?
             .map_err(|e| self.failed(rel, e))?;
+        // Killed here, the upload exists and no marker names it.
+        crate::failpoint::failpoint("sink.upload_created");
         let record = serde_json::json!({ "upload": id, "key": rel });
         self.put_bytes(&marker, record.to_string().into_bytes())?;
         let parts = self.upload_parts(local, rel, &id)?;
@@ -297,7 +304,7 @@ impl ObjectFiles {
                 // is gone and the object is there.
                 if self.exists(rel)? {
                     false
-                } else if is_not_found(&e) {
+                } else if self.upload_gone(rel, id, &e)? {
                     // As on local files (and Flink's FileSink): committed
                     // before and then moved or deleted downstream.
                     tracing::warn!(
@@ -358,31 +365,75 @@ impl ObjectFiles {
                 message: format!("not an upload marker: {e}"),
             })?;
             if let (Some(id), Some(target)) = (record["upload"].as_str(), record["key"].as_str()) {
-                let (multipart, target_key, id) = (self.bucket.multipart.clone(), self.key(target), id.to_string());
-                match self.wait(target, async move { multipart.abort_multipart(&target_key, &id).await })? {
-                    Ok(()) => {}
-                    // Aborted before (a recovery cut short).
-                    Err(e) if is_not_found(&e) => {}
-                    // Completed before (a commit cut short before it
-                    // deleted the marker): the object is there.
-                    Err(e) => {
-                        if !self.exists(target)? {
-                            return Err(self.failed(target, e).into());
-                        }
-                    }
-                }
+                self.abort(target, id)?;
             }
             self.delete(&rel)?;
         }
+        // The uploads no marker names (created, then killed before the
+        // marker), where the store can list them.
+        let Some(lister) = self.bucket.uploads.clone() else {
+            return Ok(());
+        };
+        for upload in self.list_uploads(&lister)? {
+            let key = Key::from(upload.key.as_str());
+            let Some(parts) = key.prefix_match(&base) else {
+                continue;
+            };
+            let rel = parts.map(|p| p.as_ref().to_string()).collect::<Vec<_>>().join("/");
+            let name = rel.rsplit('/').next().unwrap_or_default();
+            if owns(&format!(".{name}{UPLOAD_SUFFIX}")) {
+                self.abort(&rel, &upload.id)?;
+            }
+        }
         Ok(())
     }
-}
 
-/// Whether `e` says the upload does not exist: S3 answers a completed or
-/// aborted upload with the error code `NoSuchUpload`, which
-/// `object_store` passes on in the error's text for these requests.
-fn is_not_found(e: &object_store::Error) -> bool {
-    matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("NoSuchUpload")
+    /// The uploads in progress below the table's path.
+    fn list_uploads(&self, lister: &std::sync::Arc<S3Uploads>) -> Result<Vec<crate::checkpoint::s3_uploads::Upload>> {
+        // Below the path as a directory: `out` is not a prefix of `out2`.
+        let prefix = match self.key("").as_ref() {
+            "" => String::new(),
+            p => format!("{p}/"),
+        };
+        let lister = lister.clone();
+        self.wait("", async move { lister.list(&prefix).await })?
+            .map_err(|e| self.failed("", e).into())
+    }
+
+    /// Aborts upload `id` of the object `rel`; an upload aborted or
+    /// completed before is fine.
+    fn abort(&self, rel: &str, id: &str) -> Result<()> {
+        let (multipart, key, id_owned) = (self.bucket.multipart.clone(), self.key(rel), id.to_string());
+        match self.wait(rel, async move { multipart.abort_multipart(&key, &id_owned).await })? {
+            Ok(()) => Ok(()),
+            // Completed before (a commit cut short before it deleted the
+            // marker): the object is there; or aborted before (a recovery
+            // cut short).
+            Err(e) => {
+                if self.exists(rel)? || self.upload_gone(rel, id, &e)? {
+                    Ok(())
+                } else {
+                    Err(self.failed(rel, e).into())
+                }
+            }
+        }
+    }
+
+    /// Whether upload `id` of `rel`, which failed with `e`, no longer
+    /// exists (completed or aborted). On S3 the listing of uploads says
+    /// so; elsewhere the error must: `NoSuchUpload` (S3's code, kept in
+    /// the text by `object_store`) or a not-found.
+    fn upload_gone(&self, rel: &str, id: &str, e: &object_store::Error) -> Result<bool> {
+        if let Some(lister) = self.bucket.uploads.clone() {
+            let key = self.key(rel).to_string();
+            let prefix = key.clone();
+            let listed = self
+                .wait(rel, async move { lister.list(&prefix).await })?
+                .map_err(|e| self.failed(rel, e))?;
+            return Ok(!listed.iter().any(|u| u.key == key && u.id == id));
+        }
+        Ok(matches!(e, object_store::Error::NotFound { .. }) || e.to_string().contains("NoSuchUpload"))
+    }
 }
 
 /// Up to `len` bytes of `path` from `offset`.
@@ -409,6 +460,7 @@ mod tests {
             multipart: mem.clone(),
             prefix: "out".into(),
             url: "memory://out".into(),
+            uploads: None,
         };
         (ObjectFiles { bucket }, mem)
     }
