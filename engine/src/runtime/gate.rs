@@ -414,6 +414,21 @@ impl InputGate {
                     let all_idle = self.channels.iter().all(|c| c.idle || c.ended);
                     if all_idle && !self.idle {
                         self.idle = true;
+                        // Flink's StatusWatermarkValve: no channel advances
+                        // any more, so the watermarks of all are flushed, the
+                        // highest becomes the output, when the channel that
+                        // just went idle was the one holding it back. Else
+                        // the order in which inputs went idle decides how
+                        // far event time gets (a reader of a short file
+                        // going idle last would hold every window back).
+                        if !self.frozen && self.channels[index].watermark == self.output_watermark {
+                            let max = self.channels.iter().map(|c| c.watermark).max();
+                            if let Some(max) = max.filter(|m| *m > self.output_watermark) {
+                                self.output_watermark = max;
+                                self.queued.push_back(GateEvent::Status(WatermarkStatus::Idle));
+                                return GateEvent::Watermark(max);
+                            }
+                        }
                         return GateEvent::Status(WatermarkStatus::Idle);
                     }
                     if !all_idle && self.idle {
@@ -496,6 +511,37 @@ mod tests {
         expect_wm(&mut gate, 30).await;
         drop(b_tx);
         assert!(matches!(gate.next().await, GateEvent::End));
+    }
+
+    /// Flink's valve: when the last active channel goes idle holding the
+    /// output back, the highest watermark of all is flushed, whatever the
+    /// order in which the channels went idle.
+    #[tokio::test]
+    async fn all_channels_idle_flush_the_highest_watermark() {
+        let idle = || StreamMessage::WatermarkStatus(WatermarkStatus::Idle);
+        let (a_tx, a) = channel(16);
+        let (b_tx, b) = channel(16);
+        let mut gate = InputGate::new(vec![a, b]);
+        a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
+        b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
+        expect_wm(&mut gate, 5).await;
+        // a idle first: b's 5 still holds the output.
+        a_tx.send(idle()).await.expect("send");
+        b_tx.send(idle()).await.expect("send");
+        expect_wm(&mut gate, 10).await;
+        assert!(matches!(gate.next().await, GateEvent::Status(WatermarkStatus::Idle)));
+        // The other order: b idle first lets a's 10 through; a going idle
+        // then has nothing higher to flush.
+        let (a_tx, a) = channel(16);
+        let (b_tx, b) = channel(16);
+        let mut gate = InputGate::new(vec![a, b]);
+        a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
+        b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
+        expect_wm(&mut gate, 5).await;
+        b_tx.send(idle()).await.expect("send");
+        expect_wm(&mut gate, 10).await;
+        a_tx.send(idle()).await.expect("send");
+        assert!(matches!(gate.next().await, GateEvent::Status(WatermarkStatus::Idle)));
     }
 
     #[tokio::test]

@@ -349,7 +349,12 @@ impl SourceTask {
                 let snapshot = self.final_snapshot(&reader)?;
                 return report_finished(snapshot, &mut self.chain, self.checkpointing.as_ref());
             }
-            if reader.splits.iter().all(|s| s.finished) && (self.bounded || !reader.splits.is_empty()) {
+            // An unbounded source that finds new splits (a monitored file
+            // path) waits for them once its splits are read.
+            if reader.splits.iter().all(|s| s.finished)
+                && (self.bounded || !reader.splits.is_empty())
+                && !self.awaits_splits()
+            {
                 // A finished reader never holds its group back (FLINK-35157).
                 if let Some(a) = &self.alignment {
                     a.coordinator.report(a.reader, crate::message::MAX_WATERMARK);
@@ -653,6 +658,12 @@ impl SourceTask {
         status.publish(rows, reader.emitted);
     }
 
+    /// Whether this reader outlives its splits: an unbounded source that
+    /// discovers new ones.
+    fn awaits_splits(&self) -> bool {
+        !self.bounded && self.discovery.is_some()
+    }
+
     async fn finish(&mut self, snapshot: TaskSnapshot, outbox: &mut Vec<StreamMessage>) -> Result<()> {
         if self.bounded {
             // End of bounded input: the final watermark fires everything.
@@ -798,13 +809,21 @@ impl SourceTask {
                 // highest watermark any idle split reached (FLINK-38454), so
                 // the order in which splits went idle does not matter; then
                 // tell downstream not to wait for us.
-                let flush = reader.splits.iter().filter(|s| !s.finished).map(|s| s.watermark).max();
+                // A reader awaiting new splits counts its finished ones too:
+                // a file read to its end has advanced event time that far.
+                let awaits = self.awaits_splits();
+                let flush = reader
+                    .splits
+                    .iter()
+                    .filter(|s| awaits || !s.finished)
+                    .map(|s| s.watermark)
+                    .max();
                 if let Some(w) = flush.filter(|w| *w > reader.emitted) {
                     reader.emitted = w;
                     self.metrics.watermark.fetch_max(w, Ordering::Relaxed);
                     self.chain.process_watermark(w, outbox)?;
                 }
-                let unfinished = reader.splits.is_empty() || reader.splits.iter().any(|s| !s.finished);
+                let unfinished = awaits || reader.splits.is_empty() || reader.splits.iter().any(|s| !s.finished);
                 if unfinished && !reader.idle {
                     reader.idle = true;
                     outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Idle));

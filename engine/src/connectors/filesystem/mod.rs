@@ -116,7 +116,7 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         crate::paths::TABLE_PATH,
         OptionKind::Location,
-        "a file or directory ('file://' prefix allowed); a sink also an s3://, gs://, az:// URL (s3.* options reach it)",
+        "a file or directory ('file://' prefix allowed), or an s3://, gs://, az:// URL (s3.* options reach it)",
     ),
     OptionSpec::new(
         "format",
@@ -140,6 +140,11 @@ pub const OPTIONS: &[OptionSpec] = &[
         "bytes: with fewer files than readers, json and csv files are cut into byte ranges of at least this size, read by several subtasks",
     )
     .with_default("8388608"),
+    OptionSpec::new(
+        source::MONITOR_OPTION,
+        OptionKind::Duration,
+        "makes the source unbounded: the path is listed again at this interval and each new file read once, whole (write files elsewhere or hidden, then move them in: a file is known by its path); without it the path is read once",
+    ),
 ];
 
 pub const ROLLING_FILE_SIZE: &str = "sink.rolling-policy.file-size";
@@ -359,6 +364,16 @@ pub fn validate(options: &Options, schema: &SchemaRef) -> Result<()> {
             )
             .into());
         }
+    }
+    if options.duration(source::MONITOR_OPTION)?.is_some_and(|d| d.is_zero()) {
+        return Err(config_error(
+            "filesystem",
+            format!(
+                "option '{}' must be greater than 0 (leave it out to read the path once)",
+                source::MONITOR_OPTION
+            ),
+        )
+        .into());
     }
     if f.format == Format::DebeziumJson && options.bool("debezium-json.schema-include")? == Some(true) {
         return Err(config_error(

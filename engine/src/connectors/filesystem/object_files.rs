@@ -116,8 +116,9 @@ impl ObjectFiles {
 
     /// The visible objects to read, relative to the path, sorted: those
     /// directly below it, or (`partition_depth` d) below d `k=v`
-    /// directories; else the one object the path names.
-    pub fn list_visible(&self, partition_depth: Option<usize>) -> Result<Vec<String>> {
+    /// directories; else the one object the path names. Nothing there is
+    /// an error unless `may_be_empty`.
+    pub fn list_visible(&self, partition_depth: Option<usize>, may_be_empty: bool) -> Result<Vec<String>> {
         let listed = self.list_all()?;
         let base = self.key("");
         let mut out = vec![];
@@ -147,6 +148,9 @@ impl ObjectFiles {
             // no empty directories, and a misspelt path must not read as
             // an empty table.
             if self.bucket.prefix.is_empty() || !self.exists("")? {
+                if may_be_empty {
+                    return Ok(vec![]);
+                }
                 return Err(ConnectorError::Io {
                     path: self.bucket.url.clone(),
                     source: std::io::Error::new(std::io::ErrorKind::NotFound, "no object at or below this path"),

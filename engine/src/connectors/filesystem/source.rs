@@ -34,6 +34,9 @@ use crate::error::{ConnectorError, Result};
 use datafusion::common::ScalarValue;
 
 pub const MIN_SPLIT_OPTION: &str = "source.split.min-size";
+/// Flink's continuous file source: the path listed again at this
+/// interval, each new file read once.
+pub const MONITOR_OPTION: &str = "source.monitor-interval";
 pub const DEFAULT_MIN_SPLIT: i64 = 8 << 20;
 
 #[derive(Debug)]
@@ -51,6 +54,11 @@ pub struct FileSource {
     partitioning: Option<Partitioning>,
     /// The table is on an object store (`path` is its URL).
     remote: Option<Arc<ObjectFiles>>,
+    /// `source.monitor-interval`: unbounded, the path listed again at this
+    /// interval and each file not seen before read once, whole (a file is
+    /// known by its path: one changed after it was read is not read
+    /// again, as in Flink).
+    monitor: Option<std::time::Duration>,
 }
 
 impl FileSource {
@@ -72,6 +80,7 @@ impl FileSource {
             dead_letters: dead_letter_path_of(options),
             lines_per_second: options.i64("scan.lines-per-second")?.unwrap_or(0).max(0) as u64,
             min_range_bytes: options.i64(MIN_SPLIT_OPTION)?.unwrap_or(DEFAULT_MIN_SPLIT).max(1) as u64,
+            monitor: options.duration(MONITOR_OPTION)?,
             partitioning: (!partition_keys.is_empty()).then(|| Partitioning {
                 keys: partition_keys.to_vec(),
                 default_name: options
@@ -182,8 +191,10 @@ impl FileSource {
     fn files(&self) -> Result<Vec<PathBuf>> {
         if let Some(remote) = &self.remote {
             let depth = self.partitioning.as_ref().map(|p| p.keys.len());
+            // A monitored path may be empty until files arrive (an object
+            // store has no empty directory to tell it from a misspelt one).
             return Ok(remote
-                .list_visible(depth)?
+                .list_visible(depth, self.monitor.is_some())?
                 .into_iter()
                 .map(|rel| {
                     if rel.is_empty() {
@@ -298,7 +309,40 @@ impl SourceFactory for FileSource {
     }
 
     fn is_bounded(&self) -> bool {
-        true
+        self.monitor.is_none()
+    }
+
+    fn discovery_interval(&self) -> Option<std::time::Duration> {
+        self.monitor
+    }
+
+    /// The files listed now that no split reads yet (new files: read whole,
+    /// as Flink's enumerator assigns a discovered file).
+    fn discover(&self, known: &std::collections::BTreeSet<String>) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let new: Vec<(PathBuf, usize)> = self
+            .files()?
+            .into_iter()
+            .filter(|f| {
+                let whole = split_id(f, None);
+                let ranged = format!("{whole}#");
+                !known.contains(&whole)
+                    && known
+                        .range::<String, _>(&ranged..)
+                        .next()
+                        .is_none_or(|k| !k.starts_with(&ranged))
+            })
+            .map(|f| (f, 1))
+            .collect();
+        if !new.is_empty() {
+            tracing::info!(
+                target: "weir::source",
+                "{}: found {} new file(s): {}",
+                self.path.display(),
+                new.len(),
+                new.iter().map(|(f, _)| f.display().to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
+        self.splits(new)
     }
 
     fn produces_changes(&self) -> bool {
@@ -1268,6 +1312,7 @@ mod tests {
             min_range_bytes: 1,
             partitioning: None,
             remote: None,
+            monitor: None,
         }
     }
 

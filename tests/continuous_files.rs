@@ -1,0 +1,180 @@
+//! The filesystem source with `source.monitor-interval` (Flink's
+//! continuous file source): unbounded, the path listed again at the
+//! interval, each new file read once. Through `weir run` as a process,
+//! files added while it runs, SIGKILLed and restarted from its checkpoint
+//! with more files added meanwhile; on local files and on an S3 server.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{Killed, eventually_blocking};
+
+/// Ten events a second through `[from, to)` seconds after midnight.
+fn events(from: u64, to: u64) -> String {
+    let mut text = String::new();
+    for tenth in from * 10..to * 10 {
+        let (s, ms) = (tenth / 10, (tenth % 10) * 100);
+        text.push_str(&format!(
+            "{{\"id\":{tenth},\"ts\":\"2024-01-01 00:{:02}:{:02}.{ms:03}\"}}\n",
+            s / 60,
+            s % 60
+        ));
+    }
+    text
+}
+
+/// The committed rows of one-second windows `[from, to)`: ten events each.
+fn windows(from: u64, to: u64) -> Vec<String> {
+    let mut rows: Vec<String> = (from..to)
+        .map(|s| {
+            format!(
+                "{{\"window_start\":\"2024-01-01 00:{:02}:{:02}\",\"cnt\":10}}",
+                s / 60,
+                s % 60
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A job counting events per one-second window of `input`, a monitored
+/// path, into `out`; `extra` sets where checkpoints go.
+fn job(input: &str, out: &Path, extra: &str) -> String {
+    format!(
+        "SET 'parallelism.default' = '2';
+SET 'execution.checkpointing.interval' = '100 ms';
+SET 'pipeline.name' = 'continuous-files';
+{extra}
+CREATE TABLE ev (id BIGINT, ts TIMESTAMP(3), WATERMARK FOR ts AS ts)
+  WITH ('connector' = 'filesystem', 'path' = '{input}', 'format' = 'json',
+        'source.monitor-interval' = '50 ms');
+CREATE TABLE out (window_start TIMESTAMP(3), cnt BIGINT)
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+INSERT INTO out SELECT window_start, COUNT(*)
+FROM TABLE(TUMBLE(TABLE ev, DESCRIPTOR(ts), INTERVAL '1' SECOND))
+GROUP BY window_start, window_end;
+",
+        out.display()
+    )
+}
+
+fn start(data: &Path, sql: &Path, log: &Path) -> Killed {
+    let log = std::fs::File::create(log).expect("log");
+    Killed(
+        Command::new(env!("CARGO_BIN_EXE_weir"))
+            .arg("--data-dir")
+            .arg(data)
+            .arg("run")
+            .arg(sql)
+            .env_remove("WEIR_FAILPOINTS")
+            .env("WEIR_LOG", "warn,weir::checkpoint=info,weir::source=info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn weir"),
+    )
+}
+
+/// Waits until the committed output is exactly `expected` (rows appear
+/// only at checkpoints; one too many fails at once).
+fn await_output(out: &Path, expected: &[String], log: &Path, what: &str) {
+    eventually_blocking(what, 90, || {
+        let got = common::committed_lines(out);
+        for row in &got {
+            let have = got.iter().filter(|r| *r == row).count();
+            assert!(
+                have == 1 && expected.contains(row),
+                "{what}: row {row} committed {have} times; expected {expected:?}\nlog:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        if got == expected {
+            Ok(())
+        } else {
+            Err(format!("{got:?}"))
+        }
+    });
+}
+
+/// The scenario, with `put(name, text)` making a file appear whole at
+/// the monitored path and `wipe` losing the machine's local state.
+fn scenario(input: &str, extra: &str, put: &dyn Fn(&str, &str), wipe: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data, out, sql, log) = (
+        dir.path().join("data"),
+        dir.path().join("out"),
+        dir.path().join("job.sql"),
+        dir.path().join("weir.log"),
+    );
+    std::fs::write(&sql, job(input, &out, extra)).expect("sql");
+    put("a.json", &events(0, 5));
+    let weir = start(&data, &sql, &log);
+    // The first file's windows close as its watermark passes them: the
+    // last (4 s) waits for later events.
+    await_output(&out, &windows(0, 4), &log, "the windows of the file there at the start");
+    put("b.json", &events(5, 10));
+    await_output(&out, &windows(0, 9), &log, "the windows of a file added while running");
+    assert!(
+        std::fs::read_to_string(&log).expect("log").contains("new file"),
+        "the discovery is not logged"
+    );
+    // A crash, and a file arrives while the job is down.
+    drop(weir);
+    if wipe {
+        std::fs::remove_dir_all(&data).expect("wipe");
+    }
+    put("c.json", &events(10, 15));
+    let restarted = dir.path().join("weir-2.log");
+    let _weir = start(&data, &sql, &restarted);
+    await_output(
+        &out,
+        &windows(0, 14),
+        &restarted,
+        "the windows of the file added while the job was down, each window once",
+    );
+    let text = std::fs::read_to_string(&restarted).expect("log");
+    assert!(text.contains("restoring from checkpoint"), "not restored:\n{text}");
+}
+
+#[test]
+fn a_monitored_directory_reads_each_new_file_once_across_a_sigkill() {
+    let input_dir = tempfile::tempdir().expect("tempdir");
+    let input: PathBuf = input_dir.path().to_path_buf();
+    // Written hidden, then renamed: a reader never sees half a file.
+    let put = |name: &str, text: &str| {
+        let tmp = input.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, input.join(name)).expect("rename");
+    };
+    scenario(&input.display().to_string(), "", &put, false);
+}
+
+#[test]
+fn a_monitored_s3_prefix_reads_each_new_object_once_across_a_sigkill_on_a_new_machine() {
+    let s3_dir = tempfile::tempdir().expect("tempdir");
+    let server = common::s3_server(s3_dir.path());
+    let client = server.client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // A PUT makes an object appear whole.
+    let put = |name: &str, text: &str| {
+        let key = object_store::path::Path::from(format!("incoming/{name}"));
+        rt.block_on(object_store::ObjectStoreExt::put(
+            &client,
+            &key,
+            object_store::PutPayload::from(text.as_bytes().to_vec()),
+        ))
+        .expect("put");
+    };
+    scenario(
+        &format!("s3://{}/incoming", server.bucket),
+        &server.checkpoint_settings(),
+        &put,
+        true,
+    );
+}
