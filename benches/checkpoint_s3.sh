@@ -14,6 +14,7 @@
 #    parallelism 1, 2 and 4: the time to download, verify and lay the
 #    state out, and to open it.
 #
+# SKIP_HOP=1 leaves out part 1 (parts 2 and 3 alone: the restore figures).
 # Needs the release binary: cargo build --release --bin weir
 set -euo pipefail
 EVENTS=${1:-22000000}
@@ -73,9 +74,11 @@ hop() { # label, SET lines
   echo "$1: $(awk "BEGIN { printf \"%.1f s, %.0f K events/s\", $end - $start, $EVENTS / ($end - $start) / 1000 }")," \
     "$(grep -c 'checkpoint [0-9]* completed' "$WORK/hop-$1.log" || true) checkpoints"
 }
-hop off ""
-hop local "SET 'execution.checkpointing.interval' = '1 s'; SET 'execution.checkpointing.dir' = '$WORK/ckpt-hop';"
-hop s3 "SET 'execution.checkpointing.interval' = '1 s'; SET 'execution.checkpointing.dir' = 's3://weir/hop'; $S3_SET"
+if [ -z "${SKIP_HOP:-}" ]; then
+  hop off ""
+  hop local "SET 'execution.checkpointing.interval' = '1 s'; SET 'execution.checkpointing.dir' = '$WORK/ckpt-hop';"
+  hop s3 "SET 'execution.checkpointing.interval' = '1 s'; SET 'execution.checkpointing.dir' = 's3://weir/hop'; $S3_SET"
+fi
 
 sed "s/\${EVENTS}/$EVENTS/" "$HERE/checkpoint.sql" > "$WORK/job.sql"
 grow() { # label, SET lines: killed after $KILL_AFTER checkpoints

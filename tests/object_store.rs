@@ -224,8 +224,9 @@ fn json_rows(dir: &std::path::Path) -> Vec<String> {
 }
 
 /// Tables on an S3 server, through `weir run` as a user writes them: a
-/// json table and a partitioned parquet table written with checkpoints
-/// (parts staged as multipart uploads, completed at checkpoints) and a
+/// json table and a partitioned parquet table (committed partitions get a
+/// `_SUCCESS` object) written with checkpoints (parts staged as multipart
+/// uploads, completed at checkpoints) and a
 /// csv table written without (each part put when the job ends), then all
 /// three read back (several objects per table: several splits; partition
 /// values from the key's `k=v` segments) into local files: the rows are
@@ -257,7 +258,8 @@ fn tables_are_written_to_and_read_back_from_an_s3_server() {
         "CREATE TABLE s3_json (id BIGINT, name STRING, k STRING)
   WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/json', 'format' = 'json');
 CREATE TABLE s3_pq (id BIGINT, name STRING, k STRING) PARTITIONED BY (k)
-  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/pq/', 'format' = 'parquet');
+  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/pq/', 'format' = 'parquet',
+        'sink.partition-commit.policy.kind' = 'success-file');
 CREATE TABLE s3_csv (id BIGINT, name STRING, k STRING)
   WITH ('connector' = 'filesystem', 'path' = 's3://{b}/tables/csv', 'format' = 'csv');
 "
@@ -319,7 +321,23 @@ INSERT INTO s3_csv SELECT * FROM src;
         keys.iter().any(|k| k.starts_with("tables/pq/k=p0/part-")),
         "no partition prefix: {keys:?}"
     );
+    // Each partition committed: its success object is there (and is not
+    // read as data below).
+    for p in ["p0", "p1", "p2"] {
+        assert!(
+            keys.contains(&format!("tables/pq/k={p}/_SUCCESS")),
+            "partition k={p} has no success file: {keys:?}"
+        );
+    }
     assert!(server.multipart_uploads().is_empty(), "uploads left open");
+    // One object of 24 MB read by two subtasks: two byte ranges, each
+    // downloaded alone.
+    rt.block_on(object_store::ObjectStoreExt::put(
+        &client,
+        &object_store::path::Path::from("one/rows.json"),
+        object_store::PutPayload::from(std::fs::read(input.join("rows.json")).expect("input")),
+    ))
+    .expect("put");
     let back = |t: &str| dir.path().join(format!("back-{t}"));
     weir_run(
         dir.path(),
@@ -331,16 +349,21 @@ INSERT INTO s3_csv SELECT * FROM src;
 CREATE TABLE back_json (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
 CREATE TABLE back_pq (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
 CREATE TABLE back_csv (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+CREATE TABLE s3_one (id BIGINT, name STRING, k STRING)
+  WITH ('connector' = 'filesystem', 'path' = 's3://{b}/one/rows.json', 'format' = 'json', 'source.split.min-size' = '1048576');
+CREATE TABLE back_one (id BIGINT, name STRING, k STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+INSERT INTO back_one SELECT * FROM s3_one;
 INSERT INTO back_json SELECT * FROM s3_json;
 INSERT INTO back_pq SELECT id, name, k FROM s3_pq;
 INSERT INTO back_csv SELECT * FROM s3_csv;
 ",
             back("json").display(),
             back("pq").display(),
-            back("csv").display()
+            back("csv").display(),
+            back("one").display()
         ),
     );
-    for t in ["json", "pq", "csv"] {
+    for t in ["json", "pq", "csv", "one"] {
         assert_eq!(json_rows(&back(t)), expected, "table {t} read back from S3");
     }
     // Nothing at the path: an error naming it.

@@ -8,7 +8,8 @@
 //! '.' or '_', as on local files; `k=v` directories to the depth of the
 //! partition keys), or the one object the path names. A split downloads
 //! its object into an unnamed local temporary file when it opens it and
-//! reads that as a local file; an object is one split (no byte ranges).
+//! reads that as a local file; a byte range of a line-delimited object
+//! downloads only its bytes, at their own offsets.
 //!
 //! A writer spools its current part to a local file (as on a local
 //! path). At the checkpoint barrier the part goes up as a multipart
@@ -197,6 +198,121 @@ impl ObjectFiles {
         Ok(local)
     }
 
+    /// The size of the object `rel` in bytes.
+    pub fn size(&self, rel: &str) -> Result<u64> {
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        let meta = self.wait(rel, async move { store.head(&key).await })?;
+        Ok(meta.map_err(|e| self.failed(rel, e))?.size)
+    }
+
+    /// Where the first `need` of `n` byte ranges of the line-delimited
+    /// object `rel` start: as `records::range_starts` finds them in a
+    /// local file without quotes (the first line break at or after a
+    /// range's share of the bytes, less one), with a small ranged read
+    /// at each share instead of reading the bytes before it.
+    pub fn line_range_starts(&self, rel: &str, n: usize, need: usize) -> Result<Vec<u64>> {
+        const PROBE: u64 = 64 << 10;
+        let n = n.max(1);
+        let need = need.clamp(1, n);
+        let size = self.size(rel)?;
+        let mut starts = vec![0u64];
+        for i in 1..need {
+            let target = size * i as u64 / n as u64;
+            // Several targets may fall in one record: they share it.
+            if let Some(&last) = starts.last()
+                && last >= target
+                && last > 0
+            {
+                starts.push(last);
+                continue;
+            }
+            let mut from = target.saturating_sub(1);
+            let start = loop {
+                if from >= size {
+                    break size;
+                }
+                let to = (from + PROBE).min(size);
+                let (store, key) = (self.bucket.store.clone(), self.key(rel));
+                let bytes = self
+                    .wait(rel, async move { store.get_range(&key, from..to).await })?
+                    .map_err(|e| self.failed(rel, e))?;
+                if let Some(k) = memchr::memchr(b'\n', &bytes) {
+                    break from + k as u64 + 1;
+                }
+                from = to;
+            };
+            starts.push(start);
+        }
+        Ok(starts)
+    }
+
+    /// Bytes `range` of the object `rel`, written at their own offsets
+    /// into an unnamed temporary file (sparse before them: a byte range
+    /// of a big object costs its own bytes, and offsets, positions and
+    /// restores are the object's, as for a local file).
+    pub fn download_range(&self, rel: &str, range: std::ops::Range<u64>) -> Result<std::fs::File> {
+        let temp = |source| ConnectorError::Io {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        };
+        let local = tempfile::tempfile().map_err(temp)?;
+        let copy = local.try_clone().map_err(temp)?;
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        let done = self.wait(rel, async move {
+            use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+            let mut out = tokio::fs::File::from_std(copy);
+            out.seek(std::io::SeekFrom::Start(range.start))
+                .await
+                .map_err(|e| format!("writing the local copy: {e}"))?;
+            if range.is_empty() {
+                return Ok(());
+            }
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Bounded(range)),
+                ..Default::default()
+            };
+            let mut stream = store
+                .get_opts(&key, options)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_stream();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| e.to_string())?;
+                out.write_all(&chunk)
+                    .await
+                    .map_err(|e| format!("writing the local copy: {e}"))?;
+            }
+            out.flush().await.map_err(|e| format!("writing the local copy: {e}"))?;
+            Ok::<_, String>(())
+        })?;
+        done.map_err(|e| self.failed(rel, e))?;
+        let mut local = local;
+        std::io::Seek::rewind(&mut local).map_err(temp)?;
+        Ok(local)
+    }
+
+    /// Line breaks in the first `offset` bytes of the object `rel` (the
+    /// line a byte range starts after; asked only to report a record).
+    pub fn lines_before(&self, rel: &str, offset: u64) -> Result<u64> {
+        if offset == 0 {
+            return Ok(0);
+        }
+        let (store, key) = (self.bucket.store.clone(), self.key(rel));
+        let counted = self.wait(rel, async move {
+            let options = object_store::GetOptions {
+                range: Some(object_store::GetRange::Bounded(0..offset)),
+                ..Default::default()
+            };
+            let mut stream = store.get_opts(&key, options).await?.into_stream();
+            let mut lines = 0u64;
+            while let Some(chunk) = stream.next().await {
+                lines += memchr::memchr_iter(b'\n', &chunk?).count() as u64;
+            }
+            Ok::<_, object_store::Error>(lines)
+        })?;
+        Ok(counted.map_err(|e| self.failed(rel, e))?)
+    }
+
     /// Phase one for the local part `local`, to become `rel` (relative to
     /// the table's path): an uncompleted multipart upload, with its marker;
     /// returns the committable.
@@ -269,7 +385,8 @@ impl ObjectFiles {
         self.complete(&c).map(|_| ())
     }
 
-    fn put_bytes(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+    /// Puts `bytes` as the object `rel` (visible at once).
+    pub fn put_bytes(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
         let (store, key) = (self.bucket.store.clone(), self.key(rel));
         self.wait(rel, async move { store.put(&key, PutPayload::from(bytes)).await })?
             .map_err(|e| self.failed(rel, e))?;
@@ -326,7 +443,7 @@ impl ObjectFiles {
     }
 
     /// Whether the object `rel` exists.
-    fn exists(&self, rel: &str) -> Result<bool> {
+    pub fn exists(&self, rel: &str) -> Result<bool> {
         let (store, key) = (self.bucket.store.clone(), self.key(rel));
         match self.wait(rel, async move { store.head(&key).await })? {
             Ok(_) => Ok(true),
@@ -507,6 +624,48 @@ mod tests {
         assert_eq!(got.as_ref(), body.as_slice());
         // A re-commit after recovery: the upload is gone, the object there.
         assert!(!parts.complete(&c).expect("re-commit"));
+    }
+
+    /// The ranges of an object start where a local file's would, and the
+    /// bytes of a range land at their own offsets.
+    #[test]
+    fn byte_ranges_of_an_object_match_a_local_files() {
+        let (parts, mem) = parts();
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Lines of uneven lengths, one longer than several shares.
+        let mut body = vec![];
+        for i in 0..3000u32 {
+            let len = if i == 1500 { 20_000 } else { (i * 7919 % 97) as usize };
+            body.extend(std::iter::repeat_n(b'a' + (i % 26) as u8, len));
+            body.push(b'\n');
+        }
+        body.extend(b"no line break at the end");
+        let local = dir.path().join("big.json");
+        std::fs::write(&local, &body).expect("write");
+        block_on("test", {
+            let mem = mem.clone();
+            let body = body.clone();
+            async move { mem.put(&Key::from("out/big.json"), PutPayload::from(body)).await }
+        })
+        .expect("put")
+        .expect("put");
+        for n in 1..12 {
+            let want = super::super::records::range_starts(&local, n, n, None).expect("local starts");
+            assert_eq!(
+                parts.line_range_starts("big.json", n, n).expect("starts"),
+                want,
+                "{n} ranges"
+            );
+        }
+        let mut got = vec![];
+        let mut f = parts.download_range("big.json", 5000..9000).expect("download");
+        std::io::Read::read_to_end(&mut f, &mut got).expect("read");
+        assert_eq!(got.len(), 9000);
+        assert_eq!(&got[5000..], &body[5000..9000]);
+        assert_eq!(
+            parts.lines_before("big.json", 9000).expect("lines"),
+            memchr::memchr_iter(b'\n', &body[..9000]).count() as u64
+        );
     }
 
     #[test]

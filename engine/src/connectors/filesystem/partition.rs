@@ -357,6 +357,9 @@ pub struct FileCommitter {
     partitioned: bool,
     /// Processing time: when a partition's commit delay has passed.
     clock: Clock,
+    /// The table is on an object store: partitions are key prefixes and
+    /// a success file is an object put below one.
+    remote: Option<std::sync::Arc<super::object_files::ObjectFiles>>,
 }
 
 impl FileCommitter {
@@ -374,7 +377,9 @@ impl FileCommitter {
         let partitioned = partitioned && remote.is_none();
         Self {
             clock,
-            files: PartCommitter::new(dir.clone(), prefix.clone(), 3, "sink.file_committed").on_object_store(remote),
+            files: PartCommitter::new(dir.clone(), prefix.clone(), 3, "sink.file_committed")
+                .on_object_store(remote.clone()),
+            remote,
             dir,
             prefix,
             policy,
@@ -391,6 +396,14 @@ impl FileCommitter {
     /// Writes the success file of each of `dirs`.
     fn commit_partitions<'a>(&self, policy: &CommitPolicy, dirs: impl Iterator<Item = &'a String>) -> Result<()> {
         for dir in dirs {
+            if let Some(remote) = &self.remote {
+                // A PUT is durable when it returns; an empty object, as
+                // Flink's success file.
+                let rel = format!("{dir}/{}", policy.success_file);
+                remote.put_bytes(&rel, vec![])?;
+                tracing::info!(target: "weir::sink", "partition {dir} committed: {}/{rel}", remote.url());
+                continue;
+            }
             let path = policy.success_path(&self.dir, dir);
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| io_err(parent, e))?;
@@ -480,17 +493,33 @@ impl Committer for FileCommitter {
 
     fn recover(&self) -> Result<()> {
         if !self.partitioned {
-            return self.files.recover();
-        }
-        // In-progress and pending files of this job in every partition.
-        let dirs = self.partition_dirs_for_recovery()?;
-        for rel in &dirs {
-            PartCommitter::new(self.dir.join(rel), self.prefix.clone(), 3, "sink.file_committed").recover()?;
+            self.files.recover()?;
+        } else {
+            // In-progress and pending files of this job in every partition.
+            let dirs = self.partition_dirs_for_recovery()?;
+            for rel in &dirs {
+                PartCommitter::new(self.dir.join(rel), self.prefix.clone(), 3, "sink.file_committed").recover()?;
+            }
         }
         // Partitions with data but no success file are still to commit
         // (their writers' reports went with the failed attempt). The
         // restored writers report afresh, perhaps at another parallelism.
-        if let Some(policy) = &self.policy {
+        if let (Some(policy), Some(remote)) = (&self.policy, &self.remote) {
+            let now = self.clock.now_ms();
+            let mut state = self.lock_state();
+            state.writers.clear();
+            let depth = policy.partitioning.keys.len();
+            let with_data: BTreeSet<String> = remote
+                .list_visible(Some(depth), true)?
+                .into_iter()
+                .filter_map(|rel| rel.rsplit_once('/').map(|(dir, _)| dir.to_string()))
+                .collect();
+            for rel in with_data {
+                if !remote.exists(&format!("{rel}/{}", policy.success_file))? {
+                    state.pending.entry(rel).or_insert(now);
+                }
+            }
+        } else if let Some(policy) = &self.policy {
             let now = self.clock.now_ms();
             let mut state = self.lock_state();
             state.writers.clear();

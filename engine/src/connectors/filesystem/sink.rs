@@ -92,17 +92,6 @@ impl FileSink {
         } else {
             CommitPolicy::from_options(options, partition_keys)?
         };
-        if let (Some(parts), Some(_)) = (&remote, &commit) {
-            return Err(weir_catalog::CatalogError::InvalidOption {
-                key: super::partition::POLICY.into(),
-                message: format!(
-                    "partition commits are not written to object stores yet ('{}'); \
-                     leave the policy out to write the partitions' files",
-                    parts.url()
-                ),
-            }
-            .into());
-        }
         Ok(Self {
             dir: path_of(options)?,
             remote,

@@ -239,14 +239,26 @@ impl FileSource {
     /// lines (a quote in a comment would unbalance the quote count).
     fn splittable(&self) -> bool {
         if self.remote.is_some() {
-            // An object is downloaded whole by the split that reads it.
-            return false;
+            // On an object store a range of line-delimited JSON finds its
+            // start with a small ranged read; a CSV range's start depends
+            // on the quotes of every byte before it, which would cost the
+            // download of the object up to there: an object of CSV is one
+            // split.
+            return !matches!(self.format.format, Format::Csv | Format::Parquet);
         }
         match self.format.format {
             Format::Csv => !self.format.allow_comments,
             Format::Parquet => false,
             _ => true,
         }
+    }
+
+    /// An object's name relative to the table's path ("" for the path's
+    /// own object).
+    fn relative(&self, f: &std::path::Path) -> String {
+        f.strip_prefix(&self.path)
+            .map(|r| r.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"))
+            .unwrap_or_default()
     }
 
     /// A split per (file, number of byte ranges) and range.
@@ -275,11 +287,7 @@ impl FileSource {
                 );
                 split.range = (ranges > 1).then_some(ByteRange { index, of: ranges });
                 if let Some(remote) = &self.remote {
-                    let rel = f
-                        .strip_prefix(&self.path)
-                        .map(|r| r.to_string_lossy().replace(std::path::MAIN_SEPARATOR, "/"))
-                        .unwrap_or_default();
-                    split.remote = Some((remote.clone(), rel));
+                    split.remote = Some((remote.clone(), self.relative(&f)));
                 }
                 match &values {
                     Some(v) => splits.push(Box::new(PartitionSplit {
@@ -357,7 +365,10 @@ impl SourceFactory for FileSource {
         let mut plan = vec![];
         for f in files {
             let ranges = if per_file > 1 && self.splittable() {
-                let size = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+                let size = match &self.remote {
+                    Some(remote) => remote.size(&self.relative(&f))?,
+                    None => std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0),
+                };
                 per_file.min((size / self.min_range_bytes.max(1)) as usize).max(1)
             } else {
                 1
@@ -497,7 +508,10 @@ impl FileSplit {
         let before = match self.lines_before {
             Some(n) => n,
             None => {
-                let n = lines_before(&self.path, self.range_start).unwrap_or(0);
+                let n = match &self.remote {
+                    Some((objects, rel)) => objects.lines_before(rel, self.range_start).unwrap_or(0),
+                    None => lines_before(&self.path, self.range_start).unwrap_or(0),
+                };
                 self.lines_before = Some(n);
                 n
             }
@@ -516,9 +530,22 @@ impl FileSplit {
         if self.reader.is_some() {
             return Ok(());
         }
-        let file = match &self.remote {
-            Some((objects, rel)) => objects.download(rel)?,
-            None => File::open(&self.path).map_err(|e| self.io(e))?,
+        // On an object store, a byte range of an object (its bounds found
+        // with ranged reads) is downloaded alone, at its own offsets.
+        let remote_range = match (&self.remote, self.range) {
+            (Some((objects, rel)), Some(r)) => {
+                let starts = objects.line_range_starts(rel, r.of, r.index + 2)?;
+                let start = starts.get(r.index).copied().unwrap_or(u64::MAX);
+                let end = starts.get(r.index + 1).copied().unwrap_or(u64::MAX);
+                let end = if r.index + 1 == r.of { objects.size(rel)? } else { end };
+                Some(start.min(end)..end)
+            }
+            _ => None,
+        };
+        let file = match (&self.remote, &remote_range) {
+            (Some((objects, rel)), Some(range)) => objects.download_range(rel, range.clone())?,
+            (Some((objects, rel)), None) => objects.download(rel)?,
+            (None, _) => File::open(&self.path).map_err(|e| self.io(e))?,
         };
         self.reader = Some(match self.format.format {
             Format::Parquet => {
@@ -552,9 +579,10 @@ impl FileSplit {
                     quote: self.format.quote,
                     delimiter: self.format.delimiter,
                 });
-                let range = match self.range {
-                    None => 0..u64::MAX,
-                    Some(r) => {
+                let range = match (self.range, remote_range) {
+                    (_, Some(range)) => range,
+                    (None, None) => 0..u64::MAX,
+                    (Some(r), None) => {
                         let need = r.index + 2;
                         let starts = range_starts(&self.path, r.of, need, quote).map_err(|e| self.io(e))?;
                         let end = starts.get(r.index + 1).copied().unwrap_or(u64::MAX);
