@@ -108,9 +108,10 @@ fn adbc_user_cannot_load_code_or_open_files_through_client_properties() {
 
 /// A server given `--allow-dir s3://weir/allowed` and, in its
 /// environment, the S3 server's endpoint and keys: a DB-API client is
-/// refused checkpoints, savepoints and restores elsewhere in the bucket
-/// (or through `..`) and an endpoint of its own; a job of its own
-/// checkpoints below the allowed location and writes every row once.
+/// refused checkpoints, savepoints, restores and tables elsewhere (in the
+/// bucket, through `..`, in another bucket) and an endpoint of its own; a
+/// job of its own checkpoints below the allowed location and writes every
+/// row once, to a local table and to a table on the store it reads back.
 #[test]
 fn adbc_user_checkpoints_only_below_the_allowed_object_store_location() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -144,7 +145,7 @@ fn adbc_user_checkpoints_only_below_the_allowed_object_store_location() {
         ],
     );
     assert!(
-        out.contains("adbc object store: 2 passed, 0 failed"),
+        out.contains("adbc object store: 3 passed, 0 failed"),
         "every step ran:\n{out}"
     );
     let rows = common::committed_lines(&sink);
@@ -168,6 +169,10 @@ fn adbc_user_checkpoints_only_below_the_allowed_object_store_location() {
     assert!(
         keys.iter().any(|k| k.starts_with("allowed/checkpoints/on-s3/log/")),
         "the job's checkpoint log is on the store: {keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("allowed/tables/ids/part-")),
+        "the table's parts are on the store: {keys:?}"
     );
     assert!(keys.iter().all(|k| k.starts_with("allowed/")), "{keys:?}");
 }
@@ -194,6 +199,32 @@ fn run_script(script: &str, args: &[&str]) -> String {
             .spawn()
             .expect("run the ADBC client"),
     );
+    // The pipes are drained while the client runs: a client writing more
+    // than a pipe holds (a long failure message) would otherwise block
+    // and look hung.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(
+        client
+            .0
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let err = drain(
+        client
+            .0
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
     let deadline = Instant::now() + Duration::from_secs(180);
     let status = loop {
         if let Some(s) = client.0.try_wait().expect("wait") {
@@ -202,15 +233,8 @@ fn run_script(script: &str, args: &[&str]) -> String {
         assert!(Instant::now() < deadline, "the ADBC client did not finish in 180 s");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let mut out = String::new();
-    let mut err = String::new();
-    use std::io::Read;
-    if let Some(mut o) = client.0.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    if let Some(mut e) = client.0.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
     assert!(status.success(), "ADBC client failed ({status}):\n{out}\n{err}");
     out
 }

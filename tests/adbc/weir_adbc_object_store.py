@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A client of a `weir serve` given `--allow-dir s3://BUCKET/PREFIX` (and
 the server's own S3 endpoint and keys in its environment) puts a job's
-checkpoints below that location, and is refused anywhere else, with the
+checkpoints and a table below that location, and is refused anywhere else, with the
 ADBC Flight SQL driver as a DB-API user would (results of SET and DDL
 never read).
 
@@ -46,6 +46,10 @@ def step_a_locations_outside_refused(conn, t):
     refused(conn, f"SET 'execution.state-recovery.path' = '{outside}/sp/savepoint-1'",
             "execution.state-recovery.path")
     refused(conn, "SET 's3.endpoint' = 'http://169.254.169.254'", "s3.endpoint")
+    # A table is a location too: its path must be below the allowed one.
+    for path in [f"{outside}/t", f"{allowed}/../elsewhere/t", "s3://other-bucket/t"]:
+        refused(conn, f"CREATE TABLE t_out (id BIGINT) WITH ('connector' = 'filesystem', "
+                      f"'path' = '{path}', 'format' = 'json')", "path")
 
 
 def step_b_checkpoints_below_the_allowed_location(conn, t):
@@ -65,7 +69,29 @@ def step_b_checkpoints_below_the_allowed_location(conn, t):
         execute(conn, sql)
 
 
-STEPS = [step_a_locations_outside_refused, step_b_checkpoints_below_the_allowed_location]
+def step_c_a_table_below_the_allowed_location(conn, t):
+    """A table on the store below the allowed location is written exactly
+    once with checkpoints there, and read back (the count is read, as a
+    query's result is)."""
+    for sql in [
+        f"CREATE TABLE on_s3 (id BIGINT) WITH ('connector' = 'filesystem', "
+        f"'path' = '{t['allowed']}/tables/ids', 'format' = 'json')",
+        "INSERT INTO on_s3 SELECT id FROM gen",
+    ]:
+        execute(conn, sql)
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*), COUNT(DISTINCT id), MIN(id), MAX(id) FROM on_s3")
+        rows = cur.fetchall()
+    # An updating query's rows carry their change kind first; the last
+    # is the final count.
+    assert rows[-1][-4:] == (ROWS, ROWS, 1, ROWS), f"read back, last of {len(rows)} changes: {rows[-1]}"
+
+
+STEPS = [
+    step_a_locations_outside_refused,
+    step_b_checkpoints_below_the_allowed_location,
+    step_c_a_table_below_the_allowed_location,
+]
 
 
 def main():
