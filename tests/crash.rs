@@ -1357,6 +1357,16 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
                 "after failure {fp:?}: row {row} visible {n} times, not in the failure-free output as often"
             );
         }
+        // The parts a writer killed at random spooled are in the job's
+        // data dir (emptied by the next attempt), not left in the
+        // machine's temp. (A failpoint may stop the job in its recovery,
+        // before any writer.)
+        let spool = ws.data.join("jobs").join("crash-test").join("spool");
+        assert!(
+            fp.is_some() || std::fs::read_dir(&spool).is_ok_and(|mut d| d.next().is_some()),
+            "after failure {fp:?}: nothing spooled in {}",
+            spool.display()
+        );
         // A new machine: nothing local survives.
         std::fs::remove_dir_all(&ws.data).unwrap_or_else(|e| panic!("wipe {}: {e}\n{}", ws.data.display(), run.stderr));
     }
@@ -1375,6 +1385,12 @@ fn the_file_sink_on_s3_under_sigkill_commits_each_row_once_and_leaves_no_upload(
     );
     download(&client, &rt, "out", &ws.out);
     assert_same_output(expected, &ws, "file sink on S3");
+    let spool = ws.data.join("jobs").join("crash-test").join("spool");
+    assert!(
+        std::fs::read_dir(&spool).map_or(true, |mut d| d.next().is_none()),
+        "spooled parts left after the job finished in {}",
+        spool.display()
+    );
     // Every upload was completed or aborted: those a marker named, and
     // those created and cut off before their marker (found by listing the
     // uploads in progress). No marker is left either: `assert_same_output`

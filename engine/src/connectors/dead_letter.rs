@@ -235,6 +235,7 @@ mod tests {
             checkpoint_interval: None,
             checkpoint_timeout: None,
             clock: Default::default(),
+            spool_dir: std::env::temp_dir(),
         }
     }
 

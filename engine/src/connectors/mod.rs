@@ -185,6 +185,12 @@ pub struct SinkContext {
     pub checkpoint_timeout: Option<std::time::Duration>,
     /// The job's processing-time clock (a partition's commit time).
     pub clock: crate::clock::Clock,
+    /// A local directory of the job's (below its data dir) for files bound
+    /// elsewhere (the parts of a table on an object store until they go
+    /// up). Emptied when an attempt starts: what a killed process left
+    /// there is of no use (its uploads are aborted or completed from the
+    /// store) and would otherwise stay on the disk for good.
+    pub spool_dir: std::path::PathBuf,
 }
 
 pub trait SinkFactory: Debug + Send + Sync {

@@ -890,7 +890,10 @@ async fn run_attempt(
         checkpoint_interval: config.checkpointing.as_ref().map(|c| c.interval),
         checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
         clock: config.clock.clone(),
+        spool_dir: config.job_dir.join("spool"),
     };
+    // A killed attempt's spooled parts: never read again.
+    crate::checkpoint::storage::remove_dir_if_exists(&sink_ctx.spool_dir)?;
     let Some(committers) = restore_commits(graph, config, &sink_ctx, restored.as_ref()).await? else {
         // The run had ended; its last output is committed: nothing to do.
         return Ok(());

@@ -143,15 +143,19 @@ impl SinkFactory for FileSink {
         // On an object store, parts are spooled in a local directory of
         // their own until they go up.
         let spool = match &self.remote {
-            Some(_) => Some(
-                tempfile::Builder::new()
-                    .prefix(&format!("weir-spool-{stem}-"))
-                    .tempdir()
-                    .map_err(|source| ConnectorError::Io {
-                        path: std::env::temp_dir().display().to_string(),
-                        source,
-                    })?,
-            ),
+            Some(_) => {
+                let io = |source| ConnectorError::Io {
+                    path: ctx.spool_dir.display().to_string(),
+                    source,
+                };
+                std::fs::create_dir_all(&ctx.spool_dir).map_err(io)?;
+                Some(
+                    tempfile::Builder::new()
+                        .prefix(&format!("{stem}-"))
+                        .tempdir_in(&ctx.spool_dir)
+                        .map_err(io)?,
+                )
+            }
             None => {
                 std::fs::create_dir_all(&self.dir).map_err(|source| ConnectorError::Io {
                     path: self.dir.display().to_string(),
