@@ -156,6 +156,10 @@ pub enum BenchCommand {
     /// Kafka read and write rates against a running cluster, beside the
     /// librdkafka consumer alone (benches/kafka.sh starts a broker).
     Kafka(crate::bench::KafkaArgs),
+    /// The network exchange between worker processes over loopback:
+    /// Nexmark-shaped bid batches on 1 and several channels of one
+    /// connection, beside encode/decode alone and an in-memory channel.
+    Exchange(crate::exchange_bench::ExchangeArgs),
     /// The same Flink SQL files on Weir and on Flink 2.3, side by side:
     /// rows/s, CPU seconds and peak memory of both, runs alternating.
     Compare(crate::compare::CompareArgs),
@@ -226,6 +230,9 @@ pub fn main_with(args: Args) -> i32 {
         Some(Command::Bench {
             which: BenchCommand::Kafka(b),
         }) => return rt.block_on(crate::bench::run_kafka(b)),
+        Some(Command::Bench {
+            which: BenchCommand::Exchange(b),
+        }) => return rt.block_on(crate::exchange_bench::run_exchange(b)),
         Some(Command::Bench {
             which: BenchCommand::Alignment(b),
         }) => {

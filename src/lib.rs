@@ -14,6 +14,7 @@
 //!   signals, error printing, the live table).
 //! - [`server`]: `weir serve`, Arrow Flight SQL over a session.
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
+//! - [`exchange_bench`]: `weir bench exchange`, the network exchange over loopback.
 //! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
 
 pub mod access;
@@ -21,6 +22,7 @@ pub mod bench;
 pub mod cli;
 pub mod compare;
 pub mod display;
+pub mod exchange_bench;
 pub mod jobs;
 pub mod remote;
 pub mod server;

@@ -44,6 +44,7 @@ pub mod clock;
 pub mod config;
 pub mod connectors;
 pub mod error;
+pub mod exchange;
 pub mod expr;
 pub mod failpoint;
 pub mod java_text;
