@@ -240,6 +240,11 @@ impl RemoteSender {
         self.out.send(bytes).map_err(|_| self.lost())
     }
 
+    /// The worker at the other end.
+    pub fn peer(&self) -> u32 {
+        self.shared.peer
+    }
+
     /// Credits this end may still use without waiting.
     pub fn available(&self) -> usize {
         self.credits.available_permits()

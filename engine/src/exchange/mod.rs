@@ -6,12 +6,14 @@
 //!   of input) and of credits.
 //! - [`link`]: one TCP connection per worker pair, many logical channels
 //!   on it, each with credit-based flow control.
+//! - [`bridge`]: a remote channel joined to the bounded in-memory channels
+//!   operators and input gates use (a forwarding task on each side).
 //!
-//! Not wired into the runtime yet: a job still runs in one process, its
-//! channels in-memory. The next step bridges a remote channel to the
-//! bounded in-memory channels operators already use (a forwarding task
-//! per remote channel on each side), so operators, gates and barriers
-//! stay as they are.
+//! Not wired into jobs yet: a job still runs in one process, its channels
+//! in-memory. The next step is `weir worker`: the same plan on every
+//! worker, each running its subtasks, and a bridge for every channel whose
+//! ends are on different workers.
 
+pub mod bridge;
 pub mod frame;
 pub mod link;
