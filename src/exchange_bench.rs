@@ -177,8 +177,8 @@ async fn figures(args: &ExchangeArgs) -> Result<(), String> {
             let (s, _) = listener.accept().await.map_err(|e| e.to_string())?;
             Link::accept(s).await.map_err(|e| e.to_string())
         });
-        let a = Link::connect(&addr, 0, 1).await.map_err(|e| e.to_string())?;
-        let (_, b) = accepted.await.map_err(|e| e.to_string())??;
+        let a = Link::connect(&addr, 0, 0, 1).await.map_err(|e| e.to_string())?;
+        let (_, _, b) = accepted.await.map_err(|e| e.to_string())??;
         let per_channel = count.div_ceil(u64::from(channels));
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();

@@ -91,8 +91,8 @@ mod tests {
             let (s, _) = listener.accept().await.expect("accept");
             Link::accept(s).await.expect("hello")
         });
-        let a = Link::connect(&addr, 0, 1).await.expect("connect");
-        let (_, b) = accepted.await.expect("join");
+        let a = Link::connect(&addr, 0, 9, 1).await.expect("connect");
+        let (_, _, b) = accepted.await.expect("join");
         (a, b)
     }
 

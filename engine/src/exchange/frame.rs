@@ -32,7 +32,8 @@ const BARRIER: u8 = 4;
 const END: u8 = 5;
 /// Receiver → sender: `n` more messages may be sent on the channel.
 const CREDIT: u8 = 6;
-/// The first frame on a connection: the connecting worker's index.
+/// The first frame on a connection: the connecting worker's index and
+/// the hash of its job's plan.
 const HELLO: u8 = 7;
 
 /// One frame's meaning.
@@ -40,7 +41,12 @@ const HELLO: u8 = 7;
 pub enum Frame {
     Message(StreamMessage),
     Credit(u32),
-    Hello { worker: u32 },
+    /// The connecting worker's index and the hash of the job's plan (a
+    /// worker started with other SQL is refused).
+    Hello {
+        worker: u32,
+        plan: u64,
+    },
 }
 
 /// A frame that does not decode: what is wrong with it.
@@ -115,8 +121,9 @@ pub fn encode(channel: u32, frame: &Frame, out: &mut Vec<u8>) -> Result<(), Fram
             out.extend_from_slice(&n.to_le_bytes());
             CREDIT
         }
-        Frame::Hello { worker } => {
+        Frame::Hello { worker, plan } => {
             out.extend_from_slice(&worker.to_le_bytes());
+            out.extend_from_slice(&plan.to_le_bytes());
             HELLO
         }
     };
@@ -235,9 +242,10 @@ pub fn decode(channel: u32, kind: u8, payload: &[u8]) -> Result<Frame, FrameErro
             Frame::Credit(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         }
         HELLO => {
-            let b = fixed(4)?;
+            let b = fixed(12)?;
             Frame::Hello {
                 worker: u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                plan: u64::from_le_bytes(u64_at(b, 4)),
             }
         }
         other => return Err(bad(format!("unknown frame kind {other}"))),
@@ -321,8 +329,8 @@ mod tests {
         }
         assert!(matches!(round_trip(&Frame::Credit(17)), Frame::Credit(17)));
         assert!(matches!(
-            round_trip(&Frame::Hello { worker: 2 }),
-            Frame::Hello { worker: 2 }
+            round_trip(&Frame::Hello { worker: 2, plan: 7 }),
+            Frame::Hello { worker: 2, plan: 7 }
         ));
     }
 

@@ -96,9 +96,9 @@ impl Drop for Link {
 }
 
 impl Link {
-    /// Connects to the worker listening at `addr` as worker `me`; `peer` is
-    /// its index.
-    pub async fn connect(addr: &str, me: u32, peer: u32) -> Result<Link, LinkError> {
+    /// Connects to the worker listening at `addr` as worker `me` of the
+    /// job whose plan hashes to `plan`; `peer` is its index.
+    pub async fn connect(addr: &str, me: u32, plan: u64, peer: u32) -> Result<Link, LinkError> {
         let lost = |e: std::io::Error| LinkError::Lost {
             peer,
             reason: format!("{addr}: {e}"),
@@ -106,7 +106,7 @@ impl Link {
         let mut stream = TcpStream::connect(addr).await.map_err(lost)?;
         stream.set_nodelay(true).map_err(lost)?;
         let mut hello = vec![];
-        frame::encode(0, &Frame::Hello { worker: me }, &mut hello).map_err(|e| LinkError::Protocol {
+        frame::encode(0, &Frame::Hello { worker: me, plan }, &mut hello).map_err(|e| LinkError::Protocol {
             peer,
             reason: e.to_string(),
         })?;
@@ -115,17 +115,17 @@ impl Link {
     }
 
     /// The link of a connection a peer opened: its first frame names the
-    /// peer. Returns the peer's index with the link.
-    pub async fn accept(mut stream: TcpStream) -> Result<(u32, Link), LinkError> {
+    /// peer. Returns the peer's index and plan hash with the link.
+    pub async fn accept(mut stream: TcpStream) -> Result<(u32, u64, Link), LinkError> {
         let unknown = u32::MAX;
         let (channel, kind, payload) = read_frame(&mut stream, unknown).await?;
         match frame::decode(channel, kind, &payload) {
-            Ok(Frame::Hello { worker }) => {
+            Ok(Frame::Hello { worker, plan }) => {
                 stream.set_nodelay(true).map_err(|e| LinkError::Lost {
                     peer: worker,
                     reason: e.to_string(),
                 })?;
-                Ok((worker, Self::start(stream, worker)))
+                Ok((worker, plan, Self::start(stream, worker)))
             }
             Ok(other) => Err(LinkError::Protocol {
                 peer: unknown,
@@ -393,8 +393,8 @@ mod tests {
             let (s, _) = listener.accept().await.expect("accept");
             Link::accept(s).await.expect("hello")
         });
-        let a = Link::connect(&addr, 0, 1).await.expect("connect");
-        let (peer, b) = accepted.await.expect("join");
+        let a = Link::connect(&addr, 0, 9, 1).await.expect("connect");
+        let (peer, _, b) = accepted.await.expect("join");
         assert_eq!(peer, 0);
         (a, b)
     }
@@ -492,9 +492,9 @@ mod tests {
         let mut raw = TcpStream::connect(addr).await.expect("connect");
         let (s, _) = listener.accept().await.expect("accept");
         let mut hello = vec![];
-        frame::encode(0, &Frame::Hello { worker: 5 }, &mut hello).expect("hello");
+        frame::encode(0, &Frame::Hello { worker: 5, plan: 1 }, &mut hello).expect("hello");
         raw.write_all(&hello).await.expect("write");
-        let (peer, link) = Link::accept(s).await.expect("hello");
+        let (peer, _, link) = Link::accept(s).await.expect("hello");
         assert_eq!(peer, 5);
         let _rx = link.receiver(3, 1).expect("receiver");
         let mut bytes = vec![];

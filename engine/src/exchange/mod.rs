@@ -8,6 +8,8 @@
 //!   on it, each with credit-based flow control.
 //! - [`bridge`]: a remote channel joined to the bounded in-memory channels
 //!   operators and input gates use (a forwarding task on each side).
+//! - [`mesh`]: a worker's links to all the others (one per pair), joined
+//!   in any start order, refusing a worker of another plan.
 //!
 //! Not wired into jobs yet: a job still runs in one process, its channels
 //! in-memory. The next step is `weir worker`: the same plan on every
@@ -17,3 +19,4 @@
 pub mod bridge;
 pub mod frame;
 pub mod link;
+pub mod mesh;
