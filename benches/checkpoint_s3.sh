@@ -20,38 +20,15 @@ set -euo pipefail
 EVENTS=${1:-22000000}
 KILL_AFTER=${2:-13}
 WEIR=${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}
-WEED=${WEIR_WEED:-$HOME/.cache/weir-tools/bin/weed-4.48}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d)
 WEED_PID=
 cleanup() { [ -n "$WEED_PID" ] && kill "$WEED_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-args=(mini -ip=127.0.0.1 -ip.bind=127.0.0.1 "-dir=$WORK/s3" -master.telemetry=false -admin.ui=false -webdav=false)
-for flag in master.port master.port.grpc volume.port volume.port.grpc filer.port filer.port.grpc \
-            s3.port s3.port.grpc s3.port.iceberg s3.port.lance admin.port admin.port.grpc; do
-  p=$(free_port)
-  [ "$flag" = s3.port ] && S3_PORT=$p
-  args+=("-$flag=$p")
-done
-mkdir -p "$WORK/s3"
-AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret S3_BUCKET=weir \
-  "$WEED" "${args[@]}" > "$WORK/weed.log" 2>&1 &
-WEED_PID=$!
-# Up once the bucket answers a signed listing (any 2xx from the server).
-for _ in $(seq 600); do
-  if python3 - "$S3_PORT" <<'PY' 2>/dev/null; then break; fi
-import sys, boto3
-s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}", aws_access_key_id="bench",
-                  aws_secret_access_key="bench-secret", region_name="us-east-1")
-s3.list_objects_v2(Bucket="weir", MaxKeys=1)
-PY
-  sleep 0.1
-done
-S3_SET="SET 's3.endpoint' = 'http://127.0.0.1:$S3_PORT'; SET 's3.access-key' = 'bench';
-SET 's3.secret-key' = 'bench-secret'; SET 's3.path.style.access' = 'true';"
-echo "SeaweedFS $("$WEED" version 2>/dev/null | head -1) on 127.0.0.1:$S3_PORT, data in $WORK/s3"
+# shellcheck source=benches/s3_server.sh
+. "$HERE/s3_server.sh"
+start_s3 "$WORK/s3"
 
 echo "== 1. keyed HOP, checkpoints every 1 s ($EVENTS events)"
 cat > "$WORK/hop.sql" <<SQL

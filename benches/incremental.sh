@@ -23,7 +23,6 @@ CHANGED=${2:-5}
 shift $(( $# > 2 ? 2 : $# ))
 TARGETS=${*:-local s3}
 WEIR=${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}
-WEED=${WEIR_WEED:-$HOME/.cache/weir-tools/bin/weed-4.48}
 WORK=$(mktemp -d)
 WEED_PID=
 cleanup() { [ -n "$WEED_PID" ] && kill "$WEED_PID" 2>/dev/null; rm -rf "$WORK"; }
@@ -46,33 +45,8 @@ PY
 ls -l "$WORK"/all.json "$WORK"/update.json | awk '{ print $5, $9 }'
 
 S3_SET=
-start_s3() {
-  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-  local args=(mini -ip=127.0.0.1 -ip.bind=127.0.0.1 "-dir=$WORK/s3" -master.telemetry=false -admin.ui=false -webdav=false)
-  for flag in master.port master.port.grpc volume.port volume.port.grpc filer.port filer.port.grpc \
-              s3.port s3.port.grpc s3.port.iceberg s3.port.lance admin.port admin.port.grpc; do
-    local p
-    p=$(free_port)
-    [ "$flag" = s3.port ] && S3_PORT=$p
-    args+=("-$flag=$p")
-  done
-  mkdir -p "$WORK/s3"
-  AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench-secret S3_BUCKET=weir \
-    "$WEED" "${args[@]}" > "$WORK/weed.log" 2>&1 &
-  WEED_PID=$!
-  for _ in $(seq 600); do
-    if python3 - "$S3_PORT" <<'PY' 2>/dev/null; then break; fi
-import sys, boto3
-s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{sys.argv[1]}", aws_access_key_id="bench",
-                  aws_secret_access_key="bench-secret", region_name="us-east-1")
-s3.list_objects_v2(Bucket="weir", MaxKeys=1)
-PY
-    sleep 0.1
-  done
-  S3_SET="SET 's3.endpoint' = 'http://127.0.0.1:$S3_PORT'; SET 's3.access-key' = 'bench';
-SET 's3.secret-key' = 'bench-secret'; SET 's3.path.style.access' = 'true';"
-  echo "SeaweedFS $("$WEED" version 2>/dev/null | head -1) on 127.0.0.1:$S3_PORT"
-}
+# shellcheck source=benches/s3_server.sh
+. "$(cd "$(dirname "$0")" && pwd)/s3_server.sh"
 
 # The completed checkpoints of a log: "id state uploaded duration_ms".
 checkpoints() {
@@ -142,7 +116,7 @@ SQL
 for t in $TARGETS; do
   case $t in
     local) run local "$WORK/ckpt" "" ;;
-    s3) [ -z "$WEED_PID" ] && start_s3; run s3 "s3://weir/incremental" "$S3_SET" ;;
+    s3) [ -z "$WEED_PID" ] && start_s3 "$WORK/s3"; run s3 "s3://weir/incremental" "$S3_SET" ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
   esac
 done

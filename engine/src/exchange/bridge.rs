@@ -58,7 +58,7 @@ pub async fn forward_in(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exchange::link::Link;
+    use crate::exchange::link::pair;
     use crate::message::{Barrier, BarrierKind};
     use crate::runtime::gate::{GateEvent, InputGate};
     use std::sync::Arc;
@@ -84,16 +84,18 @@ mod tests {
         )
     }
 
-    async fn pair() -> (Link, Link) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let accepted = tokio::spawn(async move {
-            let (s, _) = listener.accept().await.expect("accept");
-            Link::accept(s).await.expect("hello")
-        });
-        let a = Link::connect(&addr, 0, 9, 1).await.expect("connect");
-        let (_, _, b) = accepted.await.expect("join");
-        (a, b)
+    /// The one value of a one-row batch from the gate.
+    fn value(e: GateEvent) -> i64 {
+        match e {
+            GateEvent::Batch(_, b) => b
+                .rows
+                .column(0)
+                .as_any()
+                .downcast_ref::<arrow::array::Int64Array>()
+                .expect("i64")
+                .value(0),
+            other => panic!("expected a row, got {other:?}"),
+        }
     }
 
     /// Exactly-once barrier alignment with both of a gate's channels
@@ -134,18 +136,7 @@ mod tests {
         // though channel 0's side of the network is full.
         for v in 0..50 {
             upstream[1].send(row(v)).await.expect("send");
-            match gate.next().await {
-                GateEvent::Batch(_, b) => {
-                    let col = b
-                        .rows
-                        .column(0)
-                        .as_any()
-                        .downcast_ref::<arrow::array::Int64Array>()
-                        .expect("i64");
-                    assert_eq!(col.value(0), v, "only channel 1's pre-barrier rows");
-                }
-                other => panic!("expected channel 1's row {v}, got {other:?}"),
-            }
+            assert_eq!(value(gate.next().await), v, "only channel 1's pre-barrier rows");
         }
         // Channel 0's producer is held back: past its barrier at most what
         // the path holds is sent (output channel 2, the forwarder 1, the
@@ -162,18 +153,7 @@ mod tests {
         }
         // Channel 0's rows after its barrier now flow, all of them, in order.
         for v in 100..200 {
-            match gate.next().await {
-                GateEvent::Batch(_, b) => {
-                    let col = b
-                        .rows
-                        .column(0)
-                        .as_any()
-                        .downcast_ref::<arrow::array::Int64Array>()
-                        .expect("i64");
-                    assert_eq!(col.value(0), v);
-                }
-                other => panic!("expected channel 0's row {v}, got {other:?}"),
-            }
+            assert_eq!(value(gate.next().await), v, "channel 0's rows in order");
         }
         producer.await.expect("producer");
         for tx in &upstream {

@@ -380,24 +380,26 @@ async fn write_frames(
     let _ = w.shutdown().await;
 }
 
+/// Two linked workers on loopback (0 connected to 1), for tests.
+#[cfg(test)]
+pub(crate) async fn pair() -> (Link, Link) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let accepted = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.expect("accept");
+        Link::accept(s).await.expect("hello")
+    });
+    let a = Link::connect(&addr, 0, 9, 1).await.expect("connect");
+    let (peer, _, b) = accepted.await.expect("join");
+    assert_eq!(peer, 0);
+    (a, b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::{Barrier, BarrierKind};
     use futures::FutureExt;
-
-    async fn pair() -> (Link, Link) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let accepted = tokio::spawn(async move {
-            let (s, _) = listener.accept().await.expect("accept");
-            Link::accept(s).await.expect("hello")
-        });
-        let a = Link::connect(&addr, 0, 9, 1).await.expect("connect");
-        let (peer, _, b) = accepted.await.expect("join");
-        assert_eq!(peer, 0);
-        (a, b)
-    }
 
     fn watermark(m: Option<StreamMessage>) -> i64 {
         match m {

@@ -468,7 +468,7 @@ impl InputGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::mpsc::channel;
+    use tokio::sync::mpsc::{Sender, channel};
 
     async fn expect_wm(gate: &mut InputGate, w: i64) {
         match gate.next().await {
@@ -519,25 +519,25 @@ mod tests {
     #[tokio::test]
     async fn all_channels_idle_flush_the_highest_watermark() {
         let idle = || StreamMessage::WatermarkStatus(WatermarkStatus::Idle);
-        let (a_tx, a) = channel(16);
-        let (b_tx, b) = channel(16);
-        let mut gate = InputGate::new(vec![a, b]);
-        a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
-        b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
-        expect_wm(&mut gate, 5).await;
+        // Channel a at 10, b at 5: the output is 5.
+        async fn at_10_and_5() -> (Sender<StreamMessage>, Sender<StreamMessage>, InputGate) {
+            let (a_tx, a) = channel(16);
+            let (b_tx, b) = channel(16);
+            let mut gate = InputGate::new(vec![a, b]);
+            a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
+            b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
+            expect_wm(&mut gate, 5).await;
+            (a_tx, b_tx, gate)
+        }
         // a idle first: b's 5 still holds the output.
+        let (a_tx, b_tx, mut gate) = at_10_and_5().await;
         a_tx.send(idle()).await.expect("send");
         b_tx.send(idle()).await.expect("send");
         expect_wm(&mut gate, 10).await;
         assert!(matches!(gate.next().await, GateEvent::Status(WatermarkStatus::Idle)));
         // The other order: b idle first lets a's 10 through; a going idle
         // then has nothing higher to flush.
-        let (a_tx, a) = channel(16);
-        let (b_tx, b) = channel(16);
-        let mut gate = InputGate::new(vec![a, b]);
-        a_tx.send(StreamMessage::Watermark(10)).await.expect("send");
-        b_tx.send(StreamMessage::Watermark(5)).await.expect("send");
-        expect_wm(&mut gate, 5).await;
+        let (a_tx, b_tx, mut gate) = at_10_and_5().await;
         b_tx.send(idle()).await.expect("send");
         expect_wm(&mut gate, 10).await;
         a_tx.send(idle()).await.expect("send");

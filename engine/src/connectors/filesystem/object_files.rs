@@ -167,35 +167,7 @@ impl ObjectFiles {
     /// The object `rel` ("" for the path's own), downloaded into an
     /// unnamed temporary file (gone when closed), positioned at its start.
     pub fn download(&self, rel: &str) -> Result<std::fs::File> {
-        let local = tempfile::tempfile().map_err(|source| ConnectorError::Io {
-            path: std::env::temp_dir().display().to_string(),
-            source,
-        })?;
-        let copy = local.try_clone().map_err(|source| ConnectorError::Io {
-            path: std::env::temp_dir().display().to_string(),
-            source,
-        })?;
-        let (store, key) = (self.bucket.store.clone(), self.key(rel));
-        let done = self.wait(rel, async move {
-            use tokio::io::AsyncWriteExt;
-            let mut stream = store.get(&key).await.map_err(|e| e.to_string())?.into_stream();
-            let mut out = tokio::fs::File::from_std(copy);
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| e.to_string())?;
-                out.write_all(&chunk)
-                    .await
-                    .map_err(|e| format!("writing the local copy: {e}"))?;
-            }
-            out.flush().await.map_err(|e| format!("writing the local copy: {e}"))?;
-            Ok::<_, String>(())
-        })?;
-        done.map_err(|e| self.failed(rel, e))?;
-        let mut local = local;
-        std::io::Seek::rewind(&mut local).map_err(|source| ConnectorError::Io {
-            path: std::env::temp_dir().display().to_string(),
-            source,
-        })?;
-        Ok(local)
+        self.fetch(rel, None)
     }
 
     /// The size of the object `rel` in bytes.
@@ -251,6 +223,12 @@ impl ObjectFiles {
     /// of a big object costs its own bytes, and offsets, positions and
     /// restores are the object's, as for a local file).
     pub fn download_range(&self, rel: &str, range: std::ops::Range<u64>) -> Result<std::fs::File> {
+        self.fetch(rel, Some(range))
+    }
+
+    /// The object `rel` (or bytes `range` of it, at their own offsets) in
+    /// an unnamed temporary file, positioned at its start.
+    fn fetch(&self, rel: &str, range: Option<std::ops::Range<u64>>) -> Result<std::fs::File> {
         let temp = |source| ConnectorError::Io {
             path: std::env::temp_dir().display().to_string(),
             source,
@@ -261,14 +239,15 @@ impl ObjectFiles {
         let done = self.wait(rel, async move {
             use tokio::io::{AsyncSeekExt, AsyncWriteExt};
             let mut out = tokio::fs::File::from_std(copy);
-            out.seek(std::io::SeekFrom::Start(range.start))
+            let start = range.as_ref().map_or(0, |r| r.start);
+            out.seek(std::io::SeekFrom::Start(start))
                 .await
                 .map_err(|e| format!("writing the local copy: {e}"))?;
-            if range.is_empty() {
+            if range.as_ref().is_some_and(|r| r.is_empty()) {
                 return Ok(());
             }
             let options = object_store::GetOptions {
-                range: Some(object_store::GetRange::Bounded(range)),
+                range: range.map(object_store::GetRange::Bounded),
                 ..Default::default()
             };
             let mut stream = store
