@@ -395,7 +395,7 @@ pub struct S3Server {
 }
 
 /// Starts an [`S3Server`] with its data in `dir`, once its S3 port
-/// answers (deadline 60 s).
+/// answers and its bucket lists (deadline 180 s).
 pub fn s3_server(dir: &std::path::Path) -> S3Server {
     let (access_key, secret_key, bucket) = ("weir-test", "weir-test-secret", "weir");
     let mut args = vec![
@@ -448,7 +448,10 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         });
     let process = Killed(process);
     let endpoint = format!("http://127.0.0.1:{s3_port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Generous: the crash tests start a server each while a dozen jobs
+    // run on two cores, and SeaweedFS's filer then takes over a minute
+    // (seen once on CI).
+    let deadline = Instant::now() + Duration::from_secs(180);
     // The S3 port opens before the filer behind it is ready: wait for an
     // answer to a request (any HTTP status) on the bucket.
     loop {
@@ -464,7 +467,7 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         }
         assert!(
             Instant::now() < deadline,
-            "the S3 test server did not answer within 60 s (log: {})",
+            "the S3 test server did not answer within 180 s (log: {})",
             dir.join("weed.log").display()
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -490,7 +493,8 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
             Ok(_) => break,
             Err(e) => assert!(
                 Instant::now() < deadline,
-                "the S3 test server's bucket was not there within 60 s: {e}"
+                "the S3 test server's bucket was not there within 180 s: {e} (log: {})",
+                dir.join("weed.log").display()
             ),
         }
         std::thread::sleep(Duration::from_millis(50));
