@@ -63,11 +63,36 @@ pub enum Command {
     },
     /// Serve Arrow Flight SQL (ADBC/JDBC clients) until Ctrl-C / SIGTERM.
     Serve(ServeArgs),
+    /// Run a .sql file's jobs spread over worker processes: every worker
+    /// gets the same file and peer list; subtask s runs on worker s % N;
+    /// worker 0 coordinates checkpoints and commits. Each worker needs its
+    /// own --data-dir, and checkpoints storage all of them reach (s3://).
+    /// Exits 0 when the job finished, non-zero when it cannot go on (a
+    /// supervisor starts it again, and the job recovers).
+    Worker(WorkerArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
     },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WorkerArgs {
+    /// This worker's index in --peers (a StatefulSet pod's ordinal).
+    #[arg(long)]
+    pub index: u32,
+    /// Every worker's HOST:PORT, in index order, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub peers: Vec<String>,
+    /// Where to listen (default: this worker's entry in --peers), e.g.
+    /// 0.0.0.0:7000 in a pod.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Seconds to wait for the other workers.
+    #[arg(long, default_value_t = 120.0)]
+    pub join_timeout: f64,
+    pub file: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -293,6 +318,43 @@ pub fn main_with(args: Args) -> i32 {
                 .map_or("job".into(), |s| s.to_string_lossy().to_string());
             session.set_default_job_name(stem);
             rt.block_on(run_script(&mut session, &text, &file.display().to_string()))
+        }
+        (Some(Command::Worker(w)), _) => {
+            let join_deadline = match std::time::Duration::try_from_secs_f64(w.join_timeout) {
+                Ok(d) => d,
+                Err(_) => {
+                    eprintln!("error: --join-timeout {}: not a number of seconds", w.join_timeout);
+                    return EXIT_ERROR;
+                }
+            };
+            if w.index as usize >= w.peers.len() {
+                eprintln!(
+                    "error: --index {} is not a worker of --peers ({} workers: 0..{})",
+                    w.index,
+                    w.peers.len(),
+                    w.peers.len()
+                );
+                return EXIT_ERROR;
+            }
+            let text = match std::fs::read_to_string(&w.file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: cannot read {}: {e}", w.file.display());
+                    return EXIT_ERROR;
+                }
+            };
+            session.set_cluster(weir_engine::runtime::cluster::Cluster {
+                index: w.index,
+                peers: w.peers.clone(),
+                listen: w.listen.clone(),
+                join_deadline,
+            });
+            let stem = w
+                .file
+                .file_stem()
+                .map_or("job".into(), |s| s.to_string_lossy().to_string());
+            session.set_default_job_name(stem);
+            rt.block_on(run_script(&mut session, &text, &w.file.display().to_string()))
         }
         (None, Some(sql)) => rt.block_on(run_script(&mut session, sql, "<command>")),
         (None, None) if !std::io::stdin().is_terminal() => {

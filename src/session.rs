@@ -195,6 +195,8 @@ pub struct Session {
     shared: Arc<Shared>,
     settings: BTreeMap<String, String>,
     default_job_name: Option<String>,
+    /// `weir worker`: the INSERT jobs run spread over these workers.
+    cluster: Option<Arc<weir_engine::runtime::cluster::Cluster>>,
     started: usize,
     /// Query jobs started (their names are numbered).
     queries: usize,
@@ -250,6 +252,7 @@ impl Session {
             shared,
             settings: BTreeMap::new(),
             default_job_name: None,
+            cluster: None,
             started: 0,
             queries: 0,
             last_outcome: None,
@@ -299,6 +302,14 @@ impl Session {
     /// the file being run).
     pub fn set_default_job_name(&mut self, name: impl Into<String>) {
         self.default_job_name = Some(name.into());
+    }
+
+    /// `weir worker`: the script's INSERT jobs run spread over `cluster`'s
+    /// workers, this process being one of them. Without
+    /// `parallelism.default`, every operator gets one subtask per worker
+    /// (not this machine's cores: every worker must plan alike).
+    pub fn set_cluster(&mut self, cluster: weir_engine::runtime::cluster::Cluster) {
+        self.cluster = Some(Arc::new(cluster));
     }
 
     /// What the last job run with `table.dml-sync` did (metrics).
@@ -749,8 +760,15 @@ impl Session {
             }
         };
         let paths = self.paths()?;
-        Ok(JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
-            .restricted_to(paths, &self.settings)?)
+        let mut config = JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
+            .restricted_to(paths, &self.settings)?;
+        if let Some(c) = &self.cluster {
+            if !self.settings.contains_key(weir_engine::config::PARALLELISM) {
+                config.parallelism = c.workers();
+            }
+            config.cluster = Some(c.clone());
+        }
+        Ok(config)
     }
 
     /// Parses and executes every statement of `sql`, stopping at the first

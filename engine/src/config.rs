@@ -409,6 +409,9 @@ pub struct JobConfig {
     pub local_time_zone: Option<crate::time_zone::SessionZone>,
     /// Processing time (not an option: the wall clock, or a test's).
     pub clock: crate::clock::Clock,
+    /// The job's workers when it is spread over processes (`weir worker`);
+    /// `None`: every subtask in this process.
+    pub cluster: Option<std::sync::Arc<crate::runtime::cluster::Cluster>>,
 }
 
 /// `table.local-time-zone`, read as Flink validates it (`None`: UTC).
@@ -581,6 +584,7 @@ impl JobConfig {
             paths: crate::paths::PathPolicy::unrestricted(),
             local_time_zone,
             clock: crate::clock::Clock::Wall,
+            cluster: None,
             job_dir: data_dir.join("jobs").join(sanitize(&name)),
             name,
             parallelism,

@@ -62,6 +62,10 @@ pub enum ExecError {
     /// A job option or plan the user gave that cannot run.
     #[error("{0}")]
     Config(String),
+    /// A job spread over workers cannot go on: a worker is unreachable,
+    /// failed, or runs another plan.
+    #[error("{0}")]
+    Cluster(String),
     /// The job was cancelled (by the user or because another task failed).
     #[error("job cancelled")]
     Cancelled,

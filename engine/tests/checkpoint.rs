@@ -73,6 +73,7 @@ fn start_coordinator(
         committers,
         log: log.clone(),
         restored: None,
+        cluster: None,
         max_parallelism: 128,
         operator_info: Default::default(),
         savepoints: Arc::new(tokio::sync::Mutex::new(tokio::sync::mpsc::unbounded_channel().1)),

@@ -126,6 +126,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
         committers: Default::default(),
         log: log.clone(),
         restored: None,
+        cluster: None,
         max_parallelism: 128,
         operator_info: Default::default(),
         savepoints: Arc::new(tokio::sync::Mutex::new(mpsc::unbounded_channel().1)),

@@ -207,6 +207,19 @@ pub struct CheckpointCoordinator {
     /// every checkpoint and savepoint published through it, before any
     /// sink commits.
     pub fence: Arc<Fence>,
+    /// A job spread over workers: what the other workers must hear of
+    /// (barriers to inject at their sources, completed checkpoints).
+    pub cluster: Option<mpsc::UnboundedSender<CoordinatorEvent>>,
+}
+
+/// What the coordinator tells the other workers of a job spread over
+/// processes.
+#[derive(Debug, Clone)]
+pub enum CoordinatorEvent {
+    /// A barrier was triggered (with a savepoint's directory).
+    Triggered(Barrier, Option<std::path::PathBuf>),
+    /// A checkpoint completed (its files are the next one's base).
+    Completed(u64),
 }
 
 struct State {
@@ -247,7 +260,12 @@ fn discard(snapshot: TaskSnapshot, carried: &mut BTreeMap<String, Vec<serde_json
                 let _ = std::fs::remove_dir_all(dir);
             }
             OperatorSnapshot::Sink(c) => carried.entry(key).or_default().extend(c),
-            OperatorSnapshot::Heap(_) | OperatorSnapshot::InFlight(_) | OperatorSnapshot::Entries { .. } => {}
+            // A remote worker's files: unreferenced, the garbage
+            // collection after the next completed checkpoint takes them.
+            OperatorSnapshot::Heap(_)
+            | OperatorSnapshot::InFlight(_)
+            | OperatorSnapshot::Entries { .. }
+            | OperatorSnapshot::Written(_) => {}
         }
     }
 }
@@ -424,6 +442,12 @@ impl CheckpointCoordinator {
             String::new(),
         ));
         let _ = self.triggers.send(Some(barrier));
+        if let Some(c) = &self.cluster {
+            let _ = c.send(CoordinatorEvent::Triggered(
+                barrier,
+                savepoint.as_ref().map(|r| r.dir.clone()),
+            ));
+        }
         let now = Instant::now();
         Ok(Some(Pending {
             barrier,
@@ -508,6 +532,9 @@ impl CheckpointCoordinator {
                 st.failures = 0;
                 self.commit_and_clean(st, meta, uploaded, p.started, alignment, sync, async_started)
                     .await?;
+                if let Some(c) = &self.cluster {
+                    let _ = c.send(CoordinatorEvent::Completed(id));
+                }
                 // Their final output is committed now: later checkpoints
                 // need not carry it again.
                 for t in from_finished {
@@ -977,45 +1004,6 @@ fn write_checkpoint(
         }
         for (key, op) in snapshot.operators {
             let state = match op {
-                OperatorSnapshot::RocksDb {
-                    dir,
-                    key_groups,
-                    identity,
-                } => {
-                    // Files are shared by name with the base only if it
-                    // comes from the same RocksDB instance (a restore into
-                    // a fresh instance numbers its files anew).
-                    let base_files = match base.and_then(|b| b.operators.get(&key)) {
-                        Some(OperatorState::Rocksdb {
-                            files,
-                            identity: base_identity,
-                            ..
-                        }) if incremental && *base_identity == identity && !identity.is_empty() => Some(files),
-                        _ => None,
-                    };
-                    let files = upload_rocksdb(storage, id, &key, &dir, base_files, &mut uploaded, shared);
-                    let _ = std::fs::remove_dir_all(&dir);
-                    OperatorState::Rocksdb {
-                        files: files?,
-                        key_groups,
-                        identity,
-                    }
-                }
-                OperatorSnapshot::Entries { bytes, key_groups } => {
-                    let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
-                    uploaded += file.size;
-                    OperatorState::Entries { file, key_groups }
-                }
-                OperatorSnapshot::Heap(bytes) => {
-                    let file = storage.write_private(id, &format!("{}-heap.bin", key.replace('/', "-")), &bytes)?;
-                    uploaded += file.size;
-                    OperatorState::Heap { file }
-                }
-                OperatorSnapshot::InFlight(bytes) => {
-                    let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
-                    uploaded += file.size;
-                    OperatorState::InFlight { file }
-                }
                 OperatorSnapshot::Sink(mut committables) => {
                     if let Some(extra) = carried.remove(&key) {
                         let mut all = extra;
@@ -1024,6 +1012,16 @@ fn write_checkpoint(
                     }
                     OperatorState::Sink { committables }
                 }
+                op => write_operator(
+                    storage,
+                    id,
+                    &key,
+                    op,
+                    base.map(|b| &b.operators),
+                    incremental,
+                    &mut uploaded,
+                    shared,
+                )?,
             };
             operators.insert(key, state);
         }
@@ -1054,6 +1052,68 @@ fn write_checkpoint(
     // The commit point: restorable, and its sinks committable, from here.
     fence.publish(id)?;
     Ok((meta, uploaded))
+}
+
+/// Writes one operator's part of checkpoint `id` (its state files) and
+/// says where it is. `base`: the operators of the checkpoint the last one
+/// completed, whose RocksDB files are shared by name when `incremental`.
+/// A worker of a job spread over processes writes its own operators'
+/// parts so, and sends the coordinator only what this returns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn write_operator(
+    storage: &CheckpointStorage,
+    id: u64,
+    key: &str,
+    op: OperatorSnapshot,
+    base: Option<&BTreeMap<String, OperatorState>>,
+    incremental: bool,
+    uploaded: &mut u64,
+    shared: &mut Vec<String>,
+) -> Result<OperatorState, CheckpointError> {
+    Ok(match op {
+        OperatorSnapshot::RocksDb {
+            dir,
+            key_groups,
+            identity,
+        } => {
+            // Files are shared by name with the base only if it comes
+            // from the same RocksDB instance (a restore into a fresh
+            // instance numbers its files anew).
+            let base_files = match base.and_then(|b| b.get(key)) {
+                Some(OperatorState::Rocksdb {
+                    files,
+                    identity: base_identity,
+                    ..
+                }) if incremental && *base_identity == identity && !identity.is_empty() => Some(files),
+                _ => None,
+            };
+            let files = upload_rocksdb(storage, id, key, &dir, base_files, uploaded, shared);
+            let _ = std::fs::remove_dir_all(&dir);
+            OperatorState::Rocksdb {
+                files: files?,
+                key_groups,
+                identity,
+            }
+        }
+        OperatorSnapshot::Entries { bytes, key_groups } => {
+            let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
+            *uploaded += file.size;
+            OperatorState::Entries { file, key_groups }
+        }
+        OperatorSnapshot::Heap(bytes) => {
+            let file = storage.write_private(id, &format!("{}-heap.bin", key.replace('/', "-")), &bytes)?;
+            *uploaded += file.size;
+            OperatorState::Heap { file }
+        }
+        OperatorSnapshot::InFlight(bytes) => {
+            let file = storage.write_private(id, &format!("{}.arrows", key.replace('/', "-")), &bytes)?;
+            *uploaded += file.size;
+            OperatorState::InFlight { file }
+        }
+        OperatorSnapshot::Sink(committables) => OperatorState::Sink { committables },
+        // Written by the worker that ran the operator.
+        OperatorSnapshot::Written(state) => state,
+    })
 }
 
 fn upload_rocksdb(

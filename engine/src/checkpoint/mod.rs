@@ -112,6 +112,9 @@ pub enum OperatorSnapshot {
     /// Data in flight at an unaligned checkpoint (Arrow IPC stream),
     /// replayed before new input on restore.
     InFlight(Vec<u8>),
+    /// Already written to the checkpoint storage by the worker process
+    /// that ran the operator (a job spread over workers): where it is.
+    Written(OperatorState),
 }
 
 /// Key of a task's in-flight data (unaligned checkpoints) in the metadata.

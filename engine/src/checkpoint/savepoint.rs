@@ -97,38 +97,13 @@ fn write_inner(
             }
         }
     }
-    let result = (|| {
+    let result: Result<(), CheckpointError> = (|| {
         for snapshot in snapshots {
             for (uid, positions) in snapshot.sources {
                 sources.entry(uid).or_default().extend(positions);
             }
             for (key, op) in snapshot.operators {
-                let name = key.replace('/', "-");
                 let state = match op {
-                    OperatorSnapshot::RocksDb {
-                        dir: local, key_groups, ..
-                    } => {
-                        let mut out = EntriesWriter::new()?;
-                        for_each_in_rocksdb(&local, key_groups.clone(), &mut |state, g, k, v| {
-                            out.push(state, g, k, v)
-                        })?;
-                        let file = storage.write_file(&format!("state/{name}.arrows"), &out.finish()?)?;
-                        let _ = std::fs::remove_dir_all(&local);
-                        OperatorState::Entries { file, key_groups }
-                    }
-                    OperatorSnapshot::Entries { bytes, key_groups } => {
-                        let file = storage.write_file(&format!("state/{name}.arrows"), &bytes)?;
-                        OperatorState::Entries { file, key_groups }
-                    }
-                    OperatorSnapshot::Heap(bytes) => {
-                        let file = storage.write_file(&format!("state/{name}.bin"), &bytes)?;
-                        OperatorState::Heap { file }
-                    }
-                    OperatorSnapshot::InFlight(_) => {
-                        return Err(CheckpointError::Internal(
-                            "a savepoint barrier was not aligned (in-flight data recorded)".into(),
-                        ));
-                    }
                     OperatorSnapshot::Sink(mut committables) => {
                         if let Some(mut extra) = carried.remove(&key) {
                             extra.append(&mut committables);
@@ -136,6 +111,7 @@ fn write_inner(
                         }
                         OperatorState::Sink { committables }
                     }
+                    op => write_operator(storage, &key, op)?,
                 };
                 operators.insert(key, state);
             }
@@ -163,6 +139,45 @@ fn write_inner(
     };
     storage.commit_savepoint(&meta)?;
     Ok(meta)
+}
+
+/// Writes one operator's part of a savepoint into `storage` (the
+/// savepoint's directory) in the canonical form, and says where it is. A
+/// worker of a job spread over processes writes its own operators so.
+pub(crate) fn write_operator(
+    storage: &CheckpointStorage,
+    key: &str,
+    op: OperatorSnapshot,
+) -> Result<OperatorState, CheckpointError> {
+    let name = key.replace('/', "-");
+    Ok(match op {
+        OperatorSnapshot::RocksDb {
+            dir: local, key_groups, ..
+        } => {
+            let mut out = EntriesWriter::new()?;
+            for_each_in_rocksdb(&local, key_groups.clone(), &mut |state, g, k, v| {
+                out.push(state, g, k, v)
+            })?;
+            let file = storage.write_file(&format!("state/{name}.arrows"), &out.finish()?)?;
+            let _ = std::fs::remove_dir_all(&local);
+            OperatorState::Entries { file, key_groups }
+        }
+        OperatorSnapshot::Entries { bytes, key_groups } => {
+            let file = storage.write_file(&format!("state/{name}.arrows"), &bytes)?;
+            OperatorState::Entries { file, key_groups }
+        }
+        OperatorSnapshot::Heap(bytes) => {
+            let file = storage.write_file(&format!("state/{name}.bin"), &bytes)?;
+            OperatorState::Heap { file }
+        }
+        OperatorSnapshot::InFlight(_) => {
+            return Err(CheckpointError::Internal(
+                "a savepoint barrier was not aligned (in-flight data recorded)".into(),
+            ));
+        }
+        OperatorSnapshot::Sink(committables) => OperatorState::Sink { committables },
+        OperatorSnapshot::Written(state) => state,
+    })
 }
 
 /// One row of `SHOW SAVEPOINTS`.

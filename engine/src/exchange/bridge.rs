@@ -55,6 +55,47 @@ pub async fn forward_in(
     }))
 }
 
+/// The unaligned-checkpoint lane of a channel (barriers that overtake
+/// data) sent on `remote`: its barriers, then `EndOfInput` once the
+/// sending task dropped it, so the receiving side ends too.
+pub async fn forward_lane_out(
+    mut local: mpsc::UnboundedReceiver<crate::message::Barrier>,
+    remote: RemoteSender,
+) -> Result<(), LinkError> {
+    while let Some(b) = local.recv().await {
+        remote.send(StreamMessage::Barrier(b)).await?;
+    }
+    remote.send(StreamMessage::EndOfInput).await
+}
+
+/// The receiving side of [`forward_lane_out`].
+pub async fn forward_lane_in(
+    mut remote: RemoteReceiver,
+    local: mpsc::UnboundedSender<crate::message::Barrier>,
+    lost: impl Fn() -> Option<LinkError>,
+) -> Result<(), LinkError> {
+    while let Some(m) = remote.recv().await {
+        match m {
+            StreamMessage::Barrier(b) => {
+                if local.send(b).is_err() {
+                    return Ok(());
+                }
+            }
+            StreamMessage::EndOfInput => return Ok(()),
+            other => {
+                return Err(LinkError::Protocol {
+                    peer: u32::MAX,
+                    reason: format!("a barrier lane carried {other:?}"),
+                });
+            }
+        }
+    }
+    Err(lost().unwrap_or(LinkError::Lost {
+        peer: u32::MAX,
+        reason: "the connection was closed".into(),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,6 +35,9 @@ const CREDIT: u8 = 6;
 /// The first frame on a connection: the connecting worker's index and
 /// the hash of its job's plan.
 const HELLO: u8 = 7;
+/// The job's control plane (worker 0 ↔ the others): an opaque payload
+/// (JSON, see [`super::control`]) outside any data channel's credits.
+const CONTROL: u8 = 8;
 
 /// One frame's meaning.
 #[derive(Debug, Clone)]
@@ -47,6 +50,9 @@ pub enum Frame {
         worker: u32,
         plan: u64,
     },
+    /// A control-plane message (checkpoint triggers and acknowledgements,
+    /// the attempt's start, the end): few and small, so not credited.
+    Control(Vec<u8>),
 }
 
 /// A frame that does not decode: what is wrong with it.
@@ -125,6 +131,10 @@ pub fn encode(channel: u32, frame: &Frame, out: &mut Vec<u8>) -> Result<(), Fram
             out.extend_from_slice(&worker.to_le_bytes());
             out.extend_from_slice(&plan.to_le_bytes());
             HELLO
+        }
+        Frame::Control(bytes) => {
+            out.extend_from_slice(bytes);
+            CONTROL
         }
     };
     let len = out.len() - start - HEADER;
@@ -248,6 +258,7 @@ pub fn decode(channel: u32, kind: u8, payload: &[u8]) -> Result<Frame, FrameErro
                 plan: u64::from_le_bytes(u64_at(b, 4)),
             }
         }
+        CONTROL => Frame::Control(payload.to_vec()),
         other => return Err(bad(format!("unknown frame kind {other}"))),
     })
 }

@@ -44,12 +44,20 @@ type Inbound = (mpsc::UnboundedSender<StreamMessage>, Arc<AtomicI64>);
 /// The state the connection's reader and writer share with the channels.
 struct Shared {
     peer: u32,
-    /// Outgoing channels: the credits granted and not yet used.
-    credits: Mutex<HashMap<u32, Arc<Semaphore>>>,
+    /// Outgoing channels: the credits granted and not yet used, and
+    /// whether this side opened the channel yet (the peer may open its
+    /// receiving end, and grant credits, first: workers wire their
+    /// channels each in its own time).
+    credits: Mutex<HashMap<u32, (Arc<Semaphore>, bool)>>,
     /// Incoming channels.
     inbound: Mutex<HashMap<u32, Inbound>>,
     /// Set once when the connection fails.
     failed: watch::Sender<Option<LinkError>>,
+    /// Where control frames go, in order; dropped when the connection
+    /// fails (the reader then sees what came before, then the end).
+    control: Mutex<Option<mpsc::UnboundedSender<Vec<u8>>>>,
+    /// Told when the writer has flushed and shut down after a close.
+    closing: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
 impl Shared {
@@ -62,10 +70,11 @@ impl Shared {
             true
         });
         // Senders waiting for credits wake with an error; receivers end.
-        for s in lock(&self.credits).values() {
+        for (s, _) in lock(&self.credits).values() {
             s.close();
         }
         lock(&self.inbound).clear();
+        lock(&self.control).take();
     }
 }
 
@@ -79,6 +88,8 @@ pub struct Link {
     /// Encoded frames for the writer.
     out: mpsc::UnboundedSender<Vec<u8>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The control frames received, until taken.
+    control: Mutex<Option<mpsc::UnboundedReceiver<Vec<u8>>>>,
 }
 
 impl Drop for Link {
@@ -140,11 +151,14 @@ impl Link {
 
     fn start(stream: TcpStream, peer: u32) -> Link {
         let (failed, _) = watch::channel(None);
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             peer,
             credits: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             failed,
+            control: Mutex::new(Some(control_tx)),
+            closing: Mutex::new(None),
         });
         let (read, write) = stream.into_split();
         let (out, queue) = mpsc::unbounded_channel();
@@ -152,7 +166,12 @@ impl Link {
             tokio::spawn(write_frames(write, queue, shared.clone())),
             tokio::spawn(read_frames(read, shared.clone())),
         ];
-        Link { shared, out, tasks }
+        Link {
+            shared,
+            out,
+            tasks,
+            control: Mutex::new(Some(control_rx)),
+        }
     }
 
     /// The peer's worker index.
@@ -162,18 +181,22 @@ impl Link {
 
     /// The sending end of `channel` (the peer opens its receiving end).
     pub fn sender(&self, channel: u32) -> Result<RemoteSender, LinkError> {
-        let credits = Arc::new(Semaphore::new(0));
-        if self.shared.failed.borrow().is_some() {
-            credits.close();
-        }
         let mut map = lock(&self.shared.credits);
-        if map.contains_key(&channel) {
+        let (credits, opened) = map
+            .entry(channel)
+            .or_insert_with(|| (Arc::new(Semaphore::new(0)), false));
+        if *opened {
             return Err(LinkError::Duplicate {
                 peer: self.shared.peer,
                 channel,
             });
         }
-        map.insert(channel, credits.clone());
+        *opened = true;
+        let credits = credits.clone();
+        drop(map);
+        if self.shared.failed.borrow().is_some() {
+            credits.close();
+        }
         Ok(RemoteSender {
             channel,
             credits,
@@ -218,7 +241,77 @@ impl Link {
     pub fn failure(&self) -> Option<LinkError> {
         self.shared.failed.borrow().clone()
     }
+
+    /// Writes out what is queued, then closes the sending side (the peer
+    /// reads everything sent, then the end). Bounded: a peer that does not
+    /// read is not waited for beyond 10 s.
+    pub async fn close(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *lock(&self.shared.closing) = Some(tx);
+        // An empty frame is the writer's signal to flush and shut down.
+        if self.out.send(Vec::new()).is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), rx).await;
+        }
+    }
+
+    /// The connection's failure as it is when called (for a bridge
+    /// that must say why its channel ended).
+    pub fn failure_probe(&self) -> impl Fn() -> Option<LinkError> + Send + Sync + 'static {
+        let failed = self.shared.failed.subscribe();
+        move || failed.borrow().clone()
+    }
+
+    /// Waits until the connection fails, and says why.
+    pub fn failed(&self) -> impl std::future::Future<Output = LinkError> + Send + 'static {
+        let mut failed = self.shared.failed.subscribe();
+        let peer = self.shared.peer;
+        async move {
+            match failed.wait_for(Option::is_some).await {
+                Ok(f) => f.clone().unwrap_or_else(|| LinkError::Lost {
+                    peer,
+                    reason: "the connection was closed".into(),
+                }),
+                Err(_) => LinkError::Lost {
+                    peer,
+                    reason: "the connection was closed here".into(),
+                },
+            }
+        }
+    }
+
+    /// Sends a control-plane message (no credits: the control plane is
+    /// a few small messages per checkpoint).
+    pub fn send_control(&self, payload: Vec<u8>) -> Result<(), LinkError> {
+        let lost = || {
+            self.failure().unwrap_or_else(|| LinkError::Lost {
+                peer: self.shared.peer,
+                reason: "the connection was closed".into(),
+            })
+        };
+        if self.shared.failed.borrow().is_some() {
+            return Err(lost());
+        }
+        let mut bytes = vec![];
+        frame::encode(CONTROL_CHANNEL, &Frame::Control(payload), &mut bytes).map_err(|e| LinkError::Protocol {
+            peer: self.shared.peer,
+            reason: e.to_string(),
+        })?;
+        self.out.send(bytes).map_err(|_| lost())
+    }
+
+    /// The control-plane messages from the peer, in order (once: `None`
+    /// when taken before). It ends when the connection does.
+    pub fn take_control(&self) -> Option<mpsc::UnboundedReceiver<Vec<u8>>> {
+        lock(&self.control).take()
+    }
 }
+
+/// Credits a channel may hold unused: more is a broken peer (and would
+/// overflow the semaphore).
+const MAX_CREDITS: usize = 1 << 20;
+
+/// The channel id control frames carry (data channels count from 0).
+pub const CONTROL_CHANNEL: u32 = u32::MAX;
 
 /// The sending end of a logical channel.
 pub struct RemoteSender {
@@ -327,10 +420,17 @@ async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Share
             Err(e) => break e,
         };
         match frame::decode(channel, kind, &payload) {
-            Ok(Frame::Credit(n)) => match lock(&shared.credits).get(&channel) {
-                Some(s) => s.add_permits(n as usize),
-                None => break protocol(format!("credits for channel {channel}, which sends nothing to it")),
-            },
+            Ok(Frame::Credit(n)) => {
+                // Before this side opened the channel: kept for it.
+                let mut map = lock(&shared.credits);
+                let (s, _) = map
+                    .entry(channel)
+                    .or_insert_with(|| (Arc::new(Semaphore::new(0)), false));
+                if s.available_permits().saturating_add(n as usize) > MAX_CREDITS {
+                    break protocol(format!("more than {MAX_CREDITS} credits on channel {channel}"));
+                }
+                s.add_permits(n as usize);
+            }
             Ok(Frame::Message(m)) => {
                 let map = lock(&shared.inbound);
                 let Some((tx, granted)) = map.get(&channel) else {
@@ -343,6 +443,12 @@ async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Share
                 let _ = tx.send(m);
             }
             Ok(Frame::Hello { .. }) => break protocol("a second hello".into()),
+            Ok(Frame::Control(bytes)) => {
+                if let Some(tx) = lock(&shared.control).as_ref() {
+                    // Taken and dropped: nobody listens, nothing to do.
+                    let _ = tx.send(bytes);
+                }
+            }
             Err(e) => break protocol(e.to_string()),
         }
     };
@@ -362,11 +468,14 @@ async fn write_frames(
             _ = failed.changed() => None,
         };
         let Some(bytes) = next else { break };
+        let mut closing = bytes.is_empty();
         let mut result = w.write_all(&bytes).await;
         // Everything queued goes out in one flush.
         while result.is_ok()
+            && !closing
             && let Ok(more) = queue.try_recv()
         {
+            closing = more.is_empty();
             result = w.write_all(&more).await;
         }
         if let Err(e) = result.and(w.flush().await) {
@@ -376,8 +485,14 @@ async fn write_frames(
             });
             return;
         }
+        if closing {
+            break;
+        }
     }
     let _ = w.shutdown().await;
+    if let Some(tx) = lock(&shared.closing).take() {
+        let _ = tx.send(());
+    }
 }
 
 /// Two linked workers on loopback (0 connected to 1), for tests.
@@ -504,17 +619,33 @@ mod tests {
         frame::encode(3, &Frame::Message(StreamMessage::EndOfInput), &mut bytes).expect("frame");
         raw.write_all(&bytes).await.expect("write");
         // Nothing is taken, so no credit comes back: the second is refused.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let failure = loop {
-            if let Some(e) = link.failure() {
-                break e;
-            }
-            assert!(std::time::Instant::now() < deadline, "no protocol error within 10 s");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        };
+        let failure = tokio::time::timeout(std::time::Duration::from_secs(10), link.failed())
+            .await
+            .expect("no protocol error within 10 s");
         assert!(
             matches!(&failure, LinkError::Protocol { peer: 5, reason } if reason.contains("without a credit")),
             "{failure}"
         );
+    }
+
+    #[tokio::test]
+    async fn control_messages_arrive_in_order_beside_data_and_end_with_the_connection() {
+        let (a, b) = pair().await;
+        let mut control = b.take_control().expect("control");
+        assert!(b.take_control().is_none(), "taken once");
+        let _rx = b.receiver(0, 1).expect("receiver");
+        let tx = a.sender(0).expect("sender");
+        a.send_control(b"one".to_vec()).expect("send");
+        tx.send(StreamMessage::EndOfInput).await.expect("data");
+        a.send_control(b"two".to_vec()).expect("send");
+        assert_eq!(control.recv().await.as_deref(), Some(&b"one"[..]));
+        assert_eq!(control.recv().await.as_deref(), Some(&b"two"[..]));
+        drop(a);
+        // Queued messages first, then the end.
+        assert_eq!(control.recv().await, None);
+        let lost = tokio::time::timeout(std::time::Duration::from_secs(10), b.failed())
+            .await
+            .expect("no failure within 10 s");
+        assert!(matches!(lost, LinkError::Lost { peer: 0, .. }), "{lost}");
     }
 }

@@ -147,6 +147,14 @@ impl Mesh {
     pub fn workers(&self) -> usize {
         self.links.len() + 1
     }
+
+    /// Sends what is queued on every link and closes them (a last control
+    /// message must reach its peer before this process exits).
+    pub async fn close(&self) {
+        for link in self.links.values() {
+            link.close().await;
+        }
+    }
 }
 
 #[cfg(test)]

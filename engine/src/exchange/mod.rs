@@ -11,12 +11,14 @@
 //! - [`mesh`]: a worker's links to all the others (one per pair), joined
 //!   in any start order, refusing a worker of another plan.
 //!
-//! Not wired into jobs yet: a job still runs in one process, its channels
-//! in-memory. The next step is `weir worker`: the same plan on every
-//! worker, each running its subtasks, and a bridge for every channel whose
-//! ends are on different workers.
+//! - [`control`]: the control plane between worker 0 (the job's
+//!   coordinator) and the others.
+//!
+//! `runtime::cluster` and `runtime::job` put them to work for
+//! `weir worker`.
 
 pub mod bridge;
+pub mod control;
 pub mod frame;
 pub mod link;
 pub mod mesh;

@@ -20,6 +20,7 @@ use arrow::datatypes::DataType;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::checkpoint::coordinator::CoordinatorEvent;
 use crate::checkpoint::coordinator::{CheckpointLog, SavepointQueue, commit_all};
 use crate::checkpoint::restore::restore_dir;
 use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
@@ -31,17 +32,21 @@ use crate::config::{JobConfig, RestartStrategy, sanitize};
 use crate::connectors::dead_letter::DeadLetterWriter;
 use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
+use crate::exchange::control::Control;
+use crate::exchange::mesh::Mesh;
 use crate::keygroup::KeyEncoder;
 use crate::message::StreamMessage;
 use crate::operators::Operator;
 use crate::plan::{Exchange, NodeId, NodeKind, StreamGraph};
 use crate::runtime::alignment::AlignmentCoordinator;
 use crate::runtime::chain::Chain;
+use crate::runtime::cluster::{self, Cluster, ReportWriter};
 use crate::runtime::gate::{BarrierMode, InputGate};
 use crate::runtime::metrics::{JobMetrics, JobState, NodeMetrics, SourceStatus};
 use crate::runtime::output::{Output, Partitioner};
 use crate::runtime::source_task::{EmitStrategy, ReaderAlignment, SourceTask};
 use crate::runtime::task::OperatorTask;
+use std::pin::Pin;
 
 /// Which input channels of each (chain, subtask) start idle: those from a
 /// source subtask with a watermark and no split, and from a task all of
@@ -59,7 +64,7 @@ type DealtSplits = (
 fn starting_idle(
     graph: &StreamGraph,
     chains: &[Vec<NodeId>],
-    dealt: &[DealtSplits],
+    has_splits: &[Vec<bool>],
     origins: &[Vec<Vec<(usize, usize)>>],
 ) -> Vec<Vec<Vec<bool>>> {
     let mut task_idle: Vec<Vec<bool>> = chains
@@ -69,9 +74,7 @@ fn starting_idle(
             let head = graph.node(c[0]);
             (0..head.parallelism)
                 .map(|t| match &head.kind {
-                    NodeKind::Source(src) => {
-                        src.watermark.is_some() && dealt[ci].0.get(t).is_some_and(|splits| splits.is_empty())
-                    }
+                    NodeKind::Source(src) => src.watermark.is_some() && has_splits[ci].get(t).is_some_and(|has| !has),
                     _ => false,
                 })
                 .collect()
@@ -606,7 +609,15 @@ pub fn deploy(
         config.checkpointing = None;
     }
     let restore_started = Instant::now();
-    let (restored, fence) = initial_restore(&graph, &config)?;
+    // A job spread over workers: worker 0 restores and claims the job's
+    // checkpoints; the others restore what it tells them at the start of
+    // each attempt, and leave the run's status to it.
+    let coordinates = config.cluster.as_ref().is_none_or(|c| c.coordinates());
+    let (restored, fence) = if coordinates {
+        initial_restore(&graph, &config)?
+    } else {
+        (None, None)
+    };
     let restore_time = restore_started.elapsed();
     let restored_from = restored
         .as_ref()
@@ -630,7 +641,7 @@ pub fn deploy(
             restore_time.as_millis()
         );
     }
-    if config.checkpointing.is_some() {
+    if config.checkpointing.is_some() && coordinates {
         RunStatus::Running.write(&config.job_dir, status_storage(&config).as_ref())?;
     }
     let name = config.name.clone();
@@ -681,7 +692,7 @@ pub fn deploy(
                     } else {
                         (RunStatus::Finished, JobState::Finished)
                     };
-                    if config.checkpointing.is_some() {
+                    if config.checkpointing.is_some() && coordinates {
                         end_retention.end(&config.name, &config.job_dir, status, status == RunStatus::Stopped)?;
                     }
                     job_metrics.lifecycle.set(state);
@@ -696,6 +707,9 @@ pub fn deploy(
             // would take them back from it.
             let fenced = matches!(err, ExecError::CheckpointStorage(CheckpointError::Fenced { .. }));
             let retry = match config.restart {
+                // Across workers, a failed attempt ends the process: its
+                // supervisor restarts every worker (a full restart).
+                _ if config.cluster.is_some() => None,
                 RestartStrategy::FixedDelay { attempts, delay }
                     if attempt < attempts && !fenced && !*stop_rx.borrow() && !*cancel_rx.borrow() =>
                 {
@@ -705,7 +719,7 @@ pub fn deploy(
             };
             let Some(delay) = retry else {
                 job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
-                if config.checkpointing.is_some() && !fenced {
+                if config.checkpointing.is_some() && !fenced && coordinates {
                     // Checkpoints stay: the next run of this job resumes.
                     let _ = end_retention.end(&config.name, &config.job_dir, RunStatus::Failed, false);
                 }
@@ -859,7 +873,7 @@ fn build_metrics_and_groups(
 /// when all finished or one failed.
 #[allow(clippy::too_many_arguments)]
 async fn run_attempt(
-    graph: &StreamGraph,
+    graph: &Arc<StreamGraph>,
     config: &JobConfig,
     results: Option<mpsc::Sender<crate::change::ChangeBatch>>,
     job_metrics: &Arc<JobMetrics>,
@@ -883,9 +897,53 @@ async fn run_attempt(
         lifecycle: Default::default(),
     });
     let _ = attempt_metrics;
+    // A job spread over workers: meet the others, and (all but worker 0)
+    // learn from worker 0 how the attempt starts.
+    let mesh = match &config.cluster {
+        Some(c) => Some(c.join(cluster::plan_hash(graph, config)).await?),
+        None => None,
+    };
+    let remote = config.cluster.as_deref().zip(mesh.as_ref());
+    let coordinates = remote.is_none_or(|(c, _)| c.coordinates());
+    let mut restored = restored;
+    let mut from_coordinator = None;
+    let mut started = None;
+    if let Some((c, m)) = remote
+        && !c.coordinates()
+    {
+        let (attempt_tag, restore, splits, rx) = await_start(c, m).await?;
+        if let Some(path) = restore {
+            let graph = graph.clone();
+            let cfg = config.clone();
+            restored = Some(
+                tokio::task::spawn_blocking(move || {
+                    let check =
+                        |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
+                    restore_path(Path::new(&path), &check, &cfg)
+                })
+                .await
+                .map_err(|e| ExecError::internal(format!("restore task failed: {e}")))??,
+            );
+        }
+        if let Some(r) = &restored {
+            tracing::info!(
+                target: "weir::checkpoint",
+                "job '{}': worker {}: restoring from checkpoint {} ({}), as worker 0 decided",
+                config.name,
+                c.index,
+                r.checkpoint_id(),
+                r.path.display()
+            );
+        }
+        started = Some((attempt_tag, splits));
+        from_coordinator = Some(rx);
+    }
     let sink_ctx = SinkContext {
         job_tag: sanitize(&config.name),
-        attempt: format!("{:x}{attempt}", chrono::Utc::now().timestamp_micros()),
+        attempt: match &started {
+            Some((tag, _)) => tag.clone(),
+            None => format!("{:x}{attempt}", chrono::Utc::now().timestamp_micros()),
+        },
         exactly_once: config.checkpointing.is_some(),
         checkpoint_interval: config.checkpointing.as_ref().map(|c| c.interval),
         checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
@@ -894,12 +952,30 @@ async fn run_attempt(
     };
     // A killed attempt's spooled parts: never read again.
     crate::checkpoint::storage::remove_dir_if_exists(&sink_ctx.spool_dir)?;
-    let Some(committers) = restore_commits(graph, config, &sink_ctx, restored.as_ref()).await? else {
-        // The run had ended; its last output is committed: nothing to do.
-        return Ok(());
+    let committers = if coordinates {
+        let Some(committers) = restore_commits(graph, config, &sink_ctx, restored.as_ref()).await? else {
+            // The run had ended; its last output is committed: nothing to do.
+            if let Some(m) = &mesh {
+                cluster::broadcast(
+                    m,
+                    &Control::JobDone {
+                        ok: true,
+                        reason: String::new(),
+                    },
+                )?;
+            }
+            return Ok(());
+        };
+        committers
+    } else {
+        // Worker 0 commits and recovers the sinks' output.
+        if restored.is_none() {
+            crate::checkpoint::storage::remove_dir_if_exists(&config.job_dir.join("state"))?;
+        }
+        HashMap::new()
     };
     let (trigger_tx, trigger_rx) = watch::channel(None);
-    let (report_tx, report_rx) = mpsc::unbounded_channel();
+    let (report_tx, mut report_rx) = mpsc::unbounded_channel();
     let mut task_count = 0usize;
     let mut source_tasks = vec![];
     let checkpointing = config.checkpointing.clone();
@@ -917,16 +993,68 @@ async fn run_attempt(
     };
     let chains = chains(graph);
 
-    let mut dealt_splits = deal_splits(graph, &chains, restored.as_ref())?;
+    // Which source subtasks have splits, on any worker (a reader of
+    // another worker is not idle because this one opened no split for it).
+    let (mut dealt_splits, has_splits) = match started.take() {
+        Some((_, splits)) => {
+            let has: Vec<Vec<bool>> = splits
+                .iter()
+                .map(|per_subtask| per_subtask.iter().map(|s| !s.is_empty()).collect())
+                .collect();
+            (
+                splits_from_coordinator(graph, &chains, splits, config.cluster.as_deref())?,
+                has,
+            )
+        }
+        None => {
+            let dealt = deal_splits(graph, &chains, restored.as_ref())?;
+            let has = dealt
+                .iter()
+                .map(|(per_subtask, _)| per_subtask.iter().map(|s| !s.is_empty()).collect())
+                .collect();
+            (dealt, has)
+        }
+    };
+    if let Some(m) = &mesh
+        && coordinates
+    {
+        cluster::broadcast(
+            m,
+            &Control::Start {
+                attempt: sink_ctx.attempt.clone(),
+                restore: restored.as_ref().map(|r| r.path.display().to_string()),
+                splits: dealt_splits
+                    .iter()
+                    .map(|(dealt, _)| {
+                        dealt
+                            .iter()
+                            .map(|splits| {
+                                splits
+                                    .iter()
+                                    .map(|s| SplitPosition {
+                                        split: s.id(),
+                                        position: s.position(),
+                                        finished: false,
+                                        end: s.end(),
+                                    })
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            },
+        )?;
+    }
 
     let Wiring {
         mut inputs,
         ports,
         origins,
         mut outputs,
-    } = wire(graph, &chains, config, &metrics)?;
+        bridges,
+    } = wire(graph, &chains, config, &metrics, remote)?;
 
-    let idle = starting_idle(graph, &chains, &dealt_splits, &origins);
+    let idle = starting_idle(graph, &chains, &has_splits, &origins);
 
     let opening = Instant::now();
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
@@ -937,6 +1065,11 @@ async fn run_attempt(
         let head = graph.node(chain[0]);
         let (dealt, all_splits) = &mut dealt_splits[ci];
         for subtask in 0..head.parallelism {
+            // Numbered on every worker alike, run by one.
+            let checkpointing = task_ctx(matches!(head.kind, NodeKind::Source(_)));
+            if remote.is_some_and(|(c, _)| !c.is_local(subtask)) {
+                continue;
+            }
             let first_op = usize::from(matches!(head.kind, NodeKind::Source(_)));
             let mut ops: Vec<Box<dyn Operator>> = vec![];
             let mut op_metrics = vec![];
@@ -1028,7 +1161,7 @@ async fn run_attempt(
                         subtask,
                         restored: positions,
                         triggers: config.checkpointing.as_ref().map(|_| trigger_rx.clone()),
-                        checkpointing: task_ctx(true),
+                        checkpointing,
                         dead_letters: src
                             .factory
                             .dead_letter_dir()
@@ -1072,7 +1205,7 @@ async fn run_attempt(
                             .starting_idle(&idle[ci][subtask]),
                         chain: chain_ops,
                         output,
-                        checkpointing: task_ctx(false),
+                        checkpointing,
                         replay,
                         in_flight_key,
                     };
@@ -1101,9 +1234,75 @@ async fn run_attempt(
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
     }
-    drop(report_tx);
+    for b in bridges {
+        tasks.spawn(b);
+    }
+    let mesh = mesh.map(Arc::new);
     let mut coordinator_set = JoinSet::new();
-    if let Some(cp) = &config.checkpointing {
+    // Across workers: worker 0 hears from the others (their reports, their
+    // end) and tells them of checkpoints; the others hear from it.
+    let mut events = None;
+    let mut coordinator_gone = None;
+    match (&mesh, from_coordinator) {
+        (Some(m), None) => {
+            for peer in 1..m.workers() as u32 {
+                let rx = m
+                    .link(peer)
+                    .and_then(|l| l.take_control())
+                    .ok_or_else(|| ExecError::internal(format!("no control channel from worker {peer}")))?;
+                let probe = m.link(peer).map(|l| l.failure_probe());
+                tasks.spawn(from_worker(peer, rx, report_tx.clone(), probe));
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            events = Some(tx);
+            let m = m.clone();
+            tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    let message = match event {
+                        CoordinatorEvent::Triggered(barrier, dir) => Control::Trigger {
+                            barrier: barrier.into(),
+                            savepoint_dir: dir.map(|d| d.display().to_string()),
+                        },
+                        CoordinatorEvent::Completed(checkpoint_id) => Control::Completed { checkpoint_id },
+                    };
+                    // A lost worker fails the attempt through its reader.
+                    let _ = cluster::broadcast(&m, &message);
+                }
+            });
+        }
+        (Some(m), Some(rx)) => {
+            let writer = ReportWriter::new(config);
+            let (done_tx, done_rx) = watch::channel(None);
+            let probe = m.link(0).map(|l| l.failure_probe());
+            tokio::spawn(from_coordinator_loop(
+                rx,
+                trigger_tx.clone(),
+                writer.clone(),
+                done_tx,
+                probe,
+            ));
+            coordinator_gone = Some(done_rx);
+            let m = m.clone();
+            let mut reports = report_rx;
+            report_rx = mpsc::unbounded_channel().1;
+            coordinator_set.spawn(async move {
+                while let Some(report) = reports.recv().await {
+                    let w = writer.clone();
+                    let wire =
+                        tokio::task::spawn_blocking(move || w.lock().unwrap_or_else(|p| p.into_inner()).write(report))
+                            .await
+                            .map_err(|e| ExecError::internal(format!("checkpoint upload task failed: {e}")))?;
+                    let link = m.link(0).ok_or_else(|| ExecError::internal("no link to worker 0"))?;
+                    link.send_control(Control::Report(wire).encode())
+                        .map_err(|e| ExecError::Cluster(e.to_string()))?;
+                }
+                Ok(crate::checkpoint::coordinator::CoordinatorEnd::Finished)
+            });
+        }
+        _ => {}
+    }
+    drop(report_tx);
+    if let Some(cp) = config.checkpointing.as_ref().filter(|_| coordinates) {
         let fence = fence
             .cloned()
             .ok_or_else(|| ExecError::internal("a job with checkpointing has no fence"))?;
@@ -1142,10 +1341,61 @@ async fn run_attempt(
                 .as_ref()
                 .filter(|r| config.claim && r.path.parent() != Some(cp.root.as_path()))
                 .map(|r| r.path.clone()),
+            cluster: events,
         };
         coordinator_set.spawn(coordinator.run());
     }
-    let ended = match (supervise(tasks, coordinator_set, cancel).await, fence) {
+    let gone: Option<Pin<Box<dyn std::future::Future<Output = ExecError> + Send>>> =
+        coordinator_gone.clone().map(|mut done| {
+            Box::pin(async move {
+                match done.wait_for(|d| matches!(d, Some(Err(_)))).await {
+                    Ok(d) => match &*d {
+                        Some(Err(reason)) => ExecError::Cluster(reason.clone()),
+                        _ => ExecError::internal("the coordinator's end without a reason"),
+                    },
+                    Err(_) => ExecError::Cluster("the connection to worker 0 is lost".into()),
+                }
+            }) as Pin<Box<dyn std::future::Future<Output = ExecError> + Send>>
+        });
+    let supervised = supervise(tasks, coordinator_set, cancel, gone).await;
+    let supervised = match (&mesh, coordinator_gone) {
+        // Worker 0: the end of the attempt is the others' end too.
+        (Some(m), None) => {
+            if let Err(e) = &supervised {
+                let _ = cluster::broadcast(
+                    m,
+                    &Control::JobDone {
+                        ok: false,
+                        reason: e.to_string(),
+                    },
+                );
+                m.close().await;
+            }
+            supervised
+        }
+        // Another worker: tell worker 0, then wait for the job's end.
+        (Some(m), Some(mut done)) => {
+            let to_coordinator = |c: Control| m.link(0).map(|l| l.send_control(c.encode()));
+            match supervised {
+                Err(e) => {
+                    let _ = to_coordinator(Control::Failed { reason: e.to_string() });
+                    m.close().await;
+                    Err(e)
+                }
+                Ok(()) => {
+                    let _ = to_coordinator(Control::TasksDone);
+                    let end = match done.wait_for(Option::is_some).await {
+                        Ok(d) => d.clone().unwrap_or(Ok(())),
+                        Err(_) => Err("the connection to worker 0 is lost".into()),
+                    };
+                    m.close().await;
+                    return end.map_err(ExecError::Cluster);
+                }
+            }
+        }
+        _ => supervised,
+    };
+    let ended = match (supervised, fence) {
         (Err(err), Some(fence)) => match superseded(err, fence, &config.name).await {
             Ok(fenced) => {
                 // This attempt's unfinished output can never commit: its
@@ -1176,7 +1426,180 @@ async fn run_attempt(
                 .map_err(|e| ExecError::internal(format!("sink finish failed: {e}")))??;
         }
     }
+    if let Some(m) = &mesh {
+        cluster::broadcast(
+            m,
+            &Control::JobDone {
+                ok: true,
+                reason: String::new(),
+            },
+        )?;
+        m.close().await;
+    }
     Ok(())
+}
+
+/// Worker 0's side of the control channel from worker `peer`: its tasks'
+/// reports go to the checkpoint coordinator; ends when its tasks are done.
+async fn from_worker(
+    peer: u32,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    reports: mpsc::UnboundedSender<crate::checkpoint::TaskReport>,
+    failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
+) -> Result<()> {
+    while let Some(bytes) = rx.recv().await {
+        match Control::decode(&bytes).map_err(|e| ExecError::Cluster(format!("worker {peer}: {e}")))? {
+            Control::Report(r) => {
+                // The coordinator is gone only when the attempt ends.
+                let _ = reports.send(r.into_task_report());
+            }
+            Control::TasksDone => return Ok(()),
+            Control::Failed { reason } => return Err(ExecError::Cluster(format!("worker {peer} failed: {reason}"))),
+            other => {
+                return Err(ExecError::Cluster(format!(
+                    "worker {peer} sent the coordinator what only the coordinator sends: {other:?}"
+                )));
+            }
+        }
+    }
+    let why = failure.and_then(|f| f()).map(|e| format!(": {e}")).unwrap_or_default();
+    Err(ExecError::Cluster(format!(
+        "the connection to worker {peer} is lost before its tasks ended{why}"
+    )))
+}
+
+/// Another worker's side of the control channel from worker 0: barriers to
+/// inject, checkpoints completed, the job's end (into `done`: `Err` when
+/// the job failed or worker 0 is gone).
+async fn from_coordinator_loop(
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    triggers: watch::Sender<Option<crate::message::Barrier>>,
+    writer: Arc<std::sync::Mutex<ReportWriter>>,
+    done: watch::Sender<Option<std::result::Result<(), String>>>,
+    failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
+) {
+    let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
+    while let Some(bytes) = rx.recv().await {
+        match Control::decode(&bytes) {
+            Ok(Control::Trigger { barrier, savepoint_dir }) => {
+                if let Some(dir) = savepoint_dir {
+                    lock().savepoint(barrier.checkpoint_id, dir);
+                }
+                let _ = triggers.send(Some(barrier.into()));
+            }
+            Ok(Control::Completed { checkpoint_id }) => lock().completed(checkpoint_id),
+            Ok(Control::JobDone { ok, reason }) => {
+                let _ = done.send(Some(if ok { Ok(()) } else { Err(format!("worker 0: {reason}")) }));
+                return;
+            }
+            Ok(other) => {
+                let _ = done.send(Some(Err(format!("worker 0 sent what it never sends: {other:?}"))));
+                return;
+            }
+            Err(e) => {
+                let _ = done.send(Some(Err(format!("worker 0: {e}"))));
+                return;
+            }
+        }
+    }
+    let why = failure.and_then(|f| f()).map(|e| format!(": {e}")).unwrap_or_default();
+    let _ = done.send(Some(Err(format!(
+        "the connection to worker 0 (the job's coordinator) is lost{why}"
+    ))));
+}
+
+/// Waits for worker 0's start of the attempt: the attempt's tag, the
+/// checkpoint to restore, the splits; and the control channel from it.
+#[allow(clippy::type_complexity)]
+async fn await_start(
+    c: &Cluster,
+    m: &Mesh,
+) -> Result<(
+    String,
+    Option<String>,
+    Vec<Vec<Vec<SplitPosition>>>,
+    mpsc::UnboundedReceiver<Vec<u8>>,
+)> {
+    let mut rx = m
+        .link(0)
+        .and_then(|l| l.take_control())
+        .ok_or_else(|| ExecError::internal("no control channel from worker 0"))?;
+    let first = tokio::time::timeout(c.join_deadline, rx.recv())
+        .await
+        .map_err(|_| ExecError::Cluster(format!("worker 0 did not start the job within {:?}", c.join_deadline)))?
+        .ok_or_else(|| ExecError::Cluster("the connection to worker 0 is lost before the job started".into()))?;
+    match Control::decode(&first).map_err(|e| ExecError::Cluster(format!("worker 0: {e}")))? {
+        Control::Start {
+            attempt,
+            restore,
+            splits,
+        } => Ok((attempt, restore, splits, rx)),
+        Control::JobDone { ok: true, .. } => {
+            Err(ExecError::Cluster("worker 0 says the job has already finished".into()))
+        }
+        other => Err(ExecError::Cluster(format!(
+            "worker 0 sent {other:?} before starting the job"
+        ))),
+    }
+}
+
+/// The splits worker 0 dealt (see [`deal_splits`]), as this worker's
+/// readers open them: only its own subtasks' splits are opened.
+fn splits_from_coordinator(
+    graph: &StreamGraph,
+    chains: &[Vec<NodeId>],
+    splits: Vec<Vec<Vec<SplitPosition>>>,
+    cluster: Option<&Cluster>,
+) -> Result<Vec<DealtSplits>> {
+    if splits.len() != chains.len() {
+        return Err(ExecError::Cluster(format!(
+            "worker 0 dealt splits for {} chains, this worker's plan has {}",
+            splits.len(),
+            chains.len()
+        )));
+    }
+    let mut out = vec![];
+    for (chain, per_subtask) in chains.iter().zip(splits) {
+        let head = graph.node(chain[0]);
+        let mut all = std::collections::BTreeSet::new();
+        let mut dealt = vec![];
+        if let NodeKind::Source(src) = &head.kind {
+            // Opened all together, as a restore does (a source may size
+            // its splits by how many there are), then dealt as worker 0
+            // dealt them; the others' splits are dropped unread.
+            let mut owner = HashMap::new();
+            let mut every = vec![];
+            for (subtask, positions) in per_subtask.into_iter().enumerate() {
+                for p in positions {
+                    all.insert(p.split.clone());
+                    owner.insert(p.split.clone(), subtask);
+                    every.push(p);
+                }
+            }
+            dealt = (0..head.parallelism).map(|_| vec![]).collect();
+            if !every.is_empty() {
+                for split in src.factory.restore_splits(&every)? {
+                    match owner.get(&split.id()) {
+                        Some(&subtask) if subtask < dealt.len() => {
+                            if cluster.is_some_and(|c| c.is_local(subtask)) {
+                                dealt[subtask].push(split);
+                            }
+                        }
+                        _ => {
+                            return Err(ExecError::Cluster(format!(
+                                "split '{}' of {} was not dealt by worker 0",
+                                split.id(),
+                                src.table.name
+                            )));
+                        }
+                    }
+                }
+            }
+            dealt.resize_with(head.parallelism, Vec::new);
+        }
+        out.push((dealt, all));
+    }
+    Ok(out)
 }
 
 /// One input channel of a subtask: its data, and with unaligned
@@ -1196,9 +1619,23 @@ struct Wiring {
     /// The upstream (chain, subtask) of each of those channels.
     origins: Vec<Vec<Vec<(usize, usize)>>>,
     outputs: Vec<Vec<Option<Output>>>,
+    /// The forwarding tasks of channels that cross to another worker.
+    bridges: Vec<Bridge>,
 }
 
-fn wire(graph: &StreamGraph, chains: &[Vec<NodeId>], config: &JobConfig, metrics: &JobMetrics) -> Result<Wiring> {
+/// With `remote` (a job spread over workers), only this worker's
+/// subtasks get working ends: a channel between two of them stays
+/// in-memory; one to or from a subtask on another worker is an
+/// in-memory channel joined to a channel of the link to that worker by a
+/// forwarding task (in `Wiring::bridges`). Channel ids count in this
+/// function's order, which is the same on every worker (the same graph).
+fn wire(
+    graph: &StreamGraph,
+    chains: &[Vec<NodeId>],
+    config: &JobConfig,
+    metrics: &JobMetrics,
+    remote: Option<(&Cluster, &Mesh)>,
+) -> Result<Wiring> {
     let chain_of = |node: NodeId| chains.iter().position(|c| c.contains(&node));
     let unaligned = config.checkpointing.as_ref().is_some_and(|c| c.unaligned);
     let mut inputs: Vec<Vec<Vec<Lane>>> = chains
@@ -1217,6 +1654,16 @@ fn wire(graph: &StreamGraph, chains: &[Vec<NodeId>], config: &JobConfig, metrics
         .iter()
         .map(|c| (0..graph.node(c[0]).parallelism).map(|_| None).collect())
         .collect();
+    let mut bridges: Vec<Bridge> = vec![];
+    let mut next_channel = 0u32;
+    let worker_of = |subtask: usize| remote.map_or(0, |(c, _)| c.worker_of(subtask));
+    let me = remote.map_or(0, |(c, _)| c.index);
+    let link = |worker: u32| -> Result<&crate::exchange::link::Link> {
+        remote
+            .and_then(|(_, m)| m.link(worker))
+            .ok_or_else(|| ExecError::internal(format!("no link to worker {worker}")))
+    };
+    let exchange_error = |e: crate::exchange::link::LinkError| ExecError::Cluster(e.to_string());
     for edge in graph.edges.iter().filter(|e| !graph.is_chained(e)) {
         let (Some(from_chain), Some(to_chain)) = (chain_of(edge.from), chain_of(edge.to)) else {
             return Err(ExecError::internal("edge between unknown nodes"));
@@ -1235,10 +1682,64 @@ fn wire(graph: &StreamGraph, chains: &[Vec<NodeId>], config: &JobConfig, metrics
             let mut priority = vec![];
             for t in targets {
                 let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-                senders.push(tx);
                 // Unaligned checkpoints: a lane for barriers that overtake data.
-                let lane = unaligned.then(|| {
-                    let (ptx, prx) = mpsc::unbounded_channel();
+                let lane = unaligned.then(mpsc::unbounded_channel);
+                let (data_id, lane_id) = (next_channel, next_channel + 1);
+                next_channel += 2;
+                let (from_here, to_here) = (worker_of(i) == me, worker_of(t) == me);
+                // The ends a subtask of another worker would hold are left
+                // unused here (its task runs there).
+                let (tx, rx, lane) = match (from_here, to_here) {
+                    (true, false) => {
+                        let l = link(worker_of(t))?;
+                        let remote_tx = l.sender(data_id).map_err(exchange_error)?;
+                        bridges.push(Box::pin(async move {
+                            crate::exchange::bridge::forward_out(rx, remote_tx)
+                                .await
+                                .map_err(|e| ExecError::Cluster(e.to_string()))
+                        }));
+                        let lane = match lane {
+                            Some((ptx, prx)) => {
+                                let remote_lane = l.sender(lane_id).map_err(exchange_error)?;
+                                bridges.push(Box::pin(async move {
+                                    crate::exchange::bridge::forward_lane_out(prx, remote_lane)
+                                        .await
+                                        .map_err(|e| ExecError::Cluster(e.to_string()))
+                                }));
+                                Some((ptx, mpsc::unbounded_channel().1))
+                            }
+                            None => None,
+                        };
+                        (tx, mpsc::channel(1).1, lane)
+                    }
+                    (false, true) => {
+                        let l = link(worker_of(i))?;
+                        let remote_rx = l.receiver(data_id, CHANNEL_CAPACITY as u32).map_err(exchange_error)?;
+                        let lost = l.failure_probe();
+                        bridges.push(Box::pin(async move {
+                            crate::exchange::bridge::forward_in(remote_rx, tx, lost)
+                                .await
+                                .map_err(|e| ExecError::Cluster(e.to_string()))
+                        }));
+                        let lane = match lane {
+                            Some((ptx, prx)) => {
+                                let remote_lane = l.receiver(lane_id, LANE_CREDITS).map_err(exchange_error)?;
+                                let lost = l.failure_probe();
+                                bridges.push(Box::pin(async move {
+                                    crate::exchange::bridge::forward_lane_in(remote_lane, ptx, lost)
+                                        .await
+                                        .map_err(|e| ExecError::Cluster(e.to_string()))
+                                }));
+                                Some((mpsc::unbounded_channel().0, prx))
+                            }
+                            None => None,
+                        };
+                        (mpsc::channel(1).0, rx, lane)
+                    }
+                    _ => (tx, rx, lane),
+                };
+                senders.push(tx);
+                let lane = lane.map(|(ptx, prx)| {
                     priority.push(ptx);
                     prx
                 });
@@ -1281,8 +1782,16 @@ fn wire(graph: &StreamGraph, chains: &[Vec<NodeId>], config: &JobConfig, metrics
         ports,
         origins,
         outputs,
+        bridges,
     })
 }
+
+/// A task joining an in-memory channel to a channel of a link.
+type Bridge = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
+/// Credits of a barrier lane between workers: enough that a barrier never
+/// waits for the receiver to take the one before.
+const LANE_CREDITS: u32 = 64;
 
 /// The restore side of an attempt: every committer of the job (sinks',
 /// dead letters', sources told of completed checkpoints), with what the
@@ -1382,7 +1891,10 @@ async fn supervise(
     mut tasks: JoinSet<Result<()>>,
     mut coordinator_set: JoinSet<Result<crate::checkpoint::coordinator::CoordinatorEnd>>,
     cancel: &watch::Receiver<bool>,
+    gone: Option<Pin<Box<dyn std::future::Future<Output = ExecError> + Send>>>,
 ) -> Result<()> {
+    // Worker 0 gone or failed (another worker): the attempt is over.
+    let mut gone = gone;
     // The coordinator is not aborted with the tasks: it finishes what it
     // is writing (a checkpoint whose metadata is on disk gets committed)
     // and ends when the last task's report channel closes.
@@ -1410,6 +1922,15 @@ async fn supervise(
                     cancelling = true;
                     fail(ExecError::Cancelled, &mut tasks);
                 }
+            }
+            err = async {
+                match gone.as_mut() {
+                    Some(g) => g.await,
+                    None => std::future::pending().await,
+                }
+            }, if gone.is_some() => {
+                gone = None;
+                fail(err, &mut tasks);
             }
             res = tasks.join_next() => match res {
                 None => break,

@@ -8,9 +8,12 @@
 //! - [`gate`]: input gate and watermark valve.
 //! - [`output`]: partitioning to downstream subtasks.
 //! - [`metrics`] — counters and the state sources publish.
+//! - [`cluster`]: a job spread over worker processes (placement, the
+//!   workers' side of checkpoints).
 
 pub mod alignment;
 pub mod chain;
+pub mod cluster;
 pub mod gate;
 pub mod job;
 pub mod metrics;

@@ -1,0 +1,299 @@
+//! A job spread over worker processes (`weir worker`): where each subtask
+//! runs, and the pieces of an attempt that differ from one process.
+//!
+//! Every worker plans the same SQL, so the graph, its chains, uids and
+//! channel order are the same on all of them. Subtask `s` of every chain
+//! runs on worker `s % N`: a forward edge between chains of equal
+//! parallelism stays in one process, and a subtask's key groups are where
+//! they would be in one process. Worker 0 coordinates: it restores (and
+//! fences) the job's checkpoints, lists the sources' splits, runs the
+//! checkpoint coordinator and the sinks' commits; the others run their
+//! subtasks, write their own state to the checkpoint storage and report
+//! to it (see [`crate::exchange::control`]).
+//!
+//! Recovery is Flink's full restart, with the process supervisor
+//! (Kubernetes, or a test's launcher) doing the restarting: a worker whose
+//! attempt fails, or which loses a peer, exits non-zero; started again
+//! with the same arguments, the workers meet again and restore the latest
+//! completed checkpoint.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::checkpoint::{CheckpointStorage, OperatorSnapshot, TaskReport, TaskSnapshot};
+use crate::config::JobConfig;
+use crate::error::{ExecError, Result};
+use crate::exchange::control::{Control, WireReport, WireSnapshot, Written};
+use crate::exchange::mesh::Mesh;
+use crate::plan::StreamGraph;
+
+/// This process's place among the job's workers.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// This worker's index in `peers`.
+    pub index: u32,
+    /// Every worker's address, this one's included.
+    pub peers: Vec<String>,
+    /// Where this worker listens (default: its entry in `peers`).
+    pub listen: Option<String>,
+    /// How long a worker waits for the others to be there.
+    pub join_deadline: Duration,
+}
+
+impl Cluster {
+    pub fn workers(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The worker that runs subtask `subtask` of every chain.
+    pub fn worker_of(&self, subtask: usize) -> u32 {
+        (subtask % self.peers.len().max(1)) as u32
+    }
+
+    pub fn is_local(&self, subtask: usize) -> bool {
+        self.worker_of(subtask) == self.index
+    }
+
+    /// Worker 0 runs the job's coordinator.
+    pub fn coordinates(&self) -> bool {
+        self.index == 0
+    }
+
+    /// Joins the other workers (waiting up to the deadline for them).
+    pub async fn join(&self, plan: u64) -> Result<Mesh> {
+        let addr = self
+            .listen
+            .clone()
+            .or_else(|| self.peers.get(self.index as usize).cloned())
+            .ok_or_else(|| {
+                ExecError::Cluster(format!(
+                    "worker {} is not in --peers ({} workers)",
+                    self.index,
+                    self.peers.len()
+                ))
+            })?;
+        let listener = TcpListener::bind(&addr)
+            .await
+            .map_err(|e| ExecError::Cluster(format!("worker {} cannot listen on {addr}: {e}", self.index)))?;
+        Mesh::join(self.index, listener, &self.peers, plan, self.join_deadline)
+            .await
+            .map_err(|e| ExecError::Cluster(format!("worker {}: {e}", self.index)))
+    }
+}
+
+/// What every worker must agree on to run one job together: its name, its
+/// operators (uids) and their parallelism. A worker started with other SQL
+/// or options is refused at the hello.
+pub fn plan_hash(graph: &StreamGraph, config: &JobConfig) -> u64 {
+    let mut text = format!("{}\n{}\n", config.name, config.max_parallelism);
+    for n in &graph.nodes {
+        text.push_str(&format!("{} {}\n", n.uid, n.parallelism));
+    }
+    let hex = crate::checkpoint::metadata::checksum(text.as_bytes());
+    u64::from_str_radix(&hex, 16).unwrap_or_default()
+}
+
+/// Sends `message` to every peer; a lost peer is an error (the attempt
+/// cannot go on without it).
+pub fn broadcast(mesh: &Mesh, message: &Control) -> Result<()> {
+    let bytes = message.encode();
+    for peer in 0..mesh.workers() as u32 {
+        if let Some(link) = mesh.link(peer) {
+            link.send_control(bytes.clone())
+                .map_err(|e| ExecError::Cluster(e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
+/// A worker other than 0 writes its tasks' checkpoint state to the
+/// checkpoint storage itself and sends worker 0 where it is: the state
+/// never crosses the network twice, and worker 0's memory does not hold
+/// every worker's snapshot.
+pub struct ReportWriter {
+    storage: Option<CheckpointStorage>,
+    s3: crate::checkpoint::objects::S3Settings,
+    incremental: bool,
+    /// Per checkpoint in progress, what this worker wrote.
+    written: HashMap<u64, Written>,
+    /// What this worker wrote for the last checkpoint that completed.
+    base: Option<Written>,
+    /// Savepoints in progress: their directories.
+    savepoints: HashMap<u64, String>,
+    /// Sink output of checkpoints this worker could not write: it goes
+    /// with the task's next report, as the coordinator carries an
+    /// aborted checkpoint's output to the next.
+    carried: std::collections::BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+impl ReportWriter {
+    pub fn new(config: &JobConfig) -> Arc<Mutex<ReportWriter>> {
+        Arc::new(Mutex::new(ReportWriter {
+            storage: config.checkpointing.as_ref().map(|c| c.storage()),
+            s3: config.s3.clone(),
+            incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
+            written: HashMap::new(),
+            base: None,
+            savepoints: HashMap::new(),
+            carried: Default::default(),
+        }))
+    }
+
+    pub fn savepoint(&mut self, id: u64, dir: String) {
+        self.savepoints.insert(id, dir);
+    }
+
+    /// Checkpoint `id` completed: its files are the next one's base.
+    pub fn completed(&mut self, id: u64) {
+        if let Some(w) = self.written.remove(&id) {
+            self.base = Some(w);
+        }
+        self.written.retain(|k, _| *k > id);
+        self.savepoints.retain(|k, _| *k > id);
+    }
+
+    /// `report` with its state written (blocking: uploads).
+    pub fn write(&mut self, report: TaskReport) -> WireReport {
+        match report {
+            TaskReport::Ack {
+                checkpoint_id,
+                task,
+                snapshot,
+                alignment,
+                sync,
+            } => match self.write_snapshot(checkpoint_id, snapshot) {
+                Ok(snapshot) => WireReport::Ack {
+                    checkpoint_id,
+                    task,
+                    snapshot,
+                    alignment_us: alignment.as_micros() as u64,
+                    sync_us: sync.as_micros() as u64,
+                },
+                Err(reason) => WireReport::Decline {
+                    checkpoint_id,
+                    task,
+                    reason,
+                },
+            },
+            TaskReport::Finished { task, snapshot } => {
+                // A finished task's part is its split positions and sink
+                // output (see `TaskReport::Finished`).
+                let mut operators = vec![];
+                for (key, op) in snapshot.operators {
+                    match op {
+                        OperatorSnapshot::Sink(c) => {
+                            let committables = self.with_carried(&key, c);
+                            operators.push((key, crate::checkpoint::OperatorState::Sink { committables }))
+                        }
+                        OperatorSnapshot::RocksDb { dir, .. } => {
+                            let _ = std::fs::remove_dir_all(dir);
+                        }
+                        _ => {}
+                    }
+                }
+                WireReport::Finished {
+                    task,
+                    snapshot: WireSnapshot {
+                        sources: snapshot.sources,
+                        operators,
+                    },
+                }
+            }
+            TaskReport::Decline {
+                checkpoint_id,
+                task,
+                reason,
+            } => WireReport::Decline {
+                checkpoint_id,
+                task,
+                reason,
+            },
+        }
+    }
+
+    fn write_snapshot(&mut self, id: u64, snapshot: TaskSnapshot) -> Result<WireSnapshot, String> {
+        let Some(storage) = self.storage.clone() else {
+            return Err("a checkpoint acknowledged without checkpoint storage".into());
+        };
+        let savepoint = match self.savepoints.get(&id) {
+            Some(dir) => Some(
+                crate::checkpoint::objects::storage_at(std::path::Path::new(dir), &self.s3)
+                    .map_err(|e| format!("savepoint directory {dir}: {e}"))?,
+            ),
+            None => None,
+        };
+        let mut out = WireSnapshot {
+            sources: snapshot.sources,
+            operators: vec![],
+        };
+        let mut uploaded = 0u64;
+        let mut shared = vec![];
+        let mut ops = snapshot.operators.into_iter();
+        let mut failure = None;
+        for (key, op) in ops.by_ref() {
+            let state = match (&savepoint, op) {
+                (_, OperatorSnapshot::Sink(c)) => Ok(crate::checkpoint::OperatorState::Sink {
+                    committables: self.with_carried(&key, c),
+                }),
+                (Some(sp), op) => crate::checkpoint::savepoint::write_operator(sp, &key, op),
+                (None, op) => crate::checkpoint::coordinator::write_operator(
+                    &storage,
+                    id,
+                    &key,
+                    op,
+                    self.base.as_ref(),
+                    self.incremental,
+                    &mut uploaded,
+                    &mut shared,
+                ),
+            };
+            match state {
+                Ok(state) => {
+                    if savepoint.is_none() && !matches!(state, crate::checkpoint::OperatorState::Sink { .. }) {
+                        self.written.entry(id).or_default().insert(key.clone(), state.clone());
+                    }
+                    out.operators.push((key, state));
+                }
+                Err(e) => {
+                    failure = Some(format!("worker could not write {key}: {e}"));
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = failure {
+            // The rest is never written: its local snapshots go, its sink
+            // output waits for the next checkpoint.
+            for (key, state) in out.operators {
+                if let crate::checkpoint::OperatorState::Sink { committables } = state {
+                    self.carried.entry(key).or_default().extend(committables);
+                }
+            }
+            for (key, op) in ops {
+                match op {
+                    OperatorSnapshot::RocksDb { dir, .. } => {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
+                    OperatorSnapshot::Sink(c) => self.carried.entry(key).or_default().extend(c),
+                    _ => {}
+                }
+            }
+            self.written.remove(&id);
+            return Err(reason);
+        }
+        Ok(out)
+    }
+
+    /// `committables` after what earlier failed checkpoints left of `key`.
+    fn with_carried(&mut self, key: &str, committables: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+        match self.carried.remove(key) {
+            Some(mut earlier) => {
+                earlier.extend(committables);
+                earlier
+            }
+            None => committables,
+        }
+    }
+}

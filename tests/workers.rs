@@ -1,0 +1,325 @@
+//! A job spread over worker processes (`weir worker`), on loopback: real
+//! processes, real files, RocksDB on disk, SIGKILL.
+//!
+//! The job: bids from CSV files, a keyed TUMBLE window per auction, joined
+//! (a regular join, keyed on the auction) with an auctions file, into the
+//! file sink. Across 3 workers every keyed exchange crosses processes.
+//! Its committed output must equal the same SQL run by one `weir run`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FILES: u64 = 2;
+const LINES_PER_FILE: u64 = 30_000;
+
+fn weir_bin() -> PathBuf {
+    std::env::var_os("WEIR_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")), PathBuf::from)
+}
+
+/// The input: `FILES` bid files and one auctions file.
+fn input(dir: &Path) -> (PathBuf, PathBuf) {
+    let bids = dir.join("bids");
+    std::fs::create_dir_all(&bids).expect("bids dir");
+    for f in 0..FILES {
+        let mut text = String::new();
+        for i in 0..LINES_PER_FILE {
+            let ts = format!("2024-01-01 00:{:02}:{:02}.{:03}", i / 60_000, (i / 1000) % 60, i % 1000);
+            let auction = (i * 7919 + f * 13) % 97;
+            let price = (i * 31) % 1000 + 1;
+            text.push_str(&format!("{auction},{price},{ts}\n"));
+        }
+        std::fs::write(bids.join(format!("bids-{f}.csv")), text).expect("write bids");
+    }
+    let auctions = dir.join("auctions.csv");
+    let text: String = (0..97)
+        .filter(|a| a % 5 != 0)
+        .map(|a| format!("{a},{}\n", a % 7))
+        .collect();
+    std::fs::write(&auctions, text).expect("write auctions");
+    (bids, auctions)
+}
+
+fn job_sql(bids: &Path, auctions: &Path, out: &Path, extra: &str, pace: &str) -> String {
+    format!(
+        "SET 'pipeline.name' = 'workers-test';
+{extra}
+CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+  WATERMARK FOR dateTime AS dateTime - INTERVAL '1' SECOND
+) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv'{pace});
+CREATE TABLE auction (id BIGINT, category BIGINT)
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');
+CREATE TABLE out (auction BIGINT, category BIGINT, window_start TIMESTAMP(3), cnt BIGINT, total BIGINT)
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+INSERT INTO out
+SELECT w.auction, a.category, w.window_start, w.cnt, w.total
+FROM (
+  SELECT auction, window_start, COUNT(*) AS cnt, SUM(price) AS total
+  FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND))
+  GROUP BY auction, window_start, window_end
+) w JOIN auction a ON w.auction = a.id;
+",
+        bids.display(),
+        auctions.display(),
+        out.display()
+    )
+}
+
+/// The same SQL in one process: the reference.
+fn single_process(dir: &Path, sql: &str) -> Vec<String> {
+    let out = dir.join("single-out");
+    let sql = sql.replace("@OUT@", &out.display().to_string());
+    let file = dir.join("single.sql");
+    std::fs::write(&file, sql).expect("sql");
+    let o = Command::new(weir_bin())
+        .arg("--data-dir")
+        .arg(dir.join("single-data"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .expect("weir run");
+    common::successful_stdout(&o);
+    let lines = common::committed_lines(&out);
+    assert!(lines.len() > 500, "the reference has {} rows", lines.len());
+    lines
+}
+
+struct Workers {
+    peers: String,
+    sql: PathBuf,
+    dir: PathBuf,
+    children: Vec<Option<Child>>,
+    starts: Vec<u32>,
+}
+
+impl Workers {
+    fn new(dir: &Path, n: usize, sql: &str) -> Workers {
+        let peers: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", common::free_port())).collect();
+        let file = dir.join("job.sql");
+        std::fs::write(&file, sql).expect("sql");
+        let mut w = Workers {
+            peers: peers.join(","),
+            sql: file,
+            dir: dir.to_path_buf(),
+            children: (0..n).map(|_| None).collect(),
+            starts: vec![0; n],
+        };
+        for i in 0..n {
+            w.start(i);
+        }
+        w
+    }
+
+    fn log(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("worker-{i}.log"))
+    }
+
+    fn start(&mut self, i: usize) {
+        self.starts[i] += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(i))
+            .expect("log");
+        let child = Command::new(weir_bin())
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("data-{i}")))
+            .args([
+                "worker",
+                "--index",
+                &i.to_string(),
+                "--peers",
+                &self.peers,
+                "--join-timeout",
+                "60",
+            ])
+            .arg(&self.sql)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn weir worker");
+        self.children[i] = Some(child);
+    }
+
+    /// The supervisor's loop (what Kubernetes does for a StatefulSet): a
+    /// worker that exits non-zero is started again with the same
+    /// arguments; returns once every worker exited 0. `tick` runs between
+    /// rounds (to kill workers).
+    fn supervise(&mut self, secs: u64, mut tick: impl FnMut(&mut Workers)) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let mut finished = vec![false; self.children.len()];
+        loop {
+            #[allow(clippy::needless_range_loop)] // `start(i)` borrows self
+            for i in 0..self.children.len() {
+                let Some(c) = self.children[i].as_mut() else { continue };
+                if let Some(status) = c.try_wait().expect("wait") {
+                    self.children[i] = None;
+                    if status.success() {
+                        finished[i] = true;
+                    } else {
+                        assert!(self.starts[i] < 40, "worker {i} restarted 40 times:\n{}", self.logs());
+                        self.start(i);
+                    }
+                }
+            }
+            if finished.iter().all(|f| *f) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the job did not finish within {secs} s:\n{}",
+                self.logs()
+            );
+            tick(self);
+            // Polling the processes' exit (no event to wait on).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self, i: usize) -> bool {
+        match self.children[i].as_mut() {
+            Some(c) => {
+                let _ = c.kill();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn logs(&self) -> String {
+        (0..self.children.len())
+            .map(|i| {
+                let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!(
+                    "--- worker {i} ({} starts)\n{}",
+                    self.starts[i],
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn three_workers_answer_as_one_process_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let reference = single_process(
+        dir.path(),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '3';",
+            "",
+        ),
+    );
+    let out = dir.path().join("out");
+    let mut workers = Workers::new(dir.path(), 3, &job_sql(&bids, &auctions, &out, "", ""));
+    workers.supervise(120, |_| {});
+    assert_eq!(workers.starts, vec![1, 1, 1], "no worker failed:\n{}", workers.logs());
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+}
+
+/// The rows equal the reference's; else how many differ, and a few.
+fn assert_same_rows(got: &[String], want: &[String], logs: &str) {
+    if got == want {
+        return;
+    }
+    let missing: Vec<&String> = want.iter().filter(|r| !got.contains(r)).take(5).collect();
+    let extra: Vec<&String> = got.iter().filter(|r| !want.contains(r)).take(5).collect();
+    panic!(
+        "{} rows, {} expected; missing e.g. {missing:?}; unexpected e.g. {extra:?}\n{logs}",
+        got.len(),
+        want.len()
+    );
+}
+
+#[test]
+fn a_worker_killed_again_and_again_costs_no_row_and_duplicates_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let reference = single_process(
+        dir.path(),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '3';",
+            "",
+        ),
+    );
+    let out = dir.path().join("out");
+    let checkpoints = dir.path().join("checkpoints");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.dir' = '{}';",
+        checkpoints.display()
+    );
+    let pace = ", 'scan.lines-per-second' = '15000'";
+    let mut workers = Workers::new(dir.path(), 3, &job_sql(&bids, &auctions, &out, &extra, pace));
+    // Three kills, each of another worker (0, the coordinator, too), each
+    // once a further checkpoint completed after the last restart.
+    let mut plan = vec![2usize, 0, 1].into_iter();
+    let mut next = plan.next();
+    let job_checkpoints = checkpoints.clone();
+    let mut seen = 0u64;
+    let mut killed_at = Instant::now();
+    workers.supervise(300, |w| {
+        let Some(victim) = next else { return };
+        let now = newest_checkpoint(&job_checkpoints);
+        if now > seen && killed_at.elapsed() > Duration::from_millis(700) && w.kill(victim) {
+            seen = now;
+            killed_at = Instant::now();
+            next = plan.next();
+        }
+    });
+    assert!(
+        next.is_none(),
+        "the job finished before every kill:\n{}",
+        workers.logs()
+    );
+    assert!(
+        workers.starts.iter().all(|s| *s >= 2),
+        "every worker restarted (a full restart): {:?}",
+        workers.starts
+    );
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+    let log = std::fs::read_to_string(workers.log(1)).unwrap_or_default();
+    assert!(
+        log.contains("restoring from checkpoint"),
+        "worker 1 never restored:\n{}",
+        workers.logs()
+    );
+}
+
+/// The id of the newest completed checkpoint below `root` (at any depth
+/// of job directories): its `chk-<id>` has `_metadata`.
+fn newest_checkpoint(root: &Path) -> u64 {
+    let mut newest = 0;
+    if let Ok(d) = std::fs::read_dir(root) {
+        for e in d.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            match name.strip_prefix("chk-").and_then(|n| n.parse::<u64>().ok()) {
+                Some(id) if e.path().join("_metadata").exists() => newest = newest.max(id),
+                Some(_) => {}
+                None if e.path().is_dir() => newest = newest.max(newest_checkpoint(&e.path())),
+                None => {}
+            }
+        }
+    }
+    newest
+}
