@@ -92,6 +92,10 @@ pub struct WorkerArgs {
     /// Seconds to wait for the other workers.
     #[arg(long, default_value_t = 120.0)]
     pub join_timeout: f64,
+    /// Seconds a peer may send nothing, not even a heartbeat (sent every
+    /// 0.5 s), before this worker counts it as lost and the job restarts.
+    #[arg(long, default_value_t = 10.0)]
+    pub heartbeat_timeout: f64,
     pub file: PathBuf,
 }
 
@@ -320,10 +324,17 @@ pub fn main_with(args: Args) -> i32 {
             rt.block_on(run_script(&mut session, &text, &file.display().to_string()))
         }
         (Some(Command::Worker(w)), _) => {
-            let join_deadline = match std::time::Duration::try_from_secs_f64(w.join_timeout) {
-                Ok(d) => d,
-                Err(_) => {
-                    eprintln!("error: --join-timeout {}: not a number of seconds", w.join_timeout);
+            let seconds = |flag: &str, v: f64| match std::time::Duration::try_from_secs_f64(v) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                _ => Err(format!("error: --{flag} {v}: not a positive number of seconds")),
+            };
+            let (join_deadline, heartbeat_timeout) = match (
+                seconds("join-timeout", w.join_timeout),
+                seconds("heartbeat-timeout", w.heartbeat_timeout),
+            ) {
+                (Ok(j), Ok(h)) => (j, h),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("{e}");
                     return EXIT_ERROR;
                 }
             };
@@ -348,6 +359,7 @@ pub fn main_with(args: Args) -> i32 {
                 peers: w.peers.clone(),
                 listen: w.listen.clone(),
                 join_deadline,
+                heartbeat_timeout,
             });
             let stem = w
                 .file

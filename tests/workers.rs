@@ -92,10 +92,16 @@ struct Workers {
     dir: PathBuf,
     children: Vec<Option<Child>>,
     starts: Vec<u32>,
+    /// More `weir worker` flags.
+    flags: Vec<String>,
 }
 
 impl Workers {
     fn new(dir: &Path, n: usize, sql: &str) -> Workers {
+        Self::with_flags(dir, n, sql, &[])
+    }
+
+    fn with_flags(dir: &Path, n: usize, sql: &str, flags: &[&str]) -> Workers {
         let peers: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", common::free_port())).collect();
         let file = dir.join("job.sql");
         std::fs::write(&file, sql).expect("sql");
@@ -105,6 +111,7 @@ impl Workers {
             dir: dir.to_path_buf(),
             children: (0..n).map(|_| None).collect(),
             starts: vec![0; n],
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         };
         for i in 0..n {
             w.start(i);
@@ -135,6 +142,7 @@ impl Workers {
                 "--join-timeout",
                 "60",
             ])
+            .args(&self.flags)
             .arg(&self.sql)
             .stdout(Stdio::null())
             .stderr(log)
@@ -186,6 +194,10 @@ impl Workers {
             }
             None => false,
         }
+    }
+
+    fn pid(&self, i: usize) -> Option<u32> {
+        self.children[i].as_ref().map(Child::id)
     }
 
     fn logs(&self) -> String {
@@ -304,6 +316,77 @@ SET 'execution.checkpointing.dir' = '{}';",
         "worker 1 never restored:\n{}",
         workers.logs()
     );
+}
+
+#[test]
+fn a_stopped_worker_is_found_by_its_silence_and_the_job_recovers_once_it_continues() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let reference = single_process(
+        dir.path(),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '3';",
+            "",
+        ),
+    );
+    let out = dir.path().join("out");
+    let checkpoints = dir.path().join("checkpoints");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.dir' = '{}';",
+        checkpoints.display()
+    );
+    let pace = ", 'scan.lines-per-second' = '10000'";
+    let sql = job_sql(&bids, &auctions, &out, &extra, pace);
+    let mut workers = Workers::with_flags(dir.path(), 3, &sql, &["--heartbeat-timeout", "1.5"]);
+    // SIGSTOP worker 1 once a checkpoint completed: its sockets stay open,
+    // only its silence gives it away. SIGCONT it once the others noticed.
+    let signal = |sig: &str, pid: u32| {
+        let ok = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    let mut stopped: Option<u32> = None;
+    let mut continued = false;
+    let job_checkpoints = checkpoints.clone();
+    let log0 = workers.log(0);
+    workers.supervise(300, |w| {
+        if continued {
+            return;
+        }
+        match stopped {
+            None if newest_checkpoint(&job_checkpoints) > 0 => {
+                if let Some(pid) = w.pid(1) {
+                    signal("-STOP", pid);
+                    stopped = Some(pid);
+                }
+            }
+            Some(pid) => {
+                let noticed = std::fs::read_to_string(&log0).is_ok_and(|l| l.contains("nothing heard"));
+                if noticed {
+                    signal("-CONT", pid);
+                    continued = true;
+                }
+            }
+            None => {}
+        }
+    });
+    assert!(
+        continued,
+        "the job finished before worker 1 was stopped:\n{}",
+        workers.logs()
+    );
+    assert!(
+        workers.starts[1] >= 2,
+        "worker 1 went on after being stopped:\n{}",
+        workers.logs()
+    );
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
 }
 
 /// The id of the newest completed checkpoint below `root` (at any depth

@@ -38,6 +38,8 @@ const HELLO: u8 = 7;
 /// The job's control plane (worker 0 ↔ the others): an opaque payload
 /// (JSON, see [`super::control`]) outside any data channel's credits.
 const CONTROL: u8 = 8;
+/// A heartbeat: nothing but proof the peer is alive and reachable.
+const PING: u8 = 9;
 
 /// One frame's meaning.
 #[derive(Debug, Clone)]
@@ -53,6 +55,8 @@ pub enum Frame {
     /// A control-plane message (checkpoint triggers and acknowledgements,
     /// the attempt's start, the end): few and small, so not credited.
     Control(Vec<u8>),
+    /// A heartbeat (sent every second whatever else flows).
+    Ping,
 }
 
 /// A frame that does not decode: what is wrong with it.
@@ -136,6 +140,7 @@ pub fn encode(channel: u32, frame: &Frame, out: &mut Vec<u8>) -> Result<(), Fram
             out.extend_from_slice(bytes);
             CONTROL
         }
+        Frame::Ping => PING,
     };
     let len = out.len() - start - HEADER;
     let len = u32::try_from(len)
@@ -259,6 +264,10 @@ pub fn decode(channel: u32, kind: u8, payload: &[u8]) -> Result<Frame, FrameErro
             }
         }
         CONTROL => Frame::Control(payload.to_vec()),
+        PING => {
+            fixed(0)?;
+            Frame::Ping
+        }
         other => return Err(bad(format!("unknown frame kind {other}"))),
     })
 }

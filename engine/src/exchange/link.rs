@@ -58,7 +58,20 @@ struct Shared {
     control: Mutex<Option<mpsc::UnboundedSender<Vec<u8>>>>,
     /// Told when the writer has flushed and shut down after a close.
     closing: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// When a frame last came from the peer (ms since `born`).
+    heard_ms: AtomicI64,
+    born: std::time::Instant,
+    /// How long the peer may be silent before the connection counts as
+    /// lost (ms): a stopped or hung process, or a network cut, sends no
+    /// heartbeat though its socket stays open.
+    silence_ms: AtomicI64,
 }
+
+/// How often a link sends a heartbeat.
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The default of [`Link::set_heartbeat_timeout`].
+pub const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Shared {
     fn fail(&self, e: LinkError) {
@@ -159,12 +172,16 @@ impl Link {
             failed,
             control: Mutex::new(Some(control_tx)),
             closing: Mutex::new(None),
+            heard_ms: AtomicI64::new(0),
+            born: std::time::Instant::now(),
+            silence_ms: AtomicI64::new(HEARTBEAT_TIMEOUT.as_millis() as i64),
         });
         let (read, write) = stream.into_split();
         let (out, queue) = mpsc::unbounded_channel();
         let tasks = vec![
             tokio::spawn(write_frames(write, queue, shared.clone())),
             tokio::spawn(read_frames(read, shared.clone())),
+            tokio::spawn(heartbeat(out.clone(), shared.clone())),
         ];
         Link {
             shared,
@@ -240,6 +257,14 @@ impl Link {
     /// The error the connection failed with, if it did.
     pub fn failure(&self) -> Option<LinkError> {
         self.shared.failed.borrow().clone()
+    }
+
+    /// How long the peer may send nothing (not even a heartbeat) before
+    /// the connection counts as lost.
+    pub fn set_heartbeat_timeout(&self, timeout: std::time::Duration) {
+        self.shared
+            .silence_ms
+            .store(timeout.as_millis().max(1) as i64, Ordering::Relaxed);
     }
 
     /// Writes out what is queued, then closes the sending side (the peer
@@ -411,6 +436,36 @@ async fn read_frame(r: &mut (impl AsyncReadExt + Unpin), peer: u32) -> Result<(u
     Ok((channel, kind, payload))
 }
 
+/// Sends a heartbeat every [`HEARTBEAT`], and fails the connection when
+/// the peer has been silent longer than its timeout.
+async fn heartbeat(out: mpsc::UnboundedSender<Vec<u8>>, shared: Arc<Shared>) {
+    let mut ping = vec![];
+    if frame::encode(CONTROL_CHANNEL, &Frame::Ping, &mut ping).is_err() {
+        return;
+    }
+    let mut failed = shared.failed.subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(HEARTBEAT) => {}
+            _ = failed.wait_for(Option::is_some) => return,
+        }
+        if out.send(ping.clone()).is_err() {
+            return;
+        }
+        let now = shared.born.elapsed().as_millis() as i64;
+        let silent = now - shared.heard_ms.load(Ordering::Relaxed);
+        if silent > shared.silence_ms.load(Ordering::Relaxed) {
+            shared.fail(LinkError::Lost {
+                peer: shared.peer,
+                reason: format!(
+                    "nothing heard for {silent} ms, not even a heartbeat (the worker is stopped, hung, or cut off)"
+                ),
+            });
+            return;
+        }
+    }
+}
+
 async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
     let peer = shared.peer;
     let protocol = |reason: String| LinkError::Protocol { peer, reason };
@@ -419,6 +474,9 @@ async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Share
             Ok(f) => f,
             Err(e) => break e,
         };
+        shared
+            .heard_ms
+            .store(shared.born.elapsed().as_millis() as i64, Ordering::Relaxed);
         match frame::decode(channel, kind, &payload) {
             Ok(Frame::Credit(n)) => {
                 // Before this side opened the channel: kept for it.
@@ -443,6 +501,7 @@ async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Share
                 let _ = tx.send(m);
             }
             Ok(Frame::Hello { .. }) => break protocol("a second hello".into()),
+            Ok(Frame::Ping) => {}
             Ok(Frame::Control(bytes)) => {
                 if let Some(tx) = lock(&shared.control).as_ref() {
                     // Taken and dropped: nobody listens, nothing to do.
@@ -647,5 +706,33 @@ mod tests {
             .await
             .expect("no failure within 10 s");
         assert!(matches!(lost, LinkError::Lost { peer: 0, .. }), "{lost}");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_says_nothing_is_lost_after_the_heartbeat_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // A peer that says hello, then nothing (a stopped process keeps
+        // its socket open).
+        let mut raw = TcpStream::connect(addr).await.expect("connect");
+        let (s, _) = listener.accept().await.expect("accept");
+        let mut hello = vec![];
+        frame::encode(0, &Frame::Hello { worker: 2, plan: 1 }, &mut hello).expect("hello");
+        raw.write_all(&hello).await.expect("write");
+        let (_, _, link) = Link::accept(s).await.expect("hello");
+        link.set_heartbeat_timeout(std::time::Duration::from_millis(300));
+        let lost = tokio::time::timeout(std::time::Duration::from_secs(10), link.failed())
+            .await
+            .expect("no failure within 10 s");
+        assert!(
+            matches!(&lost, LinkError::Lost { peer: 2, reason } if reason.contains("heartbeat")),
+            "{lost}"
+        );
+        // A live peer's heartbeats keep a link up past the timeout.
+        let (a, b) = pair().await;
+        a.set_heartbeat_timeout(std::time::Duration::from_millis(1200));
+        b.set_heartbeat_timeout(std::time::Duration::from_millis(1200));
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(2500), a.failed()).await;
+        assert!(quiet.is_err(), "a live link failed: {:?}", a.failure());
     }
 }

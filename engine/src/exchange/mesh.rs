@@ -148,6 +148,13 @@ impl Mesh {
         self.links.len() + 1
     }
 
+    /// See [`Link::set_heartbeat_timeout`].
+    pub fn set_heartbeat_timeout(&self, timeout: Duration) {
+        for link in self.links.values() {
+            link.set_heartbeat_timeout(timeout);
+        }
+    }
+
     /// Sends what is queued on every link and closes them (a last control
     /// message must reach its peer before this process exits).
     pub async fn close(&self) {

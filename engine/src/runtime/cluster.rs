@@ -41,6 +41,9 @@ pub struct Cluster {
     pub listen: Option<String>,
     /// How long a worker waits for the others to be there.
     pub join_deadline: Duration,
+    /// How long a peer may be silent (no heartbeat) before it counts as
+    /// lost: a stopped, hung or cut-off worker keeps its socket open.
+    pub heartbeat_timeout: Duration,
 }
 
 impl Cluster {
@@ -78,9 +81,11 @@ impl Cluster {
         let listener = TcpListener::bind(&addr)
             .await
             .map_err(|e| ExecError::Cluster(format!("worker {} cannot listen on {addr}: {e}", self.index)))?;
-        Mesh::join(self.index, listener, &self.peers, plan, self.join_deadline)
+        let mesh = Mesh::join(self.index, listener, &self.peers, plan, self.join_deadline)
             .await
-            .map_err(|e| ExecError::Cluster(format!("worker {}: {e}", self.index)))
+            .map_err(|e| ExecError::Cluster(format!("worker {}: {e}", self.index)))?;
+        mesh.set_heartbeat_timeout(self.heartbeat_timeout);
+        Ok(mesh)
     }
 }
 
