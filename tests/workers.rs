@@ -263,47 +263,56 @@ fn assert_same_rows(got: &[String], want: &[String], logs: &str) {
 #[test]
 fn a_worker_killed_again_and_again_costs_no_row_and_duplicates_none() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, auctions) = input(dir.path());
-    let reference = single_process(
-        dir.path(),
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '3';",
-            "",
-        ),
-    );
-    let out = dir.path().join("out");
     let checkpoints = dir.path().join("checkpoints");
-    let extra = format!(
-        "SET 'execution.checkpointing.interval' = '200 ms';
-SET 'execution.checkpointing.dir' = '{}';",
-        checkpoints.display()
+    kill_each_worker_in_turn(
+        dir.path(),
+        &format!("SET 'execution.checkpointing.dir' = '{}';", checkpoints.display()),
     );
+}
+
+#[test]
+fn with_checkpoints_on_s3_a_killed_worker_costs_no_row_and_duplicates_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(&s3_dir).expect("s3 dir");
+    let s3 = common::s3_server(&s3_dir);
+    kill_each_worker_in_turn(dir.path(), &s3.checkpoint_settings());
+}
+
+/// Checkpoints completed so far, as worker 0's log (all its runs) says.
+fn completed_checkpoints(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|l| l.matches(" completed in ").count())
+        .unwrap_or(0)
+}
+
+/// SIGKILL each worker in turn (the coordinator too), each once a further
+/// checkpoint completed; the supervisor restarts whatever exits non-zero.
+fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
+    let (bids, auctions) = input(dir);
+    let reference = single_process(
+        dir,
+        &job_sql(&bids, &auctions, Path::new("@OUT@"), "SET 'parallelism.default' = '3';", ""),
+    );
+    let out = dir.join("out");
+    let extra = format!("SET 'execution.checkpointing.interval' = '200 ms';\n{checkpoint_settings}");
     let pace = ", 'scan.lines-per-second' = '15000'";
-    let mut workers = Workers::new(dir.path(), 3, &job_sql(&bids, &auctions, &out, &extra, pace));
-    // Three kills, each of another worker (0, the coordinator, too), each
-    // once a further checkpoint completed after the last restart.
+    let mut workers = Workers::new(dir, 3, &job_sql(&bids, &auctions, &out, &extra, pace));
     let mut plan = vec![2usize, 0, 1].into_iter();
     let mut next = plan.next();
-    let job_checkpoints = checkpoints.clone();
-    let mut seen = 0u64;
+    let log0 = workers.log(0);
+    let mut seen = 0usize;
     let mut killed_at = Instant::now();
     workers.supervise(300, |w| {
         let Some(victim) = next else { return };
-        let now = newest_checkpoint(&job_checkpoints);
+        let now = completed_checkpoints(&log0);
         if now > seen && killed_at.elapsed() > Duration::from_millis(700) && w.kill(victim) {
             seen = now;
             killed_at = Instant::now();
             next = plan.next();
         }
     });
-    assert!(
-        next.is_none(),
-        "the job finished before every kill:\n{}",
-        workers.logs()
-    );
+    assert!(next.is_none(), "the job finished before every kill:\n{}", workers.logs());
     assert!(
         workers.starts.iter().all(|s| *s >= 2),
         "every worker restarted (a full restart): {:?}",
@@ -311,11 +320,7 @@ SET 'execution.checkpointing.dir' = '{}';",
     );
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
     let log = std::fs::read_to_string(workers.log(1)).unwrap_or_default();
-    assert!(
-        log.contains("restoring from checkpoint"),
-        "worker 1 never restored:\n{}",
-        workers.logs()
-    );
+    assert!(log.contains("restoring from checkpoint"), "worker 1 never restored:\n{}", workers.logs());
 }
 
 #[test]
