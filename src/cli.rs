@@ -96,6 +96,11 @@ pub struct WorkerArgs {
     /// 0.5 s), before this worker counts it as lost and the job restarts.
     #[arg(long, default_value_t = 10.0)]
     pub heartbeat_timeout: f64,
+    /// Start the file's jobs from this savepoint (or retained checkpoint),
+    /// whatever the number of workers that took it (rescaling). Give every
+    /// worker the same.
+    #[arg(long = "from-savepoint", value_name = "DIR")]
+    pub from_savepoint: Option<PathBuf>,
     pub file: PathBuf,
 }
 
@@ -354,6 +359,12 @@ pub fn main_with(args: Args) -> i32 {
                     return EXIT_ERROR;
                 }
             };
+            if let Some(dir) = &w.from_savepoint
+                && let Err(e) = session.set_option(weir_engine::config::RECOVERY_PATH, &dir.display().to_string())
+            {
+                eprintln!("error: --from-savepoint: {e}");
+                return EXIT_ERROR;
+            }
             session.set_cluster(weir_engine::runtime::cluster::Cluster {
                 index: w.index,
                 peers: w.peers.clone(),
@@ -583,7 +594,61 @@ pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 
             return EXIT_ERROR;
         }
     }
-    wait_jobs(session.take_jobs(), &mut signals).await
+    match session.cluster().map(|c| c.index) {
+        Some(index) => wait_worker_jobs(session.take_jobs(), &mut signals, index).await,
+        None => wait_jobs(session.take_jobs(), &mut signals).await,
+    }
+}
+
+/// `weir worker`: waits for the jobs. SIGINT/SIGTERM on worker 0 stops
+/// them with a savepoint (Kubernetes deleting or upgrading the pods: the
+/// next start resumes from it), or, without checkpointing, just stops
+/// them. Another worker goes on until worker 0 ends the job (its pod's
+/// grace period may end it first: the job then recovers by restart).
+async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u32) -> i32 {
+    if jobs.is_empty() {
+        return EXIT_OK;
+    }
+    let controllers: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.name.clone(), j.controller(), j.stopper()))
+        .collect();
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let mut all = Box::pin(futures::future::join_all(jobs.into_iter().map(|j| j.wait())));
+    let results = loop {
+        tokio::select! {
+            r = &mut all => break r,
+            _ = signals.recv() => {
+                if index != 0 {
+                    eprintln!("[INFO] worker {index}: signalled; the job goes on until worker 0 stops it");
+                    continue;
+                }
+                for (name, controller, stopper) in &controllers {
+                    match controller.savepoint(None, weir_engine::runtime::SavepointMode::Stop).await {
+                        Ok(done) => eprintln!(
+                            "[INFO] job '{name}' stopped with savepoint {} (start from it with --from-savepoint)",
+                            done.path.display()
+                        ),
+                        Err(e) => {
+                            eprintln!("[WARN] job '{name}': no savepoint ({e}); stopping it");
+                            stopper.stop();
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let mut code = EXIT_OK;
+    for (name, r) in names.iter().zip(results) {
+        match r {
+            Ok(outcome) => eprintln!("[INFO] job '{name}' ended after {:.2} s", outcome.elapsed.as_secs_f64()),
+            Err(e) => {
+                eprintln!("error: job '{name}' failed: {e}");
+                code = EXIT_ERROR;
+            }
+        }
+    }
+    code
 }
 
 async fn stop_all(jobs: Vec<JobHandle>) {

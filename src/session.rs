@@ -312,6 +312,11 @@ impl Session {
         self.cluster = Some(Arc::new(cluster));
     }
 
+    /// The workers of `weir worker`, if this session is one.
+    pub fn cluster(&self) -> Option<&weir_engine::runtime::cluster::Cluster> {
+        self.cluster.as_deref()
+    }
+
     /// What the last job run with `table.dml-sync` did (metrics).
     pub fn last_outcome(&self) -> Option<&weir_engine::runtime::JobOutcome> {
         self.last_outcome.as_ref()

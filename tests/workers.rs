@@ -292,7 +292,13 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
     let (bids, auctions) = input(dir);
     let reference = single_process(
         dir,
-        &job_sql(&bids, &auctions, Path::new("@OUT@"), "SET 'parallelism.default' = '3';", ""),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '3';",
+            "",
+        ),
     );
     let out = dir.join("out");
     let extra = format!("SET 'execution.checkpointing.interval' = '200 ms';\n{checkpoint_settings}");
@@ -312,7 +318,11 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
             next = plan.next();
         }
     });
-    assert!(next.is_none(), "the job finished before every kill:\n{}", workers.logs());
+    assert!(
+        next.is_none(),
+        "the job finished before every kill:\n{}",
+        workers.logs()
+    );
     assert!(
         workers.starts.iter().all(|s| *s >= 2),
         "every worker restarted (a full restart): {:?}",
@@ -320,7 +330,11 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
     );
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
     let log = std::fs::read_to_string(workers.log(1)).unwrap_or_default();
-    assert!(log.contains("restoring from checkpoint"), "worker 1 never restored:\n{}", workers.logs());
+    assert!(
+        log.contains("restoring from checkpoint"),
+        "worker 1 never restored:\n{}",
+        workers.logs()
+    );
 }
 
 #[test]
@@ -392,6 +406,80 @@ SET 'execution.checkpointing.dir' = '{}';",
         workers.logs()
     );
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+}
+
+/// The savepoint worker 0 said it stopped the job with (its log).
+fn savepoint_in(log: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let at = text.rfind("stopped with savepoint ")?;
+    let rest = &text[at + "stopped with savepoint ".len()..];
+    Some(rest.split(" (start").next()?.trim().to_string())
+}
+
+#[test]
+fn a_job_rescaled_from_2_to_3_to_1_workers_through_savepoints_answers_as_one_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let reference = single_process(
+        dir.path(),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '3';",
+            "",
+        ),
+    );
+    let out = dir.path().join("out");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.dir' = '{}';
+SET 'execution.checkpointing.savepoint-dir' = '{}';",
+        dir.path().join("checkpoints").display(),
+        dir.path().join("savepoints").display()
+    );
+    let pace = ", 'scan.lines-per-second' = '10000'";
+    let sql = job_sql(&bids, &auctions, &out, &extra, pace);
+    let mut from: Option<String> = None;
+    let mut rows_before = 0;
+    for (round, n) in [2usize, 3, 1].into_iter().enumerate() {
+        let run = dir.path().join(format!("run-{round}"));
+        std::fs::create_dir_all(&run).expect("run dir");
+        let flags: Vec<&str> = match &from {
+            Some(sp) => vec!["--from-savepoint", sp.as_str()],
+            None => vec![],
+        };
+        let mut workers = Workers::with_flags(&run, n, &sql, &flags);
+        let last = round == 2;
+        let log0 = workers.log(0);
+        let mut signalled = false;
+        let started = completed_checkpoints(&log0);
+        workers.supervise(300, |w| {
+            // SIGTERM worker 0 (Kubernetes deleting the pods) once the
+            // run completed two checkpoints.
+            if !last && !signalled && completed_checkpoints(&log0) >= started + 2 {
+                if let Some(pid) = w.pid(0) {
+                    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+                    signalled = true;
+                }
+            }
+        });
+        assert_eq!(
+            workers.starts,
+            vec![1; n],
+            "run {round}: no worker failed:\n{}",
+            workers.logs()
+        );
+        if !last {
+            assert!(signalled, "run {round} finished before its stop:\n{}", workers.logs());
+            from = Some(savepoint_in(&log0).unwrap_or_else(|| panic!("no savepoint:\n{}", workers.logs())));
+            let rows = common::committed_lines(&out).len();
+            assert!(rows >= rows_before, "committed rows went back");
+            rows_before = rows;
+        }
+    }
+    assert!(rows_before < reference.len(), "the stops came after the end");
+    assert_same_rows(&common::committed_lines(&out), &reference, "after 2 -> 3 -> 1 workers");
 }
 
 /// The id of the newest completed checkpoint below `root` (at any depth

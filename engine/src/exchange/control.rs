@@ -42,6 +42,9 @@ pub enum Control {
     /// Worker 0 → the others: this checkpoint completed; its files are
     /// the base the next incremental checkpoint shares from.
     Completed { checkpoint_id: u64 },
+    /// Worker 0 → the others: stop reading (a stop with savepoint
+    /// completed, or the job was asked to stop).
+    Stop,
     /// A worker → worker 0: one task's report.
     Report(WireReport),
     /// A worker → worker 0: every task of the sender ended well.

@@ -1255,6 +1255,15 @@ async fn run_attempt(
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             events = Some(tx);
+            // A stop here (after a stop-with-savepoint, or asked) stops
+            // the other workers' sources too.
+            let mut stopping = stop_rx.clone();
+            let stop_mesh = m.clone();
+            tokio::spawn(async move {
+                if stopping.wait_for(|s| *s).await.is_ok() {
+                    let _ = cluster::broadcast(&stop_mesh, &Control::Stop);
+                }
+            });
             let m = m.clone();
             tokio::spawn(async move {
                 while let Some(event) = rx.recv().await {
@@ -1280,6 +1289,7 @@ async fn run_attempt(
                 writer.clone(),
                 done_tx,
                 probe,
+                stop.clone(),
             ));
             coordinator_gone = Some(done_rx);
             let m = m.clone();
@@ -1477,6 +1487,7 @@ async fn from_coordinator_loop(
     writer: Arc<std::sync::Mutex<ReportWriter>>,
     done: watch::Sender<Option<std::result::Result<(), String>>>,
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
+    stop: Arc<watch::Sender<bool>>,
 ) {
     let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
     while let Some(bytes) = rx.recv().await {
@@ -1488,6 +1499,9 @@ async fn from_coordinator_loop(
                 let _ = triggers.send(Some(barrier.into()));
             }
             Ok(Control::Completed { checkpoint_id }) => lock().completed(checkpoint_id),
+            Ok(Control::Stop) => {
+                let _ = stop.send(true);
+            }
             Ok(Control::JobDone { ok, reason }) => {
                 let _ = done.send(Some(if ok { Ok(()) } else { Err(format!("worker 0: {reason}")) }));
                 return;
