@@ -457,11 +457,13 @@ SET 'execution.checkpointing.savepoint-dir' = '{}';",
         workers.supervise(300, |w| {
             // SIGTERM worker 0 (Kubernetes deleting the pods) once the
             // run completed two checkpoints.
-            if !last && !signalled && completed_checkpoints(&log0) >= started + 2 {
-                if let Some(pid) = w.pid(0) {
-                    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
-                    signalled = true;
-                }
+            if !last
+                && !signalled
+                && completed_checkpoints(&log0) >= started + 2
+                && let Some(pid) = w.pid(0)
+            {
+                let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+                signalled = true;
             }
         });
         assert_eq!(
