@@ -70,11 +70,23 @@ pub enum Command {
     /// Exits 0 when the job finished, non-zero when it cannot go on (a
     /// supervisor starts it again, and the job recovers).
     Worker(WorkerArgs),
+    /// Kubernetes: the manifests that run a .sql file's job over worker pods.
+    K8s {
+        #[command(subcommand)]
+        which: K8sCommand,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         which: BenchCommand,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum K8sCommand {
+    /// Print a ConfigMap (the SQL), a headless Service and a StatefulSet
+    /// (or an Indexed Job) running the file's job over N `weir worker` pods.
+    Manifests(crate::k8s::ManifestArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -101,6 +113,10 @@ pub struct WorkerArgs {
     /// worker the same.
     #[arg(long = "from-savepoint", value_name = "DIR")]
     pub from_savepoint: Option<PathBuf>,
+    /// Serve Prometheus metrics (this worker's subtasks) at
+    /// http://ADDR/metrics; also what Kubernetes probes.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub file: PathBuf,
 }
 
@@ -252,6 +268,27 @@ pub fn main_with(args: Args) -> i32 {
         }
     };
     match &args.sub {
+        Some(Command::K8s {
+            which: K8sCommand::Manifests(m),
+        }) => {
+            let sql = match std::fs::read_to_string(&m.file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("error: cannot read {}: {e}", m.file.display());
+                    return EXIT_ERROR;
+                }
+            };
+            return match crate::k8s::manifests(m, &sql) {
+                Ok(y) => {
+                    print!("{y}");
+                    EXIT_OK
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    EXIT_ERROR
+                }
+            };
+        }
         Some(Command::Bench {
             which: BenchCommand::Nexmark(b),
         }) => return rt.block_on(crate::bench::run_nexmark(b)),
@@ -372,6 +409,14 @@ pub fn main_with(args: Args) -> i32 {
                 join_deadline,
                 heartbeat_timeout,
             });
+            if let Some(addr) = w.metrics_listen {
+                let stats = std::sync::Arc::new(crate::server::metrics::ServerStats::new(1, 1));
+                let streams = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+                if let Err(e) = rt.block_on(crate::server::metrics::serve(addr, session.jobs_view(), stats, streams)) {
+                    eprintln!("error: --metrics-listen {addr}: {e}");
+                    return EXIT_ERROR;
+                }
+            }
             let stem = w
                 .file
                 .file_stem()
@@ -389,7 +434,7 @@ pub fn main_with(args: Args) -> i32 {
             rt.block_on(run_script(&mut session, &text, "<stdin>"))
         }
         (None, None) => repl(&rt, Backend::Local(&mut session)),
-        (Some(Command::Bench { .. } | Command::Serve(_)), _) => EXIT_ERROR,
+        (Some(Command::Bench { .. } | Command::Serve(_) | Command::K8s { .. }), _) => EXIT_ERROR,
     }
 }
 

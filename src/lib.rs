@@ -16,6 +16,7 @@
 //! - [`bench`]: `weir bench nexmark`, the Nexmark harness.
 //! - [`exchange_bench`]: `weir bench exchange`, the network exchange over loopback.
 //! - [`watermarks`]: the rows of `SHOW WATERMARKS FOR JOB`.
+//! - [`k8s`]: `weir k8s manifests`, Kubernetes manifests for `weir worker` pods.
 
 pub mod access;
 pub mod bench;
@@ -24,6 +25,7 @@ pub mod compare;
 pub mod display;
 pub mod exchange_bench;
 pub mod jobs;
+pub mod k8s;
 pub mod remote;
 pub mod server;
 pub mod session;

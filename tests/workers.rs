@@ -501,3 +501,56 @@ fn newest_checkpoint(root: &Path) -> u64 {
     }
     newest
 }
+
+/// `weir k8s manifests` for the quickstart, as a StatefulSet and as an
+/// Indexed Job, equal to the reviewed files in `tests/data/k8s/` (checked
+/// as YAML and against the Kubernetes schemas when those files were
+/// reviewed; `WEIR_UPDATE_GOLDEN=1` rewrites them).
+#[test]
+fn the_kubernetes_manifests_are_the_reviewed_ones() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (kind, workers, golden) in [
+        ("statefulset", "3", "quickstart-statefulset.yaml"),
+        ("job", "2", "quickstart-job.yaml"),
+    ] {
+        let o = Command::new(weir_bin())
+            .current_dir(root)
+            .args([
+                "k8s",
+                "manifests",
+                "examples/quickstart.sql",
+                "--workers",
+                workers,
+                "--kind",
+                kind,
+            ])
+            .output()
+            .expect("weir k8s manifests");
+        let yaml = common::successful_stdout(&o);
+        let path = root.join("tests/data/k8s").join(golden);
+        if std::env::var_os("WEIR_UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &yaml).expect("write golden");
+        }
+        let want = std::fs::read_to_string(&path).expect("golden file");
+        assert_eq!(
+            yaml, want,
+            "{golden} differs: review the change, then WEIR_UPDATE_GOLDEN=1"
+        );
+    }
+    // A bad argument is refused by name.
+    let o = Command::new(weir_bin())
+        .current_dir(root)
+        .args([
+            "k8s",
+            "manifests",
+            "examples/quickstart.sql",
+            "--workers",
+            "2",
+            "--name",
+            "No_Good",
+        ])
+        .output()
+        .expect("weir k8s manifests");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--name 'No_Good'"));
+}
