@@ -278,16 +278,16 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_refused_by_name() {
-        assert!(manifests(&args(0), "").unwrap_err().contains("--workers 0"));
+        assert!(manifests(&args(0), "").expect_err("refused").contains("--workers 0"));
         let mut a = args(2);
         a.name = Some("Bad_Name".into());
-        assert!(manifests(&a, "").unwrap_err().contains("--name 'Bad_Name'"));
+        assert!(manifests(&a, "").expect_err("refused").contains("--name 'Bad_Name'"));
         let mut a = args(2);
         a.kind = "deployment".into();
-        assert!(manifests(&a, "").unwrap_err().contains("--kind 'deployment'"));
+        assert!(manifests(&a, "").expect_err("refused").contains("--kind 'deployment'"));
         let mut a = args(2);
         a.image = "x\"; rm".into();
-        assert!(manifests(&a, "").unwrap_err().contains("--image"));
+        assert!(manifests(&a, "").expect_err("refused").contains("--image"));
     }
 
     #[test]
