@@ -279,6 +279,36 @@ fn with_checkpoints_on_s3_a_killed_worker_costs_no_row_and_duplicates_none() {
     kill_each_worker_in_turn(dir.path(), &s3.checkpoint_settings());
 }
 
+#[test]
+fn with_unaligned_checkpoints_across_workers_a_killed_worker_costs_no_row_and_duplicates_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let checkpoints = dir.path().join("checkpoints");
+    let logs = kill_each_worker_in_turn(
+        dir.path(),
+        &format!(
+            "SET 'execution.checkpointing.dir' = '{}';
+SET 'execution.checkpointing.unaligned.enabled' = 'true';",
+            checkpoints.display()
+        ),
+    );
+    eprintln!("in-flight replays: {}", logs.matches("in-flight rows").count());
+}
+
+#[test]
+fn with_the_aligned_timeout_switch_across_workers_a_killed_worker_costs_no_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let checkpoints = dir.path().join("checkpoints");
+    kill_each_worker_in_turn(
+        dir.path(),
+        &format!(
+            "SET 'execution.checkpointing.dir' = '{}';
+SET 'execution.checkpointing.unaligned.enabled' = 'true';
+SET 'execution.checkpointing.aligned-checkpoint-timeout' = '20 ms';",
+            checkpoints.display()
+        ),
+    );
+}
+
 /// Checkpoints completed so far, as worker 0's log (all its runs) says.
 fn completed_checkpoints(log: &Path) -> usize {
     std::fs::read_to_string(log)
@@ -288,7 +318,7 @@ fn completed_checkpoints(log: &Path) -> usize {
 
 /// SIGKILL each worker in turn (the coordinator too), each once a further
 /// checkpoint completed; the supervisor restarts whatever exits non-zero.
-fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
+fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
     let (bids, auctions) = input(dir);
     let reference = single_process(
         dir,
@@ -335,6 +365,9 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) {
         "worker 1 never restored:\n{}",
         workers.logs()
     );
+    (0..3)
+        .map(|i| std::fs::read_to_string(workers.log(i)).unwrap_or_default())
+        .collect()
 }
 
 #[test]
@@ -553,4 +586,37 @@ fn the_kubernetes_manifests_are_the_reviewed_ones() {
         .expect("weir k8s manifests");
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--name 'No_Good'"));
+}
+
+/// What cannot run across workers yet is refused by name, not run wrong.
+#[test]
+fn the_exactly_once_kafka_sink_is_refused_across_workers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sql = format!(
+        "SET 'execution.checkpointing.interval' = '1 s';
+SET 'execution.checkpointing.dir' = '{}';
+CREATE TABLE src (v BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '10');
+CREATE TABLE k (v BIGINT) WITH ('connector' = 'kafka', 'topic' = 't',
+  'properties.bootstrap.servers' = '127.0.0.1:1', 'format' = 'json',
+  'sink.delivery-guarantee' = 'exactly-once', 'sink.transactional-id-prefix' = 'w');
+INSERT INTO k SELECT v FROM src;
+",
+        dir.path().join("checkpoints").display()
+    );
+    let mut workers = Workers::new(dir.path(), 1, &sql);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = workers.children[0].as_mut().and_then(|c| c.try_wait().expect("wait")) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "still running:\n{}", workers.logs());
+        // Polling the process's exit (no event to wait on).
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success());
+    let log = std::fs::read_to_string(workers.log(0)).unwrap_or_default();
+    assert!(
+        log.contains("sink 'k'") && log.contains("does not run across workers yet"),
+        "{log}"
+    );
 }

@@ -950,6 +950,9 @@ async fn run_attempt(
         clock: config.clock.clone(),
         spool_dir: config.job_dir.join("spool"),
     };
+    if mesh.is_some() {
+        refuse_across_workers(graph, &sink_ctx)?;
+    }
     // A killed attempt's spooled parts: never read again.
     crate::checkpoint::storage::remove_dir_if_exists(&sink_ctx.spool_dir)?;
     let committers = if coordinates {
@@ -1445,6 +1448,27 @@ async fn run_attempt(
             },
         )?;
         m.close().await;
+    }
+    Ok(())
+}
+
+/// What does not run across workers yet, refused by name rather than
+/// run wrong: the exactly-once Kafka sink commits a transaction in the
+/// process whose producer opened it (its writer waits for that commit
+/// before reusing the transactional id).
+fn refuse_across_workers(graph: &StreamGraph, sink_ctx: &SinkContext) -> Result<()> {
+    for n in &graph.nodes {
+        if let NodeKind::Sink(s) = &n.kind
+            && s.factory.name().to_ascii_lowercase().contains("kafka")
+            && s.factory.committer(sink_ctx).is_some()
+        {
+            return Err(ExecError::Config(format!(
+                "sink '{}': the exactly-once Kafka sink does not run across workers yet (its transactions are \
+                 committed by the process that opened them); use 'sink.delivery-guarantee' = 'at-least-once', or \
+                 the filesystem sink, or run the job in one process",
+                s.name
+            )));
+        }
     }
     Ok(())
 }
