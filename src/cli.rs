@@ -117,6 +117,16 @@ pub struct WorkerArgs {
     /// http://ADDR/metrics; also what Kubernetes probes.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// TLS between workers (mutual): this worker's certificate chain
+    /// (PEM), valid for its host in --peers; with --tls-key and --tls-ca.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// This worker's private key (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The CA that signed every worker's certificate (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
     pub file: PathBuf,
 }
 
@@ -402,12 +412,23 @@ pub fn main_with(args: Args) -> i32 {
                 eprintln!("error: --from-savepoint: {e}");
                 return EXIT_ERROR;
             }
+            let tls = match (&w.tls_cert, &w.tls_key, &w.tls_ca) {
+                (Some(c), Some(k), Some(a)) => match weir_engine::exchange::tls::LinkTls::load(c, k, a) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        eprintln!("error: TLS between workers: {e}");
+                        return EXIT_ERROR;
+                    }
+                },
+                _ => None,
+            };
             session.set_cluster(weir_engine::runtime::cluster::Cluster {
                 index: w.index,
                 peers: w.peers.clone(),
                 listen: w.listen.clone(),
                 join_deadline,
                 heartbeat_timeout,
+                tls,
             });
             if let Some(addr) = w.metrics_listen {
                 let stats = std::sync::Arc::new(crate::server::metrics::ServerStats::new(1, 1));

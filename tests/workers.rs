@@ -130,6 +130,7 @@ impl Workers {
             .append(true)
             .open(self.log(i))
             .expect("log");
+        let out = log.try_clone().expect("log");
         let child = Command::new(weir_bin())
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{i}")))
@@ -144,7 +145,7 @@ impl Workers {
             ])
             .args(&self.flags)
             .arg(&self.sql)
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log)
             .spawn()
             .expect("spawn weir worker");
@@ -441,6 +442,54 @@ SET 'execution.checkpointing.dir' = '{}';",
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
 }
 
+#[test]
+fn an_alignment_group_spans_the_workers() {
+    // Three Nexmark splits, split 0 six times faster than the others, one
+    // per worker: worker 0's reader is alone in its process, so only the
+    // group minimum over all workers can pause it.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sql = |out: &Path, extra: &str| {
+        format!(
+            "SET 'pipeline.name' = 'align';
+SET 'table.dml-sync' = 'true';
+{extra}
+CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+  WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND
+    ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '5' SECOND UPDATE INTERVAL '50' MILLISECOND
+) WITH ('connector' = 'nexmark', 'nexmark.events' = '300000', 'splits' = '3',
+        'nexmark.split-skew' = '6', 'nexmark.events-per-second' = '150000');
+CREATE TABLE out (auction BIGINT, bids BIGINT, window_end TIMESTAMP(3))
+  WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
+INSERT INTO out
+SELECT auction, COUNT(*), window_end
+FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
+GROUP BY auction, window_start, window_end;
+SHOW WATERMARKS FOR JOB 'align';
+",
+            out.display()
+        )
+    };
+    let reference = single_process(dir.path(), &sql(Path::new("@OUT@"), "SET 'parallelism.default' = '3';"));
+    let out = dir.path().join("out");
+    let mut workers = Workers::new(dir.path(), 3, &sql(&out, ""));
+    workers.supervise(120, |_| {});
+    assert_eq!(workers.starts, vec![1, 1, 1], "no worker failed:\n{}", workers.logs());
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+    // SHOW WATERMARKS on worker 0: its (fast) split was paused.
+    let log = std::fs::read_to_string(workers.log(0)).unwrap_or_default();
+    let row = log
+        .lines()
+        .find(|l| l.contains("bid[0]"))
+        .unwrap_or_else(|| panic!("no row of split 0 in SHOW WATERMARKS:\n{log}"));
+    let paused: i64 = row
+        .split('|')
+        .map(str::trim)
+        .filter_map(|c| c.parse().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("no paused_ms in {row:?}"));
+    assert!(paused > 0, "worker 0's fast split never paused: {row}\n{log}");
+}
+
 /// The savepoint worker 0 said it stopped the job with (its log).
 fn savepoint_in(log: &Path) -> Option<String> {
     let text = std::fs::read_to_string(log).ok()?;
@@ -619,4 +668,118 @@ INSERT INTO k SELECT v FROM src;
         log.contains("sink 'k'") && log.contains("does not run across workers yet"),
         "{log}"
     );
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, in `dir`:
+/// (`<name>-ca.pem`, `<name>-cert.pem`, `<name>-key.pem`).
+fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("ext");
+    let commands = [
+        format!(
+            "req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN={name}-ca -keyout {name}-ca.key -out {name}-ca.pem"
+        ),
+        format!("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout {name}-key.pem -out {name}.csr"),
+        format!(
+            "x509 -req -in {name}.csr -CA {name}-ca.pem -CAkey {name}-ca.key -CAcreateserial -days 1 -out {name}-cert.pem -extfile ext.cnf"
+        ),
+    ];
+    for args in &commands {
+        let made = Command::new("openssl")
+            .args(args.split(' '))
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl (installed by scripts/setup.sh)");
+        assert!(made.success(), "openssl {args} failed");
+    }
+    (
+        dir.join(format!("{name}-ca.pem")),
+        dir.join(format!("{name}-cert.pem")),
+        dir.join(format!("{name}-key.pem")),
+    )
+}
+
+#[test]
+fn workers_talk_over_mutual_tls_and_refuse_a_stranger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let reference = single_process(
+        dir.path(),
+        &job_sql(
+            &bids,
+            &auctions,
+            Path::new("@OUT@"),
+            "SET 'parallelism.default' = '2';",
+            "",
+        ),
+    );
+    let (ca, cert, key) = certificates(dir.path(), "job");
+    let tls = |ca: &Path, cert: &Path, key: &Path| -> Vec<String> {
+        vec![
+            "--tls-cert".into(),
+            cert.display().to_string(),
+            "--tls-key".into(),
+            key.display().to_string(),
+            "--tls-ca".into(),
+            ca.display().to_string(),
+        ]
+    };
+    let flags = tls(&ca, &cert, &key);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = dir.path().join("out");
+    let run = dir.path().join("tls-run");
+    std::fs::create_dir_all(&run).expect("run dir");
+    let mut workers = Workers::with_flags(&run, 2, &job_sql(&bids, &auctions, &out, "", ""), &flags);
+    workers.supervise(120, |_| {});
+    assert_eq!(workers.starts, vec![1, 1], "no worker failed:\n{}", workers.logs());
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+
+    // A worker whose certificate another CA signed is refused, both ways.
+    let (other_ca, other_cert, other_key) = certificates(dir.path(), "stranger");
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", common::free_port(), common::free_port());
+    let sql = dir.path().join("stranger.sql");
+    std::fs::write(&sql, job_sql(&bids, &auctions, &dir.path().join("out2"), "", "")).expect("sql");
+    let spawn = |i: usize, flags: Vec<String>| {
+        Command::new(weir_bin())
+            .arg("--data-dir")
+            .arg(dir.path().join(format!("stranger-data-{i}")))
+            .args([
+                "worker",
+                "--index",
+                &i.to_string(),
+                "--peers",
+                &peers,
+                "--join-timeout",
+                "5",
+            ])
+            .args(flags)
+            .arg(&sql)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let ours = spawn(0, tls(&ca, &cert, &key));
+    let theirs = spawn(1, tls(&other_ca, &other_cert, &other_key));
+    for (who, child) in [("worker 0", ours), ("the stranger", theirs)] {
+        let o = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{who} ran with a stranger: {err}");
+        assert!(err.contains("worker"), "{who}: {err}");
+    }
+    assert!(common::committed_lines(&dir.path().join("out2")).is_empty());
+    // Bad files are named.
+    let o = Command::new(weir_bin())
+        .args(["worker", "--index", "0", "--peers", "127.0.0.1:1"])
+        .args(tls(&ca, &dir.path().join("missing.pem"), &key))
+        .arg(&sql)
+        .output()
+        .expect("weir worker");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.pem"));
 }

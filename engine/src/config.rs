@@ -411,7 +411,7 @@ pub struct JobConfig {
     pub clock: crate::clock::Clock,
     /// The job's workers when it is spread over processes (`weir worker`);
     /// `None`: every subtask in this process.
-    pub cluster: Option<std::sync::Arc<crate::runtime::cluster::Cluster>>,
+    pub cluster: Option<std::sync::Arc<crate::exchange::workers::Cluster>>,
 }
 
 /// `table.local-time-zone`, read as Flink validates it (`None`: UTC).

@@ -45,6 +45,15 @@ pub enum Control {
     /// Worker 0 → the others: stop reading (a stop with savepoint
     /// completed, or the job was asked to stop).
     Stop,
+    /// A worker → worker 0: its readers' last watermarks in an alignment
+    /// group (reader = source node, subtask).
+    Alignment {
+        group: String,
+        reports: Vec<((usize, usize), i64)>,
+    },
+    /// Worker 0 → the others: an alignment group's minimum over every
+    /// worker's readers.
+    GroupMin { group: String, min: i64 },
     /// A worker → worker 0: one task's report.
     Report(WireReport),
     /// A worker → worker 0: every task of the sender ended well.

@@ -123,34 +123,83 @@ impl Link {
     /// Connects to the worker listening at `addr` as worker `me` of the
     /// job whose plan hashes to `plan`; `peer` is its index.
     pub async fn connect(addr: &str, me: u32, plan: u64, peer: u32) -> Result<Link, LinkError> {
+        Self::connect_with(addr, me, plan, peer, None).await
+    }
+
+    /// [`Link::connect`], over TLS when `tls` is given.
+    pub async fn connect_with(
+        addr: &str,
+        me: u32,
+        plan: u64,
+        peer: u32,
+        tls: Option<&super::tls::LinkTls>,
+    ) -> Result<Link, LinkError> {
         let lost = |e: std::io::Error| LinkError::Lost {
             peer,
             reason: format!("{addr}: {e}"),
         };
-        let mut stream = TcpStream::connect(addr).await.map_err(lost)?;
+        let stream = TcpStream::connect(addr).await.map_err(lost)?;
         stream.set_nodelay(true).map_err(lost)?;
         let mut hello = vec![];
         frame::encode(0, &Frame::Hello { worker: me, plan }, &mut hello).map_err(|e| LinkError::Protocol {
             peer,
             reason: e.to_string(),
         })?;
-        stream.write_all(&hello).await.map_err(lost)?;
-        Ok(Self::start(stream, peer))
+        let (read, mut write): (Reader, Writer) = match tls {
+            None => {
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(tls) => {
+                let name =
+                    super::tls::LinkTls::server_name(addr).map_err(|reason| LinkError::Protocol { peer, reason })?;
+                let s = tls.connector.connect(name, stream).await.map_err(|e| LinkError::Lost {
+                    peer,
+                    reason: format!("{addr}: TLS: {e}"),
+                })?;
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
+        };
+        write.write_all(&hello).await.map_err(lost)?;
+        write.flush().await.map_err(lost)?;
+        Ok(Self::start(read, write, peer))
     }
 
     /// The link of a connection a peer opened: its first frame names the
     /// peer. Returns the peer's index and plan hash with the link.
-    pub async fn accept(mut stream: TcpStream) -> Result<(u32, u64, Link), LinkError> {
+    pub async fn accept(stream: TcpStream) -> Result<(u32, u64, Link), LinkError> {
+        Self::accept_with(stream, None).await
+    }
+
+    /// [`Link::accept`], over TLS when `tls` is given (the peer must
+    /// present a certificate the CA signed).
+    pub async fn accept_with(
+        stream: TcpStream,
+        tls: Option<&super::tls::LinkTls>,
+    ) -> Result<(u32, u64, Link), LinkError> {
         let unknown = u32::MAX;
-        let (channel, kind, payload) = read_frame(&mut stream, unknown).await?;
-        match frame::decode(channel, kind, &payload) {
-            Ok(Frame::Hello { worker, plan }) => {
-                stream.set_nodelay(true).map_err(|e| LinkError::Lost {
-                    peer: worker,
-                    reason: e.to_string(),
-                })?;
-                Ok((worker, plan, Self::start(stream, worker)))
+        stream.set_nodelay(true).map_err(|e| LinkError::Lost {
+            peer: unknown,
+            reason: e.to_string(),
+        })?;
+        let (mut read, write): (Reader, Writer) = match tls {
+            None => {
+                let (r, w) = stream.into_split();
+                (Box::new(r), Box::new(w))
             }
+            Some(tls) => {
+                let s = tls.acceptor.accept(stream).await.map_err(|e| LinkError::Protocol {
+                    peer: unknown,
+                    reason: format!("TLS: {e}"),
+                })?;
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
+        };
+        let (channel, kind, payload) = read_frame(&mut read, unknown).await?;
+        match frame::decode(channel, kind, &payload) {
+            Ok(Frame::Hello { worker, plan }) => Ok((worker, plan, Self::start(read, write, worker))),
             Ok(other) => Err(LinkError::Protocol {
                 peer: unknown,
                 reason: format!("the first frame is not a hello: {other:?}"),
@@ -162,7 +211,7 @@ impl Link {
         }
     }
 
-    fn start(stream: TcpStream, peer: u32) -> Link {
+    fn start(read: Reader, write: Writer, peer: u32) -> Link {
         let (failed, _) = watch::channel(None);
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
@@ -176,7 +225,6 @@ impl Link {
             born: std::time::Instant::now(),
             silence_ms: AtomicI64::new(HEARTBEAT_TIMEOUT.as_millis() as i64),
         });
-        let (read, write) = stream.into_split();
         let (out, queue) = mpsc::unbounded_channel();
         let tasks = vec![
             tokio::spawn(write_frames(write, queue, shared.clone())),
@@ -335,6 +383,10 @@ impl Link {
 /// overflow the semaphore).
 const MAX_CREDITS: usize = 1 << 20;
 
+/// The reading and writing halves of a connection (plain TCP or TLS).
+type Reader = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+
 /// The channel id control frames carry (data channels count from 0).
 pub const CONTROL_CHANNEL: u32 = u32::MAX;
 
@@ -466,7 +518,7 @@ async fn heartbeat(out: mpsc::UnboundedSender<Vec<u8>>, shared: Arc<Shared>) {
     }
 }
 
-async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Shared>) {
+async fn read_frames(mut read: Reader, shared: Arc<Shared>) {
     let peer = shared.peer;
     let protocol = |reason: String| LinkError::Protocol { peer, reason };
     let failure = loop {
@@ -514,11 +566,7 @@ async fn read_frames(mut read: tokio::net::tcp::OwnedReadHalf, shared: Arc<Share
     shared.fail(failure);
 }
 
-async fn write_frames(
-    write: tokio::net::tcp::OwnedWriteHalf,
-    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
-    shared: Arc<Shared>,
-) {
+async fn write_frames(write: Writer, mut queue: mpsc::UnboundedReceiver<Vec<u8>>, shared: Arc<Shared>) {
     let mut w = BufWriter::with_capacity(256 << 10, write);
     let mut failed = shared.failed.subscribe();
     loop {

@@ -55,6 +55,19 @@ impl Mesh {
         plan: u64,
         deadline: Duration,
     ) -> Result<Mesh, MeshError> {
+        Self::join_with(index, listener, peers, plan, deadline, None).await
+    }
+
+    /// [`Mesh::join`], every link over TLS when `tls` is given.
+    pub async fn join_with(
+        index: u32,
+        listener: TcpListener,
+        peers: &[String],
+        plan: u64,
+        deadline: Duration,
+        tls: Option<super::tls::LinkTls>,
+    ) -> Result<Mesh, MeshError> {
+        let accept_tls = tls.clone();
         let n = peers.len();
         if index as usize >= n {
             return Err(MeshError::NotAPeer { index, workers: n });
@@ -71,7 +84,8 @@ impl Mesh {
                     return Err(missing);
                 };
                 // A connection that does not say hello in time is dropped.
-                let Ok(hello) = tokio::time::timeout_at(until, Link::accept(stream)).await else {
+                let Ok(hello) = tokio::time::timeout_at(until, Link::accept_with(stream, accept_tls.as_ref())).await
+                else {
                     continue;
                 };
                 let Ok((peer, theirs, link)) = hello else { continue };
@@ -83,7 +97,7 @@ impl Mesh {
         for peer in index + 1..n as u32 {
             let addr = &peers[peer as usize];
             let link = loop {
-                match Link::connect(addr, index, plan, peer).await {
+                match Link::connect_with(addr, index, plan, peer, tls.as_ref()).await {
                     Ok(link) => break link,
                     Err(e) if tokio::time::Instant::now() >= until => {
                         accepting.abort();

@@ -11,6 +11,8 @@
 //! - [`mesh`]: a worker's links to all the others (one per pair), joined
 //!   in any start order, refusing a worker of another plan.
 //!
+//! - [`workers`]: the job's workers (index, peers, TLS) and joining them.
+//! - [`tls`]: mutual TLS on the links.
 //! - [`control`]: the control plane between worker 0 (the job's
 //!   coordinator) and the others.
 //!
@@ -22,3 +24,5 @@ pub mod control;
 pub mod frame;
 pub mod link;
 pub mod mesh;
+pub mod tls;
+pub mod workers;

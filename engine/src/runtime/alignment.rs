@@ -39,6 +39,10 @@ pub struct AlignmentCoordinator {
     reports: Mutex<HashMap<ReaderId, Timestamp>>,
     /// The announced group minimum (`None` before the first announcement).
     announced: watch::Sender<Option<Timestamp>>,
+    /// A job spread over workers: on workers other than 0 the group
+    /// minimum comes from worker 0's coordinator (over all workers'
+    /// readers), not from this one's readers alone.
+    follower: std::sync::atomic::AtomicBool,
 }
 
 impl AlignmentCoordinator {
@@ -51,7 +55,26 @@ impl AlignmentCoordinator {
             spread_alert_ms: std::sync::atomic::AtomicI64::new(0),
             reports: Mutex::new(HashMap::new()),
             announced,
+            follower: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Takes the group minimum from worker 0 (see [`Self::follow`]).
+    pub fn set_follower(&self) {
+        self.follower.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A follower's announcement: the minimum worker 0 computed.
+    pub fn follow(&self, group_min: Timestamp) {
+        self.announced.send_replace(Some(group_min));
+    }
+
+    /// Every reader's last report (what a follower sends worker 0).
+    pub fn reports(&self) -> Vec<(ReaderId, Timestamp)> {
+        self.reports
+            .lock()
+            .map(|r| r.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default()
     }
 
     /// A reader's watermark (`MAX` when idle or finished).
@@ -95,6 +118,15 @@ impl AlignmentCoordinator {
         let mut above = 0u32;
         loop {
             tick.tick().await;
+            if self.follower.load(std::sync::atomic::Ordering::Relaxed) {
+                // Worker 0 announces (and alerts) for the whole group.
+                let readers = self.announced.receiver_count();
+                had_readers |= readers > 0;
+                if had_readers && readers == 0 {
+                    return;
+                }
+                continue;
+            }
             self.announce();
             // The alert the seed recommends: the spread between source
             // watermarks stays wide (alignment off, too loose, or stuck).

@@ -1233,10 +1233,18 @@ async fn run_attempt(
             r.path.display()
         );
     }
+    // Alignment groups across workers: the others send worker 0 their
+    // readers' watermarks and take the group minimum it announces.
+    let groups = coordinators.clone();
     for c in coordinators.into_values() {
+        if !coordinates {
+            c.set_follower();
+        }
         // Ends by itself once every reader of the group is gone.
         tokio::spawn(c.run());
     }
+    // Dropped when the attempt ends: the alignment exchange stops.
+    let (attempt_alive, _) = watch::channel(());
     for b in bridges {
         tasks.spawn(b);
     }
@@ -1254,7 +1262,15 @@ async fn run_attempt(
                     .and_then(|l| l.take_control())
                     .ok_or_else(|| ExecError::internal(format!("no control channel from worker {peer}")))?;
                 let probe = m.link(peer).map(|l| l.failure_probe());
-                tasks.spawn(from_worker(peer, rx, report_tx.clone(), probe));
+                tasks.spawn(from_worker(peer, rx, report_tx.clone(), probe, groups.clone()));
+            }
+            if !groups.is_empty() {
+                tokio::spawn(align_across_workers(
+                    m.clone(),
+                    groups.clone(),
+                    attempt_alive.subscribe(),
+                    true,
+                ));
             }
             let (tx, mut rx) = mpsc::unbounded_channel();
             events = Some(tx);
@@ -1285,7 +1301,16 @@ async fn run_attempt(
         (Some(m), Some(rx)) => {
             let writer = ReportWriter::new(config);
             let (done_tx, done_rx) = watch::channel(None);
+            if !groups.is_empty() {
+                tokio::spawn(align_across_workers(
+                    m.clone(),
+                    groups.clone(),
+                    attempt_alive.subscribe(),
+                    false,
+                ));
+            }
             let probe = m.link(0).map(|l| l.failure_probe());
+            let followed = groups.clone();
             tokio::spawn(from_coordinator_loop(
                 rx,
                 trigger_tx.clone(),
@@ -1293,6 +1318,7 @@ async fn run_attempt(
                 done_tx,
                 probe,
                 stop.clone(),
+                followed,
             ));
             coordinator_gone = Some(done_rx);
             let m = m.clone();
@@ -1473,6 +1499,59 @@ fn refuse_across_workers(graph: &StreamGraph, sink_ctx: &SinkContext) -> Result<
     Ok(())
 }
 
+/// Watermark alignment across workers, every update interval of the
+/// fastest group: worker 0 (`leader`) announces each group's minimum over
+/// every worker's readers; the others send it their readers' watermarks.
+/// Ends with the attempt (`alive` closed).
+async fn align_across_workers(
+    mesh: Arc<Mesh>,
+    groups: HashMap<String, Arc<AlignmentCoordinator>>,
+    mut alive: watch::Receiver<()>,
+    leader: bool,
+) {
+    let interval = groups
+        .values()
+        .map(|c| c.update_interval)
+        .min()
+        .unwrap_or(Duration::from_millis(200))
+        .max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = alive.changed() => return,
+        }
+        for (group, c) in &groups {
+            if leader {
+                if let Some(min) = c.group_min() {
+                    // A lost worker fails the attempt elsewhere.
+                    let _ = cluster::broadcast(
+                        &mesh,
+                        &Control::GroupMin {
+                            group: group.clone(),
+                            min,
+                        },
+                    );
+                }
+            } else {
+                let reports = c.reports();
+                if !reports.is_empty()
+                    && let Some(link) = mesh.link(0)
+                {
+                    let _ = link.send_control(
+                        Control::Alignment {
+                            group: group.clone(),
+                            reports,
+                        }
+                        .encode(),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Worker 0's side of the control channel from worker `peer`: its tasks'
 /// reports go to the checkpoint coordinator; ends when its tasks are done.
 async fn from_worker(
@@ -1480,12 +1559,20 @@ async fn from_worker(
     mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
     reports: mpsc::UnboundedSender<crate::checkpoint::TaskReport>,
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
+    groups: HashMap<String, Arc<AlignmentCoordinator>>,
 ) -> Result<()> {
     while let Some(bytes) = rx.recv().await {
         match Control::decode(&bytes).map_err(|e| ExecError::Cluster(format!("worker {peer}: {e}")))? {
             Control::Report(r) => {
                 // The coordinator is gone only when the attempt ends.
                 let _ = reports.send(r.into_task_report());
+            }
+            Control::Alignment { group, reports } => {
+                if let Some(c) = groups.get(&group) {
+                    for (reader, watermark) in reports {
+                        c.report(reader, watermark);
+                    }
+                }
             }
             Control::TasksDone => return Ok(()),
             Control::Failed { reason } => return Err(ExecError::Cluster(format!("worker {peer} failed: {reason}"))),
@@ -1512,6 +1599,7 @@ async fn from_coordinator_loop(
     done: watch::Sender<Option<std::result::Result<(), String>>>,
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
     stop: Arc<watch::Sender<bool>>,
+    groups: HashMap<String, Arc<AlignmentCoordinator>>,
 ) {
     let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
     while let Some(bytes) = rx.recv().await {
@@ -1525,6 +1613,11 @@ async fn from_coordinator_loop(
             Ok(Control::Completed { checkpoint_id }) => lock().completed(checkpoint_id),
             Ok(Control::Stop) => {
                 let _ = stop.send(true);
+            }
+            Ok(Control::GroupMin { group, min }) => {
+                if let Some(c) = groups.get(&group) {
+                    c.follow(min);
+                }
             }
             Ok(Control::JobDone { ok, reason }) => {
                 let _ = done.send(Some(if ok { Ok(()) } else { Err(format!("worker 0: {reason}")) }));
