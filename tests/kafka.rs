@@ -2253,3 +2253,71 @@ async fn avro_records_are_read_and_written_with_the_schema_flink_derives() {
         "{text}"
     );
 }
+
+/// The exactly-once Kafka sink over 3 `weir worker` processes: each
+/// worker's writers pre-commit their own transactions, worker 0 commits
+/// them all (by producer id and epoch) when a checkpoint completes, and
+/// the writers let go of their ids once told. Each worker is killed in
+/// turn (SIGKILL: worker 1, then worker 0, the coordinator); every id is
+/// committed exactly once.
+#[test]
+fn exactly_once_into_kafka_over_three_workers_under_kill_9() {
+    let broker = Broker::start();
+    let (source, sink) = ("workers-in", "workers-out");
+    broker.create_topic(source, 2);
+    broker.create_topic(sink, 3);
+    let n = 100_000i64;
+    let records: Vec<(i32, Option<String>, String)> = (0..n).map(|i| ((i % 2) as i32, None, bid(i, i))).collect();
+    broker.produce(source, &records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sql = format!(
+        "SET 'pipeline.name' = 'workers-eos';
+         SET 'execution.checkpointing.interval' = '100 ms';
+         SET 'execution.checkpointing.dir' = '{checkpoints}';
+         CREATE TABLE src (id BIGINT, dt TIMESTAMP(3))
+         WITH ('connector' = 'kafka', 'topic' = '{source}', 'properties.bootstrap.servers' = '{servers}',
+           'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+           'properties.max.partition.fetch.bytes' = '1024');
+         CREATE TABLE dst (id BIGINT, dt TIMESTAMP(3))
+         WITH ('connector' = 'kafka', 'topic' = '{sink}', 'properties.bootstrap.servers' = '{servers}',
+           'format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
+           'sink.transactional-id-prefix' = 'workers-eos', 'sink.partitioner' = 'round-robin');
+         INSERT INTO dst SELECT id, dt FROM src;",
+        checkpoints = dir.path().join("checkpoints").display(),
+        servers = broker.servers()
+    );
+    let mut workers = common::Workers::new(dir.path(), 3, &sql);
+    let log0 = workers.log(0);
+    let completed = |log: &std::path::Path| {
+        std::fs::read_to_string(log)
+            .map(|l| l.matches(" completed in ").count())
+            .unwrap_or(0)
+    };
+    let mut plan = vec![1usize, 0].into_iter();
+    let mut next = plan.next();
+    let (mut seen, mut killed_at) = (0usize, Instant::now());
+    workers.supervise(300, |w| {
+        let Some(victim) = next else { return };
+        let now = completed(&log0);
+        if now > seen && killed_at.elapsed() > Duration::from_millis(100) && w.kill(victim) {
+            seen = now;
+            killed_at = Instant::now();
+            next = plan.next();
+        }
+    });
+    assert!(
+        next.is_none(),
+        "the job finished before every kill:\n{}",
+        workers.logs()
+    );
+    let (ids, aborted) = committed_ids(&broker, sink, 3);
+    let dup = ids.values().filter(|k| **k > 1).count();
+    let missing = (0..n).filter(|i| !ids.contains_key(i)).count();
+    eprintln!("over workers: {aborted} records aborted, restarts {:?}", workers.starts);
+    assert_eq!(
+        (dup, missing),
+        (0, 0),
+        "ids committed twice and ids missing:\n{}",
+        workers.logs()
+    );
+}

@@ -659,3 +659,163 @@ fn proxy_one(
     std::io::copy(&mut up, &mut client)?;
     client.flush()
 }
+
+/// The `weir` binary `Workers` run: `WEIR_BIN`, or cargo's build.
+pub fn worker_bin() -> std::path::PathBuf {
+    std::env::var_os("WEIR_BIN").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_BIN_EXE_weir")),
+        std::path::PathBuf::from,
+    )
+}
+
+/// `weir worker` processes of one job on loopback, under a supervisor
+/// loop that restarts a worker exiting non-zero (what Kubernetes does for
+/// a StatefulSet). Each worker's stdout and stderr go to its log.
+pub struct Workers {
+    pub peers: String,
+    sql: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    pub children: Vec<Option<Child>>,
+    pub starts: Vec<u32>,
+    /// More `weir worker` flags.
+    flags: Vec<String>,
+}
+
+impl Workers {
+    pub fn new(dir: &std::path::Path, n: usize, sql: &str) -> Workers {
+        Self::with_flags(dir, n, sql, &[])
+    }
+
+    pub fn with_flags(dir: &std::path::Path, n: usize, sql: &str, flags: &[&str]) -> Workers {
+        let peers: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let file = dir.join("job.sql");
+        std::fs::write(&file, sql).expect("sql");
+        let mut w = Workers {
+            peers: peers.join(","),
+            sql: file,
+            dir: dir.to_path_buf(),
+            children: (0..n).map(|_| None).collect(),
+            starts: vec![0; n],
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+        };
+        for i in 0..n {
+            w.start(i);
+        }
+        w
+    }
+
+    pub fn log(&self, i: usize) -> std::path::PathBuf {
+        self.dir.join(format!("worker-{i}.log"))
+    }
+
+    pub fn start(&mut self, i: usize) {
+        self.starts[i] += 1;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(i))
+            .expect("log");
+        let out = log.try_clone().expect("log");
+        let child = Command::new(worker_bin())
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("data-{i}")))
+            .args([
+                "worker",
+                "--index",
+                &i.to_string(),
+                "--peers",
+                &self.peers,
+                "--join-timeout",
+                "60",
+            ])
+            .args(&self.flags)
+            .arg(&self.sql)
+            .stdout(out)
+            .stderr(log)
+            .spawn()
+            .expect("spawn weir worker");
+        self.children[i] = Some(child);
+    }
+
+    /// The supervisor's loop (what Kubernetes does for a StatefulSet): a
+    /// worker that exits non-zero is started again with the same
+    /// arguments; returns once every worker exited 0. `tick` runs between
+    /// rounds (to kill workers).
+    pub fn supervise(&mut self, secs: u64, mut tick: impl FnMut(&mut Workers)) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let mut finished = vec![false; self.children.len()];
+        loop {
+            #[allow(clippy::needless_range_loop)] // `start(i)` borrows self
+            for i in 0..self.children.len() {
+                let Some(c) = self.children[i].as_mut() else { continue };
+                if let Some(status) = c.try_wait().expect("wait") {
+                    self.children[i] = None;
+                    if status.success() {
+                        finished[i] = true;
+                    } else {
+                        // As a StatefulSet restarts every pod that exits:
+                        // a worker done before another failed is started
+                        // again too (the job recovers, or is found done).
+                        for j in 0..finished.len() {
+                            if finished[j] && self.children[j].is_none() {
+                                finished[j] = false;
+                                self.start(j);
+                            }
+                        }
+                        assert!(self.starts[i] < 40, "worker {i} restarted 40 times:\n{}", self.logs());
+                        self.start(i);
+                    }
+                }
+            }
+            if finished.iter().all(|f| *f) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the job did not finish within {secs} s:\n{}",
+                self.logs()
+            );
+            tick(self);
+            // Polling the processes' exit (no event to wait on).
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill(&mut self, i: usize) -> bool {
+        match self.children[i].as_mut() {
+            Some(c) => {
+                let _ = c.kill();
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.children[i].as_ref().map(Child::id)
+    }
+
+    pub fn logs(&self) -> String {
+        (0..self.children.len())
+            .map(|i| {
+                let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!(
+                    "--- worker {i} ({} starts)\n{}",
+                    self.starts[i],
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -25,6 +25,14 @@ pub trait Committer: Send + Sync {
         Ok(())
     }
 
+    /// A job spread over workers: worker 0 committed these committables,
+    /// which this process's writers pre-committed; what this process
+    /// still holds for them (a Kafka producer keeping its transactional
+    /// id busy) is let go. Never commits or aborts anything.
+    fn release(&self, _committables: &[serde_json::Value]) -> Result<()> {
+        Ok(())
+    }
+
     /// The job ended without checkpointing (its writers committed their
     /// output at end of input): commits what waits for the end (a
     /// partitioned file sink's partitions).

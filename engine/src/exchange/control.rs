@@ -32,6 +32,9 @@ pub enum Control {
         /// Per chain, per subtask: the splits it reads (listed once, by
         /// worker 0, so every worker deals the same).
         splits: Vec<Vec<Vec<SplitPosition>>>,
+        /// Where worker 0 keeps the checkpoints: every worker must write
+        /// its state there too.
+        checkpoints: Option<String>,
     },
     /// Worker 0 → the others: inject this barrier at the sources.
     Trigger {

@@ -96,6 +96,9 @@ impl Mesh {
         let mut links = HashMap::new();
         for peer in index + 1..n as u32 {
             let addr = &peers[peer as usize];
+            // The most telling failure (a refused certificate, a broken
+            // protocol) beats the last one (the peer gone by then).
+            let mut telling: Option<String> = None;
             let link = loop {
                 match Link::connect_with(addr, index, plan, peer, tls.as_ref()).await {
                     Ok(link) => break link,
@@ -105,11 +108,17 @@ impl Mesh {
                             peer,
                             addr: addr.clone(),
                             waited: deadline,
-                            reason: e.to_string(),
+                            reason: telling.unwrap_or_else(|| e.to_string()),
                         });
                     }
                     // Not listening yet: it starts in its own time.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Err(e) => {
+                        let text = e.to_string();
+                        if matches!(e, LinkError::Protocol { .. }) || text.contains("TLS") {
+                            telling = Some(text);
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
                 }
             };
             links.insert(peer, link);

@@ -44,13 +44,19 @@ pub fn plan_hash(graph: &StreamGraph, config: &JobConfig) -> u64 {
 /// cannot go on without it).
 pub fn broadcast(mesh: &Mesh, message: &Control) -> Result<()> {
     let bytes = message.encode();
+    let mut first_error = None;
+    // Every peer hears it, whichever link failed.
     for peer in 0..mesh.workers() as u32 {
-        if let Some(link) = mesh.link(peer) {
-            link.send_control(bytes.clone())
-                .map_err(|e| ExecError::Cluster(e.to_string()))?;
+        if let Some(link) = mesh.link(peer)
+            && let Err(e) = link.send_control(bytes.clone())
+        {
+            first_error.get_or_insert(ExecError::Cluster(e.to_string()));
         }
     }
-    Ok(())
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// A worker other than 0 writes its tasks' checkpoint state to the
@@ -71,6 +77,9 @@ pub struct ReportWriter {
     /// with the task's next report, as the coordinator carries an
     /// aborted checkpoint's output to the next.
     carried: std::collections::BTreeMap<String, Vec<serde_json::Value>>,
+    /// Sink output sent per checkpoint: released once it completed (see
+    /// [`crate::checkpoint::Committer::release`]).
+    sent: std::collections::BTreeMap<u64, Vec<(String, Vec<serde_json::Value>)>>,
 }
 
 impl ReportWriter {
@@ -83,6 +92,7 @@ impl ReportWriter {
             base: None,
             savepoints: HashMap::new(),
             carried: Default::default(),
+            sent: Default::default(),
         }))
     }
 
@@ -91,12 +101,19 @@ impl ReportWriter {
     }
 
     /// Checkpoint `id` completed: its files are the next one's base.
-    pub fn completed(&mut self, id: u64) {
+    /// Returns the sink output this worker sent for it and before (worker
+    /// 0 committed it), by operator key.
+    pub fn completed(&mut self, id: u64) -> Vec<(String, Vec<serde_json::Value>)> {
         if let Some(w) = self.written.remove(&id) {
             self.base = Some(w);
         }
         self.written.retain(|k, _| *k > id);
         self.savepoints.retain(|k, _| *k > id);
+        let later = self.sent.split_off(&(id + 1));
+        std::mem::replace(&mut self.sent, later)
+            .into_values()
+            .flatten()
+            .collect()
     }
 
     /// `report` with its state written (blocking: uploads).
@@ -109,13 +126,28 @@ impl ReportWriter {
                 alignment,
                 sync,
             } => match self.write_snapshot(checkpoint_id, snapshot) {
-                Ok(snapshot) => WireReport::Ack {
-                    checkpoint_id,
-                    task,
-                    snapshot,
-                    alignment_us: alignment.as_micros() as u64,
-                    sync_us: sync.as_micros() as u64,
-                },
+                Ok(snapshot) => {
+                    let sinks: Vec<(String, Vec<serde_json::Value>)> = snapshot
+                        .operators
+                        .iter()
+                        .filter_map(|(k, s)| match s {
+                            crate::checkpoint::OperatorState::Sink { committables } => {
+                                Some((k.clone(), committables.clone()))
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    if !sinks.is_empty() {
+                        self.sent.entry(checkpoint_id).or_default().extend(sinks);
+                    }
+                    WireReport::Ack {
+                        checkpoint_id,
+                        task,
+                        snapshot,
+                        alignment_us: alignment.as_micros() as u64,
+                        sync_us: sync.as_micros() as u64,
+                    }
+                }
                 Err(reason) => WireReport::Decline {
                     checkpoint_id,
                     task,

@@ -152,13 +152,16 @@ struct Retention {
     retain: bool,
     /// This run's hold on the checkpoints (with checkpointing on).
     fence: Option<Arc<Fence>>,
+    /// The run status is kept beside the checkpoints wherever they are (a
+    /// job over workers: they are the one place every worker reads).
+    shared: bool,
 }
 
 impl Retention {
     /// The checkpoint storage when it is on an object store (where the
     /// run status is kept too).
     fn remote(&self) -> Option<&CheckpointStorage> {
-        self.storage.as_ref().filter(|s| s.on_object_store())
+        self.storage.as_ref().filter(|s| self.shared || s.on_object_store())
     }
 
     /// Ends this run's hold on the checkpoints (see [`Fence::seal`]):
@@ -505,8 +508,20 @@ fn status_storage(config: &JobConfig) -> Option<CheckpointStorage> {
     config
         .checkpointing
         .as_ref()
-        .filter(|c| c.store.is_some())
+        .filter(|c| c.store.is_some() || config.cluster.is_some())
         .map(|c| c.storage())
+}
+
+/// A job over workers whose last run finished (its status beside its
+/// checkpoints): a worker restarted after the end (a pod restarted, a
+/// supervisor that restarts whatever exits) must not run it again.
+/// Running it anew wants its checkpoints cleared, or another
+/// `pipeline.name`, or `--from-savepoint`.
+fn finished_across_workers(config: &JobConfig) -> bool {
+    let (Some(_), Some(cp), None) = (&config.cluster, &config.checkpointing, &config.recovery_path) else {
+        return false;
+    };
+    matches!(cp.storage().read_status(), Ok(Some(s)) if s.trim() == "FINISHED")
 }
 
 /// Where the first attempt starts: an explicit
@@ -613,7 +628,16 @@ pub fn deploy(
     // checkpoints; the others restore what it tells them at the start of
     // each attempt, and leave the run's status to it.
     let coordinates = config.cluster.as_ref().is_none_or(|c| c.coordinates());
-    let (restored, fence) = if coordinates {
+    let already_finished = finished_across_workers(&config);
+    if already_finished {
+        tracing::info!(
+            target: "weir::checkpoint",
+            "job '{}' has finished (its checkpoints say so): not run again; clear its checkpoints, or use another \
+             'pipeline.name' or --from-savepoint, to run it anew",
+            config.name
+        );
+    }
+    let (restored, fence) = if coordinates && !already_finished {
         initial_restore(&graph, &config)?
     } else {
         (None, None)
@@ -641,7 +665,7 @@ pub fn deploy(
             restore_time.as_millis()
         );
     }
-    if config.checkpointing.is_some() && coordinates {
+    if config.checkpointing.is_some() && coordinates && !already_finished {
         RunStatus::Running.write(&config.job_dir, status_storage(&config).as_ref())?;
     }
     let name = config.name.clone();
@@ -656,6 +680,7 @@ pub fn deploy(
         storage: config.checkpointing.as_ref().map(|c| c.storage()),
         retain: config.retain_checkpoints,
         fence: fence.clone(),
+        shared: config.cluster.is_some(),
     };
     let savepoint_dir = config.savepoint_dir.clone();
     let end_retention = retention.clone();
@@ -668,6 +693,13 @@ pub fn deploy(
     // when it ends.
     let ephemeral = results.is_some().then(|| config.job_dir.clone());
     let supervise = async move {
+        if already_finished {
+            job_metrics.lifecycle.set(JobState::Finished);
+            return Ok(JobOutcome {
+                elapsed: started.elapsed(),
+                metrics: job_metrics,
+            });
+        }
         let mut restored = restored;
         let mut attempt = 0u32;
         loop {
@@ -911,7 +943,13 @@ async fn run_attempt(
     if let Some((c, m)) = remote
         && !c.coordinates()
     {
-        let (attempt_tag, restore, splits, rx) = await_start(c, m).await?;
+        let ours = config.checkpointing.as_ref().map(|c| c.root.display().to_string());
+        let Some((attempt_tag, restore, splits, rx)) = await_start(c, m, ours).await? else {
+            // Worker 0 found the job finished (its final checkpoint
+            // committed before a restart): nothing to run.
+            m.close().await;
+            return Ok(());
+        };
         if let Some(path) = restore {
             let graph = graph.clone();
             let cfg = config.clone();
@@ -950,9 +988,6 @@ async fn run_attempt(
         clock: config.clock.clone(),
         spool_dir: config.job_dir.join("spool"),
     };
-    if mesh.is_some() {
-        refuse_across_workers(graph, &sink_ctx)?;
-    }
     // A killed attempt's spooled parts: never read again.
     crate::checkpoint::storage::remove_dir_if_exists(&sink_ctx.spool_dir)?;
     let committers = if coordinates {
@@ -966,6 +1001,7 @@ async fn run_attempt(
                         reason: String::new(),
                     },
                 )?;
+                m.close().await;
             }
             return Ok(());
         };
@@ -1024,6 +1060,7 @@ async fn run_attempt(
         cluster::broadcast(
             m,
             &Control::Start {
+                checkpoints: config.checkpointing.as_ref().map(|c| c.root.display().to_string()),
                 attempt: sink_ctx.attempt.clone(),
                 restore: restored.as_ref().map(|r| r.path.display().to_string()),
                 splits: dealt_splits
@@ -1319,6 +1356,7 @@ async fn run_attempt(
                 probe,
                 stop.clone(),
                 followed,
+                local_committers(graph, &sink_ctx),
             ));
             coordinator_gone = Some(done_rx);
             let m = m.clone();
@@ -1422,6 +1460,15 @@ async fn run_attempt(
                     Err(e)
                 }
                 Ok(()) => {
+                    if !sink_ctx.exactly_once && !*stop_rx.borrow() {
+                        // What waits for the end of this worker's writers
+                        // (a file sink's partitions) is committed here.
+                        for c in local_committers(graph, &sink_ctx).into_values() {
+                            tokio::task::spawn_blocking(move || c.finish())
+                                .await
+                                .map_err(|e| ExecError::internal(format!("sink finish failed: {e}")))??;
+                        }
+                    }
                     let _ = to_coordinator(Control::TasksDone);
                     let end = match done.wait_for(Option::is_some).await {
                         Ok(d) => d.clone().unwrap_or(Ok(())),
@@ -1466,37 +1513,34 @@ async fn run_attempt(
         }
     }
     if let Some(m) = &mesh {
-        cluster::broadcast(
+        // A peer gone after its tasks were done changes nothing: the job
+        // finished (its restart finds the job done).
+        if let Err(e) = cluster::broadcast(
             m,
             &Control::JobDone {
                 ok: true,
                 reason: String::new(),
             },
-        )?;
+        ) {
+            tracing::warn!(target: "weir::checkpoint", "job '{}': the end not told to every worker: {e}", config.name);
+        }
         m.close().await;
     }
     Ok(())
 }
 
-/// What does not run across workers yet, refused by name rather than
-/// run wrong: the exactly-once Kafka sink commits a transaction in the
-/// process whose producer opened it (its writer waits for that commit
-/// before reusing the transactional id).
-fn refuse_across_workers(graph: &StreamGraph, sink_ctx: &SinkContext) -> Result<()> {
-    for n in &graph.nodes {
-        if let NodeKind::Sink(s) = &n.kind
-            && s.factory.name().to_ascii_lowercase().contains("kafka")
-            && s.factory.committer(sink_ctx).is_some()
-        {
-            return Err(ExecError::Config(format!(
-                "sink '{}': the exactly-once Kafka sink does not run across workers yet (its transactions are \
-                 committed by the process that opened them); use 'sink.delivery-guarantee' = 'at-least-once', or \
-                 the filesystem sink, or run the job in one process",
-                s.name
-            )));
-        }
-    }
-    Ok(())
+/// The committers of this worker's sinks, to let go of what worker 0
+/// committed (see [`Committer::release`]); worker 0 alone commits and
+/// recovers.
+fn local_committers(graph: &StreamGraph, sink_ctx: &SinkContext) -> HashMap<String, Arc<dyn Committer>> {
+    graph
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            NodeKind::Sink(s) => s.factory.committer(sink_ctx).map(|c| (n.uid.clone(), c)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Watermark alignment across workers, every update interval of the
@@ -1592,6 +1636,7 @@ async fn from_worker(
 /// Another worker's side of the control channel from worker 0: barriers to
 /// inject, checkpoints completed, the job's end (into `done`: `Err` when
 /// the job failed or worker 0 is gone).
+#[allow(clippy::too_many_arguments)]
 async fn from_coordinator_loop(
     mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
     triggers: watch::Sender<Option<crate::message::Barrier>>,
@@ -1600,6 +1645,7 @@ async fn from_coordinator_loop(
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
     stop: Arc<watch::Sender<bool>>,
     groups: HashMap<String, Arc<AlignmentCoordinator>>,
+    committers: HashMap<String, Arc<dyn Committer>>,
 ) {
     let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
     while let Some(bytes) = rx.recv().await {
@@ -1610,7 +1656,23 @@ async fn from_coordinator_loop(
                 }
                 let _ = triggers.send(Some(barrier.into()));
             }
-            Ok(Control::Completed { checkpoint_id }) => lock().completed(checkpoint_id),
+            Ok(Control::Completed { checkpoint_id }) => {
+                // Worker 0 committed this worker's output of it: what this
+                // process holds for it is let go.
+                let released = lock().completed(checkpoint_id);
+                for (key, committables) in released {
+                    let Some(c) = crate::checkpoint::parse_operator_key(&key)
+                        .ok()
+                        .and_then(|(uid, _)| committers.get(uid).cloned())
+                    else {
+                        continue;
+                    };
+                    let job = tokio::task::spawn_blocking(move || c.release(&committables)).await;
+                    if let Ok(Err(e)) = job {
+                        tracing::warn!(target: "weir::checkpoint", "releasing committed output of {key}: {e}");
+                    }
+                }
+            }
             Ok(Control::Stop) => {
                 let _ = stop.send(true);
             }
@@ -1645,12 +1707,15 @@ async fn from_coordinator_loop(
 async fn await_start(
     c: &Cluster,
     m: &Mesh,
-) -> Result<(
-    String,
-    Option<String>,
-    Vec<Vec<Vec<SplitPosition>>>,
-    mpsc::UnboundedReceiver<Vec<u8>>,
-)> {
+    ours: Option<String>,
+) -> Result<
+    Option<(
+        String,
+        Option<String>,
+        Vec<Vec<Vec<SplitPosition>>>,
+        mpsc::UnboundedReceiver<Vec<u8>>,
+    )>,
+> {
     let mut rx = m
         .link(0)
         .and_then(|l| l.take_control())
@@ -1664,10 +1729,21 @@ async fn await_start(
             attempt,
             restore,
             splits,
-        } => Ok((attempt, restore, splits, rx)),
-        Control::JobDone { ok: true, .. } => {
-            Err(ExecError::Cluster("worker 0 says the job has already finished".into()))
+            checkpoints,
+        } => {
+            if checkpoints != ours {
+                return Err(ExecError::Config(format!(
+                    "worker 0 keeps the job's checkpoints in {}, this worker in {}: every worker must write them \
+                     to one place all reach (SET 'execution.checkpointing.dir' = 's3://...', the same for all; \
+                     a local path only when every worker shares it)",
+                    checkpoints.as_deref().unwrap_or("(none: checkpointing off)"),
+                    ours.as_deref().unwrap_or("(none: checkpointing off)")
+                )));
+            }
+            Ok(Some((attempt, restore, splits, rx)))
         }
+        Control::JobDone { ok: true, .. } => Ok(None),
+        Control::JobDone { ok: false, reason } => Err(ExecError::Cluster(format!("worker 0: {reason}"))),
         other => Err(ExecError::Cluster(format!(
             "worker 0 sent {other:?} before starting the job"
         ))),

@@ -737,6 +737,33 @@ impl Committer for TxnCommitter {
         Ok(())
     }
 
+    fn release(&self, committables: &[serde_json::Value]) -> Result<()> {
+        for c in committables {
+            let Ok(c) = serde_json::from_value::<Committable>(c.clone()) else {
+                continue;
+            };
+            let producer = {
+                let mut live = self.0.lock()?;
+                match live.get(&c.transactional_id) {
+                    Some(t) if t.producer_id == c.producer_id && t.epoch == c.epoch => {
+                        live.remove(&c.transactional_id).and_then(|t| t.producer)
+                    }
+                    _ => None,
+                }
+            };
+            self.0.committed.notify_all();
+            if let Some(p) = producer {
+                // Its transaction is committed (by worker 0, by producer
+                // id and epoch); closing the producer may wait on the
+                // broker, so not on the caller's thread.
+                let _ = std::thread::Builder::new()
+                    .name("weir-kafka-release".into())
+                    .spawn(move || drop(p));
+            }
+        }
+        Ok(())
+    }
+
     fn recover(&self) -> Result<()> {
         // Producers of a failed attempt in this process hold transactions
         // no checkpoint has: dropped, and aborted below.
