@@ -69,6 +69,15 @@ FROM (
     )
 }
 
+/// The input in `dir`, and the job's rows from one process at
+/// `parallelism`: the reference every run over workers must equal.
+fn reference(dir: &Path, parallelism: usize) -> (PathBuf, PathBuf, Vec<String>) {
+    let (bids, auctions) = input(dir);
+    let set = format!("SET 'parallelism.default' = '{parallelism}';");
+    let rows = single_process(dir, &job_sql(&bids, &auctions, Path::new("@OUT@"), &set, ""));
+    (bids, auctions, rows)
+}
+
 /// The same SQL in one process: the reference.
 fn single_process(dir: &Path, sql: &str) -> Vec<String> {
     let out = dir.join("single-out");
@@ -91,17 +100,7 @@ fn single_process(dir: &Path, sql: &str) -> Vec<String> {
 #[test]
 fn three_workers_answer_as_one_process_does() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, auctions) = input(dir.path());
-    let reference = single_process(
-        dir.path(),
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '3';",
-            "",
-        ),
-    );
+    let (bids, auctions, reference) = reference(dir.path(), 3);
     let out = dir.path().join("out");
     let mut workers = Workers::new(dir.path(), 3, &job_sql(&bids, &auctions, &out, "", ""));
     workers.supervise(120, |_| {});
@@ -172,27 +171,10 @@ SET 'execution.checkpointing.aligned-checkpoint-timeout' = '20 ms';",
     );
 }
 
-/// Checkpoints completed so far, as worker 0's log (all its runs) says.
-fn completed_checkpoints(log: &Path) -> usize {
-    std::fs::read_to_string(log)
-        .map(|l| l.matches(" completed in ").count())
-        .unwrap_or(0)
-}
-
 /// SIGKILL each worker in turn (the coordinator too), each once a further
 /// checkpoint completed; the supervisor restarts whatever exits non-zero.
 fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
-    let (bids, auctions) = input(dir);
-    let reference = single_process(
-        dir,
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '3';",
-            "",
-        ),
-    );
+    let (bids, auctions, reference) = reference(dir, 3);
     let out = dir.join("out");
     let extra = format!("SET 'execution.checkpointing.interval' = '200 ms';\n{checkpoint_settings}");
     let pace = ", 'scan.lines-per-second' = '15000'";
@@ -204,7 +186,7 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
     let mut killed_at = Instant::now();
     workers.supervise(300, |w| {
         let Some(victim) = next else { return };
-        let now = completed_checkpoints(&log0);
+        let now = common::completed_checkpoints(&log0);
         if now > seen && killed_at.elapsed() > Duration::from_millis(700) && w.kill(victim) {
             seen = now;
             killed_at = Instant::now();
@@ -236,17 +218,7 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
 #[test]
 fn a_stopped_worker_is_found_by_its_silence_and_the_job_recovers_once_it_continues() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, auctions) = input(dir.path());
-    let reference = single_process(
-        dir.path(),
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '3';",
-            "",
-        ),
-    );
+    let (bids, auctions, reference) = reference(dir.path(), 3);
     let out = dir.path().join("out");
     let checkpoints = dir.path().join("checkpoints");
     let extra = format!(
@@ -363,17 +335,7 @@ fn savepoint_in(log: &Path) -> Option<String> {
 #[test]
 fn a_job_rescaled_from_2_to_3_to_1_workers_through_savepoints_answers_as_one_process() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, auctions) = input(dir.path());
-    let reference = single_process(
-        dir.path(),
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '3';",
-            "",
-        ),
-    );
+    let (bids, auctions, reference) = reference(dir.path(), 3);
     let out = dir.path().join("out");
     let extra = format!(
         "SET 'execution.checkpointing.interval' = '200 ms';
@@ -397,13 +359,13 @@ SET 'execution.checkpointing.savepoint-dir' = '{}';",
         let last = round == 2;
         let log0 = workers.log(0);
         let mut signalled = false;
-        let started = completed_checkpoints(&log0);
+        let started = common::completed_checkpoints(&log0);
         workers.supervise(300, |w| {
             // SIGTERM worker 0 (Kubernetes deleting the pods) once the
             // run completed two checkpoints.
             if !last
                 && !signalled
-                && completed_checkpoints(&log0) >= started + 2
+                && common::completed_checkpoints(&log0) >= started + 2
                 && let Some(pid) = w.pid(0)
             {
                 let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
@@ -536,17 +498,7 @@ fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
 #[test]
 fn workers_talk_over_mutual_tls_and_refuse_a_stranger() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, auctions) = input(dir.path());
-    let reference = single_process(
-        dir.path(),
-        &job_sql(
-            &bids,
-            &auctions,
-            Path::new("@OUT@"),
-            "SET 'parallelism.default' = '2';",
-            "",
-        ),
-    );
+    let (bids, auctions, reference) = reference(dir.path(), 2);
     let (ca, cert, key) = certificates(dir.path(), "job");
     let tls = |ca: &Path, cert: &Path, key: &Path| -> Vec<String> {
         vec![

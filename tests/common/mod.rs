@@ -819,3 +819,10 @@ impl Drop for Workers {
         }
     }
 }
+
+/// Checkpoints completed so far, as a worker's log (all its runs) says.
+pub fn completed_checkpoints(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log)
+        .map(|l| l.matches(" completed in ").count())
+        .unwrap_or(0)
+}
