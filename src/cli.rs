@@ -666,11 +666,24 @@ pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 
     }
 }
 
-/// `weir worker`: waits for the jobs. SIGINT/SIGTERM on worker 0 stops
-/// them with a savepoint (Kubernetes deleting or upgrading the pods: the
-/// next start resumes from it), or, without checkpointing, just stops
-/// them. Another worker goes on until worker 0 ends the job (its pod's
-/// grace period may end it first: the job then recovers by restart).
+/// How long a signalled worker gives the job's last checkpoint before it
+/// ends (Kubernetes gives a pod 30 s from SIGTERM by default; the
+/// manifests give 60).
+const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `weir worker`: waits for the jobs.
+///
+/// SIGTERM or SIGINT on any worker (Kubernetes deleting, evicting or
+/// rolling a pod) **suspends** the job: worker 0 takes a checkpoint now,
+/// then every worker ends non-zero; started again (by the StatefulSet),
+/// they resume from that checkpoint, replaying nothing committed. Another
+/// worker asks worker 0 to do so ([`weir_engine::exchange::control::Control::Suspend`]).
+/// A second signal ends the process at once.
+///
+/// SIGUSR1 on worker 0 stops the job with a savepoint (an upgrade or a
+/// rescale: `kubectl exec weir-0 -- kill -USR1 1`); every worker then
+/// exits 0, and restarted pods do not run the job again until they are
+/// started `--from-savepoint` it.
 async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u32) -> i32 {
     if jobs.is_empty() {
         return EXIT_OK;
@@ -681,12 +694,67 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
         .collect();
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     let mut all = Box::pin(futures::future::join_all(jobs.into_iter().map(|j| j.wait())));
+    let mut usr1 = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("[WARN] worker {index}: cannot listen for SIGUSR1 (stop with savepoint): {e}");
+            None
+        }
+    };
+    let mut asked = Box::pin(futures::future::select_all(
+        controllers.iter().map(|(_, c, _)| Box::pin(c.suspend_requested())),
+    ));
+    let mut suspending: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
+    let suspend = |why: &str| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let controllers: Vec<_> = controllers.iter().map(|(n, c, _)| (n.clone(), c.clone())).collect();
+        if index == 0 {
+            eprintln!(
+                "[INFO] worker 0: {why}; suspending: a checkpoint now, then every worker ends and resumes from it when started again"
+            );
+            Box::pin(async move {
+                for (name, c) in controllers {
+                    if !c.checkpointing() {
+                        eprintln!("[WARN] job '{name}' does not checkpoint: started again, it starts afresh");
+                    } else if !c.checkpoint_now(SUSPEND_WITHIN).await {
+                        eprintln!(
+                            "[WARN] job '{name}': no checkpoint completed within {SUSPEND_WITHIN:?}; started again, it resumes from the one before"
+                        );
+                    }
+                }
+            })
+        } else {
+            eprintln!("[INFO] worker {index}: {why}; asking worker 0 to suspend the job");
+            for (_, c) in &controllers {
+                c.request_suspend();
+            }
+            // Worker 0's end reaches this worker as its lost link; this is
+            // only the deadline if it never does.
+            Box::pin(async move {
+                tokio::time::sleep(SUSPEND_WITHIN + std::time::Duration::from_secs(5)).await;
+                eprintln!("[WARN] worker {index}: worker 0 did not end the job in time; ending here");
+            })
+        }
+    };
     let results = loop {
         tokio::select! {
             r = &mut all => break r,
             _ = signals.recv() => {
+                if suspending.is_some() {
+                    eprintln!("[WARN] worker {index}: signalled again: ending now");
+                    return EXIT_INTERRUPTED;
+                }
+                suspending = Some(suspend("signalled"));
+            }
+            _ = &mut asked, if index == 0 && suspending.is_none() => {
+                suspending = Some(suspend("another worker was signalled"));
+            }
+            // Suspended: the process ends; the others follow when its links go.
+            _ = async { if let Some(s) = suspending.as_mut() { s.await } }, if suspending.is_some() => {
+                return EXIT_INTERRUPTED;
+            }
+            _ = async { match usr1.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
                 if index != 0 {
-                    eprintln!("[INFO] worker {index}: signalled; the job goes on until worker 0 stops it");
+                    eprintln!("[INFO] worker {index}: SIGUSR1 (stop with savepoint) is for worker 0");
                     continue;
                 }
                 for (name, controller, stopper) in &controllers {
@@ -704,6 +772,12 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
             }
         }
     };
+    if suspending.is_some() {
+        // Worker 0 ended the job for the suspend: this worker's end is its
+        // lost link, which is no failure.
+        eprintln!("[INFO] worker {index}: the job is suspended; started again, it resumes");
+        return EXIT_INTERRUPTED;
+    }
     let mut code = EXIT_OK;
     for (name, r) in names.iter().zip(results) {
         match r {

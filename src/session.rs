@@ -197,6 +197,8 @@ pub struct Session {
     default_job_name: Option<String>,
     /// `weir worker`: the INSERT jobs run spread over these workers.
     cluster: Option<Arc<weir_engine::runtime::cluster::Cluster>>,
+    /// A worker script's job, once its INSERT started: a worker runs one.
+    cluster_job: Option<String>,
     started: usize,
     /// Query jobs started (their names are numbered).
     queries: usize,
@@ -253,6 +255,7 @@ impl Session {
             settings: BTreeMap::new(),
             default_job_name: None,
             cluster: None,
+            cluster_job: None,
             started: 0,
             queries: 0,
             last_outcome: None,
@@ -768,6 +771,16 @@ impl Session {
         let mut config = JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
             .restricted_to(paths, &self.settings)?;
         if let Some(c) = &self.cluster {
+            // Every job over workers needs the workers' ports and worker
+            // 0's coordinator to itself: two would meet on one mesh.
+            if let Some(first) = &self.cluster_job {
+                return Err(SqlError::unsupported(format!(
+                    "a worker runs one job, and this script's is '{first}': this second INSERT needs workers of \
+                     its own (its own SQL file and --peers)"
+                ))
+                .into());
+            }
+            self.cluster_job = Some(name.clone());
             if !self.settings.contains_key(weir_engine::config::PARALLELISM) {
                 config.parallelism = c.workers();
             }

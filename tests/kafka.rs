@@ -2314,3 +2314,172 @@ fn exactly_once_into_kafka_over_three_workers_under_kill_9() {
         workers.logs()
     );
 }
+
+/// Every committed record's value in `topic`, sorted (a multiset).
+fn committed_values(broker: &Broker, topic: &str, partitions: i32) -> Vec<String> {
+    let mut out = vec![];
+    for p in 0..partitions {
+        // The broker may answer a fetch with nothing below its high
+        // watermark while it is busy (seen with tansu): ask again.
+        let stored = common::eventually_blocking("the topic to be read", 30, || {
+            weir_engine::connectors::kafka::protocol::fetch_all(&broker.servers(), topic, p, 0, Duration::from_secs(10))
+                .map_err(|e| format!("{e:?}"))
+        });
+        let (committed, open) = weir_engine::connectors::kafka::protocol::committed(&stored);
+        assert_eq!(open, 0, "no transaction left open in {topic} partition {p}");
+        for r in committed {
+            out.push(String::from_utf8_lossy(r.value.as_deref().expect("value")).to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Over 3 workers: a keyed HOP window per auction and a regular join with
+/// the auctions (keyed on the auction: both cross the network), from
+/// Kafka into the exactly-once Kafka sink, checkpoints on the S3 server.
+/// Faults, one per full restart: SIGKILL of a worker at a random moment,
+/// worker 1 crashing with a barrier on its way to another worker, worker
+/// 2 crashing with a snapshot uploaded to S3 but not acknowledged, worker
+/// 0 crashing with a checkpoint's Kafka commits half done. The committed
+/// output equals the same SQL's in one process without faults.
+#[test]
+fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and_failpoints() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(&s3_dir).expect("s3 dir");
+    let s3 = common::s3_server(&s3_dir);
+    broker.create_topic("wj-bids", 2);
+    broker.create_topic("wj-auctions", 1);
+    // Enough to outlast four runs' worth of faults (small fetches make it
+    // slow to read: Kafka sources have no pacing option).
+    let n = 80_000i64;
+    // Each partition in event-time order, so no bid is ever late.
+    let bids: Vec<(i32, Option<String>, String)> = (0..n)
+        .map(|i| {
+            let v = format!(
+                r#"{{"auction":{},"price":{},"dt":"2024-01-01 00:{:02}:{:02}.{:03}"}}"#,
+                (i * 7919) % 41,
+                i % 997,
+                (i / 60_000) % 60,
+                (i / 1000) % 60,
+                i % 1000
+            );
+            ((i % 2) as i32, None, v)
+        })
+        .collect();
+    broker.produce("wj-bids", &bids);
+    let auctions: Vec<(i32, Option<String>, String)> = (0..41)
+        .filter(|a| a % 6 != 0)
+        .map(|a| (0, None, format!(r#"{{"id":{a},"category":{}}}"#, a % 5)))
+        .collect();
+    broker.produce("wj-auctions", &auctions);
+    let sql = |out: &str, extra: &str| {
+        format!(
+            "SET 'pipeline.name' = 'wj-{out}';
+             SET 'execution.checkpointing.interval' = '150 ms';
+             {extra}
+             CREATE TABLE bid (auction BIGINT, price BIGINT, dt TIMESTAMP(3),
+               WATERMARK FOR dt AS dt - INTERVAL '1' SECOND)
+             WITH ('connector' = 'kafka', 'topic' = 'wj-bids', 'properties.bootstrap.servers' = '{servers}',
+               'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+               'properties.max.partition.fetch.bytes' = '300');
+             CREATE TABLE auction (id BIGINT, category BIGINT)
+             WITH ('connector' = 'kafka', 'topic' = 'wj-auctions', 'properties.bootstrap.servers' = '{servers}',
+               'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');
+             CREATE TABLE dst (auction BIGINT, category BIGINT, window_end TIMESTAMP(3), bids BIGINT, top BIGINT)
+             WITH ('connector' = 'kafka', 'topic' = '{out}', 'properties.bootstrap.servers' = '{servers}',
+               'format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
+               'sink.transactional-id-prefix' = 'wj-{out}', 'sink.partitioner' = 'round-robin');
+             INSERT INTO dst
+             SELECT w.auction, a.category, w.window_end, w.bids, w.top
+             FROM (
+               SELECT auction, window_end, COUNT(*) AS bids, MAX(price) AS top
+               FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dt), INTERVAL '1' SECOND, INTERVAL '3' SECOND))
+               GROUP BY auction, window_start, window_end
+             ) w JOIN auction a ON w.auction = a.id;",
+            servers = broker.servers()
+        )
+    };
+    // The reference: one process, no faults.
+    broker.create_topic("wj-ref", 3);
+    let script = dir.path().join("ref.sql");
+    std::fs::write(&script, sql("wj-ref", "SET 'parallelism.default' = '3';")).expect("script");
+    let o = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .arg("--data-dir")
+        .arg(dir.path().join("ref-data"))
+        .arg("run")
+        .arg(&script)
+        .output()
+        .expect("weir run");
+    common::successful_stdout(&o);
+    let reference = committed_values(&broker, "wj-ref", 3);
+    assert!(reference.len() > 1000, "the reference has {} rows", reference.len());
+
+    broker.create_topic("wj-out", 3);
+    // Each at its first pass: one of a checkpoint's three transactions
+    // committed is the commit half done.
+    // The two that crash before any checkpoint of their run completes
+    // come first: they cost no progress, so the run that must complete
+    // one (the commit) still has input left.
+    let failpoints = [
+        (1usize, 2u32, "exchange.barrier_sent:1"),
+        (2, 3, "checkpoint.file_uploaded:1"),
+        (0, 4, "kafka_sink.committed_one:1"),
+    ];
+    let job = sql("wj-out", &s3.checkpoint_settings());
+    let mut workers = common::Workers::with_failpoints(dir.path(), 3, &job, &[], &failpoints);
+    // The random kill: a worker chosen by the clock, a random moment of
+    // the first run's first 1.5 s (its first checkpoint completes in
+    // about that time: the kill may come before it or after).
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.subsec_nanos() as u64);
+    let victim = (seed % 3) as usize;
+    let after = Duration::from_millis(seed % 1500);
+    eprintln!("random kill: worker {victim}, {after:?} after the job started (seed {seed})");
+    let log0 = workers.log(0);
+    let mut started: Option<Instant> = None;
+    let mut killed = false;
+    workers.supervise(600, |w| {
+        if killed {
+            return;
+        }
+        if started.is_none() && std::fs::read_to_string(&log0).is_ok_and(|l| l.contains("submitted")) {
+            started = Some(Instant::now());
+        }
+        if started.is_some_and(|t| t.elapsed() >= after) && w.starts.iter().all(|s| *s == 1) {
+            killed = w.kill(victim);
+        }
+    });
+    assert!(killed, "the job finished before the random kill:\n{}", workers.logs());
+    for (w, _, spec) in failpoints {
+        let name = spec.split(':').next().unwrap_or(spec);
+        let log = std::fs::read_to_string(workers.log(w)).unwrap_or_default();
+        assert!(
+            log.contains(&format!("failpoint {name} hit")),
+            "worker {w} never crashed at {name} (the job ended first?):\n{}",
+            workers.logs()
+        );
+    }
+    let got = committed_values(&broker, "wj-out", 3);
+    if got != reference {
+        let missing = reference
+            .iter()
+            .filter(|r| !got.contains(r))
+            .take(3)
+            .collect::<Vec<_>>();
+        let extra = got
+            .iter()
+            .filter(|r| !reference.contains(r))
+            .take(3)
+            .collect::<Vec<_>>();
+        panic!(
+            "{} rows committed, {} in the reference; missing e.g. {missing:?}, unexpected e.g. {extra:?}\n{}",
+            got.len(),
+            reference.len(),
+            workers.logs()
+        );
+    }
+}

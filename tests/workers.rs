@@ -215,6 +215,46 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
         .collect()
 }
 
+/// One crash at a named moment per full restart: worker 2 with a barrier
+/// on its way to another worker, then worker 1 with a snapshot file
+/// uploaded but its checkpoint not acknowledged, then worker 0 (which
+/// commits every worker's output) with a checkpoint's commit half done.
+#[test]
+fn a_worker_crashing_at_each_named_failpoint_costs_no_row_and_duplicates_none() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions, reference) = reference(dir.path(), 3);
+    let out = dir.path().join("out");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.dir' = '{}';",
+        dir.path().join("checkpoints").display()
+    );
+    let pace = ", 'scan.lines-per-second' = '15000'";
+    let plan = [
+        (2, 1, "exchange.barrier_sent", "exchange.barrier_sent:3"),
+        (1, 2, "checkpoint.file_uploaded", "checkpoint.file_uploaded:4"),
+        (0, 3, "sink.file_committed", "sink.file_committed:2"),
+    ];
+    let failpoints: Vec<(usize, u32, &str)> = plan.iter().map(|(w, k, _, spec)| (*w, *k, *spec)).collect();
+    let sql = job_sql(&bids, &auctions, &out, &extra, pace);
+    let mut workers = Workers::with_failpoints(dir.path(), 3, &sql, &[], &failpoints);
+    workers.supervise(300, |_| {});
+    for (w, _, name, _) in plan {
+        let log = std::fs::read_to_string(workers.log(w)).unwrap_or_default();
+        assert!(
+            log.contains(&format!("failpoint {name} hit")),
+            "worker {w} never crashed at {name} (the job ended first?):\n{}",
+            workers.logs()
+        );
+    }
+    assert!(
+        workers.starts.iter().all(|s| *s >= 4),
+        "three full restarts: {:?}",
+        workers.starts
+    );
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+}
+
 #[test]
 fn a_stopped_worker_is_found_by_its_silence_and_the_job_recovers_once_it_continues() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -333,6 +373,104 @@ fn savepoint_in(log: &Path) -> Option<String> {
 }
 
 #[test]
+fn a_worker_script_with_a_second_insert_is_refused_where_it_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let mut sql = job_sql(&bids, &auctions, &dir.path().join("out"), "", "");
+    let line = sql.lines().count() + 1;
+    sql.push_str("INSERT INTO out SELECT auction, auction, dateTime, price, price FROM bid;\n");
+    let file = dir.path().join("two.sql");
+    std::fs::write(&file, sql).expect("sql");
+    let o = Command::new(weir_bin())
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args([
+            "worker",
+            "--index",
+            "0",
+            "--peers",
+            &format!("127.0.0.1:{}", common::free_port()),
+        ])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .output()
+        .expect("weir worker");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "two INSERTs ran on one worker:\n{err}");
+    assert!(
+        err.contains("a worker runs one job") && err.contains(&format!("{line}:1")),
+        "the refusal does not say what and where (line {line}):\n{err}"
+    );
+}
+
+/// The number in `line` after `prefix` (`checkpoint 7 completed` → 7).
+fn number_after(line: &str, prefix: &str) -> Option<u64> {
+    let at = line.find(prefix)? + prefix.len();
+    line[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[test]
+fn a_sigterm_on_any_worker_suspends_the_job_at_a_checkpoint_it_resumes_from() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions, reference) = reference(dir.path(), 3);
+    let out = dir.path().join("out");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '2 s';
+SET 'execution.checkpointing.dir' = '{}';",
+        dir.path().join("checkpoints").display()
+    );
+    let pace = ", 'scan.lines-per-second' = '10000'";
+    let mut workers = Workers::new(dir.path(), 3, &job_sql(&bids, &auctions, &out, &extra, pace));
+    let log0 = workers.log(0);
+    let mut signalled = false;
+    workers.supervise(300, |w| {
+        // Kubernetes deleting pod 1 (a rolling update, a drained node).
+        if !signalled
+            && common::completed_checkpoints(&log0) >= 1
+            && let Some(pid) = w.pid(1)
+        {
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            signalled = true;
+        }
+    });
+    assert!(
+        signalled,
+        "the job finished before the signal:
+{}",
+        workers.logs()
+    );
+    assert!(
+        workers.starts.iter().all(|s| *s == 2),
+        "every worker ended at the suspend and was started once more: {:?}\n{}",
+        workers.starts,
+        workers.logs()
+    );
+    assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
+    // The suspend took a checkpoint of its own (the interval is long: it
+    // was asked for), and the restarted job resumed from exactly that one.
+    let log = std::fs::read_to_string(&log0).unwrap_or_default();
+    let at = log
+        .find("another worker was signalled; suspending")
+        .unwrap_or_else(|| panic!("worker 0 never suspended:\n{}", workers.logs()));
+    let after = &log[at..];
+    let taken = after
+        .lines()
+        .take_while(|l| !l.contains("restoring from checkpoint"))
+        .filter(|l| l.contains(" completed in "))
+        .filter_map(|l| number_after(l, ": checkpoint "))
+        .last()
+        .unwrap_or_else(|| panic!("no checkpoint completed after the suspend:\n{log}"));
+    let restored = after
+        .lines()
+        .find_map(|l| number_after(l, "restoring from checkpoint "))
+        .unwrap_or_else(|| panic!("the job never resumed:\n{log}"));
+    assert_eq!(
+        restored, taken,
+        "resumed from another checkpoint than the suspend's:\n{log}"
+    );
+}
+
+#[test]
 fn a_job_rescaled_from_2_to_3_to_1_workers_through_savepoints_answers_as_one_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (bids, auctions, reference) = reference(dir.path(), 3);
@@ -351,39 +489,82 @@ SET 'execution.checkpointing.savepoint-dir' = '{}';",
     for (round, n) in [2usize, 3, 1].into_iter().enumerate() {
         let run = dir.path().join(format!("run-{round}"));
         std::fs::create_dir_all(&run).expect("run dir");
-        let flags: Vec<&str> = match &from {
-            Some(sp) => vec!["--from-savepoint", sp.as_str()],
+        let flags: Vec<String> = match &from {
+            Some(sp) => vec!["--from-savepoint".into(), sp.clone()],
             None => vec![],
         };
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         let mut workers = Workers::with_flags(&run, n, &sql, &flags);
         let last = round == 2;
         let log0 = workers.log(0);
         let mut signalled = false;
-        let started = common::completed_checkpoints(&log0);
+        // In the 3-worker round, worker 2 is killed once after the
+        // deployment's first checkpoint: restarted with the same
+        // `--from-savepoint`, the job must resume from that checkpoint,
+        // not from the savepoint again (which would write twice what was
+        // committed since).
+        let mut killed = round != 1;
+        let mut kill_seen = 0;
         workers.supervise(300, |w| {
-            // SIGTERM worker 0 (Kubernetes deleting the pods) once the
-            // run completed two checkpoints.
+            let done = common::completed_checkpoints(&log0);
+            if !killed && done >= 1 && w.kill(2) {
+                killed = true;
+                kill_seen = done;
+            }
+            // SIGUSR1 worker 0 (stop with savepoint: an upgrade, a
+            // rescale) once the run completed two checkpoints more.
             if !last
+                && killed
                 && !signalled
-                && common::completed_checkpoints(&log0) >= started + 2
+                && done >= kill_seen + 2
                 && let Some(pid) = w.pid(0)
             {
-                let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+                let _ = Command::new("kill").args(["-USR1", &pid.to_string()]).status();
                 signalled = true;
             }
         });
-        assert_eq!(
-            workers.starts,
-            vec![1; n],
-            "run {round}: no worker failed:\n{}",
-            workers.logs()
-        );
+        if round == 1 {
+            assert!(killed, "run 1 finished before the kill:\n{}", workers.logs());
+            let log = std::fs::read_to_string(&log0).unwrap_or_default();
+            let restores: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("restoring from checkpoint"))
+                .collect();
+            assert!(
+                restores.len() >= 2 && !restores[restores.len() - 1].contains("savepoint-"),
+                "after the kill the deployment resumed from its savepoint again, not from its checkpoint: {restores:?}"
+            );
+        } else {
+            assert_eq!(
+                workers.starts,
+                vec![1; n],
+                "run {round}: no worker failed:\n{}",
+                workers.logs()
+            );
+        }
         if !last {
             assert!(signalled, "run {round} finished before its stop:\n{}", workers.logs());
             from = Some(savepoint_in(&log0).unwrap_or_else(|| panic!("no savepoint:\n{}", workers.logs())));
             let rows = common::committed_lines(&out).len();
             assert!(rows >= rows_before, "committed rows went back");
             rows_before = rows;
+            // Its pods restarted with the same arguments (a StatefulSet
+            // restarts pods that exit, even 0): they do not run the
+            // stopped job again.
+            drop(workers);
+            let mut again = Workers::with_flags(&run, n, &sql, &flags);
+            again.supervise(60, |_| {});
+            let log = std::fs::read_to_string(again.log(0)).unwrap_or_default();
+            assert!(
+                log.contains("has been stopped with savepoint"),
+                "a restarted worker 0 did not say the job was stopped:\n{}",
+                again.logs()
+            );
+            assert_eq!(
+                common::committed_lines(&out).len(),
+                rows,
+                "a restarted pod ran the stopped job again"
+            );
         }
     }
     assert!(rows_before < reference.len(), "the stops came after the end");

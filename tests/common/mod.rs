@@ -679,6 +679,8 @@ pub struct Workers {
     pub starts: Vec<u32>,
     /// More `weir worker` flags.
     flags: Vec<String>,
+    /// `WEIR_FAILPOINTS` for a worker's start: (worker, start number).
+    failpoints: std::collections::HashMap<(usize, u32), String>,
 }
 
 impl Workers {
@@ -687,6 +689,19 @@ impl Workers {
     }
 
     pub fn with_flags(dir: &std::path::Path, n: usize, sql: &str, flags: &[&str]) -> Workers {
+        Self::with_failpoints(dir, n, sql, flags, &[])
+    }
+
+    /// Workers of which worker `w`'s `k`-th start (from 1) is armed with
+    /// `WEIR_FAILPOINTS=spec`, for each `(w, k, spec)` (later starts are
+    /// not: a crash at a failpoint happens once).
+    pub fn with_failpoints(
+        dir: &std::path::Path,
+        n: usize,
+        sql: &str,
+        flags: &[&str],
+        failpoints: &[(usize, u32, &str)],
+    ) -> Workers {
         let peers: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let file = dir.join("job.sql");
         std::fs::write(&file, sql).expect("sql");
@@ -697,6 +712,10 @@ impl Workers {
             children: (0..n).map(|_| None).collect(),
             starts: vec![0; n],
             flags: flags.iter().map(|f| f.to_string()).collect(),
+            failpoints: failpoints
+                .iter()
+                .map(|(w, k, spec)| ((*w, *k), spec.to_string()))
+                .collect(),
         };
         for i in 0..n {
             w.start(i);
@@ -716,7 +735,12 @@ impl Workers {
             .open(self.log(i))
             .expect("log");
         let out = log.try_clone().expect("log");
-        let child = Command::new(worker_bin())
+        let mut command = Command::new(worker_bin());
+        match self.failpoints.get(&(i, self.starts[i])) {
+            Some(spec) => command.env("WEIR_FAILPOINTS", spec),
+            None => command.env_remove("WEIR_FAILPOINTS"),
+        };
+        let child = command
             .arg("--data-dir")
             .arg(self.dir.join(format!("data-{i}")))
             .args([

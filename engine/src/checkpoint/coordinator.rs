@@ -103,6 +103,10 @@ pub struct CheckpointLog {
     /// Asks the coordinator for a checkpoint now (then as soon as the one
     /// in progress ends), e.g. before a job is suspended.
     pub trigger_now: tokio::sync::Notify,
+    /// A job over workers: some worker was asked to suspend the job (its
+    /// pod is going away). Set on worker 0 by a worker's request, on the
+    /// others to send worker 0 that request.
+    pub suspend: watch::Sender<bool>,
     /// Savepoints this job took, oldest first.
     pub savepoints: Mutex<Vec<super::savepoint::SavepointListing>>,
     /// Milliseconds the last restore took to open every operator's state

@@ -103,6 +103,12 @@ impl Fence {
     /// Claims the next generation of `storage`'s job: from now on every
     /// earlier run's publish fails.
     pub fn claim(storage: &CheckpointStorage) -> Result<Fence, CheckpointError> {
+        Self::claim_from(storage, None)
+    }
+
+    /// [`Fence::claim`] by a run that starts from `from` (an explicit
+    /// savepoint or checkpoint), which the claim records.
+    pub fn claim_from(storage: &CheckpointStorage, from: Option<String>) -> Result<Fence, CheckpointError> {
         let owner = owner();
         for _ in 0..CLAIM_TRIES {
             let seq = match storage.log_seqs()?.last() {
@@ -113,6 +119,7 @@ impl Fence {
                 generation: seq,
                 owner: owner.clone(),
                 time_ms: chrono::Utc::now().timestamp_millis(),
+                from: from.clone(),
             };
             let bytes = record.encode()?;
             let claimed = match storage.create_record(seq, &bytes)? {

@@ -41,7 +41,7 @@ use std::time::Duration;
 pub use coordinator::{CheckpointCoordinator, CheckpointStats, CheckpointStatus};
 pub use fence::Fence;
 pub use metadata::{CheckpointMetadata, OperatorState, SplitPosition};
-pub use restore::{RestoredJob, restore_latest};
+pub use restore::{RestoredJob, restore_latest, restore_latest_from};
 pub use storage::CheckpointStorage;
 
 use crate::keygroup::KeyGroup;

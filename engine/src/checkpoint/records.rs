@@ -18,6 +18,12 @@ pub enum Record {
         /// Who claimed it (host and process), for messages.
         owner: String,
         time_ms: i64,
+        /// The savepoint or checkpoint the run was told to start from
+        /// (`execution.state-recovery.path`), if any: a worker restarted
+        /// with the same arguments then resumes from the checkpoints taken
+        /// since, not from that path again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     /// Checkpoint `checkpoint` is complete: restorable, its sinks
     /// committable.

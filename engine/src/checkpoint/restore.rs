@@ -146,7 +146,19 @@ pub fn restore_latest(
     check: Compatibility,
     job_dir: &Path,
 ) -> Result<Option<RestoredJob>, CheckpointError> {
-    let ids = storage.complete_ids()?;
+    restore_latest_from(storage, check, job_dir, 0)
+}
+
+/// [`restore_latest`] among checkpoints numbered `floor` or above: those
+/// of the runs since the job last started from a savepoint (older ones
+/// are of the job before that savepoint, and restoring one would undo it).
+pub fn restore_latest_from(
+    storage: &CheckpointStorage,
+    check: Compatibility,
+    job_dir: &Path,
+    floor: u64,
+) -> Result<Option<RestoredJob>, CheckpointError> {
+    let ids: Vec<u64> = storage.complete_ids()?.into_iter().filter(|id| *id >= floor).collect();
     let mut skipped = vec![];
     let mut last_error = None;
     for id in ids.iter().rev() {

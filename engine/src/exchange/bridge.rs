@@ -20,7 +20,13 @@ use crate::message::StreamMessage;
 pub async fn forward_out(mut local: mpsc::Receiver<StreamMessage>, remote: RemoteSender) -> Result<(), LinkError> {
     while let Some(m) = local.recv().await {
         let end = matches!(m, StreamMessage::EndOfInput);
+        let barrier = matches!(m, StreamMessage::Barrier(_));
         remote.send(m).await?;
+        if barrier {
+            // A crash test's moment: a barrier on its way to another
+            // worker, its checkpoint not yet complete.
+            crate::failpoint::failpoint("exchange.barrier_sent");
+        }
         if end {
             return Ok(());
         }

@@ -61,6 +61,10 @@ pub enum Control {
     Report(WireReport),
     /// A worker → worker 0: every task of the sender ended well.
     TasksDone,
+    /// A worker → worker 0: suspend the job (the sender was signalled:
+    /// its pod is being deleted). Worker 0 takes a checkpoint and ends
+    /// every worker; restarted, they resume from it.
+    Suspend,
     /// A worker → worker 0: a task of the sender failed.
     Failed { reason: String },
     /// Worker 0 → the others: the job ended (`ok`: finished or stopped),

@@ -80,6 +80,12 @@ pub struct ReportWriter {
     /// Sink output sent per checkpoint: released once it completed (see
     /// [`crate::checkpoint::Committer::release`]).
     sent: std::collections::BTreeMap<u64, Vec<(String, Vec<serde_json::Value>)>>,
+    /// The newest checkpoint whose trigger came from worker 0. A barrier
+    /// can reach this worker's tasks through a third worker before the
+    /// trigger does: a report waits for its trigger (see
+    /// [`Self::trigger_seen`]), which says whether it is a savepoint and
+    /// where its state goes.
+    announced: tokio::sync::watch::Sender<u64>,
 }
 
 impl ReportWriter {
@@ -93,11 +99,32 @@ impl ReportWriter {
             savepoints: HashMap::new(),
             carried: Default::default(),
             sent: Default::default(),
+            announced: tokio::sync::watch::channel(0).0,
         }))
     }
 
-    pub fn savepoint(&mut self, id: u64, dir: String) {
-        self.savepoints.insert(id, dir);
+    /// Worker 0 triggered checkpoint `id` (a savepoint into `savepoint`).
+    pub fn triggered(&mut self, id: u64, savepoint: Option<String>) {
+        if let Some(dir) = savepoint {
+            self.savepoints.insert(id, dir);
+        }
+        self.announced.send_if_modified(|a| {
+            let newer = id > *a;
+            *a = (*a).max(id);
+            newer
+        });
+    }
+
+    /// Answers once checkpoint `id`'s trigger arrived (at once if it did):
+    /// only then is it known whether `id` is a savepoint. Never, if the
+    /// writer is dropped first (the attempt ended).
+    pub fn trigger_seen(&self, id: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.announced.subscribe();
+        async move {
+            if rx.wait_for(|a| *a >= id).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// Checkpoint `id` completed: its files are the next one's base.

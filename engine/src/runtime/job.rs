@@ -26,7 +26,7 @@ use crate::checkpoint::restore::restore_dir;
 use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
 use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointStorage, Fence, RestoredJob, SplitPosition, TaskCheckpointing,
-    restore_latest,
+    restore_latest_from,
 };
 use crate::config::{JobConfig, RestartStrategy, sanitize};
 use crate::connectors::dead_letter::DeadLetterWriter;
@@ -240,9 +240,46 @@ pub struct JobController {
     savepoints: mpsc::UnboundedSender<SavepointRequest>,
     savepoint_dir: PathBuf,
     checkpointing: bool,
+    checkpoints: Arc<CheckpointLog>,
 }
 
 impl JobController {
+    /// Whether the job checkpoints.
+    pub fn checkpointing(&self) -> bool {
+        self.checkpointing
+    }
+
+    /// Takes a checkpoint now and answers whether one completed within
+    /// `within` (never without checkpointing). For a worker's suspend: the
+    /// restarted workers resume from it and replay nothing before it.
+    pub async fn checkpoint_now(&self, within: Duration) -> bool {
+        if !self.checkpointing {
+            return false;
+        }
+        let mut completed = self.checkpoints.completed_total.subscribe();
+        let before = *completed.borrow_and_update();
+        self.checkpoints.trigger_now.notify_one();
+        matches!(
+            tokio::time::timeout(within, completed.wait_for(|n| *n > before)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// A job over workers: asks worker 0 to suspend the job (see
+    /// [`Control::Suspend`]); on worker 0, makes [`Self::suspend_requested`]
+    /// answer.
+    pub fn request_suspend(&self) {
+        self.checkpoints.suspend.send_replace(true);
+    }
+
+    /// Answers once a worker asked to suspend the job.
+    pub async fn suspend_requested(&self) {
+        let mut rx = self.checkpoints.suspend.subscribe();
+        if rx.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// The directory a savepoint goes to when none is given:
     /// `<savepoint-dir>/savepoint-<12 hex digits>`.
     pub fn default_savepoint_path(&self) -> PathBuf {
@@ -395,6 +432,7 @@ impl JobHandle {
             savepoints: self.savepoints.clone(),
             savepoint_dir: self.savepoint_dir.clone(),
             checkpointing: self.checkpointing,
+            checkpoints: self.metrics.checkpoints.clone(),
         }
     }
 
@@ -512,36 +550,80 @@ fn status_storage(config: &JobConfig) -> Option<CheckpointStorage> {
         .map(|c| c.storage())
 }
 
-/// A job over workers whose last run finished (its status beside its
-/// checkpoints): a worker restarted after the end (a pod restarted, a
-/// supervisor that restarts whatever exits) must not run it again.
-/// Running it anew wants its checkpoints cleared, or another
-/// `pipeline.name`, or `--from-savepoint`.
-fn finished_across_workers(config: &JobConfig) -> bool {
-    let (Some(_), Some(cp), None) = (&config.cluster, &config.checkpointing, &config.recovery_path) else {
-        return false;
-    };
-    matches!(cp.storage().read_status(), Ok(Some(s)) if s.trim() == "FINISHED")
+/// How a run starts (see [`initial_restore`]).
+struct Initial {
+    restored: Option<RestoredJob>,
+    fence: Option<Arc<Fence>>,
+    /// A job over workers that ended on purpose: why it does not run.
+    ended: Option<String>,
+    /// What a restart within this run restores: the newest checkpoint
+    /// numbered `floor` or above, else `path`.
+    floor: u64,
+    path: Option<PathBuf>,
 }
 
-/// Where the first attempt starts: an explicit
+/// The status file's word, for a log that has no end with one.
+fn status_file(records: &[crate::checkpoint::records::Record], config: &JobConfig) -> Result<Option<&'static str>> {
+    use crate::checkpoint::records::Record;
+    if matches!(records.last(), Some(Record::End { status, .. }) if !status.is_empty())
+        || matches!(
+            records.last(),
+            Some(Record::Generation { .. } | Record::Checkpoint { .. } | Record::Savepoint { .. })
+        )
+    {
+        return Ok(None);
+    }
+    Ok(RunStatus::read(&config.job_dir, status_storage(config).as_ref())?.map(|s| s.as_str()))
+}
+
+/// A worker other than worker 0 of a job that ended on purpose (see
+/// [`super::resume`]): a pod restarted after the end must not run it
+/// again. It reads the log as worker 0 does, without the claims at its
+/// end (worker 0 of this very start, which decides from what was before).
+fn ended_across_workers(config: &JobConfig) -> Result<Option<String>> {
+    use crate::checkpoint::records::Record;
+    let (Some(_), Some(cp)) = (&config.cluster, &config.checkpointing) else {
+        return Ok(None);
+    };
+    let mut records: Vec<Record> = cp.storage().log_records()?.into_iter().map(|(_, r)| r).collect();
+    while matches!(records.last(), Some(Record::Generation { .. })) {
+        records.pop();
+    }
+    let file = status_file(&records, config)?;
+    Ok(
+        match super::resume::decide(&records, config.recovery_path.as_deref(), true, file) {
+            super::resume::Start::Ended { message, .. } => Some(message),
+            _ => None,
+        },
+    )
+}
+
+/// Where the first attempt starts (see [`super::resume`]): an explicit
 /// `execution.state-recovery.path` (a savepoint or a checkpoint), or the
 /// latest checkpoint of a run that died, or nothing (and then old
 /// checkpoints of the job are cleared). With checkpointing on, the run
-/// first claims the job's checkpoints (its [`Fence`]): a restore then
-/// reads only what earlier runs published before the claim, and no
-/// earlier run publishes after it.
-fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<RestoredJob>, Option<Arc<Fence>>)> {
+/// first claims the job's checkpoints (its [`Fence`]): the log before the
+/// claim is then final (no earlier run publishes after it), and a restore
+/// reads only what it lists.
+fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
+    use super::resume::{Start, decide};
     let check = |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, graph, config);
     let Some(cp) = &config.checkpointing else {
         let restored = match &config.recovery_path {
             Some(path) => Some(restore_path(path, &check, config)?),
             None => None,
         };
-        return Ok((restored, None));
+        return Ok(Initial {
+            restored,
+            fence: None,
+            ended: None,
+            floor: 0,
+            path: config.recovery_path.clone(),
+        });
     };
     let storage = cp.storage();
-    let fence = Arc::new(Fence::claim(&storage)?);
+    let from = config.recovery_path.as_ref().map(|p| p.display().to_string());
+    let fence = Arc::new(Fence::claim_from(&storage, from)?);
     tracing::info!(
         target: "weir::checkpoint",
         "job '{}': claimed generation {} of its checkpoints in {}",
@@ -549,37 +631,55 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<(Option<Re
         fence.generation(),
         storage.root().display()
     );
-    if let Some(path) = &config.recovery_path {
-        return Ok((Some(restore_path(path, &check, config)?), Some(fence)));
-    }
-    // How the last run ended, from the log as it stood at the claim (the
-    // record just before it): a status file could be overwritten by a
-    // run replaced meanwhile, the log cannot. The status file answers only
-    // for a directory without a log before this run.
-    let status = match storage.record_before(fence.generation())? {
-        Some(crate::checkpoint::records::Record::End { status, .. }) if !status.is_empty() => {
-            Some(RunStatus::parse(&status))
-        }
-        // It died without ending: resume.
-        Some(crate::checkpoint::records::Record::Checkpoint { .. })
-        | Some(crate::checkpoint::records::Record::Savepoint { .. })
-        | Some(crate::checkpoint::records::Record::Generation { .. }) => Some(RunStatus::Running),
-        Some(crate::checkpoint::records::Record::End { .. }) | None => {
-            RunStatus::read(&config.job_dir, status_storage(config).as_ref())?
-        }
+    // Every id this run takes is above the ones used before its claim.
+    let own_floor = fence.high_water().saturating_add(1);
+    let records: Vec<_> = storage
+        .log_records()?
+        .into_iter()
+        .filter(|(seq, _)| *seq < fence.generation())
+        .map(|(_, r)| r)
+        .collect();
+    let file = status_file(&records, config)?;
+    let start = decide(
+        &records,
+        config.recovery_path.as_deref(),
+        config.cluster.is_some(),
+        file,
+    );
+    let mut initial = Initial {
+        restored: None,
+        fence: Some(fence.clone()),
+        ended: None,
+        floor: own_floor,
+        path: None,
     };
-    let restored = match status {
-        Some(RunStatus::Running | RunStatus::Failed | RunStatus::Suspended) => {
-            restore_latest(&storage, &check, &config.job_dir)?
+    match start {
+        Start::Path(path) => {
+            initial.restored = Some(restore_path(&path, &check, config)?);
+            initial.path = Some(path);
         }
-        _ => {
+        Start::Latest { floor, path } => {
+            initial.restored = match restore_latest_from(&storage, &check, &config.job_dir, floor)? {
+                Some(r) => Some(r),
+                None => path.as_deref().map(|p| restore_path(p, &check, config)).transpose()?,
+            };
+            initial.floor = floor;
+            initial.path = path;
+        }
+        Start::Afresh => {
             // The last run ended on purpose (or there was none): start
             // afresh, and never mistake its checkpoints for ours.
             storage.clear(None)?;
-            None
         }
-    };
-    Ok((restored, Some(fence)))
+        Start::Ended { status, message } => {
+            // This run ends as the last did, so the next restart finds
+            // the same end.
+            fence.seal(&status)?;
+            initial.fence = None;
+            initial.ended = Some(message);
+        }
+    }
+    Ok(initial)
 }
 
 /// Restores `path`: a savepoint directory, or a checkpoint's `chk-<n>`
@@ -628,20 +728,28 @@ pub fn deploy(
     // checkpoints; the others restore what it tells them at the start of
     // each attempt, and leave the run's status to it.
     let coordinates = config.cluster.as_ref().is_none_or(|c| c.coordinates());
-    let already_finished = finished_across_workers(&config);
-    if already_finished {
-        tracing::info!(
-            target: "weir::checkpoint",
-            "job '{}' has finished (its checkpoints say so): not run again; clear its checkpoints, or use another \
-             'pipeline.name' or --from-savepoint, to run it anew",
-            config.name
-        );
-    }
-    let (restored, fence) = if coordinates && !already_finished {
+    let initial = if coordinates {
         initial_restore(&graph, &config)?
     } else {
-        (None, None)
+        Initial {
+            restored: None,
+            fence: None,
+            ended: ended_across_workers(&config)?,
+            floor: 0,
+            path: None,
+        }
     };
+    let Initial {
+        restored,
+        fence,
+        ended,
+        floor: restart_floor,
+        path: restart_path,
+    } = initial;
+    let already_finished = ended.is_some();
+    if let Some(why) = &ended {
+        tracing::info!(target: "weir::checkpoint", "job '{}' {why}", config.name);
+    }
     let restore_time = restore_started.elapsed();
     let restored_from = restored
         .as_ref()
@@ -774,15 +882,16 @@ pub fn deploy(
                 let storage = cp.storage();
                 let graph = graph.clone();
                 let cfg = config.clone();
+                let restart_path = restart_path.clone();
                 let layout_started = Instant::now();
                 restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
                     let check =
                         |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
-                    match restore_latest(&storage, &check, &cfg.job_dir)? {
+                    match restore_latest_from(&storage, &check, &cfg.job_dir, restart_floor)? {
                         Some(r) => Ok(Some(r)),
-                        // No checkpoint of our own yet: the one the job
-                        // started from, again.
-                        None => match &cfg.recovery_path {
+                        // No checkpoint of this deployment yet: the one
+                        // it started from, again.
+                        None => match &restart_path {
                             Some(p) => Ok(Some(restore_path(p, &check, &cfg)?)),
                             None => Ok(None),
                         },
@@ -1299,7 +1408,14 @@ async fn run_attempt(
                     .and_then(|l| l.take_control())
                     .ok_or_else(|| ExecError::internal(format!("no control channel from worker {peer}")))?;
                 let probe = m.link(peer).map(|l| l.failure_probe());
-                tasks.spawn(from_worker(peer, rx, report_tx.clone(), probe, groups.clone()));
+                tasks.spawn(from_worker(
+                    peer,
+                    rx,
+                    report_tx.clone(),
+                    probe,
+                    groups.clone(),
+                    metrics.checkpoints.clone(),
+                ));
             }
             if !groups.is_empty() {
                 tokio::spawn(align_across_workers(
@@ -1346,6 +1462,20 @@ async fn run_attempt(
                     false,
                 ));
             }
+            // A signal to this worker (its pod going away) asks worker 0
+            // to suspend the job.
+            let mut suspend = metrics.checkpoints.suspend.subscribe();
+            let to_zero = m.clone();
+            let alive = attempt_alive.subscribe();
+            tokio::spawn(async move {
+                let mut alive = alive;
+                tokio::select! {
+                    r = suspend.wait_for(|s| *s) => if r.is_ok() && let Some(l) = to_zero.link(0) {
+                        let _ = l.send_control(Control::Suspend.encode());
+                    },
+                    _ = alive.changed() => {}
+                }
+            });
             let probe = m.link(0).map(|l| l.failure_probe());
             let followed = groups.clone();
             tokio::spawn(from_coordinator_loop(
@@ -1364,6 +1494,16 @@ async fn run_attempt(
             report_rx = mpsc::unbounded_channel().1;
             coordinator_set.spawn(async move {
                 while let Some(report) = reports.recv().await {
+                    if let crate::checkpoint::TaskReport::Ack { checkpoint_id, .. } = &report {
+                        // Its barrier may have come through another worker
+                        // before worker 0's trigger: wait for the trigger
+                        // (it says whether this is a savepoint).
+                        let seen = writer
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .trigger_seen(*checkpoint_id);
+                        seen.await;
+                    }
                     let w = writer.clone();
                     let wire =
                         tokio::task::spawn_blocking(move || w.lock().unwrap_or_else(|p| p.into_inner()).write(report))
@@ -1604,6 +1744,7 @@ async fn from_worker(
     reports: mpsc::UnboundedSender<crate::checkpoint::TaskReport>,
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
     groups: HashMap<String, Arc<AlignmentCoordinator>>,
+    suspend: Arc<CheckpointLog>,
 ) -> Result<()> {
     while let Some(bytes) = rx.recv().await {
         match Control::decode(&bytes).map_err(|e| ExecError::Cluster(format!("worker {peer}: {e}")))? {
@@ -1619,6 +1760,10 @@ async fn from_worker(
                 }
             }
             Control::TasksDone => return Ok(()),
+            Control::Suspend => {
+                tracing::info!(target: "weir::checkpoint", "worker {peer} asks to suspend the job");
+                suspend.suspend.send_replace(true);
+            }
             Control::Failed { reason } => return Err(ExecError::Cluster(format!("worker {peer} failed: {reason}"))),
             other => {
                 return Err(ExecError::Cluster(format!(
@@ -1651,9 +1796,7 @@ async fn from_coordinator_loop(
     while let Some(bytes) = rx.recv().await {
         match Control::decode(&bytes) {
             Ok(Control::Trigger { barrier, savepoint_dir }) => {
-                if let Some(dir) = savepoint_dir {
-                    lock().savepoint(barrier.checkpoint_id, dir);
-                }
+                lock().triggered(barrier.checkpoint_id, savepoint_dir);
                 let _ = triggers.send(Some(barrier.into()));
             }
             Ok(Control::Completed { checkpoint_id }) => {
