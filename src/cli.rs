@@ -719,6 +719,10 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
                         eprintln!(
                             "[WARN] job '{name}': no checkpoint completed within {SUSPEND_WITHIN:?}; started again, it resumes from the one before"
                         );
+                    } else if let Err(e) = c.mark_suspended() {
+                        // Only the restart strategy's count is off: the
+                        // restart resumes from the checkpoint either way.
+                        eprintln!("[WARN] job '{name}': could not record the suspend: {e}");
                     }
                 }
             })

@@ -60,6 +60,11 @@ pub struct ManifestArgs {
     /// pod restores from the checkpoints).
     #[arg(long, default_value = "20Gi")]
     pub disk: String,
+    /// Start the job from this savepoint (an upgrade or a rescale: see the
+    /// README). Pods restarted later resume from the checkpoints taken
+    /// since, not from it again.
+    #[arg(long)]
+    pub from_savepoint: Option<String>,
 }
 
 /// A DNS-1123 label of at most 52 characters (a StatefulSet's pods add
@@ -120,6 +125,7 @@ pub fn manifests(args: &ManifestArgs, sql: &str) -> Result<String, String> {
         ("--cpu", &args.cpu),
         ("--disk", &args.disk),
         ("--s3-secret", &args.s3_secret),
+        ("--from-savepoint", args.from_savepoint.as_ref().unwrap_or(&args.image)),
     ] {
         if v.is_empty()
             || v.chars()
@@ -184,7 +190,11 @@ pub fn manifests(args: &ManifestArgs, sql: &str) -> Result<String, String> {
         format!("            - --peers={peers}"),
         format!("            - --listen=0.0.0.0:{port}"),
         format!("            - --metrics-listen=0.0.0.0:{metrics}"),
-        "            - /etc/weir/job.sql".to_string(),
+        args.from_savepoint
+            .as_ref()
+            .map(|sp| format!("            - --from-savepoint={sp}\n"))
+            .unwrap_or_default()
+            + "            - /etc/weir/job.sql",
         "          env:".to_string(),
         "            - name: WEIR_INDEX".to_string(),
         "              valueFrom:".to_string(),
@@ -273,6 +283,7 @@ mod tests {
             memory: "2Gi".into(),
             cpu: "1".into(),
             disk: "20Gi".into(),
+            from_savepoint: None,
         }
     }
 
@@ -288,6 +299,22 @@ mod tests {
         let mut a = args(2);
         a.image = "x\"; rm".into();
         assert!(manifests(&a, "").expect_err("refused").contains("--image"));
+        let mut a = args(2);
+        a.from_savepoint = Some("s3://b/sp 1".into());
+        assert!(manifests(&a, "").expect_err("refused").contains("--from-savepoint"));
+    }
+
+    #[test]
+    fn a_deployment_from_a_savepoint_passes_it_to_every_worker() {
+        let mut a = args(2);
+        a.from_savepoint = Some("s3://weir/savepoints/savepoint-0a1b".into());
+        let y = manifests(&a, "SELECT 1;\n").expect("manifests");
+        assert!(
+            y.contains(
+                "            - --from-savepoint=s3://weir/savepoints/savepoint-0a1b\n            - /etc/weir/job.sql\n"
+            ),
+            "{y}"
+        );
     }
 
     #[test]

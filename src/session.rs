@@ -781,6 +781,9 @@ impl Session {
                 .into());
             }
             self.cluster_job = Some(name.clone());
+            if config.checkpointing.is_some() && !self.settings.contains_key(weir_engine::config::RESTART_STRATEGY) {
+                config.restart = weir_engine::config::RestartStrategy::exponential_default();
+            }
             if !self.settings.contains_key(weir_engine::config::PARALLELISM) {
                 config.parallelism = c.workers();
             }

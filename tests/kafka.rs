@@ -2273,6 +2273,9 @@ fn exactly_once_into_kafka_over_three_workers_under_kill_9() {
     let sql = format!(
         "SET 'pipeline.name' = 'workers-eos';
          SET 'execution.checkpointing.interval' = '100 ms';
+         SET 'restart-strategy.type' = 'fixed-delay';
+         SET 'restart-strategy.fixed-delay.attempts' = '100';
+         SET 'restart-strategy.fixed-delay.delay' = '0 ms';
          SET 'execution.checkpointing.dir' = '{checkpoints}';
          CREATE TABLE src (id BIGINT, dt TIMESTAMP(3))
          WITH ('connector' = 'kafka', 'topic' = '{source}', 'properties.bootstrap.servers' = '{servers}',
@@ -2379,6 +2382,9 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
         format!(
             "SET 'pipeline.name' = 'wj-{out}';
              SET 'execution.checkpointing.interval' = '150 ms';
+             SET 'restart-strategy.type' = 'fixed-delay';
+             SET 'restart-strategy.fixed-delay.attempts' = '100';
+             SET 'restart-strategy.fixed-delay.delay' = '0 ms';
              {extra}
              CREATE TABLE bid (auction BIGINT, price BIGINT, dt TIMESTAMP(3),
                WATERMARK FOR dt AS dt - INTERVAL '1' SECOND)

@@ -47,6 +47,9 @@ fn input(dir: &Path) -> (PathBuf, PathBuf) {
 fn job_sql(bids: &Path, auctions: &Path, out: &Path, extra: &str, pace: &str) -> String {
     format!(
         "SET 'pipeline.name' = 'workers-test';
+SET 'restart-strategy.type' = 'fixed-delay';
+SET 'restart-strategy.fixed-delay.attempts' = '100';
+SET 'restart-strategy.fixed-delay.delay' = '0 ms';
 {extra}
 CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
   WATERMARK FOR dateTime AS dateTime - INTERVAL '1' SECOND
@@ -210,6 +213,15 @@ fn kill_each_worker_in_turn(dir: &Path, checkpoint_settings: &str) -> String {
         "worker 1 never restored:\n{}",
         workers.logs()
     );
+    // It laid out only its own key groups' share of the keyed state.
+    for line in log.lines().filter(|l| l.contains("as worker 0 decided")) {
+        let mine = number_after(line, "its key groups' ").expect("its share");
+        let all = number_after(line, " of the snapshot's ").expect("the whole");
+        assert!(
+            mine > 0 && mine * 3 < all * 2,
+            "worker 1 laid out {mine} of {all} bytes: {line}"
+        );
+    }
     (0..3)
         .map(|i| std::fs::read_to_string(workers.log(i)).unwrap_or_default())
         .collect()
@@ -403,6 +415,53 @@ fn a_worker_script_with_a_second_insert_is_refused_where_it_is() {
     );
 }
 
+/// A task that fails in every run (its window's snapshot): across
+/// workers the restart strategy counts the restarts the checkpoint log
+/// records, waits its delay before each, and gives up after its attempts;
+/// a worker 0 started again after that gives up again at once.
+#[test]
+fn across_workers_the_restart_strategy_counts_restarts_and_gives_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, auctions) = input(dir.path());
+    let out = dir.path().join("out");
+    let extra = format!(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.dir' = '{}';
+SET 'restart-strategy.type' = 'fixed-delay';
+SET 'restart-strategy.fixed-delay.attempts' = '2';
+SET 'restart-strategy.fixed-delay.delay' = '300 ms';",
+        dir.path().join("checkpoints").display()
+    );
+    let pace = ", 'scan.lines-per-second' = '10000'";
+    let failpoints: Vec<(usize, u32, &str)> = (1..=8).map(|k| (1, k, "window.snapshot:1:error")).collect();
+    let sql = job_sql(&bids, &auctions, &out, &extra, pace);
+    let mut workers = Workers::with_failpoints(dir.path(), 3, &sql, &[], &failpoints);
+    let log0 = workers.log(0);
+    let gave_up = |l: &str| l.matches("has failed for good").count();
+    workers.supervise_until(
+        120,
+        |_| {},
+        |_| std::fs::read_to_string(&log0).is_ok_and(|l| gave_up(&l) >= 2),
+    );
+    let log = std::fs::read_to_string(&log0).unwrap_or_default();
+    let first = log.find("has failed for good").unwrap_or(log.len());
+    let waited = log[..first]
+        .matches("restarted after a failure; starting in 300ms")
+        .count();
+    assert_eq!(
+        waited, 2,
+        "two restarts, each after the strategy's delay, before it gave up:\n{log}"
+    );
+    assert!(
+        log.contains("the fixed-delay restart strategy allows 2 restarts"),
+        "the refusal does not name the strategy:\n{log}"
+    );
+    assert!(
+        gave_up(&log) >= 2,
+        "a worker 0 started after it gave up ran the job again:\n{log}"
+    );
+}
+
 /// The number in `line` after `prefix` (`checkpoint 7 completed` → 7).
 fn number_after(line: &str, prefix: &str) -> Option<u64> {
     let at = line.find(prefix)? + prefix.len();
@@ -471,16 +530,19 @@ SET 'execution.checkpointing.dir' = '{}';",
 }
 
 #[test]
-fn a_job_rescaled_from_2_to_3_to_1_workers_through_savepoints_answers_as_one_process() {
+fn a_job_rescaled_from_2_to_3_to_1_workers_through_savepoints_on_s3_answers_as_one_process() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (bids, auctions, reference) = reference(dir.path(), 3);
     let out = dir.path().join("out");
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(&s3_dir).expect("s3 dir");
+    let s3 = common::s3_server(&s3_dir);
     let extra = format!(
         "SET 'execution.checkpointing.interval' = '200 ms';
-SET 'execution.checkpointing.dir' = '{}';
-SET 'execution.checkpointing.savepoint-dir' = '{}';",
-        dir.path().join("checkpoints").display(),
-        dir.path().join("savepoints").display()
+{}
+SET 'execution.checkpointing.savepoint-dir' = 's3://{}/savepoints';",
+        s3.checkpoint_settings(),
+        s3.bucket
     );
     let pace = ", 'scan.lines-per-second' = '10000'";
     let sql = job_sql(&bids, &auctions, &out, &extra, pace);

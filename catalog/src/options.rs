@@ -27,6 +27,8 @@ pub enum OptionKind {
     Bool,
     Duration,
     MemorySize,
+    /// A finite decimal number >= 0 (a multiplier, a factor).
+    Decimal,
     /// One of a fixed set of values, matched case-insensitively.
     Enum(&'static [&'static str]),
 }
@@ -42,6 +44,7 @@ impl OptionKind {
             OptionKind::Bool => "'true' or 'false'".into(),
             OptionKind::Duration => "a duration such as '500 ms', '10 s', '1 min'".into(),
             OptionKind::MemorySize => "a memory size such as '64 mb', '2 gb'".into(),
+            OptionKind::Decimal => "a decimal number >= 0 such as '1.5'".into(),
             OptionKind::Enum(values) => format!("one of {}", values.join(", ")),
         }
     }
@@ -65,6 +68,7 @@ impl OptionKind {
             OptionKind::Bool => parse_bool(value).is_some(),
             OptionKind::Duration => parse_duration(value).is_some(),
             OptionKind::MemorySize => parse_memory_size(value).is_some(),
+            OptionKind::Decimal => parse_decimal(value).is_some(),
             OptionKind::Enum(values) => values.iter().any(|v| v.eq_ignore_ascii_case(value.trim())),
         };
         if ok {
@@ -73,6 +77,11 @@ impl OptionKind {
             Err(format!("invalid value '{value}', expected {}", self.describe()))
         }
     }
+}
+
+/// A finite decimal number >= 0.
+fn parse_decimal(value: &str) -> Option<f64> {
+    value.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0)
 }
 
 /// Schemes of the object stores a [`OptionKind::Location`] may name.
@@ -222,6 +231,10 @@ impl Options {
 
     pub fn memory_size(&self, key: &str) -> Result<Option<u64>, CatalogError> {
         self.typed(key, parse_memory_size)
+    }
+
+    pub fn decimal(&self, key: &str) -> Result<Option<f64>, CatalogError> {
+        self.typed(key, parse_decimal)
     }
 
     /// Enum values are returned lower-cased.

@@ -56,6 +56,15 @@ pub const ROCKSDB_WRITE_BUFFER: &str = "state.backend.rocksdb.writebuffer.size";
 pub const RESTART_STRATEGY: &str = "restart-strategy.type";
 pub const RESTART_ATTEMPTS: &str = "restart-strategy.fixed-delay.attempts";
 pub const RESTART_DELAY: &str = "restart-strategy.fixed-delay.delay";
+pub const RESTART_RATE_MAX: &str = "restart-strategy.failure-rate.max-failures-per-interval";
+pub const RESTART_RATE_INTERVAL: &str = "restart-strategy.failure-rate.failure-rate-interval";
+pub const RESTART_RATE_DELAY: &str = "restart-strategy.failure-rate.delay";
+pub const RESTART_EXP_INITIAL: &str = "restart-strategy.exponential-delay.initial-backoff";
+pub const RESTART_EXP_MAX: &str = "restart-strategy.exponential-delay.max-backoff";
+pub const RESTART_EXP_MULTIPLIER: &str = "restart-strategy.exponential-delay.backoff-multiplier";
+pub const RESTART_EXP_RESET: &str = "restart-strategy.exponential-delay.reset-backoff-threshold";
+pub const RESTART_EXP_JITTER: &str = "restart-strategy.exponential-delay.jitter-factor";
+pub const RESTART_EXP_ATTEMPTS: &str = "restart-strategy.exponential-delay.attempts-before-reset-backoff";
 
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
@@ -306,8 +315,61 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("true"),
     OptionSpec::new(
         RESTART_STRATEGY,
-        OptionKind::Enum(&["none", "off", "disable", "fixed-delay", "fixeddelay"]),
+        OptionKind::Enum(&[
+            "none",
+            "off",
+            "disable",
+            "fixed-delay",
+            "fixeddelay",
+            "failure-rate",
+            "failurerate",
+            "exponential-delay",
+            "exponentialdelay",
+        ]),
         "what a failed job does (default: fixed-delay with checkpointing, none without)",
+    ),
+    OptionSpec::new(
+        RESTART_RATE_MAX,
+        OptionKind::Int { min: 1, max: i32::MAX as i64 },
+        "failure-rate: restarts within the interval before the job fails for good",
+    )
+    .with_default("1"),
+    OptionSpec::new(
+        RESTART_RATE_INTERVAL,
+        OptionKind::Duration,
+        "failure-rate: the interval failures are counted in",
+    )
+    .with_default("1 min"),
+    OptionSpec::new(RESTART_RATE_DELAY, OptionKind::Duration, "failure-rate: wait before a restart").with_default("1 s"),
+    OptionSpec::new(
+        RESTART_EXP_INITIAL,
+        OptionKind::Duration,
+        "exponential-delay: the first restart's wait",
+    )
+    .with_default("1 s"),
+    OptionSpec::new(RESTART_EXP_MAX, OptionKind::Duration, "exponential-delay: the longest wait").with_default("1 min"),
+    OptionSpec::new(
+        RESTART_EXP_MULTIPLIER,
+        OptionKind::Decimal,
+        "exponential-delay: the wait grows by this after each failure (>= 1)",
+    )
+    .with_default("1.5"),
+    OptionSpec::new(
+        RESTART_EXP_RESET,
+        OptionKind::Duration,
+        "exponential-delay: a run this long without failure resets the wait and the attempts",
+    )
+    .with_default("1 h"),
+    OptionSpec::new(
+        RESTART_EXP_JITTER,
+        OptionKind::Decimal,
+        "exponential-delay: a random part of the wait, added or taken off (0 to 1)",
+    )
+    .with_default("0.1"),
+    OptionSpec::new(
+        RESTART_EXP_ATTEMPTS,
+        OptionKind::Int { min: 1, max: i32::MAX as i64 },
+        "exponential-delay: restarts before the job fails for good (counted since the last reset; default: no limit)",
     ),
     OptionSpec::new(
         RESTART_ATTEMPTS,
@@ -324,10 +386,45 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("false"),
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl RestartStrategy {
+    /// Flink 2's default with checkpointing: exponential delay, 1 s up to
+    /// 1 min, never giving up. A job over workers takes it (its pods are
+    /// restarted forever anyway; a limit counted over months of node
+    /// failures would end it for good).
+    pub fn exponential_default() -> Self {
+        RestartStrategy::ExponentialDelay {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            multiplier: 1.5,
+            reset_threshold: Duration::from_secs(3600),
+            jitter: 0.1,
+            attempts: u32::MAX,
+        }
+    }
+}
+
+/// Flink's restart strategies (`restart-strategy.type`); what they decide
+/// is [`crate::runtime::restart::Restarts`]'.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RestartStrategy {
     None,
-    FixedDelay { attempts: u32, delay: Duration },
+    FixedDelay {
+        attempts: u32,
+        delay: Duration,
+    },
+    FailureRate {
+        max_failures: u32,
+        interval: Duration,
+        delay: Duration,
+    },
+    ExponentialDelay {
+        initial: Duration,
+        max: Duration,
+        multiplier: f64,
+        reset_threshold: Duration,
+        jitter: f64,
+        attempts: u32,
+    },
 }
 
 /// How RocksDB instances use memory (Flink's `state.backend.rocksdb.*`).
@@ -547,6 +644,40 @@ impl JobConfig {
         };
         let restart = match o.enum_value(RESTART_STRATEGY).as_deref() {
             Some("fixed-delay" | "fixeddelay") => fixed_delay,
+            Some("failure-rate" | "failurerate") => RestartStrategy::FailureRate {
+                max_failures: o.i64(RESTART_RATE_MAX)?.unwrap_or(1) as u32,
+                interval: o.duration(RESTART_RATE_INTERVAL)?.unwrap_or(Duration::from_secs(60)),
+                delay: o.duration(RESTART_RATE_DELAY)?.unwrap_or(Duration::from_secs(1)),
+            },
+            Some("exponential-delay" | "exponentialdelay") => {
+                let multiplier = o.decimal(RESTART_EXP_MULTIPLIER)?.unwrap_or(1.5);
+                if multiplier < 1.0 {
+                    return Err(ExecError::Config(format!(
+                        "'{RESTART_EXP_MULTIPLIER}' = '{multiplier}': the wait must not shrink (expected >= 1)"
+                    )));
+                }
+                let jitter = o.decimal(RESTART_EXP_JITTER)?.unwrap_or(0.1);
+                if jitter > 1.0 {
+                    return Err(ExecError::Config(format!(
+                        "'{RESTART_EXP_JITTER}' = '{jitter}': expected a factor from 0 to 1"
+                    )));
+                }
+                let initial = o.duration(RESTART_EXP_INITIAL)?.unwrap_or(Duration::from_secs(1));
+                let max = o.duration(RESTART_EXP_MAX)?.unwrap_or(Duration::from_secs(60));
+                if initial > max {
+                    return Err(ExecError::Config(format!(
+                        "'{RESTART_EXP_INITIAL}' ({initial:?}) is above '{RESTART_EXP_MAX}' ({max:?})"
+                    )));
+                }
+                RestartStrategy::ExponentialDelay {
+                    initial,
+                    max,
+                    multiplier,
+                    reset_threshold: o.duration(RESTART_EXP_RESET)?.unwrap_or(Duration::from_secs(3600)),
+                    jitter,
+                    attempts: o.i64(RESTART_EXP_ATTEMPTS)?.map_or(u32::MAX, |a| a as u32),
+                }
+            }
             Some(_) => RestartStrategy::None,
             None if checkpointing.is_some() => fixed_delay,
             None => RestartStrategy::None,
@@ -678,4 +809,52 @@ pub fn parse_pinned(value: &str) -> Result<Vec<(String, String)>, String> {
         out.push((sel.to_string(), uid.to_string()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn restart(pairs: &[(&str, &str)]) -> Result<RestartStrategy> {
+        let settings: BTreeMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        JobConfig::from_settings(&settings, "job", std::path::Path::new("/tmp")).map(|c| c.restart)
+    }
+
+    #[test]
+    fn flink_restart_strategies_parse_with_flinks_defaults() {
+        assert_eq!(
+            restart(&[(RESTART_STRATEGY, "failure-rate")]).expect("failure-rate"),
+            RestartStrategy::FailureRate {
+                max_failures: 1,
+                interval: Duration::from_secs(60),
+                delay: Duration::from_secs(1),
+            }
+        );
+        assert_eq!(
+            restart(&[(RESTART_STRATEGY, "exponential-delay"), (RESTART_EXP_ATTEMPTS, "4")]).expect("exponential"),
+            RestartStrategy::ExponentialDelay {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+                multiplier: 1.5,
+                reset_threshold: Duration::from_secs(3600),
+                jitter: 0.1,
+                attempts: 4,
+            }
+        );
+    }
+
+    #[test]
+    fn a_bad_restart_option_is_refused_by_name() {
+        for (key, value) in [
+            (RESTART_EXP_MULTIPLIER, "0.5"),
+            (RESTART_EXP_JITTER, "2"),
+            (RESTART_EXP_MULTIPLIER, "fast"),
+            (RESTART_EXP_MAX, "10 ms"),
+        ] {
+            let e = restart(&[(RESTART_STRATEGY, "exponential-delay"), (key, value)]).expect_err(value);
+            assert!(e.to_string().contains(key), "{key} = {value}: {e}");
+        }
+        let e = restart(&[(RESTART_STRATEGY, "sometimes")]).expect_err("unknown strategy");
+        assert!(e.to_string().contains("exponential-delay"), "{e}");
+    }
 }

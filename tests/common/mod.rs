@@ -423,6 +423,17 @@ pub fn s3_server(dir: &std::path::Path) -> S3Server {
         "admin.port.grpc",
     ] {
         let port = free_port();
+        // SeaweedFS also listens on `<tmp>/seaweedfs-<part>-<port>.sock`,
+        // never removed by a killed server: one left by an earlier run on
+        // this (free) port would keep the new server from listening.
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("seaweedfs-") && name.ends_with(&format!("-{port}.sock")) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         match flag {
             "s3.port" => s3_port = port,
             "filer.port" => filer_port = port,
@@ -765,7 +776,12 @@ impl Workers {
     /// worker that exits non-zero is started again with the same
     /// arguments; returns once every worker exited 0. `tick` runs between
     /// rounds (to kill workers).
-    pub fn supervise(&mut self, secs: u64, mut tick: impl FnMut(&mut Workers)) {
+    pub fn supervise(&mut self, secs: u64, tick: impl FnMut(&mut Workers)) {
+        self.supervise_until(secs, tick, |_| false);
+    }
+
+    /// [`Self::supervise`], returning early once `until` says so.
+    pub fn supervise_until(&mut self, secs: u64, mut tick: impl FnMut(&mut Workers), until: impl Fn(&Workers) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         let mut finished = vec![false; self.children.len()];
         loop {
@@ -791,7 +807,7 @@ impl Workers {
                     }
                 }
             }
-            if finished.iter().all(|f| *f) {
+            if finished.iter().all(|f| *f) || until(self) {
                 return;
             }
             assert!(

@@ -27,6 +27,9 @@ pub struct RestoredJob {
     pub in_flight: HashMap<String, Vec<crate::change::ChangeBatch>>,
     /// Checkpoints newer than this one that could not be used, and why.
     pub skipped: Vec<String>,
+    /// Bytes of state files read or laid out (all of the snapshot's, or
+    /// a worker's share of it).
+    pub laid_out: u64,
 }
 
 impl RestoredJob {
@@ -73,6 +76,23 @@ pub fn restore_dir(
     check: Compatibility,
     job_dir: &Path,
 ) -> Result<RestoredJob, CheckpointError> {
+    restore_dir_for(storage, dir, check, job_dir, &|_, _| true)
+}
+
+/// Which keyed state a process lays out: operator uid and key groups of a
+/// snapshot's part. A worker of a job spread over processes takes only
+/// the parts whose key groups its own subtasks own (with N workers, a
+/// restore downloads about 1/N of the state, not all of it).
+pub type Wanted<'a> = &'a dyn Fn(&str, &std::ops::Range<u16>) -> bool;
+
+/// [`restore_dir`] laying out only the keyed state `wanted` says.
+pub fn restore_dir_for(
+    storage: &CheckpointStorage,
+    dir: &Path,
+    check: Compatibility,
+    job_dir: &Path,
+    wanted: Wanted,
+) -> Result<RestoredJob, CheckpointError> {
     let metadata = storage.load_dir(dir)?;
     check(&metadata)?;
     let state_root = job_dir.join("state");
@@ -89,9 +109,12 @@ pub fn restore_dir(
     let mut keyed: HashMap<String, Vec<StateSource>> = HashMap::new();
     let mut operator_state = HashMap::new();
     let mut in_flight = HashMap::new();
+    let mut laid_out = 0u64;
     for (key, state) in &metadata.operators {
         let (uid, subtask) = super::parse_operator_key(key)?;
         match state {
+            OperatorState::Rocksdb { key_groups, .. } | OperatorState::Entries { key_groups, .. }
+                if !wanted(uid, key_groups) => {}
             OperatorState::Rocksdb { files, key_groups, .. } => {
                 let local = state_root.join("restored").join(format!("{uid}-{subtask}"));
                 std::fs::create_dir_all(&local).map_err(|source| CheckpointError::LocalState {
@@ -100,6 +123,7 @@ pub fn restore_dir(
                 })?;
                 for (name, f) in files {
                     storage.restore_file(f, &local.join(name))?;
+                    laid_out += f.size;
                 }
                 keyed.entry(uid.to_string()).or_default().push(StateSource::RocksDb {
                     dir: local,
@@ -108,6 +132,7 @@ pub fn restore_dir(
             }
             OperatorState::Entries { file, key_groups } => {
                 let bytes = storage.read_file(file)?;
+                laid_out += file.size;
                 keyed.entry(uid.to_string()).or_default().push(StateSource::Entries {
                     bytes: Arc::new(bytes),
                     key_groups: key_groups.clone(),
@@ -135,6 +160,7 @@ pub fn restore_dir(
         operator_state,
         in_flight,
         skipped: vec![],
+        laid_out,
     })
 }
 

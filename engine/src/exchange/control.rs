@@ -170,6 +170,15 @@ impl WireSnapshot {
 
 impl WireReport {
     /// The report as the coordinator takes it from a local task.
+    /// The task the report is of.
+    pub fn task(&self) -> usize {
+        match self {
+            WireReport::Ack { task, .. } | WireReport::Finished { task, .. } | WireReport::Decline { task, .. } => {
+                *task
+            }
+        }
+    }
+
     pub fn into_task_report(self) -> TaskReport {
         match self {
             WireReport::Ack {

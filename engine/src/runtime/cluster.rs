@@ -71,8 +71,8 @@ pub struct ReportWriter {
     written: HashMap<u64, Written>,
     /// What this worker wrote for the last checkpoint that completed.
     base: Option<Written>,
-    /// Savepoints in progress: their directories.
-    savepoints: HashMap<u64, String>,
+    /// Triggers seen: which checkpoints are savepoints, and where to.
+    book: TriggerBook,
     /// Sink output of checkpoints this worker could not write: it goes
     /// with the task's next report, as the coordinator carries an
     /// aborted checkpoint's output to the next.
@@ -80,33 +80,40 @@ pub struct ReportWriter {
     /// Sink output sent per checkpoint: released once it completed (see
     /// [`crate::checkpoint::Committer::release`]).
     sent: std::collections::BTreeMap<u64, Vec<(String, Vec<serde_json::Value>)>>,
+}
+
+/// The triggers worker 0 sent, kept apart from the [`ReportWriter`]'s lock
+/// (held through uploads): the control loop records a trigger without
+/// waiting for an upload, and a report waits for its trigger without
+/// holding anything.
+#[derive(Clone)]
+pub struct TriggerBook {
+    /// Savepoints in progress: their directories.
+    savepoints: Arc<Mutex<HashMap<u64, String>>>,
     /// The newest checkpoint whose trigger came from worker 0. A barrier
     /// can reach this worker's tasks through a third worker before the
     /// trigger does: a report waits for its trigger (see
-    /// [`Self::trigger_seen`]), which says whether it is a savepoint and
+    /// [`TriggerBook::seen`]), which says whether it is a savepoint and
     /// where its state goes.
-    announced: tokio::sync::watch::Sender<u64>,
+    announced: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
-impl ReportWriter {
-    pub fn new(config: &JobConfig) -> Arc<Mutex<ReportWriter>> {
-        Arc::new(Mutex::new(ReportWriter {
-            storage: config.checkpointing.as_ref().map(|c| c.storage()),
-            s3: config.s3.clone(),
-            incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
-            written: HashMap::new(),
-            base: None,
-            savepoints: HashMap::new(),
-            carried: Default::default(),
-            sent: Default::default(),
-            announced: tokio::sync::watch::channel(0).0,
-        }))
+impl TriggerBook {
+    fn new() -> Self {
+        TriggerBook {
+            savepoints: Arc::default(),
+            announced: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    fn savepoints(&self) -> std::sync::MutexGuard<'_, HashMap<u64, String>> {
+        self.savepoints.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Worker 0 triggered checkpoint `id` (a savepoint into `savepoint`).
-    pub fn triggered(&mut self, id: u64, savepoint: Option<String>) {
+    pub fn triggered(&self, id: u64, savepoint: Option<String>) {
         if let Some(dir) = savepoint {
-            self.savepoints.insert(id, dir);
+            self.savepoints().insert(id, dir);
         }
         self.announced.send_if_modified(|a| {
             let newer = id > *a;
@@ -117,14 +124,34 @@ impl ReportWriter {
 
     /// Answers once checkpoint `id`'s trigger arrived (at once if it did):
     /// only then is it known whether `id` is a savepoint. Never, if the
-    /// writer is dropped first (the attempt ended).
-    pub fn trigger_seen(&self, id: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
+    /// book is dropped first (the attempt ended).
+    pub fn seen(&self, id: u64) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.announced.subscribe();
         async move {
             if rx.wait_for(|a| *a >= id).await.is_err() {
                 std::future::pending::<()>().await;
             }
         }
+    }
+}
+
+impl ReportWriter {
+    pub fn new(config: &JobConfig) -> Arc<Mutex<ReportWriter>> {
+        Arc::new(Mutex::new(ReportWriter {
+            storage: config.checkpointing.as_ref().map(|c| c.storage()),
+            s3: config.s3.clone(),
+            incremental: config.checkpointing.as_ref().is_some_and(|c| c.incremental),
+            written: HashMap::new(),
+            base: None,
+            book: TriggerBook::new(),
+            carried: Default::default(),
+            sent: Default::default(),
+        }))
+    }
+
+    /// The triggers this writer goes by (see [`TriggerBook`]).
+    pub fn book(&self) -> TriggerBook {
+        self.book.clone()
     }
 
     /// Checkpoint `id` completed: its files are the next one's base.
@@ -135,7 +162,7 @@ impl ReportWriter {
             self.base = Some(w);
         }
         self.written.retain(|k, _| *k > id);
-        self.savepoints.retain(|k, _| *k > id);
+        self.book.savepoints().retain(|k, _| *k > id);
         let later = self.sent.split_off(&(id + 1));
         std::mem::replace(&mut self.sent, later)
             .into_values()
@@ -221,9 +248,10 @@ impl ReportWriter {
         let Some(storage) = self.storage.clone() else {
             return Err("a checkpoint acknowledged without checkpoint storage".into());
         };
-        let savepoint = match self.savepoints.get(&id) {
+        let dir = self.book.savepoints().get(&id).cloned();
+        let savepoint = match dir {
             Some(dir) => Some(
-                crate::checkpoint::objects::storage_at(std::path::Path::new(dir), &self.s3)
+                crate::checkpoint::objects::storage_at(std::path::Path::new(&dir), &self.s3)
                     .map_err(|e| format!("savepoint directory {dir}: {e}"))?,
             ),
             None => None,

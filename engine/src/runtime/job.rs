@@ -22,7 +22,6 @@ use tokio::task::JoinSet;
 
 use crate::checkpoint::coordinator::CoordinatorEvent;
 use crate::checkpoint::coordinator::{CheckpointLog, SavepointQueue, commit_all};
-use crate::checkpoint::restore::restore_dir;
 use crate::checkpoint::savepoint::{SavepointDone, SavepointRequest};
 use crate::checkpoint::{
     CheckpointCoordinator, CheckpointError, CheckpointStorage, Fence, RestoredJob, SplitPosition, TaskCheckpointing,
@@ -241,9 +240,22 @@ pub struct JobController {
     savepoint_dir: PathBuf,
     checkpointing: bool,
     checkpoints: Arc<CheckpointLog>,
+    retention: Retention,
+    job_dir: PathBuf,
 }
 
 impl JobController {
+    /// Records that the job was suspended (a worker's pod going away,
+    /// after [`Self::checkpoint_now`]): the run that resumes it does not
+    /// count a failure, and this run publishes nothing more.
+    pub fn mark_suspended(&self) -> Result<()> {
+        if !self.checkpointing {
+            return Ok(());
+        }
+        self.retention
+            .end(&self.name, &self.job_dir, RunStatus::Suspended, false)
+    }
+
     /// Whether the job checkpoints.
     pub fn checkpointing(&self) -> bool {
         self.checkpointing
@@ -433,6 +445,8 @@ impl JobHandle {
             savepoint_dir: self.savepoint_dir.clone(),
             checkpointing: self.checkpointing,
             checkpoints: self.metrics.checkpoints.clone(),
+            retention: self.retention.clone(),
+            job_dir: self.job_dir.clone(),
         }
     }
 
@@ -554,8 +568,13 @@ fn status_storage(config: &JobConfig) -> Option<CheckpointStorage> {
 struct Initial {
     restored: Option<RestoredJob>,
     fence: Option<Arc<Fence>>,
-    /// A job over workers that ended on purpose: why it does not run.
+    /// A job over workers that ended on purpose, or whose restart
+    /// strategy gave up (`failed`): why it does not run.
     ended: Option<String>,
+    failed: bool,
+    /// A job over workers restarted after a failure: the restart
+    /// strategy's wait before it runs.
+    delay: Option<Duration>,
     /// What a restart within this run restores: the newest checkpoint
     /// numbered `floor` or above, else `path`.
     floor: u64,
@@ -617,6 +636,8 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
             restored,
             fence: None,
             ended: None,
+            failed: false,
+            delay: None,
             floor: 0,
             path: config.recovery_path.clone(),
         });
@@ -650,9 +671,39 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
         restored: None,
         fence: Some(fence.clone()),
         ended: None,
+        failed: false,
+        delay: None,
         floor: own_floor,
         path: None,
     };
+    // Across workers a failed attempt ends every process and their
+    // supervisor starts them again: this start is the restart, and the
+    // restart strategy decides from the failures the log records.
+    let after_failure = config.cluster.is_some()
+        && matches!(start, Start::Latest { .. } | Start::Path(_))
+        && super::resume::after_failure(&records);
+    if after_failure {
+        let past = super::resume::restarts(&records);
+        let mut restarts = super::restart::Restarts::replay(config.restart, &past);
+        match restarts.failed(chrono::Utc::now().timestamp_millis()) {
+            Ok(delay) => initial.delay = Some(delay),
+            Err(why) => {
+                fence.seal(RunStatus::Failed.as_str())?;
+                let latest = storage
+                    .complete_ids()?
+                    .last()
+                    .map(|id| format!(" (the latest: {}/chk-{id})", storage.root().display()))
+                    .unwrap_or_default();
+                initial.fence = None;
+                initial.failed = true;
+                initial.ended = Some(format!(
+                    "has failed for good: {why}. Its checkpoints stay: start it with --from-savepoint naming one{latest}, \
+                     or allow more restarts"
+                ));
+                return Ok(initial);
+            }
+        }
+    }
     match start {
         Start::Path(path) => {
             initial.restored = Some(restore_path(&path, &check, config)?);
@@ -690,6 +741,16 @@ fn restore_path(
     check: crate::checkpoint::restore::Compatibility,
     config: &JobConfig,
 ) -> Result<RestoredJob> {
+    restore_path_for(path, check, config, &|_, _| true)
+}
+
+/// [`restore_path`] laying out only the keyed state `wanted` says.
+fn restore_path_for(
+    path: &Path,
+    check: crate::checkpoint::restore::Compatibility,
+    config: &JobConfig,
+    wanted: crate::checkpoint::restore::Wanted,
+) -> Result<RestoredJob> {
     use crate::checkpoint::storage::METADATA_FILE;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     let is_checkpoint = name.strip_prefix("chk-").is_some_and(|n| n.parse::<u64>().is_ok());
@@ -708,7 +769,32 @@ fn restore_path(
             path.display(),
         )));
     }
-    Ok(restore_dir(&storage, path, check, &config.job_dir)?)
+    Ok(crate::checkpoint::restore::restore_dir_for(
+        &storage,
+        path,
+        check,
+        &config.job_dir,
+        wanted,
+    )?)
+}
+
+/// The keyed state worker `index` of `workers` needs: the parts whose key
+/// groups overlap those of the subtasks it runs (subtask `s` of every
+/// operator runs on worker `s % workers`).
+fn wanted_on_worker(
+    graph: &StreamGraph,
+    max_parallelism: u16,
+    index: usize,
+    workers: usize,
+) -> HashMap<String, Vec<std::ops::Range<u16>>> {
+    let mut out: HashMap<String, Vec<std::ops::Range<u16>>> = HashMap::new();
+    for n in &graph.nodes {
+        let mine = (0..n.parallelism)
+            .filter(|s| s % workers.max(1) == index)
+            .map(|s| crate::keygroup::groups_of_subtask(s, max_parallelism, n.parallelism));
+        out.entry(n.uid.clone()).or_default().extend(mine);
+    }
+    out
 }
 
 /// Starts every subtask of `graph`. `results` receives the rows of a bare
@@ -735,6 +821,8 @@ pub fn deploy(
             restored: None,
             fence: None,
             ended: ended_across_workers(&config)?,
+            failed: false,
+            delay: None,
             floor: 0,
             path: None,
         }
@@ -743,6 +831,8 @@ pub fn deploy(
         restored,
         fence,
         ended,
+        failed: gave_up,
+        delay: first_delay,
         floor: restart_floor,
         path: restart_path,
     } = initial;
@@ -801,6 +891,11 @@ pub fn deploy(
     // when it ends.
     let ephemeral = results.is_some().then(|| config.job_dir.clone());
     let supervise = async move {
+        if gave_up {
+            let why = format!("job '{}' {}", config.name, ended.unwrap_or_default());
+            job_metrics.lifecycle.set(JobState::Failed(why.clone()));
+            return Err(ExecError::Cluster(why));
+        }
         if already_finished {
             job_metrics.lifecycle.set(JobState::Finished);
             return Ok(JobOutcome {
@@ -810,6 +905,17 @@ pub fn deploy(
         }
         let mut restored = restored;
         let mut attempt = 0u32;
+        if let Some(delay) = first_delay.filter(|d| !d.is_zero()) {
+            tracing::warn!(
+                target: "weir::checkpoint",
+                "job '{}': restarted after a failure; starting in {delay:?} (restart strategy)",
+                config.name
+            );
+            job_metrics.lifecycle.set(JobState::Restarting);
+            tokio::time::sleep(delay).await;
+            job_metrics.lifecycle.set(JobState::Running);
+        }
+        let mut restarts = super::restart::Restarts::new(config.restart);
         loop {
             let result = run_attempt(
                 &graph,
@@ -846,16 +952,21 @@ pub fn deploy(
             // A newer run of the job owns its checkpoints: restarting
             // would take them back from it.
             let fenced = matches!(err, ExecError::CheckpointStorage(CheckpointError::Fenced { .. }));
-            let retry = match config.restart {
+            let retry = if config.cluster.is_some() {
                 // Across workers, a failed attempt ends the process: its
-                // supervisor restarts every worker (a full restart).
-                _ if config.cluster.is_some() => None,
-                RestartStrategy::FixedDelay { attempts, delay }
-                    if attempt < attempts && !fenced && !*stop_rx.borrow() && !*cancel_rx.borrow() =>
-                {
-                    Some(delay)
+                // supervisor restarts every worker (a full restart), and
+                // the restart strategy decides at that start.
+                None
+            } else if fenced || *stop_rx.borrow() || *cancel_rx.borrow() {
+                None
+            } else {
+                match restarts.failed(chrono::Utc::now().timestamp_millis()) {
+                    Ok(delay) => Some(delay),
+                    Err(why) => {
+                        tracing::warn!(target: "weir::checkpoint", "job '{}' is not restarted: {why}", config.name);
+                        None
+                    }
                 }
-                _ => None,
             };
             let Some(delay) = retry else {
                 job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
@@ -869,11 +980,17 @@ pub fn deploy(
             job_metrics.lifecycle.set(JobState::Restarting);
             tracing::warn!(
                 target: "weir::checkpoint",
-                "job '{}' failed: {err}; restarting (attempt {attempt} of {}) in {delay:?}",
+                "job '{}' failed: {err}; restarting (attempt {attempt}{}) in {delay:?}",
                 config.name,
                 match config.restart {
-                    RestartStrategy::FixedDelay { attempts, .. } => attempts,
-                    RestartStrategy::None => 0,
+                    RestartStrategy::FixedDelay { attempts, .. } => format!(" of {attempts}"),
+                    RestartStrategy::FailureRate {
+                        max_failures, interval, ..
+                    } => format!(", at most {max_failures} per {interval:?}"),
+                    RestartStrategy::ExponentialDelay { attempts, .. } if attempts < u32::MAX => {
+                        format!(" of {attempts} before the wait resets")
+                    }
+                    _ => String::new(),
                 }
             );
             tokio::time::sleep(delay).await;
@@ -1059,14 +1176,22 @@ async fn run_attempt(
             m.close().await;
             return Ok(());
         };
+        let layout_started = Instant::now();
         if let Some(path) = restore {
             let graph = graph.clone();
             let cfg = config.clone();
+            let mine = wanted_on_worker(&graph, config.max_parallelism, c.index as usize, c.workers());
             restored = Some(
                 tokio::task::spawn_blocking(move || {
                     let check =
                         |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
-                    restore_path(Path::new(&path), &check, &cfg)
+                    // Only what this worker's subtasks read (an unknown
+                    // uid is the compatibility check's to refuse).
+                    let wanted = |uid: &str, groups: &std::ops::Range<u16>| {
+                        mine.get(uid)
+                            .is_none_or(|ranges| ranges.iter().any(|r| r.start < groups.end && groups.start < r.end))
+                    };
+                    restore_path_for(Path::new(&path), &check, &cfg, &wanted)
                 })
                 .await
                 .map_err(|e| ExecError::internal(format!("restore task failed: {e}")))??,
@@ -1075,11 +1200,15 @@ async fn run_attempt(
         if let Some(r) = &restored {
             tracing::info!(
                 target: "weir::checkpoint",
-                "job '{}': worker {}: restoring from checkpoint {} ({}), as worker 0 decided",
+                "job '{}': worker {}: restoring from checkpoint {} ({}), as worker 0 decided: its key groups' {} of \
+                 the snapshot's {} bytes laid out in {} ms",
                 config.name,
                 c.index,
                 r.checkpoint_id(),
-                r.path.display()
+                r.path.display(),
+                r.laid_out,
+                r.metadata.full_size(),
+                layout_started.elapsed().as_millis()
             );
         }
         started = Some((attempt_tag, splits));
@@ -1206,6 +1335,9 @@ async fn run_attempt(
     let idle = starting_idle(graph, &chains, &has_splits, &origins);
 
     let opening = Instant::now();
+    // Which worker runs each task (by task number): worker 0 takes a
+    // report of a task only from the worker that runs it.
+    let mut task_owners: Vec<u32> = vec![];
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     // One RocksDB memory budget for the whole attempt (every stateful
     // subtask's instance shares its cache and write buffers).
@@ -1216,6 +1348,7 @@ async fn run_attempt(
         for subtask in 0..head.parallelism {
             // Numbered on every worker alike, run by one.
             let checkpointing = task_ctx(matches!(head.kind, NodeKind::Source(_)));
+            task_owners.push(remote.map_or(0, |(c, _)| c.worker_of(subtask)));
             if remote.is_some_and(|(c, _)| !c.is_local(subtask)) {
                 continue;
             }
@@ -1402,6 +1535,7 @@ async fn run_attempt(
     let mut coordinator_gone = None;
     match (&mesh, from_coordinator) {
         (Some(m), None) => {
+            let owners = Arc::new(std::mem::take(&mut task_owners));
             for peer in 1..m.workers() as u32 {
                 let rx = m
                     .link(peer)
@@ -1415,6 +1549,7 @@ async fn run_attempt(
                     probe,
                     groups.clone(),
                     metrics.checkpoints.clone(),
+                    owners.clone(),
                 ));
             }
             if !groups.is_empty() {
@@ -1493,16 +1628,13 @@ async fn run_attempt(
             let mut reports = report_rx;
             report_rx = mpsc::unbounded_channel().1;
             coordinator_set.spawn(async move {
+                let book = writer.lock().unwrap_or_else(|p| p.into_inner()).book();
                 while let Some(report) = reports.recv().await {
                     if let crate::checkpoint::TaskReport::Ack { checkpoint_id, .. } = &report {
                         // Its barrier may have come through another worker
                         // before worker 0's trigger: wait for the trigger
                         // (it says whether this is a savepoint).
-                        let seen = writer
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .trigger_seen(*checkpoint_id);
-                        seen.await;
+                        book.seen(*checkpoint_id).await;
                     }
                     let w = writer.clone();
                     let wire =
@@ -1745,10 +1877,24 @@ async fn from_worker(
     failure: Option<impl Fn() -> Option<crate::exchange::link::LinkError>>,
     groups: HashMap<String, Arc<AlignmentCoordinator>>,
     suspend: Arc<CheckpointLog>,
+    owners: Arc<Vec<u32>>,
 ) -> Result<()> {
     while let Some(bytes) = rx.recv().await {
         match Control::decode(&bytes).map_err(|e| ExecError::Cluster(format!("worker {peer}: {e}")))? {
             Control::Report(r) => {
+                // A report of another worker's task (a worker started with
+                // other placement, or a bug) would complete a checkpoint
+                // with the wrong state.
+                let task = r.task();
+                if owners.get(task) != Some(&peer) {
+                    return Err(ExecError::Cluster(format!(
+                        "worker {peer} reported task {task}, which {}",
+                        match owners.get(task) {
+                            Some(w) => format!("runs on worker {w}"),
+                            None => "does not exist".to_string(),
+                        }
+                    )));
+                }
                 // The coordinator is gone only when the attempt ends.
                 let _ = reports.send(r.into_task_report());
             }
@@ -1792,29 +1938,46 @@ async fn from_coordinator_loop(
     groups: HashMap<String, Arc<AlignmentCoordinator>>,
     committers: HashMap<String, Arc<dyn Committer>>,
 ) {
-    let lock = || writer.lock().unwrap_or_else(|p| p.into_inner());
+    // The writer's lock is held through uploads: this loop never takes it
+    // (a runtime thread would wait out the upload, and with it the
+    // heartbeats, alignment and triggers). Triggers go in the book;
+    // completions to a task of their own, in order.
+    let book = writer.lock().unwrap_or_else(|p| p.into_inner()).book();
+    let (completed_tx, mut completed_rx) = mpsc::unbounded_channel::<u64>();
+    tokio::spawn(async move {
+        while let Some(checkpoint_id) = completed_rx.recv().await {
+            // Worker 0 committed this worker's output of it: what this
+            // process holds for it is let go.
+            let w = writer.clone();
+            let Ok(released) = tokio::task::spawn_blocking(move || {
+                w.lock().unwrap_or_else(|p| p.into_inner()).completed(checkpoint_id)
+            })
+            .await
+            else {
+                return;
+            };
+            for (key, committables) in released {
+                let Some(c) = crate::checkpoint::parse_operator_key(&key)
+                    .ok()
+                    .and_then(|(uid, _)| committers.get(uid).cloned())
+                else {
+                    continue;
+                };
+                let job = tokio::task::spawn_blocking(move || c.release(&committables)).await;
+                if let Ok(Err(e)) = job {
+                    tracing::warn!(target: "weir::checkpoint", "releasing committed output of {key}: {e}");
+                }
+            }
+        }
+    });
     while let Some(bytes) = rx.recv().await {
         match Control::decode(&bytes) {
             Ok(Control::Trigger { barrier, savepoint_dir }) => {
-                lock().triggered(barrier.checkpoint_id, savepoint_dir);
+                book.triggered(barrier.checkpoint_id, savepoint_dir);
                 let _ = triggers.send(Some(barrier.into()));
             }
             Ok(Control::Completed { checkpoint_id }) => {
-                // Worker 0 committed this worker's output of it: what this
-                // process holds for it is let go.
-                let released = lock().completed(checkpoint_id);
-                for (key, committables) in released {
-                    let Some(c) = crate::checkpoint::parse_operator_key(&key)
-                        .ok()
-                        .and_then(|(uid, _)| committers.get(uid).cloned())
-                    else {
-                        continue;
-                    };
-                    let job = tokio::task::spawn_blocking(move || c.release(&committables)).await;
-                    if let Ok(Err(e)) = job {
-                        tracing::warn!(target: "weir::checkpoint", "releasing committed output of {key}: {e}");
-                    }
-                }
+                let _ = completed_tx.send(checkpoint_id);
             }
             Ok(Control::Stop) => {
                 let _ = stop.send(true);
@@ -2383,5 +2546,49 @@ fn create_operator(
         NodeKind::WindowAggregate(w) => window::aggregate::build(w, &ctx),
         NodeKind::SessionWindow(w) => window::session::build_rows(w, &ctx),
         NodeKind::OverAggregate(o) => over_aggregate::build(o, &ctx),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::control::WireReport;
+
+    /// Worker 0 takes a task's report only from the worker that runs it.
+    #[tokio::test]
+    async fn a_report_of_another_workers_task_fails_the_attempt() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (reports, mut got) = mpsc::unbounded_channel();
+        let decline = |task| {
+            Control::Report(WireReport::Decline {
+                checkpoint_id: 1,
+                task,
+                reason: "test".into(),
+            })
+            .encode()
+        };
+        // Tasks 0..3 run on workers 0, 1, 0.
+        tx.send(decline(1)).expect("send");
+        tx.send(decline(2)).expect("send");
+        drop(tx);
+        let end = from_worker(
+            1,
+            rx,
+            reports,
+            None::<fn() -> Option<crate::exchange::link::LinkError>>,
+            HashMap::new(),
+            Arc::new(CheckpointLog::default()),
+            Arc::new(vec![0, 1, 0]),
+        )
+        .await;
+        let e = end.expect_err("refused");
+        assert!(
+            e.to_string()
+                .contains("worker 1 reported task 2, which runs on worker 0"),
+            "{e}"
+        );
+        // Its own task's report went through first.
+        assert!(got.try_recv().is_ok());
+        assert!(got.try_recv().is_err());
     }
 }

@@ -18,6 +18,7 @@ pub mod gate;
 pub mod job;
 pub mod metrics;
 pub mod output;
+pub mod restart;
 pub mod resume;
 pub mod source_task;
 pub mod task;

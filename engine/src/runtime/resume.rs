@@ -56,13 +56,7 @@ pub fn decide(records: &[Record], path: Option<&Path>, workers: bool, status_fil
     // deployment the last run belongs to: the newest path a claim started
     // from, and the first claim that started from it (later runs of the
     // deployment record the same path, or none if the flag was dropped).
-    let cut = records
-        .iter()
-        .enumerate()
-        .rev()
-        .skip(1)
-        .find(|(_, r)| matches!(r, Record::End { status, .. } if on_purpose(status)))
-        .map_or(0, |(i, _)| i + 1);
+    let cut = line_start(records);
     let current = &records[cut..];
     let deployment: Option<(usize, &str)> = current
         .iter()
@@ -125,6 +119,58 @@ pub fn decide(records: &[Record], path: Option<&Path>, workers: bool, status_fil
         None if records.is_empty() => Start::Afresh,
         None => latest(records, deployment),
     }
+}
+
+/// Where the runs that go on from one another begin: after the last end
+/// on purpose (not the log's last record: the run after it is the one
+/// deciding).
+fn line_start(records: &[Record]) -> usize {
+    records
+        .iter()
+        .enumerate()
+        .rev()
+        .skip(1)
+        .find(|(_, r)| matches!(r, Record::End { status, .. } if on_purpose(status)))
+        .map_or(0, |(i, _)| i + 1)
+}
+
+/// Whether a run that left `records` (its claim first) ended as it meant
+/// to: finished, stopped, cancelled, or suspended (a pod deleted is no
+/// failure). A run that died leaves no end; one that failed ends FAILED.
+fn ended_well(run: &[Record]) -> bool {
+    run.iter().any(|r| {
+        matches!(r, Record::End { status, .. }
+            if matches!(status.trim(), "FINISHED" | "STOPPED" | "CANCELED" | "SUSPENDED"))
+    })
+}
+
+/// Whether the run about to start (after `records`, every record before
+/// its claim) follows a failure of the last run.
+pub fn after_failure(records: &[Record]) -> bool {
+    match records.iter().rposition(|r| matches!(r, Record::Generation { .. })) {
+        Some(last) => !ended_well(&records[last..]),
+        None => false,
+    }
+}
+
+/// When the earlier restarts after a failure happened (ms, oldest first):
+/// every claim since the job's line of runs began but its first, unless
+/// the run before it ended well (see [`ended_well`]). What a restart
+/// strategy counts across workers (see [`super::restart`]).
+pub fn restarts(records: &[Record]) -> Vec<i64> {
+    let start = line_start(records);
+    let claims: Vec<usize> = (start..records.len())
+        .filter(|i| matches!(records[*i], Record::Generation { .. }))
+        .collect();
+    // The line's first claim started it.
+    claims
+        .windows(2)
+        .filter(|w| !ended_well(&records[w[0]..w[1]]))
+        .filter_map(|w| match &records[w[1]] {
+            Record::Generation { time_ms, .. } => Some(*time_ms),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Resume: from checkpoints published since `deployment`'s claim (at
@@ -281,6 +327,40 @@ mod tests {
             chk(3, 9),
         ];
         assert_eq!(decide(&log, None, true, None), Start::Latest { floor: 0, path: None });
+    }
+
+    #[test]
+    fn restarts_are_the_claims_after_failures_since_the_last_end_on_purpose() {
+        let at = |generation: u64, time_ms: i64| Record::Generation {
+            generation,
+            owner: "test".into(),
+            time_ms,
+            from: None,
+        };
+        let log = [
+            at(1, 10),
+            end(1, "FINISHED"),
+            at(3, 30),
+            chk(3, 1),
+            at(5, 50),
+            end(5, "FAILED"),
+            at(7, 70),
+            end(7, "SUSPENDED"),
+            at(9, 90),
+        ];
+        // 3 started the line; 5 and 7 followed failures; 9 a suspend.
+        assert_eq!(restarts(&log), vec![50, 70]);
+        assert!(restarts(&[]).is_empty());
+        assert!(!after_failure(&log[..8]), "the last run was suspended");
+        assert!(after_failure(&log[..6]), "the last run failed");
+        assert!(after_failure(&log[..4]), "the last run died");
+        assert!(!after_failure(&log[..2]), "the last run finished");
+        assert!(!after_failure(&[]));
+        // A suspended run that published a checkpoint after its end (the
+        // coordinator a moment late) is still no failure.
+        let log = [at(1, 10), chk(1, 1), end(1, "SUSPENDED"), chk(1, 2), at(3, 30)];
+        assert!(restarts(&log).is_empty());
+        assert!(!after_failure(&log[..4]));
     }
 
     #[test]
