@@ -668,7 +668,7 @@ pub async fn run_script(session: &mut Session, text: &str, origin: &str) -> i32 
 
 /// How long a signalled worker gives the job's last checkpoint before it
 /// ends (Kubernetes gives a pod 30 s from SIGTERM by default; the
-/// manifests give 60).
+/// manifests give 120).
 const SUSPEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// `weir worker`: waits for the jobs.
@@ -688,10 +688,7 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
     if jobs.is_empty() {
         return EXIT_OK;
     }
-    let controllers: Vec<_> = jobs
-        .iter()
-        .map(|j| (j.name.clone(), j.controller(), j.stopper()))
-        .collect();
+    let controllers: Vec<_> = jobs.iter().map(|j| (j.name.clone(), j.controller())).collect();
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
     let mut all = Box::pin(futures::future::join_all(jobs.into_iter().map(|j| j.wait())));
     let mut usr1 = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()) {
@@ -702,11 +699,11 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
         }
     };
     let mut asked = Box::pin(futures::future::select_all(
-        controllers.iter().map(|(_, c, _)| Box::pin(c.suspend_requested())),
+        controllers.iter().map(|(_, c)| Box::pin(c.suspend_requested())),
     ));
     let mut suspending: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>> = None;
     let suspend = |why: &str| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-        let controllers: Vec<_> = controllers.iter().map(|(n, c, _)| (n.clone(), c.clone())).collect();
+        let controllers: Vec<_> = controllers.iter().map(|(n, c)| (n.clone(), c.clone())).collect();
         if index == 0 {
             eprintln!(
                 "[INFO] worker 0: {why}; suspending: a checkpoint now, then every worker ends and resumes from it when started again"
@@ -715,13 +712,17 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
                 for (name, c) in controllers {
                     if !c.checkpointing() {
                         eprintln!("[WARN] job '{name}' does not checkpoint: started again, it starts afresh");
-                    } else if !c.checkpoint_now(SUSPEND_WITHIN).await {
+                        continue;
+                    }
+                    if !c.checkpoint_now(SUSPEND_WITHIN).await {
                         eprintln!(
                             "[WARN] job '{name}': no checkpoint completed within {SUSPEND_WITHIN:?}; started again, it resumes from the one before"
                         );
-                    } else if let Err(e) = c.mark_suspended() {
-                        // Only the restart strategy's count is off: the
-                        // restart resumes from the checkpoint either way.
+                    }
+                    // Recorded either way: a suspend is no failure for the
+                    // restart strategy (and a run that ended meanwhile
+                    // keeps its own end).
+                    if let Err(e) = c.mark_suspended().await {
                         eprintln!("[WARN] job '{name}': could not record the suspend: {e}");
                     }
                 }
@@ -756,21 +757,21 @@ async fn wait_worker_jobs(jobs: Vec<JobHandle>, signals: &mut Signals, index: u3
             _ = async { if let Some(s) = suspending.as_mut() { s.await } }, if suspending.is_some() => {
                 return EXIT_INTERRUPTED;
             }
-            _ = async { match usr1.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+            _ = async { match usr1.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } }, if suspending.is_none() => {
                 if index != 0 {
                     eprintln!("[INFO] worker {index}: SIGUSR1 (stop with savepoint) is for worker 0");
                     continue;
                 }
-                for (name, controller, stopper) in &controllers {
+                for (name, controller) in &controllers {
                     match controller.savepoint(None, weir_engine::runtime::SavepointMode::Stop).await {
                         Ok(done) => eprintln!(
                             "[INFO] job '{name}' stopped with savepoint {} (start from it with --from-savepoint)",
                             done.path.display()
                         ),
-                        Err(e) => {
-                            eprintln!("[WARN] job '{name}': no savepoint ({e}); stopping it");
-                            stopper.stop();
-                        }
+                        // Stopping without one would drop the job's state
+                        // (a stop clears its checkpoints): it goes on, as
+                        // Flink's does when a stop-with-savepoint fails.
+                        Err(e) => eprintln!("[WARN] job '{name}': no savepoint ({e}); it goes on (send SIGUSR1 again to retry)"),
                     }
                 }
             }

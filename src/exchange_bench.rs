@@ -3,8 +3,10 @@
 //! columns, the strings as the generator makes them) sent on one
 //! connection by 1 and by several logical channels at once, each with its
 //! credits; beside the encode and decode alone (no network) and an
-//! in-memory channel (what a local edge costs). Reports rows/s and MB/s of
-//! Arrow IPC frames.
+//! in-memory channel (what a local edge costs), and beside Arrow Flight
+//! `DoExchange` with the same batches (one gRPC stream per channel on one
+//! HTTP/2 connection: the alternative to Weir's framing). Reports rows/s
+//! and MB/s of Arrow IPC frames.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -226,5 +228,174 @@ async fn figures(args: &ExchangeArgs) -> Result<(), String> {
             );
         }
     }
+    // The alternative the issue named: Arrow Flight `DoExchange`, one gRPC
+    // stream per channel on one HTTP/2 connection, the same batches.
+    for channels in args.channels.split(',').filter_map(|c| c.trim().parse::<u32>().ok()) {
+        let channels = channels.max(1);
+        let per_channel = count.div_ceil(u64::from(channels));
+        let (got, secs) = flight_exchange(&templates, channels, per_channel).await?;
+        let sent_bytes = bytes * (per_channel * u64::from(channels)) / count.max(1);
+        report(
+            &format!("Flight DoExchange, {channels} stream(s) on one connection"),
+            got,
+            sent_bytes,
+            secs,
+        );
+    }
     Ok(())
+}
+
+/// Sends `per_channel` batches on each of `channels` `DoExchange` streams
+/// of one connection to a Flight server in this process that decodes and
+/// counts them; the rows it counted, and the seconds it took.
+async fn flight_exchange(templates: &[RecordBatch], channels: u32, per_channel: u64) -> Result<(u64, f64), String> {
+    use arrow_flight::flight_service_server::FlightServiceServer;
+    use futures::TryStreamExt;
+    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let service = FlightServiceServer::new(CountingSink(counted.clone()))
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream_of(listener)),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for ch in 0..channels {
+        let mut client = arrow_flight::FlightClient::new(channel.clone());
+        let t = templates.to_vec();
+        calls.spawn(async move {
+            let input = futures::stream::iter(
+                (0..per_channel).map(move |i| Ok(t[(i as usize + ch as usize) % t.len()].clone())),
+            );
+            let data = arrow_flight::encode::FlightDataEncoderBuilder::new().build(input);
+            let mut answer = client.do_exchange(data).await.map_err(|e| e.to_string())?;
+            while answer.try_next().await.map_err(|e| e.to_string())?.is_some() {}
+            Ok::<(), String>(())
+        });
+    }
+    while let Some(r) = calls.join_next().await {
+        r.map_err(|e| e.to_string())??;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    server.abort();
+    Ok((counted.load(std::sync::atomic::Ordering::Relaxed), secs))
+}
+
+/// The listener's connections as the stream tonic serves.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |l| async move {
+        let next = l.accept().await.map(|(s, _)| {
+            let _ = s.set_nodelay(true);
+            s
+        });
+        Some((next, l))
+    })
+}
+
+/// A Flight service whose `DoExchange` decodes the batches it is sent and
+/// counts their rows (the bench's receiving side); nothing else.
+struct CountingSink(Arc<std::sync::atomic::AtomicU64>);
+
+type Answer<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl arrow_flight::flight_service_server::FlightService for CountingSink {
+    type HandshakeStream = Answer<arrow_flight::HandshakeResponse>;
+    type ListFlightsStream = Answer<arrow_flight::FlightInfo>;
+    type DoGetStream = Answer<arrow_flight::FlightData>;
+    type DoPutStream = Answer<arrow_flight::PutResult>;
+    type DoExchangeStream = Answer<arrow_flight::FlightData>;
+    type DoActionStream = Answer<arrow_flight::Result>;
+    type ListActionsStream = Answer<arrow_flight::ActionType>;
+
+    async fn handshake(
+        &self,
+        _: tonic::Request<tonic::Streaming<arrow_flight::HandshakeRequest>>,
+    ) -> Result<tonic::Response<Self::HandshakeStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn list_flights(
+        &self,
+        _: tonic::Request<arrow_flight::Criteria>,
+    ) -> Result<tonic::Response<Self::ListFlightsStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn get_flight_info(
+        &self,
+        _: tonic::Request<arrow_flight::FlightDescriptor>,
+    ) -> Result<tonic::Response<arrow_flight::FlightInfo>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn poll_flight_info(
+        &self,
+        _: tonic::Request<arrow_flight::FlightDescriptor>,
+    ) -> Result<tonic::Response<arrow_flight::PollInfo>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn get_schema(
+        &self,
+        _: tonic::Request<arrow_flight::FlightDescriptor>,
+    ) -> Result<tonic::Response<arrow_flight::SchemaResult>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn do_get(
+        &self,
+        _: tonic::Request<arrow_flight::Ticket>,
+    ) -> Result<tonic::Response<Self::DoGetStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn do_put(
+        &self,
+        _: tonic::Request<tonic::Streaming<arrow_flight::FlightData>>,
+    ) -> Result<tonic::Response<Self::DoPutStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn do_exchange(
+        &self,
+        request: tonic::Request<tonic::Streaming<arrow_flight::FlightData>>,
+    ) -> Result<tonic::Response<Self::DoExchangeStream>, tonic::Status> {
+        use futures::{StreamExt, TryStreamExt};
+        let counted = self.0.clone();
+        let data = request.into_inner().map_err(arrow_flight::error::FlightError::from);
+        let mut batches = arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(data);
+        // Read everything, then answer with nothing: the client's call
+        // ends once every batch was decoded here.
+        let answer = futures::stream::once(async move {
+            while let Some(b) = batches
+                .try_next()
+                .await
+                .map_err(|e| tonic::Status::internal(e.to_string()))?
+            {
+                counted.fetch_add(b.num_rows() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok::<Option<arrow_flight::FlightData>, tonic::Status>(None)
+        })
+        .filter_map(|r| futures::future::ready(r.transpose()));
+        Ok(tonic::Response::new(Box::pin(answer)))
+    }
+    async fn do_action(
+        &self,
+        _: tonic::Request<arrow_flight::Action>,
+    ) -> Result<tonic::Response<Self::DoActionStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
+    async fn list_actions(
+        &self,
+        _: tonic::Request<arrow_flight::Empty>,
+    ) -> Result<tonic::Response<Self::ListActionsStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bench sink"))
+    }
 }

@@ -782,7 +782,15 @@ impl Session {
             }
             self.cluster_job = Some(name.clone());
             if config.checkpointing.is_some() && !self.settings.contains_key(weir_engine::config::RESTART_STRATEGY) {
-                config.restart = weir_engine::config::RestartStrategy::exponential_default();
+                // Flink 2's default (its pods are restarted forever; a limit
+                // would count node failures over months), with whatever
+                // `restart-strategy.exponential-delay.*` the script set.
+                let mut settings = self.settings.clone();
+                settings.insert(
+                    weir_engine::config::RESTART_STRATEGY.to_string(),
+                    "exponential-delay".to_string(),
+                );
+                config.restart = JobConfig::from_settings(&settings, &name, &self.shared.data_dir)?.restart;
             }
             if !self.settings.contains_key(weir_engine::config::PARALLELISM) {
                 config.parallelism = c.workers();

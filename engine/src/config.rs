@@ -386,23 +386,6 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     .with_default("false"),
 ];
 
-impl RestartStrategy {
-    /// Flink 2's default with checkpointing: exponential delay, 1 s up to
-    /// 1 min, never giving up. A job over workers takes it (its pods are
-    /// restarted forever anyway; a limit counted over months of node
-    /// failures would end it for good).
-    pub fn exponential_default() -> Self {
-        RestartStrategy::ExponentialDelay {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(60),
-            multiplier: 1.5,
-            reset_threshold: Duration::from_secs(3600),
-            jitter: 0.1,
-            attempts: u32::MAX,
-        }
-    }
-}
-
 /// Flink's restart strategies (`restart-strategy.type`); what they decide
 /// is [`crate::runtime::restart::Restarts`]'.
 #[derive(Debug, Clone, Copy, PartialEq)]

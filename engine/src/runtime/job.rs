@@ -139,7 +139,7 @@ pub struct JobHandle {
     /// Where savepoints go when no directory is given.
     savepoint_dir: PathBuf,
     /// What a stop or cancel does to the job's checkpoints.
-    retention: Retention,
+    retention: Arc<Retention>,
     /// Cancels the running attempt, which ends once every task is gone.
     cancel: Arc<watch::Sender<bool>>,
 }
@@ -154,6 +154,10 @@ struct Retention {
     /// The run status is kept beside the checkpoints wherever they are (a
     /// job over workers: they are the one place every worker reads).
     shared: bool,
+    /// The run's end is recorded: the first end stands (a suspend asked
+    /// for just as the job finished must not turn FINISHED into a run to
+    /// resume).
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Retention {
@@ -180,6 +184,9 @@ impl Retention {
     /// Records how the run ended (after sealing it): `apply` its
     /// retention too (stopped or cancelled).
     fn end(&self, job: &str, job_dir: &Path, status: RunStatus, apply: bool) -> Result<()> {
+        if self.ended.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return Ok(());
+        }
         if !self.seal(job, status) {
             return Ok(());
         }
@@ -240,7 +247,7 @@ pub struct JobController {
     savepoint_dir: PathBuf,
     checkpointing: bool,
     checkpoints: Arc<CheckpointLog>,
-    retention: Retention,
+    retention: Arc<Retention>,
     job_dir: PathBuf,
 }
 
@@ -248,12 +255,14 @@ impl JobController {
     /// Records that the job was suspended (a worker's pod going away,
     /// after [`Self::checkpoint_now`]): the run that resumes it does not
     /// count a failure, and this run publishes nothing more.
-    pub fn mark_suspended(&self) -> Result<()> {
+    pub async fn mark_suspended(&self) -> Result<()> {
         if !self.checkpointing {
             return Ok(());
         }
-        self.retention
-            .end(&self.name, &self.job_dir, RunStatus::Suspended, false)
+        let (retention, name, dir) = (self.retention.clone(), self.name.clone(), self.job_dir.clone());
+        tokio::task::spawn_blocking(move || retention.end(&name, &dir, RunStatus::Suspended, false))
+            .await
+            .map_err(|e| ExecError::internal(format!("recording the suspend failed: {e}")))?
     }
 
     /// Whether the job checkpoints.
@@ -681,14 +690,17 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
     // restart strategy decides from the failures the log records.
     let after_failure = config.cluster.is_some()
         && matches!(start, Start::Latest { .. } | Start::Path(_))
-        && super::resume::after_failure(&records);
+        && super::resume::after_failure(&records, config.recovery_path.as_deref());
     if after_failure {
         let past = super::resume::restarts(&records);
         let mut restarts = super::restart::Restarts::replay(config.restart, &past);
         match restarts.failed(chrono::Utc::now().timestamp_millis()) {
             Ok(delay) => initial.delay = Some(delay),
             Err(why) => {
-                fence.seal(RunStatus::Failed.as_str())?;
+                // Its own word: this run did not run (see
+                // `resume::restarts`), and the failure it gave up on
+                // stands for the next start.
+                fence.seal(super::resume::EXHAUSTED)?;
                 let latest = storage
                     .complete_ids()?
                     .last()
@@ -874,12 +886,13 @@ pub fn deploy(
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let (savepoint_tx, savepoint_rx) = mpsc::unbounded_channel();
     let savepoint_queue: SavepointQueue = Arc::new(tokio::sync::Mutex::new(savepoint_rx));
-    let retention = Retention {
+    let retention = Arc::new(Retention {
         storage: config.checkpointing.as_ref().map(|c| c.storage()),
         retain: config.retain_checkpoints,
         fence: fence.clone(),
         shared: config.cluster.is_some(),
-    };
+        ended: Arc::default(),
+    });
     let savepoint_dir = config.savepoint_dir.clone();
     let end_retention = retention.clone();
     let job_dir = config.job_dir.clone();
@@ -905,6 +918,12 @@ pub fn deploy(
         }
         let mut restored = restored;
         let mut attempt = 0u32;
+        // The other workers wait for worker 0 only so long: a longer wait
+        // would send them into their supervisor's own backoff.
+        let first_delay = first_delay.map(|d| match &config.cluster {
+            Some(c) => d.min(c.join_deadline / 2),
+            None => d,
+        });
         if let Some(delay) = first_delay.filter(|d| !d.is_zero()) {
             tracing::warn!(
                 target: "weir::checkpoint",

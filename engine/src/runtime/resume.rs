@@ -32,6 +32,12 @@ pub enum Start {
     Ended { status: String, message: String },
 }
 
+/// The end of a run of a job over workers whose restart strategy gave up
+/// at its start: it did not run, and the failure it gave up on stands for
+/// the next start (which gives up again, unless the strategy was
+/// loosened).
+pub const EXHAUSTED: &str = "EXHAUSTED";
+
 /// Whether a run that ended so ended on purpose (the next run starts
 /// afresh); a missing status is a run that died.
 fn on_purpose(status: &str) -> bool {
@@ -56,28 +62,11 @@ pub fn decide(records: &[Record], path: Option<&Path>, workers: bool, status_fil
     // deployment the last run belongs to: the newest path a claim started
     // from, and the first claim that started from it (later runs of the
     // deployment record the same path, or none if the flag was dropped).
-    let cut = line_start(records);
-    let current = &records[cut..];
-    let deployment: Option<(usize, &str)> = current
-        .iter()
-        .rev()
-        .find_map(|r| match r {
-            Record::Generation { from: Some(f), .. } => Some(f.as_str()),
-            _ => None,
-        })
-        .and_then(|f| {
-            current
-                .iter()
-                .position(|r| matches!(r, Record::Generation { from: Some(g), .. } if g == f))
-                .map(|i| (cut + i, f))
-        });
+    let deployment = deployment(records);
     let ended = |status: &str| {
         let how = match status.trim() {
             "FINISHED" => "finished".to_string(),
-            "STOPPED" => match records.iter().rev().find_map(|r| match r {
-                Record::Savepoint { path, .. } => Some(path.clone()),
-                _ => None,
-            }) {
+            "STOPPED" => match stopped_with(records) {
                 Some(sp) => format!("been stopped with savepoint {sp} (start it from there with --from-savepoint)"),
                 None => "been stopped".to_string(),
             },
@@ -121,6 +110,51 @@ pub fn decide(records: &[Record], path: Option<&Path>, workers: bool, status_fil
     }
 }
 
+/// The savepoint the job was stopped with: that of the last run that did
+/// more than end at once (pods restarted after the stop end so), if it
+/// took one before it ended (a stop without one names none, never an
+/// older savepoint).
+fn stopped_with(records: &[Record]) -> Option<String> {
+    let claims: Vec<usize> = (0..records.len())
+        .filter(|i| matches!(records[*i], Record::Generation { .. }))
+        .collect();
+    let ends = claims.iter().skip(1).copied().chain(std::iter::once(records.len()));
+    let runs: Vec<&[Record]> = claims.iter().zip(ends).map(|(a, b)| &records[*a..b]).collect();
+    let run = runs
+        .iter()
+        .rev()
+        .find(|run| !(run.len() <= 2 && run.iter().skip(1).all(|r| matches!(r, Record::End { .. }))))?;
+    run.iter().rev().find_map(|r| match r {
+        Record::Savepoint { path, .. } => Some(path.clone()),
+        _ => None,
+    })
+}
+
+/// The deployment the last run belongs to, among the runs since the last
+/// end on purpose: the newest path a claim started from, and where its
+/// deployment began (index in `records`): walking back from that claim
+/// over claims of the same path or of none (a flag dropped after the
+/// first start), up to a claim from another path (an earlier deployment,
+/// whose checkpoints are not this one's).
+fn deployment(records: &[Record]) -> Option<(usize, &str)> {
+    let cut = line_start(records);
+    let newest = (cut..records.len())
+        .rev()
+        .find(|i| matches!(&records[*i], Record::Generation { from: Some(_), .. }))?;
+    let Record::Generation { from: Some(path), .. } = &records[newest] else {
+        return None;
+    };
+    let mut first = newest;
+    for i in (cut..newest).rev() {
+        match &records[i] {
+            Record::Generation { from: Some(f), .. } if f == path => first = i,
+            Record::Generation { from: Some(_), .. } => break,
+            _ => {}
+        }
+    }
+    Some((first, path.as_str()))
+}
+
 /// Where the runs that go on from one another begin: after the last end
 /// on purpose (not the log's last record: the run after it is the one
 /// deciding).
@@ -145,28 +179,43 @@ fn ended_well(run: &[Record]) -> bool {
 }
 
 /// Whether the run about to start (after `records`, every record before
-/// its claim) follows a failure of the last run.
-pub fn after_failure(records: &[Record]) -> bool {
+/// its claim) follows a failure of the last run: the last run did not end
+/// well, and this start is not a new deployment (`path` other than the
+/// one the last runs started from).
+pub fn after_failure(records: &[Record], path: Option<&Path>) -> bool {
+    if let Some(p) = path
+        && deployment(records).is_none_or(|(_, f)| f != p.display().to_string())
+    {
+        return false;
+    }
     match records.iter().rposition(|r| matches!(r, Record::Generation { .. })) {
         Some(last) => !ended_well(&records[last..]),
         None => false,
     }
 }
 
-/// When the earlier restarts after a failure happened (ms, oldest first):
-/// every claim since the job's line of runs began but its first, unless
-/// the run before it ended well (see [`ended_well`]). What a restart
-/// strategy counts across workers (see [`super::restart`]).
+/// When the earlier restarts after a failure happened (ms, oldest first),
+/// since the line of runs began (the last end on purpose) or, later, the
+/// current deployment did: every claim but the first, unless the run
+/// before it ended well (see [`ended_well`]). A claim whose run gave up
+/// ([`EXHAUSTED`]) is no restart: it did not run. What a restart strategy
+/// counts across workers (see [`super::restart`]).
 pub fn restarts(records: &[Record]) -> Vec<i64> {
-    let start = line_start(records);
+    let start = deployment(records).map_or_else(|| line_start(records), |(first, _)| first);
     let claims: Vec<usize> = (start..records.len())
         .filter(|i| matches!(records[*i], Record::Generation { .. }))
         .collect();
-    // The line's first claim started it.
-    claims
-        .windows(2)
-        .filter(|w| !ended_well(&records[w[0]..w[1]]))
-        .filter_map(|w| match &records[w[1]] {
+    let ends = claims.iter().skip(1).copied().chain(std::iter::once(records.len()));
+    let runs: Vec<(usize, usize)> = claims.iter().copied().zip(ends).collect();
+    let gave_up = |(a, b): (usize, usize)| {
+        records[a..b]
+            .iter()
+            .any(|r| matches!(r, Record::End { status, .. } if status.trim() == EXHAUSTED))
+    };
+    // The line's (or deployment's) first claim started it.
+    runs.windows(2)
+        .filter(|w| !ended_well(&records[w[0].0..w[0].1]) && !gave_up(w[1]))
+        .filter_map(|w| match &records[w[1].0] {
             Record::Generation { time_ms, .. } => Some(*time_ms),
             _ => None,
         })
@@ -351,16 +400,98 @@ mod tests {
         // 3 started the line; 5 and 7 followed failures; 9 a suspend.
         assert_eq!(restarts(&log), vec![50, 70]);
         assert!(restarts(&[]).is_empty());
-        assert!(!after_failure(&log[..8]), "the last run was suspended");
-        assert!(after_failure(&log[..6]), "the last run failed");
-        assert!(after_failure(&log[..4]), "the last run died");
-        assert!(!after_failure(&log[..2]), "the last run finished");
-        assert!(!after_failure(&[]));
+        assert!(!after_failure(&log[..8], None), "the last run was suspended");
+        assert!(after_failure(&log[..6], None), "the last run failed");
+        assert!(after_failure(&log[..4], None), "the last run died");
+        assert!(!after_failure(&log[..2], None), "the last run finished");
+        assert!(!after_failure(&[], None));
         // A suspended run that published a checkpoint after its end (the
         // coordinator a moment late) is still no failure.
         let log = [at(1, 10), chk(1, 1), end(1, "SUSPENDED"), chk(1, 2), at(3, 30)];
         assert!(restarts(&log).is_empty());
-        assert!(!after_failure(&log[..4]));
+        assert!(!after_failure(&log[..4], None));
+    }
+
+    #[test]
+    fn a_give_up_is_no_restart_and_a_new_deployment_counts_afresh() {
+        let from = |generation: u64, time_ms: i64, path: Option<&str>| Record::Generation {
+            generation,
+            owner: "test".into(),
+            time_ms,
+            from: path.map(str::to_string),
+        };
+        // Started, failed twice, gave up twice (pods restarted).
+        let log = [
+            from(1, 10, None),
+            end(1, "FAILED"),
+            from(3, 30, None),
+            end(3, "FAILED"),
+            from(5, 50, None),
+            end(5, "FAILED"),
+            from(7, 70, None),
+            end(7, EXHAUSTED),
+            from(9, 90, None),
+            end(9, EXHAUSTED),
+        ];
+        // Two restarts ran; the failure that made them give up stands.
+        assert_eq!(restarts(&log), vec![30, 50]);
+        assert!(after_failure(&log, None));
+        // A new deployment from a savepoint is no restart, and counts
+        // from its own first claim.
+        let p = Path::new("s3://b/sp-2");
+        assert!(!after_failure(&log, Some(p)));
+        let mut log = log.to_vec();
+        log.extend([
+            from(11, 110, Some("s3://b/sp-2")),
+            end(11, "FAILED"),
+            from(13, 130, None),
+        ]);
+        assert_eq!(restarts(&log), vec![130]);
+        assert!(after_failure(&log[..12], Some(p)), "a restart of the same deployment");
+    }
+
+    #[test]
+    fn a_deployment_begins_at_its_own_claims_not_an_earlier_one_from_the_same_path() {
+        let from = |generation: u64, path: Option<&str>| Record::Generation {
+            generation,
+            owner: "test".into(),
+            time_ms: 0,
+            from: path.map(str::to_string),
+        };
+        let p = "s3://b/sp-p";
+        let log = [
+            from(1, Some(p)),
+            chk(1, 5),
+            chk(1, 6),
+            from(4, Some("s3://b/sp-q")),
+            chk(4, 9),
+            from(7, Some(p)),
+        ];
+        // Back on p after q, crashed before a checkpoint: p again, never
+        // q's checkpoint 9 nor the first p deployment's 5 and 6.
+        assert_eq!(decide(&log, Some(Path::new(p)), true, None), Start::Path(p.into()));
+    }
+
+    #[test]
+    fn a_stop_names_the_savepoint_of_the_run_that_stopped_only() {
+        let log = [
+            claim(1, None),
+            sp(1, 3, "s3://b/sp-old"),
+            chk(1, 4),
+            end(1, "FAILED"),
+            claim(3, None),
+            chk(3, 5),
+            end(3, "STOPPED"),
+            claim(5, None),
+            end(5, "STOPPED"),
+        ];
+        match decide(&log, None, true, None) {
+            Start::Ended { message, .. } => assert!(
+                !message.contains("sp-old") && message.contains("been stopped"),
+                "{message}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
