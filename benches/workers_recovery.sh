@@ -81,7 +81,8 @@ lines0=$(wc -l < "$WORK/w0.log")
 lines1=$(wc -l < "$WORK/w1.log")
 t_kill=$(now)
 kill -9 "$P1"
-wait "$P0" 2> /dev/null || true
+# Worker 0 ends once it finds worker 1 gone (not this shell's child: poll).
+while kill -0 "$P0" 2> /dev/null; do sleep 0.01; done
 t_detect=$(now)
 P0=$(start 0)
 P1=$(start 1)

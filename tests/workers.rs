@@ -544,7 +544,9 @@ SET 'execution.checkpointing.savepoint-dir' = 's3://{}/savepoints';",
         s3.checkpoint_settings(),
         s3.bucket
     );
-    let pace = ", 'scan.lines-per-second' = '10000'";
+    // Slow enough that every stop (the second round's after a kill, a
+    // restart and two checkpoints on S3) comes before the input's end.
+    let pace = ", 'scan.lines-per-second' = '5000'";
     let sql = job_sql(&bids, &auctions, &out, &extra, pace);
     let mut from: Option<String> = None;
     let mut rows_before = 0;

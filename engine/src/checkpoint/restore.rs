@@ -64,8 +64,9 @@ pub fn restore_one(
     id: u64,
     check: Compatibility,
     job_dir: &Path,
+    wanted: Wanted,
 ) -> Result<RestoredJob, CheckpointError> {
-    restore_dir(storage, &storage.chk_dir(id), check, job_dir)
+    restore_dir_for(storage, &storage.chk_dir(id), check, job_dir, wanted)
 }
 
 /// Verifies the snapshot whose `_metadata` is in `dir` (file paths are
@@ -172,7 +173,7 @@ pub fn restore_latest(
     check: Compatibility,
     job_dir: &Path,
 ) -> Result<Option<RestoredJob>, CheckpointError> {
-    restore_latest_from(storage, check, job_dir, 0)
+    restore_latest_from(storage, check, job_dir, 0, &|_, _| true)
 }
 
 /// [`restore_latest`] among checkpoints numbered `floor` or above: those
@@ -183,12 +184,13 @@ pub fn restore_latest_from(
     check: Compatibility,
     job_dir: &Path,
     floor: u64,
+    wanted: Wanted,
 ) -> Result<Option<RestoredJob>, CheckpointError> {
     let ids: Vec<u64> = storage.complete_ids()?.into_iter().filter(|id| *id >= floor).collect();
     let mut skipped = vec![];
     let mut last_error = None;
     for id in ids.iter().rev() {
-        match restore_one(storage, *id, check, job_dir) {
+        match restore_one(storage, *id, check, job_dir, wanted) {
             Ok(mut r) => {
                 r.skipped = skipped;
                 return Ok(Some(r));

@@ -716,15 +716,29 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
             }
         }
     }
+    // Worker 0 of a job over workers lays out only its own subtasks' keyed
+    // state, as the others do (the snapshot's metadata, with the splits
+    // and the sinks' output, it reads whole).
+    let mine = config
+        .cluster
+        .as_ref()
+        .map(|c| wanted_on_worker(graph, config.max_parallelism, c.index as usize, c.workers()));
+    let wanted = |uid: &str, groups: &std::ops::Range<u16>| match &mine {
+        Some(mine) => overlaps_mine(mine, uid, groups),
+        None => true,
+    };
     match start {
         Start::Path(path) => {
-            initial.restored = Some(restore_path(&path, &check, config)?);
+            initial.restored = Some(restore_path_for(&path, &check, config, &wanted)?);
             initial.path = Some(path);
         }
         Start::Latest { floor, path } => {
-            initial.restored = match restore_latest_from(&storage, &check, &config.job_dir, floor)? {
+            initial.restored = match restore_latest_from(&storage, &check, &config.job_dir, floor, &wanted)? {
                 Some(r) => Some(r),
-                None => path.as_deref().map(|p| restore_path(p, &check, config)).transpose()?,
+                None => path
+                    .as_deref()
+                    .map(|p| restore_path_for(p, &check, config, &wanted))
+                    .transpose()?,
             };
             initial.floor = floor;
             initial.path = path;
@@ -788,6 +802,14 @@ fn restore_path_for(
         &config.job_dir,
         wanted,
     )?)
+}
+
+/// Whether a snapshot's part of `uid`'s keyed state over `groups` is one
+/// a worker owning `mine` needs (an unknown uid is the compatibility
+/// check's to refuse, so it is laid out).
+fn overlaps_mine(mine: &HashMap<String, Vec<std::ops::Range<u16>>>, uid: &str, groups: &std::ops::Range<u16>) -> bool {
+    mine.get(uid)
+        .is_none_or(|ranges| ranges.iter().any(|r| r.start < groups.end && groups.start < r.end))
 }
 
 /// The keyed state worker `index` of `workers` needs: the parts whose key
@@ -867,10 +889,11 @@ pub fn deploy(
         );
         tracing::info!(
             target: "weir::checkpoint",
-            "job '{}': restoring from checkpoint {} ({}): {} bytes of state verified and laid out in {} ms",
+            "job '{}': restoring from checkpoint {} ({}): {} of its {} bytes of state verified and laid out in {} ms",
             config.name,
             r.checkpoint_id(),
             r.path.display(),
+            r.laid_out,
             r.metadata.full_size(),
             restore_time.as_millis()
         );
@@ -1023,7 +1046,7 @@ pub fn deploy(
                 restored = tokio::task::spawn_blocking(move || -> Result<Option<RestoredJob>> {
                     let check =
                         |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
-                    match restore_latest_from(&storage, &check, &cfg.job_dir, restart_floor)? {
+                    match restore_latest_from(&storage, &check, &cfg.job_dir, restart_floor, &|_, _| true)? {
                         Some(r) => Ok(Some(r)),
                         // No checkpoint of this deployment yet: the one
                         // it started from, again.
@@ -1206,10 +1229,7 @@ async fn run_attempt(
                         |m: &crate::checkpoint::CheckpointMetadata| crate::checkpoint::compat::check(m, &graph, &cfg);
                     // Only what this worker's subtasks read (an unknown
                     // uid is the compatibility check's to refuse).
-                    let wanted = |uid: &str, groups: &std::ops::Range<u16>| {
-                        mine.get(uid)
-                            .is_none_or(|ranges| ranges.iter().any(|r| r.start < groups.end && groups.start < r.end))
-                    };
+                    let wanted = |uid: &str, groups: &std::ops::Range<u16>| overlaps_mine(&mine, uid, groups);
                     restore_path_for(Path::new(&path), &check, &cfg, &wanted)
                 })
                 .await
