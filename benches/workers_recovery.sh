@@ -5,18 +5,18 @@
 # script is the supervisor: it starts both again at once), the meeting,
 # and each worker's restore of its own key groups, until both run.
 #
-#   benches/workers_recovery.sh [state-bytes] [checkpoints: dir|s3]
+#   benches/workers_recovery.sh [state-bytes]
 #
 # The job: Nexmark bids (all seven columns) grouped by (auction, bidder,
 # dateTime), nearly one key per bid, keeping the longest url and extra:
 # state grows with the input. Checkpoints every 20 s, incremental, to a
-# directory both workers share (or to a local SeaweedFS S3 server with
-# `s3`, which needs `weed` on the PATH).
+# directory both workers share (the object store's stand-in on one
+# machine; a restore from S3 is measured for one process in
+# docs/benchmarks.md).
 #
 # Needs the release binary (cargo build --release --bin weir).
 set -euo pipefail
 TARGET=${1:-1073741824}
-WHERE=${2:-dir}
 WEIR=${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}
 WORK=$(mktemp -d)
 cleanup() { pkill -P $$ 2>/dev/null || true; sleep 0.5; rm -rf "$WORK"; }
@@ -25,21 +25,7 @@ trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
 
-if [ "$WHERE" = s3 ]; then
-  S3=$(port)
-  mkdir -p "$WORK/s3"
-  weed server -dir="$WORK/s3" -s3 -s3.port="$S3" -master.port="$(port)" -volume.port="$(port)" \
-    -filer.port="$(port)" -ip=127.0.0.1 > "$WORK/weed.log" 2>&1 &
-  for _ in $(seq 120); do curl -s "http://127.0.0.1:$S3" > /dev/null && break; sleep 0.5; done
-  curl -s -X PUT "http://127.0.0.1:$S3/weir" > /dev/null
-  CHECKPOINTS="SET 'execution.checkpointing.dir' = 's3://weir/checkpoints';
-SET 's3.endpoint' = 'http://127.0.0.1:$S3';
-SET 's3.access-key' = 'any';
-SET 's3.secret-key' = 'any';
-SET 's3.path.style.access' = 'true';"
-else
-  CHECKPOINTS="SET 'execution.checkpointing.dir' = '$WORK/checkpoints';"
-fi
+CHECKPOINTS="SET 'execution.checkpointing.dir' = '$WORK/checkpoints';"
 
 cat > "$WORK/job.sql" <<EOF
 SET 'pipeline.name' = 'recovery';
@@ -66,7 +52,7 @@ start() { # $1 = index
 }
 
 echo "== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo ?)"
-echo "== 2 workers x p1, checkpoints in: $WHERE; kill once a checkpoint holds >= $TARGET bytes of state"
+echo "== 2 workers x p1, checkpoints in a shared directory; kill once a checkpoint holds >= $TARGET bytes of state"
 P0=$(start 0)
 P1=$(start 1)
 state=0
