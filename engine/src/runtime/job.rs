@@ -1012,7 +1012,9 @@ pub fn deploy(
             };
             let Some(delay) = retry else {
                 job_metrics.lifecycle.set(JobState::Failed(err.to_string()));
-                if config.checkpointing.is_some() && !fenced && coordinates {
+                // Cancelled: `JobHandle::cancel` records the end (and its
+                // retention), which must not be taken by this one.
+                if config.checkpointing.is_some() && !fenced && coordinates && !*cancel_rx.borrow() {
                     // Checkpoints stay: the next run of this job resumes.
                     let _ = end_retention.end(&config.name, &config.job_dir, RunStatus::Failed, false);
                 }
