@@ -293,7 +293,6 @@ SET 'execution.checkpointing.dir' = '{}';",
     let mut stopped: Option<u32> = None;
     let mut continued = false;
     let job_checkpoints = checkpoints.clone();
-    let log0 = workers.log(0);
     workers.supervise(300, |w| {
         if continued {
             return;
@@ -306,7 +305,10 @@ SET 'execution.checkpointing.dir' = '{}';",
                 }
             }
             Some(pid) => {
-                let noticed = std::fs::read_to_string(&log0).is_ok_and(|l| l.contains("nothing heard"));
+                // Whichever worker noticed first (worker 2 may, and worker 0
+                // then sees worker 2's link go instead).
+                let noticed =
+                    (0..3).any(|i| std::fs::read_to_string(w.log(i)).is_ok_and(|l| l.contains("nothing heard")));
                 if noticed {
                     signal("-CONT", pid);
                     continued = true;
@@ -568,19 +570,28 @@ SET 'execution.checkpointing.savepoint-dir' = 's3://{}/savepoints';",
         // not from the savepoint again (which would write twice what was
         // committed since).
         let mut killed = round != 1;
-        let mut kill_seen = 0;
         workers.supervise(300, |w| {
-            let done = common::completed_checkpoints(&log0);
+            let log = std::fs::read_to_string(&log0).unwrap_or_default();
+            let done = log.matches(" completed in ").count();
             if !killed && done >= 1 && w.kill(2) {
                 killed = true;
-                kill_seen = done;
             }
             // SIGUSR1 worker 0 (stop with savepoint: an upgrade, a
-            // rescale) once the run completed two checkpoints more.
+            // rescale) once the run completed a checkpoint of its own:
+            // after the restart that followed the kill, in the 3-worker
+            // round. (Counting from the kill instead left too little input
+            // on a loaded machine: checkpoints on S3 take over a second.)
+            let restores = log.matches("restoring from checkpoint").count();
+            let since_restore = log
+                .rsplit("restoring from checkpoint")
+                .next()
+                .map_or(0, |after| after.matches(" completed in ").count());
+            let resumed = round != 1 || restores >= 2;
             if !last
                 && killed
+                && resumed
                 && !signalled
-                && done >= kill_seen + 2
+                && since_restore >= 1
                 && let Some(pid) = w.pid(0)
             {
                 let _ = Command::new("kill").args(["-USR1", &pid.to_string()]).status();

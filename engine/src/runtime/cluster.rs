@@ -328,3 +328,111 @@ impl ReportWriter {
         }
     }
 }
+
+/// A worker other than 0 forwards its tasks' reports to worker 0, each
+/// with its state written (`send` puts it on the link). An acknowledgement
+/// can arrive before worker 0's trigger (its barrier came through a third
+/// worker) and waits for it; it stops waiting when the attempt is `over`
+/// (worker 0 gone, or the job's end heard): the trigger of a dead
+/// coordinator never comes, and a waiting forwarder would hold the
+/// attempt, and with it the process, forever.
+pub async fn forward_reports(
+    mut reports: tokio::sync::mpsc::UnboundedReceiver<TaskReport>,
+    writer: Arc<Mutex<ReportWriter>>,
+    mut over: tokio::sync::watch::Receiver<Option<std::result::Result<(), String>>>,
+    send: impl Fn(Vec<u8>) -> Result<()> + Send + 'static,
+) -> Result<crate::checkpoint::coordinator::CoordinatorEnd> {
+    use crate::checkpoint::coordinator::CoordinatorEnd;
+    let book = writer.lock().unwrap_or_else(|p| p.into_inner()).book();
+    loop {
+        let report = tokio::select! {
+            r = reports.recv() => match r {
+                Some(r) => r,
+                None => return Ok(CoordinatorEnd::Finished),
+            },
+            // Whatever is still queued cannot count any more.
+            _ = over.wait_for(Option::is_some) => return Ok(CoordinatorEnd::Finished),
+        };
+        if let TaskReport::Ack { checkpoint_id, .. } = &report {
+            // The trigger says whether this is a savepoint.
+            tokio::select! {
+                _ = book.seen(*checkpoint_id) => {}
+                _ = over.wait_for(Option::is_some) => return Ok(CoordinatorEnd::Finished),
+            }
+        }
+        let w = writer.clone();
+        let wire = tokio::task::spawn_blocking(move || w.lock().unwrap_or_else(|p| p.into_inner()).write(report))
+            .await
+            .map_err(|e| ExecError::internal(format!("checkpoint upload task failed: {e}")))?;
+        send(Control::Report(wire).encode())?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writer() -> Arc<Mutex<ReportWriter>> {
+        let config =
+            JobConfig::from_settings(&Default::default(), "job", std::path::Path::new("/tmp")).expect("config");
+        ReportWriter::new(&config)
+    }
+
+    fn ack(checkpoint_id: u64) -> TaskReport {
+        TaskReport::Ack {
+            checkpoint_id,
+            task: 0,
+            snapshot: TaskSnapshot {
+                sources: vec![],
+                operators: vec![],
+            },
+            alignment: std::time::Duration::ZERO,
+            sync: std::time::Duration::ZERO,
+        }
+    }
+
+    /// An acknowledgement whose trigger never comes (worker 0 killed
+    /// after the barrier got here through another worker) does not hold
+    /// the attempt once worker 0 is known gone: CI saw a worker hang with
+    /// its listener closed while the others restarted around it.
+    #[tokio::test]
+    async fn a_report_waiting_for_a_dead_coordinators_trigger_ends_with_the_attempt() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (done_tx, done_rx) = tokio::sync::watch::channel(None);
+        let sent = Arc::new(Mutex::new(0usize));
+        let counter = sent.clone();
+        let w = writer();
+        let book = w.lock().expect("writer").book();
+        let forwarder = tokio::spawn(forward_reports(rx, w, done_rx, move |_| {
+            *counter.lock().expect("count") += 1;
+            Ok(())
+        }));
+        // Checkpoint 1 was triggered: its report goes at once.
+        book.triggered(1, None);
+        tx.send(ack(1)).expect("send");
+        // Checkpoint 2's barrier came first; worker 0 then died.
+        tx.send(ack(2)).expect("send");
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while *sent.lock().expect("count") < 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "checkpoint 1's report never went"
+            );
+            tokio::task::yield_now().await;
+        }
+        done_tx
+            .send(Some(Err("the connection to worker 0 is lost".into())))
+            .expect("done");
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), forwarder).await;
+        assert!(
+            matches!(ended, Ok(Ok(Ok(_)))),
+            "the forwarder still waits for a trigger no one will send"
+        );
+        assert_eq!(
+            *sent.lock().expect("count"),
+            1,
+            "checkpoint 2 was never triggered: not reported"
+        );
+        drop(tx);
+    }
+}

@@ -1202,7 +1202,11 @@ async fn run_attempt(
     // A job spread over workers: meet the others, and (all but worker 0)
     // learn from worker 0 how the attempt starts.
     let mesh = match &config.cluster {
-        Some(c) => Some(c.join(cluster::plan_hash(graph, config)).await?),
+        Some(c) => {
+            let m = c.join(cluster::plan_hash(graph, config)).await?;
+            tracing::debug!(target: "weir::cluster", "worker {}: joined the other workers", c.index);
+            Some(m)
+        }
         None => None,
     };
     let remote = config.cluster.as_deref().zip(mesh.as_ref());
@@ -1664,30 +1668,15 @@ async fn run_attempt(
                 followed,
                 local_committers(graph, &sink_ctx),
             ));
+            let over = done_rx.clone();
             coordinator_gone = Some(done_rx);
             let m = m.clone();
-            let mut reports = report_rx;
+            let reports = report_rx;
             report_rx = mpsc::unbounded_channel().1;
-            coordinator_set.spawn(async move {
-                let book = writer.lock().unwrap_or_else(|p| p.into_inner()).book();
-                while let Some(report) = reports.recv().await {
-                    if let crate::checkpoint::TaskReport::Ack { checkpoint_id, .. } = &report {
-                        // Its barrier may have come through another worker
-                        // before worker 0's trigger: wait for the trigger
-                        // (it says whether this is a savepoint).
-                        book.seen(*checkpoint_id).await;
-                    }
-                    let w = writer.clone();
-                    let wire =
-                        tokio::task::spawn_blocking(move || w.lock().unwrap_or_else(|p| p.into_inner()).write(report))
-                            .await
-                            .map_err(|e| ExecError::internal(format!("checkpoint upload task failed: {e}")))?;
-                    let link = m.link(0).ok_or_else(|| ExecError::internal("no link to worker 0"))?;
-                    link.send_control(Control::Report(wire).encode())
-                        .map_err(|e| ExecError::Cluster(e.to_string()))?;
-                }
-                Ok(crate::checkpoint::coordinator::CoordinatorEnd::Finished)
-            });
+            coordinator_set.spawn(cluster::forward_reports(reports, writer, over, move |bytes| {
+                let link = m.link(0).ok_or_else(|| ExecError::internal("no link to worker 0"))?;
+                link.send_control(bytes).map_err(|e| ExecError::Cluster(e.to_string()))
+            }));
         }
         _ => {}
     }
@@ -1748,6 +1737,9 @@ async fn run_attempt(
             }) as Pin<Box<dyn std::future::Future<Output = ExecError> + Send>>
         });
     let supervised = supervise(tasks, coordinator_set, cancel, gone).await;
+    if let Some(m) = &mesh {
+        tracing::debug!(target: "weir::cluster", "worker {}: the attempt's tasks ended: {supervised:?}", m.index);
+    }
     let supervised = match (&mesh, coordinator_gone) {
         // Worker 0: the end of the attempt is the others' end too.
         (Some(m), None) => {
@@ -2483,11 +2475,15 @@ async fn supervise(
                     None => std::future::pending().await,
                 }
             }, if gone.is_some() => {
+                tracing::debug!(target: "weir::cluster", "worker 0 is gone: {err}");
                 gone = None;
                 fail(err, &mut tasks);
             }
             res = tasks.join_next() => match res {
-                None => break,
+                None => {
+                    tracing::debug!(target: "weir::cluster", "the attempt's subtasks ended");
+                    break;
+                }
                 Some(Ok(Ok(()))) => {}
                 Some(Ok(Err(e))) => fail(e, &mut tasks),
                 Some(Err(e)) if e.is_cancelled() => {}
