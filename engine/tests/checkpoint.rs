@@ -80,6 +80,7 @@ fn start_coordinator(
         claimed: None,
         stop: None,
         protected,
+        first_id: 1,
     };
     Harness {
         triggers,
@@ -383,7 +384,7 @@ async fn corrupt_checkpoints_are_detected_and_restore_falls_back() {
 struct RecordingCommitter(std::sync::Mutex<Vec<serde_json::Value>>);
 
 impl weir_engine::connectors::Committer for RecordingCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> weir_engine::error::Result<()> {
+    fn commit(&self, _checkpoint_id: u64, committables: &[serde_json::Value]) -> weir_engine::error::Result<()> {
         self.0.lock().expect("lock").extend(committables.iter().cloned());
         Ok(())
     }

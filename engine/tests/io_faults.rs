@@ -133,6 +133,7 @@ fn start(root: &Path, tolerable: u32) -> Harness {
         claimed: None,
         stop: None,
         protected: None,
+        first_id: 1,
     };
     Harness {
         triggers,

@@ -12,7 +12,20 @@ use crate::error::Result;
 /// checkpoint is committed again. `recover` then discards whatever the
 /// failed attempt wrote that no checkpoint holds.
 pub trait Committer: Send + Sync {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()>;
+    /// Checkpoint `checkpoint_id` completed (or was restored): its
+    /// committables, and any carried from checkpoints that did not
+    /// complete, become visible. A sink that records what it committed
+    /// (a Delta table's `txn` version) records `checkpoint_id`.
+    fn commit(&self, checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()>;
+
+    /// The newest checkpoint id the sink's own system records as
+    /// committed by this job (a Delta table's `txn` version), if any:
+    /// the job's checkpoint ids continue above it, so a run whose
+    /// checkpoint directory was emptied, or that restored an older
+    /// savepoint, never has its commits taken for replays.
+    fn committed_through(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 
     /// Deletes in-progress and pending output not in a completed checkpoint.
     fn recover(&self) -> Result<()>;

@@ -214,6 +214,10 @@ pub struct CheckpointCoordinator {
     /// A job spread over workers: what the other workers must hear of
     /// (barriers to inject at their sources, completed checkpoints).
     pub cluster: Option<mpsc::UnboundedSender<CoordinatorEvent>>,
+    /// No checkpoint id below this one: ids continue above a restored
+    /// savepoint's (as Flink's counter does) and above what a sink's
+    /// system records as committed (see `Committer::committed_through`).
+    pub first_id: u64,
 }
 
 /// What the coordinator tells the other workers of a job spread over
@@ -278,7 +282,7 @@ impl CheckpointCoordinator {
     pub async fn run(mut self) -> Result<CoordinatorEnd> {
         let mut st = State {
             retained: self.restored.take().into_iter().collect(),
-            next_id: self.storage.next_id()?,
+            next_id: self.storage.next_id()?.max(self.first_id),
             finished: HashMap::new(),
             carried: BTreeMap::new(),
             failures: 0,
@@ -897,7 +901,8 @@ pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: 
             );
             continue;
         };
-        tokio::task::spawn_blocking(move || c.commit(&committables))
+        let id = meta.checkpoint_id;
+        tokio::task::spawn_blocking(move || c.commit(id, &committables))
             .await
             .map_err(|e| ExecError::internal(format!("commit task failed: {e}")))??;
     }

@@ -236,6 +236,7 @@ mod tests {
             checkpoint_timeout: None,
             clock: Default::default(),
             spool_dir: std::env::temp_dir(),
+            sink_uid: String::new(),
         }
     }
 
@@ -274,9 +275,9 @@ mod tests {
         assert!(w.pre_commit().expect("empty pre-commit").is_empty());
         w.write(&[record(9, b"x")]).expect("write");
         let c = committer(dir.path(), &ctx(true));
-        c.commit(&committables).expect("commit");
+        c.commit(1, &committables).expect("commit");
         // Idempotent: a restored job commits again.
-        c.commit(&committables).expect("re-commit");
+        c.commit(1, &committables).expect("re-commit");
         // The in-progress file of the failed attempt goes.
         c.recover().expect("recover");
         assert_eq!(visible(dir.path()), vec!["dead-letters-job-a-1f0-source_3-1-0.jsonl"]);

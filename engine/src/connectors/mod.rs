@@ -17,6 +17,7 @@
 pub mod blackhole;
 pub mod datagen;
 pub mod dead_letter;
+pub mod delta;
 pub mod filesystem;
 pub mod kafka;
 pub mod nexmark;
@@ -191,6 +192,19 @@ pub struct SinkContext {
     /// there is of no use (its uploads are aborted or completed from the
     /// store) and would otherwise stay on the disk for good.
     pub spool_dir: std::path::PathBuf,
+    /// The sink operator's uid ([`SinkContext::for_sink`]): names what a
+    /// sink records in its own system (a Delta table's `txn` app id).
+    pub sink_uid: String,
+}
+
+impl SinkContext {
+    /// This context for the sink operator `uid`.
+    pub fn for_sink(&self, uid: &str) -> SinkContext {
+        SinkContext {
+            sink_uid: uid.to_string(),
+            ..self.clone()
+        }
+    }
 }
 
 pub trait SinkFactory: Debug + Send + Sync {
@@ -283,6 +297,7 @@ const CONNECTORS: &[&str] = &[
     "nexmark",
     "datagen",
     "filesystem",
+    "delta",
     "kafka",
     "upsert-kafka",
     "print",
@@ -300,6 +315,7 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
             filesystem::partition::OPTIONS,
             SINK_OPTIONS,
         ],
+        delta::NAME => vec![delta::OPTIONS, SINK_OPTIONS],
         "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS, SINK_OPTIONS],
         "upsert-kafka" => return Some(upsert_kafka_specs()),
         "print" => vec![print::OPTIONS, SINK_OPTIONS],
@@ -351,10 +367,10 @@ pub fn validate_table(table: &TableDef) -> Result<(String, Options)> {
         )
     })?;
     let options = Options::validate(&table.options, &specs, &format!("connector '{connector}'"))?;
-    if !table.partition_keys.is_empty() && connector != "filesystem" {
+    if !table.partition_keys.is_empty() && connector != "filesystem" && connector != delta::NAME {
         return Err(config_error(
             connector,
-            "PARTITIONED BY is supported by the 'filesystem' connector only (its rows go to a directory per partition)",
+            "PARTITIONED BY is supported by the 'filesystem' and 'delta' connectors only (their rows go to a directory per partition)",
         )
         .into());
     }
@@ -512,6 +528,12 @@ pub fn create_sink(
         "print" => Arc::new(print::PrintSink::new(&options, &table.name)),
         "blackhole" => Arc::new(blackhole::BlackholeSink),
         "filesystem" => Arc::new(filesystem::FileSink::new(&options, schema, &table.partition_keys, s3)?),
+        delta::NAME => Arc::new(delta::DeltaSink::new(
+            &options,
+            schema,
+            &table.partition_keys,
+            &table.name,
+        )?),
         "kafka" | "upsert-kafka" => {
             let metadata = TableDef::metadata_of(table.writable_columns());
             let upsert = connector == kafka::UPSERT_NAME;

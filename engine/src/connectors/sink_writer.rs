@@ -151,7 +151,7 @@ mod tests {
     struct NoCommit;
 
     impl Committer for NoCommit {
-        fn commit(&self, _committables: &[serde_json::Value]) -> Result<()> {
+        fn commit(&self, _checkpoint_id: u64, _committables: &[serde_json::Value]) -> Result<()> {
             Ok(())
         }
 
@@ -188,6 +188,7 @@ mod tests {
             checkpoint_timeout: None,
             clock: Default::default(),
             spool_dir: std::env::temp_dir(),
+            sink_uid: String::new(),
         }
     }
 

@@ -1270,6 +1270,7 @@ async fn run_attempt(
         checkpoint_timeout: config.checkpointing.as_ref().map(|c| c.timeout),
         clock: config.clock.clone(),
         spool_dir: config.job_dir.join("spool"),
+        sink_uid: String::new(),
     };
     // A killed attempt's spooled parts: never read again.
     crate::checkpoint::storage::remove_dir_if_exists(&sink_ctx.spool_dir)?;
@@ -1682,6 +1683,14 @@ async fn run_attempt(
     }
     drop(report_tx);
     if let Some(cp) = config.checkpointing.as_ref().filter(|_| coordinates) {
+        let mut first_id = restored.as_ref().map_or(1, |r| r.checkpoint_id() + 1);
+        for c in committers.values() {
+            let c = c.clone();
+            let through = tokio::task::spawn_blocking(move || c.committed_through())
+                .await
+                .map_err(|e| ExecError::internal(format!("sink recovery failed: {e}")))??;
+            first_id = first_id.max(through.map_or(1, |t| t + 1));
+        }
         let fence = fence
             .cloned()
             .ok_or_else(|| ExecError::internal("a job with checkpointing has no fence"))?;
@@ -1721,6 +1730,7 @@ async fn run_attempt(
                 .filter(|r| config.claim && r.path.parent() != Some(cp.root.as_path()))
                 .map(|r| r.path.clone()),
             cluster: events,
+            first_id,
         };
         coordinator_set.spawn(coordinator.run());
     }
@@ -1842,7 +1852,10 @@ fn local_committers(graph: &StreamGraph, sink_ctx: &SinkContext) -> HashMap<Stri
         .nodes
         .iter()
         .filter_map(|n| match &n.kind {
-            NodeKind::Sink(s) => s.factory.committer(sink_ctx).map(|c| (n.uid.clone(), c)),
+            NodeKind::Sink(s) => s
+                .factory
+                .committer(&sink_ctx.for_sink(&n.uid))
+                .map(|c| (n.uid.clone(), c)),
             _ => None,
         })
         .collect()
@@ -2353,7 +2366,7 @@ async fn restore_commits(
     let mut committers: HashMap<String, Arc<dyn Committer>> = HashMap::new();
     for n in &graph.nodes {
         if let NodeKind::Sink(s) = &n.kind
-            && let Some(c) = s.factory.committer(sink_ctx)
+            && let Some(c) = s.factory.committer(&sink_ctx.for_sink(&n.uid))
         {
             committers.insert(n.uid.clone(), c);
         }
@@ -2547,9 +2560,12 @@ fn create_operator(
     let node = graph.node(id);
     match &node.kind {
         NodeKind::Source(_) => Err(ExecError::internal("a source is not an operator")),
-        NodeKind::Sink(s) => {
-            crate::connectors::sink_writer::writer_operator(s.factory.as_ref(), subtask, node.parallelism, sink_ctx)
-        }
+        NodeKind::Sink(s) => crate::connectors::sink_writer::writer_operator(
+            s.factory.as_ref(),
+            subtask,
+            node.parallelism,
+            &sink_ctx.for_sink(&node.uid),
+        ),
         NodeKind::Calc(c) => calc::build(c, &ctx),
         NodeKind::Union => union::build(&ctx),
         NodeKind::Limit(l) => limit::build(l, &ctx),

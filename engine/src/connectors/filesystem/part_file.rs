@@ -184,7 +184,7 @@ impl PartCommitter {
 }
 
 impl Committer for PartCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+    fn commit(&self, _checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()> {
         if let Some(parts) = &self.remote {
             for c in committables {
                 if parts.complete(c)? {

@@ -431,11 +431,11 @@ impl FileCommitter {
 }
 
 impl Committer for FileCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+    fn commit(&self, checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()> {
         let (infos, files): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
             committables.iter().partition(|c| c.get("partitions").is_some());
         let files: Vec<serde_json::Value> = files.into_iter().cloned().collect();
-        self.files.commit(&files)?;
+        self.files.commit(checkpoint_id, &files)?;
         let Some(policy) = &self.policy else {
             return Ok(());
         };

@@ -721,7 +721,7 @@ impl Transactions {
 struct TxnCommitter(Arc<Transactions>);
 
 impl Committer for TxnCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+    fn commit(&self, _checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()> {
         for c in committables {
             let c: Committable = serde_json::from_value(c.clone()).map_err(|e| {
                 crate::error::ExecError::internal(format!("a Kafka committable that does not read: {e}"))

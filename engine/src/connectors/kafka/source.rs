@@ -744,7 +744,7 @@ struct OffsetCommitter {
 }
 
 impl Committer for OffsetCommitter {
-    fn commit(&self, committables: &[serde_json::Value]) -> Result<()> {
+    fn commit(&self, _checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()> {
         let mut tpl = TopicPartitionList::new();
         for c in committables {
             let (Some(t), Some(p), Some(o)) = (c["topic"].as_str(), c["partition"].as_i64(), c["offset"].as_i64())

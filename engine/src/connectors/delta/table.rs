@@ -1,0 +1,243 @@
+//! Where a Delta table is, and what it must look like: the DDL's columns
+//! as Delta types, an existing table checked against them, a missing one
+//! created.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use deltalake_core::kernel::StructType;
+use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake_core::{DeltaTable, DeltaTableBuilder};
+use weir_catalog::Options;
+
+use crate::checkpoint::objects::block_on;
+use crate::error::{ConnectorError, ExecError, Result};
+
+/// A Delta table's place: its directory and URL, and the catalog table
+/// that names it (for messages).
+#[derive(Debug, Clone)]
+pub struct DeltaLocation {
+    pub dir: PathBuf,
+    pub url: url::Url,
+    pub name: String,
+}
+
+impl DeltaLocation {
+    pub fn of(options: &Options, name: &str) -> Result<Self> {
+        let raw = options.require(crate::paths::TABLE_PATH)?;
+        let config = |message: String| -> ExecError {
+            ConnectorError::Config {
+                connector: super::NAME.into(),
+                message,
+            }
+            .into()
+        };
+        if crate::paths::is_object_url(raw) {
+            return Err(config(format!(
+                "table '{name}': 'path' = '{raw}': a Delta table on an object store is not supported yet; use a local directory"
+            )));
+        }
+        let dir = crate::paths::local_path(raw);
+        let dir = if dir.is_absolute() {
+            dir
+        } else {
+            std::env::current_dir()
+                .map_err(|e| config(format!("table '{name}': the working directory: {e}")))?
+                .join(dir)
+        };
+        let url = url::Url::from_directory_path(&dir)
+            .map_err(|_| config(format!("table '{name}': 'path' = '{raw}' is not a directory path")))?;
+        Ok(Self {
+            dir,
+            url,
+            name: name.to_string(),
+        })
+    }
+
+    /// An error about this table, naming it and its path.
+    pub fn error(&self, message: impl std::fmt::Display) -> ExecError {
+        ConnectorError::Data {
+            location: format!("Delta table '{}' at {}", self.name, self.dir.display()),
+            message: message.to_string(),
+        }
+        .into()
+    }
+
+    /// Whether a Delta table is there (its log has a commit).
+    pub fn exists(&self) -> bool {
+        std::fs::read_dir(self.dir.join("_delta_log"))
+            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
+    }
+
+    /// The table at its latest version (blocking).
+    pub fn load(&self) -> Result<DeltaTable> {
+        let url = self.url.clone();
+        block_on("a Delta table", async move {
+            let mut table = DeltaTableBuilder::from_url(url)?.build()?;
+            table.load().await?;
+            Ok::<_, deltalake_core::DeltaTableError>(table)
+        })
+        .map_err(|e| self.error(e))?
+        .map_err(|e| self.error(format!("cannot read the table: {e}")))
+    }
+
+    /// Creates the table with `schema`'s columns unless one is there
+    /// (blocking). Two writers creating it at once: one wins, the other
+    /// finds it.
+    pub fn create_if_absent(&self, schema: &SchemaRef, partition_keys: &[String]) -> Result<()> {
+        if self.exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| self.error(format!("cannot create the directory: {e}")))?;
+        let columns = kernel_schema(schema).map_err(|e| self.error(e))?;
+        let url = self.url.clone();
+        let name = self.name.clone();
+        let keys = partition_keys.to_vec();
+        block_on("a Delta table", async move {
+            deltalake_core::operations::create::CreateBuilder::new()
+                .with_location(url.to_string())
+                .with_table_name(name)
+                .with_columns(columns.fields().cloned())
+                .with_partition_columns(keys)
+                .with_save_mode(deltalake_core::protocol::SaveMode::Ignore)
+                .await
+                .map(|_| ())
+        })
+        .map_err(|e| self.error(e))?
+        .map_err(|e| self.error(format!("cannot create the table: {e}")))
+    }
+
+    /// An existing table must have the DDL's columns (names, types) and
+    /// partition columns; a missing one is created by the job.
+    pub fn check_existing(&self, schema: &SchemaRef, partition_keys: &[String]) -> Result<()> {
+        if !self.exists() {
+            return Ok(());
+        }
+        let table = self.load()?;
+        let snapshot = table.snapshot().map_err(|e| self.error(e))?;
+        let theirs = snapshot.schema();
+        let ours = kernel_schema(schema).map_err(|e| self.error(e))?;
+        for field in ours.fields() {
+            match theirs.field(field.name()) {
+                None => {
+                    return Err(self.error(format!(
+                        "the DDL's column '{}' is not in the table (its columns: {})",
+                        field.name(),
+                        theirs
+                            .fields()
+                            .map(|f| f.name().as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                Some(t) if t.data_type() != field.data_type() => {
+                    return Err(self.error(format!(
+                        "column '{}' is {} in the DDL (Delta type {}) but {} in the table",
+                        field.name(),
+                        ddl_type(schema, field.name()),
+                        field.data_type(),
+                        t.data_type()
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(extra) = theirs.fields().find(|f| ours.field(f.name()).is_none()) {
+            return Err(self.error(format!(
+                "the table's column '{}' ({}) is not in the DDL",
+                extra.name(),
+                extra.data_type()
+            )));
+        }
+        let table_keys = snapshot.metadata().partition_columns().to_vec();
+        if table_keys != partition_keys {
+            return Err(self.error(format!(
+                "the table is partitioned by [{}], the DDL by [{}]",
+                table_keys.join(", "),
+                partition_keys.join(", ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The DDL's type of `column`, as the DDL's Arrow type reads.
+fn ddl_type(schema: &SchemaRef, column: &str) -> String {
+    schema
+        .field_with_name(column)
+        .map(|f| f.data_type().to_string())
+        .unwrap_or_default()
+}
+
+/// `schema` as a Delta schema.
+fn kernel_schema(schema: &SchemaRef) -> std::result::Result<StructType, String> {
+    schema
+        .clone()
+        .try_into_kernel()
+        .map_err(|e: arrow::error::ArrowError| format!("the DDL's columns have no Delta type: {e}"))
+}
+
+/// The DDL's columns as written to Delta: timestamps in microseconds (the
+/// only unit Delta has), a TIMESTAMP as Delta's `timestamp_ntz`, a
+/// TIMESTAMP_LTZ as `timestamp` (UTC). A type Delta lacks is an error
+/// naming the column.
+pub fn delta_schema(schema: &SchemaRef, table: &DeltaLocation) -> Result<SchemaRef> {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_data_type(delta_type(f.data_type())))
+        .collect();
+    let out: SchemaRef = Arc::new(Schema::new(fields));
+    for f in out.fields() {
+        let one: SchemaRef = Arc::new(Schema::new(vec![f.as_ref().clone()]));
+        kernel_schema(&one).map_err(|e| {
+            table.error(format!(
+                "column '{}' ({}) cannot be written to Delta: {e}",
+                f.name(),
+                ddl_type(schema, f.name())
+            ))
+        })?;
+    }
+    Ok(out)
+}
+
+fn delta_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Timestamp(_, None) => DataType::Timestamp(TimeUnit::Microsecond, None),
+        DataType::Timestamp(_, Some(_)) => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        DataType::List(f) => DataType::List(Arc::new(f.as_ref().clone().with_data_type(delta_type(f.data_type())))),
+        DataType::Struct(fs) => DataType::Struct(
+            fs.iter()
+                .map(|f| f.as_ref().clone().with_data_type(delta_type(f.data_type())))
+                .collect(),
+        ),
+        DataType::Map(f, sorted) => DataType::Map(
+            Arc::new(f.as_ref().clone().with_data_type(delta_type(f.data_type()))),
+            *sorted,
+        ),
+        other => other.clone(),
+    }
+}
+
+/// `batch` (the DDL's columns) in `schema`'s types (see [`delta_schema`]).
+pub fn to_delta(
+    batch: &arrow::record_batch::RecordBatch,
+    schema: &SchemaRef,
+) -> Result<arrow::record_batch::RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow::compute::cast(c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(arrow::record_batch::RecordBatch::try_new(schema.clone(), columns)?)
+}
