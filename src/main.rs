@@ -14,6 +14,7 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    weir_engine::exchange::tls::install_crypto_provider();
     let args = weir::cli::Args::parse();
     std::process::exit(weir::cli::main_with(args));
 }

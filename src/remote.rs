@@ -79,6 +79,7 @@ impl Remote {
         }
         .map_err(|e| format!("--url '{url}': {e}"))?;
         let endpoint = if scheme == "grpc+tls" {
+            weir_engine::exchange::tls::install_crypto_provider();
             let ca = std::env::var_os("WEIR_TLS_CA")
                 .ok_or_else(|| "grpc+tls:// needs the server's CA certificate: set WEIR_TLS_CA=ca.pem".to_string())?;
             let pem = std::fs::read(&ca).map_err(|e| format!("WEIR_TLS_CA {}: {e}", ca.to_string_lossy()))?;

@@ -1072,6 +1072,7 @@ pub async fn serve(
         .max_concurrent_streams(Some(256))
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)));
     if let Some((cert, key)) = &options.tls {
+        weir_engine::exchange::tls::install_crypto_provider();
         let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
         let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
         builder = builder

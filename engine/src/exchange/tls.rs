@@ -78,3 +78,12 @@ impl LinkTls {
         ServerName::try_from(host.to_string()).map_err(|e| format!("'{host}' is not a host name for TLS: {e}"))
     }
 }
+
+/// Makes ring rustls's process-wide crypto provider. The build has two
+/// (ring, which Weir's TLS uses, and aws-lc-rs, which delta-rs's HTTP
+/// client brings), and with two rustls cannot choose one by itself: a
+/// TLS server or client built without naming one (tonic's) fails. Called
+/// before any TLS is set up; a later call changes nothing.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

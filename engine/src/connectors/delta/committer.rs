@@ -65,15 +65,20 @@ impl Committer for DeltaCommitter {
         }
         self.table.create_if_absent(&self.schema, &self.partition_keys)?;
         let txn = (self.app_id.clone(), checkpoint_id);
+        let files = adds.len();
+        let started = std::time::Instant::now();
         let made = commit_adds(&self.table, &self.partition_keys, adds, Some(txn))?;
         if made.is_some() {
             crate::failpoint::failpoint("delta_sink.committed");
         }
         match made {
-            Some(version) => tracing::debug!(
+            // The commit's latency: how much later than the checkpoint
+            // the rows become visible.
+            Some(version) => tracing::info!(
                 target: "weir::checkpoint",
-                "Delta table '{}': checkpoint {checkpoint_id} committed as version {version}",
-                self.table.name
+                "Delta table '{}': checkpoint {checkpoint_id} committed as version {version} in {} ms ({files} files)",
+                self.table.name,
+                started.elapsed().as_millis()
             ),
             None => tracing::info!(
                 target: "weir::checkpoint",
