@@ -12,16 +12,9 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The venv's python: `WEIR_ADBC_PYTHON`, or the venv
-/// `scripts/adbc-venv.sh` makes.
+/// The venv's python (see `common::test_python`).
 fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_ADBC_PYTHON") {
-        return p.into();
-    }
-    let venv = std::env::var_os("WEIR_ADBC_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir-adbc-venv"));
-    venv.join("bin/python")
+    common::test_python()
 }
 
 #[test]

@@ -23,7 +23,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// SplitMix64: a tiny seeded generator for kill plans.
@@ -126,18 +126,7 @@ struct Run {
 }
 
 fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
-    let mut c = Command::new(weir_bin());
-    c.arg("--data-dir")
-        .arg(data)
-        .arg("run")
-        .arg(sql)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    match failpoints {
-        Some(f) => c.env("WEIR_FAILPOINTS", f),
-        None => c.env_remove("WEIR_FAILPOINTS"),
-    };
-    c.spawn().expect("spawn weir")
+    common::start_run(data, sql, failpoints)
 }
 
 /// Lets the process run for `kill_after` (or to its end), then SIGKILLs it.

@@ -6,27 +6,19 @@
 //! another writer appending to the same table; and the errors a user
 //! meets (another schema, a read-only directory).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 const FILES: u64 = 2;
 const LINES_PER_FILE: u64 = 20_000;
 
-fn weir_bin() -> PathBuf {
-    std::env::var_os("WEIR_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")), PathBuf::from)
-}
-
 /// The test venv's python (see `scripts/adbc-venv.sh`).
 fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("WEIR_ADBC_PYTHON") {
-        return p.into();
-    }
-    let venv = std::env::var_os("WEIR_ADBC_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir-adbc-venv"));
-    let py = venv.join("bin/python");
+    let py = common::test_python();
     assert!(
         py.exists(),
         "{} is missing: run ./scripts/setup.sh (or scripts/adbc-venv.sh) to create the test venv",
@@ -79,6 +71,32 @@ INSERT INTO lake SELECT auction, price, dateTime, bidder, auction % 4 FROM bid;
         bids.display(),
         table.display()
     )
+}
+
+/// A test's directory: the input, the rows expected, the job's SQL (its
+/// `extra` settings first), the table's path and the data dir.
+struct Setup {
+    dir: tempfile::TempDir,
+    expected: Vec<String>,
+    table: PathBuf,
+    sql: PathBuf,
+    data: PathBuf,
+}
+
+fn setup(extra: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (bids, expected) = input(dir.path());
+    let table = dir.path().join("lake");
+    let sql = dir.path().join("job.sql");
+    std::fs::write(&sql, job_sql(&bids, &table, extra)).expect("sql");
+    let data = dir.path().join("data");
+    Setup {
+        dir,
+        expected,
+        table,
+        sql,
+        data,
+    }
 }
 
 /// What the Python reader sees of the table.
@@ -220,18 +238,7 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
 }
 
 fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
-    let mut c = Command::new(weir_bin());
-    c.arg("--data-dir")
-        .arg(data)
-        .arg("run")
-        .arg(sql)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    match failpoints {
-        Some(f) => c.env("WEIR_FAILPOINTS", f),
-        None => c.env_remove("WEIR_FAILPOINTS"),
-    };
-    c.spawn().expect("spawn weir")
+    common::start_run(data, sql, failpoints)
 }
 
 /// Runs the job until it ends, or SIGKILLs it `kill_after` after its
@@ -302,16 +309,14 @@ fn assert_rows(read: &Read, expected: &[String], context: &str) {
 
 #[test]
 fn a_job_into_a_delta_table_commits_one_version_per_checkpoint_and_another_reader_sees_every_row_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, expected) = input(dir.path());
-    let table = dir.path().join("lake");
-    let sql = dir.path().join("job.sql");
-    std::fs::write(
-        &sql,
-        job_sql(&bids, &table, "SET 'execution.checkpointing.interval' = '300 ms';"),
-    )
-    .expect("sql");
-    let (ended, stderr) = run(&dir.path().join("data"), &sql, None, None);
+    let Setup {
+        dir: _dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '300 ms';");
+    let (ended, stderr) = run(&data, &sql, None, None);
     assert_eq!(ended, Some(true), "{stderr}");
     let read = read_table(&table);
     assert_rows(&read, &expected, "a run without failures");
@@ -334,16 +339,21 @@ fn a_job_into_a_delta_table_commits_one_version_per_checkpoint_and_another_reade
 
 #[test]
 fn without_checkpointing_a_bounded_job_commits_its_delta_files_at_the_end() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, expected) = input(dir.path());
-    let table = dir.path().join("lake");
-    let sql = dir.path().join("job.sql");
+    let Setup {
+        dir: _dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("");
+    // As fast as it reads.
+    let text = std::fs::read_to_string(&sql).expect("sql");
     std::fs::write(
         &sql,
-        job_sql(&bids, &table, "").replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
+        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
     )
     .expect("sql");
-    let (ended, stderr) = run(&dir.path().join("data"), &sql, None, None);
+    let (ended, stderr) = run(&data, &sql, None, None);
     assert_eq!(ended, Some(true), "{stderr}");
     assert_rows(&read_table(&table), &expected, "without checkpointing");
 }
@@ -353,16 +363,13 @@ fn without_checkpointing_a_bounded_job_commits_its_delta_files_at_the_end() {
 /// committed at most once, no file of a killed attempt left behind.
 #[test]
 fn sigkill_at_random_moments_into_a_delta_table_loses_and_duplicates_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, expected) = input(dir.path());
-    let table = dir.path().join("lake");
-    let sql = dir.path().join("job.sql");
-    std::fs::write(
-        &sql,
-        job_sql(&bids, &table, "SET 'execution.checkpointing.interval' = '150 ms';"),
-    )
-    .expect("sql");
-    let data = dir.path().join("data");
+    let Setup {
+        dir: _dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '150 ms';");
     let mut seed = 0x5eed_de17_u64;
     let mut kills = 0;
     let mut all = String::new();
@@ -390,16 +397,13 @@ fn sigkill_at_random_moments_into_a_delta_table_loses_and_duplicates_nothing() {
 /// process gone again before it went on.
 #[test]
 fn a_crash_at_each_delta_commit_failpoint_loses_and_duplicates_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, expected) = input(dir.path());
-    let table = dir.path().join("lake");
-    let sql = dir.path().join("job.sql");
-    std::fs::write(
-        &sql,
-        job_sql(&bids, &table, "SET 'execution.checkpointing.interval' = '150 ms';"),
-    )
-    .expect("sql");
-    let data = dir.path().join("data");
+    let Setup {
+        dir: _dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '150 ms';");
     let mut all = String::new();
     for failpoints in [
         Some("coordinator.before_commit:3"),
@@ -427,16 +431,14 @@ fn a_crash_at_each_delta_commit_failpoint_loses_and_duplicates_nothing() {
 /// both writers' rows are there once.
 #[test]
 fn another_writer_appending_between_checkpoints_keeps_both_writers_rows_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (bids, mut expected) = input(dir.path());
-    let table = dir.path().join("lake");
-    let sql = dir.path().join("job.sql");
-    std::fs::write(
-        &sql,
-        job_sql(&bids, &table, "SET 'execution.checkpointing.interval' = '200 ms';"),
-    )
-    .expect("sql");
-    let mut child = start(&dir.path().join("data"), &sql, None);
+    let Setup {
+        dir: _dir,
+        mut expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let mut child = start(&data, &sql, None);
     let append = r#"
 import sys
 import pyarrow as pa

@@ -671,6 +671,38 @@ fn proxy_one(
     client.flush()
 }
 
+/// The python of the venv `scripts/adbc-venv.sh` makes (the ADBC driver,
+/// pyarrow, delta-rs's `deltalake`): `WEIR_ADBC_PYTHON`, or the venv at
+/// `WEIR_ADBC_VENV` (default `~/.cache/weir-adbc-venv`).
+pub fn test_python() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("WEIR_ADBC_PYTHON") {
+        return p.into();
+    }
+    let venv = std::env::var_os("WEIR_ADBC_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/weir-adbc-venv")
+        });
+    venv.join("bin/python")
+}
+
+/// `weir run SQL` with its own data dir, stderr piped, the failpoints
+/// given armed (and none inherited).
+pub fn start_run(data: &std::path::Path, sql: &std::path::Path, failpoints: Option<&str>) -> Child {
+    let mut c = Command::new(worker_bin());
+    c.arg("--data-dir")
+        .arg(data)
+        .arg("run")
+        .arg(sql)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    match failpoints {
+        Some(f) => c.env("WEIR_FAILPOINTS", f),
+        None => c.env_remove("WEIR_FAILPOINTS"),
+    };
+    c.spawn().expect("spawn weir")
+}
+
 /// The `weir` binary `Workers` run: `WEIR_BIN`, or cargo's build.
 pub fn worker_bin() -> std::path::PathBuf {
     std::env::var_os("WEIR_BIN").map_or_else(
