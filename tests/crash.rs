@@ -120,10 +120,7 @@ fn weir_bin() -> PathBuf {
     std::env::var_os("WEIR_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_weir")), PathBuf::from)
 }
 
-struct Run {
-    exited: Option<std::process::ExitStatus>,
-    stderr: String,
-}
+use common::Run;
 
 fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
     common::start_run(data, sql, failpoints)
@@ -134,9 +131,7 @@ fn run_once(data: &Path, sql: &Path, kill_after: Option<Duration>, failpoints: O
     run_armed(data, sql, kill_after, failpoints, &|| true)
 }
 
-/// [`run_once`], with `kill_after` counted from the moment `armed` first
-/// holds (e.g. a checkpoint completed, so that a kill tests a restore
-/// however slowly a loaded machine starts the job).
+/// [`common::run_armed`], armed by a check of the files.
 fn run_armed(
     data: &Path,
     sql: &Path,
@@ -144,41 +139,7 @@ fn run_armed(
     failpoints: Option<&str>,
     armed: &dyn Fn() -> bool,
 ) -> Run {
-    let mut child = start(data, sql, failpoints);
-    let mut stderr_pipe = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr_pipe.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut kill_at = None;
-    let exited = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break Some(status);
-        }
-        let now = Instant::now();
-        if kill_at.is_none()
-            && let Some(d) = kill_after
-            && armed()
-        {
-            kill_at = Some(now + d);
-        }
-        if kill_at.is_some_and(|k| now >= k) {
-            // SIGKILL: no destructors, no flushing, no goodbye.
-            child.kill().expect("kill");
-            child.wait().expect("reap");
-            break None;
-        }
-        assert!(now < deadline, "weir run did not end within 120 s");
-        // Polling the child's exit: the kill time is the random variable
-        // under test, not a synchronisation.
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Run {
-        exited,
-        stderr: reader.join().expect("stderr reader"),
-    }
+    common::run_armed(data, sql, failpoints, 120, kill_after, &|_| armed())
 }
 
 /// Whether a checkpoint below `root` (`chk-N/_metadata`) is complete.
@@ -361,10 +322,11 @@ fn assert_same_rows(expected: &BTreeMap<String, usize>, out: &Path, what: &str) 
 fn a_failed_task_restarts_the_job_in_process_from_its_latest_checkpoint() {
     let expected = golden();
     let ws = workspace_with("SET 'restart-strategy.fixed-delay.delay' = '0 ms';");
-    // The 8th window snapshot fails its task (a failure in the sync part
-    // of a checkpoint): the job restarts in the same process from its
-    // latest checkpoint and finishes.
-    let run = run_once(&ws.data, &ws.sql, None, Some("window.snapshot:8:error"));
+    // The 3rd window snapshot (checkpoint 2's first subtask) fails its
+    // task (a failure in the sync part of a checkpoint): the job restarts
+    // in the same process from checkpoint 1 and finishes. An early one, so
+    // a fast machine cannot finish the input before it fires.
+    let run = run_once(&ws.data, &ws.sql, None, Some("window.snapshot:3:error"));
     assert!(run.exited.is_some_and(|s| s.success()), "{}", run.stderr);
     assert!(run.stderr.contains("injected task failure"), "{}", run.stderr);
     assert!(run.stderr.contains("restarting (attempt 1 of 3)"), "{}", run.stderr);

@@ -10,8 +10,8 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const FILES: u64 = 2;
 const LINES_PER_FILE: u64 = 20_000;
@@ -103,24 +103,35 @@ fn setup(extra: &str) -> Setup {
 struct Read {
     rows: Vec<String>,
     version: i64,
+    /// The files of the version read, relative to the table.
+    files: BTreeSet<String>,
 }
 
 fn read_table(table: &Path) -> Read {
+    read_table_at(&table.display().to_string(), None)
+}
+
+/// What the Python reader sees of the table at `uri`, reached with
+/// `storage_options` (JSON) if given; also the files of its version.
+fn read_table_at(uri: &str, storage_options: Option<&str>) -> Read {
     let script = r#"
 import json, sys
 from deltalake import DeltaTable
-dt = DeltaTable(sys.argv[1])
+dt = DeltaTable(sys.argv[1], storage_options=json.loads(sys.argv[2]) or None)
 t = dt.to_pyarrow_table()
 rows = []
 for r in t.to_pylist():
     ts = r["dateTime"].isoformat(sep=" ", timespec="milliseconds")
     rows.append(f'{r["auction"]}|{r["price"]}|{ts}|{r["bidder"]}|{r["bucket"]}')
-print(json.dumps({"version": dt.version(), "rows": rows}))
+import pyarrow
+files = pyarrow.table(dt.get_add_actions(flatten=True)).column("path").to_pylist()
+print(json.dumps({"version": dt.version(), "rows": rows, "files": files}))
 "#;
     let out = Command::new(python())
         .arg("-c")
         .arg(script)
-        .arg(table)
+        .arg(uri)
+        .arg(storage_options.unwrap_or("{}"))
         .output()
         .expect("python");
     assert!(
@@ -139,6 +150,12 @@ print(json.dumps({"version": dt.version(), "rows": rows}))
     Read {
         rows,
         version: v["version"].as_i64().expect("version"),
+        files: v["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .map(|f| f.as_str().expect("file").to_string())
+            .collect(),
     }
 }
 
@@ -149,7 +166,11 @@ type Commit = (Vec<(String, i64)>, Vec<String>);
 /// The table's log as written, by version.
 fn log_of(table: &Path) -> BTreeMap<u64, Commit> {
     let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(table.join("_delta_log")).expect("log") {
+    // No log yet: no commit yet.
+    let Ok(entries) = std::fs::read_dir(table.join("_delta_log")) else {
+        return out;
+    };
+    for e in entries {
         let path = e.expect("entry").path();
         let Some(version) = path
             .file_name()
@@ -237,59 +258,15 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
     }
 }
 
-fn start(data: &Path, sql: &Path, failpoints: Option<&str>) -> Child {
-    common::start_run(data, sql, failpoints)
-}
-
-/// Runs the job until it ends, or SIGKILLs it `kill_after` after its
-/// stderr shows `armed` checkpoints completed. Returns whether it ended
+/// Runs the job until it ends, or SIGKILLs it `after` once its stderr
+/// shows `checkpoints` checkpoints completed. Returns whether it ended
 /// (and how), and its stderr.
 fn run(data: &Path, sql: &Path, failpoints: Option<&str>, kill: Option<(usize, Duration)>) -> (Option<bool>, String) {
-    let mut child = start(data, sql, failpoints);
-    let mut pipe = child.stderr.take().expect("stderr");
-    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .expect("stderr")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
+    let checkpoints = kill.map_or(0, |(c, _)| c);
+    let run = common::run_armed(data, sql, failpoints, 180, kill.map(|(_, after)| after), &|stderr| {
+        stderr.matches(" completed in ").count() >= checkpoints
     });
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut kill_at = None;
-    let ended = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break Some(status.success());
-        }
-        let now = Instant::now();
-        if let Some((checkpoints, after)) = kill
-            && kill_at.is_none()
-            && text.lock().expect("stderr").matches(" completed in ").count() >= checkpoints
-        {
-            kill_at = Some(now + after);
-        }
-        if kill_at.is_some_and(|k| now >= k) {
-            child.kill().expect("kill");
-            child.wait().expect("reap");
-            break None;
-        }
-        assert!(
-            now < deadline,
-            "weir run did not end within 180 s:\n{}",
-            text.lock().expect("stderr")
-        );
-        // Polling the child: the kill time is the variable under test.
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    reader.join().expect("stderr reader");
-    let stderr = text.lock().expect("stderr").clone();
-    (ended, stderr)
+    (run.exited.map(|s| s.success()), run.stderr)
 }
 
 fn assert_rows(read: &Read, expected: &[String], context: &str) {
@@ -427,8 +404,23 @@ fn a_crash_at_each_delta_commit_failpoint_loses_and_duplicates_nothing() {
     assert_log_sound(&table, &all);
 }
 
-/// Another process appends to the table while the job writes to it:
-/// both writers' rows are there once.
+/// The versions of the table's commits made by the job (those carrying
+/// its `txn`) and by anyone else, table creation aside.
+fn commits_by_writer(table: &Path) -> (Vec<u64>, Vec<u64>) {
+    let (mut ours, mut others) = (vec![], vec![]);
+    for (version, (txns, adds)) in log_of(table) {
+        if txns.iter().any(|(app, _)| app.starts_with("weir-delta-test-")) {
+            ours.push(version);
+        } else if !adds.is_empty() {
+            others.push(version);
+        }
+    }
+    (ours, others)
+}
+
+/// Another process appends to the table while the job writes to it, each
+/// append after a further commit of the job's: both writers' rows are
+/// there once, and the log shows their commits interleaved.
 #[test]
 fn another_writer_appending_between_checkpoints_keeps_both_writers_rows_once() {
     let Setup {
@@ -438,7 +430,18 @@ fn another_writer_appending_between_checkpoints_keeps_both_writers_rows_once() {
         sql,
         data,
     } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
-    let mut child = start(&data, &sql, None);
+    // Slower input: the job must still be writing while the other writer
+    // (a Python process each time) appends five times.
+    let text = std::fs::read_to_string(&sql).expect("sql");
+    std::fs::write(
+        &sql,
+        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '3000'"),
+    )
+    .expect("sql");
+    let job = {
+        let (data, sql) = (data.clone(), sql.clone());
+        std::thread::spawn(move || common::run_armed(&data, &sql, None, 180, None, &|_| false))
+    };
     let append = r#"
 import sys
 import pyarrow as pa
@@ -454,25 +457,19 @@ t = pa.table({
 })
 write_deltalake(sys.argv[1], t, mode="append")
 "#;
-    let mut appended = 0;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while appended < 5 {
-        assert!(Instant::now() < deadline, "the other writer never got to append");
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut stderr = String::new();
-            use std::io::Read;
-            child
-                .stderr
-                .take()
-                .expect("stderr")
-                .read_to_string(&mut stderr)
-                .expect("stderr");
-            panic!("the job ended ({status}) before the other writer appended {appended} times:\n{stderr}");
-        }
-        if !table.join("_delta_log").exists() {
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
+    for appended in 0..5usize {
+        // The event: the job's commit number `appended + 1` is in the log.
+        common::eventually_blocking("a further commit of the job's", 120, || {
+            let (ours, _) = commits_by_writer(&table);
+            if ours.len() > appended {
+                return Ok(());
+            }
+            assert!(
+                !job.is_finished(),
+                "the job ended before the other writer appended {appended} times"
+            );
+            Err(format!("{} commits of the job's", ours.len()))
+        });
         let out = Command::new(python())
             .arg("-c")
             .arg(append)
@@ -486,24 +483,113 @@ write_deltalake(sys.argv[1], t, mode="append")
             1000 + appended,
             (1000 + appended) % 4
         ));
-        appended += 1;
     }
-    let status = child.wait().expect("wait");
-    let mut stderr = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut stderr)
-        .expect("stderr");
-    assert!(status.success(), "{stderr}");
+    let run = job.join().expect("job thread");
+    assert!(run.exited.is_some_and(|s| s.success()), "{}", run.stderr);
+    let (ours, others) = commits_by_writer(&table);
+    assert_eq!(others.len(), 5, "the other writer's commits: {others:?}");
+    // Interleaved: a commit of the job's came after one of the other's,
+    // so the job's optimistic commit met a version it had not read.
     assert!(
-        stderr.matches(" completed in ").count() >= 2,
-        "the other writer's appends came after the job's end:\n{stderr}"
+        ours.last() > others.first(),
+        "the job's commits {ours:?} all came before the other writer's {others:?}:\n{}",
+        run.stderr
     );
     expected.sort();
     assert_rows(&read_table(&table), &expected, "two writers");
+    assert_log_sound(&table, &run.stderr);
+}
+
+/// The table on an S3-compatible server (SeaweedFS), checkpoints there
+/// too, the job SIGKILLed once after a checkpoint: another reader, through
+/// its own S3 client, sees every row once, and no file of the killed
+/// attempt is left in the bucket.
+#[test]
+fn a_delta_table_on_s3_survives_a_sigkill_with_every_row_once() {
+    let Setup {
+        dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(&s3_dir).expect("s3 dir");
+    let s3 = common::s3_server(&s3_dir);
+    let uri = format!("s3://{}/lake", s3.bucket);
+    let text = std::fs::read_to_string(&sql).expect("sql");
+    let text = text.replace(&format!("'path' = '{}'", table.display()), &format!("'path' = '{uri}'"));
+    std::fs::write(&sql, format!("{}\n{text}", s3.checkpoint_settings())).expect("sql");
+    let (ended, first) = run(&data, &sql, None, Some((1, Duration::from_millis(150))));
+    assert_eq!(ended, None, "the job ended before the kill:\n{first}");
+    let (ended, second) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{second}");
+    assert!(second.contains("restoring from checkpoint"), "{second}");
+    let read = read_table_at(&uri, Some(&s3.delta_storage_options()));
+    assert_rows(&read, &expected, "on S3 after a SIGKILL");
+    let stray: Vec<String> = s3
+        .keys("lake/weir-delta-test")
+        .into_iter()
+        .filter(|k| !read.files.contains(k.trim_start_matches("lake/")))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "files of the job no version adds: {stray:?}\n{second}"
+    );
+    assert!(
+        !read.files.is_empty() && read.files.iter().all(|f| f.starts_with("weir-delta-test/")),
+        "{:?}",
+        read.files
+    );
+}
+
+/// A job whose checkpoints are gone (a new data dir) writing to a table
+/// its earlier run committed to: its checkpoint ids continue above the
+/// recorded `txn` version, so its commits are not taken for replays of the
+/// earlier run's: the rows are there twice, once per run, none skipped.
+#[test]
+fn a_rerun_without_its_checkpoints_commits_above_the_recorded_version() {
+    let Setup {
+        dir: _dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let (ended, first) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{first}");
+    let before = txn_versions(&table);
+    let last = *before.last().expect("the first run committed");
+    std::fs::remove_dir_all(&data).expect("forget the checkpoints");
+    let (ended, second) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{second}");
+    assert!(!second.contains("was committed before"), "{second}");
+    let after = txn_versions(&table);
+    assert!(
+        after.len() > before.len(),
+        "the rerun committed nothing: {after:?}\n{second}"
+    );
+    assert!(
+        after[before.len()] > last,
+        "the rerun's first commit records checkpoint {} after {last}",
+        after[before.len()]
+    );
+    let mut twice: Vec<String> = expected.iter().flat_map(|r| [r.clone(), r.clone()]).collect();
+    twice.sort();
+    assert_rows(&read_table(&table), &twice, "two runs");
+    assert_log_sound(&table, &format!("{first}{second}"));
+}
+
+/// The job's `txn` versions in the log, in version order.
+fn txn_versions(table: &Path) -> Vec<i64> {
+    log_of(table)
+        .values()
+        .flat_map(|(txns, _)| {
+            txns.iter()
+                .filter(|(app, _)| app.starts_with("weir-delta-test-"))
+                .map(|(_, v)| *v)
+        })
+        .collect()
 }
 
 #[test]

@@ -120,6 +120,18 @@ async fn paths_outside_the_allowed_directories_are_refused() {
         (csv_table("evil", &evil.display().to_string()), "path"),
         // A symlink to a missing target would be created outside.
         (csv_table("dang", &format!("{d}/dangling/x")), "path"),
+        // A Delta table's place, by either of its names.
+        (
+            format!(
+                "CREATE TABLE lake (a BIGINT) WITH ('connector' = 'delta', 'path' = '{}')",
+                evil.display()
+            ),
+            "path",
+        ),
+        (
+            format!("CREATE TABLE lake (a BIGINT) WITH ('connector' = 'delta', 'table-path' = '{d}/link/lake')"),
+            "table-path",
+        ),
         // Weir's own state, or a directory holding it.
         (csv_table("cat", &format!("{d}/catalog.json")), "path"),
         (csv_table("whole", &d), "path"),

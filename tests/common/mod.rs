@@ -558,6 +558,34 @@ SET 's3.path.style.access' = 'true';",
         )
     }
 
+    /// The keys of the bucket below `prefix`.
+    pub fn keys(&self, prefix: &str) -> Vec<String> {
+        use futures::TryStreamExt;
+        let client = self.client();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let prefix = object_store::path::Path::from(prefix);
+        let listed: Vec<object_store::ObjectMeta> = rt
+            .block_on(object_store::ObjectStore::list(&client, Some(&prefix)).try_collect())
+            .expect("list the bucket");
+        listed.into_iter().map(|m| m.location.to_string()).collect()
+    }
+
+    /// The `storage_options` delta-rs (Python's `deltalake`) reaches the
+    /// bucket with, as JSON.
+    pub fn delta_storage_options(&self) -> String {
+        serde_json::json!({
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        })
+        .to_string()
+    }
+
     /// A client of the server's bucket, as the key pair.
     pub fn client(&self) -> object_store::aws::AmazonS3 {
         object_store::aws::AmazonS3Builder::new()
@@ -701,6 +729,75 @@ pub fn start_run(data: &std::path::Path, sql: &std::path::Path, failpoints: Opti
         None => c.env_remove("WEIR_FAILPOINTS"),
     };
     c.spawn().expect("spawn weir")
+}
+
+/// How a `weir run` child ended: its exit status (`None`: SIGKILLed by
+/// the test) and its stderr.
+pub struct Run {
+    pub exited: Option<std::process::ExitStatus>,
+    pub stderr: String,
+}
+
+/// Runs `weir run SQL` (see [`start_run`]) to its end within `secs`, or
+/// SIGKILLs it `kill_after` after `armed` first holds of its stderr so
+/// far (e.g. a checkpoint completed, so that a kill tests a restore
+/// however slowly a loaded machine starts the job).
+pub fn run_armed(
+    data: &std::path::Path,
+    sql: &std::path::Path,
+    failpoints: Option<&str>,
+    secs: u64,
+    kill_after: Option<std::time::Duration>,
+    armed: &dyn Fn(&str) -> bool,
+) -> Run {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let mut child = start_run(data, sql, failpoints);
+    let mut pipe = child.stderr.take().expect("stderr");
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("stderr")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut kill_at = None;
+    let exited = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break Some(status);
+        }
+        let now = Instant::now();
+        if kill_at.is_none()
+            && let Some(d) = kill_after
+            && armed(&text.lock().expect("stderr"))
+        {
+            kill_at = Some(now + d);
+        }
+        if kill_at.is_some_and(|k| now >= k) {
+            // SIGKILL: no destructors, no flushing, no goodbye.
+            child.kill().expect("kill");
+            child.wait().expect("reap");
+            break None;
+        }
+        assert!(
+            now < deadline,
+            "weir run did not end within {secs} s:\n{}",
+            text.lock().expect("stderr")
+        );
+        // Polling the child's exit: the kill time is the random variable
+        // under test, not a synchronisation.
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    reader.join().expect("stderr reader");
+    let stderr = text.lock().expect("stderr").clone();
+    Run { exited, stderr }
 }
 
 /// The `weir` binary `Workers` run: `WEIR_BIN`, or cargo's build.

@@ -533,6 +533,7 @@ pub fn create_sink(
             schema,
             &table.partition_keys,
             &table.name,
+            s3,
         )?),
         "kafka" | "upsert-kafka" => {
             let metadata = TableDef::metadata_of(table.writable_columns());

@@ -22,6 +22,7 @@
 //! when the checkpoint after them completes (see docs/delta.md).
 
 mod committer;
+mod store;
 mod table;
 mod writer;
 
@@ -37,6 +38,9 @@ pub use table::DeltaLocation;
 
 pub const NAME: &str = "delta";
 
+/// The Delta connector of Flink (`delta-flink`) names the table's place
+/// `table-path`; either name is taken.
+pub const FLINK_TABLE_PATH: &str = "table-path";
 /// Flink's filesystem sink option: a file rolls once this large.
 const FILE_SIZE: &str = "sink.rolling-policy.file-size";
 /// Flink's parquet format option.
@@ -46,7 +50,12 @@ pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
         crate::paths::TABLE_PATH,
         OptionKind::Location,
-        "the table's directory ('file://' prefix allowed); created with the DDL's columns when it holds no Delta table",
+        "the table's directory ('file://' prefix allowed) or object-store URL ('s3://bucket/prefix', reached with the job's 's3.*' settings); created with the DDL's columns when it holds no Delta table",
+    ),
+    OptionSpec::new(
+        FLINK_TABLE_PATH,
+        OptionKind::Location,
+        "the name Flink's Delta connector gives 'path' (give one of the two)",
     ),
     OptionSpec::new(
         FILE_SIZE,
@@ -77,8 +86,14 @@ impl DeltaSink {
     /// The sink of table `name` (its DDL's `schema`, `PARTITIONED BY`
     /// columns and options). An existing Delta table at the path must
     /// have the DDL's columns, types and partition columns.
-    pub fn new(options: &Options, schema: SchemaRef, partition_keys: &[String], name: &str) -> Result<Self> {
-        let table = DeltaLocation::of(options, name)?;
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        partition_keys: &[String],
+        name: &str,
+        s3: &crate::checkpoint::objects::S3Settings,
+    ) -> Result<Self> {
+        let table = DeltaLocation::of(options, name, s3)?;
         let delta_schema = table::delta_schema(&schema, &table)?;
         for k in partition_keys {
             delta_schema

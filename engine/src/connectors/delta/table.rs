@@ -11,21 +11,27 @@ use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake_core::{DeltaTable, DeltaTableBuilder};
 use weir_catalog::Options;
 
-use crate::checkpoint::objects::block_on;
+use crate::checkpoint::objects::{S3Settings, block_on};
 use crate::error::{ConnectorError, ExecError, Result};
 
-/// A Delta table's place: its directory and URL, and the catalog table
-/// that names it (for messages).
+/// A Delta table's place: its URL (a local directory's `file://` URL, or
+/// an object store's), and the catalog table that names it (for
+/// messages).
 #[derive(Debug, Clone)]
 pub struct DeltaLocation {
-    pub dir: PathBuf,
+    /// The table's root, ending in '/'.
     pub url: url::Url,
+    /// The directory of a local table.
+    pub local: Option<PathBuf>,
+    /// Where the table is, as messages say it.
+    pub shown: String,
     pub name: String,
 }
 
 impl DeltaLocation {
-    pub fn of(options: &Options, name: &str) -> Result<Self> {
-        let raw = options.require(crate::paths::TABLE_PATH)?;
+    /// The table at the sink's `path`; one on an object store is reached
+    /// with the job's `s3.*` settings.
+    pub fn of(options: &Options, name: &str, s3: &S3Settings) -> Result<Self> {
         let config = |message: String| -> ExecError {
             ConnectorError::Config {
                 connector: super::NAME.into(),
@@ -33,10 +39,31 @@ impl DeltaLocation {
             }
             .into()
         };
+        let raw = match (
+            options.get(crate::paths::TABLE_PATH),
+            options.get(super::FLINK_TABLE_PATH),
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(config(format!(
+                    "table '{name}': 'path' and 'table-path' name the same thing; give one"
+                )));
+            }
+            (Some(p), None) | (None, Some(p)) => p,
+            (None, None) => options.require(crate::paths::TABLE_PATH)?,
+        };
         if crate::paths::is_object_url(raw) {
-            return Err(config(format!(
-                "table '{name}': 'path' = '{raw}': a Delta table on an object store is not supported yet; use a local directory"
-            )));
+            let shown = crate::paths::normalize_url(raw).map_err(|e| config(format!("table '{name}': 'path': {e}")))?;
+            let bucket = crate::checkpoint::objects::open_bucket(&shown, s3)
+                .map_err(|e| config(format!("table '{name}': 'path': {e}")))?;
+            let url = url::Url::parse(&format!("{shown}/"))
+                .map_err(|e| config(format!("table '{name}': 'path' = '{raw}' is not a URL: {e}")))?;
+            super::store::register(&url, bucket.store);
+            return Ok(Self {
+                url,
+                local: None,
+                shown,
+                name: name.to_string(),
+            });
         }
         let dir = crate::paths::local_path(raw);
         let dir = if dir.is_absolute() {
@@ -49,8 +76,9 @@ impl DeltaLocation {
         let url = url::Url::from_directory_path(&dir)
             .map_err(|_| config(format!("table '{name}': 'path' = '{raw}' is not a directory path")))?;
         Ok(Self {
-            dir,
             url,
+            shown: dir.display().to_string(),
+            local: Some(dir),
             name: name.to_string(),
         })
     }
@@ -58,23 +86,57 @@ impl DeltaLocation {
     /// An error about this table, naming it and its path.
     pub fn error(&self, message: impl std::fmt::Display) -> ExecError {
         ConnectorError::Data {
-            location: format!("Delta table '{}' at {}", self.name, self.dir.display()),
+            location: format!("Delta table '{}' at {}", self.name, self.shown),
             message: message.to_string(),
         }
         .into()
     }
 
+    /// The URL of `rel`, a directory inside the table.
+    pub fn dir_url(&self, rel: &str) -> Result<url::Url> {
+        self.url
+            .join(&format!("{}/", rel.trim_end_matches('/')))
+            .map_err(|e| self.error(format!("'{rel}' inside the table: {e}")))
+    }
+
+    /// The table, its log not read yet.
+    pub fn unloaded(&self) -> Result<DeltaTable> {
+        DeltaTableBuilder::from_url(self.url.clone())
+            .and_then(|b| b.build())
+            .map_err(|e| self.error(format!("cannot open the table: {e}")))
+    }
+
+    /// The store of the table's files, rooted at the table.
+    pub fn files(&self) -> Result<Arc<dyn object_store::ObjectStore>> {
+        Ok(self.unloaded()?.log_store().object_store(None))
+    }
+
     /// Whether a Delta table is there (its log has a commit).
-    pub fn exists(&self) -> bool {
-        std::fs::read_dir(self.dir.join("_delta_log"))
-            .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))))
+    pub fn exists(&self) -> Result<bool> {
+        if let Some(dir) = &self.local {
+            return Ok(std::fs::read_dir(dir.join("_delta_log"))
+                .is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json")))));
+        }
+        let files = self.files()?;
+        block_on("a Delta table", async move {
+            use futures::TryStreamExt;
+            let log = object_store::path::Path::from("_delta_log");
+            let mut listing = files.list(Some(&log));
+            while let Some(meta) = listing.try_next().await? {
+                if meta.location.as_ref().ends_with(".json") {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, object_store::Error>(false)
+        })
+        .map_err(|e| self.error(e))?
+        .map_err(|e| self.error(format!("cannot list its log: {e}")))
     }
 
     /// The table at its latest version (blocking).
     pub fn load(&self) -> Result<DeltaTable> {
-        let url = self.url.clone();
+        let mut table = self.unloaded()?;
         block_on("a Delta table", async move {
-            let mut table = DeltaTableBuilder::from_url(url)?.build()?;
             table.load().await?;
             Ok::<_, deltalake_core::DeltaTableError>(table)
         })
@@ -86,10 +148,12 @@ impl DeltaLocation {
     /// (blocking). Two writers creating it at once: one wins, the other
     /// finds it.
     pub fn create_if_absent(&self, schema: &SchemaRef, partition_keys: &[String]) -> Result<()> {
-        if self.exists() {
+        if self.exists()? {
             return Ok(());
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| self.error(format!("cannot create the directory: {e}")))?;
+        if let Some(dir) = &self.local {
+            std::fs::create_dir_all(dir).map_err(|e| self.error(format!("cannot create the directory: {e}")))?;
+        }
         let columns = kernel_schema(schema).map_err(|e| self.error(e))?;
         let url = self.url.clone();
         let name = self.name.clone();
@@ -111,7 +175,7 @@ impl DeltaLocation {
     /// An existing table must have the DDL's columns (names, types) and
     /// partition columns; a missing one is created by the job.
     pub fn check_existing(&self, schema: &SchemaRef, partition_keys: &[String]) -> Result<()> {
-        if !self.exists() {
+        if !self.exists()? {
             return Ok(());
         }
         let table = self.load()?;

@@ -39,10 +39,12 @@ impl DeltaWriter {
         ctx: &SinkContext,
     ) -> Result<Self> {
         let prefix = format!("{}/{}-{subtask}", super::committer::job_dir(ctx), ctx.attempt);
-        let dir = table.dir.join(&prefix);
-        std::fs::create_dir_all(&dir).map_err(|e| table.error(format!("cannot create {}: {e}", dir.display())))?;
-        let url = url::Url::from_directory_path(&dir)
-            .map_err(|_| table.error(format!("{} is not a directory path", dir.display())))?;
+        if let Some(dir) = &table.local {
+            // Fails early (a directory not writable) with its name.
+            let dir = dir.join(&prefix);
+            std::fs::create_dir_all(&dir).map_err(|e| table.error(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let url = table.dir_url(&prefix)?;
         let props = WriterProperties::builder().set_compression(compression).build();
         let writer = RecordBatchWriter::try_new(
             url.as_str(),
@@ -124,7 +126,15 @@ impl Operator for DeltaWriter {
         // one commit of this subtask's files.
         let adds = self.close_files()?;
         self.table.create_if_absent(&self.schema, &self.partition_keys)?;
-        super::committer::commit_adds(&self.table, &self.partition_keys, adds, None).map(|_| ())
+        let mut table = self.table.unloaded()?;
+        let keys = self.partition_keys.clone();
+        block_on("a Delta table", async move {
+            table.load().await?;
+            super::committer::commit_adds(&mut table, keys, adds, None).await
+        })
+        .map_err(|e| self.table.error(e))?
+        .map_err(|e| self.table.error(format!("cannot commit: {e}")))
+        .map(|_| ())
     }
 }
 
