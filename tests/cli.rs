@@ -251,14 +251,25 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
         .expect("rows/s");
     assert!(rate > 0.0, "{hop}");
     assert!(stdout.contains("| bad | Weir | 1 | failed |"), "{stdout}");
-    let csv = dir.path().join("compare/bids-uniform10k-20000.csv");
+    let csv = dir.path().join("compare/bids-nexmark-uniform10k-20000.csv");
     let text = std::fs::read_to_string(&csv).expect("the generated bids");
     assert_eq!(text.lines().count(), 20_000);
-    // auction (of 10 000), price, event time: 10 rows per millisecond.
-    let last: Vec<&str> = text.lines().last().unwrap_or_default().split(',').collect();
-    assert_eq!(last.len(), 3, "{last:?}");
+    // Nexmark's bid columns: auction (of 10 000), bidder, price, channel,
+    // url, event time (10 rows per millisecond), extra.
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split(',').collect()).collect();
+    let last = rows.last().expect("rows");
+    assert_eq!(last.len(), 7, "{last:?}");
     assert!(last[0].parse::<u64>().is_ok_and(|a| a < 10_000), "{last:?}");
-    assert_eq!(last[2], "2024-01-01 00:00:01.999", "{last:?}");
+    assert!(last[4].starts_with("https://www.nexmark.com/"), "{last:?}");
+    assert_eq!(last[5], "2024-01-01 00:00:01.999", "{last:?}");
+    // Bids of about 100 bytes, half on the four hot channels.
+    let bytes = text.len() as f64 / 20_000.0;
+    assert!((80.0..130.0).contains(&bytes), "{bytes} bytes per bid");
+    let hot = rows
+        .iter()
+        .filter(|r| ["Google", "Facebook", "Baidu", "Apple"].contains(&r[3]))
+        .count();
+    assert!((9_000..11_000).contains(&hot), "{hot} bids on hot channels");
 }
 
 /// `weir bench nexmark` runs the updating Nexmark queries over the

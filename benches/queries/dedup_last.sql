@@ -1,6 +1,6 @@
 -- q18's shape: the last bid of every auction by event time
 -- (deduplication keeping the last row).
-CREATE TABLE bid (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3),
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
   WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '5' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '${BIDS}', 'format' = 'csv');
 CREATE TABLE sink (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3)) WITH ('connector' = 'blackhole');

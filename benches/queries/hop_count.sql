@@ -1,5 +1,5 @@
 -- q5's inner query over many keys: bids per auction in 10 s windows every 2 s.
-CREATE TABLE bid (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3),
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
   WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '5' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '${BIDS}', 'format' = 'csv');
 CREATE TABLE sink (auction BIGINT, window_start TIMESTAMP(3), window_end TIMESTAMP(3), cnt BIGINT) WITH ('connector' = 'blackhole');

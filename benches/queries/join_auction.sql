@@ -1,6 +1,6 @@
 -- q20's shape: every bid joined with its auction (a regular join: both
 -- sides kept in state), the auctions of one category kept.
-CREATE TABLE bid (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3)
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING
 ) WITH ('connector' = 'filesystem', 'path' = '${BIDS}', 'format' = 'csv');
 CREATE TABLE auction (id BIGINT, seller BIGINT, category BIGINT, `dateTime` TIMESTAMP(3)
 ) WITH ('connector' = 'filesystem', 'path' = '${AUCTIONS}', 'format' = 'csv');

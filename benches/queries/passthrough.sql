@@ -1,6 +1,6 @@
--- q0 shape: every bid passes through unchanged.
-CREATE TABLE bid (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3),
+-- Nexmark q0: every bid passes through (Nexmark's column list).
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
   WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '5' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '${BIDS}', 'format' = 'csv');
-CREATE TABLE sink (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3)) WITH ('connector' = 'blackhole');
-INSERT INTO sink SELECT auction, price, `dateTime` FROM bid;
+CREATE TABLE sink (auction BIGINT, bidder BIGINT, price BIGINT, `dateTime` TIMESTAMP(3), extra STRING) WITH ('connector' = 'blackhole');
+INSERT INTO sink SELECT auction, bidder, price, `dateTime`, extra FROM bid;

@@ -1,6 +1,6 @@
--- q1 shape: the price in euros.
-CREATE TABLE bid (auction BIGINT, price BIGINT, `dateTime` TIMESTAMP(3),
+-- Nexmark q1: the price in euros (Nexmark's column list).
+CREATE TABLE bid (auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, `dateTime` TIMESTAMP(3), extra STRING,
   WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '5' SECOND
 ) WITH ('connector' = 'filesystem', 'path' = '${BIDS}', 'format' = 'csv');
-CREATE TABLE sink (auction BIGINT, price DECIMAL(23, 3), `dateTime` TIMESTAMP(3)) WITH ('connector' = 'blackhole');
-INSERT INTO sink SELECT auction, 0.908 * price AS price, `dateTime` FROM bid;
+CREATE TABLE sink (auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), `dateTime` TIMESTAMP(3), extra STRING) WITH ('connector' = 'blackhole');
+INSERT INTO sink SELECT auction, bidder, 0.908 * price AS price, `dateTime`, extra FROM bid;
