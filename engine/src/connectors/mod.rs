@@ -533,6 +533,7 @@ pub fn create_sink(
             schema,
             &table.partition_keys,
             &table.name,
+            table.primary_key.as_deref(),
             s3,
         )?),
         "kafka" | "upsert-kafka" => {

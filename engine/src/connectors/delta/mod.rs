@@ -24,6 +24,7 @@
 mod committer;
 mod store;
 mod table;
+mod upserts;
 mod writer;
 
 use std::sync::Arc;
@@ -80,6 +81,9 @@ pub struct DeltaSink {
     partition_keys: Vec<String>,
     file_size: u64,
     compression: parquet::basic::Compression,
+    /// The DDL's `PRIMARY KEY … NOT ENFORCED`: the table is keyed and
+    /// takes an updating query's changes.
+    key: Option<upserts::TableKey>,
 }
 
 impl DeltaSink {
@@ -91,6 +95,7 @@ impl DeltaSink {
         schema: SchemaRef,
         partition_keys: &[String],
         name: &str,
+        primary_key: Option<&[String]>,
         s3: &crate::checkpoint::objects::S3Settings,
     ) -> Result<Self> {
         let table = DeltaLocation::of(options, name, s3)?;
@@ -101,6 +106,11 @@ impl DeltaSink {
                 .map_err(|_| table.error(format!("partition column '{k}' is not a column")))?;
         }
         table.check_existing(&delta_schema, partition_keys)?;
+        let key = primary_key
+            .filter(|k| !k.is_empty())
+            .map(|k| upserts::TableKey::new(&delta_schema, k))
+            .transpose()
+            .map_err(|e| table.error(e))?;
         let compression = match options.enum_value(COMPRESSION).as_deref() {
             Some("zstd") => parquet::basic::Compression::ZSTD(Default::default()),
             Some("gzip") => parquet::basic::Compression::GZIP(Default::default()),
@@ -114,6 +124,7 @@ impl DeltaSink {
             partition_keys: partition_keys.to_vec(),
             file_size: options.memory_size(FILE_SIZE)?.unwrap_or(128 << 20),
             compression,
+            key,
         })
     }
 }
@@ -123,19 +134,25 @@ impl SinkFactory for DeltaSink {
         NAME
     }
 
+    /// A keyed table (a primary key) applies changes by key: `+I`/`+U`
+    /// write the key's row, `-D` removes it (Flink's ONLY_UPDATE_AFTER).
+    fn accepts_changes(&self) -> bool {
+        self.key.is_some()
+    }
+
+    fn writes_upserts(&self) -> bool {
+        self.key.is_some()
+    }
+
     fn changes_hint(&self) -> String {
-        "; a Delta table takes inserts only (an updating query into a keyed Delta table is not supported yet)".into()
+        "; a Delta table without a primary key takes inserts only (declare PRIMARY KEY (...) NOT ENFORCED to apply \
+         an updating query's changes by key)"
+            .into()
     }
 
     fn create_writer(&self, subtask: usize, _parallelism: usize, ctx: &SinkContext) -> Result<SinkWriter> {
         Ok(SinkWriter::Committing(Box::new(writer::DeltaWriter::new(
-            self.table.clone(),
-            self.schema.clone(),
-            &self.partition_keys,
-            self.file_size,
-            self.compression,
-            subtask,
-            ctx,
+            self, subtask, ctx,
         )?)))
     }
 
@@ -144,6 +161,7 @@ impl SinkFactory for DeltaSink {
             self.table.clone(),
             self.schema.clone(),
             self.partition_keys.clone(),
+            self.key.clone(),
             ctx,
         )))
     }

@@ -8,7 +8,9 @@ use deltalake_core::kernel::Add;
 use deltalake_core::writer::{DeltaWriter as _, RecordBatchWriter};
 use parquet::file::properties::WriterProperties;
 
+use super::committer::{Committable, DeltaCommitter};
 use super::table::{DeltaLocation, to_delta};
+use super::upserts::Upserts;
 use crate::change::ChangeBatch;
 use crate::checkpoint::objects::block_on;
 use crate::connectors::{CommittingWriter, SinkContext};
@@ -18,7 +20,6 @@ use crate::operators::{Collector, Operator};
 pub struct DeltaWriter {
     table: Arc<DeltaLocation>,
     schema: SchemaRef,
-    partition_keys: Vec<String>,
     /// This subtask's directory, relative to the table's: the prefix of
     /// its files' `add` paths.
     prefix: String,
@@ -26,18 +27,24 @@ pub struct DeltaWriter {
     writer: Option<RecordBatchWriter>,
     exactly_once: bool,
     name: String,
+    /// A keyed table's changes since the last barrier (`None`: append).
+    upserts: Option<Upserts>,
+    /// Keys files written, for their names.
+    keys_files: u64,
+    /// Commits at the end of input when the job does not checkpoint.
+    committer: DeltaCommitter,
 }
 
 impl DeltaWriter {
-    pub fn new(
-        table: Arc<DeltaLocation>,
-        schema: SchemaRef,
-        partition_keys: &[String],
-        file_size: u64,
-        compression: parquet::basic::Compression,
-        subtask: usize,
-        ctx: &SinkContext,
-    ) -> Result<Self> {
+    /// The writer of subtask `subtask` of `sink`.
+    pub fn new(sink: &super::DeltaSink, subtask: usize, ctx: &SinkContext) -> Result<Self> {
+        let (table, schema, partition_keys, key) = (
+            sink.table.clone(),
+            sink.schema.clone(),
+            sink.partition_keys.as_slice(),
+            sink.key.clone(),
+        );
+        let (file_size, compression) = (sink.file_size, sink.compression);
         let prefix = format!("{}/{}-{subtask}", super::committer::job_dir(ctx), ctx.attempt);
         if let Some(dir) = &table.local {
             // Fails early (a directory not writable) with its name.
@@ -55,15 +62,49 @@ impl DeltaWriter {
         .map_err(|e| table.error(format!("cannot write: {e}")))?
         .with_target_file_size(file_size)
         .with_writer_properties(props);
+        let upserts = key.clone().map(Upserts::new).transpose()?;
+        let committer = DeltaCommitter::new(table.clone(), schema.clone(), partition_keys.to_vec(), key, ctx);
         Ok(Self {
             name: format!("Sink: {}", table.name),
             table,
             schema,
-            partition_keys: partition_keys.to_vec(),
             prefix,
             writer: Some(writer),
             exactly_once: ctx.exactly_once,
+            upserts,
+            keys_files: 0,
+            committer,
         })
+    }
+
+    /// What the files written since the last barrier hold, as
+    /// committables: their `add` actions, and a keyed table's keys file.
+    fn pre_commit_all(&mut self) -> Result<Vec<serde_json::Value>> {
+        let mut out = vec![];
+        if let Some(u) = &mut self.upserts {
+            let flushed = u.flush()?;
+            if let Some(rows) = flushed.rows {
+                self.write_rows(rows)?;
+            }
+            if let Some(keys) = flushed.keys {
+                let n = keys.num_rows() as u64;
+                self.keys_files += 1;
+                let path = format!("{}/keys-{}.parquet", self.prefix, self.keys_files);
+                super::committer::write_keys_file(&self.table, &path, keys)?;
+                out.push(Committable::Keys {
+                    touched_keys: path,
+                    keys: n,
+                });
+            }
+        }
+        for add in self.close_files()? {
+            out.push(Committable::Add(Box::new(add)));
+        }
+        out.into_iter()
+            .map(|c| {
+                serde_json::to_value(c).map_err(|e| ExecError::internal(format!("a Delta committable as JSON: {e}")))
+            })
+            .collect()
     }
 
     fn take(&mut self) -> Result<RecordBatchWriter> {
@@ -112,9 +153,13 @@ impl Operator for DeltaWriter {
         if batch.rows.num_rows() == 0 {
             return Ok(());
         }
-        // The planner sends inserts only (`accepts_changes` is false).
         let rows = to_delta(&batch.rows, &self.schema)?;
-        self.write_rows(rows)
+        match &mut self.upserts {
+            Some(u) => u.add(&batch, rows),
+            // The planner sends an append table inserts only
+            // (`accepts_changes` is false without a primary key).
+            None => self.write_rows(rows),
+        }
     }
 
     fn on_end_of_input(&mut self, _out: &mut Collector) -> Result<()> {
@@ -124,32 +169,17 @@ impl Operator for DeltaWriter {
         }
         // Without checkpointing the output becomes visible at the end, in
         // one commit of this subtask's files.
-        let adds = self.close_files()?;
-        self.table.create_if_absent(&self.schema, &self.partition_keys)?;
-        let mut table = self.table.unloaded()?;
-        let keys = self.partition_keys.clone();
-        block_on("a Delta table", async move {
-            table.load().await?;
-            super::committer::commit_adds(&mut table, keys, adds, None).await
-        })
-        .map_err(|e| self.table.error(e))?
-        .map_err(|e| self.table.error(format!("cannot commit: {e}")))
-        .map(|_| ())
+        let committables = self.pre_commit_all()?;
+        self.committer.commit_now(&committables)
     }
 }
 
 impl CommittingWriter for DeltaWriter {
     fn pre_commit(&mut self, _checkpoint_id: u64) -> Result<Vec<serde_json::Value>> {
-        committables(self.close_files()?)
+        self.pre_commit_all()
     }
 
     fn final_pre_commit(&mut self) -> Result<Vec<serde_json::Value>> {
-        committables(self.close_files()?)
+        self.pre_commit_all()
     }
-}
-
-fn committables(adds: Vec<Add>) -> Result<Vec<serde_json::Value>> {
-    adds.into_iter()
-        .map(|a| serde_json::to_value(a).map_err(|e| ExecError::internal(format!("a Delta add action as JSON: {e}"))))
-        .collect()
 }
