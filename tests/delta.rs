@@ -669,39 +669,30 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-/// An updating query (GROUP BY with HAVING: rows updated, then deleted
-/// when their count passes the bound) into a keyed Delta table
-/// (`PRIMARY KEY … NOT ENFORCED`), SIGKILLed once after a checkpoint and
-/// started again: another reader sees exactly the query's final result.
-#[test]
-fn an_updating_query_into_a_keyed_delta_table_applies_its_changes_exactly_once() {
-    let Setup {
-        dir,
-        expected,
-        table: _,
-        sql,
-        data,
-    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
-    // The query's final result, computed here from the input.
+/// The keyed job: a GROUP BY with HAVING (rows updated, then deleted
+/// when their count passes the bound) into a keyed table; its SQL replaces
+/// the setup's, and the rows another reader must see at the end.
+fn keyed_job(dir: &Path, sql: &Path, expected: &[String]) -> (PathBuf, Vec<String>) {
     let mut per_auction: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-    for row in &expected {
+    for row in expected {
         let cols: Vec<&str> = row.split('|').collect();
         let (auction, price): (i64, i64) = (cols[0].parse().expect("auction"), cols[1].parse().expect("price"));
         let e = per_auction.entry(auction).or_insert((0, 0));
         e.0 += 1;
         e.1 = e.1.max(price);
     }
-    let want: Vec<String> = per_auction
+    let mut want: Vec<String> = per_auction
         .iter()
         .filter(|(_, (count, _))| *count < 413)
         .map(|(a, (count, top))| format!("{a}|{count}|{top}"))
         .collect();
+    want.sort();
     assert!(
         !want.is_empty() && want.len() < per_auction.len(),
         "the bound keeps some auctions and deletes others"
     );
-    let text = std::fs::read_to_string(&sql).expect("sql");
-    let keyed = dir.path().join("per_auction");
+    let text = std::fs::read_to_string(sql).expect("sql");
+    let keyed = dir.join("per_auction");
     let text = text.replace(
         "INSERT INTO lake SELECT auction, price, dateTime, bidder, auction % 4 FROM bid;",
         &format!(
@@ -711,16 +702,12 @@ INSERT INTO per_auction SELECT auction, COUNT(*), MAX(price) FROM bid GROUP BY a
             keyed.display()
         ),
     );
-    std::fs::write(&sql, text).expect("sql");
-    let (ended, first) = run(&data, &sql, None, Some((2, Duration::from_millis(100))));
-    assert_eq!(ended, None, "the job ended before the kill:\n{first}");
-    let (ended, second) = run(&data, &sql, None, None);
-    assert_eq!(ended, Some(true), "{second}");
-    assert!(second.contains("restoring from checkpoint"), "{second}");
-    assert!(
-        format!("{first}{second}").contains("keys changed"),
-        "no commit applied changes by key:\n{first}{second}"
-    );
+    std::fs::write(sql, text).expect("sql");
+    (keyed, want)
+}
+
+/// The keyed table as another reader (Python's `deltalake`) sees it.
+fn read_keyed(keyed: &Path) -> Vec<String> {
     let script = r#"
 import json, sys
 from deltalake import DeltaTable
@@ -733,16 +720,75 @@ import os; os._exit(0)
     let out = Command::new(python())
         .arg("-c")
         .arg(script)
-        .arg(&keyed)
+        .arg(keyed)
         .output()
         .expect("python");
-    if !out.status.success() {
-        let _ = std::fs::rename(&keyed, "/tmp/keyed-failed");
-    }
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut got: Vec<String> = serde_json::from_slice(&out.stdout).expect("json");
     got.sort();
-    let mut want = want;
-    want.sort();
-    assert_eq!(got, want, "the keyed table is not the query's final result\n{second}");
+    got
+}
+
+/// An updating query into a keyed Delta table (`PRIMARY KEY … NOT
+/// ENFORCED`), SIGKILLed once after a checkpoint and started again:
+/// another reader sees exactly the query's final result.
+#[test]
+fn an_updating_query_into_a_keyed_delta_table_applies_its_changes_exactly_once() {
+    let Setup {
+        dir,
+        expected,
+        table: _,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let (keyed, want) = keyed_job(dir.path(), &sql, &expected);
+    let (ended, first) = run(&data, &sql, None, Some((2, Duration::from_millis(100))));
+    assert_eq!(ended, None, "the job ended before the kill:\n{first}");
+    let (ended, second) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{second}");
+    assert!(second.contains("restoring from checkpoint"), "{second}");
+    assert!(
+        format!("{first}{second}").contains("keys changed"),
+        "no commit applied changes by key:\n{first}{second}"
+    );
+    assert_eq!(
+        read_keyed(&keyed),
+        want,
+        "the keyed table is not the query's final result\n{second}"
+    );
+}
+
+/// The keyed job crashes right after a commit, then again before any
+/// further checkpoint completes (the first restart's recovery removed the
+/// committed checkpoint's keys files): the third run re-commits that
+/// checkpoint as done, without its keys, and ends with the right table.
+#[test]
+fn a_keyed_delta_commit_replayed_twice_is_skipped_without_its_keys_files() {
+    let Setup {
+        dir,
+        expected,
+        table: _,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let (keyed, want) = keyed_job(dir.path(), &sql, &expected);
+    let mut all = String::new();
+    for failpoints in [
+        Some("delta_sink.committed:2"),
+        Some("checkpoint.before_publish:1"),
+        None,
+    ] {
+        let (ended, stderr) = run(&data, &sql, failpoints, None);
+        all.push_str(&stderr);
+        match (failpoints, ended) {
+            (None, Some(true)) | (Some(_), Some(false)) => {}
+            (f, e) => panic!("failpoints {f:?}: the run ended {e:?}:\n{stderr}"),
+        }
+    }
+    assert!(all.contains("was committed before"), "no replay was recognised:\n{all}");
+    assert_eq!(
+        read_keyed(&keyed),
+        want,
+        "the keyed table is not the query's final result\n{all}"
+    );
 }

@@ -143,6 +143,20 @@ impl DeltaCommitter {
             // Nothing written since the last commit: no version.
             return Ok(());
         }
+        if let Some(c) = checkpoint_id
+            && !keys_files.is_empty()
+            && self.committed_through()?.is_some_and(|v| v >= c)
+        {
+            // Replayed after a restore: its keys files may be gone (a
+            // later attempt's recovery removes what no version
+            // references), and are not needed.
+            tracing::info!(
+                target: "weir::checkpoint",
+                "Delta table '{}': {what} was committed before (its txn version is recorded): not again",
+                self.table.name
+            );
+            return Ok(());
+        }
         let touched = match (&self.key, keys_files.is_empty()) {
             (_, true) => None,
             (Some(key), false) => Some((key.clone(), read_keys(&self.table, key, &keys_files)?)),
