@@ -268,25 +268,10 @@ fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String
 pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
     use weir_engine::connectors::nexmark::generator;
     let path = dir.join(format!("bids-nexmark-uniform10k-{rows}.csv"));
-    if path.is_file() {
-        return Ok(path);
-    }
-    let tmp = path.with_extension("tmp");
-    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
-    let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .ok_or("bad base date")?;
     let mut rng = generator::Rng::new(7, 0);
     let mut channels: std::collections::HashMap<u64, (String, String)> = std::collections::HashMap::new();
-    let (mut stamp, mut extra) = (String::new(), String::new());
-    for i in 0..rows {
-        let ms = (i / 10) as i64;
-        if i % 10 == 0 {
-            stamp = (base + chrono::Duration::milliseconds(ms))
-                .format("%Y-%m-%d %H:%M:%S%.3f")
-                .to_string();
-        }
+    let mut extra = String::new();
+    bids_file(&path, rows, |out, stamp| {
         let auction = rng.below(10_000);
         let bidder = rng.below(100_000);
         let price = 1 + rng.below(9_999);
@@ -301,30 +286,17 @@ pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
             .or_insert_with(|| generator::channel_and_url(channel));
         extra.clear();
         rng.push_extra(&mut extra, generator::BID_FIXED_BYTES + name.len() + url.len(), 100);
-        writeln!(out, "{auction},{bidder},{price},{name},{url},{stamp},{extra}").map_err(io)?;
-    }
-    out.flush().map_err(io)?;
-    drop(out);
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+        writeln!(out, "{auction},{bidder},{price},{name},{url},{stamp},{extra}")
+    })
 }
 
-/// The narrow variant of [`bids_csv`] (`${BIDS_NARROW}`): the same
-/// auctions, prices and times, three numeric columns and no strings (the
-/// shape earlier figures were measured on; it flatters a CSV reader).
+/// The narrow variant of [`bids_csv`] (`${BIDS_NARROW}`): 10 000 auctions
+/// drawn uniformly, prices and times, three numeric columns and no strings
+/// (the shape earlier figures were measured on; it flatters a CSV reader).
 pub fn bids_narrow_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
     let path = dir.join(format!("bids-uniform10k-{rows}.csv"));
-    if path.is_file() {
-        return Ok(path);
-    }
-    let tmp = path.with_extension("tmp");
-    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
-    let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
-        .and_then(|d| d.and_hms_opt(0, 0, 0))
-        .ok_or("bad base date")?;
     let mut state = 7u64;
-    let mut next = || {
+    let mut next = move || {
         // splitmix64
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = state;
@@ -332,20 +304,41 @@ pub fn bids_narrow_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     };
+    bids_file(&path, rows, |out, stamp| {
+        writeln!(out, "{},{},{stamp}", next() % 10_000, 1 + next() % 9_999)
+    })
+}
+
+/// Writes `path` once (through a temporary file, so a crash leaves no half
+/// file): `rows` lines made by `line`, given the event time (10 rows per
+/// millisecond from 2024-01-01).
+fn bids_file(
+    path: &Path,
+    rows: u64,
+    mut line: impl FnMut(&mut dyn Write, &str) -> std::io::Result<()>,
+) -> Result<PathBuf, String> {
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let tmp = path.with_extension("tmp");
+    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+    let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .ok_or("bad base date")?;
     let mut stamp = String::new();
     for i in 0..rows {
-        let ms = (i / 10) as i64;
         if i % 10 == 0 {
-            stamp = (base + chrono::Duration::milliseconds(ms))
+            stamp = (base + chrono::Duration::milliseconds((i / 10) as i64))
                 .format("%Y-%m-%d %H:%M:%S%.3f")
                 .to_string();
         }
-        writeln!(out, "{},{},{stamp}", next() % 10_000, 1 + next() % 9_999).map_err(io)?;
+        line(&mut out, &stamp).map_err(io)?;
     }
     out.flush().map_err(io)?;
     drop(out);
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path.to_path_buf())
 }
 
 /// Directories `bid/`, `auction/`, `person/` of CSV files holding the

@@ -792,3 +792,59 @@ fn a_keyed_delta_commit_replayed_twice_is_skipped_without_its_keys_files() {
         "the keyed table is not the query's final result\n{all}"
     );
 }
+
+/// Checkpoints of the keyed job fail (their metadata cannot be written)
+/// and the job goes on: the sinks' output of a failed checkpoint is
+/// committed with the next one, so one commit holds two barriers' changes
+/// of a subtask, and a key changed in both must end as the later change
+/// says (no row twice, no deleted row back).
+#[test]
+fn a_keyed_delta_commit_of_an_aborted_and_the_next_checkpoint_applies_both_in_order() {
+    let Setup {
+        dir,
+        expected,
+        table: _,
+        sql,
+        data,
+    } = setup(
+        "SET 'execution.checkpointing.interval' = '200 ms';
+SET 'execution.checkpointing.tolerable-failed-checkpoints' = '10';",
+    );
+    let (keyed, want) = keyed_job(dir.path(), &sql, &expected);
+    let (ended, stderr) = run(&data, &sql, Some("checkpoint.metadata_write:2-4:eio"), None);
+    assert_eq!(ended, Some(true), "{stderr}");
+    assert!(stderr.contains("checkpoint 2 aborted"), "{stderr}");
+    assert_eq!(
+        read_keyed(&keyed),
+        want,
+        "the keyed table is not the query's final result\n{stderr}"
+    );
+    // Every version, the one that took the aborted checkpoints' changes
+    // too, holds each key once.
+    let script = r#"
+import sys
+from collections import Counter
+from deltalake import DeltaTable
+dt = DeltaTable(sys.argv[1])
+for v in range(1, dt.version() + 1):
+    rows = DeltaTable(sys.argv[1], version=v).to_pyarrow_table().column("auction").to_pylist()
+    twice = [k for k, n in Counter(rows).items() if n > 1]
+    if twice:
+        print(f"version {v}: keys {twice[:5]} more than once", flush=True)
+        import os; os._exit(1)
+print("ok", flush=True)
+import os; os._exit(0)
+"#;
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(&keyed)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -87,6 +87,17 @@ impl DeltaCommitter {
         + Send
         + 'static,
     ) -> Result<T> {
+        self.with_table_raw(f)?.map_err(|e| self.table.error(e))
+    }
+
+    /// [`Self::with_table`], delta-rs's own error apart (to tell a commit
+    /// conflict).
+    fn with_table_raw<T: Send + 'static>(
+        &self,
+        f: impl for<'t> FnOnce(&'t mut DeltaTable) -> BoxFuture<'t, std::result::Result<T, deltalake_core::DeltaTableError>>
+        + Send
+        + 'static,
+    ) -> Result<std::result::Result<T, deltalake_core::DeltaTableError>> {
         let mut slot = self
             .loaded
             .lock()
@@ -110,7 +121,7 @@ impl DeltaCommitter {
         if r.is_ok() {
             *slot = Some(table);
         }
-        r.map_err(|e| self.table.error(e))
+        Ok(r)
     }
 }
 
@@ -126,12 +137,38 @@ impl DeltaCommitter {
     /// the end's without one.
     fn apply(&self, checkpoint_id: Option<u64>, committables: &[serde_json::Value]) -> Result<()> {
         let what = checkpoint_id.map_or("the end of input".to_string(), |c| format!("checkpoint {c}"));
-        let mut adds = vec![];
-        let mut keys_files = vec![];
+        // The barriers' output in order: a keyed subtask's keys file opens
+        // the group of the data files after it. Several groups of one
+        // subtask come together when a checkpoint was aborted (its output
+        // is carried into the next one's): a later group's keys must also
+        // leave the earlier groups' new files.
+        struct Group {
+            dir: String,
+            keys_file: Option<String>,
+            adds: Vec<Add>,
+        }
+        let subtask_dir = |path: &str| path.splitn(3, '/').take(2).collect::<Vec<_>>().join("/");
+        let mut groups: Vec<Group> = vec![];
+        let mut open: HashMap<String, usize> = HashMap::new();
         for c in committables {
             match serde_json::from_value::<Committable>(c.clone()) {
-                Ok(Committable::Add(a)) => adds.push(*a),
-                Ok(Committable::Keys { touched_keys, .. }) => keys_files.push(touched_keys),
+                Ok(Committable::Keys { touched_keys, .. }) => {
+                    let dir = subtask_dir(&touched_keys);
+                    open.insert(dir.clone(), groups.len());
+                    groups.push(Group {
+                        dir,
+                        keys_file: Some(touched_keys),
+                        adds: vec![],
+                    });
+                }
+                Ok(Committable::Add(a)) => match open.get(&subtask_dir(&a.path)) {
+                    Some(&g) => groups[g].adds.push(*a),
+                    None => groups.push(Group {
+                        dir: subtask_dir(&a.path),
+                        keys_file: None,
+                        adds: vec![*a],
+                    }),
+                },
                 Err(e) => {
                     return Err(self
                         .table
@@ -139,12 +176,13 @@ impl DeltaCommitter {
                 }
             }
         }
-        if adds.is_empty() && keys_files.is_empty() {
+        let keys_files = groups.iter().filter(|g| g.keys_file.is_some()).count();
+        if groups.is_empty() {
             // Nothing written since the last commit: no version.
             return Ok(());
         }
         if let Some(c) = checkpoint_id
-            && !keys_files.is_empty()
+            && keys_files > 0
             && self.committed_through()?.is_some_and(|v| v >= c)
         {
             // Replayed after a restore: its keys files may be gone (a
@@ -157,15 +195,36 @@ impl DeltaCommitter {
             );
             return Ok(());
         }
-        let touched = match (&self.key, keys_files.is_empty()) {
-            (_, true) => None,
-            (Some(key), false) => Some((key.clone(), read_keys(&self.table, key, &keys_files)?)),
-            (None, false) => {
+        let key = match (&self.key, keys_files) {
+            (_, 0) => None,
+            (Some(key), _) => Some(key.clone()),
+            (None, _) => {
                 return Err(self
                     .table
                     .error(format!("{what} holds changed keys, but the table has no primary key")));
             }
         };
+        let mut sets: Vec<HashSet<OwnedRow>> = Vec::with_capacity(groups.len());
+        for g in &groups {
+            sets.push(match (&key, &g.keys_file) {
+                (Some(key), Some(f)) => read_keys(&self.table, key, std::slice::from_ref(f))?,
+                _ => HashSet::new(),
+            });
+        }
+        let mut adds: Vec<(Add, Option<HashSet<OwnedRow>>)> = vec![];
+        for (i, g) in groups.iter().enumerate() {
+            let later: HashSet<OwnedRow> = groups
+                .iter()
+                .zip(&sets)
+                .skip(i + 1)
+                .filter(|(h, _)| h.dir == g.dir)
+                .flat_map(|(_, s)| s.iter().cloned())
+                .collect();
+            for a in &g.adds {
+                adds.push((a.clone(), (!later.is_empty()).then(|| later.clone())));
+            }
+        }
+        let touched = key.map(|k| (k, sets.into_iter().flatten().collect::<HashSet<OwnedRow>>()));
         let changed = touched.as_ref().map_or(0, |(_, t)| t.len());
         let files = adds.len();
         let started = std::time::Instant::now();
@@ -179,7 +238,27 @@ impl DeltaCommitter {
             rewrite_dir,
             txn: checkpoint_id.map(|c| (self.app_id.clone(), c)),
         };
-        let made = self.with_table(move |t| Box::pin(commit_change(t, change)))?;
+        // A conflicting commit of another writer (a compaction, another
+        // subtask's end-of-input commit rewriting the same file) between
+        // this one's read and its commit: again from a fresh read, a few
+        // times, before the checkpoint's commit fails.
+        let mut tries = 0;
+        let made = loop {
+            tries += 1;
+            let this = change.clone();
+            match self.with_table_raw(move |t| Box::pin(commit_change(t, this)))? {
+                Err(deltalake_core::DeltaTableError::Transaction {
+                    source: deltalake_core::kernel::transaction::TransactionError::CommitConflict(e),
+                }) if tries < 5 => {
+                    tracing::info!(
+                        target: "weir::checkpoint",
+                        "Delta table '{}': {what} conflicts with another writer's commit ({e}): trying again",
+                        self.table.name
+                    );
+                }
+                r => break r.map_err(|e| self.table.error(e))?,
+            }
+        };
         if made.is_some() {
             crate::failpoint::failpoint("delta_sink.committed");
         }
@@ -235,7 +314,26 @@ impl Committer for DeltaCommitter {
         .map_err(|e| self.table.error(e))?
         .map_err(|e| self.table.error(format!("cleaning up {}: {e}", self.job_dir)))?;
         if let Some(dir) = &self.table.local {
-            // A local store leaves the emptied directories behind.
+            // A local store's half-written files (`name#N`, renamed into
+            // place when complete) are not listed: a killed attempt's are
+            // removed here. Then the directories left empty.
+            let own = format!("{}-", self.attempt);
+            let mut staged = 0usize;
+            if let Ok(entries) = std::fs::read_dir(dir.join(&self.job_dir)) {
+                for e in entries.flatten() {
+                    if !e.file_name().to_string_lossy().starts_with(&own) {
+                        remove_staged(&e.path(), &mut staged)
+                            .map_err(|err| self.table.error(format!("cleaning up {}: {err}", e.path().display())))?;
+                    }
+                }
+            }
+            if staged > 0 {
+                tracing::info!(
+                    target: "weir::checkpoint",
+                    "Delta table '{}': removed {staged} half-written file(s) of failed attempts",
+                    self.table.name
+                );
+            }
             remove_empty_dirs(&dir.join(&self.job_dir));
         }
         if !removed.is_empty() {
@@ -267,11 +365,13 @@ impl Committer for DeltaCommitter {
 }
 
 /// One commit's worth of changes (see [`commit_change`]).
+#[derive(Clone)]
 pub struct Change {
     partition_keys: Vec<String>,
     schema: SchemaRef,
-    /// The new data files.
-    adds: Vec<Add>,
+    /// The new data files, each with the keys a later barrier of its
+    /// subtask changed (their rows must not be added).
+    adds: Vec<(Add, Option<HashSet<OwnedRow>>)>,
     /// A keyed table's changed keys: their rows leave the table's files.
     touched: Option<(TableKey, HashSet<OwnedRow>)>,
     /// Where the files rewritten without those rows go (relative to the
@@ -313,8 +413,36 @@ pub async fn commit_change(
     }
     let mut actions: Vec<Action> = vec![];
     let (mut removed, mut rewritten) = (0, 0);
+    let mut superseded = vec![];
+    for (a, later) in adds {
+        match later {
+            None => actions.push(Action::Add(a)),
+            Some(later) => superseded.push((a, later)),
+        }
+    }
     if let Some((key, touched)) = &touched {
-        let (removes, written) = rewrite_without(table, &schema, &partition_keys, key, touched, &rewrite_url).await?;
+        let mut files: Vec<Candidate> = table
+            .snapshot()?
+            .log_data()
+            .iter()
+            .map(|f| Candidate {
+                path: f.path().to_string(),
+                partition: f.partition_values_map(),
+                remove: Some(f.remove_action(true)),
+                keys: touched,
+            })
+            .collect();
+        // New files of an aborted checkpoint whose keys a later barrier
+        // changed: in no version yet, so nothing to remove.
+        for (a, later) in &superseded {
+            files.push(Candidate {
+                path: a.path.clone(),
+                partition: a.partition_values.clone(),
+                remove: None,
+                keys: later,
+            });
+        }
+        let (removes, written) = rewrite_without(table, &schema, &partition_keys, key, files, &rewrite_url).await?;
         removed = removes.len();
         rewritten = written.len();
         actions.extend(removes.into_iter().map(Action::Remove));
@@ -323,7 +451,6 @@ pub async fn commit_change(
             Action::Add(a)
         }));
     }
-    actions.extend(adds.into_iter().map(Action::Add));
     let operation = if touched.is_some() {
         // As Delta's streaming writers (Spark's) record an update.
         DeltaOperation::StreamingUpdate {
@@ -354,35 +481,45 @@ fn generic(e: impl std::fmt::Display) -> deltalake_core::DeltaTableError {
     deltalake_core::DeltaTableError::Generic(e.to_string())
 }
 
-/// The table's live files that hold a key of `touched`: their `remove`
-/// actions, and the `add` actions of the files written in their place
-/// (their other rows), paths relative to `rewrite_url`.
+/// A data file whose rows of some keys must go.
+struct Candidate<'a> {
+    /// As the log gives it, relative to the table.
+    path: String,
+    partition: HashMap<String, Option<String>>,
+    /// A live file's removal; `None` for a file in no version yet.
+    remove: Option<Remove>,
+    keys: &'a HashSet<OwnedRow>,
+}
+
+/// Of `files`, those that hold one of their keys: their
+/// `remove` actions, and the `add` actions of the files written in their
+/// place (their other rows), paths relative to `rewrite_url`.
 async fn rewrite_without(
     table: &DeltaTable,
     schema: &SchemaRef,
     partition_keys: &[String],
     key: &TableKey,
-    touched: &HashSet<OwnedRow>,
+    files: Vec<Candidate<'_>>,
     rewrite_url: &url::Url,
 ) -> std::result::Result<(Vec<Remove>, Vec<Add>), deltalake_core::DeltaTableError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    let files: Vec<(String, HashMap<String, Option<String>>, Remove)> = table
-        .snapshot()?
-        .log_data()
-        .iter()
-        .map(|f| (f.path().to_string(), f.partition_values_map(), f.remove_action(true)))
-        .collect();
     let store = table.object_store();
     let converter = key.converter().map_err(generic)?;
     let mut removes = vec![];
     let mut writer: Option<RecordBatchWriter> = None;
-    for (path, partition, remove) in files {
-        if remove.deletion_vector.is_some() {
+    for Candidate {
+        path,
+        partition,
+        remove,
+        keys: touched,
+    } in files
+    {
+        if remove.as_ref().is_some_and(|r| r.deletion_vector.is_some()) {
             return Err(generic(format!(
                 "file {path} has a deletion vector: applying changes to a table with deletion vectors is not supported yet"
             )));
         }
-        let bytes = store.get(&Key::from(path.as_str())).await?.bytes().await?;
+        let bytes = store.get(&object_key(&path)).await?.bytes().await?;
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())
             .map_err(|e| generic(format!("{path}: {e}")))?;
@@ -399,10 +536,12 @@ async fn rewrite_without(
                 }
             }
         }
-        if !changed {
+        // A live file without such a key stays; a new one (no `remove`) is
+        // written again all the same (it is added in its rewritten form).
+        if !changed && remove.is_some() {
             continue;
         }
-        removes.push(remove);
+        removes.extend(remove);
         for b in kept.into_iter().filter(|b| b.num_rows() > 0) {
             let w = match writer.as_mut() {
                 Some(w) => w,
@@ -436,7 +575,13 @@ fn full_batch(
         let column = match partition.get(f.name()) {
             Some(value) => {
                 let text = arrow::array::StringArray::from(vec![value.as_deref(); n]);
-                arrow::compute::cast(&text, f.data_type())
+                // Not `safe`: a value that does not parse is an error, not
+                // a NULL.
+                let strict = arrow::compute::CastOptions {
+                    safe: false,
+                    ..Default::default()
+                };
+                arrow::compute::cast_with_options(&text, f.data_type(), &strict)
                     .map_err(|e| format!("partition value of '{}': {e}", f.name()))?
             }
             None => {
@@ -480,7 +625,7 @@ fn read_keys(table: &DeltaLocation, key: &TableKey, paths: &[String]) -> Result<
     let mut out = HashSet::new();
     for path in paths {
         let store = store.clone();
-        let k = Key::from(path.as_str());
+        let k = object_key(path);
         let bytes = block_on("a Delta table", async move { store.get(&k).await?.bytes().await })
             .map_err(|e| table.error(e))?
             .map_err(|e| table.error(format!("cannot read the keys file {path}: {e}")))?;
@@ -521,13 +666,43 @@ async fn referenced_files(
                 .as_str()
                 .strip_prefix(root.as_str())
                 .and_then(|rel| Key::from_url_path(rel.trim_start_matches('/')).ok()),
-            Err(_) => Some(Key::from(p.as_str())),
+            Err(_) => Some(object_key(p)),
         })
         .collect())
 }
 
+/// The object key of `path`, a file's path as the table's log gives it:
+/// its text is the key (a partition value's escapes, `k=a%20b`, are part
+/// of the name); only text that is no valid key is encoded.
+fn object_key(path: &str) -> Key {
+    Key::parse(path).unwrap_or_else(|_| Key::from(path))
+}
+
 /// Removes the directories below `dir` (and `dir`) that are empty,
 /// leaving any other.
+/// Removes the files below `dir` that a local object store was still
+/// writing (`name#N`: never a table's file).
+fn remove_staged(dir: &Path, removed: &mut usize) -> std::io::Result<()> {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            remove_staged(&path, removed)?;
+        } else if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.rsplit_once('#'))
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            std::fs::remove_file(&path)?;
+            *removed += 1;
+        }
+    }
+    Ok(())
+}
+
 fn remove_empty_dirs(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {

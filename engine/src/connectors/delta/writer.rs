@@ -31,6 +31,7 @@ pub struct DeltaWriter {
     upserts: Option<Upserts>,
     /// Keys files written, for their names.
     keys_files: u64,
+    sink_uid: String,
     /// Commits at the end of input when the job does not checkpoint.
     committer: DeltaCommitter,
 }
@@ -73,6 +74,7 @@ impl DeltaWriter {
             exactly_once: ctx.exactly_once,
             upserts,
             keys_files: 0,
+            sink_uid: ctx.sink_uid.clone(),
             committer,
         })
     }
@@ -89,7 +91,8 @@ impl DeltaWriter {
             if let Some(keys) = flushed.keys {
                 let n = keys.num_rows() as u64;
                 self.keys_files += 1;
-                let path = format!("{}/keys-{}.parquet", self.prefix, self.keys_files);
+                // Named by the sink too: two sinks of a job may write one table.
+                let path = format!("{}/keys-{}-{}.parquet", self.prefix, self.sink_uid, self.keys_files);
                 super::committer::write_keys_file(&self.table, &path, keys)?;
                 out.push(Committable::Keys {
                     touched_keys: path,

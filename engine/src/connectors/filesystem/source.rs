@@ -995,7 +995,21 @@ impl LineDecoder {
                     .map_err(|e| arrow::error::ArrowError::ParseError(e.to_string()))?,
             ),
         };
-        let mut builder = arrow::csv::ReaderBuilder::new(schema.clone())
+        // Read with every column nullable: an empty field of a NOT NULL
+        // STRING column is '' (not a NULL arrow would refuse) once
+        // `empty_is_not_null` has run; the DDL's schema is put back then.
+        let read_schema: SchemaRef = if null.is_none() {
+            Arc::new(arrow::datatypes::Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.as_ref().clone().with_nullable(true))
+                    .collect::<Vec<_>>(),
+            ))
+        } else {
+            schema.clone()
+        };
+        let mut builder = arrow::csv::ReaderBuilder::new(read_schema.clone())
             .with_header(false)
             .with_delimiter(self.format.delimiter)
             .with_quote(self.format.quote)
@@ -1011,12 +1025,20 @@ impl LineDecoder {
         let batch = match out.len() {
             0 => return Ok(None),
             1 => out.pop(),
-            _ => arrow::compute::concat_batches(schema, &out).map(Some)?,
+            _ => arrow::compute::concat_batches(&read_schema, &out).map(Some)?,
         };
-        match (batch, self.format.null_literal.is_none()) {
-            (Some(b), true) => empty_is_not_null(b).map(Some),
-            (b, _) => Ok(b),
+        let Some(mut batch) = batch else {
+            return Ok(None);
+        };
+        if self.format.null_literal.is_none() {
+            batch = empty_is_not_null(batch)?;
         }
+        if batch.schema() != *schema {
+            // A NULL left in a NOT NULL column (the null literal '') is
+            // refused here, naming the column.
+            batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())?;
+        }
+        Ok(Some(batch))
     }
 
     /// Decodes `text`, `records` records separated by line breaks, into a
