@@ -740,6 +740,30 @@ async fn upsert_kafka_reads_a_keyed_changelog_and_writes_one() {
         "one record per key (eu, us, apac's tombstone) instead of every change: {buffered:?}"
     );
 
+    // A filter on the updated value: eu's total goes 10 (kept) -> 14
+    // (dropped), a `-U` with no `+U` after it. Its tombstone removes eu, as
+    // Flink's upsert-kafka writes `-U` (the planner there keeps `-U` before a
+    // filter on a non-key column); us (7 -> 8 -> 7) stays.
+    broker.create_topic("small_regions", 3);
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE small_regions (region STRING, total BIGINT, PRIMARY KEY (region) NOT ENFORCED)
+               WITH ('connector' = 'upsert-kafka', 'topic' = 'small_regions', 'properties.bootstrap.servers' = '{}',
+                     'key.format' = 'raw', 'value.format' = 'json', 'value.fields-include' = 'EXCEPT_KEY');
+             INSERT INTO small_regions
+               SELECT region, total FROM (SELECT region, SUM(score) AS total FROM users GROUP BY region)
+               WHERE total < 12;",
+            broker.servers()
+        ))
+        .await
+        .expect("filtered job");
+    let small = broker.read_all("small_regions", 3);
+    assert_eq!(
+        compacted(&small).into_iter().collect::<Vec<_>>(),
+        vec![("us".to_string(), r#"{"total":7}"#.to_string())],
+        "{small:?}"
+    );
+
     // The same changes into a plain 'kafka' table as Debezium envelopes (an
     // update a delete and an insert), replayed here.
     broker.create_topic("region_cdc", 1);

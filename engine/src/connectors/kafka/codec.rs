@@ -620,21 +620,58 @@ impl Codec {
     /// An upsert table's changes as records: `+I` and `+U` the row, `-D`
     /// a tombstone of its key; `-U` none (the `+U` after it replaces it).
     pub fn encode_changes(&self, batch: ChangeBatch) -> Result<Encoded> {
-        let batch = if batch.kinds.is_some() {
-            let keep: arrow::array::BooleanArray = (0..batch.num_rows())
-                .map(|i| Some(batch.kind(i) != RowKind::UpdateBefore))
-                .collect();
-            batch.filter(&keep)?
-        } else {
-            batch
-        };
         let mut encoded = self.encode(&batch.rows)?;
-        if batch.kinds.is_some() {
-            for (i, v) in encoded.values.iter_mut().enumerate() {
-                if batch.kind(i) == RowKind::Delete {
-                    *v = None;
-                }
+        if batch.kinds.is_none() {
+            return Ok(encoded);
+        }
+        // `-D` is a tombstone of its key, and so is `-U` (Flink's
+        // `DynamicKafkaRecordSerializationSchema`), unless a later record of
+        // the same key in this batch supersedes it: the `+U` that follows it
+        // in an update. Flink's planner leaves `-U` out wherever the sink does
+        // not need it; Weir's operators always send it, so the pairing is
+        // done here. A `-U` with no `+U` after it is a row that left the
+        // result (a filter on an aggregate dropped its new value): without
+        // its tombstone the topic would keep the old row.
+        let n = batch.num_rows();
+        let mut keep = vec![true; n];
+        let mut later_keys: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+        for i in (0..n).rev() {
+            let key = encoded.keys.as_ref().map(|k| k[i].as_slice());
+            match batch.kind(i) {
+                RowKind::Delete => encoded.values[i] = None,
+                RowKind::UpdateBefore => match key {
+                    Some(k) if later_keys.contains(k) => keep[i] = false,
+                    _ => encoded.values[i] = None,
+                },
+                _ => {}
             }
+            if let Some(k) = key {
+                later_keys.insert(k);
+            }
+        }
+        drop(later_keys);
+        if keep.iter().all(|k| *k) {
+            return Ok(encoded);
+        }
+        fn retain<T>(v: &mut Vec<T>, keep: &[bool]) {
+            let mut i = 0;
+            v.retain(|_| {
+                i += 1;
+                keep[i - 1]
+            });
+        }
+        if let Some(k) = encoded.keys.as_mut() {
+            retain(k, &keep);
+        }
+        retain(&mut encoded.values, &keep);
+        if let Some(t) = encoded.timestamps.as_mut() {
+            retain(t, &keep);
+        }
+        if let Some(h) = encoded.headers.as_mut() {
+            retain(h, &keep);
+        }
+        if let Some(t) = encoded.topics.as_mut() {
+            retain(t, &keep);
         }
         Ok(encoded)
     }
@@ -879,12 +916,26 @@ mod tests {
         assert_eq!(ids.values().to_vec(), vec![1, 1, 2]);
         assert!(rows.rows.column(1).is_null(1), "a tombstone knows only its key");
 
-        // Written back: -U dropped, -D a tombstone of its key.
+        // Written back: -D a tombstone of its key; a -U with no later
+        // record of its key too (the row left the result).
         let mut changes = rows.clone();
         changes.kinds = Some(arrow::array::UInt8Array::from(vec![2, 1, 3]));
         let e = c.encode_changes(changes).expect("encoded");
-        assert_eq!(e.values, vec![Some(br#"{"k_id":1,"name":"a"}"#.to_vec()), None]);
-        assert_eq!(e.keys.expect("keys")[1], br#"{"k_id":2}"#.to_vec());
+        assert_eq!(e.values, vec![Some(br#"{"k_id":1,"name":"a"}"#.to_vec()), None, None]);
+        let keys = e.keys.expect("keys");
+        assert_eq!(keys[1], br#"{"k_id":1}"#.to_vec());
+        assert_eq!(keys[2], br#"{"k_id":2}"#.to_vec());
+
+        // An update: the -U is superseded by the +U of its key after it.
+        let mut changes = rows.clone();
+        changes.kinds = Some(arrow::array::UInt8Array::from(vec![1, 2, 3]));
+        let e = c.encode_changes(changes).expect("encoded");
+        assert_eq!(e.values.len(), 2);
+        assert!(e.values[0].is_some() && e.values[1].is_none());
+        assert_eq!(
+            e.keys.expect("keys"),
+            vec![br#"{"k_id":1}"#.to_vec(), br#"{"k_id":2}"#.to_vec()]
+        );
     }
 
     #[test]
