@@ -2,15 +2,15 @@
 # Creates the Python venv of the tests that check Weir with other
 # people's code: the ADBC Flight SQL client test (tests/adbc/weir_adbc_test.py:
 # the ADBC driver manager, the Flight SQL driver, pyarrow) and the Delta
-# sink test's independent reader (tests/delta.rs: delta-rs's Python
-# package `deltalake`), at pinned versions.
+# tests' independent reader and writer (tests/delta.rs: delta-rs's Python
+# package `deltalake`) and reference answers (DuckDB), at pinned versions.
 # Safe to run again: a venv that already has the pinned versions is left
 # alone. Prints the venv's python on stdout (progress goes to stderr).
 #   WEIR_ADBC_VENV  where the venv lives (default ~/.cache/weir-adbc-venv)
 set -euo pipefail
 
 venv="${WEIR_ADBC_VENV:-$HOME/.cache/weir-adbc-venv}"
-pins=(adbc-driver-manager==1.13.0 adbc-driver-flightsql==1.13.0 pyarrow==26.0.1 deltalake==1.6.6)
+pins=(adbc-driver-manager==1.13.0 adbc-driver-flightsql==1.13.0 pyarrow==26.0.1 deltalake==1.6.6 duckdb==1.5.6)
 py="$venv/bin/python"
 
 # True when the venv's python runs and has every pinned version.

@@ -1182,6 +1182,8 @@ impl Session {
             Field::new("incremental_bytes", DataType::UInt64, false),
             Field::new("in_flight_bytes", DataType::UInt64, false),
             Field::new("message", DataType::Utf8, false),
+            // What each two-phase sink's commit made (a Delta version).
+            Field::new("sink_commits", DataType::Utf8, false),
         ]));
         let batch = RecordBatch::try_new(
             schema.clone(),
@@ -1204,6 +1206,13 @@ impl Session {
                 )),
                 Arc::new(UInt64Array::from_iter_values(entries.iter().map(|e| e.in_flight_bytes))),
                 Arc::new(StringArray::from_iter_values(entries.iter().map(|e| e.message.clone()))),
+                Arc::new(StringArray::from_iter_values(entries.iter().map(|e| {
+                    e.sink_commits
+                        .iter()
+                        .map(|c| c.describe())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                }))),
             ],
         )
         .map_err(ExecError::from)?;

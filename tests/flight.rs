@@ -604,6 +604,8 @@ async fn subscriptions_are_changelogs_and_a_slow_subscriber_is_dropped() {
         "weir_operator_backpressured_seconds_total",
         "weir_operator_state_bytes",
         "weir_checkpoints_total",
+        "weir_sink_last_commit_seconds",
+        "weir_sink_last_commit_version",
         "weir_subscriber_queue_depth_max",
         "weir_flight_open_streams",
     ] {

@@ -254,6 +254,36 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
         }
     }
 
+    // Each two-phase sink's commit of the last completed checkpoint: the
+    // version it made in its own system (a Delta table's) and how long the
+    // commit took (how much later than the checkpoint rows became visible).
+    f.head(
+        "weir_sink_last_commit_seconds",
+        "gauge",
+        "How long a sink's commit of the last completed checkpoint took.",
+    );
+    for (job, m) in jobs {
+        for c in last(m).map(|c| c.sink_commits).unwrap_or_default() {
+            f.sample(
+                "weir_sink_last_commit_seconds",
+                &[("job", job), ("sink", &c.sink)],
+                c.duration.as_secs_f64(),
+            );
+        }
+    }
+    f.head(
+        "weir_sink_last_commit_version",
+        "gauge",
+        "The table version a sink's last commit made (Delta).",
+    );
+    for (job, m) in jobs {
+        for c in last(m).map(|c| c.sink_commits).unwrap_or_default() {
+            if let Some(v) = c.version {
+                f.sample("weir_sink_last_commit_version", &[("job", job), ("sink", &c.sink)], v);
+            }
+        }
+    }
+
     let depths = server.queue_depths();
     f.head("weir_subscribers", "gauge", "Live queries being streamed to clients.");
     f.sample("weir_subscribers", &[], depths.len());

@@ -68,6 +68,8 @@ pub struct CheckpointStats {
     pub status: CheckpointStatus,
     pub is_final: bool,
     pub message: String,
+    /// What each sink's commit made in its own system (a Delta version).
+    pub sink_commits: Vec<super::commit::SinkCommit>,
 }
 
 impl CheckpointStats {
@@ -86,6 +88,7 @@ impl CheckpointStats {
             status,
             is_final: false,
             message,
+            sink_commits: vec![],
         }
     }
 }
@@ -640,7 +643,7 @@ impl CheckpointCoordinator {
                 return Ok(false);
             }
         };
-        commit_all(&self.committers, &meta).await?;
+        let sink_commits = commit_all(&self.committers, &meta).await?;
         for t in from_finished {
             if let Some(f) = st.finished.get_mut(&t) {
                 f.operators.retain(|(_, op)| !matches!(op, OperatorSnapshot::Sink(_)));
@@ -659,6 +662,7 @@ impl CheckpointCoordinator {
             duration: p.started.elapsed(),
             full_bytes: bytes,
             incremental_bytes: bytes,
+            sink_commits,
             ..CheckpointStats::unfinished(
                 p.barrier,
                 CheckpointStatus::Completed,
@@ -809,7 +813,7 @@ impl CheckpointCoordinator {
     ) -> Result<()> {
         let id = meta.checkpoint_id;
         failpoint("coordinator.before_commit");
-        commit_all(&self.committers, &meta).await?;
+        let sink_commits = commit_all(&self.committers, &meta).await?;
         failpoint("coordinator.after_commit");
         st.retained.push_back(meta.clone());
         if let Some(path) = st.claimed.take() {
@@ -855,6 +859,7 @@ impl CheckpointCoordinator {
             status: CheckpointStatus::Completed,
             is_final: meta.is_final,
             message: String::new(),
+            sink_commits,
         };
         tracing::info!(
             target: "weir::checkpoint",
@@ -880,8 +885,13 @@ impl CheckpointCoordinator {
 ///
 /// Output of a sink that is no longer in the job (a restore with
 /// `ignore-unclaimed-state`) cannot be committed: it is dropped with a
-/// warning, as Flink drops unclaimed state.
-pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: &CheckpointMetadata) -> Result<()> {
+/// warning, as Flink drops unclaimed state. Returns what the sinks'
+/// systems recorded (see [`Committer::take_report`]).
+pub async fn commit_all(
+    committers: &HashMap<String, Arc<dyn Committer>>,
+    meta: &CheckpointMetadata,
+) -> Result<Vec<super::commit::SinkCommit>> {
+    let mut reports = vec![];
     let mut by_uid: HashMap<String, Vec<serde_json::Value>> = HashMap::new();
     for (key, state) in &meta.operators {
         if let OperatorState::Sink { committables } = state {
@@ -902,11 +912,13 @@ pub async fn commit_all(committers: &HashMap<String, Arc<dyn Committer>>, meta: 
             continue;
         };
         let id = meta.checkpoint_id;
-        tokio::task::spawn_blocking(move || c.commit(id, &committables))
+        let report = tokio::task::spawn_blocking(move || c.commit(id, &committables).map(|()| c.take_report()))
             .await
             .map_err(|e| ExecError::internal(format!("commit task failed: {e}")))??;
+        reports.extend(report);
     }
-    Ok(())
+    reports.sort_by(|a, b| a.sink.cmp(&b.sink));
+    Ok(reports)
 }
 
 /// Whether a checkpoint being written may still publish, or its time ran

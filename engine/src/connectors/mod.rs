@@ -315,7 +315,7 @@ fn specs_of(connector: &str) -> Option<Vec<OptionSpec>> {
             filesystem::partition::OPTIONS,
             SINK_OPTIONS,
         ],
-        delta::NAME => vec![delta::OPTIONS, SINK_OPTIONS],
+        delta::NAME => vec![delta::OPTIONS, delta::SOURCE_OPTIONS, SINK_OPTIONS],
         "kafka" => vec![kafka::OPTIONS, filesystem::FORMAT_OPTIONS, SINK_OPTIONS],
         "upsert-kafka" => return Some(upsert_kafka_specs()),
         "print" => vec![print::OPTIONS, SINK_OPTIONS],
@@ -495,6 +495,13 @@ pub fn create_source(
             &options,
             schema,
             &table.partition_keys,
+            s3,
+        )?),
+        delta::NAME => Arc::new(delta::DeltaSource::new(
+            &options,
+            schema,
+            &table.partition_keys,
+            &table.name,
             s3,
         )?),
         "kafka" | "upsert-kafka" => {

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
-use arrow::row::OwnedRow;
 use deltalake_core::DeltaTable;
 use deltalake_core::kernel::transaction::CommitBuilder;
 use deltalake_core::kernel::{Action, Add, Remove, Transaction};
@@ -20,7 +19,7 @@ use object_store::ObjectStoreExt;
 use object_store::path::Path as Key;
 
 use super::table::DeltaLocation;
-use super::upserts::{TableKey, keep_untouched};
+use super::upserts::{KeyBytes, TableKey, keep_untouched};
 use crate::checkpoint::objects::block_on;
 use crate::connectors::{Committer, SinkContext};
 use crate::error::{ExecError, Result};
@@ -45,6 +44,12 @@ pub struct DeltaCommitter {
     loaded: Mutex<Option<DeltaTable>>,
     /// A keyed table's primary key (changes are applied by it).
     key: Option<TableKey>,
+    /// The sink's `sink.rolling-policy.file-size` and
+    /// `parquet.compression`, which files rewritten by a keyed commit keep.
+    file_size: u64,
+    compression: parquet::basic::Compression,
+    /// What the last commit made (see [`Committer::take_report`]).
+    report: Mutex<Option<crate::checkpoint::commit::SinkCommit>>,
 }
 
 /// What a sink subtask's barrier leaves for the commit.
@@ -59,22 +64,19 @@ pub enum Committable {
 }
 
 impl DeltaCommitter {
-    pub fn new(
-        table: Arc<DeltaLocation>,
-        schema: SchemaRef,
-        partition_keys: Vec<String>,
-        key: Option<TableKey>,
-        ctx: &SinkContext,
-    ) -> Self {
+    pub fn new(sink: &super::DeltaSink, ctx: &SinkContext) -> Self {
         Self {
-            key,
-            table,
-            schema,
-            partition_keys,
+            key: sink.key.clone(),
+            table: sink.table.clone(),
+            schema: sink.schema.clone(),
+            partition_keys: sink.partition_keys.clone(),
+            file_size: sink.file_size,
+            compression: sink.compression,
             app_id: format!("weir-{}-{}", ctx.job_tag, ctx.sink_uid),
             job_dir: job_dir(ctx),
             attempt: ctx.attempt.clone(),
             loaded: Mutex::new(None),
+            report: Mutex::new(None),
         }
     }
 
@@ -193,6 +195,13 @@ impl DeltaCommitter {
                 "Delta table '{}': {what} was committed before (its txn version is recorded): not again",
                 self.table.name
             );
+            *self.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::checkpoint::commit::SinkCommit {
+                sink: self.table.name.clone(),
+                version: None,
+                duration: std::time::Duration::ZERO,
+                files: 0,
+            });
+            self.remove_keys_files(groups.iter().filter_map(|g| g.keys_file.as_deref()));
             return Ok(());
         }
         let key = match (&self.key, keys_files) {
@@ -204,16 +213,16 @@ impl DeltaCommitter {
                     .error(format!("{what} holds changed keys, but the table has no primary key")));
             }
         };
-        let mut sets: Vec<HashSet<OwnedRow>> = Vec::with_capacity(groups.len());
+        let mut sets: Vec<HashSet<KeyBytes>> = Vec::with_capacity(groups.len());
         for g in &groups {
             sets.push(match (&key, &g.keys_file) {
                 (Some(key), Some(f)) => read_keys(&self.table, key, std::slice::from_ref(f))?,
                 _ => HashSet::new(),
             });
         }
-        let mut adds: Vec<(Add, Option<HashSet<OwnedRow>>)> = vec![];
+        let mut adds: Vec<(Add, Option<HashSet<KeyBytes>>)> = vec![];
         for (i, g) in groups.iter().enumerate() {
-            let later: HashSet<OwnedRow> = groups
+            let later: HashSet<KeyBytes> = groups
                 .iter()
                 .zip(&sets)
                 .skip(i + 1)
@@ -224,7 +233,7 @@ impl DeltaCommitter {
                 adds.push((a.clone(), (!later.is_empty()).then(|| later.clone())));
             }
         }
-        let touched = key.map(|k| (k, sets.into_iter().flatten().collect::<HashSet<OwnedRow>>()));
+        let touched = key.map(|k| (k, sets.into_iter().flatten().collect::<HashSet<KeyBytes>>()));
         let changed = touched.as_ref().map_or(0, |(_, t)| t.len());
         let files = adds.len();
         let started = std::time::Instant::now();
@@ -236,6 +245,8 @@ impl DeltaCommitter {
             touched,
             rewrite_url: self.table.dir_url(&rewrite_dir)?,
             rewrite_dir,
+            file_size: self.file_size,
+            compression: self.compression,
             txn: checkpoint_id.map(|c| (self.app_id.clone(), c)),
         };
         // A conflicting commit of another writer (a compaction, another
@@ -262,6 +273,16 @@ impl DeltaCommitter {
         if made.is_some() {
             crate::failpoint::failpoint("delta_sink.committed");
         }
+        let report = crate::checkpoint::commit::SinkCommit {
+            sink: self.table.name.clone(),
+            version: made.map(|(v, _, _)| v),
+            duration: started.elapsed(),
+            files,
+        };
+        *self.report.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+        // The keys files served this commit; a replay of it is recognised
+        // by its txn version and needs none.
+        self.remove_keys_files(groups.iter().filter_map(|g| g.keys_file.as_deref()));
         match made {
             // The commit's latency: how much later than the checkpoint
             // the rows become visible.
@@ -286,7 +307,49 @@ impl DeltaCommitter {
     }
 }
 
+impl DeltaCommitter {
+    /// Deletes keys files a commit no longer needs. Best effort: one left
+    /// behind is removed by the next attempt's recovery (no version
+    /// references it).
+    fn remove_keys_files<'a>(&self, paths: impl Iterator<Item = &'a str>) {
+        let keys: Vec<Key> = paths.map(object_key).collect();
+        if keys.is_empty() {
+            return;
+        }
+        let files = match self.table.files() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(target: "weir::checkpoint", "Delta table '{}': keys files left: {e}", self.table.name);
+                return;
+            }
+        };
+        let done = block_on("a Delta table", async move {
+            for k in keys {
+                match files.delete(&k).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = done
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            tracing::warn!(
+                target: "weir::checkpoint",
+                "Delta table '{}': a keys file was not removed ({e}); the next recovery removes it",
+                self.table.name
+            );
+        }
+    }
+}
+
 impl Committer for DeltaCommitter {
+    fn take_report(&self) -> Option<crate::checkpoint::commit::SinkCommit> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     fn commit(&self, checkpoint_id: u64, committables: &[serde_json::Value]) -> Result<()> {
         self.apply(Some(checkpoint_id), committables)
     }
@@ -371,13 +434,16 @@ pub struct Change {
     schema: SchemaRef,
     /// The new data files, each with the keys a later barrier of its
     /// subtask changed (their rows must not be added).
-    adds: Vec<(Add, Option<HashSet<OwnedRow>>)>,
+    adds: Vec<(Add, Option<HashSet<KeyBytes>>)>,
     /// A keyed table's changed keys: their rows leave the table's files.
-    touched: Option<(TableKey, HashSet<OwnedRow>)>,
+    touched: Option<(TableKey, HashSet<KeyBytes>)>,
     /// Where the files rewritten without those rows go (relative to the
     /// table, and as a URL).
     rewrite_dir: String,
     rewrite_url: url::Url,
+    /// The rewritten files' rolling size and compression (the sink's).
+    file_size: u64,
+    compression: parquet::basic::Compression,
     txn: Option<(String, u64)>,
 }
 
@@ -402,6 +468,8 @@ pub async fn commit_change(
         touched,
         rewrite_dir,
         rewrite_url,
+        file_size,
+        compression,
         txn,
     } = change;
     let log_store = table.log_store();
@@ -442,7 +510,16 @@ pub async fn commit_change(
                 keys: later,
             });
         }
-        let (removes, written) = rewrite_without(table, &schema, &partition_keys, key, files, &rewrite_url).await?;
+        let (removes, written) = rewrite_without(
+            table,
+            &schema,
+            &partition_keys,
+            key,
+            files,
+            &rewrite_url,
+            (file_size, compression),
+        )
+        .await?;
         removed = removes.len();
         rewritten = written.len();
         actions.extend(removes.into_iter().map(Action::Remove));
@@ -488,7 +565,7 @@ struct Candidate<'a> {
     partition: HashMap<String, Option<String>>,
     /// A live file's removal; `None` for a file in no version yet.
     remove: Option<Remove>,
-    keys: &'a HashSet<OwnedRow>,
+    keys: &'a HashSet<KeyBytes>,
 }
 
 /// Of `files`, those that hold one of their keys: their
@@ -501,6 +578,7 @@ async fn rewrite_without(
     key: &TableKey,
     files: Vec<Candidate<'_>>,
     rewrite_url: &url::Url,
+    (file_size, compression): (u64, parquet::basic::Compression),
 ) -> std::result::Result<(Vec<Remove>, Vec<Add>), deltalake_core::DeltaTableError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let store = table.object_store();
@@ -545,12 +623,20 @@ async fn rewrite_without(
         for b in kept.into_iter().filter(|b| b.num_rows() > 0) {
             let w = match writer.as_mut() {
                 Some(w) => w,
-                None => writer.insert(RecordBatchWriter::try_new(
-                    rewrite_url.as_str(),
-                    schema.clone(),
-                    (!partition_keys.is_empty()).then(|| partition_keys.to_vec()),
-                    None,
-                )?),
+                None => writer.insert(
+                    RecordBatchWriter::try_new(
+                        rewrite_url.as_str(),
+                        schema.clone(),
+                        (!partition_keys.is_empty()).then(|| partition_keys.to_vec()),
+                        None,
+                    )?
+                    .with_target_file_size(file_size)
+                    .with_writer_properties(
+                        parquet::file::properties::WriterProperties::builder()
+                            .set_compression(compression)
+                            .build(),
+                    ),
+                ),
             };
             w.write(b).await?;
         }
@@ -564,7 +650,7 @@ async fn rewrite_without(
 
 /// A data file's `batch` with the table's columns in `schema`'s order and
 /// types: partition columns (not in the file) from its partition values.
-fn full_batch(
+pub(super) fn full_batch(
     batch: &RecordBatch,
     schema: &SchemaRef,
     partition: &HashMap<String, Option<String>>,
@@ -618,7 +704,7 @@ pub fn write_keys_file(table: &DeltaLocation, path: &str, keys: RecordBatch) -> 
 }
 
 /// The keys in the keys files `paths` (relative to the table).
-fn read_keys(table: &DeltaLocation, key: &TableKey, paths: &[String]) -> Result<HashSet<OwnedRow>> {
+fn read_keys(table: &DeltaLocation, key: &TableKey, paths: &[String]) -> Result<HashSet<KeyBytes>> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let converter = key.converter()?;
     let store = table.files()?;
@@ -635,7 +721,7 @@ fn read_keys(table: &DeltaLocation, key: &TableKey, paths: &[String]) -> Result<
         for batch in reader {
             let batch = batch.map_err(|e| table.error(format!("the keys file {path}: {e}")))?;
             let rows = converter.convert_columns(batch.columns())?;
-            out.extend(rows.iter().map(|r| r.owned()));
+            out.extend(rows.iter().map(|r| KeyBytes::from(r.as_ref())));
         }
     }
     Ok(out)

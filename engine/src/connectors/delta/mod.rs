@@ -20,8 +20,11 @@
 //!
 //! The checkpoint interval is the table's freshness: rows become visible
 //! when the checkpoint after them completes (see docs/delta.md).
+//!
+//! Read, a table is a bounded source of one snapshot (see [`source`]).
 
 mod committer;
+mod source;
 mod store;
 mod table;
 mod upserts;
@@ -35,6 +38,7 @@ use weir_catalog::{OptionKind, OptionSpec, Options};
 use crate::connectors::{Committer, SinkContext, SinkFactory, SinkWriter};
 use crate::error::Result;
 
+pub use source::{DeltaSource, OPTIONS as SOURCE_OPTIONS};
 pub use table::DeltaLocation;
 
 pub const NAME: &str = "delta";
@@ -157,12 +161,6 @@ impl SinkFactory for DeltaSink {
     }
 
     fn committer(&self, ctx: &SinkContext) -> Option<Arc<dyn Committer>> {
-        Some(Arc::new(committer::DeltaCommitter::new(
-            self.table.clone(),
-            self.schema.clone(),
-            self.partition_keys.clone(),
-            self.key.clone(),
-            ctx,
-        )))
+        Some(Arc::new(committer::DeltaCommitter::new(self, ctx)))
     }
 }

@@ -180,50 +180,64 @@ impl DeltaLocation {
         }
         let table = self.load()?;
         let snapshot = table.snapshot().map_err(|e| self.error(e))?;
-        let theirs = snapshot.schema();
-        let ours = kernel_schema(schema).map_err(|e| self.error(e))?;
-        for field in ours.fields() {
-            match theirs.field(field.name()) {
-                None => {
-                    return Err(self.error(format!(
-                        "the DDL's column '{}' is not in the table (its columns: {})",
-                        field.name(),
-                        theirs
-                            .fields()
-                            .map(|f| f.name().as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-                Some(t) if t.data_type() != field.data_type() => {
-                    return Err(self.error(format!(
-                        "column '{}' is {} in the DDL (Delta type {}) but {} in the table",
-                        field.name(),
-                        ddl_type(schema, field.name()),
-                        field.data_type(),
-                        t.data_type()
-                    )));
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(extra) = theirs.fields().find(|f| ours.field(f.name()).is_none()) {
-            return Err(self.error(format!(
-                "the table's column '{}' ({}) is not in the DDL",
-                extra.name(),
-                extra.data_type()
-            )));
-        }
-        let table_keys = snapshot.metadata().partition_columns().to_vec();
-        if table_keys != partition_keys {
-            return Err(self.error(format!(
-                "the table is partitioned by [{}], the DDL by [{}]",
-                table_keys.join(", "),
-                partition_keys.join(", ")
-            )));
-        }
-        Ok(())
+        check_columns(self, snapshot, schema, partition_keys, true)
     }
+}
+
+/// `snapshot` must have the DDL's columns (`schema`, in Delta's types) with
+/// their types; with `whole` (a sink) no column besides, and the DDL's
+/// partition columns. A source may declare fewer columns than the table
+/// has, and no `PARTITIONED BY` (the log says which columns are).
+pub fn check_columns(
+    table: &DeltaLocation,
+    snapshot: &deltalake_core::table::state::DeltaTableState,
+    schema: &SchemaRef,
+    partition_keys: &[String],
+    whole: bool,
+) -> Result<()> {
+    let theirs = snapshot.schema();
+    let ours = kernel_schema(schema).map_err(|e| table.error(e))?;
+    for field in ours.fields() {
+        match theirs.field(field.name()) {
+            None => {
+                return Err(table.error(format!(
+                    "the DDL's column '{}' is not in the table (its columns: {})",
+                    field.name(),
+                    theirs
+                        .fields()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Some(t) if t.data_type() != field.data_type() => {
+                return Err(table.error(format!(
+                    "column '{}' is {} in the DDL (Delta type {}) but {} in the table",
+                    field.name(),
+                    ddl_type(schema, field.name()),
+                    field.data_type(),
+                    t.data_type()
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    if whole && let Some(extra) = theirs.fields().find(|f| ours.field(f.name()).is_none()) {
+        return Err(table.error(format!(
+            "the table's column '{}' ({}) is not in the DDL",
+            extra.name(),
+            extra.data_type()
+        )));
+    }
+    let table_keys = snapshot.metadata().partition_columns().to_vec();
+    if (whole || !partition_keys.is_empty()) && table_keys != partition_keys {
+        return Err(table.error(format!(
+            "the table is partitioned by [{}], the DDL by [{}]",
+            table_keys.join(", "),
+            partition_keys.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// The DDL's type of `column`, as the DDL's Arrow type reads.

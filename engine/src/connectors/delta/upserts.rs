@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, BooleanArray};
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
-use arrow::row::{OwnedRow, RowConverter, SortField};
+use arrow::row::{RowConverter, SortField};
 
 use crate::change::{ChangeBatch, RowKind};
 use crate::error::{ExecError, Result};
@@ -71,6 +71,10 @@ impl TableKey {
     }
 }
 
+/// A key in the row format of its table's [`TableKey::converter`] (looked
+/// up by a row's bytes, with no copy).
+pub type KeyBytes = Box<[u8]>;
+
 /// One subtask's changes since the last barrier.
 pub struct Upserts {
     key: TableKey,
@@ -78,7 +82,7 @@ pub struct Upserts {
     batches: Vec<RecordBatch>,
     /// Per key: where its last change is (batch, row) and whether it
     /// deletes.
-    last: HashMap<OwnedRow, (usize, usize, bool)>,
+    last: HashMap<KeyBytes, (usize, usize, bool)>,
 }
 
 /// What a barrier writes of a subtask's changes.
@@ -111,7 +115,14 @@ impl Upserts {
                 RowKind::Insert | RowKind::UpdateAfter => false,
                 RowKind::Delete | RowKind::UpdateBefore => true,
             };
-            self.last.insert(keys.row(i).owned(), (b, i, deletes));
+            // A key seen before is found by its bytes, without a copy.
+            let key = keys.row(i);
+            match self.last.get_mut(key.as_ref()) {
+                Some(at) => *at = (b, i, deletes),
+                None => {
+                    self.last.insert(KeyBytes::from(key.as_ref()), (b, i, deletes));
+                }
+            }
         }
         self.batches.push(rows);
         Ok(())
@@ -163,11 +174,11 @@ pub fn keep_untouched(
     batch: &RecordBatch,
     key: &TableKey,
     converter: &RowConverter,
-    touched: &std::collections::HashSet<OwnedRow>,
+    touched: &std::collections::HashSet<KeyBytes>,
 ) -> Result<Option<RecordBatch>> {
     let keys = converter.convert_columns(&key.of(batch))?;
     let keep: BooleanArray = (0..batch.num_rows())
-        .map(|i| Some(!touched.contains(&keys.row(i).owned())))
+        .map(|i| Some(!touched.contains(keys.row(i).as_ref())))
         .collect();
     if keep.true_count() == batch.num_rows() {
         return Ok(None);

@@ -63,8 +63,8 @@ impl DeltaWriter {
         .map_err(|e| table.error(format!("cannot write: {e}")))?
         .with_target_file_size(file_size)
         .with_writer_properties(props);
-        let upserts = key.clone().map(Upserts::new).transpose()?;
-        let committer = DeltaCommitter::new(table.clone(), schema.clone(), partition_keys.to_vec(), key, ctx);
+        let upserts = key.map(Upserts::new).transpose()?;
+        let committer = DeltaCommitter::new(sink, ctx);
         Ok(Self {
             name: format!("Sink: {}", table.name),
             table,

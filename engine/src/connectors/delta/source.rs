@@ -1,0 +1,451 @@
+//! `delta` as a bounded source: one snapshot of a table (its latest
+//! version when the job is planned, or `'version'` / `'timestamp-as-of'`),
+//! a split per data file of that snapshot.
+//!
+//! A split's id carries the snapshot's version (`path@v7`): a job restored
+//! from a checkpoint reads the version it started on, whatever was
+//! committed to the table since, so the files it had not finished are the
+//! same files. Its position is the rows of the file emitted. Partition
+//! columns come from the log's partition values, not from the file or its
+//! directory (a table written by Spark or delta-rs alike).
+//!
+//! A data file is read whole into memory by the split that reads it (the
+//! table's own object store: local directory or bucket); Delta files are
+//! rolled at about 128 MB by their writers. Deletion vectors and column
+//! mapping are refused with the table and the feature named: their rows or
+//! columns would be read wrong.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use object_store::ObjectStoreExt;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use weir_catalog::{OptionKind, OptionSpec, Options};
+
+use super::table::DeltaLocation;
+use crate::checkpoint::objects::{S3Settings, block_on};
+use crate::connectors::{DEFAULT_BATCH_ROWS, SourceFactory, SourceSplit, SplitPoll};
+use crate::error::{ExecError, Result};
+
+/// The snapshot read: a version of the table.
+pub const VERSION: &str = "version";
+/// The snapshot read: the last version committed at or before this time.
+pub const TIMESTAMP_AS_OF: &str = "timestamp-as-of";
+/// Flink's Delta connector (`delta-flink`) names them so.
+const FLINK_VERSION: &str = "versionAsOf";
+const FLINK_TIMESTAMP: &str = "timestampAsOf";
+
+pub const OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        VERSION,
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "read the table as of this version (default: its latest version when the job is planned)",
+    ),
+    OptionSpec::new(
+        FLINK_VERSION,
+        OptionKind::Int { min: 0, max: i64::MAX },
+        "the name Flink's Delta connector gives 'version'",
+    ),
+    OptionSpec::new(
+        TIMESTAMP_AS_OF,
+        OptionKind::String,
+        "read the table as of its last version committed at or before this time ('2026-12-07 08:00:00' in UTC, or RFC 3339 with an offset)",
+    ),
+    OptionSpec::new(
+        FLINK_TIMESTAMP,
+        OptionKind::String,
+        "the name Flink's Delta connector gives 'timestamp-as-of'",
+    ),
+];
+
+/// One data file of the snapshot.
+#[derive(Debug, Clone)]
+struct DataFile {
+    /// The file's path as the log gives it (decoded), for ids and messages.
+    path: String,
+    /// Its object in the table's store.
+    key: object_store::path::Path,
+    partition: HashMap<String, Option<String>>,
+}
+
+/// A snapshot of a Delta table as a bounded source.
+#[derive(Debug)]
+pub struct DeltaSource {
+    table: Arc<DeltaLocation>,
+    /// The DDL's columns.
+    schema: SchemaRef,
+    /// The DDL's columns in Delta's types (what the files hold).
+    delta_schema: SchemaRef,
+    /// The version read on a fresh start.
+    version: u64,
+    /// The DDL's `PARTITIONED BY` (optional for a source; checked when given).
+    partition_keys: Vec<String>,
+    /// The files of `version` (a restore at another version lists its own).
+    files: Vec<DataFile>,
+}
+
+impl DeltaSource {
+    /// The source of table `name`: its snapshot resolved now (the
+    /// options' version or time, else the latest), its columns checked
+    /// against the DDL's.
+    pub fn new(
+        options: &Options,
+        schema: SchemaRef,
+        partition_keys: &[String],
+        name: &str,
+        s3: &S3Settings,
+    ) -> Result<Self> {
+        let table = DeltaLocation::of(options, name, s3)?;
+        let delta_schema = super::table::delta_schema(&schema, &table)?;
+        if !table.exists()? {
+            return Err(table.error("there is no Delta table there (its _delta_log has no commit)"));
+        }
+        let version = one_of(options, VERSION, FLINK_VERSION, &table)?
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|e| table.error(format!("'{VERSION}' = '{v}': {e}")))
+            })
+            .transpose()?;
+        let at = one_of(options, TIMESTAMP_AS_OF, FLINK_TIMESTAMP, &table)?
+            .map(|t| parse_time(&t).map_err(|e| table.error(format!("'{TIMESTAMP_AS_OF}' = '{t}': {e}"))))
+            .transpose()?;
+        let snapshot = match (version, at) {
+            (Some(_), Some(_)) => {
+                return Err(table.error(format!(
+                    "'{VERSION}' and '{TIMESTAMP_AS_OF}' both choose the version read; give one"
+                )));
+            }
+            (Some(v), None) => Snapshot::Version(v),
+            (None, Some(t)) => Snapshot::AsOf(t),
+            (None, None) => Snapshot::Latest,
+        };
+        let (version, files) = list_files(&table, snapshot, &delta_schema, partition_keys)?;
+        Ok(Self {
+            table: Arc::new(table),
+            schema,
+            delta_schema,
+            version,
+            files,
+            partition_keys: partition_keys.to_vec(),
+        })
+    }
+
+    fn splits(&self, version: u64, files: &[DataFile]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let store = self.table.files()?;
+        Ok(files
+            .iter()
+            .map(|f| {
+                Box::new(DeltaSplit {
+                    table: self.table.clone(),
+                    store: store.clone(),
+                    file: f.clone(),
+                    version,
+                    schema: self.schema.clone(),
+                    delta_schema: self.delta_schema.clone(),
+                    reader: None,
+                    done: false,
+                    rows: 0,
+                    skip: 0,
+                }) as Box<dyn SourceSplit>
+            })
+            .collect())
+    }
+}
+
+/// The option given under either of its names (two is an error).
+fn one_of(options: &Options, ours: &str, flinks: &str, table: &DeltaLocation) -> Result<Option<String>> {
+    match (options.get(ours), options.get(flinks)) {
+        (Some(_), Some(_)) => Err(table.error(format!("'{ours}' and '{flinks}' name the same thing; give one"))),
+        (Some(v), None) | (None, Some(v)) => Ok(Some(v.trim().to_string())),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `2026-12-07 08:00:00[.fff]` (UTC), `2026-12-07T08:00:00Z`, or RFC 3339
+/// with an offset.
+fn parse_time(text: &str) -> std::result::Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M",
+        "%Y-%m-%d",
+    ] {
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(text, format) {
+            return Ok(t.and_utc());
+        }
+        if let Ok(d) = chrono::NaiveDate::parse_from_str(text, format) {
+            return Ok(d.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc());
+        }
+    }
+    Err("not a time: give 'YYYY-MM-DD HH:MM:SS' (UTC) or RFC 3339 such as '2026-12-07T08:00:00+01:00'".into())
+}
+
+/// Which version of the table to read.
+#[derive(Debug, Clone, Copy)]
+enum Snapshot {
+    Latest,
+    Version(u64),
+    AsOf(chrono::DateTime<chrono::Utc>),
+}
+
+/// The version `snapshot` names and its data files, the table checked
+/// against the DDL's columns (`delta_schema`) and partition columns.
+fn list_files(
+    table: &DeltaLocation,
+    snapshot: Snapshot,
+    delta_schema: &SchemaRef,
+    partition_keys: &[String],
+) -> Result<(u64, Vec<DataFile>)> {
+    let mut t = table.unloaded()?;
+    let loaded = block_on("a Delta table", async move {
+        let r = match snapshot {
+            Snapshot::Latest => t.load().await,
+            Snapshot::Version(v) => t.load_version(v).await,
+            Snapshot::AsOf(at) => t.load_with_datetime(at).await,
+        };
+        r.map(|_| t)
+    })
+    .map_err(|e| table.error(e))?;
+    let t = loaded.map_err(|e| {
+        let which = match snapshot {
+            Snapshot::Latest => String::new(),
+            Snapshot::Version(v) => format!(" at version {v}"),
+            Snapshot::AsOf(at) => format!(" as of {at}"),
+        };
+        table.error(format!("cannot read the table{which}: {e}"))
+    })?;
+    let wanted = snapshot;
+    let snapshot = t.snapshot().map_err(|e| table.error(e))?;
+    let version = snapshot.version();
+    // delta-rs loads what there is: a version past the latest loads the
+    // latest, a time before the first commit the first version.
+    match wanted {
+        Snapshot::Version(v) if v != version => {
+            return Err(table.error(format!("the table has no version {v} (its latest is {version})")));
+        }
+        Snapshot::AsOf(at) => {
+            if let Some(ts) = snapshot.version_timestamp(version)
+                && ts > at.timestamp_millis()
+            {
+                let first = chrono::DateTime::from_timestamp_millis(ts).map_or(ts.to_string(), |t| t.to_string());
+                return Err(table.error(format!(
+                    "nothing to read as of {at}: its earliest version ({version}) was committed at {first}"
+                )));
+            }
+        }
+        _ => {}
+    }
+    let config = snapshot.metadata().configuration();
+    if let Some(mode) = config
+        .get("delta.columnMapping.mode")
+        .filter(|m| !m.eq_ignore_ascii_case("none"))
+    {
+        return Err(table.error(format!(
+            "version {version} uses column mapping (delta.columnMapping.mode = {mode}), which the delta source does not read yet"
+        )));
+    }
+    super::table::check_columns(table, snapshot, delta_schema, partition_keys, false)?;
+    let table_keys = snapshot.metadata().partition_columns().to_vec();
+    let mut files = vec![];
+    for f in snapshot.log_data().iter() {
+        if f.deletion_vector_descriptor().is_some() {
+            return Err(table.error(format!(
+                "file {} of version {version} has a deletion vector, which the delta source does not read yet",
+                f.path()
+            )));
+        }
+        let mut partition = f.partition_values_map();
+        partition.retain(|k, _| table_keys.contains(k));
+        files.push(DataFile {
+            path: f.path().to_string(),
+            key: f.object_store_path(),
+            partition,
+        });
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok((version, files))
+}
+
+/// `path@v7`: a file of version 7.
+fn split_id(path: &str, version: u64) -> String {
+    format!("{path}@v{version}")
+}
+
+impl SourceFactory for DeltaSource {
+    fn name(&self) -> &str {
+        super::NAME
+    }
+
+    fn is_bounded(&self) -> bool {
+        true
+    }
+
+    fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        self.splits(self.version, &self.files)
+    }
+
+    /// The version the checkpoint's splits read, listed again (the table
+    /// may have moved on since).
+    fn restore_splits(&self, recorded: &[crate::checkpoint::SplitPosition]) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let versions: std::collections::BTreeSet<u64> = recorded
+            .iter()
+            .filter_map(|p| p.split.rsplit_once("@v")?.1.parse().ok())
+            .collect();
+        let version = match versions.len() {
+            0 => return self.splits(self.version, &self.files),
+            1 => versions.into_iter().next().unwrap_or(self.version),
+            _ => {
+                return Err(self.table.error(format!(
+                    "the checkpoint read several versions of the table ({versions:?}); it was not taken by this source"
+                )));
+            }
+        };
+        if version == self.version {
+            return self.splits(self.version, &self.files);
+        }
+        let (version, files) = list_files(
+            &self.table,
+            Snapshot::Version(version),
+            &self.delta_schema,
+            &self.partition_keys,
+        )?;
+        self.splits(version, &files)
+    }
+}
+
+/// A data file of the snapshot.
+struct DeltaSplit {
+    table: Arc<DeltaLocation>,
+    store: Arc<dyn object_store::ObjectStore>,
+    file: DataFile,
+    version: u64,
+    schema: SchemaRef,
+    delta_schema: SchemaRef,
+    reader: Option<ParquetRecordBatchReader>,
+    done: bool,
+    /// Rows emitted (the checkpointed position).
+    rows: u64,
+    /// After a seek: rows to read again without emitting them.
+    skip: u64,
+}
+
+impl DeltaSplit {
+    fn error(&self, message: impl std::fmt::Display) -> ExecError {
+        self.table
+            .error(format!("file {} (version {}): {message}", self.file.path, self.version))
+    }
+
+    fn open(&mut self) -> Result<()> {
+        let (store, key) = (self.store.clone(), self.file.key.clone());
+        let bytes = block_on("a Delta table", async move { store.get(&key).await?.bytes().await })
+            .map_err(|e| self.error(e))?
+            .map_err(|e| self.error(format!("cannot read it: {e}")))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .map_err(|e| self.error(format!("not a readable parquet file: {e}")))?;
+        // The DDL's columns the file holds (partition columns are not in it).
+        let file_schema = builder.schema().clone();
+        let mut roots = vec![];
+        for f in self.delta_schema.fields() {
+            if self.file.partition.contains_key(f.name()) {
+                continue;
+            }
+            let i = file_schema
+                .index_of(f.name())
+                .map_err(|_| self.error(format!("column '{}' is not in the file", f.name())))?;
+            roots.push(i);
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        self.reader = Some(
+            builder
+                .with_projection(mask)
+                .with_batch_size(DEFAULT_BATCH_ROWS)
+                .build()
+                .map_err(|e| self.error(e))?,
+        );
+        Ok(())
+    }
+}
+
+impl SourceSplit for DeltaSplit {
+    fn id(&self) -> String {
+        split_id(&self.file.path, self.version)
+    }
+
+    fn offset(&self) -> u64 {
+        self.rows
+    }
+
+    fn seek(&mut self, position: u64) -> Result<()> {
+        self.skip = position;
+        Ok(())
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        loop {
+            if self.done {
+                return Ok(SplitPoll::Finished);
+            }
+            if self.reader.is_none() {
+                self.open()?;
+            }
+            let Some(reader) = self.reader.as_mut() else {
+                return Ok(SplitPoll::Finished);
+            };
+            let mut batch = match reader.next() {
+                None => {
+                    self.done = true;
+                    self.reader = None;
+                    return Ok(SplitPoll::Finished);
+                }
+                Some(Ok(b)) => b,
+                Some(Err(e)) => return Err(self.error(format!("read failed after row {}: {e}", self.rows))),
+            };
+            if self.skip > 0 {
+                let k = self.skip.min(batch.num_rows() as u64);
+                self.skip -= k;
+                self.rows += k;
+                batch = batch.slice(k as usize, batch.num_rows() - k as usize);
+            }
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            self.rows += batch.num_rows() as u64;
+            let full = super::committer::full_batch(&batch, &self.delta_schema, &self.file.partition)
+                .map_err(|e| self.error(e))?;
+            let out = crate::operators::calc::batch_with_schema(&self.schema, full.columns().to_vec())?;
+            return Ok(SplitPoll::Batch(out));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc_unless_they_say_otherwise() {
+        let t = |s: &str| parse_time(s).map(|t| t.to_rfc3339());
+        assert_eq!(t("2026-12-07 08:00:00").as_deref(), Ok("2026-12-07T08:00:00+00:00"));
+        assert_eq!(
+            t("2026-12-07 08:00:00.250").as_deref(),
+            Ok("2026-12-07T08:00:00.250+00:00")
+        );
+        assert_eq!(
+            t("2026-12-07T09:00:00+01:00").as_deref(),
+            Ok("2026-12-07T08:00:00+00:00")
+        );
+        assert_eq!(t("2026-12-07").as_deref(), Ok("2026-12-07T00:00:00+00:00"));
+        assert!(t("yesterday").is_err_and(|e| e.contains("YYYY-MM-DD")));
+    }
+
+    #[test]
+    fn a_split_id_names_its_version() {
+        let id = split_id("k=a b/part-1.parquet", 7);
+        assert_eq!(id.rsplit_once("@v"), Some(("k=a b/part-1.parquet", "7")));
+    }
+}
