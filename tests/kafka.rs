@@ -2388,8 +2388,10 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
     broker.create_topic("wj-bids", 2);
     broker.create_topic("wj-auctions", 1);
     // Enough to outlast four runs' worth of faults (small fetches make it
-    // slow to read: Kafka sources have no pacing option).
-    let n = 80_000i64;
+    // slow to read: Kafka sources have no pacing option). With 80 000 a
+    // late random kill left the third run so little input that it ended
+    // without a state file to upload, and its failpoint never fired.
+    let n = 160_000i64;
     // Each partition in event-time order, so no bid is ever late.
     let bids: Vec<(i32, Option<String>, String)> = (0..n)
         .map(|i| {

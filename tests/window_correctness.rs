@@ -21,6 +21,24 @@ async fn batch_rows(ctx: &SessionContext, sql: &str) -> Vec<String> {
     rows
 }
 
+/// The compression codecs of every column chunk of the visible part files
+/// of a sink directory.
+fn codecs(dir: &str) -> std::collections::BTreeSet<String> {
+    use parquet::file::reader::FileReader;
+    let mut out = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(dir).expect("sink dir").flatten() {
+        if e.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let file = std::fs::File::open(e.path()).expect("open part file");
+        let reader = parquet::file::reader::SerializedFileReader::new(file).expect("parquet");
+        for g in reader.metadata().row_groups() {
+            out.extend(g.columns().iter().map(|c| format!("{:?}", c.compression())));
+        }
+    }
+    out
+}
+
 /// Every visible part file of a sink directory.
 fn read_parquet_dir(dir: &str) -> Vec<arrow::record_batch::RecordBatch> {
     let mut out = vec![];
@@ -61,7 +79,7 @@ async fn run_weir(parallelism: usize, backend: &str) -> tempfile::TempDir {
          INSERT INTO raw SELECT auction, bidder, price, dateTime FROM bid;
          CREATE TABLE hop (auction BIGINT, ws TIMESTAMP(3), we TIMESTAMP(3), n BIGINT, total BIGINT,
            mn BIGINT, mx BIGINT, av BIGINT, bidders BIGINT)
-         WITH ('connector' = 'filesystem', 'path' = '{d}/hop', 'format' = 'parquet');
+         WITH ('connector' = 'filesystem', 'path' = '{d}/hop', 'format' = 'parquet', 'parquet.compression' = 'zstd');
          INSERT INTO hop SELECT auction, window_start, window_end, COUNT(*), SUM(price), MIN(price),
            MAX(price), AVG(price), COUNT(DISTINCT bidder)
          FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, INTERVAL '10' SECOND))
@@ -89,6 +107,14 @@ async fn run_weir(parallelism: usize, backend: &str) -> tempfile::TempDir {
 async fn check(parallelism: usize, backend: &str) {
     let dir = run_weir(parallelism, backend).await;
     let d = dir.path().display().to_string();
+    // Flink's parquet writer compresses with SNAPPY unless told otherwise.
+    let snappy: std::collections::BTreeSet<String> = ["SNAPPY".to_string()].into();
+    assert_eq!(codecs(&format!("{d}/raw")), snappy);
+    let zstd = codecs(&format!("{d}/hop"));
+    assert!(
+        zstd.len() == 1 && zstd.iter().all(|c| c.starts_with("ZSTD")),
+        "'parquet.compression' = 'zstd': {zstd:?}"
+    );
     let ctx = SessionContext::new();
     for t in ["raw", "hop", "tumble"] {
         let batches = read_parquet_dir(&format!("{d}/{t}"));

@@ -254,16 +254,16 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
         }
     }
 
-    // Each two-phase sink's commit of the last completed checkpoint: the
-    // version it made in its own system (a Delta table's) and how long the
-    // commit took (how much later than the checkpoint rows became visible).
+    // Each Delta sink's latest commit: the version it made and how long
+    // the commit took (how much later than the checkpoint rows became
+    // visible); kept over checkpoints that commit nothing.
     f.head(
         "weir_sink_last_commit_seconds",
         "gauge",
-        "How long a sink's commit of the last completed checkpoint took.",
+        "How long a sink's latest commit took.",
     );
     for (job, m) in jobs {
-        for c in last(m).map(|c| c.sink_commits).unwrap_or_default() {
+        for c in m.checkpoints.latest_sink_commits() {
             f.sample(
                 "weir_sink_last_commit_seconds",
                 &[("job", job), ("sink", &c.sink)],
@@ -277,7 +277,7 @@ pub fn render(jobs: &[(String, Arc<JobMetrics>)], server: &ServerStats, streams:
         "The table version a sink's last commit made (Delta).",
     );
     for (job, m) in jobs {
-        for c in last(m).map(|c| c.sink_commits).unwrap_or_default() {
+        for c in m.checkpoints.latest_sink_commits() {
             if let Some(v) = c.version {
                 f.sample("weir_sink_last_commit_version", &[("job", job), ("sink", &c.sink)], v);
             }

@@ -118,6 +118,9 @@ pub struct CheckpointLog {
     /// Milliseconds the last restore took to choose, verify and lay out
     /// the snapshot's files (downloading them from an object store).
     pub restore_layout_ms: std::sync::atomic::AtomicU64,
+    /// Each sink's latest commit report, by sink (kept when a checkpoint
+    /// commits nothing, so the metrics' series do not come and go).
+    latest_sink_commits: Mutex<BTreeMap<String, super::commit::SinkCommit>>,
 }
 
 const LOG_ENTRIES: usize = 100;
@@ -130,7 +133,21 @@ impl CheckpointLog {
             .unwrap_or_default()
     }
 
+    /// Each sink's latest commit report (see [`super::Committer::take_report`]).
+    pub fn latest_sink_commits(&self) -> Vec<super::commit::SinkCommit> {
+        self.latest_sink_commits
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     fn upsert(&self, s: CheckpointStats) {
+        if let Ok(mut latest) = self.latest_sink_commits.lock() {
+            // A replay recognised makes no version: the one before stands.
+            for c in s.sink_commits.iter().filter(|c| c.version.is_some()) {
+                latest.insert(c.sink.clone(), c.clone());
+            }
+        }
         match s.status {
             CheckpointStatus::Completed => self.completed_total.send_modify(|n| *n += 1),
             CheckpointStatus::Failed => {

@@ -649,7 +649,9 @@ async fn rewrite_without(
 }
 
 /// A data file's `batch` with the table's columns in `schema`'s order and
-/// types: partition columns (not in the file) from its partition values.
+/// types: partition columns (not in the file) from its partition values
+/// (an empty value is NULL, as the Delta protocol says); a nullable column
+/// the file lacks (added to the table after it was written) is NULL.
 pub(super) fn full_batch(
     batch: &RecordBatch,
     schema: &SchemaRef,
@@ -660,7 +662,8 @@ pub(super) fn full_batch(
     for f in schema.fields() {
         let column = match partition.get(f.name()) {
             Some(value) => {
-                let text = arrow::array::StringArray::from(vec![value.as_deref(); n]);
+                let value = value.as_deref().filter(|v| !v.is_empty());
+                let text = arrow::array::StringArray::from(vec![value; n]);
                 // Not `safe`: a value that does not parse is an error, not
                 // a NULL.
                 let strict = arrow::compute::CastOptions {
@@ -670,20 +673,17 @@ pub(super) fn full_batch(
                 arrow::compute::cast_with_options(&text, f.data_type(), &strict)
                     .map_err(|e| format!("partition value of '{}': {e}", f.name()))?
             }
-            None => {
-                let c = batch
-                    .column_by_name(f.name())
-                    .ok_or_else(|| format!("the file has no column '{}'", f.name()))?;
-                if c.data_type() == f.data_type() {
-                    c.clone()
-                } else {
-                    arrow::compute::cast(c, f.data_type()).map_err(|e| format!("column '{}': {e}", f.name()))?
-                }
-            }
+            None => match batch.column_by_name(f.name()) {
+                Some(c) if c.data_type() == f.data_type() => c.clone(),
+                Some(c) => arrow::compute::cast(c, f.data_type()).map_err(|e| format!("column '{}': {e}", f.name()))?,
+                None if f.is_nullable() => arrow::array::new_null_array(f.data_type(), n),
+                None => return Err(format!("the file has no column '{}'", f.name())),
+            },
         };
         columns.push(column);
     }
-    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+    let options = arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(n));
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options).map_err(|e| e.to_string())
 }
 
 /// Writes `keys` (a keyed table's changed keys) as a Parquet file at

@@ -48,8 +48,6 @@ pub const NAME: &str = "delta";
 pub const FLINK_TABLE_PATH: &str = "table-path";
 /// Flink's filesystem sink option: a file rolls once this large.
 const FILE_SIZE: &str = "sink.rolling-policy.file-size";
-/// Flink's parquet format option.
-const COMPRESSION: &str = "parquet.compression";
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -68,12 +66,7 @@ pub const OPTIONS: &[OptionSpec] = &[
         "a subtask's Parquet file rolls once this large (besides every checkpoint)",
     )
     .with_default("128 mb"),
-    OptionSpec::new(
-        COMPRESSION,
-        OptionKind::Enum(&["snappy", "zstd", "gzip", "lz4", "uncompressed"]),
-        "the Parquet files' compression",
-    )
-    .with_default("snappy"),
+    crate::connectors::filesystem::PARQUET_COMPRESSION_OPTION,
 ];
 
 /// A Delta table as a sink.
@@ -115,13 +108,7 @@ impl DeltaSink {
             .map(|k| upserts::TableKey::new(&delta_schema, k))
             .transpose()
             .map_err(|e| table.error(e))?;
-        let compression = match options.enum_value(COMPRESSION).as_deref() {
-            Some("zstd") => parquet::basic::Compression::ZSTD(Default::default()),
-            Some("gzip") => parquet::basic::Compression::GZIP(Default::default()),
-            Some("lz4") => parquet::basic::Compression::LZ4_RAW,
-            Some("uncompressed") => parquet::basic::Compression::UNCOMPRESSED,
-            _ => parquet::basic::Compression::SNAPPY,
-        };
+        let compression = crate::connectors::filesystem::parquet_compression(options);
         Ok(Self {
             table: Arc::new(table),
             schema: delta_schema,

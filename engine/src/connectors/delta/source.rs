@@ -21,7 +21,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use object_store::ObjectStoreExt;
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use weir_catalog::{OptionKind, OptionSpec, Options};
 
 use super::table::DeltaLocation;
@@ -65,8 +65,9 @@ pub const OPTIONS: &[OptionSpec] = &[
 struct DataFile {
     /// The file's path as the log gives it (decoded), for ids and messages.
     path: String,
-    /// Its object in the table's store.
+    /// Its object in the table's store, and its size (the log's).
     key: object_store::path::Path,
+    size: u64,
     partition: HashMap<String, Option<String>>,
 }
 
@@ -144,6 +145,8 @@ impl DeltaSource {
                     version,
                     schema: self.schema.clone(),
                     delta_schema: self.delta_schema.clone(),
+                    footer: None,
+                    next_group: 0,
                     reader: None,
                     done: false,
                     rows: 0,
@@ -229,7 +232,18 @@ fn list_files(
             return Err(table.error(format!("the table has no version {v} (its latest is {version})")));
         }
         Snapshot::AsOf(at) => {
-            if let Some(ts) = snapshot.version_timestamp(version)
+            // The commit's time as time travel reads it: its log file's
+            // modification time (asked of the store when the snapshot was
+            // read from a log checkpoint and does not know it).
+            let ts = snapshot.version_timestamp(version).or_else(|| {
+                let store = t.object_store();
+                let log = object_store::path::Path::from(format!("_delta_log/{version:020}.json"));
+                block_on("a Delta table", async move { store.head(&log).await })
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .map(|m| m.last_modified.timestamp_millis())
+            });
+            if let Some(ts) = ts
                 && ts > at.timestamp_millis()
             {
                 let first = chrono::DateTime::from_timestamp_millis(ts).map_or(ts.to_string(), |t| t.to_string());
@@ -261,9 +275,25 @@ fn list_files(
         }
         let mut partition = f.partition_values_map();
         partition.retain(|k, _| table_keys.contains(k));
+        let path = f.path().to_string();
+        // A file given by its whole URL (a shallow clone's): inside the
+        // table it is read from its place there; elsewhere not yet.
+        let key = match url::Url::parse(&path) {
+            Ok(u) => match u.as_str().strip_prefix(table.url.as_str()) {
+                Some(rel) => object_store::path::Path::from_url_path(rel)
+                    .map_err(|e| table.error(format!("file {path} of version {version}: {e}")))?,
+                None => {
+                    return Err(table.error(format!(
+                        "file {path} of version {version} is outside the table (a shallow clone), which the delta source does not read yet"
+                    )));
+                }
+            },
+            Err(_) => f.object_store_path(),
+        };
         files.push(DataFile {
-            path: f.path().to_string(),
-            key: f.object_store_path(),
+            path,
+            key,
+            size: f.size().max(0) as u64,
             partition,
         });
     }
@@ -318,7 +348,10 @@ impl SourceFactory for DeltaSource {
     }
 }
 
-/// A data file of the snapshot.
+/// A data file of the snapshot, read a row group at a time: its footer,
+/// then each row group's bytes with one ranged read, so a reader holds one
+/// row group of each of its files (not whole files) and a restore skips
+/// whole row groups without fetching them.
 struct DeltaSplit {
     table: Arc<DeltaLocation>,
     store: Arc<dyn object_store::ObjectStore>,
@@ -326,12 +359,61 @@ struct DeltaSplit {
     version: u64,
     schema: SchemaRef,
     delta_schema: SchemaRef,
+    /// The file's footer, once read.
+    footer: Option<ArrowReaderMetadata>,
+    /// The next row group to read.
+    next_group: usize,
     reader: Option<ParquetRecordBatchReader>,
     done: bool,
     /// Rows emitted (the checkpointed position).
     rows: u64,
-    /// After a seek: rows to read again without emitting them.
+    /// After a seek: rows to pass over without emitting them.
     skip: u64,
+}
+
+/// Bytes `base..base + bytes.len()` of a file of `len` bytes: what a
+/// Parquet reader may ask of one fetched range (a row group, the footer).
+struct Window {
+    base: u64,
+    bytes: bytes::Bytes,
+    len: u64,
+}
+
+impl parquet::file::reader::Length for Window {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl parquet::file::reader::ChunkReader for Window {
+    type T = bytes::buf::Reader<bytes::Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        use bytes::Buf;
+        Ok(self.slice(start, None)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        self.slice(start, Some(length))
+    }
+}
+
+impl Window {
+    fn slice(&self, start: u64, length: Option<usize>) -> parquet::errors::Result<bytes::Bytes> {
+        let outside = || {
+            parquet::errors::ParquetError::General(format!(
+                "bytes from {start} are outside the range read ({}..{})",
+                self.base,
+                self.base + self.bytes.len() as u64
+            ))
+        };
+        let from = start.checked_sub(self.base).ok_or_else(outside)? as usize;
+        let to = length.map_or(self.bytes.len(), |l| from + l);
+        if from > self.bytes.len() || to > self.bytes.len() {
+            return Err(outside());
+        }
+        Ok(self.bytes.slice(from..to))
+    }
 }
 
 impl DeltaSplit {
@@ -340,34 +422,107 @@ impl DeltaSplit {
             .error(format!("file {} (version {}): {message}", self.file.path, self.version))
     }
 
-    fn open(&mut self) -> Result<()> {
+    /// Bytes `range` of the file.
+    fn fetch(&self, range: std::ops::Range<u64>) -> Result<bytes::Bytes> {
         let (store, key) = (self.store.clone(), self.file.key.clone());
-        let bytes = block_on("a Delta table", async move { store.get(&key).await?.bytes().await })
+        block_on("a Delta table", async move { store.get_range(&key, range).await })
             .map_err(|e| self.error(e))?
-            .map_err(|e| self.error(format!("cannot read it: {e}")))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .map_err(|e| self.error(format!("not a readable parquet file: {e}")))?;
-        // The DDL's columns the file holds (partition columns are not in it).
-        let file_schema = builder.schema().clone();
+            .map_err(|e| self.error(format!("cannot read it: {e}")))
+    }
+
+    /// The file's footer: its last 64 KiB, or more if the metadata is
+    /// longer.
+    fn read_footer(&self) -> Result<ArrowReaderMetadata> {
+        let size = self.file.size;
+        let not_parquet = |e: &dyn std::fmt::Display| self.error(format!("not a readable parquet file: {e}"));
+        if size < 8 {
+            return Err(not_parquet(&format!("{size} bytes")));
+        }
+        let mut tail = self.fetch(size.saturating_sub(64 << 10)..size)?;
+        let footer: [u8; 8] = tail[tail.len() - 8..]
+            .try_into()
+            .map_err(|_| not_parquet(&"no footer"))?;
+        let needed = parquet::file::metadata::FooterTail::try_new(&footer)
+            .map_err(|e| not_parquet(&e))?
+            .metadata_length() as u64
+            + 8;
+        if needed > size {
+            return Err(not_parquet(&format!(
+                "its footer says {needed} bytes of metadata, the file has {size}"
+            )));
+        }
+        if needed > tail.len() as u64 {
+            tail = self.fetch(size - needed..size)?;
+        }
+        let at = tail.len() - needed as usize;
+        let metadata = parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&tail[at..tail.len() - 8])
+            .map_err(|e| not_parquet(&e))?;
+        ArrowReaderMetadata::try_new(Arc::new(metadata), Default::default()).map_err(|e| not_parquet(&e))
+    }
+
+    /// A reader of the next row group, its rows the DDL's columns the file
+    /// holds (partition columns are not in it; a column added to the table
+    /// after the file was written is not either, and reads as NULL).
+    /// `None` when no row group is left.
+    fn open_next(&mut self) -> Result<Option<ParquetRecordBatchReader>> {
+        if self.footer.is_none() {
+            self.footer = Some(self.read_footer()?);
+        }
+        let Some(footer) = self.footer.clone() else {
+            return Ok(None);
+        };
+        let metadata = footer.metadata().clone();
+        // A restore passes over whole row groups without reading them.
+        while self.next_group < metadata.num_row_groups() {
+            let n = metadata.row_group(self.next_group).num_rows().max(0) as u64;
+            if self.skip < n {
+                break;
+            }
+            self.skip -= n;
+            self.rows += n;
+            self.next_group += 1;
+        }
+        if self.next_group >= metadata.num_row_groups() {
+            return Ok(None);
+        }
+        let group = metadata.row_group(self.next_group);
+        let (mut from, mut to) = (u64::MAX, 0u64);
+        for c in group.columns() {
+            let (start, len) = c.byte_range();
+            from = from.min(start);
+            to = to.max(start + len);
+        }
+        let bytes = if from < to {
+            self.fetch(from..to)?
+        } else {
+            bytes::Bytes::new()
+        };
+        let window = Window {
+            base: from.min(to),
+            bytes,
+            len: self.file.size,
+        };
+        let file_schema = footer.schema().clone();
         let mut roots = vec![];
         for f in self.delta_schema.fields() {
             if self.file.partition.contains_key(f.name()) {
                 continue;
             }
-            let i = file_schema
-                .index_of(f.name())
-                .map_err(|_| self.error(format!("column '{}' is not in the file", f.name())))?;
-            roots.push(i);
+            match file_schema.index_of(f.name()) {
+                Ok(i) => roots.push(i),
+                Err(_) if f.is_nullable() => {}
+                Err(_) => return Err(self.error(format!("column '{}' (NOT NULL) is not in the file", f.name()))),
+            }
         }
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        self.reader = Some(
-            builder
-                .with_projection(mask)
-                .with_batch_size(DEFAULT_BATCH_ROWS)
-                .build()
-                .map_err(|e| self.error(e))?,
-        );
-        Ok(())
+        let mask = ProjectionMask::roots(footer.parquet_schema(), roots);
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(window, footer)
+            .with_projection(mask)
+            .with_row_groups(vec![self.next_group])
+            .with_batch_size(DEFAULT_BATCH_ROWS)
+            .build()
+            .map_err(|e| self.error(e))?;
+        self.next_group += 1;
+        Ok(Some(reader))
     }
 }
 
@@ -391,16 +546,22 @@ impl SourceSplit for DeltaSplit {
                 return Ok(SplitPoll::Finished);
             }
             if self.reader.is_none() {
-                self.open()?;
+                match self.open_next()? {
+                    Some(r) => self.reader = Some(r),
+                    None => {
+                        self.done = true;
+                        return Ok(SplitPoll::Finished);
+                    }
+                }
             }
             let Some(reader) = self.reader.as_mut() else {
-                return Ok(SplitPoll::Finished);
+                continue;
             };
             let mut batch = match reader.next() {
                 None => {
-                    self.done = true;
+                    // The row group is read: its bytes go.
                     self.reader = None;
-                    return Ok(SplitPoll::Finished);
+                    continue;
                 }
                 Some(Ok(b)) => b,
                 Some(Err(e)) => return Err(self.error(format!("read failed after row {}: {e}", self.rows))),
@@ -414,10 +575,11 @@ impl SourceSplit for DeltaSplit {
             if batch.num_rows() == 0 {
                 continue;
             }
-            self.rows += batch.num_rows() as u64;
+            let n = batch.num_rows();
+            self.rows += n as u64;
             let full = super::committer::full_batch(&batch, &self.delta_schema, &self.file.partition)
                 .map_err(|e| self.error(e))?;
-            let out = crate::operators::calc::batch_with_schema(&self.schema, full.columns().to_vec())?;
+            let out = crate::operators::calc::batch_of_rows(&self.schema, full.columns().to_vec(), n)?;
             return Ok(SplitPoll::Batch(out));
         }
     }

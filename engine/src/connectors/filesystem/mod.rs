@@ -110,7 +110,31 @@ pub const FORMAT_OPTIONS: &[OptionSpec] = &[
         OptionKind::String,
         "a field that is exactly this text is NULL (read), and NULL is written as it; without it no field is NULL and NULL is written as an empty field",
     ),
+    PARQUET_COMPRESSION_OPTION,
 ];
+
+/// Flink's parquet format option (its default is SNAPPY, as here).
+pub const PARQUET_COMPRESSION: &str = "parquet.compression";
+pub const PARQUET_COMPRESSION_OPTION: OptionSpec = OptionSpec::new(
+    PARQUET_COMPRESSION,
+    OptionKind::Enum(&["snappy", "zstd", "gzip", "brotli", "lz4", "lz4_raw", "uncompressed"]),
+    "the Parquet files' compression ('lz4' is written as LZ4_RAW, which every reader takes)",
+)
+.with_default("snappy");
+
+/// The `parquet.compression` of `options` (SNAPPY unless given, as Flink's
+/// parquet writer).
+pub fn parquet_compression(options: &Options) -> parquet::basic::Compression {
+    use parquet::basic::Compression;
+    match options.enum_value(PARQUET_COMPRESSION).as_deref() {
+        Some("zstd") => Compression::ZSTD(Default::default()),
+        Some("gzip") => Compression::GZIP(Default::default()),
+        Some("brotli") => Compression::BROTLI(Default::default()),
+        Some("lz4" | "lz4_raw") => Compression::LZ4_RAW,
+        Some("uncompressed") => Compression::UNCOMPRESSED,
+        _ => Compression::SNAPPY,
+    }
+}
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -259,6 +283,8 @@ pub struct FormatOptions {
     /// canal-json: the database and table name patterns to keep (anchored).
     pub canal_database: Option<regex::Regex>,
     pub canal_table: Option<regex::Regex>,
+    /// `parquet.compression` (written files).
+    pub parquet_compression: parquet::basic::Compression,
 }
 
 /// A `*.include` pattern, matched against the whole name as Java's
@@ -328,6 +354,7 @@ pub fn format_options_named(options: &Options, name: &str) -> Result<FormatOptio
         null_literal: options.get("csv.null-literal").map(str::to_string),
         canal_database: include_pattern(options, "canal-json.database.include")?,
         canal_table: include_pattern(options, "canal-json.table.include")?,
+        parquet_compression: parquet_compression(options),
     })
 }
 

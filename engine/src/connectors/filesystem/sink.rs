@@ -320,7 +320,12 @@ impl FileWriter {
             let f = File::create(&path).map_err(|e| io_err(&path, e))?;
             let out = match self.format.format {
                 Format::Parquet => {
-                    Out::Parquet(ArrowWriter::try_new(f, self.schema.clone(), None).map_err(|e| parquet_err(&path, e))?)
+                    let props = parquet::file::properties::WriterProperties::builder()
+                        .set_compression(self.format.parquet_compression)
+                        .build();
+                    Out::Parquet(
+                        ArrowWriter::try_new(f, self.schema.clone(), Some(props)).map_err(|e| parquet_err(&path, e))?,
+                    )
                 }
                 _ => Out::Text(BufWriter::with_capacity(1 << 20, f)),
             };

@@ -1292,6 +1292,7 @@ mod tests {
             null_literal: None,
             canal_database: None,
             canal_table: None,
+            parquet_compression: parquet::basic::Compression::SNAPPY,
         };
         let mut s = FileSplit::new(path.to_path_buf(), format, schema, OnBadRecord::SetAside, 0);
         s.max_lines = max_lines;
@@ -1356,6 +1357,7 @@ mod tests {
             null_literal: None,
             canal_database: None,
             canal_table: None,
+            parquet_compression: parquet::basic::Compression::SNAPPY,
         };
         let decoder = LineDecoder {
             format,

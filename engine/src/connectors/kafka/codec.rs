@@ -618,7 +618,8 @@ impl Codec {
     }
 
     /// An upsert table's changes as records: `+I` and `+U` the row, `-D`
-    /// a tombstone of its key; `-U` none (the `+U` after it replaces it).
+    /// a tombstone of its key, `-U` a tombstone too unless a later record
+    /// of its key (and topic) in the batch supersedes it.
     pub fn encode_changes(&self, batch: ChangeBatch) -> Result<Encoded> {
         let mut encoded = self.encode(&batch.rows)?;
         if batch.kinds.is_none() {
@@ -634,13 +635,16 @@ impl Codec {
         // its tombstone the topic would keep the old row.
         let n = batch.num_rows();
         let mut keep = vec![true; n];
-        let mut later_keys: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+        // A record is another of the same key only in the same topic (a
+        // writable `topic` column sends rows to several).
+        let mut later_keys: std::collections::HashSet<(Option<&str>, &[u8])> = std::collections::HashSet::new();
         for i in (0..n).rev() {
-            let key = encoded.keys.as_ref().map(|k| k[i].as_slice());
+            let topic = encoded.topics.as_ref().and_then(|t| t[i].as_deref());
+            let key = encoded.keys.as_ref().map(|k| (topic, k[i].as_slice()));
             match batch.kind(i) {
                 RowKind::Delete => encoded.values[i] = None,
                 RowKind::UpdateBefore => match key {
-                    Some(k) if later_keys.contains(k) => keep[i] = false,
+                    Some(k) if later_keys.contains(&k) => keep[i] = false,
                     _ => encoded.values[i] = None,
                 },
                 _ => {}

@@ -346,8 +346,9 @@ impl SinkFactory for KafkaSink {
         }
     }
 
-    /// `upsert-kafka`: `+I`/`+U` as records, `-D` as tombstones; a
-    /// changelog value format: every change as a record.
+    /// `upsert-kafka`: `+I`/`+U` as records, `-D` as tombstones, `-U` as
+    /// tombstones unless superseded in its batch; a changelog value
+    /// format: every change as a record.
     fn accepts_changes(&self) -> bool {
         self.codec.is_upsert() || self.codec.writes_changes()
     }
