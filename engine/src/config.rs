@@ -44,6 +44,9 @@ pub const OPERATOR_UIDS: &str = "pipeline.operator-uids";
 pub const WINDOW_BUFFER_LIMIT: &str = "table.exec.window-agg.buffer-size-limit";
 pub const WINDOW_SLICING: &str = "table.exec.window-agg.slicing";
 pub const STATE_TTL: &str = "table.exec.state.ttl";
+pub const MINI_BATCH_ENABLED: &str = "table.exec.mini-batch.enabled";
+pub const MINI_BATCH_LATENCY: &str = "table.exec.mini-batch.allow-latency";
+pub const MINI_BATCH_SIZE: &str = "table.exec.mini-batch.size";
 /// Flink's session time zone ([`local_time_zone`]).
 pub const LOCAL_TIME_ZONE: &str = "table.local-time-zone";
 /// How the shell shows a query's result (Flink's SQL client option).
@@ -308,6 +311,24 @@ pub const JOB_OPTIONS: &[OptionSpec] = &[
     )
     .with_default("0 ms"),
     OptionSpec::new(
+        MINI_BATCH_ENABLED,
+        OptionKind::Bool,
+        "GROUP BY applies each input batch's changes to a key at once and emits the key's result once per batch (Flink's mini-batch); needs allow-latency and size",
+    )
+    .with_default("false"),
+    OptionSpec::new(
+        MINI_BATCH_LATENCY,
+        OptionKind::Duration,
+        "with mini-batch: how long changes may wait to be applied (> 0; Weir applies each input batch as it comes, never later)",
+    )
+    .with_default("0 ms"),
+    OptionSpec::new(
+        MINI_BATCH_SIZE,
+        OptionKind::Int { min: -1, max: i64::MAX },
+        "with mini-batch: the most rows applied at once (> 0)",
+    )
+    .with_default("-1"),
+    OptionSpec::new(
         WINDOW_SLICING,
         OptionKind::Bool,
         "HOP and CUMULATE rows update one slice each and windows merge their slices when they fire; false: each row updates every window it is in",
@@ -476,6 +497,9 @@ pub struct JobConfig {
     pub window_buffer_limit: usize,
     /// `table.exec.window-agg.slicing`.
     pub window_slicing: bool,
+    /// `table.exec.mini-batch.*`: when enabled, the most rows a GROUP BY
+    /// applies at once before it emits each key's result.
+    pub mini_batch_size: Option<usize>,
     /// `table.exec.state.ttl` (`None`: never).
     pub state_ttl: Option<Duration>,
     /// `state.backend.rocksdb.*`: memory and filters.
@@ -503,6 +527,25 @@ pub fn local_time_zone(zone: &str) -> Result<Option<crate::time_zone::SessionZon
         }
         .into()
     })
+}
+
+/// `table.exec.mini-batch.*`: the bundle size when enabled, refused as
+/// Flink refuses it without a latency or a size.
+fn mini_batch(o: &Options) -> Result<Option<usize>> {
+    if !o.bool(MINI_BATCH_ENABLED)?.unwrap_or(false) {
+        return Ok(None);
+    }
+    if o.duration(MINI_BATCH_LATENCY)?.is_none_or(|d| d.is_zero()) {
+        return Err(ExecError::Config(format!(
+            "MiniBatch Latency must be greater than 0 ms. (set '{MINI_BATCH_LATENCY}' with '{MINI_BATCH_ENABLED}')"
+        )));
+    }
+    match o.i64(MINI_BATCH_SIZE)? {
+        Some(n) if n > 0 => Ok(Some(n as usize)),
+        _ => Err(ExecError::Config(format!(
+            "Key: '{MINI_BATCH_SIZE}' , default: -1 (fallback keys: []) must be > 0."
+        ))),
+    }
 }
 
 impl JobConfig {
@@ -683,6 +726,7 @@ impl JobConfig {
             retain_checkpoints: o.enum_value(CHECKPOINT_RETENTION).as_deref() == Some("retain_on_cancellation"),
             window_buffer_limit: o.i64(WINDOW_BUFFER_LIMIT)?.unwrap_or(500_000) as usize,
             window_slicing: o.bool(WINDOW_SLICING)?.unwrap_or(true),
+            mini_batch_size: mini_batch(&o)?,
             state_ttl: o.duration(STATE_TTL)?.filter(|d| !d.is_zero()),
             rocksdb: RocksDbConfig {
                 managed: o.bool(ROCKSDB_MANAGED)?.unwrap_or(true),

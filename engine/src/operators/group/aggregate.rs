@@ -90,6 +90,11 @@ pub struct GroupAggregateOperator {
     /// The input is insert-only: DISTINCT value entries of several calls
     /// hold presence bits ([`encode_map_value`]).
     insert_only: bool,
+    /// `table.exec.mini-batch.*` enabled: the most rows applied as one
+    /// bundle, whose changes to a key are emitted as one result (Flink's
+    /// `MiniBatchGroupAggFunction`): `-U`/`+U` once per key and bundle, not
+    /// per row. `None`: a result per input row, as Flink without it.
+    mini_batch: Option<usize>,
 }
 
 /// A DISTINCT value entry's per-call counts as stored. Over insert-only
@@ -312,14 +317,17 @@ pub fn build(node: &GroupAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operat
         let states: &[usize] = if insert_only { &[ACC, MAP] } else { &[ACC] };
         state.cache(states, STATE_CACHE_ENTRIES);
     }
-    Ok(Box::new(GroupAggregateOperator::new(
-        node,
-        &ctx.input_schema()?,
-        ctx.schema(),
-        state,
-        ctx.metrics.clone(),
-        insert_only,
-    )?))
+    Ok(Box::new(
+        GroupAggregateOperator::new(
+            node,
+            &ctx.input_schema()?,
+            ctx.schema(),
+            state,
+            ctx.metrics.clone(),
+            insert_only,
+        )?
+        .with_mini_batch(ctx.config.mini_batch_size),
+    ))
 }
 
 impl GroupAggregateOperator {
@@ -349,7 +357,15 @@ impl GroupAggregateOperator {
             metrics,
             decoded: HashMap::new(),
             insert_only,
+            mini_batch: None,
         })
+    }
+
+    /// Emits a key's result once per bundle of at most `size` rows (see
+    /// [`GroupAggregateOperator::mini_batch`]).
+    pub fn with_mini_batch(mut self, size: Option<usize>) -> Self {
+        self.mini_batch = size.filter(|n| *n > 0);
+        self
     }
 
     fn entry<'a>(&self, slot: &Slot, key: &'a [u8], namespace: &'a [u8]) -> EntryRef<'a> {
@@ -426,6 +442,26 @@ impl Operator for GroupAggregateOperator {
     }
 
     fn process_batch(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
+        match self.mini_batch {
+            // Bundles of at most `size` rows.
+            Some(size) if batch.num_rows() > size => {
+                let mut at = 0;
+                while at < batch.num_rows() {
+                    let len = size.min(batch.num_rows() - at);
+                    self.process_bundle(batch.slice(at, len), out)?;
+                    at += len;
+                }
+                Ok(())
+            }
+            _ => self.process_bundle(batch, out),
+        }
+    }
+}
+
+impl GroupAggregateOperator {
+    /// Applies `batch`'s changes: one state read and one write per key;
+    /// a result per row, or per key with mini-batch.
+    fn process_bundle(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
         let n = batch.num_rows();
         if n == 0 {
             return Ok(());
@@ -664,6 +700,13 @@ impl Operator for GroupAggregateOperator {
             }
             let slot = &mut slots[s as usize];
             slot.dirty = true;
+            if self.mini_batch.is_some() {
+                // The key's result is emitted once, after the bundle.
+                if accs.rows != 0 {
+                    slot.accs = Some(accs);
+                }
+                continue;
+            }
             if accs.rows == 0 {
                 if let Some(old) = slot.shown.take() {
                     emitted.push(Emitted {
@@ -707,6 +750,50 @@ impl Operator for GroupAggregateOperator {
         }
         if dropped > 0 {
             self.metrics.late_rows_dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if self.mini_batch.is_some() {
+            // Each changed key's result against what it showed before the
+            // bundle, in order of the keys' first rows.
+            for slot in slots.iter_mut().filter(|s| s.dirty) {
+                let row = slot.row as u32;
+                let Some(accs) = &slot.accs else {
+                    if let Some(old) = slot.shown.take() {
+                        emitted.push(Emitted {
+                            kind: RowKind::Delete,
+                            row,
+                            values: old,
+                        });
+                    }
+                    continue;
+                };
+                let new = accs.values(&self.specs)?;
+                match slot.shown {
+                    None => {
+                        let values = results.push(new);
+                        slot.shown = Some(values);
+                        emitted.push(Emitted {
+                            kind: RowKind::Insert,
+                            row,
+                            values,
+                        });
+                    }
+                    Some(old) if results.get(old) == new.as_slice() && !self.state.ttl_enabled() => {}
+                    Some(old) => {
+                        let values = results.push(new);
+                        slot.shown = Some(values);
+                        emitted.push(Emitted {
+                            kind: RowKind::UpdateBefore,
+                            row,
+                            values: old,
+                        });
+                        emitted.push(Emitted {
+                            kind: RowKind::UpdateAfter,
+                            row,
+                            values,
+                        });
+                    }
+                }
+            }
         }
 
         // One write for the batch.
@@ -856,6 +943,38 @@ mod tests {
         assert_eq!(feed_pretty(&mut g, 0, &s, "-D b ."), ["-D[b, 1, null, null, 0]"]);
         assert_eq!(g.state.size_bytes(), 0, "every key's state is gone");
         assert_eq!(g.state.counted_bytes().expect("count"), 0);
+    }
+
+    /// With mini-batch a bundle's changes to a key are one result: `-U`
+    /// the key's result before the bundle, `+U` after it; a key inserted
+    /// and deleted inside one bundle emits nothing; bundles are at most
+    /// the configured size.
+    #[test]
+    fn mini_batch_emits_each_keys_result_once_per_bundle() {
+        let mut g = group_by_k().with_mini_batch(Some(3));
+        let s = input();
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I a 1\n+I a 3\n+I b 2"),
+            ["+I[a, 2, 4, 3, 2]", "+I[b, 1, 2, 2, 1]"]
+        );
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I a 5\n-D a 1\n+I c 9\n-D c 9"),
+            // Bundles of 3: the first ends after `+I c 9`, the second
+            // deletes c again.
+            [
+                "-U[a, 2, 4, 3, 2]",
+                "+U[a, 2, 8, 5, 2]",
+                "+I[c, 1, 9, 9, 1]",
+                "-D[c, 1, 9, 9, 1]"
+            ]
+        );
+        // A key deleted and inserted again in one bundle: one update.
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "-D b 2\n+I b 4"),
+            ["-U[b, 1, 2, 2, 1]", "+U[b, 1, 4, 4, 1]"]
+        );
+        // Inserted and deleted inside one bundle: nothing.
+        assert!(feed_pretty(&mut g, 0, &s, "+I d 1\n-D d 1").is_empty());
     }
 
     #[test]
