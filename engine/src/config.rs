@@ -498,8 +498,9 @@ pub struct JobConfig {
     /// `table.exec.window-agg.slicing`.
     pub window_slicing: bool,
     /// `table.exec.mini-batch.*`: when enabled, the most rows a GROUP BY
-    /// applies at once before it emits each key's result.
-    pub mini_batch_size: Option<usize>,
+    /// applies at once before it emits each key's result, or Flink's
+    /// message when no size is set (an error only where a GROUP BY is).
+    pub mini_batch_size: Option<std::result::Result<usize, String>>,
     /// `table.exec.state.ttl` (`None`: never).
     pub state_ttl: Option<Duration>,
     /// `state.backend.rocksdb.*`: memory and filters.
@@ -529,9 +530,11 @@ pub fn local_time_zone(zone: &str) -> Result<Option<crate::time_zone::SessionZon
     })
 }
 
-/// `table.exec.mini-batch.*`: the bundle size when enabled, refused as
-/// Flink refuses it without a latency or a size.
-fn mini_batch(o: &Options) -> Result<Option<usize>> {
+/// `table.exec.mini-batch.*`: the bundle size when enabled. Without a
+/// latency every job is refused, as Flink refuses every streaming query;
+/// without a size only a job with an operator that bundles rows is (the
+/// message is kept for the GROUP BY's build), as in Flink.
+fn mini_batch(o: &Options) -> Result<Option<std::result::Result<usize, String>>> {
     if !o.bool(MINI_BATCH_ENABLED)?.unwrap_or(false) {
         return Ok(None);
     }
@@ -540,12 +543,12 @@ fn mini_batch(o: &Options) -> Result<Option<usize>> {
             "MiniBatch Latency must be greater than 0 ms. (set '{MINI_BATCH_LATENCY}' with '{MINI_BATCH_ENABLED}')"
         )));
     }
-    match o.i64(MINI_BATCH_SIZE)? {
-        Some(n) if n > 0 => Ok(Some(n as usize)),
-        _ => Err(ExecError::Config(format!(
+    Ok(Some(match o.i64(MINI_BATCH_SIZE)? {
+        Some(n) if n > 0 => Ok(n as usize),
+        _ => Err(format!(
             "Key: '{MINI_BATCH_SIZE}' , default: -1 (fallback keys: []) must be > 0."
-        ))),
-    }
+        )),
+    }))
 }
 
 impl JobConfig {

@@ -589,7 +589,8 @@ mod tests {
         assert_eq!(got.data_type(), &DataType::Decimal128(23, 3));
         assert_eq!(got.value(0), 908_000);
         assert!(got.is_null(1));
-        // 0.908 * (2^63 - 1) has 22 integer digits: it fits DECIMAL(23, 3).
+        // 0.908 * (2^63 - 1) has 19 integer digits (22 unscaled): it fits
+        // DECIMAL(23, 3).
         assert_eq!(got.value(2), 908 * i128::from(i64::MAX));
         assert_eq!(got.value(3), -6_356);
         // Past the precision: NULL, as Flink's DecimalData.
@@ -603,6 +604,66 @@ mod tests {
             .expect("product")
             .expect("fast");
         assert!(got.is_null(0), "10^39 is past DECIMAL(38, 0)");
+        // 10^19 * 10^19 fits i128 but not DECIMAL(38, 0): NULL, by the
+        // precision check (not by an overflow).
+        let e19: ArrayRef = Arc::new(
+            Decimal128Array::from(vec![
+                Some(10i128.pow(19)),
+                Some(-(10i128.pow(19))),
+                Some(10i128.pow(18)),
+            ])
+            .with_precision_and_scale(20, 0)
+            .expect("decimal"),
+        );
+        let got = exact_product(&ColumnarValue::Array(e19.clone()), &ColumnarValue::Array(e19), 3, 38, 0)
+            .expect("product")
+            .expect("fast");
+        assert!(got.is_null(0) && got.is_null(1), "10^38 is past DECIMAL(38, 0)");
+        assert_eq!(got.as_primitive::<Decimal128Type>().value(2), 10i128.pow(36));
+        // Against the general path's arithmetic (i256, then the precision),
+        // over integer widths, signs, NULLs and the extremes.
+        let general = |x: i128, y: i128, p: u8| -> Option<i128> {
+            let v = rescale(i256::from_i128(x).checked_mul(i256::from_i128(y)), 0, 0)?;
+            (v.wrapping_abs() < i256::from_i128(10).wrapping_pow(u32::from(p)))
+                .then(|| v.to_i128())
+                .flatten()
+        };
+        let xs: Vec<Option<i64>> = vec![
+            Some(0),
+            Some(1),
+            Some(-1),
+            Some(i64::MAX),
+            Some(i64::MIN),
+            None,
+            Some(-12_345),
+        ];
+        let ys: Vec<Option<i32>> = vec![
+            Some(7),
+            Some(i32::MIN),
+            Some(-1),
+            Some(i32::MAX),
+            Some(3),
+            Some(5),
+            None,
+        ];
+        let x: ArrayRef = Arc::new(arrow::array::Int64Array::from(xs.clone()));
+        let y: ArrayRef = Arc::new(arrow::array::Int32Array::from(ys.clone()));
+        for p in [10u8, 19, 29, 38] {
+            let got = exact_product(
+                &ColumnarValue::Array(x.clone()),
+                &ColumnarValue::Array(y.clone()),
+                7,
+                p,
+                0,
+            )
+            .expect("product")
+            .expect("fast");
+            let got = got.as_primitive::<Decimal128Type>();
+            for (i, (a, b)) in xs.iter().zip(&ys).enumerate() {
+                let want = a.zip(*b).and_then(|(a, b)| general(i128::from(a), i128::from(b), p));
+                assert_eq!(got.is_valid(i).then(|| got.value(i)), want, "row {i} at precision {p}");
+            }
+        }
         // A result whose scale was given up takes the general path.
         let one = ColumnarValue::Scalar(ScalarValue::Decimal128(Some(1), 38, 20));
         assert!(exact_product(&one, &one, 1, 38, 6).expect("no error").is_none());

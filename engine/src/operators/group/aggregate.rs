@@ -326,7 +326,11 @@ pub fn build(node: &GroupAggregateNode, ctx: &BuildCtx) -> Result<Box<dyn Operat
             ctx.metrics.clone(),
             insert_only,
         )?
-        .with_mini_batch(ctx.config.mini_batch_size),
+        .with_mini_batch(match &ctx.config.mini_batch_size {
+            Some(Err(message)) => return Err(ExecError::Config(message.clone())),
+            Some(Ok(size)) => Some(*size),
+            None => None,
+        }),
     ))
 }
 
