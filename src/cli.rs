@@ -23,6 +23,14 @@ pub struct Args {
     #[arg(long, global = true, default_value = "./weir-data")]
     pub data_dir: PathBuf,
 
+    /// Keep tables and views in this catalog file, across runs. Without
+    /// it the shell, `weir run`, `-c` and `weir worker` keep them for the
+    /// session only, as Flink's SQL client does (a script's DDL is the
+    /// truth for its run; jobs still resume from their checkpoints);
+    /// `weir serve` keeps `<data-dir>/catalog.json`.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub catalog: Option<PathBuf>,
+
     /// Execute these statements and exit.
     #[arg(short = 'c', long = "command")]
     pub command: Option<String>,
@@ -225,16 +233,19 @@ pub enum BenchCommand {
     Compare(crate::compare::CompareArgs),
 }
 
-/// A session on `data_dir`; with `restrict`, SQL may name files only in
-/// the data dir and `allow`.
+/// A session on `data_dir` over `catalog` (a file; `None`: the session's
+/// own, in memory); with `restrict`, SQL may name files only in the data
+/// dir and `allow`.
 fn open_session(
     data_dir: &std::path::Path,
+    catalog: Option<PathBuf>,
     allow: &[PathBuf],
     restrict: bool,
     client_plugins: bool,
 ) -> Result<Session, String> {
     if !restrict {
-        return Session::open(data_dir).map_err(|e| e.to_string());
+        return Session::open_with_catalog(data_dir, weir_engine::paths::PathPolicy::unrestricted(), catalog)
+            .map_err(|e| e.to_string());
     }
     std::fs::create_dir_all(data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let mut dirs = vec![data_dir.to_path_buf()];
@@ -245,7 +256,7 @@ fn open_session(
     if client_plugins {
         policy = policy.allowing_client_plugins();
     }
-    Session::open_with(data_dir, policy).map_err(|e| e.to_string())
+    Session::open_with_catalog(data_dir, policy, catalog).map_err(|e| e.to_string())
 }
 
 /// Stack of the runtime's threads, where statements are parsed and
@@ -261,7 +272,18 @@ pub fn server_parts(args: &Args) -> Result<(crate::server::ServerOptions, Sessio
     let Some(Command::Serve(serve)) = &args.sub else {
         return Err("not a `weir serve` command line".into());
     };
-    let session = open_session(&args.data_dir, &args.allow_dir, true, serve.allow_client_plugins)?;
+    // A server's tables outlive it (its clients come and go).
+    let catalog = args
+        .catalog
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("catalog.json"));
+    let session = open_session(
+        &args.data_dir,
+        Some(catalog),
+        &args.allow_dir,
+        true,
+        serve.allow_client_plugins,
+    )?;
     Ok((serve.options()?, session))
 }
 
@@ -347,7 +369,13 @@ pub fn main_with(args: Args) -> i32 {
     if let Some(url) = &args.url {
         return remote_main(&rt, &args, url);
     }
-    let mut session = match open_session(&args.data_dir, &args.allow_dir, !args.allow_dir.is_empty(), false) {
+    let mut session = match open_session(
+        &args.data_dir,
+        args.catalog.clone(),
+        &args.allow_dir,
+        !args.allow_dir.is_empty(),
+        false,
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -539,7 +567,7 @@ async fn show(
     interactive: bool,
 ) -> Result<(), SessionError> {
     match result {
-        StatementResult::Done(msg) => println!("[INFO] {msg}"),
+        StatementResult::Done(msg) | StatementResult::JobEnded { message: msg, .. } => println!("[INFO] {msg}"),
         StatementResult::Rows(_, batches) => {
             println!(
                 "{}",
@@ -603,12 +631,19 @@ async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), Ses
 async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
     let mut tab = Tableau::new(&rs.schema).in_zone(rs.zone.clone());
     let mut out = std::io::stdout();
-    let _ = writeln!(out, "{}", tab.header(&rs.schema));
+    // The header comes with the first rows (or at a successful end): a
+    // query that fails before any row prints its error alone, not an
+    // empty table and "Received a total of 0 rows" first.
+    let mut headed = false;
     let mut rows = 0u64;
     loop {
         tokio::select! {
             b = rs.rows.recv() => match b {
                 Some(batch) => {
+                    if !headed {
+                        let _ = writeln!(out, "{}", tab.header(&rs.schema));
+                        headed = true;
+                    }
                     rows += batch.num_rows() as u64;
                     let text = tab.rows(&batch).map_err(weir_engine::ExecError::from)?;
                     let _ = out.write_all(text.as_bytes());
@@ -623,8 +658,16 @@ async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), Sessi
         }
     }
     drop(rs.rows);
-    let _ = writeln!(out, "{}", tab.footer(rows));
-    rs.job.wait().await?;
+    let ended = rs.job.wait().await;
+    // A failure after some rows: the rows stand, the error follows them
+    // (as Flink's client prints it), without a total.
+    if ended.is_ok() {
+        if !headed {
+            let _ = writeln!(out, "{}", tab.header(&rs.schema));
+        }
+        let _ = writeln!(out, "{}", tab.footer(rows));
+    }
+    ended?;
     Ok(())
 }
 

@@ -30,7 +30,68 @@ pub struct JobRecord {
     /// in no catalog file).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub temporary: Vec<String>,
+    /// How the job ended, for a job that ended (stopped, finished, failed,
+    /// cancelled) in an earlier server: not started again, but still
+    /// listed by SHOW JOBS and DESCRIBE JOB, as Flink's JobManager keeps
+    /// finished jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<JobEnd>,
 }
+
+/// The facts of an ended job a later server shows (its metrics are gone).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobEnd {
+    /// SHOW JOBS's name of the state: `FINISHED`, `STOPPED`, `FAILED`,
+    /// `CANCELED`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    pub started_ms: i64,
+    pub ended_ms: i64,
+    pub rows_in: u64,
+    pub rows_out: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<u64>,
+    pub dead_letters: u64,
+}
+
+impl JobEnd {
+    fn of(state: &JobState, m: &JobMetrics) -> Self {
+        let (rows_in, rows_out) = rows_in_out(m);
+        JobEnd {
+            state: state.name().to_string(),
+            failure: match state {
+                JobState::Failed(why) => Some(why.clone()),
+                _ => None,
+            },
+            started_ms: m.lifecycle.started_ms,
+            ended_ms: now_ms(),
+            rows_in,
+            rows_out,
+            last_checkpoint: m.checkpoints.last_completed().map(|c| c.id),
+            dead_letters: m.dead_letters(),
+        }
+    }
+
+    /// The job's metrics as far as they are known: its state and start.
+    pub fn metrics(&self) -> Arc<JobMetrics> {
+        let state = match self.state.as_str() {
+            "FINISHED" => JobState::Finished,
+            "STOPPED" => JobState::Stopped,
+            "CANCELED" => JobState::Canceled,
+            _ => JobState::Failed(self.failure.clone().unwrap_or_default()),
+        };
+        let metrics = JobMetrics {
+            lifecycle: weir_engine::runtime::metrics::JobLifecycle::started_at(self.started_ms),
+            ..JobMetrics::default()
+        };
+        metrics.lifecycle.set(state);
+        Arc::new(metrics)
+    }
+}
+
+/// Ended jobs a registry keeps listing (the oldest are forgotten).
+const ENDED_KEPT: usize = 100;
 
 /// A job known to the session.
 #[derive(Clone)]
@@ -87,9 +148,11 @@ impl Registry {
         self.records.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// A job to start again when the server restarts; an earlier run of the
+    /// same name that has ended stays listed.
     pub fn add(&self, record: JobRecord) {
         self.update(|r| {
-            r.retain(|x| x.name != record.name);
+            r.retain(|x| x.name != record.name || x.ended.is_some());
             r.push(record);
         });
     }
@@ -116,18 +179,31 @@ impl Registry {
         std::fs::rename(&tmp, &self.path)
     }
 
-    /// Forgets the job once it ends on its own or is stopped or cancelled;
-    /// a suspended job (server shutdown) stays to be resumed.
-    pub fn forget_when_ended(&self, id: String, metrics: &JobMetrics) {
+    /// Once the job ends on its own or is stopped or cancelled, records how
+    /// it ended: a later server lists it and does not start it again. A
+    /// suspended job (server shutdown) stays to be resumed.
+    pub fn record_end_when_ended(&self, id: String, metrics: &Arc<JobMetrics>) {
         let mut states = metrics.lifecycle.watch();
-        let registry = self.clone();
+        let (registry, metrics) = (self.clone(), metrics.clone());
         tokio::spawn(async move {
             let Ok(state) = states.wait_for(JobState::is_terminal).await.map(|s| s.clone()) else {
                 return;
             };
-            if state != JobState::Suspended {
-                registry.remove(&id);
+            if state == JobState::Suspended {
+                return;
             }
+            let end = JobEnd::of(&state, &metrics);
+            registry.update(|r| {
+                if let Some(record) = r.iter_mut().find(|x| x.id == id && x.ended.is_none()) {
+                    record.ended = Some(end);
+                }
+                let ended = r.iter().filter(|x| x.ended.is_some()).count();
+                for _ in ENDED_KEPT..ended {
+                    if let Some(oldest) = r.iter().position(|x| x.ended.is_some()) {
+                        r.remove(oldest);
+                    }
+                }
+            });
         });
     }
 }
@@ -173,15 +249,23 @@ pub fn show_jobs<'a>(jobs: impl Iterator<Item = &'a SessionJob>) -> Result<Recor
     for j in jobs {
         let state = j.state();
         let running = !state.is_terminal();
-        let (i, o) = rows_in_out(&j.metrics);
         ids.push(j.record.id.clone());
         names.push(j.record.name.clone());
         states.push(state.name());
         uptime.push(running.then(|| (now_ms() - j.metrics.lifecycle.started_ms).max(0) as u64 / 1000));
+        lag.push(if running { watermark_lag_ms(&j.metrics) } else { None });
+        // A job that ended in an earlier server: what was recorded then.
+        if let Some(end) = &j.record.ended {
+            rin.push(end.rows_in);
+            rout.push(end.rows_out);
+            last.push(end.last_checkpoint);
+            dead.push(end.dead_letters);
+            continue;
+        }
+        let (i, o) = rows_in_out(&j.metrics);
         rin.push(i);
         rout.push(o);
         last.push(j.metrics.checkpoints.last_completed().map(|c| c.id));
-        lag.push(if running { watermark_lag_ms(&j.metrics) } else { None });
         dead.push(j.metrics.dead_letters());
     }
     RecordBatch::try_new(
@@ -205,7 +289,13 @@ pub fn show_jobs<'a>(jobs: impl Iterator<Item = &'a SessionJob>) -> Result<Recor
 pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowError> {
     let m = &j.metrics;
     let state = j.state();
-    let (rows_in, rows_out) = rows_in_out(m);
+    let (rows_in, rows_out, dead_letters) = match &j.record.ended {
+        Some(end) => (end.rows_in, end.rows_out, end.dead_letters),
+        None => {
+            let (i, o) = rows_in_out(m);
+            (i, o, m.dead_letters())
+        }
+    };
     let started = chrono::DateTime::from_timestamp_millis(m.lifecycle.started_ms)
         .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
         .unwrap_or_default();
@@ -217,8 +307,17 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
         ("statement".into(), j.record.sql.clone()),
         ("rows_in".into(), rows_in.to_string()),
         ("rows_out".into(), rows_out.to_string()),
-        ("dead_letters".into(), m.dead_letters().to_string()),
+        ("dead_letters".into(), dead_letters.to_string()),
     ];
+    if let Some(end) = &j.record.ended {
+        let ended = chrono::DateTime::from_timestamp_millis(end.ended_ms)
+            .map(|d| d.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string())
+            .unwrap_or_default();
+        rows.push(("ended".into(), format!("{ended} (before this server started)")));
+        if let Some(c) = end.last_checkpoint {
+            rows.push(("last_checkpoint".into(), c.to_string()));
+        }
+    }
     if let JobState::Failed(reason) = &state {
         rows.push(("failure".into(), reason.clone()));
     }

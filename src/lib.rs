@@ -24,6 +24,7 @@ pub mod cli;
 pub mod compare;
 pub mod display;
 pub mod exchange_bench;
+pub mod final_table;
 pub mod jobs;
 pub mod k8s;
 pub mod remote;

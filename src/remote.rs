@@ -107,12 +107,33 @@ impl Remote {
                 .await
                 .map_err(|e| format!("{url}: authentication failed: {}", server_error(e)))?;
         }
-        Ok(Self {
+        // This shell shows an updating query's changes itself (a table
+        // updated in place, or each change): it asks its session on the
+        // server for the changes, not a bounded query's final table (what
+        // other clients get). A `SET` of the mode by the user goes to the
+        // server as well and is honoured there too.
+        let mut remote = Self {
             client,
             url: url.to_string(),
             result_mode: None,
             zone: None,
-        })
+        };
+        remote.ask_for_changes().await.map_err(|e| format!("{url}: {e}"))?;
+        Ok(remote)
+    }
+
+    /// The server session's result mode: always the changes (this shell's
+    /// own `result_mode` says how it shows them), set again after the user
+    /// sets or resets it (the server checked the user's value).
+    async fn ask_for_changes(&mut self) -> Result<(), RemoteError> {
+        self.client
+            .execute_update(
+                format!("SET '{}' = 'changelog'", weir_engine::config::RESULT_MODE),
+                None,
+            )
+            .await
+            .map(|_| ())
+            .map_err(server_error)
     }
 
     /// Runs one statement and prints its result.
@@ -131,6 +152,19 @@ impl Remote {
             && k.eq_ignore_ascii_case(weir_engine::config::RESULT_MODE)
         {
             self.result_mode = Some(v.to_ascii_lowercase());
+        }
+        let mode_changed = match &stmt.statement {
+            weir_sql::Statement::Set(Some((k, _))) | weir_sql::Statement::Reset(Some(k)) => {
+                k.eq_ignore_ascii_case(weir_engine::config::RESULT_MODE)
+            }
+            weir_sql::Statement::Reset(None) => true,
+            _ => false,
+        };
+        if mode_changed {
+            if matches!(stmt.statement, weir_sql::Statement::Reset(_)) {
+                self.result_mode = None;
+            }
+            self.ask_for_changes().await?;
         }
         // The server accepted the statement, so the zone is valid.
         match &stmt.statement {
@@ -153,6 +187,14 @@ impl Remote {
                 let jobs = crate::display::column_strings(&batches, 1);
                 for (id, name) in ids.iter().zip(&jobs) {
                     println!("[INFO] job '{name}' submitted to {} (id {id})", self.url);
+                }
+                continue;
+            }
+            if names == ["job_id", "job_name", "state", "message"] {
+                // STOP JOB: how the job ended, in words.
+                let batches: Vec<_> = stream.try_collect().await.map_err(server_error)?;
+                for message in crate::display::column_strings(&batches, 3) {
+                    println!("[INFO] {message}");
                 }
                 continue;
             }

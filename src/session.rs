@@ -18,7 +18,7 @@ use weir_engine::ExecError;
 use weir_engine::change::ChangeBatch;
 use weir_engine::config::{DML_SYNC, JobConfig, PIPELINE_NAME};
 use weir_engine::paths::PathPolicy;
-use weir_engine::runtime::metrics::JobMetrics;
+use weir_engine::runtime::metrics::{JobMetrics, JobState};
 use weir_engine::runtime::{JobHandle, SavepointMode, deploy};
 use weir_sql::error::ErrorKind;
 use weir_sql::{Location, ParsedStatement, Planner, QueryPlan, SqlError, Statement};
@@ -95,6 +95,56 @@ fn result_rows(mut changes: mpsc::Receiver<ChangeBatch>, with_op: bool) -> mpsc:
     rx
 }
 
+/// The final table of a bounded updating query: its changes applied as
+/// they come, the table sent once the job has ended on its own or been
+/// stopped (a stopped query answers the table so far). A job that failed
+/// or was cancelled sends nothing: its error is what the client hears, not
+/// a partial table.
+fn final_rows(
+    mut changes: mpsc::Receiver<ChangeBatch>,
+    schema: SchemaRef,
+    metrics: Arc<JobMetrics>,
+) -> mpsc::Receiver<RecordBatch> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut table = match crate::final_table::FinalTable::new(schema) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!("cannot keep the query's final table: {e}");
+                return;
+            }
+        };
+        while let Some(batch) = changes.recv().await {
+            if let Err(e) = table.apply(&batch) {
+                tracing::error!("cannot keep the query's final table: {e}");
+                return;
+            }
+        }
+        // The result channel closes as the job's tasks end; its state
+        // tells whether they ended well. (A client that left meanwhile
+        // stops the wait.)
+        let mut states = metrics.lifecycle.watch();
+        let ended = tokio::select! {
+            s = states.wait_for(JobState::is_terminal) => s.map(|s| s.clone()),
+            _ = tx.closed() => return,
+        };
+        if !matches!(ended, Ok(JobState::Finished | JobState::Stopped)) {
+            return;
+        }
+        match table.finish() {
+            Ok(batches) => {
+                for b in batches {
+                    if tx.send(b).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => tracing::error!("cannot send the query's final table: {e}"),
+        }
+    });
+    rx
+}
+
 pub enum StatementResult {
     /// DDL, SET, RESET: a confirmation.
     Done(String),
@@ -113,6 +163,14 @@ pub enum StatementResult {
         state: &'static str,
     },
     Stream(ResultStream),
+    /// `STOP JOB`: the state the job ended in (or is still in, when it
+    /// did not end within the wait) and what happened, in words.
+    JobEnded {
+        id: String,
+        name: String,
+        state: &'static str,
+        message: String,
+    },
 }
 
 /// What every session of a process shares: the data dir's catalog, the
@@ -129,6 +187,9 @@ pub struct Shared {
     jobs_view: JobsView,
     planner: Planner,
     paths: PathPolicy,
+    /// A bounded query with an updating result answers its final table
+    /// (`weir serve`: what a database client expects), not its changelog.
+    final_tables: std::sync::atomic::AtomicBool,
 }
 
 /// The catalog a statement plans against (see `Session::catalog_view`).
@@ -229,14 +290,32 @@ impl Session {
         Self::open_with(data_dir, PathPolicy::unrestricted())
     }
 
-    /// Opens the data dir with the SQL's file paths restricted to `paths`.
+    /// Opens the data dir with the SQL's file paths restricted to `paths`,
+    /// and its catalog file.
     pub fn open_with(data_dir: impl Into<PathBuf>, paths: PathPolicy) -> Result<Self, SessionError> {
+        let data_dir = data_dir.into();
+        let catalog = data_dir.join("catalog.json");
+        Self::open_with_catalog(data_dir, paths, Some(catalog))
+    }
+
+    /// Opens the data dir with the SQL's file paths restricted to `paths`;
+    /// tables and views live in the catalog file `catalog`, or, without
+    /// one, in this process only (Flink's SQL client keeps its default
+    /// catalog in memory: a script's DDL is the truth for its run).
+    pub fn open_with_catalog(
+        data_dir: impl Into<PathBuf>,
+        paths: PathPolicy,
+        catalog: Option<PathBuf>,
+    ) -> Result<Self, SessionError> {
         let data_dir = data_dir.into();
         std::fs::create_dir_all(&data_dir).map_err(|source| weir_catalog::CatalogError::Io {
             path: data_dir.clone(),
             source,
         })?;
-        let catalog = Catalog::open(data_dir.join("catalog.json"))?;
+        let catalog = match catalog {
+            Some(path) => Catalog::open(path)?,
+            None => Catalog::in_memory(),
+        };
         let shared = Arc::new(Shared {
             data_dir,
             catalog: RwLock::new(catalog),
@@ -245,6 +324,7 @@ impl Session {
             jobs_view: JobsView::default(),
             planner: Planner::new(),
             paths,
+            final_tables: std::sync::atomic::AtomicBool::new(false),
         });
         Ok(Self::over(shared, Principal::local()))
     }
@@ -307,6 +387,39 @@ impl Session {
         self.default_job_name = Some(name.into());
     }
 
+    /// From now on, in every session over this one's jobs and catalog, a
+    /// bounded query whose result is updating answers the table its changes
+    /// add up to ([`crate::final_table`]) unless the session's
+    /// `sql-client.execution.result-mode` asks for the changelog (`weir
+    /// serve`; the shells show changes as they come, in their own modes).
+    pub fn answer_final_tables(&self) {
+        self.shared
+            .final_tables
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How a streaming query's rows reach its client.
+    fn result_shape(&self, graph: &weir_engine::plan::StreamGraph) -> Result<ResultShape, SessionError> {
+        let last = graph.nodes.last().ok_or_else(|| ExecError::internal("empty plan"))?;
+        if last.changelog.is_insert_only() {
+            return Ok(ResultShape::Inserts(last.schema.clone()));
+        }
+        let changelog_asked = self
+            .result_mode()
+            .is_some_and(|m| m.eq_ignore_ascii_case("changelog") || m.eq_ignore_ascii_case("tableau"));
+        Ok(
+            if self.shared.final_tables.load(std::sync::atomic::Ordering::Relaxed)
+                && graph.is_bounded()
+                && !changelog_asked
+                && crate::final_table::FinalTable::supports(&last.schema)
+            {
+                ResultShape::FinalTable(last.schema.clone())
+            } else {
+                ResultShape::Changelog(changelog_schema(&last.schema))
+            },
+        )
+    }
+
     /// `weir worker`: the script's INSERT jobs run spread over `cluster`'s
     /// workers, this process being one of them. Without
     /// `parallelism.default`, every operator gets one subtask per worker
@@ -349,6 +462,12 @@ impl Session {
         };
         let mut out = vec![];
         for record in registry.records() {
+            // An ended job is listed, not started.
+            if let Some(end) = &record.ended {
+                let metrics = end.metrics();
+                self.shared.jobs().known.push(SessionJob { record, metrics });
+                continue;
+            }
             let saved = std::mem::replace(&mut self.settings, record.settings.clone());
             // The job keeps its owner (role checks apply to later control).
             let saved_principal = std::mem::replace(&mut self.principal, Principal::local());
@@ -512,12 +631,13 @@ impl Session {
                 settings,
                 owner,
                 temporary: self.temporary_ddl.iter().map(|(_, t)| t.clone()).collect(),
+                ended: None,
             };
             if let Some(r) = self.shared.registry.get()
                 && !sync
             {
                 r.add(record.clone());
-                r.forget_when_ended(id.clone(), &job.metrics);
+                r.record_end_when_ended(id.clone(), &job.metrics);
             }
             if let Ok(mut view) = self.shared.jobs_view.lock() {
                 view.insert(name.clone(), job.metrics.clone());
@@ -565,7 +685,7 @@ impl Session {
             let jobs = self.shared.jobs();
             let job = find_in(&jobs, key)?;
             self.check_control(&job, "stop")?;
-            let (name, metrics) = (job.record.name.clone(), job.metrics.clone());
+            let (id, name, metrics) = (job.record.id.clone(), job.record.name.clone(), job.metrics.clone());
             let state = metrics.lifecycle.state();
             if state.is_terminal() {
                 return Err(SqlError::plan(format!("job '{name}' is {}; nothing to stop", state.name())).into());
@@ -574,7 +694,7 @@ impl Session {
                 return Err(SqlError::plan(format!("job '{name}' is not running")).into());
             };
             handle.stop();
-            Stopping { name, metrics }
+            Stopping { id, name, metrics }
         };
         let result = stopping.finish().await;
         self.shared.jobs().running.retain(|j| !j.is_finished());
@@ -612,7 +732,7 @@ impl Session {
             Some(d) => Some(self.paths()?.check(weir_engine::config::SAVEPOINT_DIR, d)?),
             None => None,
         };
-        let (name, metrics, controller) = {
+        let (id, name, metrics, controller) = {
             let jobs = self.shared.jobs();
             let job = find_in(&jobs, key)?;
             let verb = if mode == SavepointMode::Keep {
@@ -629,11 +749,11 @@ impl Session {
                     SqlError::plan(format!("job '{name}' is {}; it has no state to save", state.name())).into(),
                 );
             };
-            (name, job.metrics.clone(), handle.controller())
+            (job.record.id.clone(), name, job.metrics.clone(), handle.controller())
         };
         let done = controller.savepoint(dir, mode).await?;
         if mode != SavepointMode::Keep {
-            let _ = Stopping { name, metrics }.finish().await;
+            let _ = Stopping { id, name, metrics }.finish().await;
             self.shared.jobs().running.retain(|j| !j.is_finished());
         }
         let schema = Arc::new(Schema::new(vec![Field::new("savepoint_path", DataType::Utf8, false)]));
@@ -1083,14 +1203,20 @@ impl Session {
                         Ok(StatementResult::Rows(schema, rows))
                     }
                     QueryPlan::Stream(graph) => {
-                        let last = graph.nodes.last().ok_or_else(|| ExecError::internal("empty plan"))?;
-                        let changelog = !last.changelog.is_insert_only();
-                        let schema = stream_result_schema(last);
+                        let shape = self.result_shape(&graph)?;
                         let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
+                        let (schema, rows, changelog) = match shape {
+                            ResultShape::Inserts(schema) => (schema, result_rows(rx, false), false),
+                            ResultShape::Changelog(schema) => (schema, result_rows(rx, true), true),
+                            ResultShape::FinalTable(schema) => {
+                                let rows = final_rows(rx, schema.clone(), job.metrics.clone());
+                                (schema, rows, false)
+                            }
+                        };
                         Ok(StatementResult::Stream(ResultStream {
                             schema,
-                            rows: result_rows(rx, changelog),
+                            rows,
                             job,
                             changelog,
                             zone: config.local_time_zone.clone(),
@@ -1264,14 +1390,11 @@ impl Session {
                 let config = self.explain_config("select")?;
                 match self.plan_query(q, &config)? {
                     QueryPlan::Batch(plan) => Arc::new(plan.schema().as_arrow().clone()),
-                    QueryPlan::Stream(graph) => graph
-                        .nodes
-                        .last()
-                        .map(stream_result_schema)
-                        .ok_or_else(|| ExecError::internal("empty plan"))?,
+                    QueryPlan::Stream(graph) => self.result_shape(&graph)?.schema(),
                 }
             }
             Statement::Insert { .. } => job_row_schema(),
+            Statement::StopJob(_) => job_end_schema(),
             Statement::Subscribe(q) => {
                 let config = self.explain_config("subscribe")?;
                 match self.plan_query(q, &config)? {
@@ -1510,40 +1633,65 @@ fn at(e: SessionError, location: Location) -> SessionError {
 
 /// A job asked to stop, to be waited for.
 pub struct Stopping {
+    id: String,
     name: String,
     metrics: Arc<JobMetrics>,
 }
 
 impl Stopping {
-    /// Waits (up to a minute) for the job to end.
+    /// Waits (up to a minute) for the job to end, and answers with the
+    /// state it ended in: STOPPED (with its final checkpoint), or FINISHED
+    /// or FAILED when it ended otherwise meanwhile.
     pub async fn finish(self) -> StatementResult {
-        let Stopping { name, metrics } = self;
+        let Stopping { id, name, metrics } = self;
         let mut states = metrics.lifecycle.watch();
-        let ended = tokio::time::timeout(STOP_WAIT, states.wait_for(|s| s.is_terminal())).await;
-        StatementResult::Done(match ended {
-            Ok(_) => match metrics.checkpoints.last_completed() {
+        let ended = tokio::time::timeout(STOP_WAIT, states.wait_for(|s| s.is_terminal()))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|s| s.clone());
+        let message = match &ended {
+            Some(JobState::Stopped) => match metrics.checkpoints.last_completed() {
                 Some(c) => format!("job '{name}' stopped (final checkpoint {})", c.id),
                 None => format!("job '{name}' stopped"),
             },
-            Err(_) => format!(
+            Some(JobState::Failed(why)) => format!("job '{name}' failed while stopping: {why}"),
+            Some(other) => format!("job '{name}' ended {} before it stopped", other.name()),
+            None => format!(
                 "job '{name}' is stopping (still draining after {} s); SHOW JOBS tells when it has stopped",
                 STOP_WAIT.as_secs()
             ),
-        })
+        };
+        StatementResult::JobEnded {
+            id,
+            name,
+            state: metrics.lifecycle.state().name(),
+            message,
+        }
     }
 }
 
 /// How long `STOP JOB` waits for the job to drain and checkpoint.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The columns a streaming query answers with: an updating result shows
-/// each row's kind in a leading `_op` column (the same whether asked for
-/// before running, as Flight's GetFlightInfo does, or while streaming).
-fn stream_result_schema(last: &weir_engine::plan::StreamNode) -> SchemaRef {
-    if last.changelog.is_insert_only() {
-        last.schema.clone()
-    } else {
-        changelog_schema(&last.schema)
+/// What a streaming query answers with.
+enum ResultShape {
+    /// An insert-only result: its rows as they come.
+    Inserts(SchemaRef),
+    /// An updating result as changes: each row's kind in a leading `_op`
+    /// column (the same whether asked for before running, as Flight's
+    /// GetFlightInfo does, or while streaming).
+    Changelog(SchemaRef),
+    /// A bounded updating result: the table the changes add up to, once
+    /// the query has ended.
+    FinalTable(SchemaRef),
+}
+
+impl ResultShape {
+    fn schema(self) -> SchemaRef {
+        match self {
+            ResultShape::Inserts(s) | ResultShape::Changelog(s) | ResultShape::FinalTable(s) => s,
+        }
     }
 }
 
@@ -1562,6 +1710,16 @@ fn with_op_column(batch: &ChangeBatch) -> Result<RecordBatch, ExecError> {
     let mut columns = vec![Arc::new(ops) as ArrayRef];
     columns.extend(batch.rows.columns().iter().cloned());
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// The row `STOP JOB` answers with over Flight SQL: the job's end.
+pub fn job_end_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("job_id", DataType::Utf8, false),
+        Field::new("job_name", DataType::Utf8, false),
+        Field::new("state", DataType::Utf8, false),
+        Field::new("message", DataType::Utf8, false),
+    ]))
 }
 
 /// The row an `INSERT` answers with over Flight SQL: the detached job.

@@ -3,7 +3,7 @@
 //! (DDL, a detached job, SHOW JOBS, a prepared query with parameters,
 //! metadata through `adbc_get_objects`, a live subscription read and
 //! cancelled, STOP JOB, statements whose results are never read
-//! taking effect exactly once, and an updating query's changes with `_op`). Its venv comes from `scripts/adbc-venv.sh`, which
+//! taking effect exactly once, and a bounded updating query's final table, or its changes with `_op` when asked). Its venv comes from `scripts/adbc-venv.sh`, which
 //! `scripts/setup.sh` runs.
 
 mod common;

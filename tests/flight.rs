@@ -685,8 +685,14 @@ async fn job_control_describe_stop_cancel() {
     assert!(get("statement").is_some_and(|s| s.starts_with("INSERT INTO counts")));
     assert!(get("uptime_s").is_some());
 
+    // STOP JOB answers with the state the job ended in.
     let stopped = query(&mut client, "STOP JOB 'counts-job'").await;
-    assert!(stopped.iter().all(|b| b.num_rows() == 0));
+    assert_eq!(strings(&stopped, "job_id"), vec![id.clone()]);
+    assert_eq!(strings(&stopped, "state"), vec!["STOPPED"]);
+    assert!(
+        strings(&stopped, "message")[0].starts_with("job 'counts-job' stopped"),
+        "{stopped:?}"
+    );
     let jobs = query(&mut client, "SHOW JOBS").await;
     assert_eq!(strings(&jobs, "state"), vec!["STOPPED"]);
     let err = client.execute(format!("STOP JOB '{id}'"), None).await.map(|_| ()).err();
@@ -709,6 +715,149 @@ async fn job_control_describe_stop_cancel() {
         .await
         .expect_err("unknown job");
     assert!(e.to_string().contains("no job 'nope'"), "{e}");
+}
+
+/// The columns of `batches` (or an announced schema) by name.
+fn names(schema: &arrow::datatypes::Schema) -> Vec<String> {
+    schema.fields().iter().map(|f| f.name().clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_updating_query_answers_its_final_table() {
+    use std::collections::BTreeMap;
+    let (server, mut client) = start().await;
+    create_tables(&mut client, &server.out).await;
+    client
+        .execute_update(
+            "CREATE TABLE few (auction BIGINT, price BIGINT) WITH ('connector' = 'nexmark', \
+             'nexmark.table' = 'bid', 'nexmark.events' = '3000')"
+                .into(),
+            None,
+        )
+        .await
+        .expect("create");
+    // The oracle: the bids themselves (an insert-only query), summed here.
+    let bids = query(&mut client, "SELECT auction % 4 AS g, price FROM few").await;
+    let mut expected: BTreeMap<String, (u64, i64)> = BTreeMap::new();
+    for (g, p) in strings(&bids, "g").into_iter().zip(strings(&bids, "price")) {
+        let e = expected.entry(g).or_default();
+        e.0 += 1;
+        e.1 += p.parse::<i64>().expect("price");
+    }
+    assert_eq!(expected.len(), 4, "{expected:?}");
+    let grouped = "SELECT auction % 4 AS g, COUNT(*) AS n, SUM(price) AS s FROM few GROUP BY auction % 4";
+    let table_of = |batches: &[RecordBatch]| -> BTreeMap<String, (u64, i64)> {
+        let (g, n, s) = (strings(batches, "g"), strings(batches, "n"), strings(batches, "s"));
+        assert_eq!(g.len(), expected.len(), "one row per group: {g:?}");
+        g.into_iter()
+            .zip(n.into_iter().zip(s))
+            .map(|(g, (n, s))| (g, (n.parse().expect("n"), s.parse().expect("s"))))
+            .collect()
+    };
+
+    // Prepared: the columns announced before anything runs are the table's.
+    let stmt = client.prepare(grouped.into(), None).await.expect("prepare");
+    assert_eq!(names(stmt.dataset_schema().expect("schema")), ["g", "n", "s"]);
+    // Run: the same columns, one row per group, the changes added up.
+    let info = client.execute(grouped.into(), None).await.expect("execute");
+    assert_eq!(
+        names(&info.clone().try_decode_schema().expect("schema")),
+        ["g", "n", "s"]
+    );
+    let rows = fetch(&mut client, info).await;
+    assert_eq!(table_of(&rows), expected);
+
+    // A Top-N over it (updating too): its final rows.
+    let top = query(
+        &mut client,
+        &format!("SELECT g, n, s FROM (SELECT g, n, s, ROW_NUMBER() OVER (ORDER BY s DESC) AS rk FROM ({grouped})) WHERE rk <= 2"),
+    )
+    .await;
+    let mut sums: Vec<i64> = expected.values().map(|(_, s)| *s).collect();
+    sums.sort_unstable_by(|a, b| b.cmp(a));
+    let mut got: Vec<i64> = strings(&top, "s").iter().map(|s| s.parse().expect("s")).collect();
+    got.sort_unstable_by(|a, b| b.cmp(a));
+    assert_eq!(got, sums[..2]);
+
+    // The changelog when asked for (Flink's result mode), and from
+    // SUBSCRIBE: `_op` first; applied, the same table.
+    for (set, sql) in [
+        (Some("changelog"), grouped.to_string()),
+        (Some("tableau"), grouped.to_string()),
+        (None, format!("SUBSCRIBE TO ({grouped})")),
+    ] {
+        let mode = set.unwrap_or("table");
+        client
+            .execute_update(format!("SET 'sql-client.execution.result-mode' = '{mode}'"), None)
+            .await
+            .expect("set");
+        let rows = query(&mut client, &sql).await;
+        let schema = rows.first().map(|b| b.schema()).expect("rows");
+        assert_eq!(names(&schema), ["_op", "g", "n", "s"], "{sql} in {mode}");
+        let ops = strings(&rows, "_op");
+        assert!(ops.iter().any(|o| o == "-U"), "{ops:?}");
+        let mut live: BTreeMap<(String, String, String), i64> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            let key = (
+                strings(&rows, "g")[i].clone(),
+                strings(&rows, "n")[i].clone(),
+                strings(&rows, "s")[i].clone(),
+            );
+            *live.entry(key).or_default() += if op.starts_with('+') { 1 } else { -1 };
+        }
+        let applied: BTreeMap<String, (u64, i64)> = live
+            .into_iter()
+            .filter(|(_, c)| *c > 0)
+            .map(|((g, n, s), _)| (g, (n.parse().expect("n"), s.parse().expect("s"))))
+            .collect();
+        assert_eq!(applied, expected, "{sql} in {mode}");
+    }
+    client
+        .execute_update("RESET 'sql-client.execution.result-mode'".into(), None)
+        .await
+        .expect("reset");
+
+    // An unbounded updating query has no final table: its changes, `_op`
+    // first (announced at prepare; nothing runs).
+    let stmt = client
+        .prepare(
+            "SELECT auction % 4 AS g, COUNT(*) AS n FROM bid GROUP BY auction % 4".into(),
+            None,
+        )
+        .await
+        .expect("prepare");
+    assert_eq!(names(stmt.dataset_schema().expect("schema")), ["_op", "g", "n"]);
+
+    // A bounded updating query that fails: the client hears the failure
+    // and gets no partial table.
+    let bad = server.out.with_extension("bad.csv");
+    std::fs::write(&bad, "1,a\n2,b\nnot-a-number,c\n").expect("write");
+    client
+        .execute_update(
+            format!(
+                "CREATE TABLE bad (k BIGINT, v STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv')",
+                bad.display()
+            ),
+            None,
+        )
+        .await
+        .expect("create");
+    let info = client
+        .execute("SELECT v, COUNT(*) AS n FROM bad GROUP BY v".into(), None)
+        .await
+        .expect("execute");
+    let ticket = info.endpoint[0].ticket.clone().expect("ticket");
+    let mut stream = client.do_get(ticket).await.expect("do_get");
+    let mut rows = 0;
+    let err = loop {
+        match stream.try_next().await {
+            Ok(Some(b)) => rows += b.num_rows(),
+            Ok(None) => panic!("a failed query ended without its error"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(rows, 0, "no partial table");
+    assert!(err.to_string().contains("not-a-number"), "{err}");
 }
 
 fn fd_count(pid: u32) -> usize {
@@ -801,16 +950,51 @@ async fn jobs_survive_a_server_kill_and_a_graceful_restart() {
         "resumed from the final checkpoint: {restored}"
     );
 
-    // A stopped job is not resubmitted.
+    // A stopped job is not resubmitted, but a later server still lists it
+    // (as Flink's JobManager keeps finished jobs): its state, rows and
+    // last checkpoint as they were when it stopped.
     let registry = std::fs::read_to_string(data.join("server/jobs.json")).expect("registry");
     assert!(registry.contains("INSERT INTO counts"), "{registry}");
-    query(&mut client, &format!("STOP JOB '{id}'")).await;
-    eventually("the registry to forget the stopped job", 30, || {
+    let stopped = query(&mut client, &format!("STOP JOB '{id}'")).await;
+    assert_eq!(strings(&stopped, "state"), vec!["STOPPED"]);
+    let before = query(&mut client, "SHOW JOBS").await;
+    eventually("the registry to record the stopped job's end", 30, || {
         let text = std::fs::read_to_string(data.join("server/jobs.json")).unwrap_or_default();
-        let gone = !text.contains(id.as_str());
-        async move { gone.then_some(()) }
+        let ended = text.contains("\"ended\"") && text.contains("\"STOPPED\"");
+        async move { ended.then_some(()) }
     })
     .await;
+    let pid = _server.child.as_ref().map(|c| c.id().to_string()).expect("pid");
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let mut server = _server;
+    assert!(exited(server.child(), 60).await.success());
+    let (child, port) = spawn(&data, &[], &[]);
+    server.child = Some(child);
+    server.port = port;
+    let mut client = FlightSqlServiceClient::new(channel(port).await);
+    let after = query(&mut client, "SHOW JOBS").await;
+    assert_eq!(strings(&after, "job_id"), vec![id.clone()]);
+    assert_eq!(strings(&after, "state"), vec!["STOPPED"]);
+    for column in ["rows_in", "rows_out", "last_checkpoint"] {
+        assert_eq!(strings(&after, column), strings(&before, column), "{column}");
+    }
+    // The stop's final checkpoint is what a restore of it would read.
+    assert!(!strings(&after, "last_checkpoint")[0].is_empty(), "{after:?}");
+    let describe = query(&mut client, &format!("DESCRIBE JOB '{id}'")).await;
+    let props = strings(&describe, "property");
+    assert!(props.contains(&"ended".to_string()), "{props:?}");
+    // Nothing runs: the job's output stays as the stop left it.
+    let err = client
+        .execute(format!("STOP JOB '{id}'"), None)
+        .await
+        .expect_err("already stopped");
+    assert!(err.to_string().contains("nothing to stop"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

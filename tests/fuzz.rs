@@ -362,7 +362,10 @@ async fn drain(result: StatementResult) -> Result<(), String> {
                 }
             }
         }
-        StatementResult::Explain(_) | StatementResult::Done(_) | StatementResult::JobStarted { .. } => Ok(()),
+        StatementResult::Explain(_)
+        | StatementResult::Done(_)
+        | StatementResult::JobStarted { .. }
+        | StatementResult::JobEnded { .. } => Ok(()),
     }
 }
 

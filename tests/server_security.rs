@@ -82,11 +82,13 @@ async fn paths_outside_the_allowed_directories_are_refused() {
     let outside = root.join("outside");
     std::fs::create_dir_all(&outside).expect("outside");
     std::fs::write(outside.join("secret.csv"), "top secret\n").expect("secret");
-    // A table an unrestricted local shell made earlier on the same data
-    // dir, pointing outside: the server refuses to run it.
+    // A table an unrestricted local shell made earlier in the server's
+    // catalog file, pointing outside: the server refuses to run it.
     let made = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
         .arg("--data-dir")
         .arg(&data)
+        .arg("--catalog")
+        .arg(data.join("catalog.json"))
         .arg("-c")
         .arg(format!("{};", csv_table("legacy", "/etc/passwd")))
         .output()

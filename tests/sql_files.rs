@@ -155,7 +155,7 @@ async fn collect_rows(result: StatementResult) -> Result<Vec<String>, String> {
             Ok(out)
         }
         StatementResult::Explain(text) => Ok(text.lines().map(str::to_string).collect()),
-        StatementResult::Done(_) | StatementResult::JobStarted { .. } => Ok(vec![]),
+        StatementResult::Done(_) | StatementResult::JobStarted { .. } | StatementResult::JobEnded { .. } => Ok(vec![]),
     }
 }
 

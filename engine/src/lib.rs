@@ -58,6 +58,7 @@ pub mod runtime;
 pub mod state;
 pub mod time_format;
 pub mod time_zone;
+pub mod type_names;
 pub mod uid;
 
 pub use error::ExecError;

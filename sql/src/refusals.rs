@@ -170,6 +170,13 @@ pub static CREATE_OR_REPLACE_TABLE: Refusal = Refusal {
     example: "CREATE OR REPLACE TABLE x (a INT) WITH ('connector' = 'blackhole')",
 };
 
+pub static MATCH_RECOGNIZE: Refusal = Refusal {
+    what: "`MATCH_RECOGNIZE` (complex event processing)",
+    message: "MATCH_RECOGNIZE is not supported yet",
+    flink: Flink::Runs,
+    example: "SELECT * FROM t MATCH_RECOGNIZE (ORDER BY ts MEASURES A.v AS x PATTERN (A) DEFINE A AS A.v > 0)",
+};
+
 /// Every refusal, in the docs' order.
 pub static ALL: &[&Refusal] = &[
     &NOT_IN_SUBQUERY,
@@ -188,6 +195,7 @@ pub static ALL: &[&Refusal] = &[
     &INSERT_PARTITION,
     &INSERT_COLUMNS,
     &CREATE_OR_REPLACE_TABLE,
+    &MATCH_RECOGNIZE,
 ];
 
 /// `docs/sql.md`'s table of refusals, and the functions the registry refuses.

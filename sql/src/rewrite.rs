@@ -803,6 +803,14 @@ impl VisitorMut for Rewriter<'_> {
     }
 
     fn post_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<SqlError> {
+        if matches!(factor, TableFactor::MatchRecognize { .. }) {
+            use sqlparser::ast::Spanned;
+            let start = factor.span().start;
+            return ControlFlow::Break(crate::refusals::MATCH_RECOGNIZE.error().at(crate::error::Location {
+                line: start.line,
+                column: start.column,
+            }));
+        }
         let replaced = match factor {
             TableFactor::TableFunction { expr, alias } => self.tvf(expr, alias),
             TableFactor::Table {

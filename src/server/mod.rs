@@ -535,6 +535,20 @@ fn answer(result: StatementResult) -> Result<DoGetStream, Status> {
                 Arc::new(StringArray::from(vec![state])),
             ],
         ),
+        StatementResult::JobEnded {
+            id,
+            name,
+            state,
+            message,
+        } => one(
+            crate::session::job_end_schema(),
+            vec![
+                Arc::new(StringArray::from(vec![id])),
+                Arc::new(StringArray::from(vec![name])),
+                Arc::new(StringArray::from(vec![state])),
+                Arc::new(StringArray::from(vec![message])),
+            ],
+        ),
         StatementResult::Stream(_) => Err(Status::internal("a live query reached the one-shot answer path")),
     }
 }
@@ -1049,6 +1063,8 @@ pub async fn serve(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     session.keep_job_registry()?;
+    // A database client reading a bounded GROUP BY wants its table.
+    session.answer_final_tables();
     for (name, result) in session.resume_jobs().await {
         match result {
             Ok(StatementResult::JobStarted {

@@ -87,6 +87,7 @@ pub fn schema_of(result: &StatementResult) -> SchemaRef {
         StatementResult::Explain(_) => Arc::new(Schema::new(vec![Field::new("plan", DataType::Utf8, false)])),
         StatementResult::Done(_) => Arc::new(Schema::empty()),
         StatementResult::JobStarted { .. } => job_row_schema(),
+        StatementResult::JobEnded { .. } => crate::session::job_end_schema(),
         StatementResult::Stream(rs) => rs.schema.clone(),
     }
 }

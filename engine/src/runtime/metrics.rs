@@ -112,6 +112,15 @@ impl JobLifecycle {
         }
     }
 
+    /// The lifecycle of a job that started at `started_ms` (one known
+    /// from a record, not run here).
+    pub fn started_at(started_ms: i64) -> Self {
+        Self {
+            started_ms,
+            ..Self::new()
+        }
+    }
+
     pub fn state(&self) -> JobState {
         self.state.borrow().clone()
     }

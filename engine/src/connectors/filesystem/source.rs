@@ -1084,11 +1084,7 @@ impl LineDecoder {
             Format::DebeziumJson => format!("invalid Debezium JSON record: {e}"),
             Format::CanalJson => format!("invalid Canal JSON record: {e}"),
             Format::MaxwellJson => format!("invalid Maxwell JSON record: {e}"),
-            // The reader numbers lines within what it was given: meaningless here.
-            _ => format!(
-                "invalid CSV record: {}",
-                e.to_string().replace(" at line 0", "").replace(" at line 1", "")
-            ),
+            _ => format!("invalid CSV record: {}", csv_reason(e, &self.schema)),
         }
     }
 
@@ -1105,6 +1101,35 @@ impl LineDecoder {
             }
         }
     }
+}
+
+/// Arrow's CSV error in the user's words: arrow says "Error while parsing
+/// value 'x' as type 'Int64' for column 0. Row data: '[x,3]'" (its type
+/// name and a 0-based position); the user declared `a BIGINT` first:
+/// "column 'a' (1st, BIGINT): cannot parse 'x'". Anything else is kept,
+/// without the reader's line number (it counts within what it was given).
+fn csv_reason(e: &arrow::error::ArrowError, schema: &SchemaRef) -> String {
+    let text = e.to_string();
+    let parsed = (|| {
+        let rest = text.split_once("Error while parsing value '")?.1;
+        let (value, rest) = rest.split_once("' as type '")?;
+        let column = rest.split_once("for column ")?.1;
+        let digits: String = column.chars().take_while(char::is_ascii_digit).collect();
+        let field = schema.fields().get(digits.parse::<usize>().ok()?)?;
+        let n = digits.parse::<usize>().ok()? + 1;
+        let nth = match (n % 10, n % 100) {
+            (1, r) if r != 11 => "st",
+            (2, r) if r != 12 => "nd",
+            (3, r) if r != 13 => "rd",
+            _ => "th",
+        };
+        let ty = crate::type_names::flink_name(field.data_type());
+        Some(format!(
+            "column '{}' ({n}{nth}, {ty}): cannot parse '{value}' as {ty}",
+            field.name()
+        ))
+    })();
+    parsed.unwrap_or_else(|| text.replace(" at line 0", "").replace(" at line 1", ""))
 }
 
 impl SourceSplit for FileSplit {
@@ -1516,6 +1541,21 @@ mod tests {
         let mut split = csv_split(&path, 8);
         split.on_bad = OnBadRecord::Fail;
         let err = split.poll_batch().err().expect("an error").to_string();
-        assert!(err.contains("in.csv:2: invalid CSV record"), "{err}");
+        // The column by its name, position from 1 and declared type: not
+        // Arrow's `Int64` and 0-based column.
+        assert!(
+            err.contains("in.csv:2: invalid CSV record: column 'v' (2nd, BIGINT): cannot parse 'x' as BIGINT"),
+            "{err}"
+        );
+        assert!(!err.contains("Int64"), "{err}");
+        // An empty field of a numeric column (not NULL in Flink's CSV).
+        std::fs::write(&path, "1,2\n,4\n").expect("write");
+        let mut split = csv_split(&path, 8);
+        split.on_bad = OnBadRecord::Fail;
+        let err = split.poll_batch().err().expect("an error").to_string();
+        assert!(
+            err.contains("in.csv:2: invalid CSV record: column 'id' (1st, BIGINT): cannot parse '' as BIGINT"),
+            "{err}"
+        );
     }
 }
