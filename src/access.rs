@@ -83,6 +83,7 @@ pub fn is_read_only(stmt: &Statement) -> bool {
             | Statement::Subscribe(_)
             | Statement::ShowTables
             | Statement::ShowViews
+            | Statement::ShowCreate { .. }
             | Statement::Describe(_)
             | Statement::ShowWatermarks(_)
             | Statement::ShowCheckpoints(_)

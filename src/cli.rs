@@ -531,6 +531,20 @@ fn remote_main(rt: &Runtime, args: &Args, url: &str) -> i32 {
     }
 }
 
+/// What `help` prints in the shell.
+const SHELL_HELP: &str = "Statements end with ';' (a statement may span lines). The shell's own words need none:
+  help                      this text
+  quit, exit                leave (jobs started here stop; a server's keep running)
+SQL (Flink's dialect; docs/sql.md lists what works):
+  CREATE [TEMPORARY] TABLE | VIEW ...;   DROP TABLE | VIEW ...;
+  SHOW TABLES;  SHOW VIEWS;  SHOW CREATE TABLE t;  SHOW CREATE VIEW v;  DESCRIBE t;
+  SELECT ...;   SUBSCRIBE TO t;   INSERT INTO t [(columns)] SELECT ...;   EXPLAIN ...;
+  SET 'key' = 'value';  SET;  RESET 'key';  RESET;
+  SHOW JOBS;  DESCRIBE JOB 'id';  STOP JOB 'id' [WITH SAVEPOINT [DRAIN]];  CANCEL JOB 'id';
+  SAVEPOINT JOB 'id';  SHOW SAVEPOINTS | CHECKPOINTS | WATERMARKS FOR JOB 'id';
+Results: SET 'sql-client.execution.result-mode' = 'table' | 'changelog' | 'tableau'.
+Ctrl-C stops a running query; Ctrl-D leaves.";
+
 /// Where the shell's statements run.
 enum Backend<'a> {
     Local(&'a mut Session),
@@ -910,7 +924,7 @@ fn repl(rt: &Runtime, mut backend: Backend<'_>) -> i32 {
     };
     let _ = editor.load_history(&history);
     println!(
-        "Weir {} — statements end with ';'. Type 'quit;' or Ctrl-D to leave.",
+        "Weir {} — statements end with ';'. Type 'help' for help, 'quit' or Ctrl-D to leave.",
         env!("CARGO_PKG_VERSION")
     );
     if let Backend::Remote(r) = &backend {
@@ -921,6 +935,19 @@ fn repl(rt: &Runtime, mut backend: Backend<'_>) -> i32 {
         let prompt = if buffer.is_empty() { "weir> " } else { "   -> " };
         match editor.readline(prompt) {
             Ok(line) => {
+                // The shell's own words work alone on a line, with or
+                // without ';' (as in Flink's SQL client).
+                if buffer.trim().is_empty() {
+                    let word = line.trim().trim_end_matches(';').trim().to_ascii_lowercase();
+                    if word == "help" {
+                        let _ = editor.add_history_entry(line.trim());
+                        println!("{SHELL_HELP}");
+                        continue;
+                    }
+                    if word == "quit" || word == "exit" {
+                        break;
+                    }
+                }
                 buffer.push_str(&line);
                 buffer.push('\n');
                 if !buffer.trim_end().ends_with(';') {

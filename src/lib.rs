@@ -31,6 +31,7 @@ pub mod remote;
 pub mod server;
 pub mod session;
 pub mod shell;
+pub mod show_create;
 pub mod watermarks;
 
 pub use session::{ResultStream, Session, SessionError, StatementResult};

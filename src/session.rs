@@ -491,6 +491,7 @@ impl Session {
                                 statement:
                                     Statement::Insert {
                                         table,
+                                        columns,
                                         query,
                                         on_conflict,
                                     },
@@ -498,7 +499,7 @@ impl Session {
                             },
                         ] => {
                             self.start_insert(
-                                table,
+                                Target { table, columns },
                                 query,
                                 *on_conflict,
                                 &record.sql,
@@ -550,7 +551,7 @@ impl Session {
     /// to start it again after a server restart).
     async fn start_insert(
         &mut self,
-        table: &str,
+        Target { table, columns }: Target<'_>,
         query: &Query,
         on_conflict: Option<weir_sql::OnConflict>,
         sql: &str,
@@ -563,7 +564,7 @@ impl Session {
             let catalog = self.catalog_view();
             self.shared
                 .planner
-                .plan_insert(&sink, query, on_conflict, &catalog, &config)?
+                .plan_insert(&sink, columns, query, on_conflict, &catalog, &config)?
         };
         let mut settings = self.settings.clone();
         settings.insert(PIPELINE_NAME.to_string(), config.name.clone());
@@ -1132,6 +1133,7 @@ impl Session {
                 Ok(StatementResult::Rows(schema, vec![batch]))
             }
             Statement::Describe(name) => self.describe(name),
+            Statement::ShowCreate { name, view } => self.show_create(name, *view),
             Statement::ShowWatermarks(job) => self.show_watermarks(job),
             Statement::ShowCheckpoints(job) => self.show_checkpoints(job),
             Statement::ShowJobs => {
@@ -1191,9 +1193,13 @@ impl Session {
             Statement::Explain(inner) => self.explain(inner),
             Statement::Insert {
                 table,
+                columns,
                 query,
                 on_conflict,
-            } => self.start_insert(table, query, *on_conflict, text, None, None).await,
+            } => {
+                self.start_insert(Target { table, columns }, query, *on_conflict, text, None, None)
+                    .await
+            }
             Statement::Query(q) => {
                 let config = self.query_config("select")?;
                 match self.plan_query(q, &config)? {
@@ -1416,6 +1422,7 @@ impl Session {
             | Statement::ShowSavepoints(_)
             | Statement::DescribeJob(_)
             | Statement::Describe(_)
+            | Statement::ShowCreate { .. }
             | Statement::Explain(_)
             | Statement::Set(None) => match self.execute(&stmt).await? {
                 StatementResult::Rows(schema, _) => schema,
@@ -1457,15 +1464,20 @@ impl Session {
         let graph = match inner {
             Statement::Insert {
                 table,
+                columns,
                 query,
                 on_conflict,
             } => {
                 let sink = self.sink_table(table)?;
                 let config = self.explain_config(&format!("insert-into-{table}"))?;
-                let graph =
-                    self.shared
-                        .planner
-                        .plan_insert(&sink, query, *on_conflict, &self.catalog_view(), &config)?;
+                let graph = self.shared.planner.plan_insert(
+                    &sink,
+                    columns,
+                    query,
+                    *on_conflict,
+                    &self.catalog_view(),
+                    &config,
+                )?;
                 (graph, config)
             }
             Statement::Query(q) => {
@@ -1498,6 +1510,36 @@ impl Session {
             .unwrap_or_else(|| fallback.to_string());
         Ok(JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
             .restricted_to(self.paths()?, &self.settings)?)
+    }
+
+    /// `SHOW CREATE TABLE|VIEW name`: one row, column `result` (Flink's).
+    fn show_create(&self, name: &str, view: bool) -> Result<StatementResult, SessionError> {
+        let temporary = self.temporary.get(name).is_some();
+        let catalog = self.catalog_view();
+        let ddl = match (catalog.get(name), view) {
+            (Some(Entry::Table(t)), false) => crate::show_create::table_ddl(t, temporary),
+            (Some(Entry::View(v)), true) => crate::show_create::view_ddl(v, temporary),
+            (Some(Entry::Table(_)), true) => {
+                return Err(SqlError::plan(format!(
+                    "'{name}' is a table, not a view; SHOW CREATE TABLE {name} shows it"
+                ))
+                .into());
+            }
+            (Some(Entry::View(_)), false) => {
+                return Err(SqlError::plan(format!(
+                    "'{name}' is a view, not a table; SHOW CREATE VIEW {name} shows it"
+                ))
+                .into());
+            }
+            (None, _) => {
+                let what = if view { "view" } else { "table" };
+                return Err(SqlError::not_found(format!("{what} '{name}' does not exist")).into());
+            }
+        };
+        let schema = Arc::new(Schema::new(vec![Field::new("result", DataType::Utf8, false)]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(vec![ddl])) as ArrayRef])
+            .map_err(ExecError::from)?;
+        Ok(StatementResult::Rows(schema, vec![batch]))
     }
 
     fn describe(&self, name: &str) -> Result<StatementResult, SessionError> {
@@ -1629,6 +1671,12 @@ fn at(e: SessionError, location: Location) -> SessionError {
             location: Some(location),
         }),
     }
+}
+
+/// The sink of an `INSERT` and the columns it names (none: all).
+struct Target<'a> {
+    table: &'a str,
+    columns: &'a [(String, weir_sql::Location)],
 }
 
 /// A job asked to stop, to be waited for.

@@ -40,7 +40,8 @@ send("  WITH ('connector' = 'blackhole');", "weir> ")
 send("SHOW TABLES;", "weir> ")
 send("SELECT nope;", "weir> ")
 send("SELECT 40 + 2 AS answer;", "weir> ")
-os.write(fd, b"quit;\r")
+send("help", "weir> ")
+os.write(fd, b"quit\r")
 os.waitpid(pid, 0)
 "#;
 
@@ -82,6 +83,8 @@ fn multi_line_statements_errors_and_history() {
     assert!(text.contains("| t "), "SHOW TABLES lists t: {text}");
     assert!(text.contains("[ERROR] 1:8: No field named nope"), "{text}");
     assert!(text.contains("42"), "{text}");
+    // `help` and `quit` without ';' (the shell ended: the driver returned).
+    assert!(text.contains("SHOW CREATE TABLE t;"), "help printed: {text}");
     let history = std::fs::read_to_string(dir.path().join(".weir_history")).expect("history file");
     assert!(history.contains("SHOW TABLES;"), "{history}");
     assert!(

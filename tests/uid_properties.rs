@@ -95,6 +95,7 @@ impl Fixture {
         let stmt = weir_sql::parse(sql).map_err(|e| e.to_string())?.remove(0);
         let Statement::Insert {
             table,
+            columns,
             query,
             on_conflict,
         } = &stmt.statement
@@ -104,7 +105,7 @@ impl Fixture {
         let sink = self.catalog.table(table).expect("sink").clone();
         let graph = self
             .planner
-            .plan_insert(&sink, query, *on_conflict, &self.catalog, &self.config)
+            .plan_insert(&sink, columns, query, *on_conflict, &self.catalog, &self.config)
             .map_err(|e| e.to_string())?;
         Ok(graph.nodes.iter().map(|n| n.uid.clone()).collect())
     }

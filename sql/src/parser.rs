@@ -120,10 +120,19 @@ pub enum Statement {
     /// changelog with a leading `_op` column.
     Subscribe(Box<Query>),
     Describe(String),
+    /// `SHOW CREATE TABLE t` / `SHOW CREATE VIEW v`: the object's DDL.
+    ShowCreate {
+        name: String,
+        view: bool,
+    },
     Set(Option<(String, String)>),
     Reset(Option<String>),
     Insert {
         table: String,
+        /// `INSERT INTO t (c, ...)`: the sink's columns the query's fill,
+        /// in order, each with where it was written (empty: all writable
+        /// columns, in order).
+        columns: Vec<(String, Location)>,
         query: Box<Query>,
         /// `ON CONFLICT DO DEDUPLICATE | NOTHING | ERROR` (Flink 2.3): how an
         /// upsert sink resolves rows of different upsert keys that share its
@@ -1157,6 +1166,16 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         if p.parse_keyword(Keyword::VIEWS) {
             return Ok(Statement::ShowViews);
         }
+        if p.parse_keyword(Keyword::CREATE) {
+            let view = if p.parse_keyword(Keyword::VIEW) {
+                true
+            } else {
+                p.expect_keyword(Keyword::TABLE)?;
+                false
+            };
+            let name = object_name(&p.parse_object_name(false)?);
+            return Ok(Statement::ShowCreate { name, view });
+        }
         if parse_word(p, "JOBS") {
             return Ok(Statement::ShowJobs);
         }
@@ -1178,7 +1197,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         }
         let t = p.peek_token();
         return Err(SqlError::unsupported(format!(
-            "SHOW {} is not supported; try SHOW TABLES, SHOW JOBS, SHOW WATERMARKS FOR JOB, SHOW CHECKPOINTS FOR JOB \
+            "SHOW {} is not supported; try SHOW TABLES, SHOW VIEWS, SHOW CREATE TABLE, SHOW JOBS, SHOW WATERMARKS FOR JOB, SHOW CHECKPOINTS FOR JOB \
              or SHOW SAVEPOINTS FOR JOB",
             t.token
         ))
@@ -1284,9 +1303,26 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
             if insert.partitioned.is_some() {
                 return Err(refusals::INSERT_PARTITION.error().at(loc(&start)));
             }
-            if !insert.columns.is_empty() {
-                return Err(refusals::INSERT_COLUMNS.error().at(loc(&start)));
-            }
+            // A column named in parts (`t.c`) is not one of the sink's.
+            let columns = insert
+                .columns
+                .iter()
+                .map(|c| {
+                    use sqlparser::ast::Spanned;
+                    let s = c.span().start;
+                    let at = Location {
+                        line: s.line,
+                        column: s.column,
+                    };
+                    match c.0.as_slice() {
+                        [part] => part
+                            .as_ident()
+                            .map(|i| (i.value.clone(), at))
+                            .ok_or_else(|| SqlError::plan(format!("Unknown target column '{c}'")).at(at)),
+                        _ => Err(SqlError::plan(format!("Unknown target column '{c}'")).at(at)),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
             if let Some(on) = &insert.on {
                 return Err(SqlError::unsupported(format!(
                     "INSERT ... {on} is not supported; Flink's form is ON CONFLICT DO DEDUPLICATE, DO NOTHING or DO \
@@ -1299,6 +1335,7 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
                 .ok_or_else(|| SqlError::unsupported("INSERT without a query is not supported").at(loc(&start)))?;
             Ok(Statement::Insert {
                 table,
+                columns,
                 query,
                 on_conflict: None,
             })
@@ -1313,6 +1350,31 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
             Err(SqlError::unsupported(format!("statement '{kind} ...' is not supported")).at(loc(&start)))
         }
     }
+}
+
+/// `[CONSTRAINT name] PRIMARY KEY`, consumed when there (the name is
+/// Flink's too and says nothing Weir keeps).
+fn parse_primary_key_words(p: &mut Parser) -> Result<Option<()>> {
+    if p.parse_keyword(Keyword::CONSTRAINT) {
+        p.parse_identifier()?;
+        p.expect_keywords(&[Keyword::PRIMARY, Keyword::KEY])?;
+        return Ok(Some(()));
+    }
+    Ok(p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]).then_some(()))
+}
+
+/// A primary key is `NOT ENFORCED` in Flink, and says so.
+fn not_enforced(p: &mut Parser, start: &TokenWithSpan) -> Result<()> {
+    if p.parse_keywords(&[Keyword::NOT, Keyword::ENFORCED]) {
+        return Ok(());
+    }
+    // Flink's message, word for word.
+    Err(SqlError::plan(
+        "Flink doesn't support ENFORCED mode for PRIMARY KEY constraint. ENFORCED/NOT ENFORCED \
+         controls if the constraint checks are performed on the incoming/outgoing data. Flink \
+         does not own the data therefore the only supported mode is the NOT ENFORCED mode",
+    )
+    .at(loc(start)))
 }
 
 /// An option key or value: a quoted string, or words, numbers and dots
@@ -1401,17 +1463,10 @@ fn parse_create_table(p: &mut Parser, sql: &str) -> Result<CreateTable> {
                     alignment,
                     location: loc(&start),
                 });
-            } else if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
+            } else if let Some(()) = parse_primary_key_words(p)? {
+                // `[CONSTRAINT name] PRIMARY KEY (cols) NOT ENFORCED`.
                 let cols = p.parse_parenthesized_column_list(sqlparser::parser::IsOptional::Mandatory, false)?;
-                if !p.parse_keywords(&[Keyword::NOT, Keyword::ENFORCED]) {
-                    // Flink's message, word for word.
-                    return Err(SqlError::plan(
-                        "Flink doesn't support ENFORCED mode for PRIMARY KEY constraint. ENFORCED/NOT ENFORCED \
-                         controls if the constraint checks are performed on the incoming/outgoing data. Flink \
-                         does not own the data therefore the only supported mode is the NOT ENFORCED mode",
-                    )
-                    .at(loc(&start)));
-                }
+                not_enforced(p, &start)?;
                 if primary_key.is_some() {
                     return Err(SqlError::plan("a table can have only one PRIMARY KEY").at(loc(&start)));
                 }
@@ -1436,6 +1491,16 @@ fn parse_create_table(p: &mut Parser, sql: &str) -> Result<CreateTable> {
                         nullable = false;
                     } else {
                         let _ = p.parse_keyword(Keyword::NULL);
+                    }
+                    // The column-level form: `id BIGINT [CONSTRAINT pk]
+                    // PRIMARY KEY NOT ENFORCED`.
+                    let key_at = p.peek_token();
+                    if let Some(()) = parse_primary_key_words(p)? {
+                        not_enforced(p, &key_at)?;
+                        if primary_key.is_some() {
+                            return Err(SqlError::plan("a table can have only one PRIMARY KEY").at(loc(&key_at)));
+                        }
+                        primary_key = Some((vec![name.clone()], loc(&key_at)));
                     }
                     let metadata = if p.parse_keyword(Keyword::METADATA) {
                         let key = if p.parse_keyword(Keyword::FROM) {

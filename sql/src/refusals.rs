@@ -156,13 +156,6 @@ pub static INSERT_PARTITION: Refusal = Refusal {
     example: "INSERT INTO psink PARTITION (k = 1) SELECT v FROM t",
 };
 
-pub static INSERT_COLUMNS: Refusal = Refusal {
-    what: "`INSERT INTO t (columns) ...`",
-    message: "INSERT INTO with a column list is not supported yet; select the sink's columns in order",
-    flink: Flink::Runs,
-    example: "INSERT INTO sink (k, v) SELECT k, v FROM t",
-};
-
 pub static CREATE_OR_REPLACE_TABLE: Refusal = Refusal {
     what: "`CREATE OR REPLACE TABLE`",
     message: "CREATE OR REPLACE TABLE is not supported; DROP the table first",
@@ -193,7 +186,6 @@ pub static ALL: &[&Refusal] = &[
     &OVER_FOLLOWING,
     &INSERT_OVERWRITE,
     &INSERT_PARTITION,
-    &INSERT_COLUMNS,
     &CREATE_OR_REPLACE_TABLE,
     &MATCH_RECOGNIZE,
 ];

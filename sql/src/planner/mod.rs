@@ -259,10 +259,11 @@ impl Planner {
         Ok(QueryPlan::Stream(b.finish()))
     }
 
-    /// Plans `INSERT INTO sink <query>`.
+    /// Plans `INSERT INTO sink [(columns)] <query>`.
     pub fn plan_insert(
         &self,
         sink: &TableDef,
+        columns: &[(String, crate::error::Location)],
         query: &ast::Query,
         on_conflict: Option<OnConflict>,
         catalog: &Catalog,
@@ -274,6 +275,11 @@ impl Planner {
                 "INSERT of a query that reads no table is not supported",
             ));
         }
+        let plan = if columns.is_empty() {
+            plan
+        } else {
+            into_columns(plan, sink, columns)?
+        };
         let catalog = hinted.as_ref().unwrap_or(catalog);
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
@@ -287,6 +293,55 @@ impl Planner {
         let ctx = SessionContext::new_with_state(self.state.clone());
         Ok(ctx.execute_logical_plan(plan).await?.collect().await?)
     }
+}
+
+/// `INSERT INTO t (c, ...) <query>`: the query's columns in order into the
+/// named columns, every other writable column NULL, as Flink's (Calcite's)
+/// rules and messages: as many names as the query has columns, each a
+/// column of the sink once, and an unnamed column must take NULL.
+fn into_columns(
+    plan: LogicalPlan,
+    sink: &TableDef,
+    columns: &[(String, crate::error::Location)],
+) -> Result<LogicalPlan> {
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::LogicalPlanBuilder;
+    let target = sink.writable_schema();
+    let source = plan.schema().columns();
+    if columns.len() != source.len() {
+        let err = SqlError::plan(format!(
+            "Number of columns must match number of query columns: {} named, the query has {}",
+            columns.len(),
+            source.len()
+        ));
+        return Err(match columns.first() {
+            Some((_, at)) => err.at(*at),
+            None => err,
+        });
+    }
+    let mut position: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (j, (c, at)) in columns.iter().enumerate() {
+        if target.field_with_name(c).is_err() {
+            return Err(SqlError::plan(format!("Unknown target column '{c}'")).at(*at));
+        }
+        if position.insert(c.as_str(), j).is_some() {
+            return Err(SqlError::plan(format!("Target column '{c}' is assigned more than once")).at(*at));
+        }
+    }
+    let mut exprs = Vec::with_capacity(target.fields().len());
+    for f in target.fields() {
+        exprs.push(match position.get(f.name().as_str()) {
+            Some(&j) => Expr::Column(source[j].clone()).alias(f.name()),
+            None if !f.is_nullable() => {
+                return Err(SqlError::plan(format!(
+                    "Column '{}' has no default value and does not allow NULLs",
+                    f.name()
+                )));
+            }
+            None => datafusion::logical_expr::lit(ScalarValue::try_from(f.data_type())?).alias(f.name()),
+        });
+    }
+    Ok(LogicalPlanBuilder::from(plan).project(exprs)?.build()?)
 }
 
 pub(crate) fn lowercase_functions(expr: &mut ast::Expr) {
