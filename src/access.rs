@@ -57,7 +57,7 @@ impl Principal {
     /// Whether this principal may run `stmt` at all (job ownership is
     /// checked where the job is known).
     pub fn authorize(&self, stmt: &Statement) -> Result<(), SqlError> {
-        if self.role == Role::Read && !is_read_only(stmt) {
+        if self.role == Role::Read && !is_read_only(stmt) && !sets_result_mode(stmt) {
             return Err(SqlError::permission_denied(format!(
                 "permission denied: user '{}' has role 'read', which may only query \
                  (SELECT, SUBSCRIBE, SHOW, DESCRIBE, EXPLAIN), not {}",
@@ -92,6 +92,17 @@ pub fn is_read_only(stmt: &Statement) -> bool {
             | Statement::DescribeJob(_)
             | Statement::Explain(_)
             | Statement::Set(None)
+    )
+}
+
+/// `SET`/`RESET` of how the session's results are shown, nothing else: a
+/// read user may (the remote shell sets it on every connection). Not
+/// read-only: it takes effect when submitted, as every `SET`.
+fn sets_result_mode(stmt: &Statement) -> bool {
+    matches!(
+        stmt,
+        Statement::Set(Some((k, _))) | Statement::Reset(Some(k))
+            if k.eq_ignore_ascii_case(weir_engine::config::RESULT_MODE)
     )
 }
 

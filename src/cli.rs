@@ -253,6 +253,9 @@ fn open_session(
     let mut policy = weir_engine::paths::PathPolicy::allow(&dirs)
         .map_err(|e| format!("--allow-dir: {e}"))?
         .reserving(data_dir);
+    if let Some(file) = &catalog {
+        policy = policy.reserving_file(file);
+    }
     if client_plugins {
         policy = policy.allowing_client_plugins();
     }
@@ -645,19 +648,15 @@ async fn materialized(rs: ResultStream, signals: &mut Signals) -> Result<(), Ses
 async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), SessionError> {
     let mut tab = Tableau::new(&rs.schema).in_zone(rs.zone.clone());
     let mut out = std::io::stdout();
-    // The header comes with the first rows (or at a successful end): a
-    // query that fails before any row prints its error alone, not an
-    // empty table and "Received a total of 0 rows" first.
-    let mut headed = false;
+    // The header at once (a quiet live query shows it is running); the
+    // total only at a successful end: a failing query prints its error,
+    // not "Received a total of 0 rows" first.
+    let _ = writeln!(out, "{}", tab.header(&rs.schema));
     let mut rows = 0u64;
     loop {
         tokio::select! {
             b = rs.rows.recv() => match b {
                 Some(batch) => {
-                    if !headed {
-                        let _ = writeln!(out, "{}", tab.header(&rs.schema));
-                        headed = true;
-                    }
                     rows += batch.num_rows() as u64;
                     let text = tab.rows(&batch).map_err(weir_engine::ExecError::from)?;
                     let _ = out.write_all(text.as_bytes());
@@ -676,9 +675,6 @@ async fn stream(mut rs: ResultStream, signals: &mut Signals) -> Result<(), Sessi
     // A failure after some rows: the rows stand, the error follows them
     // (as Flink's client prints it), without a total.
     if ended.is_ok() {
-        if !headed {
-            let _ = writeln!(out, "{}", tab.header(&rs.schema));
-        }
         let _ = writeln!(out, "{}", tab.footer(rows));
     }
     ended?;

@@ -69,11 +69,13 @@ impl FinalTable {
             let bytes = rows.row(i);
             let kind = changes.kind(i);
             if kind.is_accumulate() {
+                // A hole is for the `+U` right after its `-U`, nothing later.
+                let hole = self.hole.take().filter(|_| kind == RowKind::UpdateAfter);
                 if let Some((_, n)) = self.rows.get_mut(bytes.as_ref()) {
                     *n += 1;
                     continue;
                 }
-                let place = match self.hole.take().filter(|_| kind == RowKind::UpdateAfter) {
+                let place = match hole {
                     Some(h) => h,
                     None => {
                         self.next_place += 1;
@@ -82,6 +84,7 @@ impl FinalTable {
                 };
                 self.rows.insert(bytes.as_ref().into(), (place, 1));
             } else if let Some((place, n)) = self.rows.get_mut(bytes.as_ref()) {
+                self.hole = None;
                 *n -= 1;
                 if *n == 0 {
                     let place = *place;

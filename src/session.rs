@@ -68,6 +68,12 @@ pub struct ResultStream {
     /// The first column is `_op` (Flink's row kind of each row): a
     /// `SUBSCRIBE`, or a query whose result is updating.
     pub changelog: bool,
+    /// A bounded updating query answered as its final table (`weir
+    /// serve`): `schema` is the table's, `rows` carry the changes with
+    /// their `_op` first, and the server applies them
+    /// ([`crate::final_table`]) and sends the table once the job has ended
+    /// well.
+    pub final_table: bool,
     /// The session's `table.local-time-zone` (`None`: UTC), which the
     /// shell shows TIMESTAMP_LTZ values in.
     pub zone: Option<weir_engine::time_zone::SessionZone>,
@@ -90,56 +96,6 @@ fn result_rows(mut changes: mpsc::Receiver<ChangeBatch>, with_op: bool) -> mpsc:
             if tx.send(rows).await.is_err() {
                 break;
             }
-        }
-    });
-    rx
-}
-
-/// The final table of a bounded updating query: its changes applied as
-/// they come, the table sent once the job has ended on its own or been
-/// stopped (a stopped query answers the table so far). A job that failed
-/// or was cancelled sends nothing: its error is what the client hears, not
-/// a partial table.
-fn final_rows(
-    mut changes: mpsc::Receiver<ChangeBatch>,
-    schema: SchemaRef,
-    metrics: Arc<JobMetrics>,
-) -> mpsc::Receiver<RecordBatch> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let mut table = match crate::final_table::FinalTable::new(schema) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!("cannot keep the query's final table: {e}");
-                return;
-            }
-        };
-        while let Some(batch) = changes.recv().await {
-            if let Err(e) = table.apply(&batch) {
-                tracing::error!("cannot keep the query's final table: {e}");
-                return;
-            }
-        }
-        // The result channel closes as the job's tasks end; its state
-        // tells whether they ended well. (A client that left meanwhile
-        // stops the wait.)
-        let mut states = metrics.lifecycle.watch();
-        let ended = tokio::select! {
-            s = states.wait_for(JobState::is_terminal) => s.map(|s| s.clone()),
-            _ = tx.closed() => return,
-        };
-        if !matches!(ended, Ok(JobState::Finished | JobState::Stopped)) {
-            return;
-        }
-        match table.finish() {
-            Ok(batches) => {
-                for b in batches {
-                    if tx.send(b).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(e) => tracing::error!("cannot send the query's final table: {e}"),
         }
     });
     rx
@@ -1210,21 +1166,22 @@ impl Session {
                     }
                     QueryPlan::Stream(graph) => {
                         let shape = self.result_shape(&graph)?;
+                        let final_table = matches!(shape, ResultShape::FinalTable(_));
                         let (tx, rx) = mpsc::channel(16);
                         let job = deploy(graph, &config, Some(tx))?;
                         let (schema, rows, changelog) = match shape {
                             ResultShape::Inserts(schema) => (schema, result_rows(rx, false), false),
                             ResultShape::Changelog(schema) => (schema, result_rows(rx, true), true),
-                            ResultShape::FinalTable(schema) => {
-                                let rows = final_rows(rx, schema.clone(), job.metrics.clone());
-                                (schema, rows, false)
-                            }
+                            // The changes, `_op` first, for the server to
+                            // apply ([`ResultStream::final_table`]).
+                            ResultShape::FinalTable(schema) => (schema, result_rows(rx, true), false),
                         };
                         Ok(StatementResult::Stream(ResultStream {
                             schema,
                             rows,
                             job,
                             changelog,
+                            final_table,
                             zone: config.local_time_zone.clone(),
                         }))
                     }
@@ -1258,6 +1215,7 @@ impl Session {
                             rows: result_rows(rx, true),
                             job,
                             changelog: true,
+                            final_table: false,
                             zone: config.local_time_zone.clone(),
                         }))
                     }

@@ -91,6 +91,85 @@ pub fn view_ddl(v: &ViewDef, temporary: bool) -> String {
         "CREATE {}VIEW {}\nAS {}\n",
         if temporary { "TEMPORARY " } else { "" },
         quoted(&v.name),
-        v.query.trim()
+        masked_options(v.query.trim())
     )
+}
+
+/// A view's stored query as the user wrote it, secrets masked: the parser
+/// stores a `/*+ OPTIONS('k' = 'v') */` hint as `t(__weir_options('k',
+/// 'v'))`, which is turned back into the hint, and the value of every
+/// option whose key names a secret is masked there and in any `'key' =
+/// 'value'` pair. (Text that does not tokenize is shown masked whole: it
+/// cannot be checked.)
+fn masked_options(text: &str) -> String {
+    use crate::access::{MASK, is_secret_key};
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let dialect = sqlparser::dialect::GenericDialect {};
+    let Ok(tokens) = Tokenizer::new(&dialect, text).tokenize() else {
+        return MASK.to_string();
+    };
+    let shown = |k: &str, v: &str| {
+        if is_secret_key(k) {
+            MASK.to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    let solid = |i: usize| tokens.get(i).filter(|t| !matches!(t, Token::Whitespace(_)));
+    let mut out = String::new();
+    let mut i = 0;
+    while i < tokens.len() {
+        // `( __weir_options ( 'k' , 'v' , ... ) )`, as the parser writes it.
+        if let (Some(Token::LParen), Some(Token::Word(w)), Some(Token::LParen)) = (solid(i), solid(i + 1), solid(i + 2))
+            && w.value == "__weir_options"
+        {
+            let mut args = vec![];
+            let mut j = i + 3;
+            while let Some(t) = tokens.get(j) {
+                match t {
+                    Token::SingleQuotedString(v) => args.push(v.clone()),
+                    Token::Comma | Token::Whitespace(_) => {}
+                    _ => break,
+                }
+                j += 1;
+            }
+            if let (Some(Token::RParen), Some(Token::RParen)) = (solid(j), solid(j + 1))
+                && args.len() % 2 == 0
+            {
+                let pairs: Vec<String> = args
+                    .chunks(2)
+                    .map(|kv| format!("{} = {}", literal(&kv[0]), literal(&shown(&kv[0], &kv[1]))))
+                    .collect();
+                out.push_str(&format!(" /*+ OPTIONS({}) */", pairs.join(", ")));
+                i = j + 2;
+                continue;
+            }
+        }
+        // `'key' = 'value'`.
+        if let Some(Token::SingleQuotedString(k)) = tokens.get(i)
+            && is_secret_key(k)
+        {
+            let mut j = i + 1;
+            while matches!(tokens.get(j), Some(Token::Whitespace(_))) {
+                j += 1;
+            }
+            if matches!(tokens.get(j), Some(Token::Eq)) {
+                let mut v = j + 1;
+                while matches!(tokens.get(v), Some(Token::Whitespace(_))) {
+                    v += 1;
+                }
+                if let Some(Token::SingleQuotedString(_)) = tokens.get(v) {
+                    for t in &tokens[i..v] {
+                        out.push_str(&t.to_string());
+                    }
+                    out.push_str(&literal(MASK));
+                    i = v + 1;
+                    continue;
+                }
+            }
+        }
+        out.push_str(&tokens[i].to_string());
+        i += 1;
+    }
+    out
 }

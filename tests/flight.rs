@@ -831,7 +831,11 @@ async fn a_bounded_updating_query_answers_its_final_table() {
     // A bounded updating query that fails: the client hears the failure
     // and gets no partial table.
     let bad = server.out.with_extension("bad.csv");
-    std::fs::write(&bad, "1,a\n2,b\nnot-a-number,c\n").expect("write");
+    // Many batches of good rows first: their changes reach the server
+    // before the failure, so a partial table would exist to send.
+    let mut text: String = (0..50_000).map(|i| format!("{i},g{}\n", i % 7)).collect();
+    text.push_str("not-a-number,c\n");
+    std::fs::write(&bad, text).expect("write");
     client
         .execute_update(
             format!(

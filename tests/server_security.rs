@@ -247,6 +247,15 @@ async fn roles_ownership_and_masked_secrets() {
     assert_eq!(strings(&got, "one"), vec!["1"]);
     run(&mut rita, "SHOW JOBS").await.expect("read lists jobs");
     run(&mut rita, "SHOW TABLES").await.expect("read lists tables");
+    run(&mut rita, "SHOW CREATE TABLE sink").await.expect("read shows DDL");
+    // How her results are shown is hers to set (the remote shell sets it
+    // on connecting): nothing else changes.
+    run(&mut rita, "SET 'sql-client.execution.result-mode' = 'changelog'")
+        .await
+        .expect("read sets the result mode");
+    run(&mut rita, "RESET 'sql-client.execution.result-mode'")
+        .await
+        .expect("read resets the result mode");
     for sql in [
         "CREATE TABLE t2 (x BIGINT) WITH ('connector' = 'blackhole')",
         "DROP TABLE sink",

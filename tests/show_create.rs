@@ -91,6 +91,15 @@ WITH (
         "{s}"
     );
     assert!(!s.contains("hunter2"), "a secret shown: {s}");
+    session
+        .execute_sql("CREATE TEMPORARY VIEW hinted AS SELECT a FROM s /*+ OPTIONS('topic' = 'other', 'properties.sasl.jaas.config' = 'hunter3') */;")
+        .await
+        .expect("view with a hint");
+    let hinted = ddl_of(&mut session, "SHOW CREATE VIEW hinted;").await;
+    assert_eq!(
+        hinted,
+        "CREATE TEMPORARY VIEW `hinted`\nAS SELECT a FROM s /*+ OPTIONS('topic' = 'other', 'properties.sasl.jaas.config' = '******') */\n"
+    );
 
     // Flink's column-level form, and a named constraint.
     session

@@ -255,9 +255,20 @@ impl Options {
 /// values are never shown in listings, errors or logs.
 pub fn is_secret_key(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    ["password", "secret", "sasl.jaas.config", "token"]
-        .iter()
-        .any(|s| k.contains(s))
+    // A private key inline (`properties.ssl.key.pem`), a registry's
+    // `basic-auth.user-info`, cloud credentials.
+    [
+        "password",
+        "secret",
+        "sasl.jaas.config",
+        "token",
+        "ssl.key",
+        "private",
+        "credential",
+        "user-info",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
 }
 
 /// What is shown in place of a secret.

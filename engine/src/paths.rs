@@ -123,6 +123,23 @@ impl PathPolicy {
         self
     }
 
+    /// Also reserves `path` (a server's catalog file outside its data dir):
+    /// never readable or writable through SQL.
+    pub fn reserving_file(mut self, path: &Path) -> Self {
+        let canonical = path
+            .parent()
+            .and_then(|d| std::fs::canonicalize(d).ok())
+            .and_then(|d| path.file_name().map(|n| d.join(n)))
+            .unwrap_or_else(|| path.to_path_buf());
+        self.reserved = self
+            .reserved
+            .iter()
+            .cloned()
+            .chain(std::iter::once(canonical))
+            .collect();
+        self
+    }
+
     pub fn is_restricted(&self) -> bool {
         self.allowed.is_some()
     }

@@ -368,18 +368,48 @@ impl WeirFlightSql {
         self.stats.add_subscriber(queue.downgrade());
         let guard = StopOnDrop(rs.job.stopper());
         let (mut rows, job, schema) = (rs.rows, rs.job, rs.schema);
+        // A bounded updating query's final table: its changes are applied
+        // here and the table is sent only once the job has ended well (a
+        // failed job sends its error, never a partial table).
+        let mut table = match rs.final_table {
+            true => match crate::final_table::FinalTable::new(schema.clone()) {
+                Ok(t) => Some(Ok(t)),
+                Err(e) => Some(Err(e)),
+            },
+            false => None,
+        };
         let verdict = dropped.clone();
         let mut shutdown = self.shutdown.subscribe();
         tokio::spawn(async move {
             let mut why = None;
             let closing = || Some(Status::unavailable("the server is shutting down"));
+            let slow = || {
+                Some(Status::resource_exhausted(format!(
+                    "slow subscriber: {capacity} result batches waited {patience:?} to be read, \
+                     so the subscription was dropped rather than stall the query; read batches \
+                     as they come (never fetchall() on a live query)"
+                )))
+            };
+            if let Some(Err(e)) = &table {
+                why = Some(Status::internal(format!("cannot keep the query's final table: {e}")));
+            }
             loop {
+                if why.is_some() {
+                    break;
+                }
                 // (The watch's guard must not live across an await.)
                 let batch = tokio::select! {
                     b = rows.recv() => b,
                     _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => { why = closing(); break; }
                 };
                 let Some(batch) = batch else { break };
+                if let Some(Ok(t)) = table.as_mut() {
+                    // The changes come with their `_op` first.
+                    if let Err(e) = crate::display::changes_of(&batch).and_then(|c| t.apply(&c)) {
+                        why = Some(Status::internal(format!("cannot keep the query's final table: {e}")));
+                    }
+                    continue;
+                }
                 // A full queue back-pressures the query, for a while.
                 let sent = tokio::select! {
                     r = tokio::time::timeout(patience, queue.send(batch)) => r,
@@ -390,11 +420,7 @@ impl WeirFlightSql {
                     // The client is gone.
                     Ok(Err(_)) => break,
                     Err(_) => {
-                        why = Some(Status::resource_exhausted(format!(
-                            "slow subscriber: {capacity} result batches waited {patience:?} to be read, \
-                             so the subscription was dropped rather than stall the query; read batches \
-                             as they come (never fetchall() on a live query)"
-                        )));
+                        why = slow();
                         break;
                     }
                 }
@@ -404,11 +430,36 @@ impl WeirFlightSql {
             job.stop();
             drop(rows);
             let mut at_once = why.is_some();
-            if let Err(e) = job.wait().await
-                && why.is_none()
-            {
-                why = Some(Status::aborted(format!("the query failed: {e}")));
-                at_once = false;
+            match job.wait().await {
+                Err(e) if why.is_none() => {
+                    why = Some(Status::aborted(format!("the query failed: {e}")));
+                    at_once = false;
+                }
+                // Ended well: now the final table.
+                Ok(_) if why.is_none() => {
+                    if let Some(Ok(t)) = table.take() {
+                        match t.finish() {
+                            Ok(batches) => {
+                                for b in batches {
+                                    match tokio::time::timeout(patience, queue.send(b)).await {
+                                        Ok(Ok(())) => {}
+                                        Ok(Err(_)) => break,
+                                        Err(_) => {
+                                            why = slow();
+                                            at_once = true;
+                                            break;
+                                        }
+                                    }
+                                }
+                            }
+                            Err(e) => {
+                                why = Some(Status::internal(format!("cannot send the query's final table: {e}")));
+                                at_once = false;
+                            }
+                        }
+                    }
+                }
+                _ => {}
             }
             if let (Some(s), Ok(mut d)) = (why, verdict.lock()) {
                 *d = Some((s, at_once));

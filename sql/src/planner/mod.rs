@@ -332,7 +332,8 @@ fn into_columns(
     for f in target.fields() {
         exprs.push(match position.get(f.name().as_str()) {
             Some(&j) => Expr::Column(source[j].clone()).alias(f.name()),
-            None if !f.is_nullable() => {
+            // A primary key's columns are NOT NULL (Flink makes them so).
+            None if !f.is_nullable() || sink.primary_key.as_ref().is_some_and(|k| k.contains(f.name())) => {
                 return Err(SqlError::plan(format!(
                     "Column '{}' has no default value and does not allow NULLs",
                     f.name()
