@@ -186,24 +186,32 @@ impl Registry {
         let mut states = metrics.lifecycle.watch();
         let (registry, metrics) = (self.clone(), metrics.clone());
         tokio::spawn(async move {
-            let Ok(state) = states.wait_for(JobState::is_terminal).await.map(|s| s.clone()) else {
-                return;
-            };
-            if state == JobState::Suspended {
+            if states.wait_for(JobState::is_terminal).await.is_err() {
                 return;
             }
-            let end = JobEnd::of(&state, &metrics);
-            registry.update(|r| {
-                if let Some(record) = r.iter_mut().find(|x| x.id == id && x.ended.is_none()) {
-                    record.ended = Some(end);
+            registry.record_end(&id, &metrics);
+        });
+    }
+
+    /// Records how job `id` ended, once it has (a suspended or running job
+    /// is left as it is). Also called by `STOP JOB` when it answers, so a
+    /// server stopped right after cannot start the job again.
+    pub fn record_end(&self, id: &str, metrics: &JobMetrics) {
+        let state = metrics.lifecycle.state();
+        if !state.is_terminal() || state == JobState::Suspended {
+            return;
+        }
+        let end = JobEnd::of(&state, metrics);
+        self.update(|r| {
+            if let Some(record) = r.iter_mut().find(|x| x.id == id && x.ended.is_none()) {
+                record.ended = Some(end);
+            }
+            let ended = r.iter().filter(|x| x.ended.is_some()).count();
+            for _ in ENDED_KEPT..ended {
+                if let Some(oldest) = r.iter().position(|x| x.ended.is_some()) {
+                    r.remove(oldest);
                 }
-                let ended = r.iter().filter(|x| x.ended.is_some()).count();
-                for _ in ENDED_KEPT..ended {
-                    if let Some(oldest) = r.iter().position(|x| x.ended.is_some()) {
-                        r.remove(oldest);
-                    }
-                }
-            });
+            }
         });
     }
 }

@@ -653,7 +653,11 @@ impl Session {
             handle.stop();
             Stopping { id, name, metrics }
         };
+        let (id, metrics) = (stopping.id.clone(), stopping.metrics.clone());
         let result = stopping.finish().await;
+        if let Some(r) = self.shared.registry.get() {
+            r.record_end(&id, &metrics);
+        }
         self.shared.jobs().running.retain(|j| !j.is_finished());
         Ok(result)
     }
@@ -710,7 +714,16 @@ impl Session {
         };
         let done = controller.savepoint(dir, mode).await?;
         if mode != SavepointMode::Keep {
-            let _ = Stopping { id, name, metrics }.finish().await;
+            let _ = Stopping {
+                id: id.clone(),
+                name,
+                metrics: metrics.clone(),
+            }
+            .finish()
+            .await;
+            if let Some(r) = self.shared.registry.get() {
+                r.record_end(&id, &metrics);
+            }
             self.shared.jobs().running.retain(|j| !j.is_finished());
         }
         let schema = Arc::new(Schema::new(vec![Field::new("savepoint_path", DataType::Utf8, false)]));
@@ -802,9 +815,16 @@ impl Session {
             let (false, Some(pos)) = (state.is_terminal(), pos) else {
                 return Err(SqlError::plan(format!("job '{name}' is {}; nothing to cancel", state.name())).into());
             };
-            (name, jobs.running.remove(pos))
+            (
+                name,
+                (job.record.id.clone(), job.metrics.clone(), jobs.running.remove(pos)),
+            )
         };
+        let (id, metrics, handle) = handle;
         handle.cancel().await?;
+        if let Some(r) = self.shared.registry.get() {
+            r.record_end(&id, &metrics);
+        }
         Ok(StatementResult::Done(format!("job '{name}' canceled")))
     }
 

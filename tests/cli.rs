@@ -286,6 +286,38 @@ SELECT * FROM t MATCH_RECOGNIZE (ORDER BY ts MEASURES A.v AS x PATTERN (A) DEFIN
     assert!(!stderr.contains("Ident"), "{stderr}");
 }
 
+/// `examples/backfill_alignment.sql` as written shows what it promises:
+/// the fast split 0 is held back by its alignment group (paused for a
+/// while), and no split is held back longer than it.
+#[test]
+fn the_alignment_example_holds_the_fast_split_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = weir(dir.path())
+        .arg("run")
+        .arg(example("backfill_alignment.sql"))
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // SHOW WATERMARKS: | scope | name | watermark | lag_ms | state | paused_ms | detail |
+    let paused: Vec<(String, u64)> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| split"))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            Some((cells.get(2)?.to_string(), cells.get(6)?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(paused.len(), 12, "{stdout}");
+    let fast = paused
+        .iter()
+        .find(|(n, _)| n.contains("nexmark-0-of-12"))
+        .map(|(_, p)| *p);
+    let most = paused.iter().map(|(_, p)| *p).max();
+    assert!(fast.is_some_and(|p| p > 0), "split 0 was never paused:\n{stdout}");
+    assert_eq!(fast, most, "another split was held back longer:\n{stdout}");
+}
+
 #[test]
 fn sigint_stops_an_unbounded_job_gracefully() {
     let dir = tempfile::tempdir().expect("tempdir");
