@@ -336,6 +336,53 @@ fn without_checkpointing_a_bounded_job_commits_its_delta_files_at_the_end() {
     assert_rows(&read_table(&table), &expected, "without checkpointing");
 }
 
+/// `parquet.block.size` bounds the files' row groups (pyarrow counts
+/// them); every row is still there once. 0 is refused by name.
+#[test]
+fn parquet_block_size_bounds_the_row_groups_of_a_delta_tables_files() {
+    let Setup {
+        dir,
+        expected,
+        table,
+        sql,
+        data,
+    } = setup("");
+    let text = std::fs::read_to_string(&sql)
+        .expect("sql")
+        .replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'");
+    let small = text.replace("'64 kb'", "'1 mb', 'parquet.block.size' = '8 kb'");
+    std::fs::write(&sql, &small).expect("sql");
+    let (ended, stderr) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{stderr}");
+    let read = read_table(&table);
+    assert_rows(&read, &expected, "small row groups");
+    let script = r#"
+import sys, pyarrow.parquet as pq
+print(max(pq.ParquetFile(f"{sys.argv[1]}/{p}").metadata.num_row_groups for p in sys.argv[2:]))
+"#;
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(&table)
+        .args(&read.files)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let groups: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count");
+    // A partition's file holds ~5 000 rows of ~20 bytes: ~100 KB, so
+    // many 8 KB groups; one group would mean the option was ignored.
+    assert!(groups >= 4, "row groups of the largest file: {groups}");
+
+    std::fs::write(&sql, text.replace("'64 kb'", "'64 kb', 'parquet.block.size' = '0'")).expect("sql");
+    let (ended, stderr) = run(&dir.path().join("data-0"), &sql, None, None);
+    assert_eq!(ended, Some(false), "{stderr}");
+    assert!(
+        stderr.contains("'parquet.block.size' must be more than 0 bytes"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// SIGKILL at random moments (each once a further checkpoint completed),
 /// the job started again after each: every row once, each checkpoint
 /// committed at most once, no file of a killed attempt left behind.

@@ -203,6 +203,33 @@ pub fn block_on<T: Send + 'static>(
     rx.recv().map_err(|_| format!("a request to {what} was dropped"))
 }
 
+/// [`block_on`] for work that is mostly computation: `fut` is first
+/// polled on this thread, inside the object-store runtime's context (what
+/// it spawns and the I/O it starts belong to that runtime), and only if it
+/// then waits for I/O is it handed to the runtime and waited for. A Delta
+/// writer's `write` encodes Parquet and seldom waits (a finished row group
+/// starts an upload in the background): run on the runtime, each batch
+/// crossed threads twice and the caller's thread sat idle while another
+/// encoded, 15 % of a pass-through job's throughput at parallelism 2.
+pub fn block_on_here<T: Send + 'static>(
+    what: &str,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, String> {
+    let rt = runtime().map_err(|e| e.to_string())?;
+    let mut fut = Box::pin(fut);
+    {
+        let _context = rt.enter();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return Ok(out);
+        }
+    }
+    // Pending: its I/O holds a waker that wakes nothing; polled again on
+    // the runtime, the future registers the runtime's (a future must
+    // accept being polled with another waker).
+    block_on(what, fut)
+}
+
 impl std::fmt::Debug for ObjectCheckpointStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ObjectCheckpointStore({})", self.base)

@@ -44,10 +44,10 @@ pub struct DeltaCommitter {
     loaded: Mutex<Option<DeltaTable>>,
     /// A keyed table's primary key (changes are applied by it).
     key: Option<TableKey>,
-    /// The sink's `sink.rolling-policy.file-size` and
-    /// `parquet.compression`, which files rewritten by a keyed commit keep.
+    /// The sink's `sink.rolling-policy.file-size` and Parquet settings,
+    /// which files rewritten by a keyed commit keep.
     file_size: u64,
-    compression: parquet::basic::Compression,
+    parquet: parquet::file::properties::WriterProperties,
     /// What the last commit made (see [`Committer::take_report`]).
     report: Mutex<Option<crate::checkpoint::commit::SinkCommit>>,
 }
@@ -71,7 +71,7 @@ impl DeltaCommitter {
             schema: sink.schema.clone(),
             partition_keys: sink.partition_keys.clone(),
             file_size: sink.file_size,
-            compression: sink.compression,
+            parquet: sink.parquet.clone(),
             app_id: format!("weir-{}-{}", ctx.job_tag, ctx.sink_uid),
             job_dir: job_dir(ctx),
             attempt: ctx.attempt.clone(),
@@ -246,7 +246,7 @@ impl DeltaCommitter {
             rewrite_url: self.table.dir_url(&rewrite_dir)?,
             rewrite_dir,
             file_size: self.file_size,
-            compression: self.compression,
+            parquet: self.parquet.clone(),
             txn: checkpoint_id.map(|c| (self.app_id.clone(), c)),
         };
         // A conflicting commit of another writer (a compaction, another
@@ -441,9 +441,9 @@ pub struct Change {
     /// table, and as a URL).
     rewrite_dir: String,
     rewrite_url: url::Url,
-    /// The rewritten files' rolling size and compression (the sink's).
+    /// The rewritten files' rolling size and Parquet settings (the sink's).
     file_size: u64,
-    compression: parquet::basic::Compression,
+    parquet: parquet::file::properties::WriterProperties,
     txn: Option<(String, u64)>,
 }
 
@@ -469,7 +469,7 @@ pub async fn commit_change(
         rewrite_dir,
         rewrite_url,
         file_size,
-        compression,
+        parquet,
         txn,
     } = change;
     let log_store = table.log_store();
@@ -517,7 +517,7 @@ pub async fn commit_change(
             key,
             files,
             &rewrite_url,
-            (file_size, compression),
+            (file_size, parquet.clone()),
         )
         .await?;
         removed = removes.len();
@@ -578,7 +578,7 @@ async fn rewrite_without(
     key: &TableKey,
     files: Vec<Candidate<'_>>,
     rewrite_url: &url::Url,
-    (file_size, compression): (u64, parquet::basic::Compression),
+    (file_size, props): (u64, parquet::file::properties::WriterProperties),
 ) -> std::result::Result<(Vec<Remove>, Vec<Add>), deltalake_core::DeltaTableError> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let store = table.object_store();
@@ -631,11 +631,7 @@ async fn rewrite_without(
                         None,
                     )?
                     .with_target_file_size(file_size)
-                    .with_writer_properties(
-                        parquet::file::properties::WriterProperties::builder()
-                            .set_compression(compression)
-                            .build(),
-                    ),
+                    .with_writer_properties(props.clone()),
                 ),
             };
             w.write(b).await?;

@@ -6,13 +6,12 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use deltalake_core::kernel::Add;
 use deltalake_core::writer::{DeltaWriter as _, RecordBatchWriter};
-use parquet::file::properties::WriterProperties;
 
 use super::committer::{Committable, DeltaCommitter};
 use super::table::{DeltaLocation, to_delta};
 use super::upserts::Upserts;
 use crate::change::ChangeBatch;
-use crate::checkpoint::objects::block_on;
+use crate::checkpoint::objects::block_on_here;
 use crate::connectors::{CommittingWriter, SinkContext};
 use crate::error::{ExecError, Result};
 use crate::operators::{Collector, Operator};
@@ -45,7 +44,7 @@ impl DeltaWriter {
             sink.partition_keys.as_slice(),
             sink.key.clone(),
         );
-        let (file_size, compression) = (sink.file_size, sink.compression);
+        let file_size = sink.file_size;
         let prefix = format!("{}/{}-{subtask}", super::committer::job_dir(ctx), ctx.attempt);
         if let Some(dir) = &table.local {
             // Fails early (a directory not writable) with its name.
@@ -53,7 +52,6 @@ impl DeltaWriter {
             std::fs::create_dir_all(&dir).map_err(|e| table.error(format!("cannot create {}: {e}", dir.display())))?;
         }
         let url = table.dir_url(&prefix)?;
-        let props = WriterProperties::builder().set_compression(compression).build();
         let writer = RecordBatchWriter::try_new(
             url.as_str(),
             schema.clone(),
@@ -62,7 +60,7 @@ impl DeltaWriter {
         )
         .map_err(|e| table.error(format!("cannot write: {e}")))?
         .with_target_file_size(file_size)
-        .with_writer_properties(props);
+        .with_writer_properties(sink.parquet.clone());
         let upserts = key.map(Upserts::new).transpose()?;
         let committer = DeltaCommitter::new(sink, ctx);
         Ok(Self {
@@ -120,7 +118,7 @@ impl DeltaWriter {
     /// the object-store runtime (delta-rs is async).
     fn write_rows(&mut self, rows: arrow::record_batch::RecordBatch) -> Result<()> {
         let mut w = self.take()?;
-        let (w, r) = block_on("a Delta table", async move {
+        let (w, r) = block_on_here("a Delta table", async move {
             let r = w.write(rows).await;
             (w, r)
         })
@@ -133,7 +131,7 @@ impl DeltaWriter {
     /// the table yet. Their `add` actions, paths relative to the table.
     fn close_files(&mut self) -> Result<Vec<Add>> {
         let mut w = self.take()?;
-        let (w, r) = block_on("a Delta table", async move {
+        let (w, r) = block_on_here("a Delta table", async move {
             let r = w.flush().await;
             (w, r)
         })
