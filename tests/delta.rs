@@ -1465,3 +1465,206 @@ os._exit(0)
     rows.sort();
     assert_eq!(rows, ["1|a|\\N", "2|b|\\N", "3|c|eu"]);
 }
+
+/// Rows `from..to` as the other writer appends them to `lake`, and as the
+/// reader prints them.
+fn other_rows(from: u64, to: u64) -> Vec<String> {
+    (from..to)
+        .map(|n| {
+            let auction = 1000 + n;
+            format!(
+                "{auction}|{n}|2030-01-01 00:{:02}:{:02}.000|other-{n}|{}",
+                n / 60,
+                n % 60,
+                auction % 4
+            )
+        })
+        .collect()
+}
+
+/// Runs a Python snippet on the table `path` (`sys.argv[1]`), the
+/// further arguments after it.
+fn python_on(path: &Path, script: &str, args: &[String]) {
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+const APPEND_ROWS: &str = r#"
+import sys
+import pyarrow as pa
+from datetime import datetime, timedelta
+from deltalake import write_deltalake
+ns = range(int(sys.argv[2]), int(sys.argv[3]))
+write_deltalake(sys.argv[1], pa.table({
+    "auction": pa.array([1000 + n for n in ns], pa.int64()),
+    "price": pa.array(list(ns), pa.int64()),
+    "dateTime": pa.array([datetime(2030, 1, 1) + timedelta(seconds=n) for n in ns], pa.timestamp("us")),
+    "bidder": pa.array([f"other-{n}" for n in ns], pa.string()),
+    "bucket": pa.array([(1000 + n) % 4 for n in ns], pa.int64()),
+}), mode="append")
+"#;
+
+/// The copy holds exactly `expected` (a table not made yet holds nothing).
+fn copy_holds(copy: &Path, expected: &[String]) -> Result<(), String> {
+    if !copy.join("_delta_log").exists() {
+        return Err("no table yet".into());
+    }
+    let read = read_table(copy);
+    if read.rows == expected {
+        Ok(())
+    } else {
+        Err(format!("{} rows of {}", read.rows.len(), expected.len()))
+    }
+}
+
+/// `'scan.mode' = 'continuous'`: a job copies a Delta table (Weir's
+/// snapshot, then the commits another writer appends: two appends, an
+/// OPTIMIZE between them that rewrites rows already read, one more while
+/// the job is SIGKILLed) into another; after the restart the copy has
+/// every row once. A DELETE on the table then stops the read with an
+/// error naming the commit.
+#[test]
+fn a_continuous_delta_read_takes_each_appended_commit_once_across_a_sigkill() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Setup {
+        dir,
+        mut expected,
+        table,
+        sql,
+        data,
+    } = setup("");
+    let text = std::fs::read_to_string(&sql).expect("sql");
+    std::fs::write(
+        &sql,
+        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
+    )
+    .expect("sql");
+    let (ended, stderr) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{stderr}");
+
+    let copy = dir.path().join("copy");
+    let copy_sql = dir.path().join("copy.sql");
+    std::fs::write(
+        &copy_sql,
+        format!(
+            "SET 'pipeline.name' = 'delta-copy';
+SET 'execution.checkpointing.interval' = '200 ms';
+CREATE TABLE lake (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+WITH ('connector' = 'delta', 'path' = '{}', 'scan.mode' = 'continuous', 'source.monitor-interval' = '100 ms');
+CREATE TABLE copy (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+PARTITIONED BY (bucket) WITH ('connector' = 'delta', 'path' = '{}');
+INSERT INTO copy SELECT * FROM lake;
+",
+            table.display(),
+            copy.display()
+        ),
+    )
+    .expect("sql");
+    let copy_data = dir.path().join("copy-data");
+    let start = |kill: Arc<AtomicBool>| {
+        let (data, sql) = (copy_data.clone(), copy_sql.clone());
+        std::thread::spawn(move || {
+            common::run_armed(&data, &sql, None, 300, Some(Duration::ZERO), &|_| {
+                kill.load(Ordering::SeqCst)
+            })
+        })
+    };
+    let kill = Arc::new(AtomicBool::new(false));
+    let job = start(kill.clone());
+    common::eventually_blocking("the snapshot in the copy", 120, || {
+        assert!(!job.is_finished(), "the continuous job ended");
+        copy_holds(&copy, &expected)
+    });
+
+    let append = |from: u64, to: u64, expected: &mut Vec<String>| {
+        python_on(&table, APPEND_ROWS, &[from.to_string(), to.to_string()]);
+        expected.extend(other_rows(from, to));
+        expected.sort();
+    };
+    append(0, 50, &mut expected);
+    // Rewrites every file (rows already read): appends nothing.
+    python_on(
+        &table,
+        "import sys\nfrom deltalake import DeltaTable\nDeltaTable(sys.argv[1]).optimize.compact()",
+        &[],
+    );
+    append(50, 80, &mut expected);
+    common::eventually_blocking("the appended commits in the copy", 120, || {
+        assert!(!job.is_finished(), "the continuous job ended");
+        copy_holds(&copy, &expected)
+    });
+    kill.store(true, Ordering::SeqCst);
+    let killed = job.join().expect("job");
+    assert!(killed.exited.is_none(), "not killed:\n{}", killed.stderr);
+
+    // While the job is away.
+    append(80, 100, &mut expected);
+    let job = start(Arc::new(AtomicBool::new(false)));
+    common::eventually_blocking("the commit made while the job was away", 120, || {
+        assert!(!job.is_finished(), "the continuous job ended");
+        copy_holds(&copy, &expected)
+    });
+
+    python_on(
+        &table,
+        "import sys\nfrom deltalake import DeltaTable\nDeltaTable(sys.argv[1]).delete('auction = 1010')",
+        &[],
+    );
+    let ended = job.join().expect("job");
+    assert_eq!(ended.exited.map(|s| s.success()), Some(false), "{}", ended.stderr);
+    assert!(
+        ended.stderr.contains("deletes or updates rows")
+            && ended.stderr.contains("a continuous read takes appended rows only"),
+        "{}",
+        ended.stderr
+    );
+    assert!(!ended.stderr.contains("panicked"), "{}", ended.stderr);
+    assert_rows(&read_table(&copy), &expected, "after the DELETE");
+}
+
+/// A continuous read's options: the interval without the mode, both
+/// names of the mode, a zero interval: errors naming them.
+#[test]
+fn a_continuous_reads_options_are_checked_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    python_on(&lake, APPEND_ROWS, &["0".into(), "3".into()]);
+    for (with, error) in [
+        (
+            "'source.monitor-interval' = '1 s'",
+            "'source.monitor-interval' is for a continuous read: set 'scan.mode' = 'continuous' too",
+        ),
+        (
+            "'scan.mode' = 'continuous', 'mode' = 'streaming'",
+            "'scan.mode' and 'mode' name the same thing; give one",
+        ),
+        (
+            "'scan.mode' = 'continuous', 'source.monitor-interval' = '0 s'",
+            "'source.monitor-interval' must be more than 0",
+        ),
+    ] {
+        let sql = dir.path().join("job.sql");
+        std::fs::write(
+            &sql,
+            format!(
+                "CREATE TABLE lake (auction BIGINT, price BIGINT) WITH ('connector' = 'delta', 'path' = '{}', {with});
+CREATE TABLE out (auction BIGINT, price BIGINT) WITH ('connector' = 'blackhole');
+INSERT INTO out SELECT * FROM lake;
+",
+                lake.display()
+            ),
+        )
+        .expect("sql");
+        let (ended, stderr) = run(&dir.path().join("data"), &sql, None, None);
+        assert_eq!(ended, Some(false), "{with}: {stderr}");
+        assert!(stderr.contains(error), "{with}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

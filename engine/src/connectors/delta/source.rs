@@ -1,11 +1,19 @@
-//! `delta` as a bounded source: one snapshot of a table (its latest
-//! version when the job is planned, or `'version'` / `'timestamp-as-of'`),
-//! a split per data file of that snapshot.
+//! `delta` as a source: one snapshot of a table (its latest version when
+//! the job is planned, or `'version'` / `'timestamp-as-of'`), a split per
+//! data file of that snapshot; with `'scan.mode' = 'continuous'` also the
+//! files each later commit appends, found by walking the log a commit at a
+//! time (Delta's streaming read: a commit that only rearranges rows, such
+//! as OPTIMIZE, adds nothing new; one that deletes or updates rows stops
+//! the read with an error naming it, as Delta's streaming readers do
+//! without `ignoreChanges`).
 //!
-//! A split's id carries the snapshot's version (`path@v7`): a job restored
-//! from a checkpoint reads the version it started on, whatever was
-//! committed to the table since, so the files it had not finished are the
-//! same files. Its position is the rows of the file emitted. Partition
+//! A split's id carries the snapshot's version (`path@v7`), and an
+//! appended file's also its commit (`path@v7+12`): a job restored from a
+//! checkpoint reads the version it started on, whatever was committed to
+//! the table since, so the files it had not finished are the same files,
+//! and walks the commits after it again (the checkpoint's splits are the
+//! files already found; the walk is the log cursor). Its position is the
+//! rows of the file emitted. Partition
 //! columns come from the log's partition values, not from the file or its
 //! directory (a table written by Spark or delta-rs alike).
 //!
@@ -36,6 +44,17 @@ pub const TIMESTAMP_AS_OF: &str = "timestamp-as-of";
 /// Flink's Delta connector (`delta-flink`) names them so.
 const FLINK_VERSION: &str = "versionAsOf";
 const FLINK_TIMESTAMP: &str = "timestampAsOf";
+/// `snapshot` (bounded) or `continuous` (the snapshot, then each commit's
+/// appended files).
+pub const SCAN_MODE: &str = "scan.mode";
+/// Flink's Delta connector's name for it: `batch` or `streaming`.
+const FLINK_MODE: &str = "mode";
+/// How often a continuous read looks for new commits.
+pub const MONITOR: &str = "source.monitor-interval";
+/// Flink's Delta connector's name for it (milliseconds).
+const FLINK_MONITOR: &str = "updateCheckIntervalMillis";
+/// Flink's Delta connector checks every 5 s.
+const DEFAULT_MONITOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub const OPTIONS: &[OptionSpec] = &[
     OptionSpec::new(
@@ -57,6 +76,28 @@ pub const OPTIONS: &[OptionSpec] = &[
         FLINK_TIMESTAMP,
         OptionKind::String,
         "the name Flink's Delta connector gives 'timestamp-as-of'",
+    ),
+    // No `with_default` on these two: `Options::get` answers a default as
+    // if given, which would clash with Flink's names for them.
+    OptionSpec::new(
+        SCAN_MODE,
+        OptionKind::Enum(&["snapshot", "continuous"]),
+        "'snapshot' (default) reads one version and ends; 'continuous' reads it, then the rows each later commit appends, and does not end",
+    ),
+    OptionSpec::new(
+        FLINK_MODE,
+        OptionKind::Enum(&["batch", "streaming"]),
+        "the name Flink's Delta connector gives 'scan.mode' ('batch' is 'snapshot', 'streaming' is 'continuous')",
+    ),
+    OptionSpec::new(
+        MONITOR,
+        OptionKind::Duration,
+        "how often a continuous read looks for new commits (default 5 s)",
+    ),
+    OptionSpec::new(
+        FLINK_MONITOR,
+        OptionKind::Int { min: 1, max: i64::MAX },
+        "the name Flink's Delta connector gives 'source.monitor-interval' (milliseconds)",
     ),
 ];
 
@@ -85,6 +126,24 @@ pub struct DeltaSource {
     partition_keys: Vec<String>,
     /// The files of `version` (a restore at another version lists its own).
     files: Vec<DataFile>,
+    /// The table's partition columns (of the version read).
+    table_keys: Vec<String>,
+    /// `continuous`: how often the log is walked for new commits.
+    continuous: Option<std::time::Duration>,
+    /// A continuous read's walk of the log past the snapshot, shared by
+    /// the readers of this process.
+    cursor: std::sync::Mutex<Cursor>,
+}
+
+/// How far a continuous read walked the log.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// The snapshot read (the first splits' version).
+    snapshot: u64,
+    /// The last commit walked.
+    walked: u64,
+    /// The files the commits walked appended, with their commit.
+    found: Vec<(u64, DataFile)>,
 }
 
 impl DeltaSource {
@@ -122,18 +181,55 @@ impl DeltaSource {
             (None, Some(t)) => Snapshot::AsOf(t),
             (None, None) => Snapshot::Latest,
         };
-        let (version, files) = list_files(&table, snapshot, &delta_schema, partition_keys)?;
+        let continuous = match (options.get(SCAN_MODE), options.get(FLINK_MODE)) {
+            (Some(_), Some(_)) => {
+                return Err(table.error(format!(
+                    "'{SCAN_MODE}' and '{FLINK_MODE}' name the same thing; give one"
+                )));
+            }
+            (Some(m), None) => m.trim().eq_ignore_ascii_case("continuous"),
+            (None, Some(m)) => m.trim().eq_ignore_ascii_case("streaming"),
+            (None, None) => false,
+        };
+        let interval = match (options.duration(MONITOR)?, options.get(FLINK_MONITOR)) {
+            (Some(_), Some(_)) => {
+                return Err(table.error(format!(
+                    "'{MONITOR}' and '{FLINK_MONITOR}' name the same thing; give one"
+                )));
+            }
+            (Some(d), None) => d,
+            (None, Some(ms)) => std::time::Duration::from_millis(ms.trim().parse().unwrap_or(0)),
+            (None, None) => DEFAULT_MONITOR,
+        };
+        if interval.is_zero() {
+            return Err(table.error(format!("'{MONITOR}' must be more than 0")));
+        }
+        if !continuous && (options.get(MONITOR).is_some() || options.get(FLINK_MONITOR).is_some()) {
+            return Err(table.error(format!(
+                "'{MONITOR}' is for a continuous read: set '{SCAN_MODE}' = 'continuous' too"
+            )));
+        }
+        let (version, files, table_keys) = list_files(&table, snapshot, &delta_schema, partition_keys)?;
         Ok(Self {
             table: Arc::new(table),
             schema,
             delta_schema,
             version,
             files,
+            table_keys,
             partition_keys: partition_keys.to_vec(),
+            continuous: continuous.then_some(interval),
+            cursor: std::sync::Mutex::new(Cursor {
+                snapshot: version,
+                walked: version,
+                found: vec![],
+            }),
         })
     }
 
-    fn splits(&self, version: u64, files: &[DataFile]) -> Result<Vec<Box<dyn SourceSplit>>> {
+    /// Splits of `files`, the snapshot `version`'s (`commit` `None`) or
+    /// appended by `commit` after it.
+    fn splits(&self, version: u64, commit: Option<u64>, files: &[DataFile]) -> Result<Vec<Box<dyn SourceSplit>>> {
         let store = self.table.files()?;
         Ok(files
             .iter()
@@ -142,7 +238,8 @@ impl DeltaSource {
                     table: self.table.clone(),
                     store: store.clone(),
                     file: f.clone(),
-                    version,
+                    id: split_id(&f.path, version, commit),
+                    version: commit.unwrap_or(version),
                     schema: self.schema.clone(),
                     delta_schema: self.delta_schema.clone(),
                     footer: None,
@@ -203,7 +300,7 @@ fn list_files(
     snapshot: Snapshot,
     delta_schema: &SchemaRef,
     partition_keys: &[String],
-) -> Result<(u64, Vec<DataFile>)> {
+) -> Result<(u64, Vec<DataFile>, Vec<String>)> {
     let mut t = table.unloaded()?;
     let loaded = block_on("a Delta table", async move {
         let r = match snapshot {
@@ -273,37 +370,192 @@ fn list_files(
                 f.path()
             )));
         }
-        let mut partition = f.partition_values_map();
-        partition.retain(|k, _| table_keys.contains(k));
         let path = f.path().to_string();
-        // A file given by its whole URL (a shallow clone's): inside the
-        // table it is read from its place there; elsewhere not yet.
         let key = match url::Url::parse(&path) {
-            Ok(u) => match u.as_str().strip_prefix(table.url.as_str()) {
-                Some(rel) => object_store::path::Path::from_url_path(rel)
-                    .map_err(|e| table.error(format!("file {path} of version {version}: {e}")))?,
-                None => {
-                    return Err(table.error(format!(
-                        "file {path} of version {version} is outside the table (a shallow clone), which the delta source does not read yet"
-                    )));
-                }
-            },
+            Ok(_) => file_key(table, version, &path)?,
             Err(_) => f.object_store_path(),
         };
-        files.push(DataFile {
-            path,
-            key,
-            size: f.size().max(0) as u64,
-            partition,
-        });
+        files.push(data_file(path, key, f.size(), f.partition_values_map(), &table_keys));
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok((version, files))
+    Ok((version, files, table_keys))
 }
 
-/// `path@v7`: a file of version 7.
-fn split_id(path: &str, version: u64) -> String {
-    format!("{path}@v{version}")
+/// A data file as the log describes it (its partition values those of the
+/// table's partition columns).
+fn data_file(
+    path: String,
+    key: object_store::path::Path,
+    size: i64,
+    mut partition: HashMap<String, Option<String>>,
+    table_keys: &[String],
+) -> DataFile {
+    partition.retain(|k, _| table_keys.contains(k));
+    DataFile {
+        path,
+        key,
+        size: size.max(0) as u64,
+        partition,
+    }
+}
+
+/// The object of a file the log names by its whole URL (a shallow
+/// clone's): inside the table it is read from its place there; elsewhere
+/// not yet.
+fn file_key(table: &DeltaLocation, version: u64, path: &str) -> Result<object_store::path::Path> {
+    match path.strip_prefix(table.url.as_str()) {
+        Some(rel) => object_store::path::Path::from_url_path(rel)
+            .map_err(|e| table.error(format!("file {path} of version {version}: {e}"))),
+        None => Err(table.error(format!(
+            "file {path} of version {version} is outside the table (a shallow clone), which the delta source does not read yet"
+        ))),
+    }
+}
+
+/// What commit `version` appended, read from its log entry; `None` if
+/// there is no such commit yet. A commit that removes rows (a DELETE,
+/// UPDATE or MERGE: a `remove` that changes data) or changes the table's
+/// columns ends a continuous read with an error naming it; one that only
+/// rearranges rows (OPTIMIZE: `dataChange` false) appends nothing.
+fn commit_files(
+    table: &DeltaLocation,
+    log_store: &deltalake_core::logstore::LogStoreRef,
+    version: u64,
+    delta_schema: &SchemaRef,
+    table_keys: &[String],
+) -> Result<Option<Vec<DataFile>>> {
+    use deltalake_core::kernel::Action;
+    let store = log_store.clone();
+    let entry = block_on("a Delta table", async move { store.read_commit_entry(version).await })
+        .map_err(|e| table.unreachable(e))?
+        .map_err(|e| table.unreachable(format!("cannot read commit {version}: {e}")))?;
+    let Some(bytes) = entry else {
+        return Ok(None);
+    };
+    let actions = deltalake_core::logstore::get_actions(version, &bytes)
+        .map_err(|e| table.error(format!("commit {version} is not readable: {e}")))?;
+    let mut files = vec![];
+    for action in actions {
+        match action {
+            Action::Add(add) if add.data_change => {
+                if add.deletion_vector.is_some() {
+                    return Err(table.error(format!(
+                        "file {} of version {version} has a deletion vector, which the delta source does not read yet",
+                        add.path
+                    )));
+                }
+                let key = if url::Url::parse(&add.path).is_ok() {
+                    file_key(table, version, &add.path)?
+                } else {
+                    object_store::path::Path::from_url_path(&add.path)
+                        .map_err(|e| table.error(format!("file {} of version {version}: {e}", add.path)))?
+                };
+                files.push(data_file(
+                    key.to_string(),
+                    key,
+                    add.size,
+                    add.partition_values,
+                    table_keys,
+                ));
+            }
+            Action::Remove(r) if r.data_change => {
+                return Err(table.error(format!(
+                    "version {version} deletes or updates rows (it removes file {}): a continuous read takes appended rows only, as Delta's streaming readers do; read the table again from a snapshot",
+                    r.path
+                )));
+            }
+            Action::Metadata(m) => {
+                let theirs = m
+                    .parse_schema()
+                    .map_err(|e| table.error(format!("version {version}: the table's columns: {e}")))?;
+                let ours = super::table::kernel_schema(delta_schema).map_err(|e| table.error(e))?;
+                if let Some(f) = ours
+                    .fields()
+                    .find(|f| theirs.field(f.name()).is_none_or(|t| t.data_type() != f.data_type()))
+                {
+                    return Err(table.error(format!(
+                        "version {version} changes the table's column '{}': a continuous read stops there; start the job again to read the table as it is now",
+                        f.name()
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(Some(files))
+}
+
+/// `path@v7`: a file of snapshot 7; `path@v7+12`: a file commit 12
+/// appended, read by a continuous read of snapshot 7.
+fn split_id(path: &str, snapshot: u64, commit: Option<u64>) -> String {
+    match commit {
+        None => format!("{path}@v{snapshot}"),
+        Some(c) => format!("{path}@v{snapshot}+{c}"),
+    }
+}
+
+/// The snapshot and commit a split id names.
+fn parse_id(id: &str) -> Option<(u64, Option<u64>)> {
+    let (_, v) = id.rsplit_once("@v")?;
+    match v.split_once('+') {
+        None => Some((v.parse().ok()?, None)),
+        Some((s, c)) => Some((s.parse().ok()?, Some(c.parse().ok()?))),
+    }
+}
+
+impl DeltaSource {
+    /// Walks the commits after `cursor.walked` that exist now, keeping
+    /// the files they append.
+    fn walk(&self, cursor: &mut Cursor) -> Result<()> {
+        let log_store = self.table.unloaded()?.log_store();
+        loop {
+            let next = cursor.walked + 1;
+            match commit_files(&self.table, &log_store, next, &self.delta_schema, &self.table_keys)? {
+                Some(files) => {
+                    cursor.found.extend(files.into_iter().map(|f| (next, f)));
+                    cursor.walked = next;
+                }
+                None => {
+                    // No commit `next`: none yet, or the log no longer has
+                    // it (cleaned up past its retention while the job was
+                    // away), which would skip rows without a word.
+                    let store = log_store.clone();
+                    let latest = block_on("a Delta table", async move {
+                        store.get_latest_version(next.saturating_sub(1)).await
+                    })
+                    .map_err(|e| self.table.unreachable(e))?
+                    .map_err(|e| self.table.unreachable(format!("cannot list the log: {e}")))?;
+                    if latest >= next {
+                        return Err(self.table.error(format!(
+                            "commit {next} is no longer in the log (the latest is {latest}): its rows cannot be read; read the table again from a snapshot"
+                        )));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The splits of the files `cursor` found, as of its snapshot.
+    fn found_splits(
+        &self,
+        cursor: &Cursor,
+        known: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let mut out = vec![];
+        for (commit, f) in &cursor.found {
+            if known.is_some_and(|k| k.contains(&split_id(&f.path, cursor.snapshot, Some(*commit)))) {
+                continue;
+            }
+            out.extend(self.splits(cursor.snapshot, Some(*commit), std::slice::from_ref(f))?);
+        }
+        Ok(out)
+    }
+
+    fn cursor(&self) -> std::sync::MutexGuard<'_, Cursor> {
+        self.cursor.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl SourceFactory for DeltaSource {
@@ -312,22 +564,54 @@ impl SourceFactory for DeltaSource {
     }
 
     fn is_bounded(&self) -> bool {
-        true
+        self.continuous.is_none()
+    }
+
+    fn discovery_interval(&self) -> Option<std::time::Duration> {
+        self.continuous
+    }
+
+    /// A continuous read's files appended since the snapshot that `known`
+    /// does not hold: the log walked on from where this process left it.
+    fn discover(&self, known: &std::collections::BTreeSet<String>) -> Result<Vec<Box<dyn SourceSplit>>> {
+        if self.continuous.is_none() {
+            return Ok(vec![]);
+        }
+        let mut cursor = self.cursor();
+        let before = cursor.walked;
+        self.walk(&mut cursor)?;
+        if cursor.walked > before {
+            tracing::info!(
+                target: "weir::source",
+                "Delta table '{}': read commits {}..={} ({} file(s) appended since version {})",
+                self.table.name,
+                before + 1,
+                cursor.walked,
+                cursor.found.len(),
+                cursor.snapshot
+            );
+        }
+        self.found_splits(&cursor, Some(known))
     }
 
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
-        self.splits(self.version, &self.files)
+        *self.cursor() = Cursor {
+            snapshot: self.version,
+            walked: self.version,
+            found: vec![],
+        };
+        self.splits(self.version, None, &self.files)
     }
 
     /// The version the checkpoint's splits read, listed again (the table
-    /// may have moved on since).
+    /// may have moved on since); a continuous read's commits after it
+    /// walked again up to the last one the checkpoint had files of (the
+    /// ones after that are found as the job runs).
     fn restore_splits(&self, recorded: &[crate::checkpoint::SplitPosition]) -> Result<Vec<Box<dyn SourceSplit>>> {
-        let versions: std::collections::BTreeSet<u64> = recorded
-            .iter()
-            .filter_map(|p| p.split.rsplit_once("@v")?.1.parse().ok())
-            .collect();
+        let ids: Vec<(u64, Option<u64>)> = recorded.iter().filter_map(|p| parse_id(&p.split)).collect();
+        let versions: std::collections::BTreeSet<u64> = ids.iter().map(|(s, _)| *s).collect();
         let version = match versions.len() {
-            0 => return self.splits(self.version, &self.files),
+            0 => return self.create_splits(recorded.len()),
             1 => versions.into_iter().next().unwrap_or(self.version),
             _ => {
                 return Err(self.table.error(format!(
@@ -335,16 +619,44 @@ impl SourceFactory for DeltaSource {
                 )));
             }
         };
-        if version == self.version {
-            return self.splits(self.version, &self.files);
+        let last_commit = ids.iter().filter_map(|(_, c)| *c).max();
+        if last_commit.is_some() && self.continuous.is_none() {
+            return Err(self.table.error(
+                "the checkpoint was taken by a continuous read ('scan.mode' = 'continuous'); restore it into one",
+            ));
         }
-        let (version, files) = list_files(
-            &self.table,
-            Snapshot::Version(version),
-            &self.delta_schema,
-            &self.partition_keys,
-        )?;
-        self.splits(version, &files)
+        let mut splits = if version == self.version {
+            self.splits(self.version, None, &self.files)?
+        } else {
+            let (version, files, _) = list_files(
+                &self.table,
+                Snapshot::Version(version),
+                &self.delta_schema,
+                &self.partition_keys,
+            )?;
+            self.splits(version, None, &files)?
+        };
+        let mut cursor = self.cursor();
+        *cursor = Cursor {
+            snapshot: version,
+            walked: version,
+            found: vec![],
+        };
+        if let Some(last) = last_commit {
+            let log_store = self.table.unloaded()?.log_store();
+            for commit in version + 1..=last {
+                let files = commit_files(&self.table, &log_store, commit, &self.delta_schema, &self.table_keys)?
+                    .ok_or_else(|| {
+                        self.table.error(format!(
+                            "commit {commit}, whose files the checkpoint read, is no longer in the log"
+                        ))
+                    })?;
+                cursor.found.extend(files.into_iter().map(|f| (commit, f)));
+                cursor.walked = commit;
+            }
+            splits.extend(self.found_splits(&cursor, None)?);
+        }
+        Ok(splits)
     }
 }
 
@@ -356,6 +668,9 @@ struct DeltaSplit {
     table: Arc<DeltaLocation>,
     store: Arc<dyn object_store::ObjectStore>,
     file: DataFile,
+    id: String,
+    /// The version that holds the file (the snapshot, or the commit that
+    /// appended it).
     version: u64,
     schema: SchemaRef,
     delta_schema: SchemaRef,
@@ -528,7 +843,7 @@ impl DeltaSplit {
 
 impl SourceSplit for DeltaSplit {
     fn id(&self) -> String {
-        split_id(&self.file.path, self.version)
+        self.id.clone()
     }
 
     fn offset(&self) -> u64 {
@@ -606,8 +921,13 @@ mod tests {
     }
 
     #[test]
-    fn a_split_id_names_its_version() {
-        let id = split_id("k=a b/part-1.parquet", 7);
-        assert_eq!(id.rsplit_once("@v"), Some(("k=a b/part-1.parquet", "7")));
+    fn a_split_id_names_its_snapshot_and_commit() {
+        let id = split_id("k=a b/part-1.parquet", 7, None);
+        assert_eq!(id, "k=a b/part-1.parquet@v7");
+        assert_eq!(parse_id(&id), Some((7, None)));
+        let id = split_id("x@v1/part-2.parquet", 7, Some(12));
+        assert_eq!(id, "x@v1/part-2.parquet@v7+12");
+        assert_eq!(parse_id(&id), Some((7, Some(12))));
+        assert_eq!(parse_id("part-3.parquet"), None);
     }
 }

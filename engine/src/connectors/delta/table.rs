@@ -92,6 +92,17 @@ impl DeltaLocation {
         .into()
     }
 
+    /// The table's store failed or could not be reached (a request may
+    /// succeed when tried again), unlike [`DeltaLocation::error`]: what
+    /// the table holds is at fault.
+    pub fn unreachable(&self, message: impl std::fmt::Display) -> ExecError {
+        ConnectorError::External {
+            system: format!("Delta table '{}' at {}", self.name, self.shown),
+            message: message.to_string(),
+        }
+        .into()
+    }
+
     /// The URL of `rel`, a directory inside the table.
     pub fn dir_url(&self, rel: &str) -> Result<url::Url> {
         self.url
@@ -249,7 +260,7 @@ fn ddl_type(schema: &SchemaRef, column: &str) -> String {
 }
 
 /// `schema` as a Delta schema.
-fn kernel_schema(schema: &SchemaRef) -> std::result::Result<StructType, String> {
+pub(super) fn kernel_schema(schema: &SchemaRef) -> std::result::Result<StructType, String> {
     schema
         .clone()
         .try_into_kernel()
