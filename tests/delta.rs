@@ -1668,3 +1668,75 @@ INSERT INTO out SELECT * FROM lake;
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+/// A Top-N (the three highest bids of each bucket, their rank a column)
+/// into a keyed Delta table keyed by (bucket, rank), SIGKILLed once after
+/// a checkpoint and started again: another reader sees exactly the top
+/// three of each bucket, ranked.
+#[test]
+fn a_top_n_into_a_keyed_delta_table_holds_each_buckets_top_three_after_a_sigkill() {
+    let Setup {
+        dir,
+        expected,
+        table: _,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    // Ranked by price, then auction, then time (unique): one answer.
+    let mut by_bucket: BTreeMap<i64, Vec<(i64, i64, String)>> = BTreeMap::new();
+    for row in &expected {
+        let c: Vec<&str> = row.split('|').collect();
+        let (auction, price): (i64, i64) = (c[0].parse().expect("auction"), c[1].parse().expect("price"));
+        by_bucket
+            .entry(auction % 4)
+            .or_default()
+            .push((price, auction, c[2].to_string()));
+    }
+    let mut want = vec![];
+    for (bucket, mut rows) in by_bucket {
+        rows.sort_by(|a, b| b.cmp(a));
+        for (i, (price, auction, ts)) in rows.into_iter().take(3).enumerate() {
+            want.push(format!("{bucket}|{}|{auction}|{price}|{ts}", i + 1));
+        }
+    }
+    want.sort();
+    let top = dir.path().join("top");
+    let text = std::fs::read_to_string(&sql).expect("sql").replace(
+        "INSERT INTO lake SELECT auction, price, dateTime, bidder, auction % 4 FROM bid;",
+        &format!(
+            "CREATE TABLE top3 (bucket BIGINT, rn BIGINT, auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
+  PRIMARY KEY (bucket, rn) NOT ENFORCED)
+WITH ('connector' = 'delta', 'path' = '{}');
+INSERT INTO top3 SELECT bucket, rn, auction, price, dateTime FROM (
+  SELECT auction % 4 AS bucket, auction, price, dateTime,
+    ROW_NUMBER() OVER (PARTITION BY auction % 4 ORDER BY price DESC, auction DESC, dateTime DESC) AS rn
+  FROM bid)
+WHERE rn <= 3;",
+            top.display()
+        ),
+    );
+    std::fs::write(&sql, text).expect("sql");
+    let (ended, first) = run(&data, &sql, None, Some((2, Duration::from_millis(100))));
+    assert_eq!(ended, None, "the job ended before the kill:\n{first}");
+    let (ended, second) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{second}");
+    assert!(second.contains("restoring from checkpoint"), "{second}");
+    let script = r#"
+import json, sys
+from deltalake import DeltaTable
+rows = DeltaTable(sys.argv[1]).to_pyarrow_table().to_pylist()
+print(json.dumps(sorted(
+    f'{r["bucket"]}|{r["rn"]}|{r["auction"]}|{r["price"]}|{r["dateTime"].isoformat(sep=" ", timespec="milliseconds")}'
+    for r in rows)), flush=True)
+import os; os._exit(0)
+"#;
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(&top)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: Vec<String> = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(got, want, "the table is not the Top-N's result\n{second}");
+}

@@ -5,6 +5,8 @@
 //! - [`casts`]: casts to strings write Flink's text; narrowing casts wrap
 //!   as Java's do.
 //! - [`local_zone`]: a `table.local-time-zone` other than UTC.
+//! - [`window_partitions`]: a window's partition expressions become
+//!   columns below it (run after the optimizer).
 
 use std::sync::Arc;
 
@@ -15,6 +17,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan};
 pub mod casts;
 pub mod literals;
 pub mod local_zone;
+pub mod window_partitions;
 
 /// Rewrites every expression of every node of `plan` (subqueries
 /// included) with `f`, given the schema the expression reads.

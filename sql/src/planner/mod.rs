@@ -42,7 +42,7 @@ use crate::planner::patterns::window::*;
 mod build;
 mod changelog;
 mod logical;
-mod patterns;
+pub(crate) mod patterns;
 
 pub enum QueryPlan {
     /// Reads at least one table: runs as a streaming job.
@@ -219,6 +219,10 @@ impl Planner {
         let plan = crate::passes::local_zone::local_zone(plan, zone)?.data;
         // Casts to strings write Flink's text (`TRUE`, `8.5E37`, ...).
         let plan = crate::passes::casts::flink_casts(plan)?.data;
+        // `PARTITION BY auction % 4`: a column below the window, so a
+        // Top-N's rank has the upsert key Flink gives it (before the
+        // optimizer merges the projection above the window into others).
+        let plan = crate::passes::window_partitions::window_partitions(plan)?.data;
         // Only rules that keep the plan's operators: column pruning (so
         // sources generate only what is used), expression simplification,
         // the equalities of a join's ON moved to its keys, and filters

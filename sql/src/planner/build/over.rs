@@ -29,9 +29,8 @@ impl GraphBuilder<'_> {
                 "Over Agg: Unsupported use of OVER windows. All aggregates must be computed on the same window.",
             ));
         }
-        let unaliased: Vec<Expr> = w.window_expr.iter().map(|e| e.clone().unalias()).collect();
-        for e in &unaliased {
-            let Expr::WindowFunction(wf) = e else {
+        for e in &w.window_expr {
+            let Some(wf) = crate::planner::patterns::top_n::window_function(e) else {
                 return Err(SqlError::internal("an OVER window without its function"));
             };
             // Flink 2.3 runs RANK, DENSE_RANK and ROW_NUMBER in an OVER

@@ -25,8 +25,8 @@ impl GraphBuilder<'_> {
         let top = top_n_of(f).ok_or_else(|| SqlError::plan("not a Top-N"))?;
         let with_rank = self.rank_used.take().unwrap_or(true);
         let w = top.window;
-        let Expr::WindowFunction(wf) = &w.window_expr[top.index] else {
-            return Err(SqlError::plan("a Top-N without its window function"));
+        let Some(wf) = window_function(&w.window_expr[top.index]) else {
+            return Err(SqlError::internal("a Top-N without its window function"));
         };
         let name = wf.fun.name().to_ascii_lowercase();
         if name != "row_number" {

@@ -104,6 +104,17 @@ pub(crate) fn top_n_of(f: &datafusion::logical_expr::Filter) -> Option<TopN<'_>>
 
 /// Follows output column `idx` of `plan` down to a window function's
 /// column: (the window, its plan node, which expression).
+/// A window node's function under its aliases: DataFusion names a
+/// window expression twice (`Alias(Alias(row_number() ...))`) when its
+/// PARTITION BY is an expression (`PARTITION BY auction % 4`).
+pub(crate) fn window_function(e: &Expr) -> Option<&datafusion::logical_expr::expr::WindowFunction> {
+    match e {
+        Expr::Alias(a) => window_function(&a.expr),
+        Expr::WindowFunction(wf) => Some(wf),
+        _ => None,
+    }
+}
+
 pub(crate) fn trace_window(
     plan: &LogicalPlan,
     idx: usize,
