@@ -22,7 +22,7 @@ fn main() {
 
 /// Turns transparent huge pages off for this process, before the engine
 /// allocates much. mimalloc asks for huge pages on its arenas, returns freed
-/// pages to the kernel after 100 ms, and the next touch of such a page
+/// pages to the kernel after a few milliseconds, and the next touch of such a page
 /// faults in and zeroes 2 MiB: a Delta sink at parallelism 2 spent a third
 /// of its CPU in `clear_page_erms` (parquet's async writer takes a fresh
 /// buffer per row group, freed on another thread), and ran at 0.55x the

@@ -1485,6 +1485,9 @@ fn other_rows(from: u64, to: u64) -> Vec<String> {
 /// Runs a Python snippet on the table `path` (`sys.argv[1]`), the
 /// further arguments after it.
 fn python_on(path: &Path, script: &str, args: &[String]) {
+    // `os._exit`: pyarrow's threads sometimes abort the interpreter's
+    // exit after the work is done.
+    let script = format!("{script}\nimport os, sys\nsys.stdout.flush()\nos._exit(0)\n");
     let out = Command::new(python())
         .arg("-c")
         .arg(script)
@@ -1739,4 +1742,197 @@ import os; os._exit(0)
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let got: Vec<String> = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(got, want, "the table is not the Top-N's result\n{second}");
+}
+
+/// A compaction (another writer's OPTIMIZE) commits between a keyed
+/// commit's read of the table and its own commit, removing files the
+/// keyed commit rewrites: Delta refuses the keyed commit as a conflict,
+/// Weir makes it again from a fresh read, and the table ends as the
+/// query's result (no row lost to the compaction, none doubled).
+#[test]
+fn a_compaction_between_a_keyed_commits_read_and_its_commit_is_a_conflict_tried_again() {
+    use std::io::Read;
+    let Setup {
+        dir,
+        expected,
+        table: _,
+        sql,
+        data,
+    } = setup("SET 'execution.checkpointing.interval' = '200 ms';");
+    let (keyed, want) = keyed_job(dir.path(), &sql, &expected);
+    let gate = dir.path().join("gate");
+    std::fs::create_dir_all(&gate).expect("gate dir");
+    // The third commit: the table has the first two's files (each
+    // subtask's) to compact.
+    let mut child = common::start_run_env(
+        &data,
+        &sql,
+        Some("delta_sink.before_commit:3:pause"),
+        &[("WEIR_FAILPOINT_DIR", &gate)],
+    );
+    let mut pipe = child.stderr.take().expect("stderr");
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("stderr")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    common::eventually_blocking("the third commit paused", 120, || {
+        let t = text.lock().expect("stderr").clone();
+        if t.contains("failpoint delta_sink.before_commit hit 3 time(s): paused") {
+            return Ok(());
+        }
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "the job ended before its third commit:\n{t}"
+        );
+        Err(String::new())
+    });
+    let compact = r#"
+import sys
+from deltalake import DeltaTable
+dt = DeltaTable(sys.argv[1])
+before = dt.version()
+m = dt.optimize.compact()
+after = DeltaTable(sys.argv[1]).version()
+print(m["numFilesRemoved"], after - before, after, flush=True)
+import os; os._exit(0)
+"#;
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(compact)
+        .arg(&keyed)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let numbers: Vec<u64> = said.split_whitespace().map(|n| n.parse().expect("a number")).collect();
+    let [removed, versions, compacted] = numbers[..] else {
+        panic!("three numbers: {said}");
+    };
+    assert!(
+        removed >= 2 && versions == 1,
+        "the compaction committed nothing to conflict with: {said}"
+    );
+    std::fs::write(gate.join("delta_sink.before_commit.resume"), "").expect("resume");
+    let status = child.wait().expect("wait");
+    reader.join().expect("stderr reader");
+    let stderr = text.lock().expect("stderr").clone();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("conflicts with another writer's commit") && stderr.contains("trying again"),
+        "no conflict was retried:\n{stderr}"
+    );
+    assert_eq!(
+        read_keyed(&keyed),
+        want,
+        "the keyed table is not the query's final result\n{stderr}"
+    );
+    // No version from the compaction on holds a key twice (delta-rs alone
+    // let the keyed commit land over it, and the compacted file brought
+    // the keys' old rows back beside their new ones).
+    let dups = r#"
+import sys
+from deltalake import DeltaTable
+latest = DeltaTable(sys.argv[1]).version()
+worst = 0
+for v in range(int(sys.argv[2]), latest + 1):
+    keys = DeltaTable(sys.argv[1], version=v).to_pyarrow_table().column("auction").to_pylist()
+    worst = max(worst, len(keys) - len(set(keys)))
+print(worst)
+import os; os._exit(0)
+"#;
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(dups)
+        .arg(&keyed)
+        .arg(compacted.to_string())
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "a version after the compaction holds keys twice\n{stderr}"
+    );
+}
+
+/// A writer killed while delta-rs uploads a large file in parts leaves a
+/// multipart upload in progress (invisible, billed); the next attempt's
+/// recovery aborts it, so none is left once the job ends.
+#[test]
+fn a_killed_delta_writers_multipart_uploads_on_s3_are_aborted_by_recovery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(&s3_dir).expect("s3 dir");
+    let s3 = common::s3_server(&s3_dir);
+    let sql = dir.path().join("job.sql");
+    // 60 000 rows of 1 000 random characters: parts of 5 MB go up long
+    // before the first checkpoint (a minute away) or the end.
+    std::fs::write(
+        &sql,
+        format!(
+            "{}
+SET 'pipeline.name' = 'delta-big';
+SET 'parallelism.default' = '1';
+SET 'execution.checkpointing.interval' = '1 min';
+CREATE TABLE gen (id BIGINT, s STRING) WITH ('connector' = 'datagen', 'number-of-rows' = '60000',
+  'rows-per-second' = '20000', 'fields.id.kind' = 'sequence', 'fields.id.start' = '1', 'fields.id.end' = '60000',
+  'fields.s.length' = '1000');
+CREATE TABLE big (id BIGINT, s STRING) WITH ('connector' = 'delta', 'path' = 's3://{}/big',
+  'sink.rolling-policy.file-size' = '1 gb', 'parquet.compression' = 'uncompressed');
+INSERT INTO big SELECT * FROM gen;
+",
+            s3.checkpoint_settings(),
+            s3.bucket
+        ),
+    )
+    .expect("sql");
+    let data = dir.path().join("data");
+    let first = common::run_armed(&data, &sql, None, 180, Some(Duration::ZERO), &|_| {
+        !s3.multipart_uploads().is_empty()
+    });
+    assert!(
+        first.exited.is_none(),
+        "the job ended before an upload began:\n{}",
+        first.stderr
+    );
+    let left = s3.multipart_uploads();
+    assert!(!left.is_empty(), "no upload in progress after the kill");
+    let (ended, second) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{second}");
+    assert!(second.contains("upload(s) of failed attempts' files"), "{second}");
+    let now = s3.multipart_uploads();
+    assert!(
+        now.iter().all(|u| !left.contains(u)),
+        "the killed attempt's uploads {left:?} are still in progress: {now:?}\n{second}"
+    );
+    let read = read_count(&format!("s3://{}/big", s3.bucket), &s3.delta_storage_options());
+    assert_eq!(read, 60_000, "{second}");
+}
+
+/// The rows of the table at `uri` (another reader's count).
+fn read_count(uri: &str, storage_options: &str) -> u64 {
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(
+            // `os._exit`: pyarrow's threads sometimes abort the
+            // interpreter's exit after the answer is out.
+            "import json, os, sys\nfrom deltalake import DeltaTable\n\
+             print(DeltaTable(sys.argv[1], storage_options=json.loads(sys.argv[2])).to_pyarrow_table().num_rows, flush=True)\n\
+             os._exit(0)",
+        )
+        .arg(uri)
+        .arg(storage_options)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
 }

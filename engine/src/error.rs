@@ -40,6 +40,11 @@ pub enum ConnectorError {
     /// A path outside the allowed directories (the user's request).
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// A source cannot go on with what its system holds now (a Delta
+    /// commit that deletes rows under a continuous read): no retry or
+    /// restart helps, unlike `External`.
+    #[error("{location}: {message}")]
+    CannotFollow { location: String, message: String },
 }
 
 #[derive(Debug, thiserror::Error)]

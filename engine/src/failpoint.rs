@@ -7,7 +7,10 @@
 //! - `error`: a [`failpoint_error`] site fails its task (a task failure
 //!   the restart strategy handles);
 //! - `eio` / `enospc`: a [`failpoint_io`] site returns that OS error, as
-//!   a failing disk or a full one would.
+//!   a failing disk or a full one would;
+//! - `pause`: a [`failpoint_pause`] site holds its thread until the file
+//!   `<name>.resume` exists in `WEIR_FAILPOINT_DIR` (a test makes another
+//!   writer's commit land exactly there, then lets it go on).
 //!
 //! Unset, a failpoint costs one load of an already initialised value.
 
@@ -45,7 +48,7 @@ fn armed() -> &'static HashMap<String, Armed> {
                 // Each mode is keyed apart, so one name can be armed for
                 // several kinds of site.
                 let key = match parts.next().map(str::trim) {
-                    Some(mode @ ("error" | "eio" | "enospc")) => format!("{name}#{mode}"),
+                    Some(mode @ ("error" | "eio" | "enospc" | "pause")) => format!("{name}#{mode}"),
                     _ => name.to_string(),
                 };
                 m.insert(
@@ -93,6 +96,28 @@ pub fn failpoint_io(name: &str) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Holds this thread on the armed passes of `name` if armed as
+/// `name:k:pause`, until `<WEIR_FAILPOINT_DIR>/<name>.resume` exists
+/// (checked every 10 ms; the site's caller is the one waiting, not a test
+/// synchronising on time). Says so on stderr first, so the test knows.
+pub fn failpoint_pause(name: &str) {
+    if armed().is_empty() {
+        return;
+    }
+    if let Some(k) = hit(&format!("{name}#pause")) {
+        let dir = std::env::var_os("WEIR_FAILPOINT_DIR").map_or_else(|| std::path::PathBuf::from("."), Into::into);
+        let resume = dir.join(format!("{name}.resume"));
+        eprintln!(
+            "failpoint {name} hit {k} time(s): paused until {} exists",
+            resume.display()
+        );
+        while !resume.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        eprintln!("failpoint {name}: resumed");
+    }
 }
 
 /// Aborts the process if `name` is armed and this is an armed pass.

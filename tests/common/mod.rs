@@ -717,7 +717,18 @@ pub fn test_python() -> std::path::PathBuf {
 /// `weir run SQL` with its own data dir, stderr piped, the failpoints
 /// given armed (and none inherited).
 pub fn start_run(data: &std::path::Path, sql: &std::path::Path, failpoints: Option<&str>) -> Child {
+    start_run_env(data, sql, failpoints, &[])
+}
+
+/// [`start_run`] with further environment variables.
+pub fn start_run_env(
+    data: &std::path::Path,
+    sql: &std::path::Path,
+    failpoints: Option<&str>,
+    env: &[(&str, &std::path::Path)],
+) -> Child {
     let mut c = Command::new(worker_bin());
+    c.envs(env.iter().map(|(k, v)| (*k, *v)));
     c.arg("--data-dir")
         .arg(data)
         .arg("run")

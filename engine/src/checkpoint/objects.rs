@@ -216,17 +216,23 @@ pub fn block_on_here<T: Send + 'static>(
     fut: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<T, String> {
     let rt = runtime().map_err(|e| e.to_string())?;
-    let mut fut = Box::pin(fut);
+    // Unconstrained: polled on a job task's thread, it must not spend (or
+    // be stopped by) that task's cooperative budget.
+    let mut fut = Box::pin(tokio::task::unconstrained(fut));
     {
         let _context = rt.enter();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-            return Ok(out);
+        // A panic inside is the request's failure, as on the runtime
+        // (where `block_on` reports it as dropped), not the caller's.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+            Ok(std::task::Poll::Ready(out)) => return Ok(out),
+            Ok(std::task::Poll::Pending) => {}
+            Err(_) => return Err(format!("a request to {what} failed (it panicked)")),
         }
     }
-    // Pending: its I/O holds a waker that wakes nothing; polled again on
-    // the runtime, the future registers the runtime's (a future must
-    // accept being polled with another waker).
+    // Pending: what it waits for holds a waker that wakes nothing; polled
+    // again on the runtime, the future registers the runtime's (a future
+    // must accept being polled with another waker).
     block_on(what, fut)
 }
 
@@ -571,6 +577,49 @@ mod tests {
     use super::*;
     use crate::checkpoint::CheckpointStorage;
     use crate::checkpoint::metadata::{CheckpointMetadata, OperatorState};
+
+    /// Computation finishes on the caller's thread; what waits (a timer,
+    /// a spawned task's handle) finishes on the runtime; a panic is the
+    /// request's error. From a thread of another runtime too.
+    #[test]
+    fn block_on_here_answers_ready_pending_and_panicking_futures() {
+        let here = std::thread::current().id();
+        let ran_on = block_on_here("a test", async { std::thread::current().id() }).expect("ready");
+        assert_eq!(ran_on, here);
+        let slept = block_on_here("a test", async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            7
+        });
+        assert_eq!(slept, Ok(7));
+        let joined = block_on_here("a test", async {
+            tokio::spawn(async {
+                tokio::task::yield_now().await;
+                5
+            })
+            .await
+            .expect("join")
+        });
+        assert_eq!(joined, Ok(5));
+        let panicked = block_on_here("a test", async {
+            if std::hint::black_box(true) {
+                panic!("boom");
+            }
+            1
+        });
+        assert!(panicked.is_err_and(|e| e.contains("panicked")));
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let inside = other.block_on(async {
+            block_on_here("a test", async {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                3
+            })
+        });
+        assert_eq!(inside, Ok(3));
+    }
 
     fn in_memory() -> ObjectCheckpointStore {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());

@@ -549,9 +549,9 @@ impl SourceTask {
             .map_err(|e| ExecError::internal(format!("split discovery failed: {e}")))?;
         let found = match found {
             Ok(f) => f,
-            // The table itself says the read cannot go on (a Delta commit
-            // that deletes rows under a continuous read): no retry helps.
-            Err(e @ ExecError::Connector(crate::error::ConnectorError::Data { .. })) => return Err(e),
+            // The source says it cannot go on (a Delta commit that deletes
+            // rows under a continuous read): no retry helps.
+            Err(e @ ExecError::Connector(crate::error::ConnectorError::CannotFollow { .. })) => return Err(e),
             Err(e) => {
                 // The listing is tried again at the next interval; the
                 // splits being read are not affected.

@@ -6,7 +6,7 @@
 //!   as Java's do.
 //! - [`local_zone`]: a `table.local-time-zone` other than UTC.
 //! - [`window_partitions`]: a window's partition expressions become
-//!   columns below it (run after the optimizer).
+//!   columns below it (before the optimizer merges projections).
 
 use std::sync::Arc;
 

@@ -29,11 +29,18 @@ pub fn window_partitions(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> 
         let LogicalPlan::Window(w) = p.input.as_ref() else {
             return Ok(Transformed::no(node));
         };
+        // Two OVER windows stack as window over window, which the planner
+        // refuses as Flink does: a projection between them would hide it.
+        if matches!(w.input.as_ref(), LogicalPlan::Window(_)) {
+            return Ok(Transformed::no(node));
+        }
         let mut exprs: Vec<Expr> = vec![];
         for e in &w.window_expr {
             if let Some(wf) = window_function(e) {
                 for pe in &wf.params.partition_by {
-                    if !matches!(pe, Expr::Column(_)) && !exprs.iter().any(|x| x == pe) {
+                    // A volatile expression (`RAND()`) above is another
+                    // draw, not the partition's value.
+                    if !matches!(pe, Expr::Column(_)) && !pe.is_volatile() && !exprs.iter().any(|x| x == pe) {
                         exprs.push(pe.clone());
                     }
                 }
@@ -42,7 +49,17 @@ pub fn window_partitions(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> 
         if exprs.is_empty() {
             return Ok(Transformed::no(node));
         }
-        let names: Vec<String> = (0..exprs.len()).map(|i| format!("{PARTITION_COLUMN}{i}")).collect();
+        // Names no column of the input has.
+        let taken = |n: &str| w.input.schema().fields().iter().any(|f| f.name() == n);
+        let mut names: Vec<String> = vec![];
+        let mut i = 0;
+        while names.len() < exprs.len() {
+            let n = format!("{PARTITION_COLUMN}{i}");
+            if !taken(&n) {
+                names.push(n);
+            }
+            i += 1;
+        }
         let as_column = |e: Expr| -> Result<Expr> {
             e.transform_down(|x| match exprs.iter().position(|p| *p == x) {
                 Some(i) => Ok(Transformed::new(

@@ -259,7 +259,9 @@ impl DeltaCommitter {
             let this = change.clone();
             match self.with_table_raw(move |t| Box::pin(commit_change(t, this)))? {
                 Err(deltalake_core::DeltaTableError::Transaction {
-                    source: deltalake_core::kernel::transaction::TransactionError::CommitConflict(e),
+                    source:
+                        e @ (deltalake_core::kernel::transaction::TransactionError::CommitConflict(_)
+                        | deltalake_core::kernel::transaction::TransactionError::MaxCommitAttempts(_)),
                 }) if tries < 5 => {
                     tracing::info!(
                         target: "weir::checkpoint",
@@ -345,6 +347,56 @@ impl DeltaCommitter {
     }
 }
 
+impl DeltaCommitter {
+    /// Aborts the multipart uploads of files of other attempts of the job
+    /// that were in progress when they ended (delta-rs uploads a large
+    /// file in parts as it writes; a killed writer leaves them, invisible
+    /// to listings and billed by the byte). On S3, which can list them;
+    /// elsewhere a bucket lifecycle rule must, as Flink asks.
+    fn abort_uploads(&self, own: &str) -> Result<()> {
+        let Some(bucket) = self.table.bucket.clone() else {
+            return Ok(());
+        };
+        let Some(lister) = bucket.uploads.clone() else {
+            return Ok(());
+        };
+        let below = |rel: &str| match bucket.prefix.trim_matches('/') {
+            "" => rel.to_string(),
+            p => format!("{p}/{rel}"),
+        };
+        let (prefix, own) = (below(&format!("{}/", self.job_dir)), below(own));
+        let multipart = bucket.multipart.clone();
+        let aborted = block_on("a Delta table", async move {
+            let mut aborted = 0usize;
+            for upload in lister.list(&prefix).await? {
+                if upload.key.starts_with(&own) {
+                    continue;
+                }
+                match multipart
+                    .abort_multipart(&Key::from(upload.key.as_str()), &upload.id)
+                    .await
+                {
+                    // Gone meanwhile (completed or aborted by another
+                    // recovery): nothing left to abort.
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => aborted += 1,
+                    Err(e) => return Err(format!("aborting the upload of {}: {e}", upload.key)),
+                }
+            }
+            Ok::<_, String>(aborted)
+        })
+        .map_err(|e| self.table.unreachable(e))?
+        .map_err(|e| self.table.unreachable(e))?;
+        if aborted > 0 {
+            tracing::info!(
+                target: "weir::checkpoint",
+                "Delta table '{}': aborted {aborted} upload(s) of failed attempts' files",
+                self.table.name
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Committer for DeltaCommitter {
     fn take_report(&self) -> Option<crate::checkpoint::commit::SinkCommit> {
         self.report.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -359,6 +411,7 @@ impl Committer for DeltaCommitter {
         let files = self.table.files()?;
         let job_dir = Key::from(self.job_dir.as_str());
         let own = format!("{}/{}-", self.job_dir, self.attempt);
+        self.abort_uploads(&own)?;
         // Another attempt's files: what no version of the table references
         // was written after its last completed checkpoint.
         let removed = block_on("a Delta table", async move {
@@ -545,7 +598,17 @@ pub async fn commit_change(
     if let Some((app, version)) = txn {
         actions.push(Action::Txn(Transaction::new(app, version as i64)));
     }
+    // Tests land another writer's commit here (between this commit's
+    // read of the table and its own commit).
+    crate::failpoint::failpoint_pause("delta_sink.before_commit");
+    // A keyed commit rewrites the files it read: any commit since that
+    // read fails it, to be made again from a fresh read. delta-rs's own
+    // conflict check passes over a compaction's removals (`dataChange`
+    // false), and its rewritten file would bring back the rows this
+    // commit removes (Delta's protocol, and Spark, call that a conflict).
+    let retries = if touched.is_some() { 0 } else { DEFAULT_COMMIT_RETRIES };
     let done = CommitBuilder::default()
+        .with_max_retries(retries)
         .with_actions(actions)
         .build(Some(table.snapshot()?), log_store, operation)
         .await?;
@@ -553,6 +616,10 @@ pub async fn commit_change(
     table.update_incremental(None).await?;
     Ok(Some((version, removed, rewritten)))
 }
+
+/// delta-rs's own number of tries of a commit that conflicts with none
+/// of the commits made since its read (an append).
+const DEFAULT_COMMIT_RETRIES: usize = 15;
 
 fn generic(e: impl std::fmt::Display) -> deltalake_core::DeltaTableError {
     deltalake_core::DeltaTableError::Generic(e.to_string())

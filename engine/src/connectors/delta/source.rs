@@ -144,6 +144,12 @@ struct Cursor {
     walked: u64,
     /// The files the commits walked appended, with their commit.
     found: Vec<(u64, DataFile)>,
+    /// Whether a walk since the start checked that the log still has the
+    /// commit after `walked` (a job away past the log's retention).
+    checked: bool,
+    /// The commit the read cannot follow, and why: raised by the next
+    /// discovery, so the files appended before it are handed out first.
+    stop: Option<(u64, String)>,
 }
 
 impl DeltaSource {
@@ -181,6 +187,16 @@ impl DeltaSource {
             (None, Some(t)) => Snapshot::AsOf(t),
             (None, None) => Snapshot::Latest,
         };
+        let mode_given = if options.get(FLINK_MODE).is_some() {
+            FLINK_MODE
+        } else {
+            SCAN_MODE
+        };
+        let interval_given = if options.get(FLINK_MONITOR).is_some() {
+            FLINK_MONITOR
+        } else {
+            MONITOR
+        };
         let continuous = match (options.get(SCAN_MODE), options.get(FLINK_MODE)) {
             (Some(_), Some(_)) => {
                 return Err(table.error(format!(
@@ -202,11 +218,16 @@ impl DeltaSource {
             (None, None) => DEFAULT_MONITOR,
         };
         if interval.is_zero() {
-            return Err(table.error(format!("'{MONITOR}' must be more than 0")));
+            return Err(table.error(format!("'{interval_given}' must be more than 0")));
         }
         if !continuous && (options.get(MONITOR).is_some() || options.get(FLINK_MONITOR).is_some()) {
+            let (option, value) = if mode_given == FLINK_MODE {
+                (FLINK_MODE, "streaming")
+            } else {
+                (SCAN_MODE, "continuous")
+            };
             return Err(table.error(format!(
-                "'{MONITOR}' is for a continuous read: set '{SCAN_MODE}' = 'continuous' too"
+                "'{interval_given}' is for a continuous read: set '{option}' = '{value}' too"
             )));
         }
         let (version, files, table_keys) = list_files(&table, snapshot, &delta_schema, partition_keys)?;
@@ -222,7 +243,7 @@ impl DeltaSource {
             cursor: std::sync::Mutex::new(Cursor {
                 snapshot: version,
                 walked: version,
-                found: vec![],
+                ..Cursor::default()
             }),
         })
     }
@@ -412,6 +433,14 @@ fn file_key(table: &DeltaLocation, version: u64, path: &str) -> Result<object_st
     }
 }
 
+/// What a commit means to a continuous read.
+enum CommitRead {
+    /// The files it appended (none for one that only rearranges rows).
+    Files(Vec<DataFile>),
+    /// Why the read cannot go past it.
+    Stops(String),
+}
+
 /// What commit `version` appended, read from its log entry; `None` if
 /// there is no such commit yet. A commit that removes rows (a DELETE,
 /// UPDATE or MERGE: a `remove` that changes data) or changes the table's
@@ -423,7 +452,7 @@ fn commit_files(
     version: u64,
     delta_schema: &SchemaRef,
     table_keys: &[String],
-) -> Result<Option<Vec<DataFile>>> {
+) -> Result<Option<CommitRead>> {
     use deltalake_core::kernel::Action;
     let store = log_store.clone();
     let entry = block_on("a Delta table", async move { store.read_commit_entry(version).await })
@@ -439,10 +468,10 @@ fn commit_files(
         match action {
             Action::Add(add) if add.data_change => {
                 if add.deletion_vector.is_some() {
-                    return Err(table.error(format!(
+                    return Ok(Some(CommitRead::Stops(format!(
                         "file {} of version {version} has a deletion vector, which the delta source does not read yet",
                         add.path
-                    )));
+                    ))));
                 }
                 let key = if url::Url::parse(&add.path).is_ok() {
                     file_key(table, version, &add.path)?
@@ -459,31 +488,48 @@ fn commit_files(
                 ));
             }
             Action::Remove(r) if r.data_change => {
-                return Err(table.error(format!(
+                return Ok(Some(CommitRead::Stops(format!(
                     "version {version} deletes or updates rows (it removes file {}): a continuous read takes appended rows only, as Delta's streaming readers do; read the table again from a snapshot",
                     r.path
-                )));
+                ))));
             }
             Action::Metadata(m) => {
                 let theirs = m
                     .parse_schema()
                     .map_err(|e| table.error(format!("version {version}: the table's columns: {e}")))?;
                 let ours = super::table::kernel_schema(delta_schema).map_err(|e| table.error(e))?;
+                let again = "a continuous read stops there; start the job again to read the table as it is now";
                 if let Some(f) = ours
                     .fields()
                     .find(|f| theirs.field(f.name()).is_none_or(|t| t.data_type() != f.data_type()))
                 {
-                    return Err(table.error(format!(
-                        "version {version} changes the table's column '{}': a continuous read stops there; start the job again to read the table as it is now",
+                    return Ok(Some(CommitRead::Stops(format!(
+                        "version {version} changes the table's column '{}': {again}",
                         f.name()
-                    )));
+                    ))));
+                }
+                if m.partition_columns() != table_keys {
+                    return Ok(Some(CommitRead::Stops(format!(
+                        "version {version} partitions the table by [{}] (it was by [{}]): {again}",
+                        m.partition_columns().join(", "),
+                        table_keys.join(", ")
+                    ))));
+                }
+                if let Some(mode) = m
+                    .configuration()
+                    .get("delta.columnMapping.mode")
+                    .filter(|m| !m.eq_ignore_ascii_case("none"))
+                {
+                    return Ok(Some(CommitRead::Stops(format!(
+                        "version {version} turns on column mapping (delta.columnMapping.mode = {mode}), which the delta source does not read yet"
+                    ))));
                 }
             }
             _ => {}
         }
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(Some(files))
+    Ok(Some(CommitRead::Files(files)))
 }
 
 /// `path@v7`: a file of snapshot 7; `path@v7+12`: a file commit 12
@@ -509,32 +555,46 @@ impl DeltaSource {
     /// the files they append.
     fn walk(&self, cursor: &mut Cursor) -> Result<()> {
         let log_store = self.table.unloaded()?.log_store();
-        loop {
+        let mut looked_again = false;
+        while cursor.stop.is_none() {
             let next = cursor.walked + 1;
             match commit_files(&self.table, &log_store, next, &self.delta_schema, &self.table_keys)? {
-                Some(files) => {
+                Some(CommitRead::Files(files)) => {
                     cursor.found.extend(files.into_iter().map(|f| (next, f)));
                     cursor.walked = next;
+                    cursor.checked = true;
                 }
+                // Handed out first: what the commits before it appended.
+                Some(CommitRead::Stops(why)) => cursor.stop = Some((next, why)),
+                None if cursor.checked => return Ok(()),
                 None => {
-                    // No commit `next`: none yet, or the log no longer has
-                    // it (cleaned up past its retention while the job was
-                    // away), which would skip rows without a word.
+                    // No commit `next` on the first walk since the start:
+                    // none yet, or the log no longer has it (cleaned up
+                    // past its retention while the job was away), which
+                    // would skip rows without a word. Once checked, a
+                    // running read keeps up long before any cleanup.
                     let store = log_store.clone();
                     let latest = block_on("a Delta table", async move {
                         store.get_latest_version(next.saturating_sub(1)).await
                     })
                     .map_err(|e| self.table.unreachable(e))?
                     .map_err(|e| self.table.unreachable(format!("cannot list the log: {e}")))?;
-                    if latest >= next {
-                        return Err(self.table.error(format!(
-                            "commit {next} is no longer in the log (the latest is {latest}): its rows cannot be read; read the table again from a snapshot"
-                        )));
+                    if latest < next {
+                        cursor.checked = true;
+                        return Ok(());
                     }
-                    return Ok(());
+                    // Committed between the two reads: read it again.
+                    if !looked_again {
+                        looked_again = true;
+                        continue;
+                    }
+                    return Err(self.table.cannot_follow(format!(
+                        "commit {next} is no longer in the log (the latest is {latest}): its rows cannot be read; read the table again from a snapshot"
+                    )));
                 }
             }
         }
+        Ok(())
     }
 
     /// The splits of the files `cursor` found, as of its snapshot.
@@ -578,6 +638,9 @@ impl SourceFactory for DeltaSource {
             return Ok(vec![]);
         }
         let mut cursor = self.cursor();
+        if let Some((_, why)) = &cursor.stop {
+            return Err(self.table.cannot_follow(why));
+        }
         let before = cursor.walked;
         self.walk(&mut cursor)?;
         if cursor.walked > before {
@@ -598,7 +661,7 @@ impl SourceFactory for DeltaSource {
         *self.cursor() = Cursor {
             snapshot: self.version,
             walked: self.version,
-            found: vec![],
+            ..Cursor::default()
         };
         self.splits(self.version, None, &self.files)
     }
@@ -640,17 +703,20 @@ impl SourceFactory for DeltaSource {
         *cursor = Cursor {
             snapshot: version,
             walked: version,
-            found: vec![],
+            ..Cursor::default()
         };
         if let Some(last) = last_commit {
             let log_store = self.table.unloaded()?.log_store();
             for commit in version + 1..=last {
-                let files = commit_files(&self.table, &log_store, commit, &self.delta_schema, &self.table_keys)?
-                    .ok_or_else(|| {
-                        self.table.error(format!(
-                            "commit {commit}, whose files the checkpoint read, is no longer in the log"
-                        ))
-                    })?;
+                let files = match commit_files(&self.table, &log_store, commit, &self.delta_schema, &self.table_keys)? {
+                    Some(CommitRead::Files(files)) => files,
+                    Some(CommitRead::Stops(why)) => return Err(self.table.cannot_follow(why)),
+                    None => {
+                        return Err(self.table.cannot_follow(format!(
+                            "commit {commit}, whose files the checkpoint read, is no longer in the log (Delta keeps its log for 'delta.logRetentionDuration', 30 days by default)"
+                        )));
+                    }
+                };
                 cursor.found.extend(files.into_iter().map(|f| (commit, f)));
                 cursor.walked = commit;
             }

@@ -26,6 +26,9 @@ pub struct DeltaLocation {
     /// Where the table is, as messages say it.
     pub shown: String,
     pub name: String,
+    /// The bucket of a table on an object store (its uploads in progress
+    /// are listed and aborted by recovery, on S3).
+    pub bucket: Option<Arc<crate::checkpoint::objects::Bucket>>,
 }
 
 impl DeltaLocation {
@@ -57,12 +60,13 @@ impl DeltaLocation {
                 .map_err(|e| config(format!("table '{name}': 'path': {e}")))?;
             let url = url::Url::parse(&format!("{shown}/"))
                 .map_err(|e| config(format!("table '{name}': 'path' = '{raw}' is not a URL: {e}")))?;
-            super::store::register(&url, bucket.store);
+            super::store::register(&url, bucket.store.clone());
             return Ok(Self {
                 url,
                 local: None,
                 shown,
                 name: name.to_string(),
+                bucket: Some(Arc::new(bucket)),
             });
         }
         let dir = crate::paths::local_path(raw);
@@ -80,6 +84,7 @@ impl DeltaLocation {
             shown: dir.display().to_string(),
             local: Some(dir),
             name: name.to_string(),
+            bucket: None,
         })
     }
 
@@ -98,6 +103,15 @@ impl DeltaLocation {
     pub fn unreachable(&self, message: impl std::fmt::Display) -> ExecError {
         ConnectorError::External {
             system: format!("Delta table '{}' at {}", self.name, self.shown),
+            message: message.to_string(),
+        }
+        .into()
+    }
+
+    /// A continuous read cannot follow what the table's log holds now.
+    pub fn cannot_follow(&self, message: impl std::fmt::Display) -> ExecError {
+        ConnectorError::CannotFollow {
+            location: format!("Delta table '{}' at {}", self.name, self.shown),
             message: message.to_string(),
         }
         .into()

@@ -102,8 +102,6 @@ pub(crate) fn top_n_of(f: &datafusion::logical_expr::Filter) -> Option<TopN<'_>>
     None
 }
 
-/// Follows output column `idx` of `plan` down to a window function's
-/// column: (the window, its plan node, which expression).
 /// A window node's function under its aliases: DataFusion names a
 /// window expression twice (`Alias(Alias(row_number() ...))`) when its
 /// PARTITION BY is an expression (`PARTITION BY auction % 4`).
@@ -115,6 +113,8 @@ pub(crate) fn window_function(e: &Expr) -> Option<&datafusion::logical_expr::exp
     }
 }
 
+/// Follows output column `idx` of `plan` down to a window function's
+/// column: (the window, its plan node, which expression).
 pub(crate) fn trace_window(
     plan: &LogicalPlan,
     idx: usize,
