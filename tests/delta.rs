@@ -1936,3 +1936,87 @@ fn read_count(uri: &str, storage_options: &str) -> u64 {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("a count")
 }
+
+/// A continuous read at parallelism 2, SIGKILLed at random moments while
+/// another writer appends (files found by one reader but not yet in a
+/// checkpoint, checkpoints holding some of a commit's files): after the
+/// last restart the copy holds every row once.
+#[test]
+fn sigkill_at_random_moments_of_a_continuous_delta_read_loses_and_duplicates_nothing() {
+    let Setup {
+        dir,
+        mut expected,
+        table,
+        sql,
+        data,
+    } = setup("");
+    let text = std::fs::read_to_string(&sql).expect("sql");
+    std::fs::write(
+        &sql,
+        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
+    )
+    .expect("sql");
+    let (ended, stderr) = run(&data, &sql, None, None);
+    assert_eq!(ended, Some(true), "{stderr}");
+    let copy = dir.path().join("copy");
+    let copy_sql = dir.path().join("copy.sql");
+    std::fs::write(
+        &copy_sql,
+        format!(
+            "SET 'pipeline.name' = 'delta-copy';
+SET 'parallelism.default' = '2';
+SET 'execution.checkpointing.interval' = '100 ms';
+CREATE TABLE lake (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+WITH ('connector' = 'delta', 'path' = '{}', 'scan.mode' = 'continuous', 'source.monitor-interval' = '30 ms');
+CREATE TABLE copy (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+PARTITIONED BY (bucket) WITH ('connector' = 'delta', 'path' = '{}');
+INSERT INTO copy SELECT * FROM lake;
+",
+            table.display(),
+            copy.display()
+        ),
+    )
+    .expect("sql");
+    let copy_data = dir.path().join("copy-data");
+    let mut seed = 0x5eed_c0b1_u64;
+    let mut all = String::new();
+    for round in 0..4u64 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let after = Duration::from_millis((seed >> 33) % 300);
+        let job = {
+            let (data, sql) = (copy_data.clone(), copy_sql.clone());
+            std::thread::spawn(move || {
+                common::run_armed(&data, &sql, None, 120, Some(after), &|stderr| {
+                    stderr.contains(" completed in ")
+                })
+            })
+        };
+        // Two commits while the job runs (and is killed).
+        for part in 0..2 {
+            let from = round * 40 + part * 20;
+            python_on(&table, APPEND_ROWS, &[from.to_string(), (from + 20).to_string()]);
+            expected.extend(other_rows(from, from + 20));
+        }
+        let run = job.join().expect("job");
+        assert!(run.exited.is_none(), "the continuous job ended:\n{}", run.stderr);
+        all.push_str(&run.stderr);
+    }
+    expected.sort();
+    assert!(all.contains("restoring from checkpoint"), "no run restored:\n{all}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let job = {
+        let (data, sql, stop) = (copy_data.clone(), copy_sql.clone(), stop.clone());
+        std::thread::spawn(move || {
+            common::run_armed(&data, &sql, None, 120, Some(Duration::ZERO), &|_| {
+                stop.load(std::sync::atomic::Ordering::SeqCst)
+            })
+        })
+    };
+    common::eventually_blocking("every row in the copy", 120, || {
+        assert!(!job.is_finished(), "the continuous job ended");
+        copy_holds(&copy, &expected)
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    job.join().expect("job");
+    assert_rows(&read_table(&copy), &expected, "after the SIGKILLs");
+}

@@ -601,14 +601,13 @@ impl DeltaSource {
     fn found_splits(
         &self,
         cursor: &Cursor,
-        known: Option<&std::collections::BTreeSet<String>>,
+        known: &std::collections::BTreeSet<String>,
     ) -> Result<Vec<Box<dyn SourceSplit>>> {
         let mut out = vec![];
         for (commit, f) in &cursor.found {
-            if known.is_some_and(|k| k.contains(&split_id(&f.path, cursor.snapshot, Some(*commit)))) {
-                continue;
+            if !known.contains(&split_id(&f.path, cursor.snapshot, Some(*commit))) {
+                out.extend(self.splits(cursor.snapshot, Some(*commit), std::slice::from_ref(f))?);
             }
-            out.extend(self.splits(cursor.snapshot, Some(*commit), std::slice::from_ref(f))?);
         }
         Ok(out)
     }
@@ -654,7 +653,7 @@ impl SourceFactory for DeltaSource {
                 cursor.snapshot
             );
         }
-        self.found_splits(&cursor, Some(known))
+        self.found_splits(&cursor, known)
     }
 
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
@@ -663,7 +662,11 @@ impl SourceFactory for DeltaSource {
             walked: self.version,
             ..Cursor::default()
         };
-        self.splits(self.version, None, &self.files)
+        let mut splits = self.splits(self.version, None, &self.files)?;
+        if self.continuous.is_some() {
+            splits.push(Box::new(SnapshotMarker { version: self.version }));
+        }
+        Ok(splits)
     }
 
     /// The version the checkpoint's splits read, listed again (the table
@@ -674,7 +677,8 @@ impl SourceFactory for DeltaSource {
         let ids: Vec<(u64, Option<u64>)> = recorded.iter().filter_map(|p| parse_id(&p.split)).collect();
         let versions: std::collections::BTreeSet<u64> = ids.iter().map(|(s, _)| *s).collect();
         let version = match versions.len() {
-            0 => return self.create_splits(recorded.len()),
+            // Not this source's checkpoint (no id names a version).
+            0 => return self.create_splits(0),
             1 => versions.into_iter().next().unwrap_or(self.version),
             _ => {
                 return Err(self.table.error(format!(
@@ -720,9 +724,49 @@ impl SourceFactory for DeltaSource {
                 cursor.found.extend(files.into_iter().map(|f| (commit, f)));
                 cursor.walked = commit;
             }
-            splits.extend(self.found_splits(&cursor, None)?);
+            // The checkpoint's files only (a worker given worker 0's
+            // splits must make exactly those); the others of these
+            // commits (found by a reader after the barrier) are not in
+            // the job's known splits, so the first discovery hands them
+            // out, from their start.
+            let recorded_ids: std::collections::HashSet<&str> = recorded.iter().map(|p| p.split.as_str()).collect();
+            for (commit, f) in &cursor.found {
+                if recorded_ids.contains(split_id(&f.path, version, Some(*commit)).as_str()) {
+                    splits.extend(self.splits(version, Some(*commit), std::slice::from_ref(f))?);
+                }
+            }
+        }
+        if self.continuous.is_some() {
+            splits.push(Box::new(SnapshotMarker { version }));
         }
         Ok(splits)
+    }
+}
+
+/// A continuous read's split of no file, whose id names the snapshot
+/// (`@v7`): every reader's splits and every checkpoint carry the version
+/// even when the snapshot has no file, so a worker of a job spread over
+/// processes (given worker 0's splits) and a restore walk the log from the
+/// same version. It ends at once.
+struct SnapshotMarker {
+    version: u64,
+}
+
+impl SourceSplit for SnapshotMarker {
+    fn id(&self) -> String {
+        split_id("", self.version, None)
+    }
+
+    fn offset(&self) -> u64 {
+        0
+    }
+
+    fn seek(&mut self, _position: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        Ok(SplitPoll::Finished)
     }
 }
 
