@@ -1526,6 +1526,43 @@ fn copy_holds(copy: &Path, expected: &[String]) -> Result<(), String> {
     }
 }
 
+/// A continuous copy's setup: `lake` written by the setup's job (the
+/// snapshot), and a job copying it continuously into `copy` at
+/// `parallelism`, checkpoints every `checkpoint_ms`, the log looked at
+/// every `monitor_ms`. Returns the setup, the copy's path, SQL and data dir.
+fn continuous_copy(parallelism: usize, checkpoint_ms: u64, monitor_ms: u64) -> (Setup, PathBuf, PathBuf, PathBuf) {
+    let setup = setup("");
+    let text = std::fs::read_to_string(&setup.sql).expect("sql");
+    std::fs::write(
+        &setup.sql,
+        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
+    )
+    .expect("sql");
+    let (ended, stderr) = run(&setup.data, &setup.sql, None, None);
+    assert_eq!(ended, Some(true), "{stderr}");
+    let copy = setup.dir.path().join("copy");
+    let copy_sql = setup.dir.path().join("copy.sql");
+    std::fs::write(
+        &copy_sql,
+        format!(
+            "SET 'pipeline.name' = 'delta-copy';
+SET 'parallelism.default' = '{parallelism}';
+SET 'execution.checkpointing.interval' = '{checkpoint_ms} ms';
+CREATE TABLE lake (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+WITH ('connector' = 'delta', 'path' = '{}', 'scan.mode' = 'continuous', 'source.monitor-interval' = '{monitor_ms} ms');
+CREATE TABLE copy (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
+PARTITIONED BY (bucket) WITH ('connector' = 'delta', 'path' = '{}');
+INSERT INTO copy SELECT * FROM lake;
+",
+            setup.table.display(),
+            copy.display()
+        ),
+    )
+    .expect("sql");
+    let copy_data = setup.dir.path().join("copy-data");
+    (setup, copy, copy_sql, copy_data)
+}
+
 /// `'scan.mode' = 'continuous'`: a job copies a Delta table (Weir's
 /// snapshot, then the commits another writer appends: two appends, an
 /// OPTIMIZE between them that rewrites rows already read, one more while
@@ -1536,41 +1573,17 @@ fn copy_holds(copy: &Path, expected: &[String]) -> Result<(), String> {
 fn a_continuous_delta_read_takes_each_appended_commit_once_across_a_sigkill() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
-    let Setup {
-        dir,
-        mut expected,
-        table,
-        sql,
-        data,
-    } = setup("");
-    let text = std::fs::read_to_string(&sql).expect("sql");
-    std::fs::write(
-        &sql,
-        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
-    )
-    .expect("sql");
-    let (ended, stderr) = run(&data, &sql, None, None);
-    assert_eq!(ended, Some(true), "{stderr}");
-
-    let copy = dir.path().join("copy");
-    let copy_sql = dir.path().join("copy.sql");
-    std::fs::write(
-        &copy_sql,
-        format!(
-            "SET 'pipeline.name' = 'delta-copy';
-SET 'execution.checkpointing.interval' = '200 ms';
-CREATE TABLE lake (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
-WITH ('connector' = 'delta', 'path' = '{}', 'scan.mode' = 'continuous', 'source.monitor-interval' = '100 ms');
-CREATE TABLE copy (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
-PARTITIONED BY (bucket) WITH ('connector' = 'delta', 'path' = '{}');
-INSERT INTO copy SELECT * FROM lake;
-",
-            table.display(),
-            copy.display()
-        ),
-    )
-    .expect("sql");
-    let copy_data = dir.path().join("copy-data");
+    let (
+        Setup {
+            dir: _dir,
+            mut expected,
+            table,
+            ..
+        },
+        copy,
+        copy_sql,
+        copy_data,
+    ) = continuous_copy(1, 200, 100);
     let start = |kill: Arc<AtomicBool>| {
         let (data, sql) = (copy_data.clone(), copy_sql.clone());
         std::thread::spawn(move || {
@@ -1744,14 +1757,12 @@ import os; os._exit(0)
     assert_eq!(got, want, "the table is not the Top-N's result\n{second}");
 }
 
-/// A compaction (another writer's OPTIMIZE) commits between a keyed
-/// commit's read of the table and its own commit, removing files the
-/// keyed commit rewrites: Delta refuses the keyed commit as a conflict,
-/// Weir makes it again from a fresh read, and the table ends as the
-/// query's result (no row lost to the compaction, none doubled).
-#[test]
-fn a_compaction_between_a_keyed_commits_read_and_its_commit_is_a_conflict_tried_again() {
-    use std::io::Read;
+/// The keyed job with its third commit paused between its read of the
+/// table and its commit while `between` (Python on the keyed table)
+/// commits as another writer; then let go. Returns the job's stderr (it
+/// must end well), the keyed table, the query's result and what `between`
+/// printed.
+fn keyed_commit_interrupted_by(between: &str) -> (String, PathBuf, Vec<String>, String, tempfile::TempDir) {
     let Setup {
         dir,
         expected,
@@ -1770,20 +1781,7 @@ fn a_compaction_between_a_keyed_commits_read_and_its_commit_is_a_conflict_tried_
         Some("delta_sink.before_commit:3:pause"),
         &[("WEIR_FAILPOINT_DIR", &gate)],
     );
-    let mut pipe = child.stderr.take().expect("stderr");
-    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .expect("stderr")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    let (text, reader) = common::collect_stderr(&mut child);
     common::eventually_blocking("the third commit paused", 120, || {
         let t = text.lock().expect("stderr").clone();
         if t.contains("failpoint delta_sink.before_commit hit 3 time(s): paused") {
@@ -1795,6 +1793,29 @@ fn a_compaction_between_a_keyed_commits_read_and_its_commit_is_a_conflict_tried_
         );
         Err(String::new())
     });
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(between)
+        .arg(&keyed)
+        .output()
+        .expect("python");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    std::fs::write(gate.join("delta_sink.before_commit.resume"), "").expect("resume");
+    let status = child.wait().expect("wait");
+    reader.join().expect("stderr reader");
+    let stderr = text.lock().expect("stderr").clone();
+    assert!(status.success(), "{stderr}");
+    (stderr, keyed, want, said, dir)
+}
+
+/// A compaction (another writer's OPTIMIZE) commits between a keyed
+/// commit's read of the table and its own commit, removing files the
+/// keyed commit rewrites: the keyed commit fails (delta-rs alone would let
+/// it land) and Weir makes it again from a fresh read, and the table ends as the
+/// query's result (no row lost to the compaction, none doubled).
+#[test]
+fn a_compaction_between_a_keyed_commits_read_and_its_commit_is_a_conflict_tried_again() {
     let compact = r#"
 import sys
 from deltalake import DeltaTable
@@ -1805,14 +1826,7 @@ after = DeltaTable(sys.argv[1]).version()
 print(m["numFilesRemoved"], after - before, after, flush=True)
 import os; os._exit(0)
 "#;
-    let out = Command::new(python())
-        .arg("-c")
-        .arg(compact)
-        .arg(&keyed)
-        .output()
-        .expect("python");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    let (stderr, keyed, want, said, _dir) = keyed_commit_interrupted_by(compact);
     let numbers: Vec<u64> = said.split_whitespace().map(|n| n.parse().expect("a number")).collect();
     let [removed, versions, compacted] = numbers[..] else {
         panic!("three numbers: {said}");
@@ -1821,11 +1835,6 @@ import os; os._exit(0)
         removed >= 2 && versions == 1,
         "the compaction committed nothing to conflict with: {said}"
     );
-    std::fs::write(gate.join("delta_sink.before_commit.resume"), "").expect("resume");
-    let status = child.wait().expect("wait");
-    reader.join().expect("stderr reader");
-    let stderr = text.lock().expect("stderr").clone();
-    assert!(status.success(), "{stderr}");
     assert!(
         stderr.contains("conflicts with another writer's commit") && stderr.contains("trying again"),
         "no conflict was retried:\n{stderr}"
@@ -1943,41 +1952,17 @@ fn read_count(uri: &str, storage_options: &str) -> u64 {
 /// last restart the copy holds every row once.
 #[test]
 fn sigkill_at_random_moments_of_a_continuous_delta_read_loses_and_duplicates_nothing() {
-    let Setup {
-        dir,
-        mut expected,
-        table,
-        sql,
-        data,
-    } = setup("");
-    let text = std::fs::read_to_string(&sql).expect("sql");
-    std::fs::write(
-        &sql,
-        text.replace("'scan.lines-per-second' = '10000'", "'scan.lines-per-second' = '0'"),
-    )
-    .expect("sql");
-    let (ended, stderr) = run(&data, &sql, None, None);
-    assert_eq!(ended, Some(true), "{stderr}");
-    let copy = dir.path().join("copy");
-    let copy_sql = dir.path().join("copy.sql");
-    std::fs::write(
-        &copy_sql,
-        format!(
-            "SET 'pipeline.name' = 'delta-copy';
-SET 'parallelism.default' = '2';
-SET 'execution.checkpointing.interval' = '100 ms';
-CREATE TABLE lake (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
-WITH ('connector' = 'delta', 'path' = '{}', 'scan.mode' = 'continuous', 'source.monitor-interval' = '30 ms');
-CREATE TABLE copy (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3), bidder STRING, bucket BIGINT)
-PARTITIONED BY (bucket) WITH ('connector' = 'delta', 'path' = '{}');
-INSERT INTO copy SELECT * FROM lake;
-",
-            table.display(),
-            copy.display()
-        ),
-    )
-    .expect("sql");
-    let copy_data = dir.path().join("copy-data");
+    let (
+        Setup {
+            dir: _dir,
+            mut expected,
+            table,
+            ..
+        },
+        copy,
+        copy_sql,
+        copy_data,
+    ) = continuous_copy(2, 100, 30);
     let mut seed = 0x5eed_c0b1_u64;
     let mut all = String::new();
     for round in 0..4u64 {
@@ -2019,4 +2004,31 @@ INSERT INTO copy SELECT * FROM lake;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     job.join().expect("job");
     assert_rows(&read_table(&copy), &expected, "after the SIGKILLs");
+}
+
+/// Another writer's blind append (a key of its own) between a keyed
+/// commit's read and its commit: the commit goes on top of it, not read
+/// again; both the query's rows and the appended one are there once.
+#[test]
+fn an_append_between_a_keyed_commits_read_and_its_commit_is_gone_on_top_of() {
+    let append = r#"
+import sys
+import pyarrow as pa
+from deltalake import write_deltalake
+write_deltalake(sys.argv[1], pa.table({
+    "auction": pa.array([5000], pa.int64()),
+    "bids": pa.array([1], pa.int64()),
+    "top": pa.array([1], pa.int64()),
+}), mode="append")
+import os; os._exit(0)
+"#;
+    let (stderr, keyed, mut want, _, _dir) = keyed_commit_interrupted_by(append);
+    assert!(
+        !stderr.contains("conflicts with another writer's commit"),
+        "an append made the keyed commit read again:\n{stderr}"
+    );
+    assert!(stderr.contains("only append: it goes on top of them"), "{stderr}");
+    want.push("5000|1|1".to_string());
+    want.sort();
+    assert_eq!(read_keyed(&keyed), want, "{stderr}");
 }

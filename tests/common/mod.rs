@@ -742,6 +742,27 @@ pub fn start_run_env(
     c.spawn().expect("spawn weir")
 }
 
+/// The child's stderr as it comes, gathered by a thread (joined once the
+/// child is gone).
+pub fn collect_stderr(child: &mut Child) -> (std::sync::Arc<std::sync::Mutex<String>>, std::thread::JoinHandle<()>) {
+    use std::io::Read;
+    let mut pipe = child.stderr.take().expect("stderr");
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .expect("stderr")
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (text, reader)
+}
+
 /// How a `weir run` child ended: its exit status (`None`: SIGKILLed by
 /// the test) and its stderr.
 pub struct Run {
@@ -761,23 +782,9 @@ pub fn run_armed(
     kill_after: Option<std::time::Duration>,
     armed: &dyn Fn(&str) -> bool,
 ) -> Run {
-    use std::io::Read;
     use std::time::{Duration, Instant};
     let mut child = start_run(data, sql, failpoints);
-    let mut pipe = child.stderr.take().expect("stderr");
-    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = text.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .expect("stderr")
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    let (text, reader) = collect_stderr(&mut child);
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut kill_at = None;
     let exited = loop {

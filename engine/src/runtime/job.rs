@@ -994,12 +994,18 @@ pub fn deploy(
             // A newer run of the job owns its checkpoints: restarting
             // would take them back from it.
             let fenced = matches!(err, ExecError::CheckpointStorage(CheckpointError::Fenced { .. }));
+            // A source that cannot follow its system (a Delta commit that
+            // deletes rows under a continuous read) would stop there again.
+            let cannot_follow = matches!(
+                err,
+                ExecError::Connector(crate::error::ConnectorError::CannotFollow { .. })
+            );
             let retry = if config.cluster.is_some() {
                 // Across workers, a failed attempt ends the process: its
                 // supervisor restarts every worker (a full restart), and
                 // the restart strategy decides at that start.
                 None
-            } else if fenced || *stop_rx.borrow() || *cancel_rx.borrow() {
+            } else if fenced || cannot_follow || *stop_rx.borrow() || *cancel_rx.borrow() {
                 None
             } else {
                 match restarts.failed(chrono::Utc::now().timestamp_millis()) {

@@ -366,32 +366,40 @@ impl DeltaCommitter {
         };
         let (prefix, own) = (below(&format!("{}/", self.job_dir)), below(own));
         let multipart = bucket.multipart.clone();
-        let aborted = block_on("a Delta table", async move {
-            let mut aborted = 0usize;
+        let done = block_on("a Delta table", async move {
+            let (mut aborted, mut gone) = (0usize, 0usize);
             for upload in lister.list(&prefix).await? {
                 if upload.key.starts_with(&own) {
                     continue;
                 }
-                match multipart
-                    .abort_multipart(&Key::from(upload.key.as_str()), &upload.id)
-                    .await
-                {
-                    // Gone meanwhile (completed or aborted by another
-                    // recovery): nothing left to abort.
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => aborted += 1,
+                // The key as S3 has it (a partition value's `%` escapes
+                // are part of it, not to be escaped again).
+                let key = Key::parse(&upload.key).map_err(|e| format!("the upload of {}: {e}", upload.key))?;
+                match multipart.abort_multipart(&key, &upload.id).await {
+                    Ok(()) => aborted += 1,
+                    // Completed or aborted meanwhile.
+                    Err(object_store::Error::NotFound { .. }) => gone += 1,
                     Err(e) => return Err(format!("aborting the upload of {}: {e}", upload.key)),
                 }
             }
-            Ok::<_, String>(aborted)
+            Ok::<_, String>((aborted, gone))
         })
-        .map_err(|e| self.table.unreachable(e))?
-        .map_err(|e| self.table.unreachable(e))?;
-        if aborted > 0 {
-            tracing::info!(
+        .and_then(|r| r);
+        match done {
+            Ok((aborted, gone)) if aborted + gone > 0 => tracing::info!(
                 target: "weir::checkpoint",
-                "Delta table '{}': aborted {aborted} upload(s) of failed attempts' files",
+                "Delta table '{}': aborted {aborted} upload(s) of failed attempts' files ({gone} gone before)",
                 self.table.name
-            );
+            ),
+            Ok(_) => {}
+            // Not the job's data: the uploads stay (billed) until the
+            // bucket's lifecycle rule or a later recovery removes them.
+            Err(e) => tracing::warn!(
+                target: "weir::checkpoint",
+                "Delta table '{}': uploads in progress of failed attempts not aborted ({e}); aborting them needs \
+                 s3:ListBucketMultipartUploads and s3:AbortMultipartUpload",
+                self.table.name
+            ),
         }
         Ok(())
     }
@@ -505,11 +513,12 @@ pub struct Change {
 /// those rows, the new files added, and the `txn` action `(app id,
 /// version)` if given, unless that version (or a later one) is recorded
 /// already. Returns the table version made, the files removed and those
-/// written in their place; `None` if skipped. A concurrent writer's commit
-/// in between is Delta's optimistic concurrency's business: a blind append
-/// conflicts with none (the commit is retried at the next version), a
-/// concurrent removal of a file this one rewrites fails the commit, and the
-/// checkpoint's commit is tried again from a fresh read of the table.
+/// written in their place; `None` if skipped. Another writer's commit in
+/// between: an append-only commit goes on top of blind appends (delta-rs
+/// retries it); a keyed commit goes on top of commits that only append
+/// (the table brought up to them), and fails on any other (a compaction,
+/// a delete: `MaxCommitAttempts`), its rewritten files deleted, so that
+/// the caller makes it again from a fresh read of the table.
 pub async fn commit_change(
     table: &mut DeltaTable,
     change: Change,
@@ -534,6 +543,8 @@ pub async fn commit_change(
     }
     let mut actions: Vec<Action> = vec![];
     let (mut removed, mut rewritten) = (0, 0);
+    // The files this commit wrote in place of the ones it removes.
+    let mut rewritten_paths: Vec<String> = vec![];
     let mut superseded = vec![];
     for (a, later) in adds {
         match later {
@@ -576,6 +587,7 @@ pub async fn commit_change(
         removed = removes.len();
         rewritten = written.len();
         actions.extend(removes.into_iter().map(Action::Remove));
+        rewritten_paths = written.iter().map(|a| format!("{rewrite_dir}/{}", a.path)).collect();
         actions.extend(written.into_iter().map(|mut a| {
             a.path = format!("{rewrite_dir}/{}", a.path);
             Action::Add(a)
@@ -606,15 +618,83 @@ pub async fn commit_change(
     // conflict check passes over a compaction's removals (`dataChange`
     // false), and its rewritten file would bring back the rows this
     // commit removes (Delta's protocol, and Spark, call that a conflict).
-    let retries = if touched.is_some() { 0 } else { DEFAULT_COMMIT_RETRIES };
-    let done = CommitBuilder::default()
-        .with_max_retries(retries)
-        .with_actions(actions)
-        .build(Some(table.snapshot()?), log_store, operation)
-        .await?;
-    let version = done.version();
-    table.update_incremental(None).await?;
-    Ok(Some((version, removed, rewritten)))
+    if touched.is_none() {
+        let done = CommitBuilder::default()
+            .with_max_retries(DEFAULT_COMMIT_RETRIES)
+            .with_actions(actions)
+            .build(Some(table.snapshot()?), log_store, operation)
+            .await?;
+        let version = done.version();
+        table.update_incremental(None).await?;
+        return Ok(Some((version, removed, rewritten)));
+    }
+    // Commits since the read that only append (another writer's blind
+    // appends) leave this commit's reading true: it goes on top of them
+    // (the table brought up to them, then tried again as strictly).
+    for _ in 0..MAX_REBASES {
+        let read = table.snapshot()?.version();
+        let tried = CommitBuilder::default()
+            .with_max_retries(0)
+            .with_actions(actions.clone())
+            .build(Some(table.snapshot()?), log_store.clone(), operation.clone())
+            .await;
+        match tried {
+            Ok(done) => {
+                let version = done.version();
+                table.update_incremental(None).await?;
+                return Ok(Some((version, removed, rewritten)));
+            }
+            Err(deltalake_core::DeltaTableError::Transaction {
+                source: deltalake_core::kernel::transaction::TransactionError::MaxCommitAttempts(_),
+            }) => match appends_only_since(&log_store, read).await? {
+                Some(latest) => {
+                    tracing::info!(
+                        target: "weir::checkpoint",
+                        "a keyed Delta commit read version {read}; versions {}..={latest} only append: it goes on top of them",
+                        read + 1
+                    );
+                    table.update_incremental(Some(latest)).await?
+                }
+                None => break,
+            },
+            Err(e) => return Err(e),
+        }
+    }
+    // Not made, certainly (refused before its log entry was written): its
+    // rewritten files are in no version; the caller reads afresh.
+    let store = table.object_store();
+    for p in rewritten_paths {
+        let _ = store.delete(&Key::from(p.as_str())).await;
+    }
+    Err(deltalake_core::DeltaTableError::Transaction {
+        source: deltalake_core::kernel::transaction::TransactionError::MaxCommitAttempts(0),
+    })
+}
+
+/// How often a keyed commit goes on top of other writers' appends before
+/// it reads the table afresh.
+const MAX_REBASES: usize = 8;
+
+/// The latest version if every commit after `read` only appends (no
+/// removal of any kind, no metadata or protocol change); `None` if one
+/// does more (a compaction, a delete: the keyed commit must read again).
+async fn appends_only_since(
+    log_store: &deltalake_core::logstore::LogStoreRef,
+    read: u64,
+) -> std::result::Result<Option<u64>, deltalake_core::DeltaTableError> {
+    let latest = log_store.get_latest_version(read).await?;
+    for v in read + 1..=latest {
+        let Some(bytes) = log_store.read_commit_entry(v).await? else {
+            return Ok(None);
+        };
+        let only_appends = deltalake_core::logstore::get_actions(v, &bytes)?
+            .iter()
+            .all(|a| !matches!(a, Action::Remove(_) | Action::Metadata(_) | Action::Protocol(_)));
+        if !only_appends {
+            return Ok(None);
+        }
+    }
+    Ok(Some(latest))
 }
 
 /// delta-rs's own number of tries of a commit that conflicts with none

@@ -150,6 +150,9 @@ struct Cursor {
     /// The commit the read cannot follow, and why: raised by the next
     /// discovery, so the files appended before it are handed out first.
     stop: Option<(u64, String)>,
+    /// The partition columns of the snapshot (a commit that changes them
+    /// stops the read; appended files' partition values are read by them).
+    table_keys: Vec<String>,
 }
 
 impl DeltaSource {
@@ -221,7 +224,7 @@ impl DeltaSource {
             return Err(table.error(format!("'{interval_given}' must be more than 0")));
         }
         if !continuous && (options.get(MONITOR).is_some() || options.get(FLINK_MONITOR).is_some()) {
-            let (option, value) = if mode_given == FLINK_MODE {
+            let (option, value) = if mode_given == FLINK_MODE || interval_given == FLINK_MONITOR {
                 (FLINK_MODE, "streaming")
             } else {
                 (SCAN_MODE, "continuous")
@@ -237,12 +240,13 @@ impl DeltaSource {
             delta_schema,
             version,
             files,
-            table_keys,
+            table_keys: table_keys.clone(),
             partition_keys: partition_keys.to_vec(),
             continuous: continuous.then_some(interval),
             cursor: std::sync::Mutex::new(Cursor {
                 snapshot: version,
                 walked: version,
+                table_keys: table_keys.clone(),
                 ..Cursor::default()
             }),
         })
@@ -489,7 +493,7 @@ fn commit_files(
             }
             Action::Remove(r) if r.data_change => {
                 return Ok(Some(CommitRead::Stops(format!(
-                    "version {version} deletes or updates rows (it removes file {}): a continuous read takes appended rows only, as Delta's streaming readers do; read the table again from a snapshot",
+                    "version {version} deletes or updates rows (it removes file {}): a continuous read takes appended rows only, as Delta's streaming readers do; read the table again from a snapshot under a new job name (or with this job's checkpoints cleared)",
                     r.path
                 ))));
             }
@@ -558,7 +562,7 @@ impl DeltaSource {
         let mut looked_again = false;
         while cursor.stop.is_none() {
             let next = cursor.walked + 1;
-            match commit_files(&self.table, &log_store, next, &self.delta_schema, &self.table_keys)? {
+            match commit_files(&self.table, &log_store, next, &self.delta_schema, &cursor.table_keys)? {
                 Some(CommitRead::Files(files)) => {
                     cursor.found.extend(files.into_iter().map(|f| (next, f)));
                     cursor.walked = next;
@@ -589,7 +593,7 @@ impl DeltaSource {
                         continue;
                     }
                     return Err(self.table.cannot_follow(format!(
-                        "commit {next} is no longer in the log (the latest is {latest}): its rows cannot be read; read the table again from a snapshot"
+                        "commit {next} is no longer in the log (the latest is {latest}): its rows cannot be read; read the table again from a snapshot under a new job name (or with this job's checkpoints cleared)"
                     )));
                 }
             }
@@ -638,7 +642,13 @@ impl SourceFactory for DeltaSource {
         }
         let mut cursor = self.cursor();
         if let Some((_, why)) = &cursor.stop {
-            return Err(self.table.cannot_follow(why));
+            // Each reader is handed the files before the stop first (it
+            // asks with its own known splits).
+            let before_stop = self.found_splits(&cursor, known)?;
+            if before_stop.is_empty() {
+                return Err(self.table.cannot_follow(why));
+            }
+            return Ok(before_stop);
         }
         let before = cursor.walked;
         self.walk(&mut cursor)?;
@@ -660,6 +670,7 @@ impl SourceFactory for DeltaSource {
         *self.cursor() = Cursor {
             snapshot: self.version,
             walked: self.version,
+            table_keys: self.table_keys.clone(),
             ..Cursor::default()
         };
         let mut splits = self.splits(self.version, None, &self.files)?;
@@ -692,27 +703,29 @@ impl SourceFactory for DeltaSource {
                 "the checkpoint was taken by a continuous read ('scan.mode' = 'continuous'); restore it into one",
             ));
         }
-        let mut splits = if version == self.version {
-            self.splits(self.version, None, &self.files)?
+        let (mut splits, table_keys) = if version == self.version {
+            (self.splits(self.version, None, &self.files)?, self.table_keys.clone())
         } else {
-            let (version, files, _) = list_files(
+            let (version, files, keys) = list_files(
                 &self.table,
                 Snapshot::Version(version),
                 &self.delta_schema,
                 &self.partition_keys,
             )?;
-            self.splits(version, None, &files)?
+            (self.splits(version, None, &files)?, keys)
         };
         let mut cursor = self.cursor();
         *cursor = Cursor {
             snapshot: version,
             walked: version,
+            table_keys,
             ..Cursor::default()
         };
         if let Some(last) = last_commit {
             let log_store = self.table.unloaded()?.log_store();
             for commit in version + 1..=last {
-                let files = match commit_files(&self.table, &log_store, commit, &self.delta_schema, &self.table_keys)? {
+                let files = match commit_files(&self.table, &log_store, commit, &self.delta_schema, &cursor.table_keys)?
+                {
                     Some(CommitRead::Files(files)) => files,
                     Some(CommitRead::Stops(why)) => return Err(self.table.cannot_follow(why)),
                     None => {
