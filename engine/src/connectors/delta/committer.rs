@@ -607,6 +607,7 @@ pub async fn commit_change(
             predicate: None,
         }
     };
+    let app_id = txn.as_ref().map(|(app, _)| app.clone());
     if let Some((app, version)) = txn {
         actions.push(Action::Txn(Transaction::new(app, version as i64)));
     }
@@ -646,7 +647,7 @@ pub async fn commit_change(
             }
             Err(deltalake_core::DeltaTableError::Transaction {
                 source: deltalake_core::kernel::transaction::TransactionError::MaxCommitAttempts(_),
-            }) => match appends_only_since(&log_store, read).await? {
+            }) => match appends_only_since(&log_store, read, app_id.as_deref()).await? {
                 Some(latest) => {
                     tracing::info!(
                         target: "weir::checkpoint",
@@ -676,11 +677,14 @@ pub async fn commit_change(
 const MAX_REBASES: usize = 8;
 
 /// The latest version if every commit after `read` only appends (no
-/// removal of any kind, no metadata or protocol change); `None` if one
-/// does more (a compaction, a delete: the keyed commit must read again).
+/// removal of any kind, no metadata or protocol change, no `txn` of this
+/// sink's app id: another attempt of the job committing, whose version a
+/// fresh read must check); `None` if one does more (a compaction, a
+/// delete: the keyed commit must read again).
 async fn appends_only_since(
     log_store: &deltalake_core::logstore::LogStoreRef,
     read: u64,
+    app_id: Option<&str>,
 ) -> std::result::Result<Option<u64>, deltalake_core::DeltaTableError> {
     let latest = log_store.get_latest_version(read).await?;
     for v in read + 1..=latest {
@@ -689,7 +693,11 @@ async fn appends_only_since(
         };
         let only_appends = deltalake_core::logstore::get_actions(v, &bytes)?
             .iter()
-            .all(|a| !matches!(a, Action::Remove(_) | Action::Metadata(_) | Action::Protocol(_)));
+            .all(|a| match a {
+                Action::Remove(_) | Action::Metadata(_) | Action::Protocol(_) => false,
+                Action::Txn(t) => Some(t.app_id.as_str()) != app_id,
+                _ => true,
+            });
         if !only_appends {
             return Ok(None);
         }
