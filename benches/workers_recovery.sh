@@ -24,6 +24,15 @@ trap cleanup EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 now() { date +%s.%N; }
+# Running: the process exists and is no zombie. The workers are children
+# of subshells that are gone, so an exited worker waits for init to reap
+# it, and `kill -0` still succeeds on it until then (on this machine for
+# up to seconds).
+alive() {
+  local s
+  s=$(grep '^State:' "/proc/$1/status" 2> /dev/null) || return 1
+  [[ $s != *"(zombie)"* ]]
+}
 
 CHECKPOINTS="SET 'execution.checkpointing.dir' = '$WORK/checkpoints';"
 
@@ -58,7 +67,7 @@ P1=$(start 1)
 state=0
 while [ "$state" -lt "$TARGET" ]; do
   sleep 1
-  kill -0 "$P0" 2> /dev/null || { echo "worker 0 ended:"; tail -20 "$WORK/w0.log"; exit 1; }
+  alive "$P0" || { echo "worker 0 ended:"; tail -20 "$WORK/w0.log"; exit 1; }
   state=$(grep -o 'completed in [0-9]* ms ([^)]*), state [0-9]*' "$WORK/w0.log" | tail -1 | grep -o '[0-9]*$' || echo 0)
   state=${state:-0}
 done
@@ -68,7 +77,7 @@ lines1=$(wc -l < "$WORK/w1.log")
 t_kill=$(now)
 kill -9 "$P1"
 # Worker 0 ends once it finds worker 1 gone (not this shell's child: poll).
-while kill -0 "$P0" 2> /dev/null; do sleep 0.01; done
+while alive "$P0"; do sleep 0.01; done
 t_detect=$(now)
 P0=$(start 0)
 P1=$(start 1)
@@ -76,7 +85,7 @@ P1=$(start 1)
 until [ "$(tail -n +"$((lines0 + 1))" "$WORK/w0.log" | grep -c 'opened in')" -ge 1 ] \
   && [ "$(tail -n +"$((lines1 + 1))" "$WORK/w1.log" | grep -c 'opened in')" -ge 1 ]; do
   sleep 0.05
-  kill -0 "$P0" 2> /dev/null || { echo "worker 0 ended:"; tail -20 "$WORK/w0.log"; exit 1; }
+  alive "$P0" || { echo "worker 0 ended:"; tail -20 "$WORK/w0.log"; exit 1; }
 done
 t_running=$(now)
 kill "$P0" "$P1" 2> /dev/null || true

@@ -474,7 +474,15 @@ pub fn main_with(args: Args) -> i32 {
                 .file_stem()
                 .map_or("job".into(), |s| s.to_string_lossy().to_string());
             session.set_default_job_name(stem);
-            rt.block_on(run_script(&mut session, &text, &w.file.display().to_string()))
+            let code = rt.block_on(run_script(&mut session, &text, &w.file.display().to_string()));
+            if code != EXIT_OK {
+                // Its supervisor starts every worker again from the last
+                // checkpoint: what this one's tasks still do (the upload of
+                // a checkpoint that cannot complete now) is lost work, and
+                // waiting for it only delays the job's recovery.
+                rt.shutdown_background();
+            }
+            code
         }
         (None, Some(sql)) => rt.block_on(run_script(&mut session, sql, "<command>")),
         (None, None) if !std::io::stdin().is_terminal() => {

@@ -122,7 +122,8 @@ pub fn rows(metrics: &JobMetrics, budget: Option<u64>, now_ms: i64) -> Vec<Row> 
             state: format!("{bytes} bytes"),
             paused_ms: None,
             detail: format!(
-                "now {now_rate:.0} bytes per second of event time over {span_ms} ms; peak {rate:.0} bytes/s"
+                "now {now_rate:.0} bytes per second of event time over {span_ms} ms; peak {rate:.0} bytes/s; widest span {} ms",
+                n.peak_state_span_ms.load(Ordering::Relaxed)
             ),
         });
     }

@@ -2349,12 +2349,12 @@ fn exactly_once_into_kafka_over_three_workers_under_kill_9() {
 /// their brokers, overload two cores.
 static THREE_WORKERS: Mutex<()> = Mutex::new(());
 
-/// Every committed record's value in `topic`, sorted (a multiset).
-fn committed_values(broker: &Broker, topic: &str, partitions: i32) -> Vec<String> {
-    let mut out = vec![];
+/// Every committed record of the upsert topic `topic`, per key in the
+/// order written (a key's records share a partition): the value, or
+/// `None` for a tombstone.
+fn committed_changes(broker: &Broker, topic: &str, partitions: i32) -> BTreeMap<String, Vec<Option<String>>> {
+    let mut out: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
     for p in 0..partitions {
-        // The broker may answer a fetch with nothing below its high
-        // watermark while it is busy (seen with tansu): ask again.
         let stored = common::eventually_blocking("the topic to be read", 30, || {
             weir_engine::connectors::kafka::protocol::fetch_all(&broker.servers(), topic, p, 0, Duration::from_secs(10))
                 .map_err(|e| format!("{e:?}"))
@@ -2362,21 +2362,26 @@ fn committed_values(broker: &Broker, topic: &str, partitions: i32) -> Vec<String
         let (committed, open) = weir_engine::connectors::kafka::protocol::committed(&stored);
         assert_eq!(open, 0, "no transaction left open in {topic} partition {p}");
         for r in committed {
-            out.push(String::from_utf8_lossy(r.value.as_deref().expect("value")).to_string());
+            let key = String::from_utf8_lossy(r.key.as_deref().expect("an upsert record has a key")).to_string();
+            let value = r.value.as_deref().map(|v| String::from_utf8_lossy(v).to_string());
+            out.entry(key).or_default().push(value.filter(|v| !v.is_empty()));
         }
     }
-    out.sort();
     out
 }
 
-/// Over 3 workers: a keyed HOP window per auction and a regular join with
-/// the auctions (keyed on the auction: both cross the network), from
-/// Kafka into the exactly-once Kafka sink, checkpoints on the S3 server.
-/// Faults, one per full restart: SIGKILL of a worker at a random moment,
-/// worker 1 crashing with a barrier on its way to another worker, worker
-/// 2 crashing with a snapshot uploaded to S3 but not acknowledged, worker
-/// 0 crashing with a checkpoint's Kafka commits half done. The committed
-/// output equals the same SQL's in one process without faults.
+/// Over 3 workers: a keyed HOP window per auction, a regular join with
+/// the auctions (keyed on the auction: both cross the network) and a
+/// GROUP BY the auctions' category (another shuffle), from Kafka into an
+/// exactly-once upsert-kafka sink, checkpoints on the S3 server. Faults,
+/// one per full restart: three SIGKILLs of a random worker at a random
+/// moment, then worker 1 crashing with a barrier on its way to another
+/// worker, worker 2 crashing with a snapshot uploaded to S3 but not
+/// acknowledged, worker 0 crashing with a checkpoint's Kafka commits half
+/// done. Each category's final row equals the same SQL's in one process
+/// without faults, and its committed updates count up without a repeat or
+/// a step back (a transaction committed twice, or output of a run that
+/// did not survive, would show as one).
 #[test]
 fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and_failpoints() {
     let _alone = THREE_WORKERS.lock().unwrap_or_else(|p| p.into_inner());
@@ -2387,11 +2392,11 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
     let s3 = common::s3_server(&s3_dir);
     broker.create_topic("wj-bids", 2);
     broker.create_topic("wj-auctions", 1);
-    // Enough to outlast four runs' worth of faults (small fetches make it
+    // Enough to outlast six runs' worth of faults (small fetches make it
     // slow to read: Kafka sources have no pacing option). With 80 000 a
-    // late random kill left the third run so little input that it ended
+    // late random kill left a later run so little input that it ended
     // without a state file to upload, and its failpoint never fired.
-    let n = 160_000i64;
+    let n = 240_000i64;
     // Each partition in event-time order, so no bid is ever late.
     let bids: Vec<(i32, Option<String>, String)> = (0..n)
         .map(|i| {
@@ -2412,7 +2417,9 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
         .map(|a| (0, None, format!(r#"{{"id":{a},"category":{}}}"#, a % 5)))
         .collect();
     broker.produce("wj-auctions", &auctions);
-    let sql = |out: &str, extra: &str| {
+    // `fetch`: the bids' fetch size, small for the faulted run (read
+    // slowly, so faults land mid-run), large for the reference.
+    let sql = |out: &str, extra: &str, fetch: u32| {
         format!(
             "SET 'pipeline.name' = 'wj-{out}';
              SET 'execution.checkpointing.interval' = '150 ms';
@@ -2424,28 +2431,30 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
                WATERMARK FOR dt AS dt - INTERVAL '1' SECOND)
              WITH ('connector' = 'kafka', 'topic' = 'wj-bids', 'properties.bootstrap.servers' = '{servers}',
                'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
-               'properties.max.partition.fetch.bytes' = '300');
+               'properties.max.partition.fetch.bytes' = '{fetch}');
              CREATE TABLE auction (id BIGINT, category BIGINT)
              WITH ('connector' = 'kafka', 'topic' = 'wj-auctions', 'properties.bootstrap.servers' = '{servers}',
                'format' = 'json', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset');
-             CREATE TABLE dst (auction BIGINT, category BIGINT, window_end TIMESTAMP(3), bids BIGINT, top BIGINT)
-             WITH ('connector' = 'kafka', 'topic' = '{out}', 'properties.bootstrap.servers' = '{servers}',
-               'format' = 'json', 'sink.delivery-guarantee' = 'exactly-once',
-               'sink.transactional-id-prefix' = 'wj-{out}', 'sink.partitioner' = 'round-robin');
+             CREATE TABLE dst (category BIGINT, windows BIGINT, bids BIGINT, top BIGINT,
+               PRIMARY KEY (category) NOT ENFORCED)
+             WITH ('connector' = 'upsert-kafka', 'topic' = '{out}', 'properties.bootstrap.servers' = '{servers}',
+               'key.format' = 'json', 'value.format' = 'json', 'value.fields-include' = 'EXCEPT_KEY',
+               'sink.delivery-guarantee' = 'exactly-once', 'sink.transactional-id-prefix' = 'wj-{out}');
              INSERT INTO dst
-             SELECT w.auction, a.category, w.window_end, w.bids, w.top
+             SELECT a.category, COUNT(*), SUM(w.bids), MAX(w.top)
              FROM (
                SELECT auction, window_end, COUNT(*) AS bids, MAX(price) AS top
                FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dt), INTERVAL '1' SECOND, INTERVAL '3' SECOND))
                GROUP BY auction, window_start, window_end
-             ) w JOIN auction a ON w.auction = a.id;",
+             ) w JOIN auction a ON w.auction = a.id
+             GROUP BY a.category;",
             servers = broker.servers()
         )
     };
     // The reference: one process, no faults.
     broker.create_topic("wj-ref", 3);
     let script = dir.path().join("ref.sql");
-    std::fs::write(&script, sql("wj-ref", "SET 'parallelism.default' = '3';")).expect("script");
+    std::fs::write(&script, sql("wj-ref", "SET 'parallelism.default' = '3';", 1_048_576)).expect("script");
     let o = Command::new(env!("CARGO_BIN_EXE_weir"))
         .arg("--data-dir")
         .arg(dir.path().join("ref-data"))
@@ -2454,46 +2463,70 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
         .output()
         .expect("weir run");
     common::successful_stdout(&o);
-    let reference = committed_values(&broker, "wj-ref", 3);
-    assert!(reference.len() > 1000, "the reference has {} rows", reference.len());
+    let final_rows = |changes: &BTreeMap<String, Vec<Option<String>>>| -> BTreeMap<String, Option<String>> {
+        changes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.last().cloned().flatten()))
+            .collect()
+    };
+    let reference = final_rows(&committed_changes(&broker, "wj-ref", 3));
+    assert_eq!(reference.len(), 5, "a row per category: {reference:?}");
 
     broker.create_topic("wj-out", 3);
-    // Each at its first pass: one of a checkpoint's three transactions
-    // committed is the commit half done.
-    // The two that crash before any checkpoint of their run completes
-    // come first: they cost no progress, so the run that must complete
-    // one (the commit) still has input left.
+    // Three random kills, one in each of the first three runs; then, each
+    // at its first pass (one of a checkpoint's three transactions committed
+    // is the commit half done), the failpoints. The two that crash before
+    // any checkpoint of their run completes come first: they cost no
+    // progress, so the run that must complete one (the commit) still has
+    // input left.
     let failpoints = [
-        (1usize, 2u32, "exchange.barrier_sent:1"),
-        (2, 3, "checkpoint.file_uploaded:1"),
-        (0, 4, "kafka_sink.committed_one:1"),
+        (1usize, 4u32, "exchange.barrier_sent:1"),
+        (2, 5, "checkpoint.file_uploaded:1"),
+        (0, 6, "kafka_sink.committed_one:1"),
     ];
-    let job = sql("wj-out", &s3.checkpoint_settings());
+    let job = sql("wj-out", &s3.checkpoint_settings(), 300);
     let mut workers = common::Workers::with_failpoints(dir.path(), 3, &job, &[], &failpoints);
-    // The random kill: a worker chosen by the clock, a random moment of
-    // the first run's first 1.5 s (its first checkpoint completes in
-    // about that time: the kill may come before it or after).
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.subsec_nanos() as u64);
-    let victim = (seed % 3) as usize;
-    let after = Duration::from_millis(seed % 1500);
-    eprintln!("random kill: worker {victim}, {after:?} after the job started (seed {seed})");
+    // The random kills: a random worker, at a random moment of its run's
+    // first 1.5 s (a run's first checkpoint completes in about that time:
+    // a kill may come before it or after). The std hasher's keys are
+    // random per process.
+    let random = std::collections::hash_map::RandomState::new();
+    let kills: Vec<(usize, Duration)> = (0..3u8)
+        .map(|k| {
+            use std::hash::BuildHasher;
+            let r = random.hash_one(k);
+            ((r % 3) as usize, Duration::from_millis((r >> 32) % 1500))
+        })
+        .collect();
+    eprintln!("random kills (worker, after the run started): {kills:?}");
     let log0 = workers.log(0);
     let mut started: Option<Instant> = None;
-    let mut killed = false;
-    workers.supervise(600, |w| {
-        if killed {
+    let mut killed = 0usize;
+    workers.supervise(900, |w| {
+        // Run r (from 1) is every worker's r-th start; kill k lands in run
+        // k + 1, once worker 0 has submitted it.
+        let Some(&(victim, after)) = kills.get(killed) else {
+            return;
+        };
+        let run = killed as u32 + 1;
+        if !w.starts.iter().all(|s| *s == run) {
             return;
         }
-        if started.is_none() && std::fs::read_to_string(&log0).is_ok_and(|l| l.contains("submitted")) {
+        let submitted = std::fs::read_to_string(&log0).map_or(0, |l| l.matches("submitted").count());
+        if started.is_none() && submitted >= run as usize {
             started = Some(Instant::now());
         }
-        if started.is_some_and(|t| t.elapsed() >= after) && w.starts.iter().all(|s| *s == 1) {
-            killed = w.kill(victim);
+        if started.is_some_and(|t| t.elapsed() >= after) && w.kill(victim) {
+            killed += 1;
+            started = None;
         }
     });
-    assert!(killed, "the job finished before the random kill:\n{}", workers.logs());
+    assert_eq!(
+        killed,
+        3,
+        "the job finished before the three random kills:\n{}",
+        workers.logs()
+    );
     for (w, _, spec) in failpoints {
         let name = spec.split(':').next().unwrap_or(spec);
         let log = std::fs::read_to_string(workers.log(w)).unwrap_or_default();
@@ -2503,23 +2536,30 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
             workers.logs()
         );
     }
-    let got = committed_values(&broker, "wj-out", 3);
-    if got != reference {
-        let missing = reference
-            .iter()
-            .filter(|r| !got.contains(r))
-            .take(3)
-            .collect::<Vec<_>>();
-        let extra = got
-            .iter()
-            .filter(|r| !reference.contains(r))
-            .take(3)
-            .collect::<Vec<_>>();
-        panic!(
-            "{} rows committed, {} in the reference; missing e.g. {missing:?}, unexpected e.g. {extra:?}\n{}",
-            got.len(),
-            reference.len(),
+    let changes = committed_changes(&broker, "wj-out", 3);
+    let count = |v: &str| -> i64 {
+        serde_json::from_str::<serde_json::Value>(v)
+            .ok()
+            .and_then(|j| j["windows"].as_i64())
+            .unwrap_or_else(|| panic!("no count in {v}"))
+    };
+    for (key, values) in &changes {
+        let counts: Vec<i64> = values.iter().flatten().map(|v| count(v)).collect();
+        assert!(
+            counts.windows(2).all(|w| w[0] < w[1]),
+            "category {key}'s committed updates repeat or step back: {counts:?}\n{}",
             workers.logs()
         );
     }
+    eprintln!(
+        "committed updates per category: {:?}",
+        changes.values().map(Vec::len).collect::<Vec<_>>()
+    );
+    let got = final_rows(&changes);
+    assert_eq!(
+        got,
+        reference,
+        "the final rows differ from one process's:\n{}",
+        workers.logs()
+    );
 }

@@ -83,6 +83,11 @@ fn reference(dir: &Path, parallelism: usize) -> (PathBuf, PathBuf, Vec<String>) 
 
 /// The same SQL in one process: the reference.
 fn single_process(dir: &Path, sql: &str) -> Vec<String> {
+    single_process_shown(dir, sql).0
+}
+
+/// [`single_process`], and what the script printed.
+fn single_process_shown(dir: &Path, sql: &str) -> (Vec<String>, String) {
     let out = dir.join("single-out");
     let sql = sql.replace("@OUT@", &out.display().to_string());
     let file = dir.join("single.sql");
@@ -94,10 +99,10 @@ fn single_process(dir: &Path, sql: &str) -> Vec<String> {
         .arg(&file)
         .output()
         .expect("weir run");
-    common::successful_stdout(&o);
+    let shown = common::successful_stdout(&o);
     let lines = common::committed_lines(&out);
     assert!(lines.len() > 500, "the reference has {} rows", lines.len());
-    lines
+    (lines, shown)
 }
 
 #[test]
@@ -330,21 +335,27 @@ SET 'execution.checkpointing.dir' = '{}';",
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
 }
 
+/// The seed's skewed backfill over 3 workers: three Nexmark splits, split
+/// 0 six times faster than the others, one per worker. Worker 0's reader
+/// is alone in its process, so only the group's minimum over all workers
+/// can pause it; it does (SHOW WATERMARKS on its worker), the window
+/// state's event-time span stays within the drift (against the same job
+/// without alignment, whose span grows with the skew), and the output is
+/// the single process's.
 #[test]
 fn an_alignment_group_spans_the_workers() {
-    // Three Nexmark splits, split 0 six times faster than the others, one
-    // per worker: worker 0's reader is alone in its process, so only the
-    // group minimum over all workers can pause it.
     let dir = tempfile::tempdir().expect("tempdir");
-    let sql = |out: &Path, extra: &str| {
+    let sql = |out: &Path, extra: &str, alignment: &str| {
         format!(
             "SET 'pipeline.name' = 'align';
 SET 'table.dml-sync' = 'true';
+SET 'pipeline.watermark-alignment.buffer-size' = '0';
+SET 'pipeline.auto-watermark-interval' = '20 ms';
 {extra}
 CREATE TABLE bid (auction BIGINT, price BIGINT, dateTime TIMESTAMP(3),
   WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND
-    ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '5' SECOND UPDATE INTERVAL '50' MILLISECOND
-) WITH ('connector' = 'nexmark', 'nexmark.events' = '300000', 'splits' = '3',
+    {alignment}
+) WITH ('connector' = 'nexmark', 'nexmark.events' = '600000', 'splits' = '3',
         'nexmark.split-skew' = '6', 'nexmark.events-per-second' = '150000');
 CREATE TABLE out (auction BIGINT, bids BIGINT, window_end TIMESTAMP(3))
   WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'json');
@@ -357,9 +368,15 @@ SHOW WATERMARKS FOR JOB 'align';
             out.display()
         )
     };
-    let reference = single_process(dir.path(), &sql(Path::new("@OUT@"), "SET 'parallelism.default' = '3';"));
+    let aligned = "ALIGNMENT GROUP 'bids' MAX DRIFT INTERVAL '5' SECOND UPDATE INTERVAL '20' MILLISECOND";
+    // The reference: one process, no alignment (the output is the same:
+    // the watermark is the minimum over the splits either way).
+    let (reference, unaligned) = single_process_shown(
+        dir.path(),
+        &sql(Path::new("@OUT@"), "SET 'parallelism.default' = '3';", ""),
+    );
     let out = dir.path().join("out");
-    let mut workers = Workers::new(dir.path(), 3, &sql(&out, ""));
+    let mut workers = Workers::new(dir.path(), 3, &sql(&out, "", aligned));
     workers.supervise(120, |_| {});
     assert_eq!(workers.starts, vec![1, 1, 1], "no worker failed:\n{}", workers.logs());
     assert_same_rows(&common::committed_lines(&out), &reference, &workers.logs());
@@ -376,6 +393,30 @@ SHOW WATERMARKS FOR JOB 'align';
         .next_back()
         .unwrap_or_else(|| panic!("no paused_ms in {row:?}"));
     assert!(paused > 0, "worker 0's fast split never paused: {row}\n{log}");
+    // The window's state spans at most the drift (5 s) past the slowest
+    // split, plus the watermark's 4 s delay, plus what the splits read in
+    // the few update intervals before a pause or a new minimum reaches
+    // them across workers: this backfill covers ~135 s of event time per
+    // second on the fast split (2.7 s per 20 ms interval), ~22 s on the
+    // others. Measured here: 10.4-12.9 s. 20 s leaves room for a loaded
+    // machine's slower control messages; without alignment the fast split
+    // runs ahead by its whole skew (~54 s).
+    let widest = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("| state"))
+            .filter_map(|l| number_after(l, "widest span "))
+            .max()
+    };
+    let free = widest(&unaligned).unwrap_or_else(|| panic!("no state row:\n{unaligned}"));
+    for w in 0..3 {
+        let log = std::fs::read_to_string(workers.log(w)).unwrap_or_default();
+        let span = widest(&log).unwrap_or_else(|| panic!("no state row on worker {w}:\n{log}"));
+        eprintln!("worker {w}: the window state spanned at most {span} ms (without alignment {free} ms)");
+        assert!(
+            span <= 20_000 && span * 2 < free,
+            "worker {w}'s window state spans {span} ms of event time (without alignment {free} ms):\n{log}"
+        );
+    }
 }
 
 /// The savepoint worker 0 said it stopped the job with (its log).
@@ -420,7 +461,9 @@ fn a_worker_script_with_a_second_insert_is_refused_where_it_is() {
 /// A task that fails in every run (its window's snapshot): across
 /// workers the restart strategy counts the restarts the checkpoint log
 /// records, waits its delay before each, and gives up after its attempts;
-/// a worker 0 started again after that gives up again at once.
+/// a worker 0 started again after that gives up again at once, writing
+/// nothing more to the log, and the other workers give up with it rather
+/// than wait for a worker 0 that will not run the job.
 #[test]
 fn across_workers_the_restart_strategy_counts_restarts_and_gives_up() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -440,12 +483,36 @@ SET 'restart-strategy.fixed-delay.delay' = '300 ms';",
     let mut workers = Workers::with_failpoints(dir.path(), 3, &sql, &[], &failpoints);
     let log0 = workers.log(0);
     let gave_up = |l: &str| l.matches("has failed for good").count();
+    let records = || {
+        std::fs::read_dir(dir.path().join("checkpoints/workers-test/log"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let after_first = std::cell::Cell::new(None);
     workers.supervise_until(
         120,
         |_| {},
-        |_| std::fs::read_to_string(&log0).is_ok_and(|l| gave_up(&l) >= 2),
+        |_| {
+            let n = std::fs::read_to_string(&log0).map_or(0, |l| gave_up(&l));
+            if n >= 1 && after_first.get().is_none() {
+                after_first.set(Some(records()));
+            }
+            n >= 4
+        },
     );
     let log = std::fs::read_to_string(&log0).unwrap_or_default();
+    assert_eq!(
+        Some(records()),
+        after_first.get(),
+        "worker 0 started after the give-up wrote to the log:\n{log}"
+    );
+    for w in 1..3 {
+        let other = std::fs::read_to_string(workers.log(w)).unwrap_or_default();
+        assert!(
+            gave_up(&other) >= 2 && !other.contains("did not answer within"),
+            "worker {w} did not give up with worker 0:\n{other}"
+        );
+    }
     let first = log.find("has failed for good").unwrap_or(log.len());
     let waited = log[..first]
         .matches("restarted after a failure; starting in 300ms")

@@ -240,7 +240,9 @@ impl IntervalJoinOperator {
             self.max_ts = self.max_ts.max(max);
         }
         if self.watermark > MIN_WATERMARK && self.max_ts > self.watermark {
-            let span_s = (self.max_ts - self.watermark) as f64 / 1000.0;
+            let span_ms = self.max_ts - self.watermark;
+            self.metrics.peak_state_span_ms.fetch_max(span_ms, Ordering::Relaxed);
+            let span_s = span_ms as f64 / 1000.0;
             let rate = (self.metrics.state_bytes.load(Ordering::Relaxed) as f64 / span_s) as i64;
             self.metrics.peak_state_rate.fetch_max(rate, Ordering::Relaxed);
         }

@@ -604,26 +604,68 @@ fn status_file(records: &[crate::checkpoint::records::Record], config: &JobConfi
     Ok(RunStatus::read(&config.job_dir, status_storage(config).as_ref())?.map(|s| s.as_str()))
 }
 
-/// A worker other than worker 0 of a job that ended on purpose (see
-/// [`super::resume`]): a pod restarted after the end must not run it
-/// again. It reads the log as worker 0 does, without the claims at its
-/// end (worker 0 of this very start, which decides from what was before).
-fn ended_across_workers(config: &JobConfig) -> Result<Option<String>> {
+/// A worker other than worker 0 of a job that ended on purpose, or whose
+/// restart strategy gives up at this start (see [`super::resume`]): a pod
+/// restarted after the end must not run it again, nor wait for a worker 0
+/// that will not run it. It reads the log as worker 0 does, without the
+/// claims at its end (worker 0 of this very start, which decides from what
+/// was before), and comes to worker 0's answer (`true`: a give-up).
+fn ended_across_workers(config: &JobConfig) -> Result<Option<(String, bool)>> {
     use crate::checkpoint::records::Record;
     let (Some(_), Some(cp)) = (&config.cluster, &config.checkpointing) else {
         return Ok(None);
     };
-    let mut records: Vec<Record> = cp.storage().log_records()?.into_iter().map(|(_, r)| r).collect();
+    let storage = cp.storage();
+    let mut records: Vec<Record> = storage.log_records()?.into_iter().map(|(_, r)| r).collect();
     while matches!(records.last(), Some(Record::Generation { .. })) {
         records.pop();
     }
     let file = status_file(&records, config)?;
-    Ok(
-        match super::resume::decide(&records, config.recovery_path.as_deref(), true, file) {
-            super::resume::Start::Ended { message, .. } => Some(message),
-            _ => None,
-        },
-    )
+    let start = super::resume::decide(&records, config.recovery_path.as_deref(), true, file);
+    if let super::resume::Start::Ended { message, .. } = start {
+        return Ok(Some((message, false)));
+    }
+    match restart_verdict(&records, &start, config) {
+        Some(Err(why)) => Ok(Some((gave_up_message(&why, &storage)?, true))),
+        _ => Ok(None),
+    }
+}
+
+/// The restart strategy's word on a start of a job over workers that
+/// follows `records` (the log before it) and would run as `start` says:
+/// `None` when it is no restart after a failure, else the wait before it
+/// runs or why the strategy gives up. Across workers a failed attempt ends
+/// every process and their supervisor starts them again: the start is the
+/// restart, and the strategy counts the failures the log records.
+fn restart_verdict(
+    records: &[crate::checkpoint::records::Record],
+    start: &super::resume::Start,
+    config: &JobConfig,
+) -> Option<std::result::Result<Duration, String>> {
+    use super::resume::Start;
+    let restart = config.cluster.is_some()
+        && matches!(start, Start::Latest { .. } | Start::Path(_))
+        && super::resume::after_failure(records, config.recovery_path.as_deref());
+    if !restart {
+        return None;
+    }
+    let past = super::resume::restarts(records);
+    let mut restarts = super::restart::Restarts::replay(config.restart, &past);
+    Some(restarts.failed(chrono::Utc::now().timestamp_millis()))
+}
+
+/// What a job whose restart strategy gave up says (worker 0's log and
+/// every worker's exit).
+fn gave_up_message(why: &str, storage: &CheckpointStorage) -> Result<String> {
+    let latest = storage
+        .complete_ids()?
+        .last()
+        .map(|id| format!(" (the latest: {}/chk-{id})", storage.root().display()))
+        .unwrap_or_default();
+    Ok(format!(
+        "has failed for good: {why}. Its checkpoints stay: start it with --from-savepoint naming one{latest}, \
+         or allow more restarts"
+    ))
 }
 
 /// Where the first attempt starts (see [`super::resume`]): an explicit
@@ -652,6 +694,33 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
         });
     };
     let storage = cp.storage();
+    let none = |ended: String, failed: bool| Initial {
+        restored: None,
+        fence: None,
+        ended: Some(ended),
+        failed,
+        delay: None,
+        floor: 0,
+        path: None,
+    };
+    // A start that would only seal again the end the log already ends
+    // with (a pod restarted after the job finished, was stopped, or its
+    // restart strategy gave up: Kubernetes restarts those too) claims
+    // nothing, or the log would grow by a claim and an end every time.
+    let before: Vec<_> = storage.log_records()?.into_iter().map(|(_, r)| r).collect();
+    if let Some(crate::checkpoint::records::Record::End { status, .. }) = before.last()
+        && !status.trim().is_empty()
+    {
+        let start = decide(&before, config.recovery_path.as_deref(), config.cluster.is_some(), None);
+        if let Start::Ended { message, .. } = start {
+            return Ok(none(message, false));
+        }
+        if status.trim() == super::resume::EXHAUSTED
+            && let Some(Err(why)) = restart_verdict(&before, &start, config)
+        {
+            return Ok(none(gave_up_message(&why, &storage)?, true));
+        }
+    }
     let from = config.recovery_path.as_ref().map(|p| p.display().to_string());
     let fence = Arc::new(Fence::claim_from(&storage, from)?);
     tracing::info!(
@@ -685,36 +754,15 @@ fn initial_restore(graph: &StreamGraph, config: &JobConfig) -> Result<Initial> {
         floor: own_floor,
         path: None,
     };
-    // Across workers a failed attempt ends every process and their
-    // supervisor starts them again: this start is the restart, and the
-    // restart strategy decides from the failures the log records.
-    let after_failure = config.cluster.is_some()
-        && matches!(start, Start::Latest { .. } | Start::Path(_))
-        && super::resume::after_failure(&records, config.recovery_path.as_deref());
-    if after_failure {
-        let past = super::resume::restarts(&records);
-        let mut restarts = super::restart::Restarts::replay(config.restart, &past);
-        match restarts.failed(chrono::Utc::now().timestamp_millis()) {
-            Ok(delay) => initial.delay = Some(delay),
-            Err(why) => {
-                // Its own word: this run did not run (see
-                // `resume::restarts`), and the failure it gave up on
-                // stands for the next start.
-                fence.seal(super::resume::EXHAUSTED)?;
-                let latest = storage
-                    .complete_ids()?
-                    .last()
-                    .map(|id| format!(" (the latest: {}/chk-{id})", storage.root().display()))
-                    .unwrap_or_default();
-                initial.fence = None;
-                initial.failed = true;
-                initial.ended = Some(format!(
-                    "has failed for good: {why}. Its checkpoints stay: start it with --from-savepoint naming one{latest}, \
-                     or allow more restarts"
-                ));
-                return Ok(initial);
-            }
+    match restart_verdict(&records, &start, config) {
+        Some(Ok(delay)) => initial.delay = Some(delay),
+        Some(Err(why)) => {
+            // Its own word: this run did not run (see `resume::restarts`),
+            // and the failure it gave up on stands for the next start.
+            fence.seal(super::resume::EXHAUSTED)?;
+            return Ok(none(gave_up_message(&why, &storage)?, true));
         }
+        None => {}
     }
     // Worker 0 of a job over workers lays out only its own subtasks' keyed
     // state, as the others do (the snapshot's metadata, with the splits
@@ -851,11 +899,12 @@ pub fn deploy(
     let initial = if coordinates {
         initial_restore(&graph, &config)?
     } else {
+        let ended = ended_across_workers(&config)?;
         Initial {
             restored: None,
             fence: None,
-            ended: ended_across_workers(&config)?,
-            failed: false,
+            failed: ended.as_ref().is_some_and(|(_, failed)| *failed),
+            ended: ended.map(|(why, _)| why),
             delay: None,
             floor: 0,
             path: None,

@@ -26,6 +26,10 @@ pub struct NodeMetrics {
     /// The most state the node held per second of event time (bytes/s,
     /// estimated over all subtasks), kept after the job ends.
     pub peak_state_rate: AtomicI64,
+    /// The widest event time any subtask's state spanned (ms, its newest
+    /// row's time minus its watermark), kept after the job ends: what
+    /// watermark alignment bounds (by the group's max drift).
+    pub peak_state_span_ms: AtomicI64,
     /// Time the node's subtasks waited to send to a full downstream
     /// channel (ns, summed): back-pressure from downstream.
     pub backpressured_ns: Arc<AtomicU64>,
@@ -44,6 +48,7 @@ impl NodeMetrics {
             state_bytes: Arc::new(AtomicI64::new(0)),
             max_event_time: AtomicI64::new(i64::MIN),
             peak_state_rate: AtomicI64::new(0),
+            peak_state_span_ms: AtomicI64::new(0),
             backpressured_ns: Arc::new(AtomicU64::new(0)),
         }
     }

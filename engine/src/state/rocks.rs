@@ -60,7 +60,18 @@ impl RocksDbTuning {
     }
 
     fn options(&self) -> Options {
-        let mut opts = Options::default();
+        // The WAL is off, so closing would flush the memtables to SST
+        // files nobody reads: every open starts from a checkpoint (which
+        // flushes for itself) or empty. A worker whose peer died spent
+        // seconds closing its instance before it could exit and restart.
+        // (rust-rocksdb has no setter for it; the options-string parser
+        // knows every option.)
+        let mut opts = Options::default()
+            .get_options_from_string("avoid_flush_during_shutdown=true")
+            .unwrap_or_else(|e| {
+                tracing::warn!(target: "weir::state", "RocksDB: avoid_flush_during_shutdown not set: {e}");
+                Options::default()
+            });
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
@@ -420,4 +431,33 @@ pub fn move_dir(from: &Path, to: &Path) -> Result<(), StateError> {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
     std::fs::rename(from, to).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{StateBackend, WriteBatch};
+
+    /// Closing writes nothing: the memtables (the WAL is off) would only
+    /// become SST files no open ever reads, at the cost of the close.
+    #[test]
+    fn closing_flushes_no_memtable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("db");
+        let ssts = |p: &Path| {
+            std::fs::read_dir(p)
+                .expect("read dir")
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+                .count()
+        };
+        let mut rocks = RocksDbBackend::open_fresh(&db, &["s"], &RocksDbTuning::default()).expect("open");
+        let mut batch = WriteBatch::default();
+        for i in 0..1000u32 {
+            batch.put(0, i.to_be_bytes().to_vec(), vec![7; 100]);
+        }
+        rocks.write(batch).expect("write");
+        drop(rocks);
+        assert_eq!(ssts(&db), 0, "closing flushed the memtable");
+    }
 }

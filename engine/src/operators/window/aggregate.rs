@@ -1083,7 +1083,9 @@ impl WindowAggregateOperator {
         // State held per second of event time: the live state spans the
         // event time between the watermark and the newest row.
         if self.watermark > MIN_WATERMARK && self.max_ts > self.watermark {
-            let span_s = (self.max_ts - self.watermark) as f64 / 1000.0;
+            let span_ms = self.max_ts - self.watermark;
+            self.metrics.peak_state_span_ms.fetch_max(span_ms, Ordering::Relaxed);
+            let span_s = span_ms as f64 / 1000.0;
             let keyed = match &self.store {
                 WindowStore::Keyed { state, .. } => state.size_bytes(),
                 WindowStore::Live { .. } => 0,
