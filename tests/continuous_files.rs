@@ -178,3 +178,69 @@ fn a_monitored_s3_prefix_reads_each_new_object_once_across_a_sigkill_on_a_new_ma
         true,
     );
 }
+
+/// Over 3 `weir worker` processes: worker 0's enumerator alone lists the
+/// monitored directory (as Flink's JobManager does) and sends each new
+/// file to the reader that owns it, here one on worker 1 and one on
+/// worker 2; every window is committed once.
+#[test]
+fn over_workers_worker_0_lists_and_each_new_file_is_read_once_by_its_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("in");
+    std::fs::create_dir_all(&input).expect("input dir");
+    let put = |name: &str, text: &str| {
+        let tmp = input.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, input.join(name)).expect("rename");
+    };
+    // A file for the reader on worker 1 and one for worker 2 (subtask s
+    // runs on worker s % 3; a file's reader is its path's hash).
+    let owned_by = |reader: usize| {
+        (0..100)
+            .map(|i| format!("f{i}.json"))
+            .find(|n| weir_engine::runtime::enumerator::owner(&input.join(n).display().to_string(), 3) == reader)
+            .expect("a name")
+    };
+    let (on_1, on_2) = (owned_by(1), owned_by(2));
+    put("a.json", &events(0, 5));
+    let out = dir.path().join("out");
+    let extra = format!(
+        "SET 'parallelism.default' = '3';\nSET 'execution.checkpointing.dir' = '{}';",
+        dir.path().join("checkpoints").display()
+    );
+    let sql = job(&input.display().to_string(), &out, &extra);
+    let mut workers = common::Workers::with_log_filter(dir.path(), 3, &sql, "warn,weir::source=info");
+    let mut added = false;
+    let done = std::cell::Cell::new(false);
+    workers.supervise_until(
+        120,
+        |_| {
+            if !added && common::committed_lines(&out) == windows(0, 4) {
+                put(&on_1, &events(5, 10));
+                put(&on_2, &events(10, 15));
+                added = true;
+            }
+            let got = common::committed_lines(&out);
+            let once = got.iter().all(|r| got.iter().filter(|x| *x == r).count() == 1);
+            assert!(once, "a window committed twice: {got:?}");
+            done.set(got == windows(0, 14));
+        },
+        |_| done.get(),
+    );
+    let logs: Vec<String> = (0..3)
+        .map(|w| std::fs::read_to_string(workers.log(w)).unwrap_or_default())
+        .collect();
+    assert!(
+        logs[0].contains("new file"),
+        "worker 0 did not list the new files:\n{}",
+        workers.logs()
+    );
+    assert!(
+        !logs[1].contains("new file") && !logs[2].contains("new file"),
+        "a worker other than 0 listed the directory:\n{}",
+        workers.logs()
+    );
+    for w in 0..3 {
+        workers.kill(w);
+    }
+}

@@ -185,7 +185,7 @@ fn reader_with_capacity(
         triggers: None,
         checkpointing: None,
         dead_letters: None,
-        discovery: None,
+        inbox: None,
     };
     Reader {
         rx,

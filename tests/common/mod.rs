@@ -839,6 +839,8 @@ pub struct Workers {
     flags: Vec<String>,
     /// `WEIR_FAILPOINTS` for a worker's start: (worker, start number).
     failpoints: std::collections::HashMap<(usize, u32), String>,
+    /// `WEIR_LOG`, if not the default.
+    log_filter: Option<String>,
 }
 
 impl Workers {
@@ -860,6 +862,22 @@ impl Workers {
         flags: &[&str],
         failpoints: &[(usize, u32, &str)],
     ) -> Workers {
+        Self::build(dir, n, sql, flags, failpoints, None)
+    }
+
+    /// Workers logging what `filter` (`WEIR_LOG`) lets through.
+    pub fn with_log_filter(dir: &std::path::Path, n: usize, sql: &str, filter: &str) -> Workers {
+        Self::build(dir, n, sql, &[], &[], Some(filter))
+    }
+
+    fn build(
+        dir: &std::path::Path,
+        n: usize,
+        sql: &str,
+        flags: &[&str],
+        failpoints: &[(usize, u32, &str)],
+        log_filter: Option<&str>,
+    ) -> Workers {
         let peers: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let file = dir.join("job.sql");
         std::fs::write(&file, sql).expect("sql");
@@ -874,6 +892,7 @@ impl Workers {
                 .iter()
                 .map(|(w, k, spec)| ((*w, *k), spec.to_string()))
                 .collect(),
+            log_filter: log_filter.map(str::to_string),
         };
         for i in 0..n {
             w.start(i);
@@ -897,6 +916,10 @@ impl Workers {
         match self.failpoints.get(&(i, self.starts[i])) {
             Some(spec) => command.env("WEIR_FAILPOINTS", spec),
             None => command.env_remove("WEIR_FAILPOINTS"),
+        };
+        match &self.log_filter {
+            Some(f) => command.env("WEIR_LOG", f),
+            None => command.env_remove("WEIR_LOG"),
         };
         let child = command
             .arg("--data-dir")

@@ -48,6 +48,13 @@ pub enum Control {
     /// Worker 0 → the others: stop reading (a stop with savepoint
     /// completed, or the job was asked to stop).
     Stop,
+    /// Worker 0 → a worker: splits a source's enumerator found for
+    /// readers of source node `node` on that worker (reader subtask,
+    /// where the split starts).
+    Splits {
+        node: usize,
+        splits: Vec<(usize, SplitPosition)>,
+    },
     /// A worker → worker 0: its readers' last watermarks in an alignment
     /// group (reader = source node, subtask).
     Alignment {

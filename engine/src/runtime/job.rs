@@ -1443,9 +1443,50 @@ async fn run_attempt(
     // One RocksDB memory budget for the whole attempt (every stateful
     // subtask's instance shares its cache and write buffers).
     let tuning = crate::state::RocksDbTuning::for_job(config.rocksdb, config.parallelism);
+    // Sources that find splits while the job runs: one enumerator each,
+    // where the job is coordinated; the readers here get inboxes.
+    let mut enumerators = vec![];
+    let mut inboxes = super::enumerator::Inboxes::default();
     for (ci, chain) in chains.iter().enumerate() {
         let head = graph.node(chain[0]);
         let (dealt, all_splits) = &mut dealt_splits[ci];
+        let discovery = match &head.kind {
+            NodeKind::Source(src) => src
+                .factory
+                .discovery_interval()
+                .map(|interval| (src.factory.clone(), interval)),
+            _ => None,
+        };
+        let mut routes = vec![];
+        if let Some((factory, interval)) = &discovery {
+            use super::enumerator::{Route, SplitInbox};
+            let mut here = HashMap::new();
+            for subtask in 0..head.parallelism {
+                match remote {
+                    Some((c, _)) if !c.is_local(subtask) => routes.push(Route::Remote(c.worker_of(subtask))),
+                    _ => {
+                        let inbox = SplitInbox::new();
+                        here.insert(subtask, inbox.clone());
+                        routes.push(Route::Local(inbox));
+                    }
+                }
+            }
+            inboxes.nodes.insert(head.id, (factory.clone(), here));
+            if coordinates {
+                enumerators.push(super::enumerator::SplitEnumerator {
+                    uid: head.uid.clone(),
+                    node: head.id,
+                    factory: factory.clone(),
+                    interval: *interval,
+                    known: all_splits.clone(),
+                    routes: routes.clone(),
+                });
+            }
+        }
+        let inbox_of = |subtask: usize| match routes.get(subtask) {
+            Some(super::enumerator::Route::Local(inbox)) => Some(inbox.clone()),
+            _ => None,
+        };
         for subtask in 0..head.parallelism {
             // Numbered on every worker alike, run by one.
             let checkpointing = task_ctx(matches!(head.kind, NodeKind::Source(_)));
@@ -1482,15 +1523,6 @@ async fn run_attempt(
             let chain_ops = Chain::new(ops, op_metrics, uids, subtask, config.clock.clone());
             match &head.kind {
                 NodeKind::Source(src) => {
-                    let discovery =
-                        src.factory
-                            .discovery_interval()
-                            .map(|interval| crate::runtime::source_task::Discovery {
-                                factory: src.factory.clone(),
-                                interval,
-                                known: all_splits.clone(),
-                                parallelism: head.parallelism,
-                            });
                     let mine = std::mem::take(&mut dealt[subtask]);
                     let emit = match src.table.options.get("scan.watermark.emit.strategy") {
                         Some(v) if v.eq_ignore_ascii_case("on-event") => EmitStrategy::OnEvent,
@@ -1550,7 +1582,7 @@ async fn run_attempt(
                             .dead_letter_dir()
                             .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, &head.uid, subtask))
                             .transpose()?,
-                        discovery,
+                        inbox: inbox_of(subtask),
                     };
                     tasks.spawn(task.run());
                 }
@@ -1629,6 +1661,9 @@ async fn run_attempt(
         tasks.spawn(b);
     }
     let mesh = mesh.map(Arc::new);
+    for e in enumerators {
+        tokio::spawn(e.run(mesh.clone(), attempt_alive.subscribe()));
+    }
     let mut coordinator_set = JoinSet::new();
     // Across workers: worker 0 hears from the others (their reports, their
     // end) and tells them of checkpoints; the others hear from it.
@@ -1723,6 +1758,7 @@ async fn run_attempt(
                 stop.clone(),
                 followed,
                 local_committers(graph, &sink_ctx),
+                inboxes.clone(),
             ));
             let over = done_rx.clone();
             coordinator_gone = Some(done_rx);
@@ -2038,6 +2074,7 @@ async fn from_coordinator_loop(
     stop: Arc<watch::Sender<bool>>,
     groups: HashMap<String, Arc<AlignmentCoordinator>>,
     committers: HashMap<String, Arc<dyn Committer>>,
+    inboxes: super::enumerator::Inboxes,
 ) {
     // The writer's lock is held through uploads: this loop never takes it
     // (a runtime thread would wait out the upload, and with it the
@@ -2086,6 +2123,21 @@ async fn from_coordinator_loop(
             Ok(Control::GroupMin { group, min }) => {
                 if let Some(c) = groups.get(&group) {
                     c.follow(min);
+                }
+            }
+            Ok(Control::Splits { node, splits }) => {
+                // Making a split may ask its store (a Delta log): off the
+                // runtime's threads.
+                let inboxes = inboxes.clone();
+                let made = tokio::task::spawn_blocking(move || inboxes.deliver(node, splits)).await;
+                let failed = match made {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(format!("making the splits worker 0 found failed: {e}")),
+                };
+                if let Some(why) = failed {
+                    let _ = done.send(Some(Err(why)));
+                    return;
                 }
             }
             Ok(Control::JobDone { ok, reason }) => {
@@ -2193,21 +2245,21 @@ fn splits_from_coordinator(
             dealt = (0..head.parallelism).map(|_| vec![]).collect();
             if !every.is_empty() {
                 for split in src.factory.restore_splits(&every)? {
-                    match owner.get(&split.id()) {
-                        Some(&subtask) if subtask < dealt.len() => {
-                            if cluster.is_some_and(|c| c.is_local(subtask)) {
-                                dealt[subtask].push(split);
-                            }
-                        }
-                        _ => {
-                            return Err(ExecError::Cluster(format!(
-                                "split '{}' of {} was not dealt by worker 0",
-                                split.id(),
-                                src.table.name
-                            )));
-                        }
+                    // A split worker 0 did not deal (a file that appeared
+                    // since it listed) is its enumerator's to find.
+                    if let Some(subtask) = owner.remove(&split.id())
+                        && subtask < dealt.len()
+                        && cluster.is_some_and(|c| c.is_local(subtask))
+                    {
+                        dealt[subtask].push(split);
                     }
                 }
+            }
+            if let Some(missing) = owner.keys().next() {
+                return Err(ExecError::Cluster(format!(
+                    "worker 0 dealt split '{missing}' of {}, which this worker cannot make",
+                    src.table.name
+                )));
             }
             dealt.resize_with(head.parallelism, Vec::new);
         }

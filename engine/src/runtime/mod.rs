@@ -14,6 +14,7 @@
 pub mod alignment;
 pub mod chain;
 pub mod cluster;
+pub mod enumerator;
 pub mod gate;
 pub mod job;
 pub mod metrics;

@@ -103,29 +103,10 @@ pub struct SourceTask {
     pub checkpointing: Option<TaskCheckpointing>,
     /// Where bad records go (`scan.dead-letter.path`), if anywhere.
     pub dead_letters: Option<DeadLetterWriter>,
-    /// Finding splits that appear while the job runs (new Kafka partitions).
-    pub discovery: Option<Discovery>,
-}
-
-/// A reader's part in finding new splits: every reader of the source asks
-/// the factory for splits not in `known`, and keeps those whose owner it
-/// is (a hash of the split id over the parallelism, the same on every
-/// reader), so each new split is read by exactly one reader.
-pub struct Discovery {
-    pub factory: Arc<dyn crate::connectors::SourceFactory>,
-    pub interval: Duration,
-    /// Every split of the source, on any reader.
-    pub known: std::collections::BTreeSet<String>,
-    pub parallelism: usize,
-}
-
-impl Discovery {
-    pub fn owner(&self, split: &str) -> usize {
-        use std::hash::Hasher;
-        let mut h = twox_hash::XxHash64::with_seed(0);
-        h.write(split.as_bytes());
-        (h.finish() % self.parallelism.max(1) as u64) as usize
-    }
+    /// Where the source's enumerator hands this reader the splits that
+    /// appear while the job runs (new Kafka partitions, files, Delta
+    /// commits): see [`super::enumerator`].
+    pub inbox: Option<Arc<super::enumerator::SplitInbox>>,
 }
 
 struct Reader {
@@ -268,8 +249,12 @@ impl SourceTask {
     pub async fn run(mut self) -> Result<()> {
         let now = Instant::now();
         let mut splits = vec![];
-        // Splits whose data arrives by itself wake the reader through it.
-        let waker = Arc::new(tokio::sync::Notify::new());
+        // Splits whose data arrives by itself wake the reader through it
+        // (as new splits from the enumerator do).
+        let waker = self
+            .inbox
+            .as_ref()
+            .map_or_else(|| Arc::new(tokio::sync::Notify::new()), |i| i.waker.clone());
         for mut split in std::mem::take(&mut self.splits) {
             split.set_waker(waker.clone());
             // Resume where the restored checkpoint says the split was.
@@ -307,19 +292,12 @@ impl SourceTask {
         // Set when the sleep below was woken by an announcement: waiting on
         // `changed()` marks it seen, so `has_changed()` would miss it.
         let mut fresh_announcement = false;
-        let mut next_discovery = self.discovery.as_ref().map(|d| Instant::now() + d.interval);
         loop {
-            if let Some(at) = next_discovery
-                && Instant::now() >= at
-            {
-                let added = self.discover(&mut reader, &waker).await?;
-                if added > 0 && reader.idle {
-                    // A new split holds the watermark back until it has
-                    // data, as any active split: the reader is active again.
-                    reader.idle = false;
-                    outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Active));
-                }
-                next_discovery = self.discovery.as_ref().map(|d| Instant::now() + d.interval);
+            if self.take_new_splits(&mut reader, &waker)? > 0 && reader.idle {
+                // A new split holds the watermark back until it has data,
+                // as any active split: the reader is active again.
+                reader.idle = false;
+                outbox.push(StreamMessage::WatermarkStatus(WatermarkStatus::Active));
             }
             let barrier = match self.triggers.as_mut() {
                 Some(rx) if rx.has_changed().unwrap_or(false) => *rx.borrow_and_update(),
@@ -479,7 +457,6 @@ impl SourceTask {
                     .min()
                     .map_or(next_tick, |t| t.min(next_tick));
                 let wake = next_align.map_or(wake, |a| a.min(wake));
-                let wake = next_discovery.map_or(wake, |d| d.min(wake));
                 let mut stop = self.stop.clone();
                 let mut triggers = self.triggers.clone();
                 let trigger = async {
@@ -537,36 +514,13 @@ impl SourceTask {
         }
     }
 
-    /// Asks for splits that appeared since the job started and starts
-    /// reading those this reader owns.
-    async fn discover(&mut self, reader: &mut Reader, waker: &Arc<tokio::sync::Notify>) -> Result<usize> {
-        let Some(d) = &self.discovery else { return Ok(0) };
-        let factory = d.factory.clone();
-        let known = d.known.clone();
-        // Listing asks the cluster: off the reader's thread.
-        let found = tokio::task::spawn_blocking(move || factory.discover(&known))
-            .await
-            .map_err(|e| ExecError::internal(format!("split discovery failed: {e}")))?;
-        let found = match found {
-            Ok(f) => f,
-            // The source says it cannot go on (a Delta commit that deletes
-            // rows under a continuous read): no retry helps.
-            Err(e @ ExecError::Connector(crate::error::ConnectorError::CannotFollow { .. })) => return Err(e),
-            Err(e) => {
-                // The listing is tried again at the next interval; the
-                // splits being read are not affected.
-                tracing::warn!(target: "weir::source", "{}: split discovery failed: {e}", self.uid);
-                return Ok(0);
-            }
-        };
-        let Some(d) = self.discovery.as_mut() else { return Ok(0) };
+    /// Starts reading the splits the enumerator found for this reader
+    /// since the last call; fails with the enumerator's failure.
+    fn take_new_splits(&mut self, reader: &mut Reader, waker: &Arc<tokio::sync::Notify>) -> Result<usize> {
+        let Some(inbox) = &self.inbox else { return Ok(0) };
         let now = Instant::now();
         let mut added = 0;
-        for mut split in found {
-            let id = split.id();
-            if !d.known.insert(id.clone()) || d.owner(&id) != self.subtask {
-                continue;
-            }
+        for mut split in inbox.take()? {
             split.set_waker(waker.clone());
             reader.splits.push(SplitState {
                 split,
@@ -664,7 +618,7 @@ impl SourceTask {
     /// Whether this reader outlives its splits: an unbounded source that
     /// discovers new ones.
     fn awaits_splits(&self) -> bool {
-        !self.bounded && self.discovery.is_some()
+        !self.bounded && self.inbox.is_some()
     }
 
     async fn finish(&mut self, snapshot: TaskSnapshot, outbox: &mut Vec<StreamMessage>) -> Result<()> {
@@ -986,7 +940,7 @@ mod tests {
             triggers: None,
             checkpointing: None,
             dead_letters: None,
-            discovery: None,
+            inbox: None,
         }
     }
 
