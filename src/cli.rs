@@ -475,7 +475,7 @@ pub fn main_with(args: Args) -> i32 {
                 .map_or("job".into(), |s| s.to_string_lossy().to_string());
             session.set_default_job_name(stem);
             let code = rt.block_on(run_script(&mut session, &text, &w.file.display().to_string()));
-            if code != EXIT_OK {
+            if code == EXIT_ERROR {
                 // Its supervisor starts every worker again from the last
                 // checkpoint: what this one's tasks still do (the upload of
                 // a checkpoint that cannot complete now) is lost work, and

@@ -179,10 +179,10 @@ fn a_monitored_s3_prefix_reads_each_new_object_once_across_a_sigkill_on_a_new_ma
     );
 }
 
-/// Over 3 `weir worker` processes: worker 0's enumerator alone lists the
-/// monitored directory (as Flink's JobManager does) and sends each new
-/// file to the reader that owns it, here one on worker 1 and one on
-/// worker 2; every window is committed once.
+/// Over 3 `weir worker` processes: worker 0's enumerator alone finds the
+/// new files of the monitored directory (as Flink's JobManager does) and
+/// sends each to the reader that owns it, here one on worker 1 and one on
+/// worker 2, which read it; every window is committed once.
 #[test]
 fn over_workers_worker_0_lists_and_each_new_file_is_read_once_by_its_owner() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -237,9 +237,18 @@ fn over_workers_worker_0_lists_and_each_new_file_is_read_once_by_its_owner() {
     );
     assert!(
         !logs[1].contains("new file") && !logs[2].contains("new file"),
-        "a worker other than 0 listed the directory:\n{}",
+        "a worker other than 0 looked for new files:\n{}",
         workers.logs()
     );
+    for (w, name) in [(1, &on_1), (2, &on_2)] {
+        assert!(
+            logs[w]
+                .lines()
+                .any(|l| l.contains("from worker 0's enumerator") && l.contains(name.as_str())),
+            "worker {w} was not handed {name}:\n{}",
+            workers.logs()
+        );
+    }
     for w in 0..3 {
         workers.kill(w);
     }

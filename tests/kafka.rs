@@ -2544,6 +2544,10 @@ fn a_windowed_join_over_three_workers_into_kafka_is_exactly_once_under_kills_and
             .unwrap_or_else(|| panic!("no count in {v}"))
     };
     for (key, values) in &changes {
+        assert!(
+            values.iter().all(Option::is_some),
+            "a count per category only grows: no tombstone for {key}: {values:?}"
+        );
         let counts: Vec<i64> = values.iter().flatten().map(|v| count(v)).collect();
         assert!(
             counts.windows(2).all(|w| w[0] < w[1]),

@@ -501,6 +501,7 @@ SET 'restart-strategy.fixed-delay.delay' = '300 ms';",
         },
     );
     let log = std::fs::read_to_string(&log0).unwrap_or_default();
+    assert!(after_first.get().is_some_and(|n| n > 0), "no log records found:\n{log}");
     assert_eq!(
         Some(records()),
         after_first.get(),

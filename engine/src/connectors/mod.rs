@@ -150,15 +150,16 @@ pub trait SourceFactory: Debug + Send + Sync {
         None
     }
 
-    /// How often a running reader asks for splits that appeared since the
-    /// job started ([`SourceFactory::discover`]); `None`: never.
+    /// How often the source's enumerator asks for splits that appeared
+    /// since the job started ([`SourceFactory::discover`]); `None`: never.
     fn discovery_interval(&self) -> Option<std::time::Duration> {
         None
     }
 
     /// The splits that exist now and are not in `known` (every split of the
-    /// source the job started with or found since). Each reader asks, and
-    /// takes the new splits the owner rule gives it.
+    /// source the job started with or found since). One enumerator asks,
+    /// where the job is coordinated, and hands each new split to the
+    /// reader the owner rule gives it (see `runtime::enumerator`).
     fn discover(&self, _known: &std::collections::BTreeSet<String>) -> Result<Vec<Box<dyn SourceSplit>>> {
         Ok(vec![])
     }

@@ -7,15 +7,17 @@
 //! reader, and a listing that says the source cannot be followed fails the
 //! job once.
 //!
-//! The owner of a split is a hash of its id over the parallelism, so a
-//! restore, which re-lists, deals a split to the reader that had it. A
-//! split handed over after a barrier passed its reader is not in that
-//! checkpoint: restored from it, the enumerator does not know the split
-//! (it knows the checkpoint's splits) and finds it again.
+//! The owner of a split the enumerator finds is a hash of its id over the
+//! parallelism. A split handed over after a barrier passed its reader is
+//! not in that checkpoint: restored from it, the enumerator does not know
+//! the split (it knows the checkpoint's splits) and finds it again.
+//!
+//! The enumerator ends with its attempt, or once no reader here is left
+//! to hand splits to (a stop drained them).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
@@ -44,15 +46,25 @@ pub struct SplitInbox {
     failure: Mutex<Option<ExecError>>,
     pending: AtomicBool,
     pub waker: Arc<Notify>,
+    /// Dropped with the inbox: the enumerator's `readers` channel closes
+    /// once every reader here is gone.
+    _held: Option<tokio::sync::mpsc::Sender<()>>,
 }
 
 impl SplitInbox {
     pub fn new() -> Arc<SplitInbox> {
+        Self::held(None)
+    }
+
+    /// An inbox whose end `held` (a sender of [`SplitEnumerator::readers`])
+    /// tells.
+    pub fn held(held: Option<tokio::sync::mpsc::Sender<()>>) -> Arc<SplitInbox> {
         Arc::new(SplitInbox {
             splits: Mutex::new(vec![]),
             failure: Mutex::new(None),
             pending: AtomicBool::new(false),
             waker: Arc::new(Notify::new()),
+            _held: held,
         })
     }
 
@@ -86,10 +98,11 @@ impl SplitInbox {
     }
 }
 
-/// Where each reader of a source is: here (its inbox) or on another worker.
+/// Where each reader of a source is: here (its inbox, held by the
+/// reader) or on another worker.
 #[derive(Clone)]
 pub enum Route {
-    Local(Arc<SplitInbox>),
+    Local(Weak<SplitInbox>),
     Remote(u32),
 }
 
@@ -103,34 +116,53 @@ pub struct SplitEnumerator {
     pub known: BTreeSet<String>,
     /// Per subtask.
     pub routes: Vec<Route>,
+    /// Closes once every local reader's inbox is gone (nothing is sent).
+    pub readers: tokio::sync::mpsc::Receiver<()>,
 }
 
 impl SplitEnumerator {
     /// Lists the source every interval until the attempt ends (`alive`
-    /// closed).
-    pub async fn run(mut self, mesh: Option<Arc<Mesh>>, mut alive: watch::Receiver<()>) {
+    /// closed) or no reader here is left.
+    pub async fn run(mut self, mesh: Option<Arc<Mesh>>, mut alive: watch::Receiver<()>) -> Result<()> {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = alive.changed() => return,
+                _ = alive.changed() => return Ok(()),
+                // Every reader here ended (a stop drained them): so does
+                // this, at once, not at its next listing.
+                _ = self.readers.recv() => return Ok(()),
             }
-            if let Err(e) = self.discover(mesh.as_deref()).await {
+            let found = tokio::select! {
+                found = self.list() => found,
+                // A listing still under way when the attempt ends (a
+                // metadata call, an object store) is dropped with it.
+                _ = alive.changed() => return Ok(()),
+            };
+            if let Err(e) = found.and_then(|found| self.hand_out(found, mesh.as_deref())) {
                 // Fatal (the source cannot be followed): a reader here
-                // fails the attempt with it (subtask 0 always runs here).
-                if let Some(inbox) = self.routes.iter().find_map(|r| match r {
-                    Route::Local(inbox) => Some(inbox),
+                // fails the attempt with it (subtask 0 always runs here),
+                // as does this task.
+                tracing::error!(target: "weir::source", "{}: split discovery failed for good: {e}", self.uid);
+                let live = self.routes.iter().find_map(|r| match r {
+                    Route::Local(w) => w.upgrade(),
                     Route::Remote(_) => None,
-                }) {
-                    inbox.fail(e);
+                });
+                match live {
+                    Some(inbox) => {
+                        inbox.fail(e);
+                        return Ok(());
+                    }
+                    None => return Err(e),
                 }
-                return;
             }
         }
     }
 
-    async fn discover(&mut self, mesh: Option<&Mesh>) -> Result<()> {
+    /// The splits the source has now that are not known yet (none when a
+    /// listing fails for now: it is tried again at the next interval).
+    async fn list(&self) -> Result<Vec<Box<dyn SourceSplit>>> {
         let factory = self.factory.clone();
         let known = self.known.clone();
         // Listing asks the cluster or the store: off the runtime's threads.
@@ -146,9 +178,14 @@ impl SplitEnumerator {
                 // Tried again at the next interval; the splits being read
                 // are not affected.
                 tracing::warn!(target: "weir::source", "{}: split discovery failed: {e}", self.uid);
-                return Ok(());
+                return Ok(vec![]);
             }
         };
+        Ok(found)
+    }
+
+    /// Hands each new split to its reader.
+    fn hand_out(&mut self, found: Vec<Box<dyn SourceSplit>>, mesh: Option<&Mesh>) -> Result<()> {
         let parallelism = self.routes.len();
         let mut local: HashMap<usize, Vec<Box<dyn SourceSplit>>> = HashMap::new();
         let mut remote: HashMap<u32, Vec<(usize, SplitPosition)>> = HashMap::new();
@@ -173,7 +210,10 @@ impl SplitEnumerator {
             }
         }
         for (subtask, splits) in local {
-            if let Some(Route::Local(inbox)) = self.routes.get(subtask) {
+            // A reader gone (a stop drained it) reads nothing more.
+            if let Some(Route::Local(w)) = self.routes.get(subtask)
+                && let Some(inbox) = w.upgrade()
+            {
                 inbox.put(splits);
             }
         }
@@ -205,6 +245,17 @@ pub struct Inboxes {
 pub type NodeInboxes = (Arc<dyn SourceFactory>, HashMap<usize, Arc<SplitInbox>>);
 
 impl Inboxes {
+    /// [`Self::deliver`]; a failure fails a reader of `node` here (and
+    /// with it the attempt).
+    pub fn deliver_or_fail(&self, node: usize, splits: Vec<(usize, SplitPosition)>) {
+        if let Err(e) = self.deliver(node, splits) {
+            tracing::error!(target: "weir::source", "making the splits worker 0 found: {e}");
+            if let Some(inbox) = self.nodes.get(&node).and_then(|(_, i)| i.values().next()) {
+                inbox.fail(e);
+            }
+        }
+    }
+
     /// Makes the splits worker 0 found for readers of `node` here and
     /// hands them over.
     pub fn deliver(&self, node: usize, splits: Vec<(usize, SplitPosition)>) -> Result<()> {
@@ -228,12 +279,18 @@ impl Inboxes {
                 per.entry(subtask).or_default().push(split);
             }
         }
-        if let Some(missing) = wanted.keys().next() {
-            return Err(ExecError::Cluster(format!(
-                "worker 0 found split '{missing}' of source node {node}, which this worker cannot make"
-            )));
+        for missing in wanted.keys() {
+            // Gone since worker 0 listed it (a file removed): as a restore
+            // does, nothing of it is read.
+            tracing::warn!(target: "weir::source", "split '{missing}' found by worker 0 is gone before it could be read");
         }
         for (subtask, splits) in per {
+            tracing::info!(
+                target: "weir::source",
+                "reader {subtask} of source node {node}: {} split(s) from worker 0's enumerator: {}",
+                splits.len(),
+                splits.iter().map(|s| s.id()).collect::<Vec<_>>().join(", ")
+            );
             let Some(inbox) = inboxes.get(&subtask) else {
                 return Err(ExecError::Cluster(format!(
                     "worker 0 found splits for reader {subtask} of source node {node}, which does not run here"

@@ -649,9 +649,23 @@ fn restart_verdict(
     if !restart {
         return None;
     }
+    use crate::checkpoint::records::Record;
+    // A give-up stands until the strategy is loosened: judged again at the
+    // time it was made (its run's claim), so a failure-rate interval or an
+    // exponential delay's reset does not wear it off, and every worker
+    // reading the log comes to the same answer.
+    let gave_up_at = match records.last() {
+        Some(Record::End { status, .. }) if status.trim() == super::resume::EXHAUSTED => {
+            records.iter().rev().find_map(|r| match r {
+                Record::Generation { time_ms, .. } => Some(*time_ms),
+                _ => None,
+            })
+        }
+        _ => None,
+    };
     let past = super::resume::restarts(records);
     let mut restarts = super::restart::Restarts::replay(config.restart, &past);
-    Some(restarts.failed(chrono::Utc::now().timestamp_millis()))
+    Some(restarts.failed(gave_up_at.unwrap_or_else(|| chrono::Utc::now().timestamp_millis())))
 }
 
 /// What a job whose restart strategy gave up says (worker 0's log and
@@ -1457,21 +1471,23 @@ async fn run_attempt(
                 .map(|interval| (src.factory.clone(), interval)),
             _ => None,
         };
-        let mut routes = vec![];
+        // This chain's readers' inboxes (each held by its reader; the
+        // enumerator holds them weakly, and ends once none is left).
+        let mut local_inboxes: HashMap<usize, Arc<super::enumerator::SplitInbox>> = HashMap::new();
         if let Some((factory, interval)) = &discovery {
             use super::enumerator::{Route, SplitInbox};
-            let mut here = HashMap::new();
+            let mut routes = vec![];
+            let (held, readers) = mpsc::channel(1);
             for subtask in 0..head.parallelism {
                 match remote {
                     Some((c, _)) if !c.is_local(subtask) => routes.push(Route::Remote(c.worker_of(subtask))),
                     _ => {
-                        let inbox = SplitInbox::new();
-                        here.insert(subtask, inbox.clone());
-                        routes.push(Route::Local(inbox));
+                        let inbox = SplitInbox::held(coordinates.then(|| held.clone()));
+                        routes.push(Route::Local(Arc::downgrade(&inbox)));
+                        local_inboxes.insert(subtask, inbox);
                     }
                 }
             }
-            inboxes.nodes.insert(head.id, (factory.clone(), here));
             if coordinates {
                 enumerators.push(super::enumerator::SplitEnumerator {
                     uid: head.uid.clone(),
@@ -1479,14 +1495,14 @@ async fn run_attempt(
                     factory: factory.clone(),
                     interval: *interval,
                     known: all_splits.clone(),
-                    routes: routes.clone(),
+                    routes,
+                    readers,
                 });
+            } else {
+                // What worker 0's enumerators send this worker.
+                inboxes.nodes.insert(head.id, (factory.clone(), local_inboxes.clone()));
             }
         }
-        let inbox_of = |subtask: usize| match routes.get(subtask) {
-            Some(super::enumerator::Route::Local(inbox)) => Some(inbox.clone()),
-            _ => None,
-        };
         for subtask in 0..head.parallelism {
             // Numbered on every worker alike, run by one.
             let checkpointing = task_ctx(matches!(head.kind, NodeKind::Source(_)));
@@ -1582,7 +1598,7 @@ async fn run_attempt(
                             .dead_letter_dir()
                             .map(|dir| DeadLetterWriter::new(dir, &src.table.name, &sink_ctx, &head.uid, subtask))
                             .transpose()?,
-                        inbox: inbox_of(subtask),
+                        inbox: local_inboxes.remove(&subtask),
                     };
                     tasks.spawn(task.run());
                 }
@@ -1661,8 +1677,10 @@ async fn run_attempt(
         tasks.spawn(b);
     }
     let mesh = mesh.map(Arc::new);
+    // With the tasks: a panic or a failure nobody here can read fails
+    // the attempt.
     for e in enumerators {
-        tokio::spawn(e.run(mesh.clone(), attempt_alive.subscribe()));
+        tasks.spawn(e.run(mesh.clone(), attempt_alive.subscribe()));
     }
     let mut coordinator_set = JoinSet::new();
     // Across workers: worker 0 hears from the others (their reports, their
@@ -2081,6 +2099,21 @@ async fn from_coordinator_loop(
     // heartbeats, alignment and triggers). Triggers go in the book;
     // completions to a task of their own, in order.
     let book = writer.lock().unwrap_or_else(|p| p.into_inner()).book();
+    // Splits worker 0's enumerators found for readers here, made in order
+    // on a task of their own: making them may list the source again (see
+    // `SourceFactory::restore_splits`), which must not hold up triggers.
+    let (splits_tx, mut splits_rx) = mpsc::unbounded_channel::<(usize, Vec<(usize, SplitPosition)>)>();
+    tokio::spawn(async move {
+        while let Some((node, splits)) = splits_rx.recv().await {
+            let inboxes = inboxes.clone();
+            if tokio::task::spawn_blocking(move || inboxes.deliver_or_fail(node, splits))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
     let (completed_tx, mut completed_rx) = mpsc::unbounded_channel::<u64>();
     tokio::spawn(async move {
         while let Some(checkpoint_id) = completed_rx.recv().await {
@@ -2126,19 +2159,7 @@ async fn from_coordinator_loop(
                 }
             }
             Ok(Control::Splits { node, splits }) => {
-                // Making a split may ask its store (a Delta log): off the
-                // runtime's threads.
-                let inboxes = inboxes.clone();
-                let made = tokio::task::spawn_blocking(move || inboxes.deliver(node, splits)).await;
-                let failed = match made {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(format!("making the splits worker 0 found failed: {e}")),
-                };
-                if let Some(why) = failed {
-                    let _ = done.send(Some(Err(why)));
-                    return;
-                }
+                let _ = splits_tx.send((node, splits));
             }
             Ok(Control::JobDone { ok, reason }) => {
                 let _ = done.send(Some(if ok { Ok(()) } else { Err(format!("worker 0: {reason}")) }));

@@ -642,8 +642,8 @@ impl SourceFactory for DeltaSource {
         }
         let mut cursor = self.cursor();
         if let Some((_, why)) = &cursor.stop {
-            // Each reader is handed the files before the stop first (it
-            // asks with its own known splits).
+            // The readers are handed the files before the stop first: the
+            // stop is raised once the enumerator has nothing more to hand.
             let before_stop = self.found_splits(&cursor, known)?;
             if before_stop.is_empty() {
                 return Err(self.table.cannot_follow(why));
