@@ -112,6 +112,7 @@ fn statement_kind(stmt: &Statement) -> &'static str {
         Statement::CreateView { .. } => "CREATE VIEW",
         Statement::Drop { view: true, .. } => "DROP VIEW",
         Statement::Drop { .. } => "DROP TABLE",
+        Statement::AlterTable { .. } => "ALTER TABLE",
         Statement::Insert { .. } => "INSERT",
         Statement::StopJob(_) | Statement::StopJobWithSavepoint { .. } => "STOP JOB",
         Statement::SavepointJob { .. } => "SAVEPOINT JOB",

@@ -924,6 +924,78 @@ impl Session {
             .map_err(|e| at(e, stmt.location))
     }
 
+    /// `ALTER TABLE`: the catalog's definition changed and checked as a
+    /// CREATE TABLE's is; running jobs keep what they were planned with
+    /// (as in Flink).
+    fn alter_table(
+        &mut self,
+        name: &str,
+        if_exists: bool,
+        change: &weir_sql::parser::TableChange,
+    ) -> Result<StatementResult, SessionError> {
+        use weir_sql::parser::TableChange;
+        if self.temporary.get(name).is_some() {
+            return Err(SqlError::unsupported(format!(
+                "ALTER TABLE of the temporary table '{name}' is not supported; DROP TEMPORARY TABLE {name} and create it again"
+            ))
+            .into());
+        }
+        let paths = self.paths()?;
+        let mut catalog = self.shared.catalog_mut();
+        let mut def = match catalog.get(name) {
+            Some(Entry::Table(t)) => t.clone(),
+            Some(Entry::View(_)) => {
+                return Err(SqlError::plan(format!("'{name}' is a view, not a table")).into());
+            }
+            None if if_exists => return Ok(StatementResult::Done("nothing to alter".into())),
+            None => return Err(SqlError::not_found(format!("table '{name}' does not exist")).into()),
+        };
+        match change {
+            TableChange::Set(options) => {
+                for (k, v, at) in options {
+                    // Read into the table's watermark at CREATE TABLE.
+                    if k.starts_with("scan.watermark.alignment.") {
+                        return Err(SqlError::unsupported(format!(
+                            "ALTER TABLE ... SET '{k}' is not supported: the alignment options are part of the \
+                             watermark; DROP TABLE {name} and create it again"
+                        ))
+                        .at(*at)
+                        .into());
+                    }
+                    def.options.insert(k.clone(), v.clone());
+                }
+            }
+            TableChange::Reset(keys) => {
+                for (k, at) in keys {
+                    if k == "connector" || k.starts_with("scan.watermark.alignment.") {
+                        return Err(SqlError::unsupported(format!(
+                            "ALTER TABLE ... RESET '{k}' is not supported; DROP TABLE {name} and create it again"
+                        ))
+                        .at(*at)
+                        .into());
+                    }
+                    def.options.remove(k);
+                }
+            }
+            TableChange::RenameTo(to) => {
+                if catalog.get(to).is_some() || self.temporary.get(to).is_some() {
+                    return Err(
+                        SqlError::plan(format!("cannot rename '{name}' to '{to}': '{to}' already exists")).into(),
+                    );
+                }
+                def.name = to.clone();
+            }
+        }
+        weir_engine::connectors::validate_table(&def).map_err(SqlError::from)?;
+        weir_engine::connectors::check_table_paths(&def, &paths)?;
+        Catalog::drop(&mut catalog, name, false)?;
+        catalog.create(Entry::Table(def), false)?;
+        Ok(StatementResult::Done(match change {
+            TableChange::RenameTo(to) => format!("table renamed to {to}"),
+            _ => "table altered".into(),
+        }))
+    }
+
     async fn execute_statement(&mut self, stmt: &Statement, text: &str) -> Result<StatementResult, SessionError> {
         self.principal.authorize(stmt)?;
         match stmt {
@@ -1094,6 +1166,11 @@ impl Session {
                     "nothing to drop".into()
                 }))
             }
+            Statement::AlterTable {
+                name,
+                if_exists,
+                change,
+            } => self.alter_table(name, *if_exists, change),
             Statement::ShowTables | Statement::ShowViews => {
                 let views = matches!(stmt, Statement::ShowViews);
                 let names: Vec<String> = self

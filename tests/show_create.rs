@@ -141,3 +141,103 @@ WITH (
         assert!(err.to_string().contains(says), "{sql}: {err}");
     }
 }
+
+/// `ALTER TABLE ... SET / RESET / RENAME TO` (Flink's forms): the catalog's
+/// table changes, is checked as a CREATE TABLE is, shows in SHOW CREATE
+/// TABLE, and the next query reads with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alter_table_sets_resets_and_renames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).expect("a");
+    std::fs::create_dir_all(&b).expect("b");
+    std::fs::write(a.join("x.csv"), "1;one\n2;two\n").expect("a rows");
+    std::fs::write(b.join("y.csv"), "3;three\n").expect("b rows");
+    let mut session = Session::open(dir.path().join("data")).expect("session");
+    session
+        .execute_sql(&format!(
+            "CREATE TABLE t (id BIGINT, name STRING) WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'csv.field-delimiter' = ';');",
+            a.display()
+        ))
+        .await
+        .expect("create");
+    assert_eq!(
+        ids_of(&mut session, "SELECT id FROM t;").await,
+        vec![1, 2]
+    );
+    // A DB-API client never reads a DDL's result: the change must not wait for it.
+    session
+        .execute_sql(&format!("ALTER TABLE t SET ('path' = '{}');", b.display()))
+        .await
+        .expect("set");
+    assert_eq!(ids_of(&mut session, "SELECT id FROM t;").await, vec![3]);
+    let shown = ddl_of(&mut session, "SHOW CREATE TABLE t;").await;
+    assert!(shown.contains(&format!("'path' = '{}'", b.display())), "{shown}");
+    session
+        .execute_sql("ALTER TABLE t RESET ('csv.field-delimiter');")
+        .await
+        .expect("reset");
+    let shown = ddl_of(&mut session, "SHOW CREATE TABLE t;").await;
+    assert!(!shown.contains("field-delimiter"), "{shown}");
+    session.execute_sql("ALTER TABLE t RENAME TO u;").await.expect("rename");
+    assert!(
+        ddl_of(&mut session, "SHOW CREATE TABLE u;")
+            .await
+            .starts_with("CREATE TABLE `u`")
+    );
+    session
+        .execute_sql("ALTER TABLE IF EXISTS nope SET ('path' = '/x');")
+        .await
+        .expect("if exists");
+    for (sql, says) in [
+        ("ALTER TABLE t SET ('path' = '/x');", "table 't' does not exist"),
+        (
+            "ALTER TABLE u RESET ('connector');",
+            "1:22: ALTER TABLE ... RESET 'connector' is not supported",
+        ),
+        ("ALTER TABLE u SET ('format' = 'xml');", "xml"),
+        ("ALTER TABLE u SET ('no.such' = '1');", "no.such"),
+        (
+            "ALTER TABLE u ADD (c INT);",
+            "Weir alters a table with SET ('key' = 'value', ...), RESET ('key', ...) or RENAME TO",
+        ),
+    ] {
+        let err = session.execute_sql(sql).await.map(|_| ()).expect_err(sql);
+        assert!(err.to_string().contains(says), "{sql}: {err}");
+    }
+    // The refused changes left the table as it was (the delimiter set
+    // again after its reset).
+    session
+        .execute_sql("ALTER TABLE u SET ('csv.field-delimiter' = ';');")
+        .await
+        .expect("set again");
+    assert_eq!(ids_of(&mut session, "SELECT id FROM u;").await, vec![3]);
+}
+
+/// The first column (BIGINT) of a query's rows, sorted.
+async fn ids_of(session: &mut Session, sql: &str) -> Vec<i64> {
+    let mut results = session.execute_sql(sql).await.expect(sql);
+    let batches = match results.pop() {
+        Some(StatementResult::Rows(_, batches)) => batches,
+        Some(StatementResult::Stream(mut rs)) => {
+            let mut out = vec![];
+            while let Some(b) = rs.rows.recv().await {
+                out.push(b);
+            }
+            rs.job.wait().await.expect("the query's job");
+            out
+        }
+        _ => panic!("rows expected from {sql}"),
+    };
+    let mut out = vec![];
+    for b in &batches {
+        let c = b
+            .column(0)
+            .as_any()
+            .downcast_ref::<arrow::array::Int64Array>()
+            .expect("ids");
+        out.extend(c.iter().flatten());
+    }
+    out.sort();
+    out
+}

@@ -5,10 +5,95 @@
 //! `HH`/`H`, `hh`/`h`, `mm`/`m`, `ss`/`s`, `S` runs of 3, 6 or 9 (the
 //! fraction), `EEE`/`EEEE`, `a`; `'text'` is literal (`''` a quote);
 //! anything else not a letter is literal. Other letters are refused, so a
-//! pattern never silently formats differently from Flink.
+//! pattern never silently formats differently from Flink. Formatting (not
+//! parsing) also takes the week-based year `YYYY`/`YY` and week `ww`/`w`
+//! (see [`JavaFormat`]).
+
+use chrono::{Datelike, NaiveDate, NaiveDateTime};
 
 /// The chrono layout of Java pattern `java`, or what is not supported.
 pub fn java_to_chrono(java: &str) -> Result<String, String> {
+    let mut out = String::new();
+    for piece in pieces(java, false)? {
+        if let Piece::Layout(l) = piece {
+            out.push_str(&l);
+        }
+    }
+    Ok(out)
+}
+
+/// A Java pattern for formatting: chrono layouts between the fields
+/// chrono has no letter for. The week fields follow Flink's JVM in the
+/// en_US locale (`DateTimeFormatter.ofPattern` takes the default locale):
+/// weeks start on Sunday, and week 1 is the one holding January 1st, so
+/// the last days of December can be week 1 of the next week-based year
+/// (and a year can have a week 53), unlike ISO weeks (chrono's `%G`/`%V`).
+pub struct JavaFormat {
+    pieces: Vec<Piece>,
+}
+
+enum Piece {
+    Layout(String),
+    /// A layout parsed once, for formatting row after row.
+    Items(Vec<chrono::format::Item<'static>>),
+    /// `YY` (2) or `YYYY` (4).
+    WeekYear(usize),
+    /// `w` (1) or `ww` (2).
+    Week(usize),
+}
+
+impl JavaFormat {
+    pub fn new(java: &str) -> Result<JavaFormat, String> {
+        let pieces = pieces(java, true)?
+            .into_iter()
+            .map(|p| match p {
+                Piece::Layout(l) => chrono::format::StrftimeItems::new(&l)
+                    .parse_to_owned()
+                    .map(Piece::Items)
+                    .map_err(|e| format!("pattern '{java}': {e}")),
+                other => Ok(other),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(JavaFormat { pieces })
+    }
+
+    pub fn format(&self, t: &NaiveDateTime) -> String {
+        let mut out = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Layout(l) => out.push_str(&t.format(l).to_string()),
+                Piece::Items(items) => {
+                    use std::fmt::Write;
+                    let _ = write!(out, "{}", t.format_with_items(items.iter()));
+                }
+                Piece::WeekYear(2) => out.push_str(&format!("{:02}", us_week(t.date()).0.rem_euclid(100))),
+                Piece::WeekYear(_) => out.push_str(&format!("{:04}", us_week(t.date()).0)),
+                Piece::Week(1) => out.push_str(&us_week(t.date()).1.to_string()),
+                Piece::Week(_) => out.push_str(&format!("{:02}", us_week(t.date()).1)),
+            }
+        }
+        out
+    }
+}
+
+/// The week-based year and week of `d` in the en_US locale: weeks from
+/// Sunday to Saturday, week 1 the one holding January 1st.
+fn us_week(d: NaiveDate) -> (i32, u32) {
+    let back = |d: NaiveDate| d - chrono::Days::new(u64::from(d.weekday().num_days_from_sunday()));
+    let start = back(d);
+    let end = start + chrono::Days::new(6);
+    if end.year() > d.year() {
+        // The week holds next January 1st.
+        return (d.year() + 1, 1);
+    }
+    let first = NaiveDate::from_ymd_opt(d.year(), 1, 1).map_or(start, back);
+    (d.year(), ((start - first).num_days() / 7 + 1) as u32)
+}
+
+/// Java pattern `java` as pieces; `weeks`: whether the week fields are
+/// taken (formatting) or refused (parsing, chrono layouts).
+fn pieces(java: &str, weeks: bool) -> Result<Vec<Piece>, String> {
+    let mut pieces = vec![];
     let chars: Vec<char> = java.chars().collect();
     let mut out = String::new();
     let mut i = 0;
@@ -44,6 +129,17 @@ pub fn java_to_chrono(java: &str) -> Result<String, String> {
             continue;
         }
         let run = chars[i..].iter().take_while(|x| **x == c).count();
+        let week = match (c, run) {
+            ('Y', 2 | 4) if weeks => Some(Piece::WeekYear(run)),
+            ('w', 1 | 2) if weeks => Some(Piece::Week(run)),
+            _ => None,
+        };
+        if let Some(w) = week {
+            pieces.push(Piece::Layout(std::mem::take(&mut out)));
+            pieces.push(w);
+            i += run;
+            continue;
+        }
         let piece = match (c, run) {
             ('y' | 'u', 4) => "%Y",
             ('y' | 'u', 2) => "%y",
@@ -76,8 +172,9 @@ pub fn java_to_chrono(java: &str) -> Result<String, String> {
             }
             (c, _) if c.is_ascii_alphabetic() => {
                 return Err(format!(
-                    "pattern letters '{}' in '{java}' are not supported (yyyy, yy, M, MM, MMM, MMMM, d, dd, H, HH, h, hh, m, mm, s, ss, SSS, EEE, EEEE, a and 'quoted text' are)",
-                    chars[i..i + run].iter().collect::<String>()
+                    "pattern letters '{}' in '{java}' are not supported (yyyy, yy, M, MM, MMM, MMMM, d, dd, H, HH, h, hh, m, mm, s, ss, SSS, EEE, EEEE, a{} and 'quoted text' are)",
+                    chars[i..i + run].iter().collect::<String>(),
+                    if weeks { ", YYYY, YY, ww, w" } else { "" }
                 ));
             }
             _ => {
@@ -89,7 +186,9 @@ pub fn java_to_chrono(java: &str) -> Result<String, String> {
         out.push_str(piece);
         i += run;
     }
-    Ok(out)
+    pieces.push(Piece::Layout(out));
+    pieces.retain(|p| !matches!(p, Piece::Layout(l) if l.is_empty()));
+    Ok(pieces)
 }
 
 #[cfg(test)]
@@ -111,6 +210,27 @@ mod tests {
         assert!(java_to_chrono("yyyy-MM-dd EEE").is_ok());
         assert!(java_to_chrono("yyyy-ww").is_err());
         assert!(java_to_chrono("'open").is_err());
+    }
+
+    #[test]
+    fn week_fields_follow_the_us_locale() {
+        let f = JavaFormat::new("YYYY-'W'ww w YY yyyy-MM-dd").expect("pattern");
+        let at = |y, m, d| {
+            f.format(
+                &NaiveDate::from_ymd_opt(y, m, d)
+                    .and_then(|d| d.and_hms_opt(0, 0, 0))
+                    .expect("date"),
+            )
+        };
+        // Tuesday: its week (Sun 29 Dec .. Sat 4 Jan) holds 1 January 2025.
+        assert_eq!(at(2024, 12, 31), "2025-W01 1 25 2024-12-31");
+        assert_eq!(at(2025, 1, 4), "2025-W01 1 25 2025-01-04");
+        assert_eq!(at(2025, 1, 5), "2025-W02 2 25 2025-01-05");
+        // Saturday 31 December 2022: week 53 (1 January 2022 was a Saturday).
+        assert_eq!(at(2022, 12, 31), "2022-W53 53 22 2022-12-31");
+        assert_eq!(at(2023, 1, 1), "2023-W01 1 23 2023-01-01");
+        assert!(JavaFormat::new("YYY").is_err());
+        assert!(JavaFormat::new("www").is_err());
     }
 }
 

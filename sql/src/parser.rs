@@ -63,6 +63,16 @@ pub struct CreateTable {
     pub options: Vec<(String, String, Location)>,
 }
 
+/// What an `ALTER TABLE` changes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableChange {
+    /// Options set or overwritten, each where it was written.
+    Set(Vec<(String, String, Location)>),
+    /// Options removed.
+    Reset(Vec<(String, Location)>),
+    RenameTo(String),
+}
+
 // One per statement: variant sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
@@ -82,6 +92,13 @@ pub enum Statement {
         if_exists: bool,
         /// `DROP TEMPORARY TABLE|VIEW`.
         temporary: bool,
+    },
+    /// `ALTER TABLE [IF EXISTS] t SET ('k' = 'v', ...)`, `RESET ('k', ...)`
+    /// or `RENAME TO t2` (Flink's forms).
+    AlterTable {
+        name: String,
+        if_exists: bool,
+        change: TableChange,
     },
     ShowTables,
     /// `SHOW VIEWS`: the views only (`SHOW TABLES` lists both, as Flink).
@@ -1271,6 +1288,9 @@ fn parse_statement(p: &mut Parser, sql: &str) -> Result<Statement> {
         };
         return Ok(Statement::Subscribe(query));
     }
+    if p.parse_keywords(&[Keyword::ALTER, Keyword::TABLE]) {
+        return parse_alter_table(p);
+    }
     if p.parse_keyword(Keyword::SET) {
         if p.peek_token().token == Token::EOF {
             return Ok(Statement::Set(None));
@@ -1379,6 +1399,56 @@ fn not_enforced(p: &mut Parser, start: &TokenWithSpan) -> Result<()> {
 
 /// An option key or value: a quoted string, or words, numbers and dots
 /// (`SET parallelism.default = 4` as well as `SET 'parallelism.default' = '4'`).
+/// After `ALTER TABLE`: `[IF EXISTS] t SET ('k' = 'v', ...)`,
+/// `RESET ('k', ...)` or `RENAME TO t2`.
+fn parse_alter_table(p: &mut Parser) -> Result<Statement> {
+    let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+    let name = object_name(&p.parse_object_name(false)?);
+    let at = p.peek_token();
+    let change = if p.parse_keyword(Keyword::SET) {
+        p.expect_token(&Token::LParen)?;
+        let mut options = vec![];
+        loop {
+            let at = p.peek_token();
+            let key = parse_string_literal(p)?;
+            p.expect_token(&Token::Eq)?;
+            let value = parse_string_literal(p)?;
+            options.push((key, value, loc(&at)));
+            if !p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        p.expect_token(&Token::RParen)?;
+        TableChange::Set(options)
+    } else if p.parse_keyword(Keyword::RESET) {
+        p.expect_token(&Token::LParen)?;
+        let mut keys = vec![];
+        loop {
+            let at = p.peek_token();
+            keys.push((parse_string_literal(p)?, loc(&at)));
+            if !p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+        p.expect_token(&Token::RParen)?;
+        TableChange::Reset(keys)
+    } else if p.parse_keywords(&[Keyword::RENAME, Keyword::TO]) {
+        TableChange::RenameTo(object_name(&p.parse_object_name(false)?))
+    } else {
+        return Err(SqlError::unsupported(format!(
+            "ALTER TABLE {name} {}: Weir alters a table with SET ('key' = 'value', ...), RESET ('key', ...) or RENAME TO; \
+             to change its columns or watermark, DROP TABLE and CREATE TABLE again",
+            at.token
+        ))
+        .at(loc(&at)));
+    };
+    Ok(Statement::AlterTable {
+        name,
+        if_exists,
+        change,
+    })
+}
+
 fn parse_option_text(p: &mut Parser, key: bool) -> Result<String> {
     let mut text = String::new();
     loop {

@@ -738,7 +738,7 @@ impl DateFormat {
     }
 }
 
-fn date_format_layout(v: Option<&ScalarValue>) -> Result<Option<String>> {
+fn date_format_layout(v: Option<&ScalarValue>) -> Result<Option<weir_engine::time_format::JavaFormat>> {
     let text = match v {
         Some(ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s)) => s.clone(),
         Some(ScalarValue::Null) => None,
@@ -748,7 +748,7 @@ fn date_format_layout(v: Option<&ScalarValue>) -> Result<Option<String>> {
         None => return datafusion::common::plan_err!("DATE_FORMAT's format must be a literal string"),
     };
     text.map(|t| {
-        weir_engine::time_format::java_to_chrono(&t)
+        weir_engine::time_format::JavaFormat::new(&t)
             .map_err(|e| datafusion::common::DataFusionError::Plan(format!("DATE_FORMAT: {e}")))
     })
     .transpose()
@@ -803,9 +803,8 @@ impl datafusion::logical_expr::ScalarUDFImpl for DateFormat {
             out.append_nulls(n);
             return Ok(ColumnarValue::Array(Arc::new(out.finish())));
         };
-        let items: Vec<chrono::format::Item> = chrono::format::StrftimeItems::new(&layout).collect();
         let mut write = |t: Option<chrono::NaiveDateTime>| match t {
-            Some(t) => out.append_value(t.format_with_items(items.iter()).to_string()),
+            Some(t) => out.append_value(layout.format(&t)),
             None => out.append_null(),
         };
         match value.data_type() {

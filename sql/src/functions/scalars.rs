@@ -1086,8 +1086,8 @@ fn unix_timestamp(v: &[&str]) -> Result<Option<i64>> {
 fn from_unixtime(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     let secs = int(v[0], "the seconds")?;
     let pattern = v.get(1).copied().unwrap_or(DEFAULT_TIME_PATTERN);
-    let layout = weir_engine::time_format::java_to_chrono(pattern).map_err(DataFusionError::Plan)?;
-    Ok(chrono::DateTime::from_timestamp(secs, 0).map(|t| t.naive_utc().format(&layout).to_string()))
+    let format = weir_engine::time_format::JavaFormat::new(pattern).map_err(DataFusionError::Plan)?;
+    Ok(chrono::DateTime::from_timestamp(secs, 0).map(|t| format.format(&t.naive_utc())))
 }
 
 #[cfg(test)]
