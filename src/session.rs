@@ -934,11 +934,36 @@ impl Session {
         change: &weir_sql::parser::TableChange,
     ) -> Result<StatementResult, SessionError> {
         use weir_sql::parser::TableChange;
-        if self.temporary.get(name).is_some() {
+        // `weir serve` plans its jobs again from their SQL after a restart,
+        // against the catalog as it is then: an altered table would move a
+        // job's input or output under its checkpoints (Flink keeps the
+        // compiled job instead).
+        if let Some(r) = self.shared.registry.get() {
+            let live: Vec<String> = r
+                .records()
+                .into_iter()
+                .filter(|j| j.ended.is_none())
+                .map(|j| format!("'{}'", j.name))
+                .collect();
+            if !live.is_empty() {
+                return Err(SqlError::unsupported(format!(
+                    "ALTER TABLE while jobs run is not supported by this server: job(s) {} would be planned again \
+                     with the altered table after a restart; stop them first",
+                    live.join(", ")
+                ))
+                .into());
+            }
+        }
+        if self.temporary.get(name).is_some() && !if_exists {
+            // Flink: a temporary table cannot be altered (a no-op with IF
+            // EXISTS).
             return Err(SqlError::unsupported(format!(
                 "ALTER TABLE of the temporary table '{name}' is not supported; DROP TEMPORARY TABLE {name} and create it again"
             ))
             .into());
+        }
+        if self.temporary.get(name).is_some() {
+            return Ok(StatementResult::Done("nothing to alter".into()));
         }
         let paths = self.paths()?;
         let mut catalog = self.shared.catalog_mut();
@@ -952,7 +977,11 @@ impl Session {
         };
         match change {
             TableChange::Set(options) => {
+                let mut seen = std::collections::HashSet::new();
                 for (k, v, at) in options {
+                    if !seen.insert(k) {
+                        return Err(SqlError::plan(format!("option '{k}' is given twice")).at(*at).into());
+                    }
                     // Read into the table's watermark at CREATE TABLE.
                     if k.starts_with("scan.watermark.alignment.") {
                         return Err(SqlError::unsupported(format!(
@@ -988,8 +1017,7 @@ impl Session {
         }
         weir_engine::connectors::validate_table(&def).map_err(SqlError::from)?;
         weir_engine::connectors::check_table_paths(&def, &paths)?;
-        Catalog::drop(&mut catalog, name, false)?;
-        catalog.create(Entry::Table(def), false)?;
+        catalog.replace(name, Entry::Table(def))?;
         Ok(StatementResult::Done(match change {
             TableChange::RenameTo(to) => format!("table renamed to {to}"),
             _ => "table altered".into(),

@@ -136,6 +136,25 @@ impl Catalog {
         Ok(true)
     }
 
+    /// Replaces `old` by `entry` (under its own name, which may differ: a
+    /// rename) in one write of the catalog file.
+    pub fn replace(&mut self, old: &str, entry: Entry) -> Result<(), CatalogError> {
+        if !self.entries.contains_key(old) {
+            return Err(CatalogError::NotFound(old.to_string()));
+        }
+        let name = match &entry {
+            Entry::Table(t) => t.name.clone(),
+            Entry::View(v) => v.name.clone(),
+        };
+        if name != old && self.entries.contains_key(&name) {
+            return Err(CatalogError::AlreadyExists(name));
+        }
+        let mut next = self.entries.clone();
+        next.remove(old);
+        next.insert(name, entry);
+        self.commit(next)
+    }
+
     fn commit(&mut self, next: BTreeMap<String, Entry>) -> Result<(), CatalogError> {
         if let Some(path) = &self.path {
             write_atomically(path, &next)?;
@@ -193,6 +212,20 @@ mod tests {
         c.create(view("v"), true).expect("if not exists");
         let c2 = Catalog::open(&path).expect("reopen");
         assert!(c2.get("v").is_some());
+    }
+
+    #[test]
+    fn replace_renames_in_the_file_and_refuses_an_existing_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("catalog.json");
+        let mut c = Catalog::open(&path).expect("open");
+        c.create(view("a"), false).expect("a");
+        c.create(view("b"), false).expect("b");
+        assert!(matches!(c.replace("a", view("b")), Err(CatalogError::AlreadyExists(_))));
+        assert!(matches!(c.replace("nope", view("x")), Err(CatalogError::NotFound(_))));
+        c.replace("a", view("c")).expect("rename");
+        let c2 = Catalog::open(&path).expect("reopen");
+        assert!(c2.get("a").is_none() && c2.get("b").is_some() && c2.get("c").is_some());
     }
 
     #[test]

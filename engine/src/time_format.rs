@@ -66,8 +66,18 @@ impl JavaFormat {
                     use std::fmt::Write;
                     let _ = write!(out, "{}", t.format_with_items(items.iter()));
                 }
-                Piece::WeekYear(2) => out.push_str(&format!("{:02}", us_week(t.date()).0.rem_euclid(100))),
-                Piece::WeekYear(_) => out.push_str(&format!("{:04}", us_week(t.date()).0)),
+                // Java: `YY` is the year's last two digits without a sign;
+                // `YYYY` pads to four and signs a year past 9999 or below 0
+                // (as chrono's `%Y` does for `yyyy`).
+                Piece::WeekYear(2) => out.push_str(&format!("{:02}", us_week(t.date()).0.unsigned_abs() % 100)),
+                Piece::WeekYear(_) => {
+                    let y = us_week(t.date()).0;
+                    if (0..=9999).contains(&y) {
+                        out.push_str(&format!("{y:04}"));
+                    } else {
+                        out.push_str(&format!("{y:+05}"));
+                    }
+                }
                 Piece::Week(1) => out.push_str(&us_week(t.date()).1.to_string()),
                 Piece::Week(_) => out.push_str(&format!("{:02}", us_week(t.date()).1)),
             }
@@ -79,15 +89,22 @@ impl JavaFormat {
 /// The week-based year and week of `d` in the en_US locale: weeks from
 /// Sunday to Saturday, week 1 the one holding January 1st.
 fn us_week(d: NaiveDate) -> (i32, u32) {
-    let back = |d: NaiveDate| d - chrono::Days::new(u64::from(d.weekday().num_days_from_sunday()));
-    let start = back(d);
-    let end = start + chrono::Days::new(6);
-    if end.year() > d.year() {
-        // The week holds next January 1st.
+    // From the day of the year alone: no date arithmetic, which would
+    // leave chrono's range at its ends.
+    let weekday = i64::from(d.weekday().num_days_from_sunday());
+    let day = i64::from(d.ordinal0());
+    let days = if NaiveDate::from_ymd_opt(d.year(), 2, 29).is_some() {
+        366
+    } else {
+        365
+    };
+    if day + 6 - weekday >= days {
+        // The week's Saturday is in the next year: it holds next 1 January.
         return (d.year() + 1, 1);
     }
-    let first = NaiveDate::from_ymd_opt(d.year(), 1, 1).map_or(start, back);
-    (d.year(), ((start - first).num_days() / 7 + 1) as u32)
+    // Days from the Sunday starting week 1 (on or before 1 January).
+    let from_first = day + (weekday - day).rem_euclid(7);
+    (d.year(), (from_first / 7 + 1) as u32)
 }
 
 /// Java pattern `java` as pieces; `weeks`: whether the week fields are
@@ -229,6 +246,21 @@ mod tests {
         // Saturday 31 December 2022: week 53 (1 January 2022 was a Saturday).
         assert_eq!(at(2022, 12, 31), "2022-W53 53 22 2022-12-31");
         assert_eq!(at(2023, 1, 1), "2023-W01 1 23 2023-01-01");
+        // Both ends of chrono's range, and years Java signs.
+        for d in [NaiveDate::MIN, NaiveDate::MAX] {
+            let _ = f.format(&d.and_hms_opt(0, 0, 0).expect("time"));
+        }
+        let y = JavaFormat::new("YYYY YY").expect("pattern");
+        let jan = |year| {
+            y.format(
+                &NaiveDate::from_ymd_opt(year, 1, 10)
+                    .and_then(|d| d.and_hms_opt(0, 0, 0))
+                    .expect("date"),
+            )
+        };
+        assert_eq!(jan(-5), "-0005 05");
+        assert_eq!(jan(10000), "+10000 00");
+        assert_eq!(jan(1969), "1969 69");
         assert!(JavaFormat::new("YYY").is_err());
         assert!(JavaFormat::new("www").is_err());
     }

@@ -1397,8 +1397,6 @@ fn not_enforced(p: &mut Parser, start: &TokenWithSpan) -> Result<()> {
     .at(loc(start)))
 }
 
-/// An option key or value: a quoted string, or words, numbers and dots
-/// (`SET parallelism.default = 4` as well as `SET 'parallelism.default' = '4'`).
 /// After `ALTER TABLE`: `[IF EXISTS] t SET ('k' = 'v', ...)`,
 /// `RESET ('k', ...)` or `RENAME TO t2`.
 fn parse_alter_table(p: &mut Parser) -> Result<Statement> {
@@ -1449,6 +1447,8 @@ fn parse_alter_table(p: &mut Parser) -> Result<Statement> {
     })
 }
 
+/// An option key or value: a quoted string, or words, numbers and dots
+/// (`SET parallelism.default = 4` as well as `SET 'parallelism.default' = '4'`).
 fn parse_option_text(p: &mut Parser, key: bool) -> Result<String> {
     let mut text = String::new();
     loop {

@@ -1086,7 +1086,23 @@ fn unix_timestamp(v: &[&str]) -> Result<Option<i64>> {
 fn from_unixtime(v: &[&str], _: &[DataType]) -> Result<Option<String>> {
     let secs = int(v[0], "the seconds")?;
     let pattern = v.get(1).copied().unwrap_or(DEFAULT_TIME_PATTERN);
-    let format = weir_engine::time_format::JavaFormat::new(pattern).map_err(DataFusionError::Plan)?;
+    // Called per row: the pattern is parsed once per thread while it stays
+    // the same.
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(String, std::rc::Rc<weir_engine::time_format::JavaFormat>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let format = LAST.with(|last| -> Result<_> {
+        let mut last = last.borrow_mut();
+        if let Some((p, f)) = last.as_ref()
+            && p == pattern
+        {
+            return Ok(f.clone());
+        }
+        let f = std::rc::Rc::new(weir_engine::time_format::JavaFormat::new(pattern).map_err(DataFusionError::Plan)?);
+        *last = Some((pattern.to_string(), f.clone()));
+        Ok(f)
+    })?;
     Ok(chrono::DateTime::from_timestamp(secs, 0).map(|t| format.format(&t.naive_utc())))
 }
 
