@@ -361,6 +361,47 @@ impl AggSpec {
         }
     }
 
+    /// The call's BIGINT result without a `ScalarValue`, where [`value`]
+    /// would give the same (`None`: ask it).
+    ///
+    /// [`value`]: AggSpec::value
+    pub fn value_i64(&self, acc: &Acc) -> Option<Option<i64>> {
+        if self.call.output_type != DataType::Int64 {
+            return None;
+        }
+        match acc {
+            Acc::Count(n) => Some(Some(*n)),
+            Acc::Sum { n: 0, .. } => Some(None),
+            Acc::Sum { sum: Num::Int(s), n } => match self.call.func {
+                AggFunc::Sum => Some(Some(*s)),
+                AggFunc::Avg => Some(Some(s.wrapping_div(*n))),
+                _ => None,
+            },
+            Acc::Extreme(None) => Some(None),
+            Acc::Extreme(Some(ScalarValue::Int64(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// The call's DOUBLE result without a `ScalarValue`, as
+    /// [`AggSpec::value_i64`].
+    pub fn value_f64(&self, acc: &Acc) -> Option<Option<f64>> {
+        if self.call.output_type != DataType::Float64 {
+            return None;
+        }
+        match acc {
+            Acc::Sum { n: 0, .. } => Some(None),
+            Acc::Sum { sum: Num::Float(s), n } => match self.call.func {
+                AggFunc::Sum => Some(Some(*s)),
+                AggFunc::Avg => Some(Some(s / *n as f64)),
+                _ => None,
+            },
+            Acc::Extreme(None) => Some(None),
+            Acc::Extreme(Some(ScalarValue::Float64(v))) => Some(*v),
+            _ => None,
+        }
+    }
+
     /// The call's result.
     pub fn value(&self, acc: &Acc) -> Result<ScalarValue> {
         let out = &self.call.output_type;
@@ -768,6 +809,124 @@ mod tests {
             output_type: output,
             separator: None,
             ignore_nulls: false,
+        }
+    }
+
+    /// The BIGINT and DOUBLE results taken without a `ScalarValue` are
+    /// the ones [`AggSpec::value`] gives, for every accumulator they
+    /// take, and they decline the others.
+    #[test]
+    fn plain_results_equal_the_scalar_ones() {
+        use AggFunc::*;
+        let (i, f) = (DataType::Int64, DataType::Float64);
+        let cases: Vec<(AggFunc, DataType, DataType, Vec<Acc>)> = vec![
+            (
+                Count,
+                DataType::Null,
+                i.clone(),
+                vec![Acc::Count(0), Acc::Count(-3), Acc::Count(7)],
+            ),
+            (
+                Sum,
+                i.clone(),
+                i.clone(),
+                vec![
+                    Acc::Sum { sum: Num::Int(0), n: 0 },
+                    Acc::Sum {
+                        sum: Num::Int(i64::MIN),
+                        n: 2,
+                    },
+                    Acc::Sum {
+                        sum: Num::Int(-5),
+                        n: 1,
+                    },
+                ],
+            ),
+            (
+                Avg,
+                i.clone(),
+                i.clone(),
+                vec![
+                    Acc::Sum { sum: Num::Int(7), n: 2 },
+                    Acc::Sum {
+                        sum: Num::Int(-7),
+                        n: 2,
+                    },
+                    Acc::Sum {
+                        sum: Num::Int(i64::MIN),
+                        n: -1,
+                    },
+                    Acc::Sum { sum: Num::Int(1), n: 0 },
+                ],
+            ),
+            (
+                Sum,
+                f.clone(),
+                f.clone(),
+                vec![
+                    Acc::Sum {
+                        sum: Num::Float(0.5),
+                        n: 3,
+                    },
+                    Acc::Sum {
+                        sum: Num::Float(f64::NAN),
+                        n: 1,
+                    },
+                    Acc::Sum {
+                        sum: Num::Float(2.0),
+                        n: 0,
+                    },
+                ],
+            ),
+            (
+                Avg,
+                f.clone(),
+                f.clone(),
+                vec![Acc::Sum {
+                    sum: Num::Float(1.0),
+                    n: 3,
+                }],
+            ),
+            (
+                Max,
+                i.clone(),
+                i.clone(),
+                vec![Acc::Extreme(None), Acc::Extreme(Some(ScalarValue::Int64(Some(-2))))],
+            ),
+            (
+                Min,
+                f.clone(),
+                f.clone(),
+                vec![Acc::Extreme(None), Acc::Extreme(Some(ScalarValue::Float64(Some(-0.0))))],
+            ),
+            (VarPop, f.clone(), f.clone(), vec![Acc::Moments(Welford::default())]),
+            (
+                Sum,
+                DataType::Int32,
+                DataType::Int32,
+                vec![Acc::Sum {
+                    sum: Num::Int(1 << 40),
+                    n: 1,
+                }],
+            ),
+        ];
+        for (func, input, output, accs) in cases {
+            let spec = AggSpec::new(&call(func, input.clone(), output.clone(), false), true).expect("spec");
+            for acc in accs {
+                let scalar = spec.value(&acc).expect("value");
+                let plain = match output {
+                    DataType::Int64 => spec.value_i64(&acc).map(ScalarValue::Int64),
+                    DataType::Float64 => spec.value_f64(&acc).map(ScalarValue::Float64),
+                    _ => spec.value_i64(&acc).map(ScalarValue::Int64),
+                };
+                match plain {
+                    Some(p) => assert_eq!(p, scalar, "{func:?}({input}) of {acc:?}"),
+                    None => assert!(
+                        func.is_moment() || output == DataType::Int32,
+                        "{func:?}({input}) of {acc:?} declined"
+                    ),
+                }
+            }
         }
     }
 

@@ -32,9 +32,9 @@ use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, UInt32Array};
+use arrow::array::{Array, ArrayRef, BooleanArray, Float64Array, Int64Array, UInt32Array};
 use arrow::compute::take;
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::physical_expr::PhysicalExpr;
 
@@ -82,11 +82,15 @@ pub struct GroupAggregateOperator {
     schema: SchemaRef,
     state: KeyedState,
     metrics: Arc<NodeMetrics>,
-    /// Keys as the last batches left them, decoded, with their shown row
-    /// and stored size (the state holds the same as bytes): a hot key is
-    /// not decoded again. Emptied when it outgrows [`DECODED_KEYS`], and
-    /// unused with TTL (state may expire behind it).
-    decoded: HashMap<Vec<u8>, (KeyAccs, Vec<ScalarValue>, Option<usize>)>,
+    /// Keys' accumulators as the last batches left them, live (without
+    /// TTL): a key's accumulators are neither decoded nor encoded per
+    /// batch, only written to state at a snapshot and when more than
+    /// [`LIVE_KEYS`] are held (then all are written and forgotten), as the
+    /// window operator's pre-aggregation buffer. With TTL every batch
+    /// writes through (expiry reads the state's write times).
+    live: HashMap<Vec<u8>, LiveKey>,
+    /// The most keys held live ([`LIVE_KEYS`]).
+    live_limit: usize,
     /// The input is insert-only: DISTINCT value entries of several calls
     /// hold presence bits ([`encode_map_value`]).
     insert_only: bool,
@@ -128,8 +132,18 @@ fn decode_map_value(v: &[u8], out: &mut [i64], insert_only: bool) -> Option<()> 
     decode_counts(v, out)
 }
 
-/// Decoded keys a group aggregate keeps.
-const DECODED_KEYS: usize = 100_000;
+/// Live keys a group aggregate keeps ([`GroupAggregateOperator::live`]).
+const LIVE_KEYS: usize = 100_000;
+
+/// A key's accumulators held live.
+struct LiveKey {
+    group: KeyGroup,
+    accs: KeyAccs,
+    /// Stored size of its accumulators in state (`None`: none).
+    stored_len: Option<usize>,
+    /// Changed since they were last written to state.
+    dirty: bool,
+}
 
 /// A key of the batch: where it lives and what it holds.
 struct Slot {
@@ -142,7 +156,12 @@ struct Slot {
     /// Its live result row (what a later change retracts): an index
     /// into the batch's [`Results`].
     shown: Option<u32>,
+    /// Changed by this batch.
     dirty: bool,
+    /// Held live before the batch: its key bytes (given back to
+    /// [`GroupAggregateOperator::live`] without a copy), and whether its
+    /// accumulators were not written to state yet.
+    live: Option<(Vec<u8>, bool)>,
 }
 
 /// The value counts (MIN/MAX/DISTINCT) one batch touches: each entry
@@ -211,28 +230,131 @@ struct Emitted {
 }
 
 /// The aggregate values of the result rows a batch shows or retracts,
-/// each row once.
-#[derive(Default)]
-struct Results(Vec<Vec<ScalarValue>>);
+/// each row once, a column per call: BIGINT and DOUBLE results (counts,
+/// sums, averages, extremes of those types) as plain values, others as
+/// `ScalarValue`s. A result per input row makes this the hot path.
+struct Results {
+    columns: Vec<ResultColumn>,
+    len: u32,
+}
+
+enum ResultColumn {
+    I64(Vec<Option<i64>>),
+    F64(Vec<Option<f64>>),
+    Any(Vec<ScalarValue>),
+}
 
 impl Results {
-    fn push(&mut self, values: Vec<ScalarValue>) -> u32 {
-        self.0.push(values);
-        (self.0.len() - 1) as u32
+    fn new(specs: &[AggSpec]) -> Self {
+        let columns = specs
+            .iter()
+            .map(|s| match s.call.output_type {
+                DataType::Int64 => ResultColumn::I64(vec![]),
+                DataType::Float64 => ResultColumn::F64(vec![]),
+                _ => ResultColumn::Any(vec![]),
+            })
+            .collect();
+        Results { columns, len: 0 }
     }
 
-    fn get(&self, i: u32) -> &[ScalarValue] {
-        &self.0[i as usize]
+    /// Appends the results of `accs`; returns their row.
+    fn push(&mut self, specs: &[AggSpec], accs: &KeyAccs) -> Result<u32> {
+        for ((col, spec), acc) in self.columns.iter_mut().zip(specs).zip(&accs.accs) {
+            match col {
+                ResultColumn::I64(c) => c.push(match spec.value_i64(acc) {
+                    Some(v) => v,
+                    None => match spec.value(acc)? {
+                        ScalarValue::Int64(v) => v,
+                        other => return Err(ExecError::internal(format!("a BIGINT result of {other:?}"))),
+                    },
+                }),
+                ResultColumn::F64(c) => c.push(match spec.value_f64(acc) {
+                    Some(v) => v,
+                    None => match spec.value(acc)? {
+                        ScalarValue::Float64(v) => v,
+                        other => return Err(ExecError::internal(format!("a DOUBLE result of {other:?}"))),
+                    },
+                }),
+                ResultColumn::Any(c) => c.push(spec.value(acc)?),
+            }
+        }
+        self.len += 1;
+        Ok(self.len - 1)
+    }
+
+    /// Forgets the last row.
+    fn pop(&mut self) {
+        for col in &mut self.columns {
+            match col {
+                ResultColumn::I64(c) => drop(c.pop()),
+                ResultColumn::F64(c) => drop(c.pop()),
+                ResultColumn::Any(c) => drop(c.pop()),
+            }
+        }
+        self.len -= 1;
+    }
+
+    /// Rows `a` and `b` hold equal values (DOUBLEs as `ScalarValue`
+    /// compares them: NaN equals NaN).
+    fn same(&self, a: u32, b: u32) -> bool {
+        let (a, b) = (a as usize, b as usize);
+        self.columns.iter().all(|col| match col {
+            ResultColumn::I64(c) => c[a] == c[b],
+            ResultColumn::F64(c) => match (c[a], c[b]) {
+                (Some(x), Some(y)) => x.total_cmp(&y).is_eq(),
+                (x, y) => x.is_none() && y.is_none(),
+            },
+            ResultColumn::Any(c) => c[a] == c[b],
+        })
     }
 
     /// Call `j`'s column over every row, its values moved out.
     fn column(&mut self, j: usize) -> Result<ArrayRef> {
-        let vals = self
-            .0
-            .iter_mut()
-            .map(|r| std::mem::replace(&mut r[j], ScalarValue::Null));
-        Ok(ScalarValue::iter_to_array(vals)?)
+        Ok(match &mut self.columns[j] {
+            ResultColumn::I64(c) => Arc::new(Int64Array::from(std::mem::take(c))),
+            ResultColumn::F64(c) => Arc::new(Float64Array::from(std::mem::take(c))),
+            ResultColumn::Any(c) => ScalarValue::iter_to_array(std::mem::take(c))?,
+        })
     }
+}
+
+/// After a change to a key: its result row emitted against the one it
+/// showed (`+I`, `-U`/`+U`, or nothing when equal and `skip_equal`).
+fn show(
+    results: &mut Results,
+    specs: &[AggSpec],
+    accs: &KeyAccs,
+    shown: &mut Option<u32>,
+    row: u32,
+    skip_equal: bool,
+    emitted: &mut Vec<Emitted>,
+) -> Result<()> {
+    let values = results.push(specs, accs)?;
+    match *shown {
+        None => emitted.push(Emitted {
+            kind: RowKind::Insert,
+            row,
+            values,
+        }),
+        Some(old) if skip_equal && results.same(old, values) => {
+            results.pop();
+            return Ok(());
+        }
+        Some(old) => {
+            emitted.push(Emitted {
+                kind: RowKind::UpdateBefore,
+                row,
+                values: old,
+            });
+            emitted.push(Emitted {
+                kind: RowKind::UpdateAfter,
+                row,
+                values,
+            });
+        }
+    }
+    *shown = Some(values);
+    Ok(())
 }
 
 impl PlanNode for GroupAggregateNode {
@@ -359,7 +481,8 @@ impl GroupAggregateOperator {
             schema,
             state,
             metrics,
-            decoded: HashMap::new(),
+            live: HashMap::new(),
+            live_limit: LIVE_KEYS,
             insert_only,
             mini_batch: None,
         })
@@ -434,6 +557,7 @@ impl Operator for GroupAggregateOperator {
     }
 
     fn snapshot_state(&mut self, checkpoint_id: u64) -> Result<Option<OperatorSnapshot>> {
+        self.write_live()?;
         Ok(Some(self.state.snapshot(checkpoint_id)?))
     }
 
@@ -463,6 +587,24 @@ impl Operator for GroupAggregateOperator {
 }
 
 impl GroupAggregateOperator {
+    /// Writes the live keys' changed accumulators to state (they stay
+    /// live, clean).
+    fn write_live(&mut self) -> Result<()> {
+        let mut w = KeyedWrite::default();
+        for (key, live) in self.live.iter_mut().filter(|(_, l)| l.dirty) {
+            let b = live.accs.encode(&self.specs)?;
+            let e = EntryRef {
+                key_group: live.group,
+                key,
+                namespace: &[],
+            };
+            let old = live.stored_len.replace(b.len());
+            w.put(ACC, e, old, b);
+            live.dirty = false;
+        }
+        Ok(self.state.write(w)?)
+    }
+
     /// Applies `batch`'s changes: one state read and one write per key;
     /// a result per row, or per key with mini-batch.
     fn process_bundle(&mut self, batch: ChangeBatch, out: &mut Collector) -> Result<()> {
@@ -496,20 +638,25 @@ impl GroupAggregateOperator {
                     accs: None,
                     shown: None,
                     dirty: false,
+                    live: None,
                 });
                 (slots.len() - 1) as u32
             });
             row_slot.push(s);
         }
-        let use_decoded = !self.state.ttl_enabled();
-        let mut results = Results::default();
+        let use_live = !self.state.ttl_enabled();
+        let mut results = Results::new(&self.specs);
         let mut unknown: Vec<usize> = vec![];
         for (i, slot) in slots.iter_mut().enumerate() {
-            match use_decoded.then(|| self.decoded.remove(key_of(slot.row))).flatten() {
-                Some((accs, shown, len)) => {
-                    slot.accs = Some(accs);
-                    slot.shown = Some(results.push(shown));
-                    slot.stored_len = len;
+            match use_live.then(|| self.live.remove_entry(key_of(slot.row))).flatten() {
+                Some((key, live)) => {
+                    // Without TTL a key's shown row is its accumulators'
+                    // values: a change that leaves them equal emits
+                    // nothing.
+                    slot.shown = Some(results.push(&self.specs, &live.accs)?);
+                    slot.accs = Some(live.accs);
+                    slot.stored_len = live.stored_len;
+                    slot.live = Some((key, live.dirty));
                 }
                 None => unknown.push(i),
             }
@@ -525,7 +672,7 @@ impl GroupAggregateOperator {
             let slot = &mut slots[i];
             if let Some(b) = bytes {
                 let accs = KeyAccs::decode(&b, &self.specs)?;
-                slot.shown = Some(results.push(accs.values(&self.specs)?));
+                slot.shown = Some(results.push(&self.specs, &accs)?);
                 slot.stored_len = Some(b.len());
                 slot.accs = Some(accs);
             }
@@ -721,35 +868,18 @@ impl GroupAggregateOperator {
                 }
                 continue;
             }
-            let new = accs.values(&self.specs)?;
-            match slot.shown {
-                None => {
-                    let values = results.push(new);
-                    slot.shown = Some(values);
-                    emitted.push(Emitted {
-                        kind: RowKind::Insert,
-                        row: i as u32,
-                        values,
-                    });
-                }
-                // With TTL Flink re-emits an unchanged result, so that
-                // downstream state is not evicted too early.
-                Some(old) if results.get(old) == new.as_slice() && !self.state.ttl_enabled() => {}
-                Some(old) => {
-                    let values = results.push(new);
-                    slot.shown = Some(values);
-                    emitted.push(Emitted {
-                        kind: RowKind::UpdateBefore,
-                        row: i as u32,
-                        values: old,
-                    });
-                    emitted.push(Emitted {
-                        kind: RowKind::UpdateAfter,
-                        row: i as u32,
-                        values,
-                    });
-                }
-            }
+            // With TTL Flink re-emits an unchanged result, so that
+            // downstream state is not evicted too early.
+            let skip_equal = !self.state.ttl_enabled();
+            show(
+                &mut results,
+                &self.specs,
+                &accs,
+                &mut slot.shown,
+                i as u32,
+                skip_equal,
+                &mut emitted,
+            )?;
             slot.accs = Some(accs);
         }
         if dropped > 0 {
@@ -770,41 +900,26 @@ impl GroupAggregateOperator {
                     }
                     continue;
                 };
-                let new = accs.values(&self.specs)?;
-                match slot.shown {
-                    None => {
-                        let values = results.push(new);
-                        slot.shown = Some(values);
-                        emitted.push(Emitted {
-                            kind: RowKind::Insert,
-                            row,
-                            values,
-                        });
-                    }
-                    Some(old) if results.get(old) == new.as_slice() && !self.state.ttl_enabled() => {}
-                    Some(old) => {
-                        let values = results.push(new);
-                        slot.shown = Some(values);
-                        emitted.push(Emitted {
-                            kind: RowKind::UpdateBefore,
-                            row,
-                            values: old,
-                        });
-                        emitted.push(Emitted {
-                            kind: RowKind::UpdateAfter,
-                            row,
-                            values,
-                        });
-                    }
-                }
+                let skip_equal = !self.state.ttl_enabled();
+                show(
+                    &mut results,
+                    &self.specs,
+                    accs,
+                    &mut slot.shown,
+                    row,
+                    skip_equal,
+                    &mut emitted,
+                )?;
             }
         }
 
-        // One write for the batch.
+        // One write for the batch: held live, a key's accumulators wait
+        // for a snapshot or a full live map.
         let mut w = KeyedWrite::default();
         for slot in slots.iter_mut().filter(|s| s.dirty) {
             let e = self.entry(slot, key_of(slot.row), &[]);
             match &slot.accs {
+                Some(_) if use_live => {}
                 Some(accs) => {
                     let b = accs.encode(&self.specs)?;
                     let old = slot.stored_len.replace(b.len());
@@ -833,16 +948,21 @@ impl GroupAggregateOperator {
             }
         }
         self.state.write(w)?;
-        if use_decoded {
-            if self.decoded.len() + slots.len() > DECODED_KEYS {
-                self.decoded.clear();
-            }
+        if use_live {
             for slot in slots {
-                if let (Some(accs), Some(shown)) = (slot.accs, slot.shown) {
-                    let shown = results.get(shown).to_vec();
-                    self.decoded
-                        .insert(key_of(slot.row).to_vec(), (accs, shown, slot.stored_len));
-                }
+                let Some(accs) = slot.accs else { continue };
+                let (key, was_dirty) = slot.live.unwrap_or_else(|| (key_of(slot.row).to_vec(), false));
+                let live = LiveKey {
+                    group: slot.group,
+                    accs,
+                    stored_len: slot.stored_len,
+                    dirty: was_dirty || slot.dirty,
+                };
+                self.live.insert(key, live);
+            }
+            if self.live.len() > self.live_limit {
+                self.write_live()?;
+                self.live.clear();
             }
         }
 
@@ -979,6 +1099,39 @@ mod tests {
         );
         // Inserted and deleted inside one bundle: nothing.
         assert!(feed_pretty(&mut g, 0, &s, "+I d 1\n-D d 1").is_empty());
+    }
+
+    /// Without TTL a key's accumulators stay live between batches and
+    /// reach state at a snapshot, or when more keys than the limit are
+    /// live (then all are written and forgotten): read back from state,
+    /// they continue where they were.
+    #[test]
+    fn live_accumulators_reach_state_at_snapshots_and_when_too_many() {
+        let mut g = group_by_k();
+        let s = input();
+        feed_pretty(&mut g, 0, &s, "+I a 1\n+I b 2\n+I a 4");
+        assert_eq!(g.live.len(), 2);
+        assert!(g.live.values().all(|l| l.dirty && l.stored_len.is_none()));
+        g.snapshot_state(1).expect("snapshot");
+        assert!(g.live.values().all(|l| !l.dirty && l.stored_len.is_some()));
+        assert_eq!(g.state.size_bytes(), g.state.counted_bytes().expect("count"));
+        // Forgotten: the next change reads the snapshot's accumulators.
+        g.live.clear();
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I a 6"),
+            ["-U[a, 2, 5, 4, 2]", "+U[a, 3, 11, 6, 3]"]
+        );
+        g.live_limit = 1;
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "+I c 5\n+I b 3"),
+            ["+I[c, 1, 5, 5, 1]", "-U[b, 1, 2, 2, 1]", "+U[b, 2, 5, 3, 2]"]
+        );
+        assert!(g.live.is_empty(), "more than the limit: written and forgotten");
+        assert_eq!(
+            feed_pretty(&mut g, 0, &s, "-D c 5\n+I a 1"),
+            ["-D[c, 1, 5, 5, 1]", "-U[a, 3, 11, 6, 3]", "+U[a, 4, 12, 6, 3]"]
+        );
+        assert_eq!(g.state.size_bytes(), g.state.counted_bytes().expect("count"));
     }
 
     #[test]
