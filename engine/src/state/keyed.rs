@@ -468,7 +468,8 @@ impl KeyedState {
                 }
             }
             c.dirty = 0;
-            batch.ops.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            // Each key once: an unstable sort keeps the meaning.
+            batch.ops.sort_unstable_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
             self.backend.write(batch)?;
         }
         let c = self.cache.get_mut();
@@ -666,8 +667,13 @@ impl KeyedState {
             }
             if !missing.is_empty() {
                 let refs: Vec<&[u8]> = missing.iter().map(|i| keys[*i].as_slice()).collect();
-                for (i, v) in missing.iter().zip(self.backend.multi_get(state, &refs)?) {
-                    cache.entries.insert((state, keys[*i].clone()), (v.clone(), false));
+                let read = self.backend.multi_get(state, &refs)?;
+                // The keys are not needed after this: moved into the cache.
+                let mut keys = keys;
+                for (i, v) in missing.iter().zip(read) {
+                    cache
+                        .entries
+                        .insert((state, std::mem::take(&mut keys[*i])), (v.clone(), false));
                     values[*i] = v;
                 }
             }

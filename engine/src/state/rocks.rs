@@ -322,14 +322,19 @@ impl StateBackend for RocksDbBackend {
 
     fn multi_get(&self, state: StateId, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>, StateError> {
         let cf = self.cf(state)?;
-        self.db
-            .batched_multi_get_cf(cf, keys.iter(), false)
-            .into_iter()
-            .map(|r| {
-                r.map(|v| v.map(|s| s.to_vec()))
-                    .map_err(|e| self.err("reading state", e))
-            })
-            .collect()
+        // Sorted here (an unstable sort of slices, inlined comparisons),
+        // RocksDB skips its own sort of the keys behind a virtual
+        // comparator: a third of a large multi-get's cost.
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_unstable_by(|a, b| keys[*a as usize].cmp(keys[*b as usize]));
+        let sorted = order.iter().map(|i| keys[*i as usize]);
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; keys.len()];
+        for (i, r) in order.iter().zip(self.db.batched_multi_get_cf(cf, sorted, true)) {
+            out[*i as usize] = r
+                .map(|v| v.map(|s| s.to_vec()))
+                .map_err(|e| self.err("reading state", e))?;
+        }
+        Ok(out)
     }
 
     fn write(&mut self, batch: WriteBatch) -> Result<(), StateError> {
@@ -459,5 +464,27 @@ mod tests {
         rocks.write(batch).expect("write");
         drop(rocks);
         assert_eq!(ssts(&db), 0, "closing flushed the memtable");
+    }
+
+    /// A multi-get answers in the order asked, whatever the keys' order,
+    /// repeated keys and missing ones included (RocksDB is handed them
+    /// sorted).
+    #[test]
+    fn multi_get_answers_in_the_order_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rocks =
+            RocksDbBackend::open_fresh(&dir.path().join("db"), &["s"], &RocksDbTuning::default()).expect("open");
+        let mut batch = WriteBatch::default();
+        for k in ["b", "a", "c"] {
+            batch.put(0, k.as_bytes().to_vec(), format!("v{k}").into_bytes());
+        }
+        rocks.write(batch).expect("write");
+        let asked: Vec<&[u8]> = vec![b"c", b"x", b"a", b"b", b"a", b""];
+        let got = rocks.multi_get(0, &asked).expect("multi-get");
+        let want: Vec<Option<Vec<u8>>> = ["vc", "", "va", "vb", "va", ""]
+            .iter()
+            .map(|v| (!v.is_empty()).then(|| v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(got, want);
     }
 }
