@@ -1397,6 +1397,25 @@ fn not_enforced(p: &mut Parser, start: &TokenWithSpan) -> Result<()> {
     .at(loc(start)))
 }
 
+/// `('k' = 'v', ...)`: a table's options (CREATE TABLE's WITH, ALTER
+/// TABLE's SET), each with where its key starts.
+fn parse_option_list(p: &mut Parser) -> Result<Vec<(String, String, Location)>> {
+    p.expect_token(&Token::LParen)?;
+    let mut options = vec![];
+    loop {
+        let at = p.peek_token();
+        let key = parse_string_literal(p)?;
+        p.expect_token(&Token::Eq)?;
+        let value = parse_string_literal(p)?;
+        options.push((key, value, loc(&at)));
+        if !p.consume_token(&Token::Comma) {
+            break;
+        }
+    }
+    p.expect_token(&Token::RParen)?;
+    Ok(options)
+}
+
 /// After `ALTER TABLE`: `[IF EXISTS] t SET ('k' = 'v', ...)`,
 /// `RESET ('k', ...)` or `RENAME TO t2`.
 fn parse_alter_table(p: &mut Parser) -> Result<Statement> {
@@ -1404,20 +1423,7 @@ fn parse_alter_table(p: &mut Parser) -> Result<Statement> {
     let name = object_name(&p.parse_object_name(false)?);
     let at = p.peek_token();
     let change = if p.parse_keyword(Keyword::SET) {
-        p.expect_token(&Token::LParen)?;
-        let mut options = vec![];
-        loop {
-            let at = p.peek_token();
-            let key = parse_string_literal(p)?;
-            p.expect_token(&Token::Eq)?;
-            let value = parse_string_literal(p)?;
-            options.push((key, value, loc(&at)));
-            if !p.consume_token(&Token::Comma) {
-                break;
-            }
-        }
-        p.expect_token(&Token::RParen)?;
-        TableChange::Set(options)
+        TableChange::Set(parse_option_list(p)?)
     } else if p.parse_keyword(Keyword::RESET) {
         p.expect_token(&Token::LParen)?;
         let mut keys = vec![];
@@ -1615,19 +1621,7 @@ fn parse_create_table(p: &mut Parser, sql: &str) -> Result<CreateTable> {
     };
     let mut options = vec![];
     if p.parse_keyword(Keyword::WITH) {
-        p.expect_token(&Token::LParen)?;
-        loop {
-            let at = p.peek_token();
-            let key = parse_string_literal(p)?;
-            p.expect_token(&Token::Eq)?;
-            let value = parse_string_literal(p)?;
-            options.push((key, value, loc(&at)));
-            if p.consume_token(&Token::Comma) {
-                continue;
-            }
-            p.expect_token(&Token::RParen)?;
-            break;
-        }
+        options = parse_option_list(p)?;
     }
     Ok(CreateTable {
         primary_key,
