@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 bin="${WEIR:-${CARGO_TARGET_DIR:-target}/release/weir}"
 q=benches/queries
 for p in 1 2; do
-  "$bin" bench compare $q/passthrough.sql $q/projection.sql $q/filter.sql $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend hashmap --runs 2
+  "$bin" bench compare $q/passthrough.sql $q/projection.sql $q/passthrough_json.sql $q/projection_json.sql $q/filter.sql $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend hashmap --runs 2
   "$bin" bench compare $q/tumble_max.sql $q/hop_count.sql -p "$p" --state-backend rocksdb --runs 2
 done
 # Updating queries (GROUP BY, joins, Top-N, deduplication) with RocksDB state

@@ -109,6 +109,27 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
         Ok(secs) => println!("Weir start-up, SQL file to first row (one-row CSV into print): {secs:.3} s\n"),
         Err(e) => eprintln!("start-up not measured: {e}"),
     }
+    // The floor of the inputs the queries read: what any engine's reading
+    // of the file costs at least.
+    for (var, make) in [
+        ("${BIDS}", bids_csv as fn(&Path, u64) -> Result<PathBuf, String>),
+        ("${BIDS_JSON}", bids_json),
+    ] {
+        let mut used = false;
+        for file in &args.files {
+            used |= std::fs::read_to_string(file).is_ok_and(|t| t.contains(var));
+        }
+        if used {
+            let path = make(&bench_dir, args.rows)?;
+            let (secs, records) = floor(&path)?;
+            println!(
+                "Floor of {var} ({}): read and split into records and fields, no parsing, one thread: {secs:.3} s, {:.0} rows/s",
+                path.display(),
+                records as f64 / secs
+            );
+        }
+    }
+    println!();
     println!(
         "| query | engine | run | seconds | rows/s | CPU s | CPU s per M rows | peak RSS MB |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
@@ -236,6 +257,10 @@ fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String
         let bids = bids_csv(bench_dir, args.rows)?;
         out = out.replace("${BIDS}", &bids.display().to_string());
     }
+    if out.contains("${BIDS_JSON}") {
+        let bids = bids_json(bench_dir, args.rows)?;
+        out = out.replace("${BIDS_JSON}", &bids.display().to_string());
+    }
     if out.contains("${BIDS_NARROW}") {
         let bids = bids_narrow_csv(bench_dir, args.rows)?;
         out = out.replace("${BIDS_NARROW}", &bids.display().to_string());
@@ -266,12 +291,22 @@ fn substitute(text: &str, args: &CompareArgs, bench_dir: &Path) -> Result<String
 /// and 100 000 bidders drawn uniformly (many keys, no hot key), 10 bids
 /// per millisecond of event time.
 pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
+    bids_nexmark(&dir.join(format!("bids-nexmark-uniform10k-{rows}.csv")), rows, false)
+}
+
+/// The rows of [`bids_csv`] as JSON lines (`${BIDS_JSON}`), one object per
+/// bid with the columns' names, `dateTime` as Flink's JSON format writes
+/// TIMESTAMP(3) by default (`yyyy-MM-dd HH:mm:ss.SSS`).
+pub fn bids_json(dir: &Path, rows: u64) -> Result<PathBuf, String> {
+    bids_nexmark(&dir.join(format!("bids-nexmark-uniform10k-{rows}.json")), rows, true)
+}
+
+fn bids_nexmark(path: &Path, rows: u64, json: bool) -> Result<PathBuf, String> {
     use weir_engine::connectors::nexmark::generator;
-    let path = dir.join(format!("bids-nexmark-uniform10k-{rows}.csv"));
     let mut rng = generator::Rng::new(7, 0);
     let mut channels: std::collections::HashMap<u64, (String, String)> = std::collections::HashMap::new();
     let mut extra = String::new();
-    bids_file(&path, rows, |out, stamp| {
+    bids_file(path, rows, |out, stamp| {
         let auction = rng.below(10_000);
         let bidder = rng.below(100_000);
         let price = 1 + rng.below(9_999);
@@ -286,8 +321,50 @@ pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
             .or_insert_with(|| generator::channel_and_url(channel));
         extra.clear();
         rng.push_extra(&mut extra, generator::BID_FIXED_BYTES + name.len() + url.len(), 100);
-        writeln!(out, "{auction},{bidder},{price},{name},{url},{stamp},{extra}")
+        if json {
+            let text = |v: &str| serde_json::Value::from(v).to_string();
+            writeln!(
+                out,
+                "{{\"auction\":{auction},\"bidder\":{bidder},\"price\":{price},\"channel\":{},\"url\":{},\"dateTime\":\"{stamp}\",\"extra\":{}}}",
+                text(name),
+                text(url),
+                text(&extra)
+            )
+        } else {
+            writeln!(out, "{auction},{bidder},{price},{name},{url},{stamp},{extra}")
+        }
     })
+}
+
+/// What reading `path` costs at least: the file read and split into
+/// records and fields by a minimal loop (a byte count of line breaks and
+/// commas, no parsing, no Arrow, one thread). Returns the best of two
+/// reads' seconds (the page cache warm) and the records.
+fn floor(path: &Path) -> Result<(f64, u64), String> {
+    use std::io::Read;
+    let io = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut best = f64::MAX;
+    let mut records = 0;
+    for _ in 0..2 {
+        let started = Instant::now();
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut buf = vec![0u8; 1 << 22];
+        let (mut lines, mut fields) = (0u64, 0u64);
+        loop {
+            let n = f.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            for &b in &buf[..n] {
+                lines += u64::from(b == b'\n');
+                fields += u64::from(b == b',');
+            }
+        }
+        std::hint::black_box(fields);
+        best = best.min(started.elapsed().as_secs_f64());
+        records = lines;
+    }
+    Ok((best, records))
 }
 
 /// The narrow variant of [`bids_csv`] (`${BIDS_NARROW}`): 10 000 auctions

@@ -374,6 +374,7 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
         .arg("--flink-python")
         .arg(dir.path().join("no-python"))
         .arg(queries.join("hop_count.sql"))
+        .arg(queries.join("passthrough_json.sql"))
         .arg(&bad)
         .output()
         .expect("run");
@@ -399,6 +400,16 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
         .expect("rows/s");
     assert!(rate > 0.0, "{hop}");
     assert!(stdout.contains("| bad | Weir | 1 | failed |"), "{stdout}");
+    // q0 over the same bids as JSON lines, and each input's floor.
+    assert!(stdout.contains("| passthrough_json | Weir | 1 |"), "{stdout}");
+    for var in ["${BIDS}", "${BIDS_JSON}"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("Floor of {var} ")) && l.ends_with(" rows/s")),
+            "{var}'s floor\n{stdout}"
+        );
+    }
     let csv = dir.path().join("compare/bids-nexmark-uniform10k-20000.csv");
     let text = std::fs::read_to_string(&csv).expect("the generated bids");
     assert_eq!(text.lines().count(), 20_000);
@@ -418,6 +429,22 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
         .filter(|r| ["Google", "Facebook", "Baidu", "Apple"].contains(&r[3]))
         .count();
     assert!((9_000..11_000).contains(&hot), "{hot} bids on hot channels");
+    // The JSON lines hold the same bids, column by column.
+    let json =
+        std::fs::read_to_string(dir.path().join("compare/bids-nexmark-uniform10k-20000.json")).expect("the JSON bids");
+    assert_eq!(json.lines().count(), 20_000);
+    let names = ["auction", "bidder", "price", "channel", "url", "dateTime", "extra"];
+    for (line, row) in json.lines().zip(&rows) {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON object");
+        let fields: Vec<String> = names
+            .iter()
+            .map(|n| match &v[n] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        assert_eq!(&fields, row, "{line}");
+    }
 }
 
 /// `weir bench nexmark` runs the updating Nexmark queries over the
