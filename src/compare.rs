@@ -111,15 +111,24 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
     }
     // The floor of the inputs the queries read: what any engine's reading
     // of the file costs at least.
+    let mut floors = false;
     for (var, make) in [
         ("${BIDS}", bids_csv as fn(&Path, u64) -> Result<PathBuf, String>),
         ("${BIDS_JSON}", bids_json),
     ] {
-        let mut used = false;
+        // Not when `-D` names another file for it.
+        let name = &var[2..var.len() - 1];
+        let mut used = !args
+            .defines
+            .iter()
+            .any(|d| d.split_once('=').is_some_and(|(k, _)| k == name));
+        let mut any = false;
         for file in &args.files {
-            used |= std::fs::read_to_string(file).is_ok_and(|t| t.contains(var));
+            any |= std::fs::read_to_string(file).is_ok_and(|t| t.contains(var));
         }
+        used &= any;
         if used {
+            floors = true;
             let path = make(&bench_dir, args.rows)?;
             let (secs, records) = floor(&path)?;
             println!(
@@ -129,7 +138,9 @@ fn compare(args: &CompareArgs) -> Result<(), String> {
             );
         }
     }
-    println!();
+    if floors {
+        println!();
+    }
     println!(
         "| query | engine | run | seconds | rows/s | CPU s | CPU s per M rows | peak RSS MB |\n|---|---|---:|---:|---:|---:|---:|---:|"
     );
@@ -295,8 +306,9 @@ pub fn bids_csv(dir: &Path, rows: u64) -> Result<PathBuf, String> {
 }
 
 /// The rows of [`bids_csv`] as JSON lines (`${BIDS_JSON}`), one object per
-/// bid with the columns' names, `dateTime` as Flink's JSON format writes
-/// TIMESTAMP(3) by default (`yyyy-MM-dd HH:mm:ss.SSS`).
+/// bid with the columns' names, `dateTime` in the form Flink's JSON format
+/// reads TIMESTAMP(3) by default (`json.timestamp-format.standard` 'SQL':
+/// `yyyy-MM-dd HH:mm:ss.SSS`).
 pub fn bids_json(dir: &Path, rows: u64) -> Result<PathBuf, String> {
     bids_nexmark(&dir.join(format!("bids-nexmark-uniform10k-{rows}.json")), rows, true)
 }
@@ -397,7 +409,12 @@ fn bids_file(
     if path.is_file() {
         return Ok(path.to_path_buf());
     }
-    let tmp = path.with_extension("tmp");
+    // Named after the whole file name and this process: two runs, or the
+    // CSV and JSON files of one size, never share a temporary file.
+    let name = path
+        .file_name()
+        .map_or("bids".into(), |n| n.to_string_lossy().to_string());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
     let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
     let base = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
@@ -479,7 +496,12 @@ pub fn auctions_csv(dir: &Path) -> Result<PathBuf, String> {
             10 + id % 20
         ));
     }
-    let tmp = path.with_extension("tmp");
+    // Named after the whole file name and this process: two runs, or the
+    // CSV and JSON files of one size, never share a temporary file.
+    let name = path
+        .file_name()
+        .map_or("bids".into(), |n| n.to_string_lossy().to_string());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     write(&tmp, &text)?;
     std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)

@@ -401,7 +401,16 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
     assert!(rate > 0.0, "{hop}");
     assert!(stdout.contains("| bad | Weir | 1 | failed |"), "{stdout}");
     // q0 over the same bids as JSON lines, and each input's floor.
-    assert!(stdout.contains("| passthrough_json | Weir | 1 |"), "{stdout}");
+    let json_row = stdout
+        .lines()
+        .find(|l| l.starts_with("| passthrough_json | Weir | 1 |"))
+        .unwrap_or_else(|| panic!("a passthrough_json row\n{stdout}"));
+    let json_rate: f64 = json_row
+        .split('|')
+        .nth(5)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or_else(|| panic!("rows/s of {json_row}\n{stderr}"));
+    assert!(json_rate > 0.0, "{json_row}");
     for var in ["${BIDS}", "${BIDS_JSON}"] {
         assert!(
             stdout

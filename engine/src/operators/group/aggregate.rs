@@ -968,11 +968,11 @@ impl GroupAggregateOperator {
             // task fails and restarts from its last checkpoint.
             let mut grown = 0;
             for slot in slots {
-                let (key, was_dirty, before) = slot.live.unwrap_or_else(|| (key_of(slot.row).to_vec(), false, 0));
                 let Some(accs) = slot.accs else {
-                    grown -= before;
+                    grown -= slot.live.map_or(0, |l| l.2);
                     continue;
                 };
+                let (key, was_dirty, before) = slot.live.unwrap_or_else(|| (key_of(slot.row).to_vec(), false, 0));
                 let unwritten = match (before, slot.stored_len) {
                     (0, None) => unwritten_bytes(&key, self.specs.len()),
                     (n, _) => n,
