@@ -389,28 +389,21 @@ fn bench_compare_runs_weir_alone_and_reports_a_failing_query() {
         stderr.contains("bad: weir run failed") && stderr.contains("nowhere"),
         "{stderr}"
     );
-    let hop = stdout
-        .lines()
-        .find(|l| l.starts_with("| hop_count | Weir | 1 |"))
-        .unwrap_or_else(|| panic!("a hop_count row\n{stdout}"));
-    let rate: f64 = hop
-        .split('|')
-        .nth(5)
-        .and_then(|c| c.trim().parse().ok())
-        .expect("rows/s");
-    assert!(rate > 0.0, "{hop}");
+    // A query's rows/s in its Weir row (a failed run has none).
+    let rate = |query: &str| -> f64 {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {query} | Weir | 1 |")))
+            .unwrap_or_else(|| panic!("a {query} row\n{stdout}"));
+        row.split('|')
+            .nth(5)
+            .and_then(|c| c.trim().parse().ok())
+            .unwrap_or_else(|| panic!("rows/s of {row}\n{stderr}"))
+    };
+    assert!(rate("hop_count") > 0.0);
     assert!(stdout.contains("| bad | Weir | 1 | failed |"), "{stdout}");
     // q0 over the same bids as JSON lines, and each input's floor.
-    let json_row = stdout
-        .lines()
-        .find(|l| l.starts_with("| passthrough_json | Weir | 1 |"))
-        .unwrap_or_else(|| panic!("a passthrough_json row\n{stdout}"));
-    let json_rate: f64 = json_row
-        .split('|')
-        .nth(5)
-        .and_then(|c| c.trim().parse().ok())
-        .unwrap_or_else(|| panic!("rows/s of {json_row}\n{stderr}"));
-    assert!(json_rate > 0.0, "{json_row}");
+    assert!(rate("passthrough_json") > 0.0);
     for var in ["${BIDS}", "${BIDS_JSON}"] {
         assert!(
             stdout
