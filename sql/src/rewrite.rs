@@ -24,7 +24,7 @@ use weir_catalog::store::Entry;
 
 use crate::error::{Result, SqlError};
 use crate::parser::dialect;
-use crate::udf::{PARTITION_BY_FN, SYSTEM_TIME_FN, TEMPORAL_JOIN_FN, WINDOW_FN};
+use crate::udf::{NAMED_FN, PARTITION_BY_FN, SYSTEM_TIME_FN, TEMPORAL_JOIN_FN, WINDOW_FN};
 
 const MAX_VIEW_DEPTH: usize = 32;
 
@@ -870,4 +870,56 @@ impl VisitorMut for Rewriter<'_> {
         }
         ControlFlow::Continue(())
     }
+}
+
+/// Wraps each cast in a function call's arguments in [`NAMED_FN`] with
+/// the cast as written, so `AVG(x)` and `AVG(CAST(x AS DOUBLE))` get two
+/// names (DataFusion names a cast as its operand, and an aggregate's
+/// output schema refuses the repeated name). Only for a query that met
+/// that refusal: every other plan stays as it was, and with it its
+/// operators' uids.
+pub fn name_casts_in_calls(query: &mut Query) {
+    struct Namer {
+        calls: usize,
+    }
+    impl VisitorMut for Namer {
+        type Break = ();
+        fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            if matches!(e, Expr::Function(_)) {
+                self.calls += 1;
+            }
+            ControlFlow::Continue(())
+        }
+        fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
+            match e {
+                Expr::Function(_) => self.calls = self.calls.saturating_sub(1),
+                Expr::Cast { .. } if self.calls > 0 => {
+                    let written = e.to_string();
+                    let cast = std::mem::replace(e, Expr::value(Value::Null));
+                    *e = named(cast, written);
+                }
+                _ => {}
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let _ = query.visit(&mut Namer { calls: 0 });
+}
+
+fn named(value: Expr, written: String) -> Expr {
+    let arg = |e: Expr| FunctionArg::Unnamed(FunctionArgExpr::Expr(e));
+    Expr::Function(ast::Function {
+        name: ObjectName::from(vec![Ident::new(NAMED_FN)]),
+        uses_odbc_syntax: false,
+        parameters: FunctionArguments::None,
+        args: FunctionArguments::List(ast::FunctionArgumentList {
+            duplicate_treatment: None,
+            args: vec![arg(value), arg(Expr::value(Value::SingleQuotedString(written)))],
+            clauses: vec![],
+        }),
+        filter: None,
+        null_treatment: None,
+        over: None,
+        within_group: vec![],
+    })
 }

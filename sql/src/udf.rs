@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, TimestampMillisecondArray};
-use arrow::datatypes::{DataType, TimeUnit, TimestampMillisecondType};
+use arrow::datatypes::{DataType, Field, FieldRef, TimeUnit, TimestampMillisecondType};
 use datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, TypeSignature, Volatility,
@@ -249,6 +249,53 @@ impl ScalarUDFImpl for TemporalJoinMarker {
 
     fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+    }
+}
+
+pub use crate::functions::names::NAMED_FN;
+
+/// [`NAMED_FN`]: its first argument, as it is (type and nullability too).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Named {
+    signature: Signature,
+}
+
+impl Named {
+    pub fn udf() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self {
+            signature: Signature::any(2, Volatility::Immutable),
+        })
+    }
+}
+
+impl ScalarUDFImpl for Named {
+    fn name(&self) -> &str {
+        NAMED_FN
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match args.first() {
+            Some(t) => Ok(t.clone()),
+            None => plan_err!("{NAMED_FN} takes the value it names"),
+        }
+    }
+
+    fn return_field_from_args(&self, args: datafusion::logical_expr::ReturnFieldArgs) -> Result<FieldRef> {
+        match args.arg_fields.first() {
+            Some(f) => Ok(Arc::new(Field::new(NAMED_FN, f.data_type().clone(), f.is_nullable()))),
+            None => plan_err!("{NAMED_FN} takes the value it names"),
+        }
+    }
+
+    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        if args.args.is_empty() {
+            return exec_err!("{NAMED_FN} takes the value it names");
+        }
+        Ok(args.args.swap_remove(0))
     }
 }
 

@@ -20,6 +20,13 @@ pub const FIT_TEXT_FN: &str = "__weir_fit_text";
 /// The internal function the SHA functions are planned with: a digest's
 /// bytes as lower-case hex (Flink's `SHA256(s)` text).
 pub const HEX_OF_BYTES: &str = "__weir_hex_of_bytes";
+/// `__weir_named(CAST(x AS T), 'CAST(x AS T)')`: the value of its first
+/// argument. DataFusion names a cast as its operand, so `AVG(x)` and
+/// `AVG(CAST(x AS DOUBLE))` are both `avg(x)` and one aggregate cannot
+/// hold both; a query that meets this is planned again with each cast in
+/// a call's arguments wrapped in this, which names it as written
+/// (`rewrite::name_casts_in_calls`).
+pub const NAMED_FN: &str = "__weir_named";
 /// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
 /// is parsed as (see `parser::rewrite_is_json_tokens`).
 pub const IS_JSON_FN: &str = "__weir_is_json_kind";

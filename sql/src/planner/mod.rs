@@ -77,6 +77,7 @@ impl Planner {
         // Registering a fresh UDF into a fresh state cannot clash.
         let _ = state.register_udf(Arc::new(WindowMarker::udf()));
         let _ = state.register_udf(Arc::new(crate::udf::TemporalJoinMarker::udf()));
+        let _ = state.register_udf(Arc::new(crate::udf::Named::udf()));
         let _ = state.register_udaf(Arc::new(crate::functions::overrides::FlinkAvg::udaf()));
         let _ = state.register_udaf(Arc::new(crate::functions::overrides::FlinkSum::udaf()));
         let _ = state.register_udaf(Arc::new(crate::functions::collect::Collect::udaf()));
@@ -205,7 +206,15 @@ impl Planner {
         crate::functions::flink_calls(&mut query)?;
         let provider = self.provider(catalog);
         let sql_to_rel = SqlToRel::new_with_options(&provider, parser_options());
-        let plan = sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?;
+        let plan = match sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query.clone()))) {
+            // `AVG(x), AVG(CAST(x AS DOUBLE))`: two aggregates DataFusion
+            // names alike; planned again with the casts named as written.
+            Err(e) if repeats_a_name(&e) => {
+                crate::rewrite::name_casts_in_calls(&mut query);
+                sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?
+            }
+            plan => plan?,
+        };
         // `1` is an INT, as in Flink (before coercion widens it).
         let plan = crate::passes::literals::flink_literals(plan)?.data;
         // DOUBLE beside DECIMAL is DOUBLE, as in Flink.
@@ -347,6 +356,19 @@ fn into_columns(
         });
     }
     Ok(LogicalPlanBuilder::from(plan).project(exprs)?.build()?)
+}
+
+/// Whether planning failed because two of a node's outputs have one name
+/// (an aggregate's schema, or the check of OVER windows before it).
+fn repeats_a_name(e: &datafusion::error::DataFusionError) -> bool {
+    use datafusion::error::DataFusionError;
+    match e.find_root() {
+        DataFusionError::SchemaError(s, _) => {
+            matches!(**s, datafusion::common::SchemaError::DuplicateUnqualifiedField { .. })
+        }
+        DataFusionError::Plan(m) => m.starts_with("Windows require unique expression names"),
+        _ => false,
+    }
 }
 
 pub(crate) fn lowercase_functions(expr: &mut ast::Expr) {
