@@ -10,6 +10,13 @@ use crate::checkpoint::{CheckpointConfig, CheckpointMode};
 use crate::error::{ExecError, Result};
 
 pub const PARALLELISM: &str = "parallelism.default";
+/// Flink's `execution.runtime-mode`: `streaming` (the default), `batch`
+/// or `automatic` (batch when every source is bounded).
+pub const RUNTIME_MODE: &str = "execution.runtime-mode";
+/// The memory a batch job's operators may hold before they spill to disk.
+pub const BATCH_MEMORY_LIMIT: &str = "execution.batch.memory-limit";
+/// Whether a batch job may spill to disk (off: it fails at the limit).
+pub const BATCH_SPILL: &str = "execution.batch.spill.enabled";
 pub const MAX_PARALLELISM: &str = "pipeline.max-parallelism";
 pub const PIPELINE_NAME: &str = "pipeline.name";
 pub const AUTO_WATERMARK_INTERVAL: &str = "pipeline.auto-watermark-interval";
@@ -72,6 +79,25 @@ pub const RESTART_EXP_ATTEMPTS: &str = "restart-strategy.exponential-delay.attem
 /// Every key `SET` accepts. Unknown keys are rejected so a typo never
 /// silently does nothing.
 pub const JOB_OPTIONS: &[OptionSpec] = &[
+    OptionSpec::new(
+        RUNTIME_MODE,
+        OptionKind::Enum(&["streaming", "batch", "automatic"]),
+        "streaming: a continuous job emitting changes as they happen; batch: bounded sources only, \
+         each query's final result once, as inserts; automatic: batch when every source is bounded",
+    )
+    .with_default("streaming"),
+    OptionSpec::new(
+        BATCH_MEMORY_LIMIT,
+        OptionKind::MemorySize,
+        "in batch mode, the memory aggregations, joins and sorts may hold before they spill to disk",
+    )
+    .with_default("1 gb"),
+    OptionSpec::new(
+        BATCH_SPILL,
+        OptionKind::Bool,
+        "in batch mode, whether operators spill to disk at the memory limit (false: the job fails there)",
+    )
+    .with_default("true"),
     OptionSpec::new(
         LOCAL_TIME_ZONE,
         OptionKind::String,
@@ -466,6 +492,12 @@ pub enum StateBackendKind {
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     pub name: String,
+    /// `execution.runtime-mode`.
+    pub runtime_mode: RuntimeMode,
+    /// `execution.batch.memory-limit`, bytes.
+    pub batch_memory_limit: u64,
+    /// `execution.batch.spill.enabled`.
+    pub batch_spill: bool,
     pub parallelism: usize,
     pub max_parallelism: u16,
     pub auto_watermark_interval: Duration,
@@ -517,6 +549,15 @@ pub struct JobConfig {
     /// The job's workers when it is spread over processes (`weir worker`);
     /// `None`: every subtask in this process.
     pub cluster: Option<std::sync::Arc<crate::exchange::workers::Cluster>>,
+}
+
+/// `execution.runtime-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeMode {
+    Streaming,
+    Batch,
+    /// Batch when every source of the job is bounded, else streaming.
+    Automatic,
 }
 
 /// `table.local-time-zone`, read as Flink validates it (`None`: UTC).
@@ -612,7 +653,17 @@ impl JobConfig {
             region: o.get(S3_REGION).map(str::to_string),
             path_style: o.bool(S3_PATH_STYLE)?,
         };
-        let checkpointing = match o.duration(CHECKPOINT_INTERVAL)?.filter(|d| !d.is_zero()) {
+        let runtime_mode = match o.enum_value(RUNTIME_MODE).as_deref() {
+            Some("batch") => RuntimeMode::Batch,
+            Some("automatic") => RuntimeMode::Automatic,
+            _ => RuntimeMode::Streaming,
+        };
+        // A batch job takes no checkpoints (as in Flink): a failed one
+        // runs again from the start.
+        let interval = o
+            .duration(CHECKPOINT_INTERVAL)?
+            .filter(|d| !d.is_zero() && runtime_mode != RuntimeMode::Batch);
+        let checkpointing = match interval {
             None => None,
             Some(interval) => {
                 let job = sanitize(&name);
@@ -712,6 +763,9 @@ impl JobConfig {
             None => RestartStrategy::None,
         };
         Ok(Self {
+            runtime_mode,
+            batch_memory_limit: o.memory_size(BATCH_MEMORY_LIMIT)?.unwrap_or(1 << 30),
+            batch_spill: o.bool(BATCH_SPILL)?.unwrap_or(true),
             checkpointing,
             restart,
             recovery_path: match o.get(RECOVERY_PATH) {

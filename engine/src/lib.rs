@@ -37,6 +37,7 @@
 //! - [`paths`]: the directories a job's SQL may read or write.
 //! - [`failpoint`]: named failpoints for crash and fault tests.
 
+pub mod batch;
 pub mod canonical;
 pub mod change;
 pub mod checkpoint;

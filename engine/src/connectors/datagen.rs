@@ -236,6 +236,10 @@ impl SourceFactory for DatagenSource {
         self.rows.is_some()
     }
 
+    fn bounding_hint(&self) -> String {
+        "set 'number-of-rows'".into()
+    }
+
     fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
         let n = parallelism.max(1) as u64;
         Ok((0..n)

@@ -115,6 +115,12 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// True when the source ends by itself.
     fn is_bounded(&self) -> bool;
 
+    /// For an unbounded source: the option that would make it end, in
+    /// the words of a refusal that needs a bounded one (batch mode).
+    fn bounding_hint(&self) -> String {
+        String::new()
+    }
+
     /// Whether the source reads changes (`-U`, `+U`, `-D`), not only
     /// inserts (a changelog format such as debezium-json).
     fn produces_changes(&self) -> bool {

@@ -39,6 +39,7 @@ use crate::planner::build::GraphBuilder;
 use crate::planner::logical::*;
 use crate::planner::patterns::window::*;
 
+mod batch;
 mod build;
 mod changelog;
 mod logical;
@@ -266,6 +267,9 @@ impl Planner {
             return Ok(QueryPlan::Batch(plan));
         }
         let catalog = hinted.as_ref().unwrap_or(catalog);
+        if self.runs_as_batch(&plan, catalog, config)? {
+            return Ok(QueryPlan::Stream(self.batch_graph(&plan, catalog, config, None)?));
+        }
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         b.convert(&plan)?;
@@ -294,6 +298,9 @@ impl Planner {
             into_columns(plan, sink, columns)?
         };
         let catalog = hinted.as_ref().unwrap_or(catalog);
+        if self.runs_as_batch(&plan, catalog, config)? {
+            return self.batch_graph(&plan, catalog, config, Some((sink, on_conflict)));
+        }
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         b.state_ttl_hints = crate::hints::state_ttl_hints(query)?;
         let last = b.convert(&plan)?;

@@ -630,6 +630,10 @@ impl SourceFactory for DeltaSource {
         self.continuous.is_none()
     }
 
+    fn bounding_hint(&self) -> String {
+        format!("set '{SCAN_MODE}' = 'snapshot' (or remove it)")
+    }
+
     fn discovery_interval(&self) -> Option<std::time::Duration> {
         self.continuous
     }

@@ -320,6 +320,10 @@ impl SourceFactory for FileSource {
         self.monitor.is_none()
     }
 
+    fn bounding_hint(&self) -> String {
+        format!("remove '{MONITOR_OPTION}'")
+    }
+
     fn discovery_interval(&self) -> Option<std::time::Duration> {
         self.monitor
     }

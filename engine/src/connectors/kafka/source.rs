@@ -468,6 +468,10 @@ impl SourceFactory for KafkaSource {
         !matches!(self.settings.bounded, Bounded::Unbounded)
     }
 
+    fn bounding_hint(&self) -> String {
+        "set 'scan.bounded.mode' ('latest-offset', 'group-offsets', 'timestamp' or 'specific-offsets')".into()
+    }
+
     fn produces_changes(&self) -> bool {
         self.codec.produces_changes()
     }

@@ -213,6 +213,10 @@ impl SourceFactory for NexmarkSource {
         self.config.events.is_some()
     }
 
+    fn bounding_hint(&self) -> String {
+        "set 'nexmark.events'".into()
+    }
+
     fn create_splits(&self, parallelism: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
         let n = self.config.splits.unwrap_or(parallelism).max(1);
         Ok((0..n)

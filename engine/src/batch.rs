@@ -1,0 +1,322 @@
+//! Batch mode (`execution.runtime-mode` = batch): a query over bounded
+//! sources runs as one DataFusion physical plan, with DataFusion's hash
+//! aggregates and joins, sorts and window functions, under a memory pool
+//! that spills to disk. Two adapters join it to the rest of Weir:
+//!
+//! - [`SplitStream`]: a source split as a DataFusion partition, so the plan
+//!   reads tables through Weir's connectors (formats, computed columns and
+//!   all) as a streaming job would;
+//! - [`PlanSource`]: the plan's output partitions as the splits of a
+//!   source, so the result reaches the sink (or the shell) through the
+//!   job runtime as any job's rows do: insert-only, once, at the end of
+//!   each aggregation.
+//!
+//! No watermarks run through a batch plan: with every row at hand nothing
+//! is late, and a window closes when its input ends.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::error::DataFusionError;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::PartitionStream;
+use futures::StreamExt;
+use tokio::sync::{Notify, mpsc};
+
+use crate::connectors::{SourceFactory, SourceSplit, SplitPoll};
+use crate::error::{ConnectorError, Result};
+
+/// One split of a table's source, read as a DataFusion partition.
+pub struct SplitStream {
+    table: String,
+    /// The table's columns as the scan reads them (computed ones too).
+    schema: SchemaRef,
+    /// The table's computed columns over the split's physical rows, or
+    /// `None` when it has none.
+    computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    /// Taken by the one execution of the partition.
+    split: Mutex<Option<Box<dyn SourceSplit>>>,
+}
+
+impl fmt::Debug for SplitStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SplitStream").field("table", &self.table).finish()
+    }
+}
+
+impl SplitStream {
+    /// A partition per split of `factory`'s source (`count` of them where
+    /// the connector chooses: generators).
+    pub fn all(
+        table: &str,
+        factory: &dyn SourceFactory,
+        count: usize,
+        schema: SchemaRef,
+        computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
+    ) -> Result<Vec<Arc<dyn PartitionStream>>> {
+        Ok(factory
+            .create_splits(count)?
+            .into_iter()
+            .map(|split| {
+                Arc::new(SplitStream {
+                    table: table.to_string(),
+                    schema: schema.clone(),
+                    computed: computed.clone(),
+                    split: Mutex::new(Some(split)),
+                }) as Arc<dyn PartitionStream>
+            })
+            .collect())
+    }
+}
+
+impl PartitionStream for SplitStream {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let split = self.split.lock().ok().and_then(|mut s| s.take());
+        let table = self.table.clone();
+        let schema = self.schema.clone();
+        let computed = self.computed.clone();
+        let waker = Arc::new(Notify::new());
+        let state = split.map(|mut s| {
+            s.set_waker(waker.clone());
+            s
+        });
+        let rows = futures::stream::unfold(state, move |split| {
+            let (table, schema, computed, waker) = (table.clone(), schema.clone(), computed.clone(), waker.clone());
+            async move {
+                let Some(mut split) = split else {
+                    return Some((
+                        Err(DataFusionError::Internal(format!(
+                            "a split of '{table}' was read twice in one batch plan"
+                        ))),
+                        None,
+                    ));
+                };
+                loop {
+                    let polled = match split.poll_batch() {
+                        Ok(p) => p,
+                        Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), None)),
+                    };
+                    let rows = match polled {
+                        SplitPoll::Batch(b) => b,
+                        SplitPoll::Changes(c) => match c.into_inserts(&format!("batch read of '{table}'")) {
+                            Ok(rows) => rows,
+                            Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), None)),
+                        },
+                        SplitPoll::Wait(until) => {
+                            tokio::select! {
+                                _ = tokio::time::sleep_until(until) => {}
+                                _ = waker.notified() => {}
+                            }
+                            continue;
+                        }
+                        SplitPoll::Finished => return None,
+                    };
+                    if !split.take_dead_letters().is_empty() {
+                        // Planning refuses dead-letter sources in batch
+                        // mode; a split that sets records aside anyway must
+                        // not lose them.
+                        return Some((
+                            Err(DataFusionError::Execution(format!(
+                                "'{table}' set bad records aside, which batch mode cannot keep"
+                            ))),
+                            None,
+                        ));
+                    }
+                    let rows = match &computed {
+                        Some(exprs) => match crate::operators::calc::project(&rows, exprs, &schema) {
+                            Ok(r) => r,
+                            Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), None)),
+                        },
+                        None => rows,
+                    };
+                    return Some((Ok(rows), Some(split)));
+                }
+            }
+        });
+        Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), rows))
+    }
+}
+
+/// A batch plan's output, read as a source: one split per output
+/// partition of the plan.
+pub struct PlanSource {
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: Arc<TaskContext>,
+}
+
+impl fmt::Debug for PlanSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlanSource").finish_non_exhaustive()
+    }
+}
+
+impl PlanSource {
+    pub fn new(plan: Arc<dyn ExecutionPlan>, ctx: Arc<TaskContext>) -> Self {
+        Self { plan, ctx }
+    }
+
+    /// How many splits the source has: the plan's output partitions.
+    pub fn partitions(&self) -> usize {
+        use datafusion::physical_plan::ExecutionPlanProperties;
+        self.plan.output_partitioning().partition_count()
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        self.plan.schema()
+    }
+}
+
+impl SourceFactory for PlanSource {
+    fn name(&self) -> &str {
+        "batch plan"
+    }
+
+    fn is_bounded(&self) -> bool {
+        true
+    }
+
+    fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        Ok((0..self.partitions())
+            .map(|partition| {
+                Box::new(PlanPartition {
+                    plan: self.plan.clone(),
+                    ctx: self.ctx.clone(),
+                    partition,
+                    rows: 0,
+                    running: None,
+                    waker: None,
+                }) as Box<dyn SourceSplit>
+            })
+            .collect())
+    }
+}
+
+type Batches = mpsc::Receiver<std::result::Result<RecordBatch, DataFusionError>>;
+
+/// One output partition of a batch plan. Its first poll starts the
+/// partition on the runtime; the rows come back through a channel of two
+/// batches (the plan waits while the job is slower), and the reader's
+/// waker says when one arrived.
+struct PlanPartition {
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: Arc<TaskContext>,
+    partition: usize,
+    rows: u64,
+    running: Option<(Batches, tokio::task::JoinHandle<()>)>,
+    waker: Option<Arc<Notify>>,
+}
+
+impl Drop for PlanPartition {
+    fn drop(&mut self) {
+        // A cancelled job stops its plan.
+        if let Some((_, task)) = &self.running {
+            task.abort();
+        }
+    }
+}
+
+impl SourceSplit for PlanPartition {
+    fn id(&self) -> String {
+        format!("batch-plan-{}", self.partition)
+    }
+
+    fn poll_batch(&mut self) -> Result<SplitPoll> {
+        if self.running.is_none() {
+            let (tx, rx) = mpsc::channel(2);
+            let waker = self.waker.clone();
+            let stream = self.plan.execute(self.partition, self.ctx.clone());
+            let task = tokio::spawn(async move {
+                let mut stream = match stream {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        if let Some(w) = &waker {
+                            w.notify_one();
+                        }
+                        return;
+                    }
+                };
+                while let Some(b) = stream.next().await {
+                    let failed = b.is_err();
+                    if tx.send(b).await.is_err() || failed {
+                        break;
+                    }
+                    if let Some(w) = &waker {
+                        w.notify_one();
+                    }
+                }
+                drop(tx);
+                // The end is news too.
+                if let Some(w) = &waker {
+                    w.notify_one();
+                }
+            });
+            self.running = Some((rx, task));
+        }
+        let Some((rx, _)) = self.running.as_mut() else {
+            return Ok(SplitPoll::Finished);
+        };
+        match rx.try_recv() {
+            Ok(Ok(b)) => {
+                self.rows += b.num_rows() as u64;
+                Ok(SplitPoll::Batch(b))
+            }
+            Ok(Err(e)) => Err(batch_error(e)),
+            Err(mpsc::error::TryRecvError::Disconnected) => Ok(SplitPoll::Finished),
+            // The waker says when the next batch is there; without one,
+            // look again soon.
+            Err(mpsc::error::TryRecvError::Empty) => Ok(SplitPoll::Wait(
+                tokio::time::Instant::now()
+                    + match self.waker {
+                        Some(_) => std::time::Duration::from_secs(3600),
+                        None => std::time::Duration::from_millis(5),
+                    },
+            )),
+        }
+    }
+
+    fn offset(&self) -> u64 {
+        self.rows
+    }
+
+    fn seek(&mut self, position: u64) -> Result<()> {
+        if position == 0 {
+            return Ok(());
+        }
+        Err(ConnectorError::Config {
+            connector: "batch".into(),
+            message: "a batch job takes no checkpoints and cannot resume from one: it runs again from the start".into(),
+        }
+        .into())
+    }
+
+    fn supports_pause(&self) -> bool {
+        false
+    }
+
+    fn set_waker(&mut self, waker: Arc<Notify>) {
+        self.waker = Some(waker);
+    }
+}
+
+/// A batch plan's failure in the user's words: running out of memory names
+/// the options that change it.
+fn batch_error(e: DataFusionError) -> crate::error::ExecError {
+    use crate::config::{BATCH_MEMORY_LIMIT, BATCH_SPILL};
+    match e.find_root() {
+        DataFusionError::ResourcesExhausted(m) => crate::error::ExecError::Config(format!(
+            "batch job out of memory: {m} (raise '{BATCH_MEMORY_LIMIT}', or set '{BATCH_SPILL}' = 'true' so \
+             operators spill to disk)"
+        )),
+        _ => e.into(),
+    }
+}
