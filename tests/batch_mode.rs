@@ -225,3 +225,41 @@ async fn batch_mode_refuses_unbounded_tables_and_names_the_option() {
     assert!(inserts_only);
     assert_eq!(rows.len(), 5, "{rows:?}");
 }
+
+/// Ten million distinct keys under a 32 MB memory limit: the GROUP BY
+/// spills to disk and answers right; with spilling off it fails, naming
+/// both options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_by_of_ten_million_keys_spills_under_a_small_memory_limit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut session = Session::open(dir.path()).expect("session");
+    run(
+        &mut session,
+        "SET 'execution.runtime-mode' = 'batch'; \
+         SET 'execution.batch.memory-limit' = '32 mb'; \
+         SET 'parallelism.default' = '2'; \
+         CREATE TABLE g (k BIGINT, v BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '10000000', \
+           'rows-per-second' = '1000000000', 'fields.k.kind' = 'sequence', 'fields.k.start' = '1', \
+           'fields.k.end' = '10000000', 'fields.v.min' = '1', 'fields.v.max' = '1')",
+    )
+    .await
+    .expect("setup");
+    let q = "SELECT COUNT(*), SUM(c), SUM(k) FROM (SELECT k, COUNT(*) AS c FROM g GROUP BY k)";
+    let (rows, inserts_only) = final_rows(&mut session, q).await.expect("spilling GROUP BY");
+    assert!(inserts_only);
+    let want: BTreeMap<String, i64> = [("[10000000, 10000000, 50000005000000]".to_string(), 1)].into();
+    assert_eq!(rows, want);
+    run(&mut session, "SET 'execution.batch.spill.enabled' = 'false'")
+        .await
+        .expect("set");
+    let e = final_rows(&mut session, q)
+        .await
+        .err()
+        .expect("out of memory without spilling");
+    assert!(
+        e.contains("batch job out of memory")
+            && e.contains("'execution.batch.memory-limit'")
+            && e.contains("'execution.batch.spill.enabled' = 'true'"),
+        "{e}"
+    );
+}

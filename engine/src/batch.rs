@@ -184,6 +184,13 @@ impl SourceFactory for PlanSource {
         true
     }
 
+    fn explain(&self) -> Option<String> {
+        let plan = datafusion::physical_plan::displayable(self.plan.as_ref()).indent(false);
+        Some(format!(
+            "batch mode: no watermarks, final rows once; DataFusion's plan:\n{plan}"
+        ))
+    }
+
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
         Ok((0..self.partitions())
             .map(|partition| {

@@ -943,7 +943,11 @@ impl StreamGraph {
                 chained
             );
             if let NodeKind::Source(src) = &node.kind {
-                if let Some(w) = &src.watermark {
+                if let Some(text) = src.factory.explain() {
+                    for line in text.lines() {
+                        let _ = writeln!(s, "      {line}");
+                    }
+                } else if let Some(w) = &src.watermark {
                     let idle = w
                         .idle_timeout
                         .map(|d| format!(", idle after {} ms", d.as_millis()))

@@ -115,6 +115,12 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// True when the source ends by itself.
     fn is_bounded(&self) -> bool;
 
+    /// What EXPLAIN shows of the source beyond its name (a batch plan's
+    /// operators), one line per line.
+    fn explain(&self) -> Option<String> {
+        None
+    }
+
     /// For an unbounded source: the option that would make it end, in
     /// the words of a refusal that needs a bounded one (batch mode).
     fn bounding_hint(&self) -> String {
