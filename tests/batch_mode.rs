@@ -254,8 +254,7 @@ async fn a_group_by_of_ten_million_keys_spills_under_a_small_memory_limit() {
         .expect("set");
     let e = final_rows(&mut session, q)
         .await
-        .err()
-        .expect("out of memory without spilling");
+        .expect_err("out of memory without spilling");
     assert!(
         e.contains("batch job out of memory")
             && e.contains("'execution.batch.memory-limit'")
