@@ -333,7 +333,7 @@ pub struct CalcNode {
     pub projection: Option<Vec<Arc<dyn PhysicalExpr>>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WindowKind {
     Tumble,
     Hop,
@@ -344,7 +344,7 @@ pub enum WindowKind {
 }
 
 /// A window assigner's parameters, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WindowSpec {
     pub kind: WindowKind,
     pub size: i64,

@@ -27,6 +27,10 @@ pub const HEX_OF_BYTES: &str = "__weir_hex_of_bytes";
 /// a call's arguments wrapped in this, which names it as written
 /// (`rewrite::name_casts_in_calls`).
 pub const NAMED_FN: &str = "__weir_named";
+/// In batch mode, the windows of a row of a HOP or CUMULATE window TVF as
+/// a list of `{start, end, time}`, which the plan unnests into a row per
+/// window (`planner::batch`).
+pub const WINDOWS_FN: &str = "__weir_windows";
 /// The right side of the `IS [NOT] DISTINCT FROM` that `x IS [NOT] JSON`
 /// is parsed as (see `parser::rewrite_is_json_tokens`).
 pub const IS_JSON_FN: &str = "__weir_is_json_kind";

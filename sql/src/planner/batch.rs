@@ -6,10 +6,12 @@
 //! ([`weir_engine::batch::PlanSource`]): insert-only, each aggregate's
 //! final row once, as Flink's batch mode writes it.
 //!
-//! What DataFusion cannot run with Flink's meaning is refused by name:
-//! HOP, CUMULATE and SESSION windows (a row is in several windows, or
-//! windows merge), temporal joins (a version per probe time), and time
-//! read from the clock or the watermark.
+//! A TUMBLE window is a column of each row; HOP and CUMULATE windows
+//! become rows, each row unnested into one per window it is in
+//! ([`windows_as_rows`]). What DataFusion cannot run with Flink's meaning
+//! is refused by name: SESSION windows (windows merge), temporal joins (a
+//! version per probe time), and time read from the clock or the
+//! watermark.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -64,7 +66,8 @@ impl Planner {
         sink: Option<(&TableDef, Option<OnConflict>)>,
     ) -> Result<StreamGraph> {
         refuse_streaming_only(plan)?;
-        let plan = self.with_weir_scans(plan, catalog, config)?;
+        let plan = windows_as_rows(plan.clone())?;
+        let plan = self.with_weir_scans(&plan, catalog, config)?;
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(FairSpillPool::new(config.batch_memory_limit as usize)))
             .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(if config.batch_spill {
@@ -230,7 +233,7 @@ fn refuse_streaming_only(plan: &LogicalPlan) -> Result<()> {
         p.apply_expressions(|e| {
             e.apply(|x| {
                 if let Some(m) = marker_of(x)
-                    && m.spec.kind != weir_engine::plan::WindowKind::Tumble
+                    && m.spec.kind == weir_engine::plan::WindowKind::Session
                 {
                     refusal = Some(format!(
                         "{} windows do not run in batch mode yet",
@@ -291,5 +294,206 @@ fn result_table(schema: &arrow::datatypes::Schema) -> TableDef {
         options: [("connector".to_string(), "batch".to_string())].into(),
         primary_key: None,
         partition_keys: vec![],
+    }
+}
+
+/// The column of a row's windows while a HOP or CUMULATE window TVF is
+/// unnested.
+const WINDOWS_COL: &str = "__weir_windows";
+
+/// HOP and CUMULATE windows as rows: the projection that adds a window
+/// TVF's columns reads its input with each row repeated once per window
+/// it is in (its windows as [`WindowsOf`] lists, unnested), and takes
+/// `window_start`, `window_end` and `window_time` from that window. The
+/// windows are the streaming operator's own
+/// ([`weir_engine::operators::window::assign_windows`]).
+fn windows_as_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::{LogicalPlanBuilder, Projection};
+    use weir_engine::plan::WindowKind;
+    let several =
+        |m: &crate::planner::patterns::window::Marker| matches!(m.spec.kind, WindowKind::Hop | WindowKind::Cumulate);
+    let out = plan.transform_up_with_subqueries(|p| {
+        let LogicalPlan::Projection(proj) = &p else {
+            return Ok(Transformed::no(p));
+        };
+        let mut found: Option<(Expr, crate::planner::patterns::window::Marker)> = None;
+        let mut clash = false;
+        for e in &proj.expr {
+            e.apply(|x| {
+                if let Some(m) = marker_of(x).filter(several)
+                    && let Expr::ScalarFunction(f) = x.clone().unalias()
+                    && let Some(ts) = f.args.first()
+                {
+                    match &found {
+                        None => found = Some((ts.clone(), m)),
+                        Some((t, n)) if t == ts && n.spec == m.spec => {}
+                        Some(_) => clash = true,
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        let Some((ts, marker)) = found else {
+            return Ok(Transformed::no(p));
+        };
+        if clash {
+            return Err(datafusion::error::DataFusionError::Plan(
+                "two different HOP or CUMULATE windows in one SELECT do not run in batch mode yet".into(),
+            ));
+        }
+        if marker.zoned {
+            return Err(datafusion::error::DataFusionError::Plan(
+                "HOP and CUMULATE windows on a TIMESTAMP_LTZ in a session time zone do not run in batch mode yet"
+                    .into(),
+            ));
+        }
+        let input = proj.input.as_ref().clone();
+        let windows = Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(datafusion::logical_expr::ScalarUDF::new_from_impl(WindowsOf::new(
+                marker.spec,
+            ))),
+            vec![ts],
+        ))
+        .alias(WINDOWS_COL);
+        let mut columns: Vec<Expr> = input.schema().columns().into_iter().map(Expr::Column).collect();
+        columns.push(windows);
+        let expanded = LogicalPlanBuilder::from(input)
+            .project(columns)?
+            .unnest_column(WINDOWS_COL)?
+            .build()?;
+        let window = Expr::Column(datafusion::common::Column::from_name(WINDOWS_COL));
+        let mut exprs = vec![];
+        for e in &proj.expr {
+            let name = e.name_for_alias()?;
+            let t = e.clone().transform(|x| {
+                let Some(m) = marker_of(&x).filter(several) else {
+                    return Ok(Transformed::no(x));
+                };
+                let part = match m.part {
+                    weir_engine::plan::GroupOutput::WindowStart => "start",
+                    weir_engine::plan::GroupOutput::WindowEnd => "end",
+                    _ => "time",
+                };
+                Ok(Transformed::yes(datafusion::functions::core::expr_fn::get_field(
+                    window.clone(),
+                    part,
+                )))
+            })?;
+            exprs.push(if t.transformed && !matches!(e, Expr::Alias(_)) {
+                t.data.alias(name)
+            } else {
+                t.data
+            });
+        }
+        Ok(Transformed::yes(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(expanded),
+        )?)))
+    })?;
+    Ok(out.data)
+}
+
+/// `__weir_windows(ts)`: the windows of `spec` a row at `ts` is in, as a
+/// list of `{start, end, time}` (start and end wall times, time the
+/// attribute's type, as the window marker's parts are).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct WindowsOf {
+    spec: weir_engine::plan::WindowSpec,
+    signature: datafusion::logical_expr::Signature,
+}
+
+impl WindowsOf {
+    fn new(spec: weir_engine::plan::WindowSpec) -> Self {
+        Self {
+            spec,
+            signature: datafusion::logical_expr::Signature::any(1, datafusion::logical_expr::Volatility::Immutable),
+        }
+    }
+
+    fn window_fields(time: &arrow::datatypes::DataType) -> arrow::datatypes::Fields {
+        use arrow::datatypes::{DataType, Field, TimeUnit};
+        let wall = DataType::Timestamp(TimeUnit::Millisecond, None);
+        vec![
+            Field::new("start", wall.clone(), false),
+            Field::new("end", wall, false),
+            Field::new("time", time.clone(), false),
+        ]
+        .into()
+    }
+}
+
+impl datafusion::logical_expr::ScalarUDFImpl for WindowsOf {
+    fn name(&self) -> &str {
+        crate::functions::names::WINDOWS_FN
+    }
+
+    fn signature(&self) -> &datafusion::logical_expr::Signature {
+        &self.signature
+    }
+
+    fn return_type(
+        &self,
+        args: &[arrow::datatypes::DataType],
+    ) -> datafusion::common::Result<arrow::datatypes::DataType> {
+        use arrow::datatypes::{DataType, Field, TimeUnit};
+        match args.first() {
+            Some(t @ DataType::Timestamp(TimeUnit::Millisecond, _)) => Ok(DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(Self::window_fields(t)),
+                false,
+            )))),
+            other => datafusion::common::plan_err!(
+                "the time attribute of a window must be TIMESTAMP(3) or TIMESTAMP_LTZ(3), got {other:?}"
+            ),
+        }
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: datafusion::logical_expr::ScalarFunctionArgs,
+    ) -> datafusion::common::Result<datafusion::logical_expr::ColumnarValue> {
+        use arrow::array::{Array, ArrayRef, AsArray, ListArray, StructArray, TimestampMillisecondArray};
+        use arrow::buffer::OffsetBuffer;
+        use arrow::datatypes::{DataType, Field, TimestampMillisecondType};
+        let Some(arg) = args.args.first() else {
+            return datafusion::common::exec_err!("{} takes the time attribute", self.name());
+        };
+        let times = arg.to_array(args.number_rows)?;
+        let tz = match times.data_type() {
+            DataType::Timestamp(_, tz) => tz.clone(),
+            _ => None,
+        };
+        let Some(ts) = times.as_primitive_opt::<TimestampMillisecondType>() else {
+            return datafusion::common::exec_err!("the time attribute of a window must be TIMESTAMP(3)");
+        };
+        let (mut starts, mut ends, mut lengths) = (vec![], vec![], Vec::with_capacity(ts.len()));
+        for i in 0..ts.len() {
+            let before = starts.len();
+            if ts.is_valid(i) {
+                weir_engine::operators::window::assign_windows(&self.spec, ts.value(i), |s, e| {
+                    starts.push(s);
+                    ends.push(e);
+                });
+            }
+            lengths.push(starts.len() - before);
+        }
+        let time: TimestampMillisecondArray = ends.iter().map(|e| Some(e.saturating_sub(1))).collect();
+        let fields = Self::window_fields(times.data_type());
+        let windows = StructArray::try_new(
+            fields.clone(),
+            vec![
+                Arc::new(TimestampMillisecondArray::from(starts)) as ArrayRef,
+                Arc::new(TimestampMillisecondArray::from(ends)),
+                Arc::new(time.with_timezone_opt(tz)),
+            ],
+            None,
+        )?;
+        let list = ListArray::try_new(
+            Arc::new(Field::new("item", DataType::Struct(fields), false)),
+            OffsetBuffer::from_lengths(lengths),
+            Arc::new(windows),
+            None,
+        )?;
+        Ok(datafusion::logical_expr::ColumnarValue::Array(Arc::new(list)))
     }
 }
