@@ -866,6 +866,9 @@ async fn stop_all(jobs: Vec<JobHandle>) {
     }
 }
 
+/// How often `weir run` prints a bounded job's progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Waits for every job; on SIGINT or SIGTERM asks them to stop and waits
 /// for them to drain.
 async fn wait_jobs(jobs: Vec<JobHandle>, signals: &mut Signals) -> i32 {
@@ -874,11 +877,24 @@ async fn wait_jobs(jobs: Vec<JobHandle>, signals: &mut Signals) -> i32 {
     }
     let stops: Vec<_> = jobs.iter().map(|j| j.stopper()).collect();
     let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let metrics: Vec<_> = jobs.iter().map(|j| j.metrics.clone()).collect();
     let mut all = Box::pin(futures::future::join_all(jobs.into_iter().map(|j| j.wait())));
     let mut interrupted = false;
-    let results = tokio::select! {
-        r = &mut all => r,
-        _ = signals.recv() => { interrupted = true; for s in &stops { s.stop(); } all.await }
+    // A bounded run says how far it is every few seconds (a line each, so
+    // a print sink's rows and a log keep their lines).
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+    let results = loop {
+        tokio::select! {
+            r = &mut all => break r,
+            _ = signals.recv() => { interrupted = true; for s in &stops { s.stop(); } break all.await }
+            _ = progress.tick() => {
+                for (name, m) in names.iter().zip(&metrics) {
+                    if let Some(p) = crate::jobs::progress_text(m) {
+                        eprintln!("[INFO] job '{name}': {p}");
+                    }
+                }
+            }
+        }
     };
     let mut code = if interrupted { EXIT_INTERRUPTED } else { EXIT_OK };
     for (name, r) in names.iter().zip(results) {

@@ -233,6 +233,30 @@ fn rows_in_out(m: &JobMetrics) -> (u64, u64) {
     (rows_in, rows_out)
 }
 
+/// A bounded run's progress in words: the records its sources' splits
+/// have read of all they hold (a split's own unit: rows, Nexmark events,
+/// Kafka offsets; known when each split knows where it ends), their rate
+/// since the job started, the time so far and what is left at that pace.
+/// `None` while a source does not know its end.
+pub fn progress_text(m: &JobMetrics) -> Option<String> {
+    let (done, total) = m.progress()?;
+    if total == 0 {
+        return None;
+    }
+    let secs = ((now_ms() - m.lifecycle.started_ms).max(1)) as f64 / 1000.0;
+    let f = done as f64 / total as f64;
+    let left = if f > 0.0 && f < 1.0 {
+        format!(", about {:.0} s left", secs * (1.0 - f) / f)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{done} of {total} records read ({:.1} %), {:.0} records/s, {secs:.1} s{left}",
+        f * 100.0,
+        done as f64 / secs
+    ))
+}
+
 fn watermark_lag_ms(m: &JobMetrics) -> Option<i64> {
     m.source_watermark().map(|wm| now_ms().saturating_sub(wm))
 }
@@ -334,6 +358,9 @@ pub fn describe_job(j: &SessionJob) -> Result<RecordBatch, arrow::error::ArrowEr
         rows.push(("uptime_s".into(), up.to_string()));
         if let Some(lag) = watermark_lag_ms(m) {
             rows.push(("watermark_lag_ms".into(), lag.to_string()));
+        }
+        if let Some(p) = progress_text(m) {
+            rows.push(("progress".into(), p));
         }
     }
     if let Some(c) = m.checkpoints.last_completed() {

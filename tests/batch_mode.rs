@@ -4,6 +4,8 @@
 //! batch mode cannot run with Flink's meaning, and unbounded tables, are
 //! refused by name.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use weir::{Session, StatementResult};
@@ -268,4 +270,53 @@ async fn a_group_by_of_ten_million_keys_spills_under_a_small_memory_limit() {
             && e.contains("'execution.batch.spill.enabled' = 'true'"),
         "{e}"
     );
+}
+
+async fn text_of(session: &mut Session, sql: &str) -> String {
+    let rows = session.execute_sql(sql).await.expect(sql);
+    let Some(StatementResult::Rows(_, batches)) = rows.into_iter().next() else {
+        panic!("rows expected from {sql}")
+    };
+    weir::display::table(&batches)
+}
+
+/// The progress of a bounded run, streaming and batch: DESCRIBE JOB says
+/// how much of the input the splits have read while it runs (a generator
+/// paced to take seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn describe_job_shows_the_progress_of_a_bounded_run() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut session = Session::open(dir.path()).expect("session");
+    run(
+        &mut session,
+        "SET 'parallelism.default' = '2'; \
+         CREATE TABLE g (k BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '40000', \
+           'rows-per-second' = '4000', 'fields.k.min' = '1', 'fields.k.max' = '9'); \
+         CREATE TABLE sink (k BIGINT, n BIGINT) WITH ('connector' = 'blackhole')",
+    )
+    .await
+    .expect("setup");
+    for (mode, job) in [("streaming", "paced_streaming"), ("batch", "paced_batch")] {
+        run(
+            &mut session,
+            &format!(
+                "SET 'execution.runtime-mode' = '{mode}'; SET 'pipeline.name' = '{job}'; \
+                 INSERT INTO sink SELECT k, COUNT(*) FROM g GROUP BY k"
+            ),
+        )
+        .await
+        .expect("insert");
+        let sql = format!("DESCRIBE JOB '{job}';");
+        let seen = common::eventually(&format!("{job}'s progress"), 30, async || {
+            let text = text_of(&mut session, &sql).await;
+            let line = text.lines().find(|l| l.contains("progress")).map(str::to_string);
+            match line {
+                Some(l) if l.contains("of 40000 records read (") && !l.contains("(0.0 %)") => Ok(l),
+                _ => Err(text),
+            }
+        })
+        .await;
+        assert!(seen.contains("records/s"), "{seen}");
+        run(&mut session, &format!("CANCEL JOB '{job}'")).await.expect("cancel");
+    }
 }

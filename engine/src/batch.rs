@@ -31,6 +31,46 @@ use tokio::sync::{Notify, mpsc};
 use crate::connectors::{SourceFactory, SourceSplit, SplitPoll};
 use crate::error::{ConnectorError, Result};
 
+/// How far the splits of a batch plan's scans are (each split's
+/// [`SourceSplit::progress`] after its last poll), for the progress of the
+/// run: the plan's result is the job's source, and its first split
+/// reports this as its own.
+#[derive(Debug, Default)]
+pub struct ScanProgress {
+    splits: Mutex<Vec<Option<(u64, u64)>>>,
+}
+
+impl ScanProgress {
+    fn register(&self, now: Option<(u64, u64)>) -> usize {
+        match self.splits.lock() {
+            Ok(mut s) => {
+                s.push(now);
+                s.len() - 1
+            }
+            Err(_) => 0,
+        }
+    }
+
+    fn set(&self, i: usize, now: Option<(u64, u64)>) {
+        if let Ok(mut s) = self.splits.lock()
+            && let Some(slot) = s.get_mut(i)
+        {
+            *slot = now;
+        }
+    }
+
+    /// (done, total) over every split, when each knows its end.
+    pub fn sum(&self) -> Option<(u64, u64)> {
+        let s = self.splits.lock().ok()?;
+        let mut sum = (0u64, 0u64);
+        for p in s.iter() {
+            let (done, total) = (*p)?;
+            sum = (sum.0.saturating_add(done.min(total)), sum.1.saturating_add(total));
+        }
+        (!s.is_empty()).then_some(sum)
+    }
+}
+
 /// One split of a table's source, read as a DataFusion partition.
 pub struct SplitStream {
     table: String,
@@ -41,6 +81,9 @@ pub struct SplitStream {
     computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
     /// Taken by the one execution of the partition.
     split: Mutex<Option<Box<dyn SourceSplit>>>,
+    progress: Arc<ScanProgress>,
+    /// This split's place in `progress`.
+    slot: usize,
 }
 
 impl fmt::Debug for SplitStream {
@@ -58,6 +101,7 @@ impl SplitStream {
         count: usize,
         schema: SchemaRef,
         computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
+        progress: &Arc<ScanProgress>,
     ) -> Result<Vec<Arc<dyn PartitionStream>>> {
         Ok(factory
             .create_splits(count)?
@@ -67,7 +111,9 @@ impl SplitStream {
                     table: table.to_string(),
                     schema: schema.clone(),
                     computed: computed.clone(),
+                    slot: progress.register(split.progress()),
                     split: Mutex::new(Some(split)),
+                    progress: progress.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect())
@@ -85,12 +131,14 @@ impl PartitionStream for SplitStream {
         let schema = self.schema.clone();
         let computed = self.computed.clone();
         let waker = Arc::new(Notify::new());
+        let (progress, slot) = (self.progress.clone(), self.slot);
         let state = split.map(|mut s| {
             s.set_waker(waker.clone());
             s
         });
         let rows = futures::stream::unfold(state, move |split| {
             let (table, schema, computed, waker) = (table.clone(), schema.clone(), computed.clone(), waker.clone());
+            let progress = progress.clone();
             async move {
                 let Some(mut split) = split else {
                     return Some((
@@ -105,6 +153,13 @@ impl PartitionStream for SplitStream {
                         Ok(p) => p,
                         Err(e) => return Some((Err(DataFusionError::External(Box::new(e))), None)),
                     };
+                    progress.set(
+                        slot,
+                        match &polled {
+                            SplitPoll::Finished => split.progress().map(|(_, total)| (total, total)),
+                            _ => split.progress(),
+                        },
+                    );
                     let rows = match polled {
                         SplitPoll::Batch(b) => b,
                         SplitPoll::Changes(c) => match c.into_inserts(&format!("batch read of '{table}'")) {
@@ -151,6 +206,7 @@ impl PartitionStream for SplitStream {
 pub struct PlanSource {
     plan: Arc<dyn ExecutionPlan>,
     ctx: Arc<TaskContext>,
+    progress: Arc<ScanProgress>,
 }
 
 impl fmt::Debug for PlanSource {
@@ -160,8 +216,8 @@ impl fmt::Debug for PlanSource {
 }
 
 impl PlanSource {
-    pub fn new(plan: Arc<dyn ExecutionPlan>, ctx: Arc<TaskContext>) -> Self {
-        Self { plan, ctx }
+    pub fn new(plan: Arc<dyn ExecutionPlan>, ctx: Arc<TaskContext>, progress: Arc<ScanProgress>) -> Self {
+        Self { plan, ctx, progress }
     }
 
     /// How many splits the source has: the plan's output partitions.
@@ -198,6 +254,7 @@ impl SourceFactory for PlanSource {
                     plan: self.plan.clone(),
                     ctx: self.ctx.clone(),
                     partition,
+                    progress: self.progress.clone(),
                     rows: 0,
                     running: None,
                     waker: None,
@@ -217,6 +274,7 @@ struct PlanPartition {
     plan: Arc<dyn ExecutionPlan>,
     ctx: Arc<TaskContext>,
     partition: usize,
+    progress: Arc<ScanProgress>,
     rows: u64,
     running: Option<(Batches, tokio::task::JoinHandle<()>)>,
     waker: Option<Arc<Notify>>,
@@ -293,6 +351,16 @@ impl SourceSplit for PlanPartition {
 
     fn offset(&self) -> u64 {
         self.rows
+    }
+
+    /// The scans' progress, told by the first partition only (the job sums
+    /// its splits').
+    fn progress(&self) -> Option<(u64, u64)> {
+        if self.partition == 0 {
+            self.progress.sum()
+        } else {
+            Some((0, 0))
+        }
     }
 
     fn seek(&mut self, position: u64) -> Result<()> {

@@ -287,6 +287,18 @@ impl SourceSplit for DatagenSplit {
         self.read
     }
 
+    fn progress(&self) -> Option<(u64, u64)> {
+        if self.end == u64::MAX {
+            return None;
+        }
+        let left = if self.next_row < self.end {
+            (self.end - self.next_row - 1) / self.step + 1
+        } else {
+            0
+        };
+        Some((self.read, self.read + left))
+    }
+
     fn seek(&mut self, position: u64) -> Result<()> {
         // Rows are a pure function of their number.
         self.next_row += position * self.step;

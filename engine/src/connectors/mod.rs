@@ -70,6 +70,13 @@ pub trait SourceSplit: Send {
         None
     }
 
+    /// How far through its input a split of a bounded source is, when it
+    /// knows where it ends: (done, total), in the split's own unit
+    /// (events, rows, offsets). The progress of a bounded run is their sum.
+    fn progress(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Whether this split can be paused on its own (watermark alignment).
     fn supports_pause(&self) -> bool {
         true

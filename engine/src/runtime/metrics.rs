@@ -54,6 +54,25 @@ impl NodeMetrics {
     }
 }
 
+impl JobMetrics {
+    /// How far the job's bounded sources are: (done, total) over every
+    /// split of every source, when each knows where it ends (`None` when
+    /// one does not, or before the sources published their splits).
+    pub fn progress(&self) -> Option<(u64, u64)> {
+        let mut sum = (0u64, 0u64);
+        let mut any = false;
+        for s in &self.sources {
+            let (splits, _) = s.snapshot();
+            for split in splits {
+                let (done, total) = split.progress?;
+                sum = (sum.0.saturating_add(done.min(total)), sum.1.saturating_add(total));
+                any = true;
+            }
+        }
+        any.then_some(sum)
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct JobMetrics {
     pub nodes: Vec<Arc<NodeMetrics>>,
@@ -233,6 +252,9 @@ pub struct SplitStatus {
     pub state: SplitState,
     pub paused: std::time::Duration,
     pub offset: u64,
+    /// (done, total) when the split knows where it ends
+    /// ([`crate::connectors::SourceSplit::progress`]).
+    pub progress: Option<(u64, u64)>,
 }
 
 /// What one source subtask publishes about its splits (SHOW WATERMARKS).

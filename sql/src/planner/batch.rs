@@ -67,7 +67,8 @@ impl Planner {
     ) -> Result<StreamGraph> {
         refuse_streaming_only(plan)?;
         let plan = windows_as_rows(plan.clone())?;
-        let plan = self.with_weir_scans(&plan, catalog, config)?;
+        let progress = Arc::new(weir_engine::batch::ScanProgress::default());
+        let plan = self.with_weir_scans(&plan, catalog, config, &progress)?;
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(FairSpillPool::new(config.batch_memory_limit as usize)))
             .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(if config.batch_spill {
@@ -86,7 +87,7 @@ impl Planner {
         // scans list nothing, so it completes without waiting on IO.
         let physical =
             futures::executor::block_on(DefaultPhysicalPlanner::default().create_physical_plan(&plan, &state))?;
-        let source = weir_engine::batch::PlanSource::new(physical, state.task_ctx());
+        let source = weir_engine::batch::PlanSource::new(physical, state.task_ctx(), progress);
         let schema = source.schema();
         let partitions = source.partitions();
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
@@ -109,13 +110,19 @@ impl Planner {
     }
 
     /// `plan` with each table scan reading the table's source splits.
-    fn with_weir_scans(&self, plan: &LogicalPlan, catalog: &Catalog, config: &JobConfig) -> Result<LogicalPlan> {
+    fn with_weir_scans(
+        &self,
+        plan: &LogicalPlan,
+        catalog: &Catalog,
+        config: &JobConfig,
+        progress: &Arc<weir_engine::batch::ScanProgress>,
+    ) -> Result<LogicalPlan> {
         let mut failed: Option<SqlError> = None;
         let out = plan.clone().transform_up_with_subqueries(|p| {
             let LogicalPlan::TableScan(scan) = &p else {
                 return Ok(Transformed::no(p));
             };
-            match self.weir_scan(scan, catalog, config) {
+            match self.weir_scan(scan, catalog, config, progress) {
                 Ok(s) => Ok(Transformed::yes(LogicalPlan::TableScan(s))),
                 Err(e) => {
                     failed = Some(e);
@@ -131,7 +138,13 @@ impl Planner {
 
     /// One scan of a bounded table: its columns the scan reads (and what
     /// its computed ones need), one DataFusion partition per split.
-    fn weir_scan(&self, scan: &TableScan, catalog: &Catalog, config: &JobConfig) -> Result<TableScan> {
+    fn weir_scan(
+        &self,
+        scan: &TableScan,
+        catalog: &Catalog,
+        config: &JobConfig,
+        progress: &Arc<weir_engine::batch::ScanProgress>,
+    ) -> Result<TableScan> {
         let name = scan.table_name.table();
         let def = catalog
             .table(name)
@@ -195,6 +208,7 @@ impl Planner {
             config.parallelism.max(1),
             schema.clone(),
             computed,
+            progress,
         )?;
         let table = StreamingTable::try_new(schema.clone(), partitions)?;
         let projection = projected

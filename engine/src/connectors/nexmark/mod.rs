@@ -381,6 +381,23 @@ impl SourceSplit for NexmarkSplit {
         self.events_read
     }
 
+    /// In events of every kind (what `offset` counts): the split's epochs
+    /// below `nexmark.events`, the last one maybe cut short.
+    fn progress(&self) -> Option<(u64, u64)> {
+        let end = self.config.events?;
+        let (len, splits, index) = (generator::TOTAL_PROPORTION, self.splits.max(1), self.index);
+        let epochs = end.div_ceil(len);
+        if index >= epochs {
+            return Some((self.events_read, 0));
+        }
+        let mine = (epochs - 1 - index) / splits + 1;
+        let mut total = mine * len;
+        if (epochs - 1) % splits == index {
+            total -= epochs * len - end;
+        }
+        Some((self.events_read, total))
+    }
+
     fn seek(&mut self, position: u64) -> Result<()> {
         // Events are a pure function of their number: skipping is
         // arithmetic. A split passes whole epochs (only the last of a
