@@ -71,6 +71,11 @@ pub enum Command {
     },
     /// Serve Arrow Flight SQL (ADBC/JDBC clients) until Ctrl-C / SIGTERM.
     Serve(ServeArgs),
+    /// Run a .sql file's INSERT over [--from, --to) of event time in
+    /// batch mode, one chunk of --chunk at a time; a rerun skips the
+    /// chunks done, and a chunk killed midway is written again, never
+    /// twice (filesystem sinks).
+    Backfill(crate::backfill::BackfillArgs),
     /// Run a .sql file's jobs spread over worker processes: every worker
     /// gets the same file and peer list; subtask s runs on worker s % N;
     /// worker 0 coordinates checkpoints and commits. Each worker needs its
@@ -406,6 +411,7 @@ pub fn main_with(args: Args) -> i32 {
             session.set_default_job_name(stem);
             rt.block_on(run_script(&mut session, &text, &file.display().to_string()))
         }
+        (Some(Command::Backfill(args)), _) => rt.block_on(crate::backfill::run(&mut session, args)),
         (Some(Command::Worker(w)), _) => {
             let seconds = |flag: &str, v: f64| match std::time::Duration::try_from_secs_f64(v) {
                 Ok(d) if !d.is_zero() => Ok(d),
@@ -889,6 +895,9 @@ async fn wait_jobs(jobs: Vec<JobHandle>, signals: &mut Signals) -> i32 {
             _ = signals.recv() => { interrupted = true; for s in &stops { s.stop(); } break all.await }
             _ = progress.tick() => {
                 for (name, m) in names.iter().zip(&metrics) {
+                    if m.lifecycle.state().is_terminal() {
+                        continue;
+                    }
                     if let Some(p) = crate::jobs::progress_text(m) {
                         eprintln!("[INFO] job '{name}': {p}");
                     }

@@ -19,6 +19,7 @@
 //! - [`k8s`]: `weir k8s manifests`, Kubernetes manifests for `weir worker` pods.
 
 pub mod access;
+pub mod backfill;
 pub mod bench;
 pub mod cli;
 pub mod compare;

@@ -212,6 +212,8 @@ pub struct Session {
     shared: Arc<Shared>,
     settings: BTreeMap<String, String>,
     default_job_name: Option<String>,
+    /// [`Session::set_event_time_range`].
+    event_time_range: Option<(i64, i64)>,
     /// `weir worker`: the INSERT jobs run spread over these workers.
     cluster: Option<Arc<weir_engine::runtime::cluster::Cluster>>,
     /// A worker script's job, once its INSERT started: a worker runs one.
@@ -290,6 +292,7 @@ impl Session {
             shared,
             settings: BTreeMap::new(),
             default_job_name: None,
+            event_time_range: None,
             cluster: None,
             cluster_job: None,
             started: 0,
@@ -341,6 +344,22 @@ impl Session {
     /// the file being run).
     pub fn set_default_job_name(&mut self, name: impl Into<String>) {
         self.default_job_name = Some(name.into());
+    }
+
+    /// Restricts the next jobs' tables with a time attribute to rows whose
+    /// rowtime is in `[from, to)` ms (a backfill's chunk; batch mode).
+    pub fn set_event_time_range(&mut self, range: Option<(i64, i64)>) {
+        self.event_time_range = range;
+    }
+
+    /// A `SET` option's value in this session, if set.
+    pub fn option(&self, key: &str) -> Option<String> {
+        self.settings.get(key).cloned()
+    }
+
+    /// A table of the catalog, as defined.
+    pub fn table(&self, name: &str) -> Option<weir_catalog::TableDef> {
+        self.shared.catalog().table(name).cloned()
     }
 
     /// From now on, in every session over this one's jobs and catalog, a
@@ -867,6 +886,7 @@ impl Session {
         let paths = self.paths()?;
         let mut config = JobConfig::from_settings(&self.settings, &name, &self.shared.data_dir)?
             .restricted_to(paths, &self.settings)?;
+        config.event_time_range = self.event_time_range;
         if let Some(c) = &self.cluster {
             // Every job over workers needs the workers' ports and worker
             // 0's coordinator to itself: two would meet on one mesh.

@@ -71,7 +71,9 @@ impl ScanProgress {
     }
 }
 
-/// One split of a table's source, read as a DataFusion partition.
+/// One split of a table's source, read as a DataFusion partition. Each
+/// execution opens the split afresh (a restarted job runs its plan
+/// again).
 pub struct SplitStream {
     table: String,
     /// The table's columns as the scan reads them (computed ones too).
@@ -79,8 +81,11 @@ pub struct SplitStream {
     /// The table's computed columns over the split's physical rows, or
     /// `None` when it has none.
     computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
-    /// Taken by the one execution of the partition.
-    split: Mutex<Option<Box<dyn SourceSplit>>>,
+    factory: Arc<dyn SourceFactory>,
+    /// The splits `factory` makes (`create_splits(count)`), and which of
+    /// them this is.
+    count: usize,
+    index: usize,
     progress: Arc<ScanProgress>,
     /// This split's place in `progress`.
     slot: usize,
@@ -97,26 +102,46 @@ impl SplitStream {
     /// the connector chooses: generators).
     pub fn all(
         table: &str,
-        factory: &dyn SourceFactory,
+        factory: Arc<dyn SourceFactory>,
         count: usize,
         schema: SchemaRef,
         computed: Option<Vec<Arc<dyn PhysicalExpr>>>,
         progress: &Arc<ScanProgress>,
     ) -> Result<Vec<Arc<dyn PartitionStream>>> {
-        Ok(factory
-            .create_splits(count)?
-            .into_iter()
-            .map(|split| {
+        let splits = factory.create_splits(count)?;
+        Ok(splits
+            .iter()
+            .enumerate()
+            .map(|(index, split)| {
                 Arc::new(SplitStream {
                     table: table.to_string(),
                     schema: schema.clone(),
                     computed: computed.clone(),
+                    factory: factory.clone(),
+                    count,
+                    index,
                     slot: progress.register(split.progress()),
-                    split: Mutex::new(Some(split)),
                     progress: progress.clone(),
                 }) as Arc<dyn PartitionStream>
             })
             .collect())
+    }
+
+    /// A fresh split, as the plan's first execution had it.
+    fn open(&self) -> std::result::Result<Box<dyn SourceSplit>, DataFusionError> {
+        let mut splits = self
+            .factory
+            .create_splits(self.count)
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        if self.index >= splits.len() {
+            return Err(DataFusionError::Execution(format!(
+                "'{}' has {} splits now, {} when the batch plan was made",
+                self.table,
+                splits.len(),
+                self.index + 1
+            )));
+        }
+        Ok(splits.swap_remove(self.index))
     }
 }
 
@@ -126,27 +151,23 @@ impl PartitionStream for SplitStream {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let split = self.split.lock().ok().and_then(|mut s| s.take());
+        let split = self.open();
         let table = self.table.clone();
         let schema = self.schema.clone();
         let computed = self.computed.clone();
         let waker = Arc::new(Notify::new());
         let (progress, slot) = (self.progress.clone(), self.slot);
-        let state = split.map(|mut s| {
+        let state = Some(split.map(|mut s| {
             s.set_waker(waker.clone());
             s
-        });
+        }));
         let rows = futures::stream::unfold(state, move |split| {
             let (table, schema, computed, waker) = (table.clone(), schema.clone(), computed.clone(), waker.clone());
             let progress = progress.clone();
             async move {
-                let Some(mut split) = split else {
-                    return Some((
-                        Err(DataFusionError::Internal(format!(
-                            "a split of '{table}' was read twice in one batch plan"
-                        ))),
-                        None,
-                    ));
+                let mut split = match split? {
+                    Ok(s) => s,
+                    Err(e) => return Some((Err(e), None)),
                 };
                 loop {
                     let polled = match split.poll_batch() {
@@ -193,7 +214,7 @@ impl PartitionStream for SplitStream {
                         },
                         None => rows,
                     };
-                    return Some((Ok(rows), Some(split)));
+                    return Some((Ok(rows), Some(Ok(split))));
                 }
             }
         });
@@ -240,6 +261,10 @@ impl SourceFactory for PlanSource {
         true
     }
 
+    fn checkpointed(&self) -> bool {
+        false
+    }
+
     fn explain(&self) -> Option<String> {
         let plan = datafusion::physical_plan::displayable(self.plan.as_ref()).indent(false);
         Some(format!(
@@ -247,15 +272,19 @@ impl SourceFactory for PlanSource {
         ))
     }
 
+    /// Every attempt of the job runs the plan afresh (its operators'
+    /// state reset, its scans' splits opened again).
     fn create_splits(&self, _count: usize) -> Result<Vec<Box<dyn SourceSplit>>> {
+        let plan = datafusion::physical_plan::execution_plan::reset_plan_states(self.plan.clone())?;
         Ok((0..self.partitions())
             .map(|partition| {
                 Box::new(PlanPartition {
-                    plan: self.plan.clone(),
+                    plan: plan.clone(),
                     ctx: self.ctx.clone(),
                     partition,
                     progress: self.progress.clone(),
                     rows: 0,
+                    ended: false,
                     running: None,
                     waker: None,
                 }) as Box<dyn SourceSplit>
@@ -264,7 +293,9 @@ impl SourceFactory for PlanSource {
     }
 }
 
-type Batches = mpsc::Receiver<std::result::Result<RecordBatch, DataFusionError>>;
+/// A partition's batches, then `None` once it ended (a sender dropped
+/// without it: the task died, a panic).
+type Batches = mpsc::Receiver<std::result::Result<Option<RecordBatch>, DataFusionError>>;
 
 /// One output partition of a batch plan. Its first poll starts the
 /// partition on the runtime; the rows come back through a channel of two
@@ -276,6 +307,8 @@ struct PlanPartition {
     partition: usize,
     progress: Arc<ScanProgress>,
     rows: u64,
+    /// The partition's end came (its `None`).
+    ended: bool,
     running: Option<(Batches, tokio::task::JoinHandle<()>)>,
     waker: Option<Arc<Notify>>,
 }
@@ -310,14 +343,18 @@ impl SourceSplit for PlanPartition {
                         return;
                     }
                 };
+                let mut failed = false;
                 while let Some(b) = stream.next().await {
-                    let failed = b.is_err();
-                    if tx.send(b).await.is_err() || failed {
+                    failed = b.is_err();
+                    if tx.send(b.map(Some)).await.is_err() || failed {
                         break;
                     }
                     if let Some(w) = &waker {
                         w.notify_one();
                     }
+                }
+                if !failed {
+                    let _ = tx.send(Ok(None)).await;
                 }
                 drop(tx);
                 // The end is news too.
@@ -331,12 +368,22 @@ impl SourceSplit for PlanPartition {
             return Ok(SplitPoll::Finished);
         };
         match rx.try_recv() {
-            Ok(Ok(b)) => {
+            Ok(Ok(Some(b))) => {
                 self.rows += b.num_rows() as u64;
                 Ok(SplitPoll::Batch(b))
             }
+            Ok(Ok(None)) => {
+                self.ended = true;
+                Ok(SplitPoll::Finished)
+            }
             Ok(Err(e)) => Err(batch_error(e)),
-            Err(mpsc::error::TryRecvError::Disconnected) => Ok(SplitPoll::Finished),
+            Err(mpsc::error::TryRecvError::Disconnected) if self.ended => Ok(SplitPoll::Finished),
+            // Gone without its end: the task panicked (a wrong result
+            // if taken for the end of the rows).
+            Err(mpsc::error::TryRecvError::Disconnected) => Err(crate::error::ExecError::internal(format!(
+                "partition {} of the batch plan stopped before its end",
+                self.partition
+            ))),
             // The waker says when the next batch is there; without one,
             // look again soon.
             Err(mpsc::error::TryRecvError::Empty) => Ok(SplitPoll::Wait(
@@ -387,11 +434,31 @@ impl SourceSplit for PlanPartition {
 /// the options that change it.
 fn batch_error(e: DataFusionError) -> crate::error::ExecError {
     use crate::config::{BATCH_MEMORY_LIMIT, BATCH_SPILL};
+    // A connector's own error, as a streaming job would give it (its kind
+    // kept: the restart strategy reads it).
+    let e = match own_error(e) {
+        Ok(own) => return own,
+        Err(e) => e,
+    };
     match e.find_root() {
         DataFusionError::ResourcesExhausted(m) => crate::error::ExecError::Config(format!(
             "batch job out of memory: {m} (raise '{BATCH_MEMORY_LIMIT}', or set '{BATCH_SPILL}' = 'true' so \
              operators spill to disk)"
         )),
         _ => e.into(),
+    }
+}
+
+/// The Weir error a DataFusion error carries, if it carries one.
+fn own_error(e: DataFusionError) -> std::result::Result<crate::error::ExecError, DataFusionError> {
+    match e {
+        DataFusionError::External(inner) => match inner.downcast::<crate::error::ExecError>() {
+            Ok(own) => Ok(*own),
+            Err(inner) => Err(DataFusionError::External(inner)),
+        },
+        DataFusionError::Context(what, inner) => {
+            own_error(*inner).map_err(|e| DataFusionError::Context(what, Box::new(e)))
+        }
+        other => Err(other),
     }
 }

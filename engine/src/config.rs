@@ -498,6 +498,10 @@ pub struct JobConfig {
     pub batch_memory_limit: u64,
     /// `execution.batch.spill.enabled`.
     pub batch_spill: bool,
+    /// A backfill chunk's `[from, to)` of event time, in ms: a batch job
+    /// reads only the rows of its tables with a time attribute whose
+    /// rowtime is in it (`weir backfill`; not a `SET` option).
+    pub event_time_range: Option<(i64, i64)>,
     pub parallelism: usize,
     pub max_parallelism: u16,
     pub auto_watermark_interval: Duration,
@@ -766,6 +770,7 @@ impl JobConfig {
             runtime_mode,
             batch_memory_limit: o.memory_size(BATCH_MEMORY_LIMIT)?.unwrap_or(1 << 30),
             batch_spill: o.bool(BATCH_SPILL)?.unwrap_or(true),
+            event_time_range: None,
             checkpointing,
             restart,
             recovery_path: match o.get(RECOVERY_PATH) {

@@ -884,15 +884,18 @@ pub fn name_casts_in_calls(query: &mut Query) {
     }
     impl VisitorMut for Namer {
         type Break = ();
+        // Inside Weir's own calls (markers the planner reads back) casts
+        // stay as they are.
         fn pre_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
-            if matches!(e, Expr::Function(_)) {
-                self.calls += 1;
+            if let Expr::Function(f) = e {
+                self.calls += usize::from(!is_internal(f));
             }
             ControlFlow::Continue(())
         }
         fn post_visit_expr(&mut self, e: &mut Expr) -> ControlFlow<()> {
             match e {
-                Expr::Function(_) => self.calls = self.calls.saturating_sub(1),
+                Expr::Function(f) if !is_internal(f) => self.calls = self.calls.saturating_sub(1),
+                Expr::Function(_) => {}
                 Expr::Cast { .. } if self.calls > 0 => {
                     let written = e.to_string();
                     let cast = std::mem::replace(e, Expr::value(Value::Null));
@@ -904,6 +907,10 @@ pub fn name_casts_in_calls(query: &mut Query) {
         }
     }
     let _ = query.visit(&mut Namer { calls: 0 });
+}
+
+fn is_internal(f: &ast::Function) -> bool {
+    f.name.to_string().starts_with(crate::functions::names::PREFIX)
 }
 
 fn named(value: Expr, written: String) -> Expr {

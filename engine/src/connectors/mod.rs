@@ -122,6 +122,13 @@ pub trait SourceFactory: Debug + Send + Sync {
     /// True when the source ends by itself.
     fn is_bounded(&self) -> bool;
 
+    /// Whether checkpoints can record where the source is; a batch plan's
+    /// output cannot (it runs again from the start), so its job takes
+    /// none.
+    fn checkpointed(&self) -> bool {
+        true
+    }
+
     /// What EXPLAIN shows of the source beyond its name (a batch plan's
     /// operators), one line per line.
     fn explain(&self) -> Option<String> {

@@ -905,6 +905,15 @@ pub fn deploy(
         // A query's rows go to its client; there is nothing to resume.
         config.checkpointing = None;
     }
+    let batch = graph
+        .nodes
+        .iter()
+        .any(|n| matches!(&n.kind, NodeKind::Source(s) if !s.factory.checkpointed()));
+    if batch {
+        // A batch plan (`automatic` mode over bounded tables too) takes
+        // no checkpoints: a failed attempt runs it again from the start.
+        config.checkpointing = None;
+    }
     let restore_started = Instant::now();
     // A job spread over workers: worker 0 restores and claims the job's
     // checkpoints; the others restore what it tells them at the start of

@@ -610,11 +610,7 @@ impl SourceTask {
                 },
                 paused: s.paused_total + s.paused_since.map_or(Duration::ZERO, |p| now.duration_since(p)),
                 offset: s.split.offset(),
-                progress: if s.finished {
-                    s.split.progress().map(|(_, total)| (total, total))
-                } else {
-                    s.split.progress()
-                },
+                progress: s.split.progress(),
             })
             .collect();
         status.publish(rows, reader.emitted);

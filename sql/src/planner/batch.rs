@@ -45,13 +45,23 @@ impl Planner {
         match config.runtime_mode {
             RuntimeMode::Streaming => Ok(false),
             RuntimeMode::Batch => Ok(true),
+            // Batch when batch mode can run it: every table bounded, and
+            // nothing batch mode refuses (which streaming mode runs).
             RuntimeMode::Automatic => {
-                let mut bounded = true;
+                if refuse_streaming_only(plan).is_err() || windows_as_rows(plan.clone()).is_err() {
+                    return Ok(false);
+                }
                 for def in scanned_tables(plan, catalog)? {
                     let factory = weir_engine::connectors::create_source(&def, &config.paths, &config.s3)?;
-                    bounded &= factory.is_bounded();
+                    if !factory.is_bounded()
+                        || factory.produces_changes()
+                        || factory.dead_letter_dir().is_some()
+                        || reads_processing_time(&def)
+                    {
+                        return Ok(false);
+                    }
                 }
-                Ok(bounded)
+                Ok(true)
             }
         }
     }
@@ -67,6 +77,8 @@ impl Planner {
     ) -> Result<StreamGraph> {
         refuse_streaming_only(plan)?;
         let plan = windows_as_rows(plan.clone())?;
+        no_markers_left(&plan)?;
+        let plan = first_and_last_skip_nulls(plan)?;
         let progress = Arc::new(weir_engine::batch::ScanProgress::default());
         let plan = self.with_weir_scans(&plan, catalog, config, &progress)?;
         let runtime = RuntimeEnvBuilder::new()
@@ -89,11 +101,12 @@ impl Planner {
             futures::executor::block_on(DefaultPhysicalPlanner::default().create_physical_plan(&plan, &state))?;
         let source = weir_engine::batch::PlanSource::new(physical, state.task_ctx(), progress);
         let schema = source.schema();
-        let partitions = source.partitions();
         let mut b = GraphBuilder::new(self, catalog, config, &plan)?;
         let table = result_table(&schema);
+        // The job's parallelism; a subtask reads several of the plan's
+        // output partitions when it has more.
         let last = b.add(
-            partitions.max(1),
+            config.parallelism.max(1),
             schema,
             NodeKind::Source(SourceNode {
                 table,
@@ -123,7 +136,7 @@ impl Planner {
                 return Ok(Transformed::no(p));
             };
             match self.weir_scan(scan, catalog, config, progress) {
-                Ok(s) => Ok(Transformed::yes(LogicalPlan::TableScan(s))),
+                Ok(s) => Ok(Transformed::yes(s)),
                 Err(e) => {
                     failed = Some(e);
                     Ok(Transformed::new(p, false, TreeNodeRecursion::Stop))
@@ -137,21 +150,35 @@ impl Planner {
     }
 
     /// One scan of a bounded table: its columns the scan reads (and what
-    /// its computed ones need), one DataFusion partition per split.
+    /// its computed ones need), one DataFusion partition per split; in a
+    /// backfill's chunk, a table with a time attribute only its rows of
+    /// the chunk's event time.
     fn weir_scan(
         &self,
         scan: &TableScan,
         catalog: &Catalog,
         config: &JobConfig,
         progress: &Arc<weir_engine::batch::ScanProgress>,
-    ) -> Result<TableScan> {
+    ) -> Result<LogicalPlan> {
         let name = scan.table_name.table();
         let def = catalog
             .table(name)
             .ok_or_else(|| SqlError::not_found(format!("table '{name}' does not exist")))?;
-        let projected: Vec<String> = match &scan.projection {
+        let mut projected: Vec<String> = match &scan.projection {
             Some(p) => p.iter().map(|i| def.columns[*i].name.clone()).collect(),
             None => def.columns.iter().map(|c| c.name.clone()).collect(),
+        };
+        let range = match (config.event_time_range, &def.watermark) {
+            (Some(r), Some(w)) => Some((w.column.clone(), r)),
+            _ => None,
+        };
+        // The rowtime the chunk's filter reads, if the query does not.
+        let added = match &range {
+            Some((c, _)) if !projected.contains(c) => {
+                projected.push(c.clone());
+                true
+            }
+            _ => false,
         };
         let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
         if !weir_engine::connectors::supports_column_pruning(def) {
@@ -167,6 +194,12 @@ impl Planner {
         }
         let mut narrowed = def.clone();
         narrowed.columns.retain(|c| needed.contains(&c.name));
+        if reads_processing_time(&narrowed) {
+            return Err(SqlError::unsupported(format!(
+                "table '{name}' has a processing-time column (PROCTIME()), which batch mode does not run; run the \
+                 query with '{RUNTIME_MODE}' = 'streaming'"
+            )));
+        }
         let factory = weir_engine::connectors::create_source(&narrowed, &config.paths, &config.s3)?;
         if !factory.is_bounded() {
             return Err(SqlError::plan(format!(
@@ -204,7 +237,7 @@ impl Planner {
         };
         let partitions = weir_engine::batch::SplitStream::all(
             name,
-            factory.as_ref(),
+            factory.clone(),
             config.parallelism.max(1),
             schema.clone(),
             computed,
@@ -215,13 +248,34 @@ impl Planner {
             .iter()
             .map(|c| schema.index_of(c))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(
-            TableScanBuilder::new(scan.table_name.clone(), provider_as_source(Arc::new(table)))
-                .with_projection(Some(projection))
-                .with_filters(scan.filters.clone())
-                .with_fetch(scan.fetch)
-                .build()?,
-        )
+        let read = TableScanBuilder::new(scan.table_name.clone(), provider_as_source(Arc::new(table)))
+            .with_projection(Some(projection))
+            .with_filters(scan.filters.clone())
+            // A LIMIT pushed into the scan counts the rows the chunk's
+            // filter keeps, not those it reads.
+            .with_fetch(if range.is_some() { None } else { scan.fetch })
+            .build()?;
+        let Some((column, (from, to))) = range else {
+            return Ok(LogicalPlan::TableScan(read));
+        };
+        let tz = match schema.field_with_name(&column)?.data_type() {
+            arrow::datatypes::DataType::Timestamp(_, tz) => tz.clone(),
+            _ => None,
+        };
+        let at = |ms: i64| {
+            Expr::Literal(
+                datafusion::common::ScalarValue::TimestampMillisecond(Some(ms), tz.clone()),
+                None,
+            )
+        };
+        let rowtime = Expr::Column(datafusion::common::Column::new(Some(scan.table_name.clone()), &column));
+        let mut plan = datafusion::logical_expr::LogicalPlanBuilder::from(LogicalPlan::TableScan(read))
+            .filter(rowtime.clone().gt_eq(at(from)).and(rowtime.lt(at(to))))?;
+        if added {
+            // The scan's own columns again, as the plan above reads them.
+            plan = plan.project(scan.projected_schema.columns().into_iter().map(Expr::Column))?;
+        }
+        Ok(plan.build()?)
     }
 }
 
@@ -249,10 +303,7 @@ fn refuse_streaming_only(plan: &LogicalPlan) -> Result<()> {
                 if let Some(m) = marker_of(x)
                     && m.spec.kind == weir_engine::plan::WindowKind::Session
                 {
-                    refusal = Some(format!(
-                        "{} windows do not run in batch mode yet",
-                        format!("{:?}", m.spec.kind).to_uppercase()
-                    ));
+                    refusal = Some("SESSION windows do not run in batch mode yet".into());
                 }
                 if let Expr::ScalarFunction(ScalarFunction { func, .. }) = x {
                     let name = func.name();
@@ -311,6 +362,10 @@ fn result_table(schema: &arrow::datatypes::Schema) -> TableDef {
     }
 }
 
+/// The most windows a HOP or CUMULATE window TVF puts one row in, in batch
+/// mode.
+const MAX_WINDOWS_PER_ROW: i64 = 10_000;
+
 /// The column of a row's windows while a HOP or CUMULATE window TVF is
 /// unnested.
 const WINDOWS_COL: &str = "__weir_windows";
@@ -354,6 +409,15 @@ fn windows_as_rows(plan: LogicalPlan) -> Result<LogicalPlan> {
             return Err(datafusion::error::DataFusionError::Plan(
                 "two different HOP or CUMULATE windows in one SELECT do not run in batch mode yet".into(),
             ));
+        }
+        // Each row becomes a row per window: a bound keeps a window of a
+        // million slides from multiplying the input out of memory.
+        let per_row = marker.spec.size / marker.spec.slide.max(1);
+        if per_row > MAX_WINDOWS_PER_ROW {
+            return Err(datafusion::error::DataFusionError::Plan(format!(
+                "a window of {per_row} slides (or steps) per row does not run in batch mode (at most \
+                 {MAX_WINDOWS_PER_ROW})"
+            )));
         }
         if marker.zoned {
             return Err(datafusion::error::DataFusionError::Plan(
@@ -491,6 +555,13 @@ impl datafusion::logical_expr::ScalarUDFImpl for WindowsOf {
             }
             lengths.push(starts.len() - before);
         }
+        if i32::try_from(starts.len()).is_err() {
+            return datafusion::common::exec_err!(
+                "{} windows from one batch of {} rows: too many for one list",
+                starts.len(),
+                ts.len()
+            );
+        }
         let time: TimestampMillisecondArray = ends.iter().map(|e| Some(e.saturating_sub(1))).collect();
         let fields = Self::window_fields(times.data_type());
         let windows = StructArray::try_new(
@@ -510,4 +581,80 @@ impl datafusion::logical_expr::ScalarUDFImpl for WindowsOf {
         )?;
         Ok(datafusion::logical_expr::ColumnarValue::Array(Arc::new(list)))
     }
+}
+
+/// Whether one of `def`'s columns is `PROCTIME()`.
+fn reads_processing_time(def: &TableDef) -> bool {
+    def.columns
+        .iter()
+        .filter_map(|c| c.computed.as_deref())
+        .any(crate::functions::overrides::is_proctime_call)
+}
+
+/// A HOP or CUMULATE marker [`windows_as_rows`] did not turn into rows (a
+/// filter on a window bound moved below the window's projection) would
+/// read the row's time as the window's: refused.
+fn no_markers_left(plan: &LogicalPlan) -> Result<()> {
+    let mut left = false;
+    plan.apply_with_subqueries(|p| {
+        p.apply_expressions(|e| {
+            e.apply(|x| {
+                left |= marker_of(x).is_some_and(|m| {
+                    matches!(
+                        m.spec.kind,
+                        weir_engine::plan::WindowKind::Hop | weir_engine::plan::WindowKind::Cumulate
+                    )
+                });
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })
+    })?;
+    if left {
+        return Err(SqlError::unsupported(format!(
+            "a HOP or CUMULATE window's bounds used outside its SELECT (a filter on window_start or window_end \
+             below the aggregate) do not run in batch mode yet; run the query with '{RUNTIME_MODE}' = 'streaming'"
+        )));
+    }
+    Ok(())
+}
+
+/// FIRST_VALUE and LAST_VALUE skip NULLs, as Flink's do (DataFusion's keep
+/// them unless told): each call gets IGNORE NULLS, under its old name.
+fn first_and_last_skip_nulls(plan: LogicalPlan) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::expr::{AggregateFunction, NullTreatment};
+    let out = plan.transform_up_with_subqueries(|p| {
+        let LogicalPlan::Aggregate(agg) = &p else {
+            return Ok(Transformed::no(p));
+        };
+        let mut changed = false;
+        let mut exprs = vec![];
+        for e in &agg.aggr_expr {
+            let name = e.name_for_alias()?;
+            let t = e.clone().transform(|x| match x {
+                Expr::AggregateFunction(AggregateFunction { func, mut params })
+                    if matches!(func.name(), "first_value" | "last_value") && params.null_treatment.is_none() =>
+                {
+                    params.null_treatment = Some(NullTreatment::IgnoreNulls);
+                    Ok(Transformed::yes(Expr::AggregateFunction(AggregateFunction {
+                        func,
+                        params,
+                    })))
+                }
+                other => Ok(Transformed::no(other)),
+            })?;
+            changed |= t.transformed;
+            exprs.push(if t.transformed && !matches!(e, Expr::Alias(_)) {
+                t.data.alias(name)
+            } else {
+                t.data
+            });
+        }
+        if !changed {
+            return Ok(Transformed::no(p));
+        }
+        Ok(Transformed::yes(LogicalPlan::Aggregate(
+            datafusion::logical_expr::Aggregate::try_new(agg.input.clone(), agg.group_expr.clone(), exprs)?,
+        )))
+    })?;
+    Ok(out.data)
 }

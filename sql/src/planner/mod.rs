@@ -210,9 +210,12 @@ impl Planner {
         let plan = match sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query.clone()))) {
             // `AVG(x), AVG(CAST(x AS DOUBLE))`: two aggregates DataFusion
             // names alike; planned again with the casts named as written.
+            // If that fails too, the first error is the user's.
             Err(e) if repeats_a_name(&e) => {
                 crate::rewrite::name_casts_in_calls(&mut query);
-                sql_to_rel.sql_statement_to_plan(ast::Statement::Query(Box::new(query)))?
+                sql_to_rel
+                    .sql_statement_to_plan(ast::Statement::Query(Box::new(query)))
+                    .map_err(|_| e)?
             }
             plan => plan?,
         };

@@ -391,10 +391,12 @@ impl SourceSplit for NexmarkSplit {
             return Some((self.events_read, 0));
         }
         let mine = (epochs - 1 - index) / splits + 1;
-        let mut total = mine * len;
-        if (epochs - 1) % splits == index {
-            total -= epochs * len - end;
-        }
+        // The last epoch (maybe cut short) is this split's or another's.
+        let total = if (epochs - 1) % splits == index {
+            (mine - 1) * len + (end - (epochs - 1) * len)
+        } else {
+            mine * len
+        };
         Some((self.events_read, total))
     }
 

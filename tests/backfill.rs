@@ -1,0 +1,156 @@
+//! `weir backfill`: a file's INSERT over [--from, --to) of event time, one
+//! chunk at a time in batch mode. Killed (SIGKILL) in the middle of a
+//! chunk and started again, it writes every row of the range once; a
+//! chunk that finished but was not recorded (a kill between the two) is
+//! written again from nothing, not twice.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Four hours of rows, one a minute, and rows before and after the range.
+fn input(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
+    let path = dir.join("events.csv");
+    let mut text = String::new();
+    let mut want = vec![];
+    for m in -30..(4 * 60 + 30) {
+        let t = chrono::DateTime::from_timestamp(1_704_067_200 + m * 60, 0).expect("time");
+        let ts = t.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
+        let line = format!("{ts},k{},{m}", m % 7);
+        if (0..4 * 60).contains(&m) {
+            want.push(line.clone());
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    std::fs::write(&path, text).expect("input");
+    want.sort();
+    (path, want)
+}
+
+fn script(dir: &std::path::Path, input: &std::path::Path, out: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("fill.sql");
+    std::fs::write(
+        &path,
+        format!(
+            "SET 'parallelism.default' = '2';\n\
+             CREATE TABLE events (ts TIMESTAMP(3), k STRING, v BIGINT, WATERMARK FOR ts AS ts - INTERVAL '1' MINUTE)\n\
+               WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv', 'scan.lines-per-second' = '150');\n\
+             CREATE TABLE out (ts TIMESTAMP(3), k STRING, v BIGINT)\n\
+               WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n\
+             INSERT INTO out SELECT ts, k, v FROM events;\n",
+            input.display(),
+            out.display()
+        ),
+    )
+    .expect("script");
+    path
+}
+
+fn backfill(data: &std::path::Path, sql: &std::path::Path) -> Command {
+    backfill_in(data, sql, "1 h")
+}
+
+fn backfill_in(data: &std::path::Path, sql: &std::path::Path, chunk: &str) -> Command {
+    let mut c = Command::new(common::worker_bin());
+    c.arg("--data-dir")
+        .arg(data)
+        .arg("backfill")
+        .arg(sql)
+        .args([
+            "--from",
+            "2024-01-01 00:00:00",
+            "--to",
+            "2024-01-01 04:00:00",
+            "--chunk",
+            chunk,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The rows of every file of `dir` readers see (hidden ones are not).
+fn written(dir: &std::path::Path) -> Vec<String> {
+    common::committed_lines(dir)
+        .into_iter()
+        .map(|l| {
+            // The sink writes `2024-01-01 00:00:00` for a whole second.
+            let (ts, rest) = l.split_once(',').expect("csv");
+            let ts = if ts.len() == 19 {
+                format!("{ts}.000")
+            } else {
+                ts.to_string()
+            };
+            format!("{ts},{rest}")
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+#[test]
+fn a_backfill_killed_mid_chunk_and_restarted_writes_every_row_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (events, want) = input(dir.path());
+    let out = dir.path().join("out");
+    let data = dir.path().join("data");
+    let sql = script(dir.path(), &events, &out);
+
+    // First run: killed once the first chunk is recorded and the second
+    // is under way (each chunk reads the file at 150 lines/s: ~2 s).
+    let mut child = backfill(&data, &sql).spawn().expect("spawn weir backfill");
+    let (text, reader) = common::collect_stderr(&mut child);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen = text.lock().expect("stderr").clone();
+        if seen.contains("chunk 0 [") && seen.contains("done") {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("backfill ended ({status}) before its first chunk: {seen}");
+        }
+        assert!(Instant::now() < deadline, "no chunk done in time: {seen}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Midway through chunk 1 (started right after chunk 0 was recorded).
+    std::thread::sleep(Duration::from_millis(700));
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let _ = reader.join();
+    let first = text.lock().expect("stderr").clone();
+    assert!(
+        !first.contains("chunk 3 ["),
+        "the backfill ended before the kill: {first}"
+    );
+
+    // Started again: the recorded chunk is skipped, the killed one runs
+    // again from nothing.
+    let run = backfill(&data, &sql).output().expect("rerun");
+    let second = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(run.status.success(), "{second}");
+    assert!(!second.contains("chunk 0 ["), "chunk 0 ran again: {second}");
+    assert!(second.contains("4 chunks"), "{second}");
+    let got = written(&out);
+    assert_eq!(got.len(), common::committed_lines(&out).len(), "a row written twice");
+    assert_eq!(got, want, "the backfilled rows");
+
+    // A chunk done but not recorded (a kill right after its job): the
+    // rerun deletes what it wrote and writes it again.
+    let ledger = data.join("backfills").join("fill.json");
+    let mut l: serde_json::Value = serde_json::from_slice(&std::fs::read(&ledger).expect("ledger")).expect("json");
+    l["done"] = serde_json::json!([0, 1, 3]);
+    std::fs::write(&ledger, serde_json::to_vec(&l).expect("json")).expect("write ledger");
+    let run = backfill(&data, &sql).output().expect("rerun");
+    let third = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(run.status.success(), "{third}");
+    assert!(third.contains("chunk 2 ran before and was not recorded"), "{third}");
+    assert_eq!(common::committed_lines(&out).len(), want.len(), "{third}");
+    assert_eq!(written(&out), want);
+
+    // Another range under the same name is refused, naming the ledger.
+    let run = backfill_in(&data, &sql, "30 min").output().expect("other chunking");
+    let err = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(!run.status.success() && err.contains("was started over"), "{err}");
+}
