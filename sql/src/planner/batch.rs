@@ -48,7 +48,10 @@ impl Planner {
             // Batch when batch mode can run it: every table bounded, and
             // nothing batch mode refuses (which streaming mode runs).
             RuntimeMode::Automatic => {
-                if refuse_streaming_only(plan).is_err() || windows_as_rows(plan.clone()).is_err() {
+                if config.cluster.is_some()
+                    || refuse_streaming_only(plan).is_err()
+                    || windows_as_rows(plan.clone()).is_err()
+                {
                     return Ok(false);
                 }
                 for def in scanned_tables(plan, catalog)? {
@@ -75,6 +78,14 @@ impl Planner {
         config: &JobConfig,
         sink: Option<(&TableDef, Option<OnConflict>)>,
     ) -> Result<StreamGraph> {
+        if config.cluster.is_some() {
+            // Each worker would plan and read everything, then run only
+            // its own partitions.
+            return Err(SqlError::unsupported(format!(
+                "batch mode does not run over worker processes yet; run the job with 'weir run', or with \
+                 '{RUNTIME_MODE}' = 'streaming'"
+            )));
+        }
         refuse_streaming_only(plan)?;
         let plan = windows_as_rows(plan.clone())?;
         no_markers_left(&plan)?;
