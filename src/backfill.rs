@@ -184,6 +184,9 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
     ] {
         session.set_option(k, v).map_err(|e| e.to_string())?;
     }
+    session
+        .check_chunks(&insert.statement, from, chunk)
+        .map_err(|e| format!("{origin}:{}: {e}", insert.location))?;
     let Statement::Insert { table, .. } = &insert.statement else {
         return Err("the INSERT is gone".into());
     };

@@ -352,6 +352,19 @@ impl Session {
         self.event_time_range = range;
     }
 
+    /// Whether `stmt`, an INSERT, may run in chunks of event time from
+    /// `from_ms` of `chunk_ms` each (`weir backfill`) with the result of
+    /// one run ([`weir_sql::Planner::check_chunks`]).
+    pub fn check_chunks(&self, stmt: &Statement, from_ms: i64, chunk_ms: i64) -> Result<(), SessionError> {
+        let Statement::Insert { query, .. } = stmt else {
+            return Err(SqlError::unsupported("a backfill runs an INSERT").into());
+        };
+        Ok(self
+            .shared
+            .planner
+            .check_chunks(query, &self.catalog_view(), from_ms, chunk_ms)?)
+    }
+
     /// A `SET` option's value in this session, if set.
     pub fn option(&self, key: &str) -> Option<String> {
         self.settings.get(key).cloned()

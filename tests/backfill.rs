@@ -154,3 +154,68 @@ fn a_backfill_killed_mid_chunk_and_restarted_writes_every_row_once() {
     let err = String::from_utf8_lossy(&run.stderr).to_string();
     assert!(!run.status.success() && err.contains("was started over"), "{err}");
 }
+
+/// Windows that fit the chunks: a TUMBLE window aggregate backfilled in
+/// chunks of two windows gives each window's row once, as one run would;
+/// a GROUP BY over all time is refused (its chunks' rows would be partial
+/// counts), naming why.
+#[test]
+fn a_tumble_aggregate_runs_in_chunks_and_a_group_by_over_all_time_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (events, rows) = input(dir.path());
+    let out = dir.path().join("windows");
+    let data = dir.path().join("data");
+    let sql = dir.path().join("windows.sql");
+    let tables = format!(
+        "CREATE TABLE events (ts TIMESTAMP(3), k STRING, v BIGINT, WATERMARK FOR ts AS ts - INTERVAL '1' MINUTE)\n\
+           WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n\
+         CREATE TABLE out (ws TIMESTAMP(3), k STRING, n BIGINT, s BIGINT)\n\
+           WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n",
+        events.display(),
+        out.display()
+    );
+    std::fs::write(
+        &sql,
+        format!(
+            "{tables}INSERT INTO out SELECT window_start, k, COUNT(*), SUM(v) \
+             FROM TABLE(TUMBLE(TABLE events, DESCRIPTOR(ts), INTERVAL '30' MINUTE)) GROUP BY window_start, window_end, k;\n"
+        ),
+    )
+    .expect("script");
+    let run = backfill(&data, &sql).output().expect("backfill");
+    let err = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(run.status.success(), "{err}");
+    // The expected windows, from the rows of the range.
+    let mut want: std::collections::BTreeMap<(String, String), (i64, i64)> = Default::default();
+    for r in &rows {
+        let mut f = r.split(',');
+        let (ts, k, v) = (f.next().expect("ts"), f.next().expect("k"), f.next().expect("v"));
+        let minute: i64 = ts[14..16].parse().expect("minute");
+        let ws = format!("{}:{:02}:00", &ts[..13], minute / 30 * 30);
+        let e = want.entry((ws, k.to_string())).or_insert((0, 0));
+        e.0 += 1;
+        e.1 += v.parse::<i64>().expect("v");
+    }
+    let mut want: Vec<String> = want
+        .into_iter()
+        .map(|((ws, k), (n, s))| format!("{ws},{k},{n},{s}"))
+        .collect();
+    want.sort();
+    assert_eq!(common::committed_lines(&out), want, "{err}");
+
+    std::fs::write(
+        &sql,
+        format!(
+            "{tables}INSERT INTO out SELECT CAST(NULL AS TIMESTAMP(3)), k, COUNT(*), SUM(v) FROM events GROUP BY k;\n"
+        ),
+    )
+    .expect("script");
+    let run = backfill_in(&data.join("again"), &sql, "1 h")
+        .output()
+        .expect("backfill");
+    let err = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(
+        !run.status.success() && err.contains("its GROUP BY is over all time"),
+        "{err}"
+    );
+}

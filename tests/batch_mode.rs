@@ -320,3 +320,27 @@ async fn describe_job_shows_the_progress_of_a_bounded_run() {
         run(&mut session, &format!("CANCEL JOB '{job}'")).await.expect("cancel");
     }
 }
+
+/// The clock functions are read once per batch query (Flink's batch mode),
+/// not per batch of rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_query_reads_the_clock_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut session = Session::open(dir.path()).expect("session");
+    run(
+        &mut session,
+        "SET 'execution.runtime-mode' = 'batch'; SET 'parallelism.default' = '2'; \
+         CREATE TABLE g (k BIGINT) WITH ('connector' = 'datagen', 'number-of-rows' = '200000', \
+           'rows-per-second' = '400000')",
+    )
+    .await
+    .expect("setup");
+    let (rows, _) = final_rows(
+        &mut session,
+        "SELECT COUNT(DISTINCT CAST(NOW() AS STRING)), COUNT(DISTINCT CURRENT_DATE), COUNT(*) FROM g",
+    )
+    .await
+    .expect("clock query");
+    let want: BTreeMap<String, i64> = [("[1, 1, 200000]".to_string(), 1)].into();
+    assert_eq!(rows, want);
+}

@@ -26,8 +26,6 @@ use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{Expr, LogicalPlan, TableScan, TableScanBuilder};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use weir_catalog::{Catalog, ColumnDef, TableDef};
 use weir_engine::config::{JobConfig, RUNTIME_MODE, RuntimeMode};
@@ -37,6 +35,7 @@ use crate::error::{Result, SqlError};
 use crate::planner::build::GraphBuilder;
 use crate::planner::patterns::window::marker_of;
 use crate::planner::{OnConflict, Planner};
+use sqlparser::ast;
 
 impl Planner {
     /// Whether `plan` runs in batch mode under `config`: asked for, or
@@ -90,6 +89,7 @@ impl Planner {
         let plan = windows_as_rows(plan.clone())?;
         no_markers_left(&plan)?;
         let plan = first_and_last_skip_nulls(plan)?;
+        let plan = clocks_read_once(plan, &self.state)?;
         let progress = Arc::new(weir_engine::batch::ScanProgress::default());
         let plan = self.with_weir_scans(&plan, catalog, config, &progress)?;
         let runtime = RuntimeEnvBuilder::new()
@@ -191,20 +191,8 @@ impl Planner {
             }
             _ => false,
         };
-        let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
-        if !weir_engine::connectors::supports_column_pruning(def) {
-            needed.extend(def.physical_columns().map(|c| c.name.clone()));
-        }
-        needed.extend(weir_engine::connectors::required_columns(def));
-        for c in &def.columns {
-            if let Some(expr) = &c.computed
-                && needed.contains(&c.name)
-            {
-                needed.extend(crate::planner::identifiers(expr));
-            }
-        }
-        let mut narrowed = def.clone();
-        narrowed.columns.retain(|c| needed.contains(&c.name));
+        let needed: BTreeSet<String> = projected.iter().cloned().collect();
+        let (narrowed, computed) = crate::planner::build::source::narrowed_table(self, def, needed, config)?;
         if reads_processing_time(&narrowed) {
             return Err(SqlError::unsupported(format!(
                 "table '{name}' has a processing-time column (PROCTIME()), which batch mode does not run; run the \
@@ -232,20 +220,6 @@ impl Planner {
             )));
         }
         let schema = narrowed.schema();
-        let physical_schema = narrowed.physical_schema();
-        let computed = if narrowed.columns.iter().any(|c| c.computed.is_some()) {
-            let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;
-            let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
-            for c in &narrowed.columns {
-                exprs.push(match &c.computed {
-                    Some(text) => self.plan_expr_text(text, &physical_df, config.local_time_zone.as_ref())?,
-                    None => Arc::new(Column::new(&c.name, physical_schema.index_of(&c.name)?)),
-                });
-            }
-            Some(exprs)
-        } else {
-            None
-        };
         let partitions = weir_engine::batch::SplitStream::all(
             name,
             factory.clone(),
@@ -288,6 +262,87 @@ impl Planner {
         }
         Ok(plan.build()?)
     }
+}
+
+impl Planner {
+    /// Whether `query` may run in chunks of event time (`weir backfill`)
+    /// with the result of one run: only if no row of its result depends
+    /// on rows of two chunks. Per-row queries (filters, projections,
+    /// unions) may; so may TUMBLE window aggregates whose windows never
+    /// straddle a chunk's bounds (the size divides the chunk and the
+    /// first chunk starts on a window). GROUP BY over all time, joins,
+    /// OVER windows, Top-N, HOP/CUMULATE/SESSION windows may not.
+    pub fn check_chunks(&self, query: &ast::Query, catalog: &Catalog, from_ms: i64, chunk_ms: i64) -> Result<()> {
+        use weir_engine::plan::WindowKind;
+        let plan = self.logical_plan(query, catalog)?;
+        let mut problem: Option<String> = None;
+        plan.apply_with_subqueries(|p| {
+            let found = match p {
+                LogicalPlan::Aggregate(a) => match aggregate_window(a) {
+                    Some(s) if s.kind == WindowKind::Tumble => {
+                        (chunk_ms % s.size != 0 || (from_ms - s.offset).rem_euclid(s.size) != 0).then(|| {
+                            format!(
+                                "its TUMBLE windows of {} ms would straddle chunks: --chunk must be a multiple of the \
+                                 window and --from the start of one",
+                                s.size
+                            )
+                        })
+                    }
+                    Some(s) => Some(format!(
+                        "its {} windows span chunks",
+                        match s.kind {
+                            WindowKind::Hop => "HOP",
+                            WindowKind::Cumulate => "CUMULATE",
+                            _ => "SESSION",
+                        }
+                    )),
+                    None => Some("its GROUP BY is over all time, not per window".into()),
+                },
+                LogicalPlan::Join(_) => Some("its join would not meet rows of different chunks".into()),
+                LogicalPlan::Window(_) => {
+                    Some("its OVER window, Top-N or deduplication reads rows of every chunk".into())
+                }
+                LogicalPlan::Distinct(_) => Some("its DISTINCT is over all time".into()),
+                LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => Some("its ORDER BY or LIMIT is over all time".into()),
+                _ => None,
+            };
+            if found.is_some() {
+                problem = found;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        match problem {
+            Some(p) => Err(SqlError::unsupported(format!(
+                "this query does not run in chunks of event time with the result of one run: {p}; run it whole \
+                 ('weir run' with '{RUNTIME_MODE}' = 'batch')"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The window an aggregate groups by: a window marker among its keys,
+/// traced through the projections below, or the windows of a window
+/// aggregate under it.
+fn aggregate_window(a: &datafusion::logical_expr::Aggregate) -> Option<weir_engine::plan::WindowSpec> {
+    use crate::planner::patterns::window::{attached_window, trace_marker};
+    for g in &a.group_expr {
+        if let Some(m) = marker_of(g) {
+            return Some(m.spec);
+        }
+        if let Expr::Column(c) = g.clone().unalias()
+            && let Some(m) = a
+                .input
+                .schema()
+                .index_of_column(&c)
+                .ok()
+                .and_then(|i| trace_marker(&a.input, i))
+        {
+            return Some(m.spec);
+        }
+    }
+    attached_window(a)
 }
 
 /// Every table `plan` scans, as the catalog has it.
@@ -666,6 +721,49 @@ fn first_and_last_skip_nulls(plan: LogicalPlan) -> Result<LogicalPlan> {
         Ok(Transformed::yes(LogicalPlan::Aggregate(
             datafusion::logical_expr::Aggregate::try_new(agg.input.clone(), agg.group_expr.clone(), exprs)?,
         )))
+    })?;
+    Ok(out.data)
+}
+
+/// The clock functions a batch query reads once, when it is planned, as
+/// Flink's batch mode does (streaming mode reads them per batch of rows);
+/// `CURRENT_ROW_TIMESTAMP()` stays per row.
+fn clocks_read_once(plan: LogicalPlan, state: &datafusion::execution::SessionState) -> Result<LogicalPlan> {
+    use datafusion::logical_expr::expr_rewriter::NamePreserver;
+    const ONCE: &[&str] = &[
+        "now",
+        "current_timestamp",
+        "localtimestamp",
+        "current_date",
+        "current_time",
+        "localtime",
+    ];
+    let empty = DFSchema::empty();
+    let batch = arrow::record_batch::RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty()));
+    let out = plan.transform_up_with_subqueries(|p| {
+        let names = NamePreserver::new(&p);
+        let p = p.map_expressions(|e| {
+            let saved = names.save(&e);
+            let t = e.transform(|x| {
+                let Expr::ScalarFunction(ScalarFunction { func, args }) = &x else {
+                    return Ok(Transformed::no(x));
+                };
+                if !args.is_empty() || !ONCE.contains(&func.name()) {
+                    return Ok(Transformed::no(x));
+                }
+                let value = state.create_physical_expr(x.clone(), &empty)?.evaluate(&batch)?;
+                match value {
+                    datafusion::logical_expr::ColumnarValue::Scalar(v) => Ok(Transformed::yes(Expr::Literal(v, None))),
+                    datafusion::logical_expr::ColumnarValue::Array(_) => Ok(Transformed::no(x)),
+                }
+            })?;
+            Ok(t.update_data(|e| saved.restore(e)))
+        })?;
+        if p.transformed {
+            p.map_data(|p| p.recompute_schema())
+        } else {
+            Ok(p)
+        }
     })?;
     Ok(out.data)
 }

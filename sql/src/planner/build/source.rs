@@ -33,42 +33,13 @@ impl GraphBuilder<'_> {
         // what the watermark and the used computed columns need.
         let mut needed: BTreeSet<String> = projected.iter().cloned().collect();
         needed.extend(self.scan_columns.get(name).into_iter().flatten().cloned());
-        if !weir_engine::connectors::supports_column_pruning(def) {
-            needed.extend(def.physical_columns().map(|c| c.name.clone()));
-        }
-        needed.extend(weir_engine::connectors::required_columns(def));
         if let Some(w) = &def.watermark {
             needed.insert(w.column.clone());
             needed.extend(identifiers(&w.expr));
         }
-        for c in &def.columns {
-            if let Some(expr) = &c.computed
-                && needed.contains(&c.name)
-            {
-                needed.extend(identifiers(expr));
-            }
-        }
-        let mut narrowed = def.clone();
-        narrowed.columns.retain(|c| needed.contains(&c.name));
+        let (narrowed, computed) = narrowed_table(self.planner, def, needed, self.config)?;
         let factory = weir_engine::connectors::create_source(&narrowed, &self.config.paths, &self.config.s3)?;
         let full_schema = narrowed.schema();
-        let physical_schema = narrowed.physical_schema();
-        let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;
-        let computed = if narrowed.columns.iter().any(|c| c.computed.is_some()) {
-            let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
-            for c in &narrowed.columns {
-                exprs.push(match &c.computed {
-                    Some(text) => {
-                        self.planner
-                            .plan_expr_text(text, &physical_df, self.config.local_time_zone.as_ref())?
-                    }
-                    None => Arc::new(Column::new(&c.name, physical_schema.index_of(&c.name)?)),
-                });
-            }
-            Some(exprs)
-        } else {
-            None
-        };
         let table_idle = def
             .options
             .get("scan.watermark.idle-timeout")
@@ -166,4 +137,47 @@ impl GraphBuilder<'_> {
             Some(exprs),
         ))
     }
+}
+
+/// A table's columns as expressions over its physical rows.
+pub(crate) type ComputedColumns = Vec<Arc<dyn PhysicalExpr>>;
+
+/// The table a source of `def` reads: the columns in `needed`, those the
+/// connector cannot leave out (all of its physical ones where it does not
+/// prune columns, the ones it requires), and what the computed ones among
+/// them read; with its computed columns' expressions over its physical
+/// rows (`None` when it has none). The streaming source and batch mode's
+/// scans read tables alike through it.
+pub(crate) fn narrowed_table(
+    planner: &Planner,
+    def: &weir_catalog::TableDef,
+    mut needed: BTreeSet<String>,
+    config: &weir_engine::config::JobConfig,
+) -> Result<(weir_catalog::TableDef, Option<ComputedColumns>)> {
+    if !weir_engine::connectors::supports_column_pruning(def) {
+        needed.extend(def.physical_columns().map(|c| c.name.clone()));
+    }
+    needed.extend(weir_engine::connectors::required_columns(def));
+    for c in &def.columns {
+        if let Some(expr) = &c.computed
+            && needed.contains(&c.name)
+        {
+            needed.extend(identifiers(expr));
+        }
+    }
+    let mut narrowed = def.clone();
+    narrowed.columns.retain(|c| needed.contains(&c.name));
+    if !narrowed.columns.iter().any(|c| c.computed.is_some()) {
+        return Ok((narrowed, None));
+    }
+    let physical_schema = narrowed.physical_schema();
+    let physical_df = DFSchema::try_from(physical_schema.as_ref().clone())?;
+    let mut exprs: Vec<Arc<dyn PhysicalExpr>> = vec![];
+    for c in &narrowed.columns {
+        exprs.push(match &c.computed {
+            Some(text) => planner.plan_expr_text(text, &physical_df, config.local_time_zone.as_ref())?,
+            None => Arc::new(Column::new(&c.name, physical_schema.index_of(&c.name)?)),
+        });
+    }
+    Ok((narrowed, Some(exprs)))
 }
