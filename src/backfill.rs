@@ -2,10 +2,11 @@
 //! run in batch mode once per chunk of event time, `[from, from + D)`,
 //! `[from + D, from + 2D)`, ... up to `to`: each chunk's job reads only
 //! the rows of its tables with a time attribute (a `WATERMARK`) whose
-//! rowtime is in the chunk (tables without one, such as dimension tables,
-//! are read whole by every chunk), so state and memory stay those of one
-//! chunk (the alignment seed's "stage the backfill in bounded chunks by
-//! time range").
+//! rowtime is in the chunk, so state and memory stay those of one chunk
+//! (the alignment seed's "stage the backfill in bounded chunks by time
+//! range"). Only a query whose result rows each come from one chunk runs
+//! so ([`weir_sql::Planner::check_chunks`]). Rows with a NULL rowtime are
+//! in no chunk.
 //!
 //! Restartable and exactly-once: a ledger below the data dir
 //! (`backfills/<name>.json`) records each chunk once its job finished, and
@@ -46,6 +47,10 @@ struct Ledger {
     from_ms: i64,
     to_ms: i64,
     chunk_ms: i64,
+    /// The INSERT as written and the sink it writes: another script of
+    /// the same name must not take this one's chunks for its own.
+    insert: String,
+    sink: String,
     done: Vec<u64>,
 }
 
@@ -103,13 +108,17 @@ fn save(path: &Path, ledger: &Ledger) -> Result<(), String> {
 fn delete_chunk_files(dir: &Path, tag: &str) -> Result<usize, String> {
     let prefix = format!("part-{tag}-");
     let mut gone = 0;
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(0);
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        // No sink directory yet: nothing written.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        // A directory not read would keep a killed run's files.
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
     };
     for e in entries {
         let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = e.path();
-        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+        if path.is_dir() {
             gone += delete_chunk_files(&path, tag)?;
             continue;
         }
@@ -178,14 +187,18 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
             .map_err(|e| format!("{origin}:{}: {e}", s.location))?;
     }
     let name = session.option(weir_engine::config::PIPELINE_NAME).unwrap_or(name);
+    // A chunk's job does not restart itself: an attempt's files would
+    // stay beside the next one's. A failed chunk fails the backfill, and
+    // its rerun deletes them first.
     for (k, v) in [
         (weir_engine::config::RUNTIME_MODE, "batch"),
         (weir_engine::config::DML_SYNC, "true"),
+        (weir_engine::config::RESTART_STRATEGY, "none"),
     ] {
         session.set_option(k, v).map_err(|e| e.to_string())?;
     }
     session
-        .check_chunks(&insert.statement, from, chunk)
+        .check_chunks(&insert.statement, (from, to, chunk))
         .map_err(|e| format!("{origin}:{}: {e}", insert.location))?;
     let Statement::Insert { table, .. } = &insert.statement else {
         return Err("the INSERT is gone".into());
@@ -193,6 +206,11 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
     let sink = session
         .table(table)
         .ok_or_else(|| format!("{origin}:{}: table '{table}' does not exist", insert.location))?;
+    let sink_path = format!(
+        "{}:{}",
+        sink.connector().unwrap_or("?"),
+        sink.options.get("path").cloned().unwrap_or_default()
+    );
     let sink_dir = match sink.connector() {
         Some("filesystem") => {
             let path = sink.options.get("path").cloned().unwrap_or_default();
@@ -221,10 +239,19 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
             from_ms: from,
             to_ms: to,
             chunk_ms: chunk,
+            insert: insert.text.clone(),
+            sink: sink_path.clone(),
             done: vec![],
         },
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
+    if (&ledger.insert, &ledger.sink) != (&insert.text, &sink_path) {
+        return Err(format!(
+            "backfill '{name}' ({}) was started by another INSERT or into another sink; give this one another \
+             'pipeline.name'",
+            path.display()
+        ));
+    }
     if (ledger.from_ms, ledger.to_ms, ledger.chunk_ms) != (from, to, chunk) {
         return Err(format!(
             "backfill '{name}' was started over [{}, {}) in chunks of {} ms ({}); run it with those, or give this \
@@ -235,15 +262,17 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
             path.display()
         ));
     }
-    let chunks = u64::try_from((to - from + chunk - 1) / chunk).unwrap_or(0);
+    // In i128: a chunk of ~i64::MAX ms must not wrap.
+    let span = i128::from(to) - i128::from(from);
+    let chunks = u64::try_from((span + i128::from(chunk) - 1) / i128::from(chunk)).unwrap_or(0);
     let started = Instant::now();
     let mut ran = 0u32;
     for k in 0..chunks {
         if ledger.done.contains(&k) {
             continue;
         }
-        let a = from + k as i64 * chunk;
-        let b = (a + chunk).min(to);
+        let a = i64::try_from(i128::from(from) + i128::from(k) * i128::from(chunk)).unwrap_or(to);
+        let b = a.saturating_add(chunk).min(to);
         let job = format!("{name}_chunk{k}");
         if let Some(dir) = &sink_dir {
             let gone = delete_chunk_files(dir, &weir_engine::config::sanitize(&job))?;
@@ -279,7 +308,7 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
         ledger.done.push(k);
         save(&path, &ledger)?;
         ran += 1;
-        let done = ledger.done.len() as u64;
+        let done = (ledger.done.len() as u64).min(chunks);
         let secs = chunk_started.elapsed().as_secs_f64();
         let per_chunk = started.elapsed().as_secs_f64() / f64::from(ran);
         eprintln!(

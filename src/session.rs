@@ -352,17 +352,18 @@ impl Session {
         self.event_time_range = range;
     }
 
-    /// Whether `stmt`, an INSERT, may run in chunks of event time from
-    /// `from_ms` of `chunk_ms` each (`weir backfill`) with the result of
+    /// Whether `stmt`, an INSERT, may run in chunks of event time
+    /// `(from_ms, to_ms, chunk_ms)` (`weir backfill`) with the result of
     /// one run ([`weir_sql::Planner::check_chunks`]).
-    pub fn check_chunks(&self, stmt: &Statement, from_ms: i64, chunk_ms: i64) -> Result<(), SessionError> {
+    pub fn check_chunks(&self, stmt: &Statement, range: (i64, i64, i64)) -> Result<(), SessionError> {
         let Statement::Insert { query, .. } = stmt else {
             return Err(SqlError::unsupported("a backfill runs an INSERT").into());
         };
+        let config = self.explain_config("backfill")?;
         Ok(self
             .shared
             .planner
-            .check_chunks(query, &self.catalog_view(), from_ms, chunk_ms)?)
+            .check_chunks(query, &self.catalog_view(), config.local_time_zone.as_ref(), range)?)
     }
 
     /// A `SET` option's value in this session, if set.

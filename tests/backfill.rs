@@ -218,4 +218,23 @@ fn a_tumble_aggregate_runs_in_chunks_and_a_group_by_over_all_time_is_refused() {
         !run.status.success() && err.contains("its GROUP BY is over all time"),
         "{err}"
     );
+    // A table without a WATERMARK would be read whole by every chunk.
+    std::fs::write(
+        &sql,
+        format!(
+            "CREATE TABLE plain (ts TIMESTAMP(3), k STRING, v BIGINT) \
+               WITH ('connector' = 'filesystem', 'path' = '{}', 'format' = 'csv');\n{tables}\
+             INSERT INTO out SELECT ts, k, v, v FROM plain;\n",
+            events.display()
+        ),
+    )
+    .expect("script");
+    let run = backfill_in(&data.join("plain"), &sql, "1 h")
+        .output()
+        .expect("backfill");
+    let err = String::from_utf8_lossy(&run.stderr).to_string();
+    assert!(
+        !run.status.success() && err.contains("table 'plain' has no WATERMARK"),
+        "{err}"
+    );
 }

@@ -265,37 +265,67 @@ impl Planner {
 }
 
 impl Planner {
-    /// Whether `query` may run in chunks of event time (`weir backfill`)
-    /// with the result of one run: only if no row of its result depends
-    /// on rows of two chunks. Per-row queries (filters, projections,
-    /// unions) may; so may TUMBLE window aggregates whose windows never
-    /// straddle a chunk's bounds (the size divides the chunk and the
-    /// first chunk starts on a window). GROUP BY over all time, joins,
-    /// OVER windows, Top-N, HOP/CUMULATE/SESSION windows may not.
-    pub fn check_chunks(&self, query: &ast::Query, catalog: &Catalog, from_ms: i64, chunk_ms: i64) -> Result<()> {
+    /// Whether `query` may run in chunks of event time `[from, to)` of
+    /// `chunk_ms` each (`weir backfill`) with the result of one run: only
+    /// if each row of its result comes from rows of one chunk. Per-row
+    /// queries over tables with a WATERMARK (the column chunks are cut
+    /// on) may; so may TUMBLE window aggregates on that column whose
+    /// windows never straddle a chunk (the size divides the chunk, and
+    /// --from and --to are window bounds). GROUP BY over all time, joins,
+    /// OVER windows, Top-N, HOP/CUMULATE/SESSION windows, tables without
+    /// a WATERMARK, and windows in a session time zone may not.
+    pub fn check_chunks(
+        &self,
+        query: &ast::Query,
+        catalog: &Catalog,
+        zone: Option<&weir_engine::time_zone::SessionZone>,
+        (from_ms, to_ms, chunk_ms): (i64, i64, i64),
+    ) -> Result<()> {
         use weir_engine::plan::WindowKind;
-        let plan = self.logical_plan(query, catalog)?;
+        let plan = self.logical_plan_in(query, catalog, zone)?;
         let mut problem: Option<String> = None;
+        // Window bounds in i128: an offset or instant near the ends of i64.
+        let off_window = |t: i64, s: &weir_engine::plan::WindowSpec| {
+            (i128::from(t) - i128::from(s.offset)).rem_euclid(i128::from(s.size)) != 0
+        };
         plan.apply_with_subqueries(|p| {
             let found = match p {
-                LogicalPlan::Aggregate(a) => match aggregate_window(a) {
-                    Some(s) if s.kind == WindowKind::Tumble => {
-                        (chunk_ms % s.size != 0 || (from_ms - s.offset).rem_euclid(s.size) != 0).then(|| {
-                            format!(
-                                "its TUMBLE windows of {} ms would straddle chunks: --chunk must be a multiple of the \
-                                 window and --from the start of one",
-                                s.size
-                            )
-                        })
+                LogicalPlan::TableScan(scan) => {
+                    let name = scan.table_name.table();
+                    match catalog.table(name) {
+                        Some(def) if def.watermark.is_none() => Some(format!(
+                            "table '{name}' has no WATERMARK, so every chunk would read all of it"
+                        )),
+                        _ => None,
                     }
-                    Some(s) => Some(format!(
+                }
+                LogicalPlan::Aggregate(a) => match window_of(a) {
+                    Some((m, time)) if m.spec.kind == WindowKind::Tumble => {
+                        if m.zoned {
+                            Some("its windows are cut in the session time zone, not in UTC as chunks are".into())
+                        } else if let Some(msg) = time_is_not_the_rowtime(time, catalog) {
+                            Some(msg)
+                        } else {
+                            (chunk_ms % m.spec.size != 0 || off_window(from_ms, &m.spec) || off_window(to_ms, &m.spec))
+                                .then(|| {
+                                    format!(
+                                        "its TUMBLE windows of {} ms would straddle chunks: --chunk must be a \
+                                         multiple of the window, and --from and --to window bounds",
+                                        m.spec.size
+                                    )
+                                })
+                        }
+                    }
+                    Some((m, _)) => Some(format!(
                         "its {} windows span chunks",
-                        match s.kind {
+                        match m.spec.kind {
                             WindowKind::Hop => "HOP",
                             WindowKind::Cumulate => "CUMULATE",
                             _ => "SESSION",
                         }
                     )),
+                    // Windows of a window aggregate below (checked there).
+                    None if crate::planner::patterns::window::attached_window(a).is_some() => None,
                     None => Some("its GROUP BY is over all time, not per window".into()),
                 },
                 LogicalPlan::Join(_) => Some("its join would not meet rows of different chunks".into()),
@@ -322,27 +352,70 @@ impl Planner {
     }
 }
 
-/// The window an aggregate groups by: a window marker among its keys,
-/// traced through the projections below, or the windows of a window
-/// aggregate under it.
-fn aggregate_window(a: &datafusion::logical_expr::Aggregate) -> Option<weir_engine::plan::WindowSpec> {
-    use crate::planner::patterns::window::{attached_window, trace_marker};
+/// The window marker an aggregate groups by (traced through the
+/// projections below), with the table column its time attribute is, when
+/// that is a column read unchanged from a scan.
+fn window_of(
+    a: &datafusion::logical_expr::Aggregate,
+) -> Option<(crate::planner::patterns::window::Marker, Option<(String, String)>)> {
+    use crate::planner::patterns::window::trace_marker_call;
     for g in &a.group_expr {
-        if let Some(m) = marker_of(g) {
-            return Some(m.spec);
-        }
-        if let Expr::Column(c) = g.clone().unalias()
-            && let Some(m) = a
-                .input
-                .schema()
-                .index_of_column(&c)
-                .ok()
-                .and_then(|i| trace_marker(&a.input, i))
-        {
-            return Some(m.spec);
-        }
+        let call = match g.clone().unalias() {
+            Expr::Column(c) => {
+                let i = a.input.schema().index_of_column(&c).ok()?;
+                trace_marker_call(&a.input, i).map(|(call, proj)| (call, proj.input.as_ref()))
+            }
+            direct if marker_of(&direct).is_some() => Some((direct, a.input.as_ref())),
+            _ => None,
+        };
+        let Some((call, below)) = call else { continue };
+        let Some(m) = marker_of(&call) else { continue };
+        let time = match &call {
+            Expr::ScalarFunction(ScalarFunction { args, .. }) => match args.first() {
+                Some(Expr::Column(c)) => below
+                    .schema()
+                    .index_of_column(c)
+                    .ok()
+                    .and_then(|i| scan_column(below, i)),
+                _ => None,
+            },
+            _ => None,
+        };
+        return Some((m, time));
     }
-    attached_window(a)
+    None
+}
+
+/// The table and column output `idx` of `plan` is, read unchanged from a
+/// scan through projections, filters and aliases.
+fn scan_column(plan: &LogicalPlan, idx: usize) -> Option<(String, String)> {
+    match plan {
+        LogicalPlan::TableScan(s) => Some((
+            s.table_name.table().to_string(),
+            s.projected_schema.field(idx).name().clone(),
+        )),
+        LogicalPlan::Projection(p) => match p.expr.get(idx)?.clone().unalias() {
+            Expr::Column(c) => scan_column(&p.input, p.input.schema().index_of_column(&c).ok()?),
+            _ => None,
+        },
+        LogicalPlan::Filter(f) => scan_column(&f.input, idx),
+        LogicalPlan::SubqueryAlias(a) => scan_column(&a.input, idx),
+        _ => None,
+    }
+}
+
+/// Why a window's time attribute is not the WATERMARK column chunks are
+/// cut on, if it is not.
+fn time_is_not_the_rowtime(time: Option<(String, String)>, catalog: &Catalog) -> Option<String> {
+    let Some((table, column)) = time else {
+        return Some("its windows are on a computed time, not on a table's WATERMARK column chunks are cut on".into());
+    };
+    match catalog.table(&table).and_then(|d| d.watermark.as_ref()) {
+        Some(w) if w.column == column => None,
+        _ => Some(format!(
+            "its windows are on '{table}.{column}', not on the WATERMARK column chunks are cut on"
+        )),
+    }
 }
 
 /// Every table `plan` scans, as the catalog has it.
