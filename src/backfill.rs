@@ -282,6 +282,11 @@ async fn backfill(session: &mut Session, args: &BackfillArgs) -> Result<(), Stri
                 );
             }
         }
+        eprintln!(
+            "[INFO] backfill '{name}': chunk {k} [{}, {}) started",
+            shown(a),
+            shown(b)
+        );
         session.set_event_time_range(Some((a, b)));
         session
             .set_option(weir_engine::config::PIPELINE_NAME, &job)

@@ -7,7 +7,6 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// Four hours of rows, one a minute, and rows before and after the range.
 fn input(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
@@ -102,20 +101,17 @@ fn a_backfill_killed_mid_chunk_and_restarted_writes_every_row_once() {
     // is under way (each chunk reads the file at 150 lines/s: ~2 s).
     let mut child = backfill(&data, &sql).spawn().expect("spawn weir backfill");
     let (text, reader) = common::collect_stderr(&mut child);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    common::eventually_blocking("chunk 0 recorded", 120, || {
         let seen = text.lock().expect("stderr").clone();
-        if seen.contains("chunk 0 [") && seen.contains("done") {
-            break;
-        }
         if let Ok(Some(status)) = child.try_wait() {
             panic!("backfill ended ({status}) before its first chunk: {seen}");
         }
-        assert!(Instant::now() < deadline, "no chunk done in time: {seen}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Midway through chunk 1 (started right after chunk 0 was recorded).
-    std::thread::sleep(Duration::from_millis(700));
+        seen.contains(") done").then_some(())
+    });
+    // In chunk 1: once it has started (its job reads for ~2 s).
+    common::eventually_blocking("chunk 1 started", 120, || {
+        text.lock().expect("stderr").contains("chunk 1 [").then_some(())
+    });
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     let _ = reader.join();
